@@ -1,0 +1,80 @@
+// Collectives: the operations replicas use to combine and share buffers.
+//
+// A collective policy (collective::Local for threads of one process; ring, deterministic and nccl
+// policies for processes and GPUs) creates a group, and each rank of the group holds a
+// Communicator. Every communicator provides, for T in {float, double, std::int32_t, std::int64_t}:
+//
+//   rank(), size()
+//   all_reduce(std::span<T> buffer, ReduceOp op)
+//       in place; every rank ends with the reduction of every rank's buffer.
+//   broadcast(std::span<T> buffer, int root)
+//       every rank ends with root's buffer.
+//   all_gather(std::span<const T> input, std::span<T> output)
+//       output.size() == size() * input.size(); output holds rank 0's input, then rank 1's, ...
+//   reduce_scatter(std::span<const T> input, std::span<T> output, ReduceOp op)
+//       input.size() == size() * output.size(); rank r receives the reduction of chunk r.
+//   barrier()
+//   abort(std::string_view reason)
+//       makes every collective of every rank in the group, waiting now or called later, throw
+//       CommError naming this rank and the reason. Called by a replica that failed, so that the
+//       others do not wait for it.
+//
+// The summation order is fixed: ranks are combined in the canonical tree of
+// core/reduction_tree.hpp, so the result is bit-identical on every rank and equals the same
+// tree computed anywhere else (for example over micro-batches in one replica).
+//
+// Required of the caller, and checked where it is cheap: every rank calls the same collectives in
+// the same order, with the same length, element type, operation and root. A mismatch is a
+// CommError naming both ranks and what each called; a rank that does not arrive within the
+// group's timeout is a CommError naming the waiting rank, the operation and its sequence number.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "cohort/core/reduce_op.hpp"
+
+namespace cohort::collective {
+
+template <class C>
+concept Communicator = requires(C& c, std::span<float> buffer, std::span<const float> input,
+                                std::span<double> doubles, std::string_view reason) {
+  { c.rank() } -> std::convertible_to<int>;
+  { c.size() } -> std::convertible_to<int>;
+  c.all_reduce(buffer, ReduceOp::kSum);
+  c.all_reduce(doubles, ReduceOp::kSum);
+  c.broadcast(buffer, 0);
+  c.all_gather(input, buffer);
+  c.reduce_scatter(input, buffer, ReduceOp::kSum);
+  c.barrier();
+  c.abort(reason);
+};
+
+// The operations a collective can be asked for, as named in errors and benchmark output.
+enum class Operation : std::uint8_t {
+  kAllReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kBarrier,
+};
+
+constexpr std::string_view name(Operation op) {
+  switch (op) {
+    case Operation::kAllReduce:
+      return "all_reduce";
+    case Operation::kBroadcast:
+      return "broadcast";
+    case Operation::kAllGather:
+      return "all_gather";
+    case Operation::kReduceScatter:
+      return "reduce_scatter";
+    case Operation::kBarrier:
+      return "barrier";
+  }
+  return "unknown";
+}
+
+}  // namespace cohort::collective

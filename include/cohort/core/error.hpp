@@ -1,0 +1,92 @@
+// Errors: one hierarchy, so that a user can catch cohort::Error and know it came from cohort.
+//
+//   ConfigError  bad Options, a bad cluster description or environment: names the field and value
+//   CommError    a peer lost, a timeout, a protocol or shape mismatch: names rank, operation, sequence
+//   DeviceError  a CUDA or NCCL failure: names the call, the code and its text
+//   CheckpointError  a checkpoint that cannot be read or does not match: names the file and field
+//
+// Each derives from cohort::Error, a std::system_error whose code lives in cohort::category().
+// Bugs inside cohort are not errors: COHORT_ASSERT aborts with file and line in every build type.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <system_error>
+
+namespace cohort {
+
+enum class Errc {
+  kConfig = 1,
+  kComm,
+  kDevice,
+  kCheckpoint,
+};
+
+class ErrorCategory final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "cohort"; }
+  std::string message(int code) const override {
+    switch (static_cast<Errc>(code)) {
+      case Errc::kConfig:
+        return "invalid configuration";
+      case Errc::kComm:
+        return "communication failure";
+      case Errc::kDevice:
+        return "device failure";
+      case Errc::kCheckpoint:
+        return "checkpoint refused";
+    }
+    return "unknown cohort error";
+  }
+};
+
+inline const std::error_category& category() noexcept {
+  static const ErrorCategory instance;
+  return instance;
+}
+
+inline std::error_code make_error_code(Errc e) noexcept {
+  return {static_cast<int>(e), category()};
+}
+
+class Error : public std::system_error {
+ public:
+  Error(Errc code, const std::string& what) : std::system_error(make_error_code(code), what) {}
+};
+
+class ConfigError : public Error {
+ public:
+  explicit ConfigError(const std::string& what) : Error(Errc::kConfig, what) {}
+};
+
+class CommError : public Error {
+ public:
+  explicit CommError(const std::string& what) : Error(Errc::kComm, what) {}
+};
+
+class DeviceError : public Error {
+ public:
+  explicit DeviceError(const std::string& what) : Error(Errc::kDevice, what) {}
+};
+
+class CheckpointError : public Error {
+ public:
+  explicit CheckpointError(const std::string& what) : Error(Errc::kCheckpoint, what) {}
+};
+
+namespace detail {
+[[noreturn]] inline void assertion_failed(const char* condition, const char* file, int line) {
+  std::fprintf(stderr, "cohort: internal error: %s failed at %s:%d\n", condition, file, line);
+  std::abort();
+}
+}  // namespace detail
+
+}  // namespace cohort
+
+template <>
+struct std::is_error_code_enum<cohort::Errc> : std::true_type {};
+
+// Checked in every build type: a broken invariant inside cohort must never become wrong numbers.
+#define COHORT_ASSERT(condition) \
+  ((condition) ? static_cast<void>(0) : ::cohort::detail::assertion_failed(#condition, __FILE__, __LINE__))

@@ -1,0 +1,82 @@
+// The Model concept: what cohort needs from a model that a user wrote.
+//
+// cohort never looks inside a model. It reaches one only through cohort::ModelTraits<M>, a traits
+// template the user specializes (non-intrusive, so that a model from another library can be
+// adapted without touching it). The primary template is empty: a type nobody described is not a
+// Model, and Trainer says so in one sentence.
+//
+// A specialization provides:
+//   using value_type = ...;   // float or double: the type of every parameter and gradient
+//   using batch_type = ...;   // what the Dataset builds and forward_backward consumes
+//   static std::span<value_type> parameters(M&);  // every trainable parameter, one contiguous span
+//   static std::span<value_type> gradients(M&);   // same size; written by forward_backward
+//   static double forward_backward(M&, const batch_type&);
+//     // runs forward and backward on the batch, OVERWRITES gradients with the gradient of the
+//     // SUMMED per-example loss (not the mean: cohort divides by the global batch size once, after
+//     // reduction, which is what keeps results independent of how the batch was split), and
+//     // returns that summed loss.
+//
+// Requirements the compiler cannot check:
+//   - M is copyable, and a copy is an independent replica (its spans point into the copy);
+//   - forward_backward is deterministic: the same parameters and batch give the same bits. It is
+//     called from one thread per replica, concurrently on different replicas.
+//
+// A model that already has these as members can say so in one line:
+//   template <> struct cohort::ModelTraits<Mlp> : cohort::ModelMembers<Mlp> {};
+#pragma once
+
+#include <concepts>
+#include <span>
+#include <type_traits>
+
+namespace cohort {
+
+template <class M>
+struct ModelTraits {};
+
+template <class M>
+concept FloatingPointParameters = std::same_as<typename ModelTraits<M>::value_type, float> ||
+                                  std::same_as<typename ModelTraits<M>::value_type, double>;
+
+template <class M>
+concept Model =
+    std::copyable<M> &&
+    requires { typename ModelTraits<M>::value_type; typename ModelTraits<M>::batch_type; } &&
+    FloatingPointParameters<M> &&
+    requires(M& model, const typename ModelTraits<M>::batch_type& batch) {
+      {
+        ModelTraits<M>::parameters(model)
+      } -> std::same_as<std::span<typename ModelTraits<M>::value_type>>;
+      {
+        ModelTraits<M>::gradients(model)
+      } -> std::same_as<std::span<typename ModelTraits<M>::value_type>>;
+      { ModelTraits<M>::forward_backward(model, batch) } -> std::convertible_to<double>;
+    };
+
+template <Model M>
+using ValueType = typename ModelTraits<M>::value_type;
+
+template <Model M>
+using BatchType = typename ModelTraits<M>::batch_type;
+
+// Adapts a model whose members already have the required names and types.
+template <class M>
+struct ModelMembers {
+  using value_type = typename M::value_type;
+  using batch_type = typename M::batch_type;
+  static std::span<value_type> parameters(M& model) { return model.parameters(); }
+  static std::span<value_type> gradients(M& model) { return model.gradients(); }
+  static double forward_backward(M& model, const batch_type& batch) {
+    return model.forward_backward(batch);
+  }
+};
+
+// The sentence a user reads when the type given to Trainer is not a Model.
+#define COHORT_MODEL_REQUIREMENT_MESSAGE                                                        \
+  "cohort: the model type is not a cohort::Model. Specialize cohort::ModelTraits<YourModel> "   \
+  "with value_type (float or double), batch_type, parameters(m) and gradients(m) returning "    \
+  "std::span<value_type>, and forward_backward(m, batch) returning the summed loss; or write " \
+  "`template <> struct cohort::ModelTraits<YourModel> : cohort::ModelMembers<YourModel> {};`. " \
+  "See include/cohort/core/model.hpp."
+
+}  // namespace cohort

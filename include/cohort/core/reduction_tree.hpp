@@ -1,0 +1,101 @@
+// The reduction rule: the one order in which cohort adds gradients.
+//
+// Floating-point addition is not associative, so a sum is reproducible only if its order is fixed.
+// cohort fixes it as the canonical pairwise tree over n leaves:
+//
+//     fold(leaves [0, n)) = fold([0, s)) + fold([s, n)),   s = the largest power of two below n
+//
+// (the same tree as adding neighbours level by level: (x0+x1), (x2+x3), ... then pairs of those,
+// an odd last node carried up). For n = 5 it is ((x0+x1)+(x2+x3))+x4.
+//
+// The leaves of a training step are its micro-batches, numbered in the global batch. Any aligned
+// block of 2^k leaves is one subtree, so a replica that owns such a block can fold it locally and
+// contribute a single buffer: the cross-replica fold over replicas, in the same tree, then gives
+// exactly the bits of the fold over all micro-batches. That is why parameters are bit-identical
+// for 1, 2, 4 or 8 replicas, threads or processes; it is also why every collective in cohort
+// combines ranks in this order, and why Trainer requires micro_batches / replicas to be a power
+// of two (core/sharding.hpp).
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort::tree {
+
+// The size of the left subtree of a node over n >= 2 leaves.
+constexpr std::size_t split(std::size_t n) { return std::bit_floor(n - 1); }
+
+// True when leaves [first, first + count) form one node of the canonical tree over any number of
+// leaves that contains them whole.
+constexpr bool is_subtree(std::size_t first, std::size_t count) {
+  return std::has_single_bit(count) && first % count == 0;
+}
+
+namespace detail {
+template <class Leaf, class Combine>
+auto fold_range(std::size_t first, std::size_t count, Leaf& leaf, Combine& combine) {
+  if (count == 1) return leaf(first);
+  const std::size_t left = split(count);
+  return combine(fold_range(first, left, leaf, combine),
+                 fold_range(first + left, count - left, leaf, combine));
+}
+}  // namespace detail
+
+// Folds leaf(0) .. leaf(n - 1), n >= 1, in the canonical order; combine(a, b) returns a (+) b.
+template <class Leaf, class Combine>
+auto fold(std::size_t n, Leaf leaf, Combine combine) {
+  COHORT_ASSERT(n >= 1);
+  return detail::fold_range(0, n, leaf, combine);
+}
+
+// Folds leaves that arrive one at a time, in order, keeping O(log n) partial results: the
+// canonical tree computed as a binary counter. combine_into(left, right) sets left = left (+) right.
+template <class Value, class CombineInto>
+class StreamingFold {
+ public:
+  explicit StreamingFold(CombineInto combine_into) : combine_into_(std::move(combine_into)) {}
+
+  // `assign(slot)` writes the next leaf into slot, a Value reused across steps (no allocation once
+  // the stack has reached its depth).
+  template <class Assign>
+  void push(Assign&& assign) {
+    if (depth_ == stack_.size()) stack_.emplace_back();
+    assign(stack_[depth_].value);
+    stack_[depth_].leaves = 1;
+    ++depth_;
+    while (depth_ >= 2 && stack_[depth_ - 1].leaves == stack_[depth_ - 2].leaves) merge_top();
+  }
+
+  // The fold of every leaf pushed since the last reset. Merging the right spine from the top is
+  // what makes an incomplete tree (n not a power of two) match fold().
+  Value& result() {
+    COHORT_ASSERT(depth_ >= 1);
+    while (depth_ >= 2) merge_top();
+    return stack_[0].value;
+  }
+
+  void reset() { depth_ = 0; }
+
+ private:
+  struct Node {
+    Value value{};
+    std::size_t leaves = 0;
+  };
+
+  void merge_top() {
+    Node& left = stack_[depth_ - 2];
+    combine_into_(left.value, stack_[depth_ - 1].value);
+    left.leaves += stack_[depth_ - 1].leaves;
+    --depth_;
+  }
+
+  CombineInto combine_into_;
+  std::vector<Node> stack_;
+  std::size_t depth_ = 0;
+};
+
+}  // namespace cohort::tree

@@ -1,0 +1,139 @@
+// Per-device math on the host: the reference implementation.
+//
+// Every function here is elementwise or reduces in the canonical tree order (core/reduction_tree.hpp),
+// so its result does not depend on how the work is split. Loops are plain so that the compiler may
+// vectorize them; it never reorders a floating-point reduction without -ffast-math, which cohort
+// must not be built with.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "cohort/core/error.hpp"
+#include "cohort/core/reduce_op.hpp"
+#include "cohort/core/reduction_tree.hpp"
+#include "cohort/device/device.hpp"
+
+namespace cohort::device {
+
+struct Cpu {
+  static constexpr std::string_view kName = "cpu";
+};
+static_assert(Device<Cpu>);
+
+namespace cpu {
+
+// Elements per block of a blocked reduction: small enough that a block of every input stays in L1.
+inline constexpr std::size_t kReduceBlock = 1024;
+
+// Elements per leaf of sum_of_squares: part of the result's definition, so never tuned.
+inline constexpr std::size_t kNormBlock = 4096;
+
+template <class T>
+void scale(std::span<T> x, T alpha) {
+  for (T& value : x) value *= alpha;
+}
+
+// y = alpha * x + y
+template <class T>
+void axpy(T alpha, std::span<const T> x, std::span<T> y) {
+  COHORT_ASSERT(x.size() == y.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = alpha * x[i] + y[i];
+}
+
+// inout = inout (op) in, elementwise.
+template <class T>
+void combine_into(ReduceOp op, std::span<T> inout, std::span<const T> in) {
+  COHORT_ASSERT(inout.size() == in.size());
+  switch (op) {
+    case ReduceOp::kSum:
+      for (std::size_t i = 0; i < in.size(); ++i) inout[i] = inout[i] + in[i];
+      return;
+    default:
+      for (std::size_t i = 0; i < in.size(); ++i) inout[i] = combine(op, inout[i], in[i]);
+  }
+}
+
+namespace detail {
+
+template <class T>
+void combine_block(ReduceOp op, const T* left, const T* right, T* out, std::size_t count) {
+  switch (op) {
+    case ReduceOp::kSum:
+      for (std::size_t i = 0; i < count; ++i) out[i] = left[i] + right[i];
+      return;
+    default:
+      for (std::size_t i = 0; i < count; ++i) out[i] = combine(op, left[i], right[i]);
+  }
+}
+
+// Computes the node over inputs [first, first + leaves) for elements [offset, offset + count).
+// A leaf is returned as a pointer into its input, without a copy. An inner node writes into dst;
+// its left child may use dst too (finished before the right child starts), its right child uses
+// the next scratch block, so the scratch is one block per tree level.
+template <class T>
+const T* reduce_node(ReduceOp op, std::span<const T* const> inputs, std::size_t first,
+                     std::size_t leaves, std::size_t offset, std::size_t count, T* dst,
+                     T* scratch) {
+  if (leaves == 1) return inputs[first] + offset;
+  const std::size_t left_leaves = tree::split(leaves);
+  const T* left = reduce_node(op, inputs, first, left_leaves, offset, count, dst, scratch);
+  const T* right = reduce_node(op, inputs, first + left_leaves, leaves - left_leaves, offset,
+                               count, scratch, scratch + kReduceBlock);
+  combine_block(op, left, right, dst, count);
+  return dst;
+}
+
+}  // namespace detail
+
+// out[i] = the canonical-tree reduction of inputs[0][i], ..., inputs[n-1][i]. out may alias no
+// input. Works block by block so every input is read once and out written once.
+template <class T>
+void reduce_tree(ReduceOp op, std::span<const T* const> inputs, std::span<T> out) {
+  COHORT_ASSERT(!inputs.empty());
+  if (inputs.size() == 1) {
+    std::copy_n(inputs[0], out.size(), out.data());
+    return;
+  }
+  thread_local std::vector<T> scratch;
+  const std::size_t levels = std::bit_width(inputs.size());
+  if (scratch.size() < levels * kReduceBlock) scratch.resize(levels * kReduceBlock);
+  for (std::size_t offset = 0; offset < out.size(); offset += kReduceBlock) {
+    const std::size_t count = std::min(kReduceBlock, out.size() - offset);
+    const T* root = detail::reduce_node(op, inputs, 0, inputs.size(), offset, count,
+                                        out.data() + offset, scratch.data());
+    COHORT_ASSERT(root == out.data() + offset);
+  }
+}
+
+// Sum of x[i]^2 in double: each kNormBlock block sequentially, blocks in the canonical tree, so the
+// result is the same wherever it is computed and partial results of aligned block ranges compose.
+template <class T>
+double sum_of_squares(std::span<const T> x) {
+  if (x.empty()) return 0.0;
+  const std::size_t blocks = (x.size() + kNormBlock - 1) / kNormBlock;
+  return tree::fold(
+      blocks,
+      [&](std::size_t block) {
+        double sum = 0.0;
+        const std::size_t end = std::min(x.size(), (block + 1) * kNormBlock);
+        for (std::size_t i = block * kNormBlock; i < end; ++i) {
+          const double value = static_cast<double>(x[i]);
+          sum += value * value;
+        }
+        return sum;
+      },
+      [](double a, double b) { return a + b; });
+}
+
+template <class T>
+bool all_finite(std::span<const T> x) {
+  return std::all_of(x.begin(), x.end(), [](T value) { return std::isfinite(value); });
+}
+
+}  // namespace cpu
+}  // namespace cohort::device
