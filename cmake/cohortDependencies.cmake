@@ -1,5 +1,7 @@
-# What cohort::cohort needs, found the same way in the source tree and in cohortConfig.cmake.
-include(CMakeFindDependencyMacro)
+# What cohort::cohort needs at use, found the same way here and in cohortConfig.cmake: threads and
+# Boost (headers, plus Boost.Serialization for checkpoints). Test, benchmark and example
+# dependencies are found in their own folders, and never by a consumer (docs/dependencies.md).
+# GNUInstallDirs: CMAKE_INSTALL_INCLUDEDIR is needed by the target itself, before cohortInstall.
 include(GNUInstallDirs)
 find_package(Threads REQUIRED)
 find_package(Boost 1.74 REQUIRED COMPONENTS serialization)

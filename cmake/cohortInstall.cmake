@@ -1,15 +1,30 @@
+# Install and export rules for cohort::cohort.
+#
+#   cmake --install <build> --prefix <prefix>   headers, cohortTargets.cmake, cohortConfig.cmake
+#   find_package(cohort CONFIG) in a consumer   finds <prefix>/share/cmake/cohort
+#   -Dcohort_DIR=<build>                        uses a build tree directly, through export()
+#
+# Every rule is in the component cohort_Development, so the package can be installed alone
+# (tests/package does) whatever else the build installs. The package is header-only and
+# architecture independent, hence share/ rather than lib/<arch>/.
 include(CMakePackageConfigHelpers)
 
-install(TARGETS cohort EXPORT cohortTargets)
-install(DIRECTORY include/cohort TYPE INCLUDE)
-install(EXPORT cohortTargets NAMESPACE cohort:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/cohort)
-export(EXPORT cohortTargets NAMESPACE cohort::
-       FILE ${PROJECT_BINARY_DIR}/cohortTargets.cmake)
+set(COHORT_INSTALL_CMAKEDIR "${CMAKE_INSTALL_DATADIR}/cmake/cohort"
+    CACHE STRING "Where cohortConfig.cmake is installed, relative to the prefix")
+mark_as_advanced(COHORT_INSTALL_CMAKEDIR)
 
-configure_package_config_file(cmake/cohortConfig.cmake.in
-  ${PROJECT_BINARY_DIR}/cohortConfig.cmake
-  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/cohort)
-write_basic_package_version_file(${PROJECT_BINARY_DIR}/cohortConfigVersion.cmake
-  COMPATIBILITY SameMajorVersion ARCH_INDEPENDENT)
-install(FILES ${PROJECT_BINARY_DIR}/cohortConfig.cmake ${PROJECT_BINARY_DIR}/cohortConfigVersion.cmake
-  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/cohort)
+install(TARGETS cohort EXPORT cohortTargets COMPONENT cohort_Development)
+install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/cohort" TYPE INCLUDE
+        COMPONENT cohort_Development)
+install(EXPORT cohortTargets NAMESPACE cohort:: DESTINATION "${COHORT_INSTALL_CMAKEDIR}"
+        COMPONENT cohort_Development)
+export(EXPORT cohortTargets NAMESPACE cohort:: FILE "${PROJECT_BINARY_DIR}/cohortTargets.cmake")
+
+configure_package_config_file("${CMAKE_CURRENT_LIST_DIR}/cohortConfig.cmake.in"
+                              "${PROJECT_BINARY_DIR}/cohortConfig.cmake"
+                              INSTALL_DESTINATION "${COHORT_INSTALL_CMAKEDIR}")
+write_basic_package_version_file("${PROJECT_BINARY_DIR}/cohortConfigVersion.cmake"
+                                 COMPATIBILITY SameMajorVersion ARCH_INDEPENDENT)
+install(FILES "${PROJECT_BINARY_DIR}/cohortConfig.cmake"
+              "${PROJECT_BINARY_DIR}/cohortConfigVersion.cmake"
+        DESTINATION "${COHORT_INSTALL_CMAKEDIR}" COMPONENT cohort_Development)

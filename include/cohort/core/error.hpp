@@ -1,8 +1,8 @@
 // Errors: one hierarchy, so that a user can catch cohort::Error and know it came from cohort.
 //
 //   ConfigError  bad Options, a bad cluster description or environment: names the field and value
-//   CommError    a peer lost, a timeout, a protocol or shape mismatch: names rank, operation, sequence
-//   DeviceError  a CUDA or NCCL failure: names the call, the code and its text
+//   CommError    a peer lost, a timeout, a protocol or shape mismatch: names rank, operation,
+//   sequence DeviceError  a CUDA or NCCL failure: names the call, the code and its text
 //   CheckpointError  a checkpoint that cannot be read or does not match: names the file and field
 //
 // Each derives from cohort::Error, a std::system_error whose code lives in cohort::category().
@@ -88,5 +88,6 @@ template <>
 struct std::is_error_code_enum<cohort::Errc> : std::true_type {};
 
 // Checked in every build type: a broken invariant inside cohort must never become wrong numbers.
-#define COHORT_ASSERT(condition) \
-  ((condition) ? static_cast<void>(0) : ::cohort::detail::assertion_failed(#condition, __FILE__, __LINE__))
+#define COHORT_ASSERT(condition)      \
+  ((condition) ? static_cast<void>(0) \
+               : ::cohort::detail::assertion_failed(#condition, __FILE__, __LINE__))

@@ -35,23 +35,23 @@ template <class M>
 struct ModelTraits {};
 
 template <class M>
-concept FloatingPointParameters = std::same_as<typename ModelTraits<M>::value_type, float> ||
-                                  std::same_as<typename ModelTraits<M>::value_type, double>;
+concept FloatingPointParameters = std::same_as < typename ModelTraits<M>::value_type,
+float > || std::same_as<typename ModelTraits<M>::value_type, double>;
 
 template <class M>
-concept Model =
-    std::copyable<M> &&
-    requires { typename ModelTraits<M>::value_type; typename ModelTraits<M>::batch_type; } &&
-    FloatingPointParameters<M> &&
+concept Model = std::copyable<M> && requires {
+  typename ModelTraits<M>::value_type;
+  typename ModelTraits<M>::batch_type;
+} && FloatingPointParameters<M> &&
     requires(M& model, const typename ModelTraits<M>::batch_type& batch) {
-      {
-        ModelTraits<M>::parameters(model)
-      } -> std::same_as<std::span<typename ModelTraits<M>::value_type>>;
-      {
-        ModelTraits<M>::gradients(model)
-      } -> std::same_as<std::span<typename ModelTraits<M>::value_type>>;
-      { ModelTraits<M>::forward_backward(model, batch) } -> std::convertible_to<double>;
-    };
+  {
+    ModelTraits<M>::parameters(model)
+    } -> std::same_as<std::span<typename ModelTraits<M>::value_type>>;
+  {
+    ModelTraits<M>::gradients(model)
+    } -> std::same_as<std::span<typename ModelTraits<M>::value_type>>;
+  { ModelTraits<M>::forward_backward(model, batch) } -> std::convertible_to<double>;
+};
 
 template <Model M>
 using ValueType = typename ModelTraits<M>::value_type;
@@ -75,7 +75,7 @@ struct ModelMembers {
 #define COHORT_MODEL_REQUIREMENT_MESSAGE                                                        \
   "cohort: the model type is not a cohort::Model. Specialize cohort::ModelTraits<YourModel> "   \
   "with value_type (float or double), batch_type, parameters(m) and gradients(m) returning "    \
-  "std::span<value_type>, and forward_backward(m, batch) returning the summed loss; or write " \
+  "std::span<value_type>, and forward_backward(m, batch) returning the summed loss; or write "  \
   "`template <> struct cohort::ModelTraits<YourModel> : cohort::ModelMembers<YourModel> {};`. " \
   "See include/cohort/core/model.hpp."
 

@@ -39,13 +39,16 @@ namespace detail {
 template <class Leaf, class Combine>
 auto fold_range(std::size_t first, std::size_t count, Leaf& leaf, Combine& combine) {
   if (count == 1) return leaf(first);
-  const std::size_t left = split(count);
-  return combine(fold_range(first, left, leaf, combine),
-                 fold_range(first + left, count - left, leaf, combine));
+  const std::size_t left_count = split(count);
+  // Named, so that leaves are visited in index order (function arguments have no fixed order).
+  auto left = fold_range(first, left_count, leaf, combine);
+  auto right = fold_range(first + left_count, count - left_count, leaf, combine);
+  return combine(std::move(left), std::move(right));
 }
 }  // namespace detail
 
-// Folds leaf(0) .. leaf(n - 1), n >= 1, in the canonical order; combine(a, b) returns a (+) b.
+// Folds leaf(0) .. leaf(n - 1), n >= 1, in the canonical order, visiting leaves in index order;
+// combine(a, b) returns a (+) b.
 template <class Leaf, class Combine>
 auto fold(std::size_t n, Leaf leaf, Combine combine) {
   COHORT_ASSERT(n >= 1);
@@ -53,7 +56,8 @@ auto fold(std::size_t n, Leaf leaf, Combine combine) {
 }
 
 // Folds leaves that arrive one at a time, in order, keeping O(log n) partial results: the
-// canonical tree computed as a binary counter. combine_into(left, right) sets left = left (+) right.
+// canonical tree computed as a binary counter. combine_into(left, right) sets left = left (+)
+// right.
 template <class Value, class CombineInto>
 class StreamingFold {
  public:

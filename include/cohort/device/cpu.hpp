@@ -1,9 +1,9 @@
 // Per-device math on the host: the reference implementation.
 //
-// Every function here is elementwise or reduces in the canonical tree order (core/reduction_tree.hpp),
-// so its result does not depend on how the work is split. Loops are plain so that the compiler may
-// vectorize them; it never reorders a floating-point reduction without -ffast-math, which cohort
-// must not be built with.
+// Every function here is elementwise or reduces in the canonical tree order
+// (core/reduction_tree.hpp), so its result does not depend on how the work is split. Loops are
+// plain so that the compiler may vectorize them; it never reorders a floating-point reduction
+// without -ffast-math, which cohort must not be built with.
 #pragma once
 
 #include <algorithm>
@@ -82,8 +82,8 @@ const T* reduce_node(ReduceOp op, std::span<const T* const> inputs, std::size_t 
   if (leaves == 1) return inputs[first] + offset;
   const std::size_t left_leaves = tree::split(leaves);
   const T* left = reduce_node(op, inputs, first, left_leaves, offset, count, dst, scratch);
-  const T* right = reduce_node(op, inputs, first + left_leaves, leaves - left_leaves, offset,
-                               count, scratch, scratch + kReduceBlock);
+  const T* right = reduce_node(op, inputs, first + left_leaves, leaves - left_leaves, offset, count,
+                               scratch, scratch + kReduceBlock);
   combine_block(op, left, right, dst, count);
   return dst;
 }

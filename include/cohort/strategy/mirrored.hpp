@@ -1,0 +1,119 @@
+// Mirrored: in-graph replication in one process, one replica per local device.
+//
+// Each replica is a thread holding its own copy of the model. After every step the replicas'
+// gradients are all-reduced by the collective (in the canonical tree order), and every replica
+// applies the same update to its copy, so the copies stay identical.
+//
+//   cohort::strategy::Mirrored<> mirrored({.replicas = 4});
+//
+// Options:
+//   replicas   number of replicas (threads), at least 1
+//   timeout    how long a replica waits in a collective for the others before the step fails
+//              with a CommError naming it (a replica stuck in user code is then reported, not
+//              waited for forever)
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cohort/collective/local.hpp"
+#include "cohort/core/options.hpp"
+#include "cohort/device/cpu.hpp"
+#include "cohort/strategy/strategy.hpp"
+
+namespace cohort::strategy {
+
+namespace detail {
+inline std::string describe(std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& error) {
+    return error.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
+}  // namespace detail
+
+template <device::Device Device = device::Cpu, class Collective = collective::Local>
+class Mirrored {
+  static_assert(std::same_as<Device, device::Cpu>,
+                "cohort: Mirrored runs host replicas on device::Cpu; GPU replicas need the CUDA "
+                "device and collective::Nccl.");
+
+ public:
+  static constexpr std::string_view kName = "mirrored";
+
+  struct Options {
+    std::size_t replicas = 1;
+    std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  };
+
+  explicit Mirrored(Options options) : options_(options) {
+    options::require_positive("replicas", options_.replicas);
+    options::require_positive("timeout", options_.timeout.count());
+  }
+
+  std::size_t replicas() const { return options_.replicas; }
+  std::size_t local_replicas() const { return options_.replicas; }
+  std::size_t first_local_replica() const { return 0; }
+  bool is_chief() const { return true; }
+  const Options& options() const { return options_; }
+
+  using Communicator = decltype(std::declval<Collective&>().communicator(0));
+
+  class Replica {
+   public:
+    std::size_t index() const { return index_; }
+    Communicator& communicator() { return communicator_; }
+
+   private:
+    friend class Mirrored;
+    Replica(std::size_t index, Communicator communicator)
+        : index_(index), communicator_(std::move(communicator)) {}
+    std::size_t index_;
+    Communicator communicator_;
+  };
+
+  template <class Body>
+  void run(Body&& body) {
+    // A fresh group per run: a group that saw a failure stays poisoned.
+    Collective group({.ranks = static_cast<int>(options_.replicas), .timeout = options_.timeout});
+    std::exception_ptr first_failure;
+    std::once_flag record_failure;
+    auto replica_main = [&](std::size_t index) {
+      Replica replica(index, group.communicator(static_cast<int>(index)));
+      try {
+        body(replica);
+      } catch (...) {
+        std::call_once(record_failure, [&] { first_failure = std::current_exception(); });
+        replica.communicator().abort(detail::describe(std::current_exception()));
+      }
+    };
+    {
+      std::vector<std::jthread> threads;
+      threads.reserve(options_.replicas - 1);
+      for (std::size_t index = 1; index < options_.replicas; ++index) {
+        threads.emplace_back(replica_main, index);
+      }
+      replica_main(0);  // The calling thread is replica 0: one thread fewer, and the chief's
+                        // output stays on the user's thread.
+    }
+    if (first_failure) std::rethrow_exception(first_failure);
+  }
+
+ private:
+  Options options_;
+};
+
+static_assert(Strategy<Mirrored<>>);
+
+}  // namespace cohort::strategy

@@ -1,0 +1,48 @@
+// Strategies: how replicas are laid out and synchronized.
+//
+// A strategy decides where the replicas of a model run (threads of this process, processes on
+// hosts, devices) and gives each local replica a communicator over all replicas of the job. The
+// Trainer runs the same step on every replica; the strategy only changes who the replicas are and
+// how their collectives travel, so results are the same bits for every synchronous strategy.
+//
+//   S::Options             aggregate, validated in the constructor (ConfigError naming the field)
+//   S::kName               "mirrored", ...: used in progress lines and checkpoints
+//   s.replicas()           replicas in the whole job
+//   s.local_replicas()     replicas this process runs
+//   s.first_local_replica()  global index of this process's first replica
+//   s.is_chief()           whether this process prints progress and writes checkpoints
+//   s.run(body)            calls body(replica) once per local replica, concurrently, and returns
+//                          when all have returned. replica.index() is the global replica index and
+//                          replica.communicator() satisfies collective::Communicator. If a body
+//                          throws, the others are released (their collectives throw) and run
+//                          rethrows the first exception.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <string_view>
+
+#include "cohort/collective/collective.hpp"
+
+namespace cohort::strategy {
+
+namespace detail {
+// A stand-in body with which the concept checks that run() accepts a callable.
+struct AnyReplicaBody {
+  template <class Replica>
+  void operator()(Replica&) const {}
+};
+}  // namespace detail
+
+template <class S>
+concept Strategy = requires(S& s, const S& cs) {
+  typename S::Options;
+  { S::kName } -> std::convertible_to<std::string_view>;
+  { cs.replicas() } -> std::convertible_to<std::size_t>;
+  { cs.local_replicas() } -> std::convertible_to<std::size_t>;
+  { cs.first_local_replica() } -> std::convertible_to<std::size_t>;
+  { cs.is_chief() } -> std::convertible_to<bool>;
+  s.run(detail::AnyReplicaBody{});
+};
+
+}  // namespace cohort::strategy

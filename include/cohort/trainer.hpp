@@ -1,0 +1,282 @@
+// Trainer<Model, Strategy, Optimizer>: the class users meet first.
+//
+//   cohort::Trainer trainer(model,
+//                           cohort::strategy::Mirrored<>({.replicas = 4}),
+//                           cohort::optimizer::Adam({.learning_rate = 1e-3}),
+//                           {.global_batch = 256, .micro_batches = 8, .seed = 1});
+//   cohort::Report report = trainer.fit(data, {.epochs = 5});
+//   trainer.save("run.ckpt");
+//
+// One training step, on every replica at once:
+//   1. The global batch (global_batch examples of this epoch's seeded order) is split into
+//      micro_batches micro-batches; this replica computes its own whole micro-batches
+//      (core/sharding.hpp), calling forward_backward once per micro-batch.
+//   2. The micro-batch gradients are summed in the canonical tree (core/reduction_tree.hpp), first
+//      inside the replica, then across replicas by the strategy's all-reduce, which continues the
+//      same tree. The summed loss travels the same way.
+//   3. Every replica scales the sum by 1 / global_batch (and by the clipping factor when
+//      max_gradient_norm is set) and applies the optimizer to its own copy.
+// Nothing in this depends on how many replicas there are, so for a fixed seed and micro_batches
+// the parameters are the same bits for any replica count whose split is valid (micro_batches /
+// replicas a power of two), for every synchronous strategy, and after save and restore.
+//
+// Options:
+//   global_batch   examples per step, over all replicas (>= micro_batches)
+//   micro_batches  pieces of each global batch; the unit of work and of the reduction tree
+//   seed           defines every epoch's example order
+//   log_every      steps between progress lines on the chief (0: only at the end of epochs)
+//   progress       Progress::kAuto, kLines or kSilent
+//
+// fit(data, until) trains until the run (counted since it began, restored checkpoints included)
+// has done until.steps steps or until.epochs epochs, whichever comes first of those given. If fit
+// throws, the replicas may hold a partially applied step: restore a checkpoint before going on.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cohort/checkpoint/checkpoint.hpp"
+#include "cohort/core/dataset.hpp"
+#include "cohort/core/model.hpp"
+#include "cohort/core/options.hpp"
+#include "cohort/core/progress.hpp"
+#include "cohort/core/reduction_tree.hpp"
+#include "cohort/core/sharding.hpp"
+#include "cohort/device/cpu.hpp"
+#include "cohort/optimizer/optimizer.hpp"
+#include "cohort/optimizer/sgd.hpp"
+#include "cohort/strategy/mirrored.hpp"
+#include "cohort/strategy/strategy.hpp"
+
+namespace cohort {
+
+// Absolute targets: both count from the beginning of the run, so the same `until` after a restore
+// finishes where an uninterrupted run would. 0 means "not given".
+struct Until {
+  std::uint64_t epochs = 0;
+  std::uint64_t steps = 0;
+};
+
+struct Report {
+  std::uint64_t steps = 0;   // steps this fit took
+  std::vector<double> loss;  // mean loss per example of each of those steps
+  double seconds = 0.0;      // wall time of the fit
+  StepTimes times;           // of the chief replica
+  double examples_per_second = 0.0;
+};
+
+template <class M, class S = strategy::Mirrored<>, class O = optimizer::Sgd>
+class Trainer {
+  static_assert(Model<M>, COHORT_MODEL_REQUIREMENT_MESSAGE);
+  static_assert(strategy::Strategy<S>,
+                "cohort: the second argument of Trainer must be a strategy, for example "
+                "cohort::strategy::Mirrored<>. See include/cohort/strategy/strategy.hpp.");
+  static_assert(optimizer::Optimizer<O>,
+                "cohort: the third argument of Trainer must be an optimizer, for example "
+                "cohort::optimizer::Sgd or cohort::optimizer::Adam. See "
+                "include/cohort/optimizer/optimizer.hpp.");
+
+ public:
+  using value_type = ValueType<M>;
+  using batch_type = BatchType<M>;
+
+  struct Options {
+    std::size_t global_batch = 256;
+    std::size_t micro_batches = 8;
+    std::uint64_t seed = 0;
+    std::uint64_t log_every = 100;
+    Progress progress = Progress::kAuto;
+  };
+
+  Trainer(const M& model, S strategy, O optimizer, Options options = {})
+      : strategy_(std::move(strategy)), optimizer_(std::move(optimizer)), options_(options) {
+    sharding::Plan::validate_split(options_.global_batch, options_.micro_batches,
+                                   strategy_.replicas());
+    models_.assign(strategy_.local_replicas(), model);
+    const std::size_t parameters = ModelTraits<M>::parameters(models_[0]).size();
+    if (const std::size_t gradients = ModelTraits<M>::gradients(models_[0]).size();
+        gradients != parameters) {
+      options::reject("gradients().size()", gradients,
+                      "must equal parameters().size() (" + std::to_string(parameters) + ")");
+    }
+    optimizer_states_.assign(strategy_.local_replicas(),
+                             std::vector<value_type>(O::kStateSlots * parameters));
+  }
+
+  template <Dataset<batch_type> D>
+  Report fit(const D& data, Until until) {
+    if (until.epochs == 0 && until.steps == 0) {
+      options::reject("until", "{}", "give epochs or steps (or both)");
+    }
+    const sharding::Plan plan(data.size(), options_.global_batch, options_.micro_batches,
+                              strategy_.replicas());
+    if (dataset_size_ != 0 && dataset_size_ != data.size()) {
+      options::reject("data.size()", data.size(),
+                      "differs from the " + std::to_string(dataset_size_) +
+                          " examples this run began with; its data order would change");
+    }
+    dataset_size_ = data.size();
+    std::uint64_t target = std::numeric_limits<std::uint64_t>::max();
+    if (until.epochs != 0) target = until.epochs * plan.steps_per_epoch();
+    if (until.steps != 0) target = std::min(target, until.steps);
+
+    Report report;
+    const auto start = std::chrono::steady_clock::now();
+    strategy_.run([&](auto& replica) { train_replica(replica, data, plan, target, report); });
+    report.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report.steps = target > step_ ? target - step_ : 0;
+    report.examples_per_second =
+        static_cast<double>(report.steps * options_.global_batch) / report.seconds;
+    step_ += report.steps;
+    return report;
+  }
+
+  // This process's first replica; every replica holds the same parameters between steps.
+  const M& model() const { return models_[0]; }
+  std::uint64_t step() const { return step_; }
+  const S& strategy() const { return strategy_; }
+  const Options& options() const { return options_; }
+
+  // Writes the complete training state (checkpoint/checkpoint.hpp).
+  void save(const std::filesystem::path& file) const {
+    checkpoint::TrainingState<value_type> state;
+    state.optimizer = O::kName;
+    const auto parameters = ModelTraits<M>::parameters(const_cast<M&>(models_[0]));
+    state.parameters.assign(parameters.begin(), parameters.end());
+    state.optimizer_state = optimizer_states_[0];
+    state.step = step_;
+    state.seed = options_.seed;
+    state.global_batch = options_.global_batch;
+    state.micro_batches = options_.micro_batches;
+    state.dataset_size = dataset_size_;
+    checkpoint::write(file, state);
+  }
+
+  // Continues the run saved in `file`. Everything is checked before anything is changed: on
+  // error the trainer and its models are as they were.
+  void restore(const std::filesystem::path& file) {
+    const auto state = checkpoint::read<value_type>(file);
+    const auto expect = [&](std::string_view field, const auto& in_file, const auto& here) {
+      if (in_file == here) return;
+      std::ostringstream why;
+      why << "checkpoint " << file.string() << ": " << field << " is " << in_file
+          << " in the file but " << here << " in this trainer";
+      throw CheckpointError(why.str());
+    };
+    expect("optimizer", state.optimizer, std::string(O::kName));
+    expect("parameter count", state.parameters.size(),
+           ModelTraits<M>::parameters(models_[0]).size());
+    expect("optimizer state size", state.optimizer_state.size(), optimizer_states_[0].size());
+    expect("seed", state.seed, options_.seed);
+    expect("global_batch", state.global_batch, std::uint64_t{options_.global_batch});
+    expect("micro_batches", state.micro_batches, std::uint64_t{options_.micro_batches});
+    for (std::size_t local = 0; local < models_.size(); ++local) {
+      std::ranges::copy(state.parameters, ModelTraits<M>::parameters(models_[local]).begin());
+      optimizer_states_[local] = state.optimizer_state;
+    }
+    step_ = state.step;
+    dataset_size_ = state.dataset_size;
+  }
+
+ private:
+  using Gradient = std::vector<value_type>;
+
+  static void add_into(Gradient& left, const Gradient& right) {
+    device::cpu::combine_into<value_type>(ReduceOp::kSum, left, right);
+  }
+  static void add_loss(double& left, const double& right) { left += right; }
+
+  template <class Replica, class D>
+  void train_replica(Replica& replica, const D& data, const sharding::Plan& plan,
+                     std::uint64_t target, Report& report) {
+    using Clock = std::chrono::steady_clock;
+    auto& communicator = replica.communicator();
+    const std::size_t local = replica.index() - strategy_.first_local_replica();
+    M& model = models_[local];
+    const std::span<value_type> parameters = ModelTraits<M>::parameters(model);
+    const std::span<value_type> gradients = ModelTraits<M>::gradients(model);
+    std::vector<value_type>& optimizer_state = optimizer_states_[local];
+    const bool reports = replica.index() == 0 && strategy_.is_chief();
+
+    // Replicas built in separate processes start from the chief's parameters.
+    communicator.broadcast(parameters, 0);
+
+    tree::StreamingFold<Gradient, decltype(&add_into)> gradient_fold(&add_into);
+    tree::StreamingFold<double, decltype(&add_loss)> loss_fold(&add_loss);
+    ProgressPrinter progress(reports ? options_.progress : Progress::kSilent,
+                             plan.steps_per_epoch(), options_.global_batch);
+    std::vector<std::size_t> order;
+    std::uint64_t order_epoch = std::numeric_limits<std::uint64_t>::max();
+    std::vector<std::size_t> indices;
+    const double inverse_batch = 1.0 / static_cast<double>(options_.global_batch);
+
+    for (std::uint64_t step = step_; step < target; ++step) {
+      const std::uint64_t epoch = step / plan.steps_per_epoch();
+      const std::size_t step_in_epoch = step % plan.steps_per_epoch();
+      if (epoch != order_epoch) {
+        order = plan.epoch_order(options_.seed, epoch);
+        order_epoch = epoch;
+      }
+      const auto compute_start = Clock::now();
+      gradient_fold.reset();
+      loss_fold.reset();
+      const std::size_t first = plan.first_micro_batch(replica.index());
+      for (std::size_t micro = first; micro < first + plan.micro_batches_per_replica(); ++micro) {
+        const sharding::Range range = plan.micro_batch(step_in_epoch, micro);
+        indices.assign(order.begin() + range.begin, order.begin() + range.end);
+        const double loss = ModelTraits<M>::forward_backward(model, data.batch(indices));
+        gradient_fold.push(
+            [&](Gradient& slot) { slot.assign(gradients.begin(), gradients.end()); });
+        loss_fold.push([&](double& slot) { slot = loss; });
+      }
+      Gradient& gradient_sum = gradient_fold.result();
+      double loss_sum = loss_fold.result();
+      const auto communication_start = Clock::now();
+      communicator.all_reduce(std::span<value_type>(gradient_sum), ReduceOp::kSum);
+      communicator.all_reduce(std::span<double>(&loss_sum, 1), ReduceOp::kSum);
+      const auto update_start = Clock::now();
+
+      double scale = inverse_batch;
+      if (optimizer_.options().max_gradient_norm > 0.0) {
+        scale *= optimizer::clipping_factor(device::cpu::sum_of_squares<value_type>(gradient_sum),
+                                            inverse_batch, optimizer_.options().max_gradient_norm);
+      }
+      optimizer_.step(parameters, std::span<const value_type>(gradient_sum),
+                      std::span<value_type>(optimizer_state),
+                      optimizer::StepContext{.step = step + 1, .gradient_scale = scale});
+
+      if (reports) {
+        const auto end = Clock::now();
+        const StepTimes times{
+            .compute = std::chrono::duration<double>((communication_start - compute_start) +
+                                                     (end - update_start))
+                           .count(),
+            .communication =
+                std::chrono::duration<double>(update_start - communication_start).count()};
+        const double mean_loss = loss_sum * inverse_batch;
+        report.loss.push_back(mean_loss);
+        report.times += times;
+        const bool periodic =
+            options_.log_every != 0 && (step_in_epoch + 1) % options_.log_every == 0;
+        progress.report(step, mean_loss, times, periodic);
+      }
+    }
+  }
+
+  S strategy_;
+  O optimizer_;
+  Options options_;
+  std::vector<M> models_;  // one per local replica
+  std::vector<std::vector<value_type>> optimizer_states_;
+  std::uint64_t step_ = 0;
+  std::size_t dataset_size_ = 0;  // fixed by the first fit or by restore
+};
+
+}  // namespace cohort

@@ -1,0 +1,78 @@
+#include "cohort/core/error.hpp"
+
+#include <doctest/doctest.h>
+
+#include <ostream>  // doctest prints std::error_code through operator<<
+#include <string>
+#include <system_error>
+#include <type_traits>
+
+namespace {
+
+// Throws E and catches it as `Catch`, returning what was caught.
+template <class E, class Catch>
+std::error_code code_when_caught_as(const std::string& what, std::string& caught_what) {
+  try {
+    throw E(what);
+  } catch (const Catch& error) {
+    caught_what = error.what();
+    return error.code();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("every cohort error is a cohort::Error and a std::system_error", E,
+                   cohort::ConfigError, cohort::CommError, cohort::DeviceError,
+                   cohort::CheckpointError) {
+  static_assert(std::is_base_of_v<cohort::Error, E>);
+  static_assert(std::is_base_of_v<std::system_error, E>);
+  static_assert(std::is_nothrow_destructible_v<E>);
+
+  std::string what;
+  const std::error_code as_error = code_when_caught_as<E, cohort::Error>("rank 3 lost", what);
+  CHECK(std::string(as_error.category().name()) == "cohort");
+  CHECK(&as_error.category() == &cohort::category());
+  CHECK(what.find("rank 3 lost") != std::string::npos);
+
+  const std::error_code as_system = code_when_caught_as<E, std::system_error>("field x", what);
+  CHECK(as_system == as_error);
+  CHECK(what.find("field x") != std::string::npos);
+}
+
+TEST_CASE("each error type carries its own code") {
+  CHECK(cohort::ConfigError("x").code() == cohort::Errc::kConfig);
+  CHECK(cohort::CommError("x").code() == cohort::Errc::kComm);
+  CHECK(cohort::DeviceError("x").code() == cohort::Errc::kDevice);
+  CHECK(cohort::CheckpointError("x").code() == cohort::Errc::kCheckpoint);
+  CHECK(cohort::ConfigError("x").code() != cohort::Errc::kComm);
+}
+
+TEST_CASE("Errc converts to std::error_code in the cohort category") {
+  const std::error_code code = cohort::Errc::kComm;  // is_error_code_enum
+  CHECK(code.value() == static_cast<int>(cohort::Errc::kComm));
+  CHECK(std::string(code.category().name()) == "cohort");
+  CHECK(code == cohort::make_error_code(cohort::Errc::kComm));
+  CHECK(code != std::make_error_code(std::errc::connection_reset));
+}
+
+TEST_CASE("the cohort category has a distinct message for every code") {
+  const std::string config = cohort::category().message(static_cast<int>(cohort::Errc::kConfig));
+  const std::string comm = cohort::category().message(static_cast<int>(cohort::Errc::kComm));
+  const std::string device = cohort::category().message(static_cast<int>(cohort::Errc::kDevice));
+  const std::string checkpoint =
+      cohort::category().message(static_cast<int>(cohort::Errc::kCheckpoint));
+  CHECK(config != comm);
+  CHECK(comm != device);
+  CHECK(device != checkpoint);
+  CHECK(checkpoint != config);
+  CHECK_FALSE(cohort::category().message(0).empty());
+  CHECK_FALSE(cohort::category().message(12345).empty());
+}
+
+TEST_CASE("COHORT_ASSERT of a true condition does nothing") {
+  int evaluated = 0;
+  COHORT_ASSERT(++evaluated == 1);
+  CHECK(evaluated == 1);  // the condition is evaluated exactly once, in every build type
+}

@@ -1,0 +1,91 @@
+#include <doctest/doctest.h>
+
+#include <cohort/device/cpu.hpp>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace cpu = cohort::device::cpu;
+
+namespace {
+
+// Values whose sum depends on the order of additions, so that only the canonical tree matches.
+std::vector<std::vector<float>> order_sensitive_inputs(std::size_t buffers, std::size_t length) {
+  // Near 1e8 a float's spacing is 8: adding 3 and then 3 loses both, adding 6 at once does not.
+  const float values[] = {1e8f, 3.0f, -1e8f, 3.0f, 0.5f, 7e7f, -2.0f, 1.25f, -7e7f};
+  std::mt19937 engine(42);
+  std::vector<std::vector<float>> inputs(buffers, std::vector<float>(length));
+  for (auto& input : inputs) {
+    for (float& value : input) value = values[engine() % 9];
+  }
+  return inputs;
+}
+
+}  // namespace
+
+TEST_CASE("reduce_tree adds buffers in the canonical tree order, element by element") {
+  for (std::size_t buffers : {1, 2, 3, 5, 8, 9}) {
+    CAPTURE(buffers);
+    const std::size_t length = 3 * cpu::kReduceBlock + 7;  // several blocks and a partial one
+    const auto inputs = order_sensitive_inputs(buffers, length);
+    std::vector<const float*> pointers;
+    for (const auto& input : inputs) pointers.push_back(input.data());
+    std::vector<float> out(length);
+    cpu::reduce_tree<float>(cohort::ReduceOp::kSum, pointers, out);
+
+    bool differs_from_left_to_right = false;
+    for (std::size_t i = 0; i < length; ++i) {
+      const float expected = cohort::tree::fold(
+          buffers, [&](std::size_t b) { return inputs[b][i]; },
+          [](float a, float b) { return a + b; });
+      REQUIRE(std::memcmp(&out[i], &expected, sizeof(float)) == 0);
+      float sequential = 0.0f;
+      for (std::size_t b = 0; b < buffers; ++b) sequential += inputs[b][i];
+      differs_from_left_to_right = differs_from_left_to_right || sequential != expected;
+    }
+    // From 4 buffers on the tree differs from a left-to-right sum, and the inputs show it.
+    if (buffers >= 4) CHECK(differs_from_left_to_right);
+  }
+}
+
+TEST_CASE("reduce_tree applies min, max and product") {
+  const std::vector<double> a{1, -4, 3}, b{2, 5, -6}, c{-1, 2, 2};
+  const double* inputs[] = {a.data(), b.data(), c.data()};
+  std::vector<double> out(3);
+  cpu::reduce_tree<double>(cohort::ReduceOp::kMin, inputs, out);
+  CHECK(out == std::vector<double>{-1, -4, -6});
+  cpu::reduce_tree<double>(cohort::ReduceOp::kMax, inputs, out);
+  CHECK(out == std::vector<double>{2, 5, 3});
+  cpu::reduce_tree<double>(cohort::ReduceOp::kProduct, inputs, out);
+  CHECK(out == std::vector<double>{-2, -40, -36});
+}
+
+TEST_CASE("sum_of_squares of aligned block ranges composes to the whole vector's bits") {
+  std::vector<float> x(8 * cpu::kNormBlock);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 1000) * 1e-3f;
+  const double whole = cpu::sum_of_squares<float>(x);
+  const std::size_t half = x.size() / 2;
+  const double halves = cpu::sum_of_squares<float>(std::span(x).first(half)) +
+                        cpu::sum_of_squares<float>(std::span(x).subspan(half));
+  CHECK(std::memcmp(&whole, &halves, sizeof(double)) == 0);
+  CHECK(cpu::sum_of_squares<float>(std::span<const float>{}) == 0.0);
+  const std::vector<float> small{3.0f, 4.0f};
+  CHECK(cpu::sum_of_squares<float>(small) == 25.0);
+}
+
+TEST_CASE("axpy, scale and combine_into compute elementwise") {
+  std::vector<float> y{1, 2, 3};
+  const std::vector<float> x{4, 5, 6};
+  cpu::axpy<float>(2.0f, x, y);
+  CHECK(y == std::vector<float>{9, 12, 15});
+  cpu::scale<float>(y, 0.5f);
+  CHECK(y == std::vector<float>{4.5f, 6, 7.5f});
+  cpu::combine_into<float>(cohort::ReduceOp::kMax, y, x);
+  CHECK(y == std::vector<float>{4.5f, 6, 7.5f});
+  cpu::combine_into<float>(cohort::ReduceOp::kSum, y, x);
+  CHECK(y == std::vector<float>{8.5f, 11, 13.5f});
+  CHECK(cpu::all_finite<float>(y));
+  y[1] = std::numeric_limits<float>::infinity();
+  CHECK_FALSE(cpu::all_finite<float>(y));
+}

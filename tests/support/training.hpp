@@ -1,0 +1,30 @@
+// A small, fast training setup shared by the strategy and checkpoint tests: the examples' MLP on
+// a small generated task.
+#pragma once
+
+#include <cohort/cohort.hpp>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "clusters.hpp"
+#include "mlp.hpp"
+
+namespace cohort::testing {
+
+inline const example::ClusterData& small_task_data() {
+  static const example::ClusterData data =
+      example::ClusterTask({.features = 8, .classes = 4, .blobs_per_class = 2, .seed = 3})
+          .sample(2000, 0);
+  return data;
+}
+
+inline example::Mlp small_model(std::uint64_t seed = 7) { return example::Mlp({8, 16, 4}, seed); }
+
+inline std::vector<float> parameters_of(const example::Mlp& model) {
+  auto copy = model;
+  const auto parameters = ModelTraits<example::Mlp>::parameters(copy);
+  return {parameters.begin(), parameters.end()};
+}
+
+}  // namespace cohort::testing
