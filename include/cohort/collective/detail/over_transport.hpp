@@ -1,0 +1,173 @@
+// What every collective over a transport shares: sequence numbers and fingerprints on every
+// frame, the translation of transport failures into errors that name the collective, the
+// poisoning that makes every call after a failure fail too, and the operations that involve no
+// reduction (broadcast, all_gather, barrier), done directly between every pair of ranks.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "cohort/collective/fingerprint.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/transport/transport.hpp"
+
+namespace cohort::collective::detail {
+
+template <class E>
+std::span<const std::byte> bytes_of(std::span<const E> values) {
+  return std::as_bytes(values);
+}
+
+template <class E>
+std::span<std::byte> writable_bytes_of(std::span<E> values) {
+  return std::as_writable_bytes(values);
+}
+
+// Element range [begin, end) of chunk `index` when `length` elements are cut into `chunks` chunks
+// whose sizes differ by at most one.
+struct Chunk {
+  std::size_t begin;
+  std::size_t end;
+  std::size_t size() const { return end - begin; }
+};
+
+inline Chunk chunk(std::size_t length, std::size_t chunks, std::size_t index) {
+  return {index * length / chunks, (index + 1) * length / chunks};
+}
+
+template <transport::Transport T>
+class OverTransport {
+ public:
+  int rank() const { return transport_.rank(); }
+  int size() const { return transport_.size(); }
+  T& transport() { return transport_; }
+
+  template <class E>
+  void broadcast(std::span<E> buffer, int root) {
+    const Call call = begin({Operation::kBroadcast, data_type_of<E>(),
+                             static_cast<std::uint16_t>(root), buffer.size()});
+    if (root < 0 || root >= size()) fail(call, "root " + std::to_string(root) + " is not a rank");
+    std::vector<transport::Send> sends;
+    std::vector<transport::Receive> receives;
+    if (rank() == root) {
+      for (int peer = 0; peer < size(); ++peer) {
+        if (peer != root) sends.push_back({peer, call.header, bytes_of<E>(buffer)});
+      }
+    } else {
+      receives.push_back({root, call.header, writable_bytes_of(buffer)});
+    }
+    transfer(call, sends, receives);
+  }
+
+  template <class E>
+  void all_gather(std::span<const E> input, std::span<E> output) {
+    const Call call =
+        begin({Operation::kAllGather, data_type_of<E>(), 0, input.size()});
+    if (output.size() != input.size() * static_cast<std::size_t>(size())) {
+      fail(call, "output has " + std::to_string(output.size()) + " elements, needs size() x " +
+                     std::to_string(input.size()));
+    }
+    std::vector<transport::Send> sends;
+    std::vector<transport::Receive> receives;
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == rank()) continue;
+      sends.push_back({peer, call.header, bytes_of(input)});
+      receives.push_back({peer, call.header,
+                          writable_bytes_of(output.subspan(slot(peer, input.size()),
+                                                           input.size()))});
+    }
+    std::copy(input.begin(), input.end(), output.begin() + slot(rank(), input.size()));
+    transfer(call, sends, receives);
+  }
+
+  void barrier() {
+    const Call call = begin({Operation::kBarrier, DataType::kInt32, 0, 0});
+    std::vector<transport::Send> sends;
+    std::vector<transport::Receive> receives;
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == rank()) continue;
+      sends.push_back({peer, call.header, {}});
+      receives.push_back({peer, call.header, {}});
+    }
+    transfer(call, sends, receives);
+  }
+
+  void abort(std::string_view reason) {
+    if (failure_.empty()) failure_ = "rank " + std::to_string(rank()) + " aborted: " + std::string(reason);
+    transport_.close();
+  }
+
+ protected:
+  explicit OverTransport(T transport) : transport_(std::move(transport)) {}
+
+  // One collective in progress: its fingerprint and the header of all its frames.
+  struct Call {
+    Fingerprint fingerprint;
+    transport::Header header;
+  };
+
+  Call begin(Fingerprint fingerprint) {
+    if (!failure_.empty()) {
+      throw CommError("rank " + std::to_string(rank()) + ": " + fingerprint.describe() + " #" +
+                      std::to_string(sequence_ + 1) +
+                      " refused: the group failed earlier: " + failure_);
+    }
+    ++sequence_;
+    return {fingerprint, {transport::message_type::kCollective, sequence_, fingerprint.tag()}};
+  }
+
+  // Runs one transfer of `call`; any failure poisons the group and names the collective.
+  void transfer(const Call& call, std::span<const transport::Send> sends,
+                std::span<const transport::Receive> receives) {
+    try {
+      transport_.transfer(sends, receives);
+    } catch (const transport::HeaderMismatch& mismatch) {
+      const std::string theirs =
+          mismatch.received.type == transport::message_type::kCollective
+              ? Fingerprint::from_tag(mismatch.received.tag).describe() + " #" +
+                    std::to_string(mismatch.received.sequence)
+              : "a message of type " + std::to_string(mismatch.received.type);
+      poison_and_throw("rank " + std::to_string(rank()) + " called " +
+                       call.fingerprint.describe() + " #" + std::to_string(call.header.sequence) +
+                       " but rank " + std::to_string(mismatch.sender) + " called " + theirs);
+    } catch (const CommError& error) {
+      poison_and_throw("rank " + std::to_string(rank()) + ": " + call.fingerprint.describe() +
+                       " #" + std::to_string(call.header.sequence) + " failed: " + error.what());
+    }
+  }
+
+  [[noreturn]] void fail(const Call& call, const std::string& why) {
+    poison_and_throw("rank " + std::to_string(rank()) + ": " + call.fingerprint.describe() + " #" +
+                     std::to_string(call.header.sequence) + ": " + why);
+  }
+
+  // Byte scratch reused across calls, so a steady training loop allocates nothing.
+  template <class E>
+  std::span<E> scratch(std::size_t elements) {
+    const std::size_t bytes = elements * sizeof(E);
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return {reinterpret_cast<E*>(scratch_.data()), elements};
+  }
+
+  std::size_t slot(int rank, std::size_t length) const {
+    return static_cast<std::size_t>(rank) * length;
+  }
+
+ private:
+  [[noreturn]] void poison_and_throw(const std::string& what) {
+    if (failure_.empty()) failure_ = what;
+    throw CommError(what);
+  }
+
+  T transport_;
+  std::uint64_t sequence_ = 0;
+  std::string failure_;
+  std::vector<std::byte> scratch_;  // max_align_t-aligned by operator new
+};
+
+}  // namespace cohort::collective::detail

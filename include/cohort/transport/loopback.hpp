@@ -1,0 +1,165 @@
+// Loopback: the transport between threads of one process, through memory.
+//
+// Same contract as every transport (transport.hpp), so the process collectives can be tested
+// with ranks as threads, quickly and deterministically, before they run over TCP. A send copies
+// its payload into the receiver's mailbox and never blocks; a receive waits for the next frame
+// from its peer, up to the group's timeout.
+//
+//   transport::Loopback group({.ranks = 4});
+//   auto endpoint = group.endpoint(rank);   // one per thread; satisfies transport::Transport
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cohort/core/options.hpp"
+#include "cohort/transport/transport.hpp"
+
+namespace cohort::transport {
+
+class Loopback {
+ public:
+  struct Options {
+    int ranks = 1;
+    std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  };
+
+  explicit Loopback(Options options) : options_(options) {
+    options::require_positive("ranks", options_.ranks);
+    options::require_positive("timeout", options_.timeout.count());
+    mailboxes_ = std::vector<Mailbox>(static_cast<std::size_t>(options_.ranks));
+    closed_ = std::vector<bool>(static_cast<std::size_t>(options_.ranks), false);
+  }
+
+  class Endpoint {
+   public:
+    int rank() const { return rank_; }
+    int size() const { return group_->options_.ranks; }
+
+    void transfer(std::span<const Send> sends, std::span<const Receive> receives) {
+      for (const Send& send : sends) group_->post(rank_, send);
+      for (const Receive& receive : receives) group_->take(rank_, receive);
+    }
+
+    void close() { group_->close(rank_); }
+
+   private:
+    friend class Loopback;
+    Endpoint(Loopback& group, int rank) : group_(&group), rank_(rank) {}
+    Loopback* group_;
+    int rank_;
+  };
+
+  Endpoint endpoint(int rank) {
+    if (rank < 0 || rank >= options_.ranks) {
+      options::reject("rank", rank, "must lie in [0, " + std::to_string(options_.ranks) + ")");
+    }
+    return Endpoint(*this, rank);
+  }
+
+ private:
+  struct Frame {
+    int sender;
+    Header header;
+    std::vector<std::byte> payload;
+  };
+
+  // Frames addressed to one rank, from every sender, each sender's in order.
+  struct Mailbox {
+    std::deque<Frame> frames;
+  };
+
+  void post(int sender, const Send& send) {
+    check_peer(sender, send.peer);
+    std::lock_guard lock(mutex_);
+    if (closed_[static_cast<std::size_t>(sender)]) {
+      throw CommError("rank " + std::to_string(sender) + ": transport closed, cannot send to rank " +
+                      std::to_string(send.peer));
+    }
+    mailboxes_[static_cast<std::size_t>(send.peer)].frames.push_back(
+        {sender, send.header, {send.payload.begin(), send.payload.end()}});
+    arrived_.notify_all();
+  }
+
+  void take(int receiver, const Receive& receive) {
+    check_peer(receiver, receive.peer);
+    auto& frames = mailboxes_[static_cast<std::size_t>(receiver)].frames;
+    const auto from_peer = [&] {
+      for (auto frame = frames.begin(); frame != frames.end(); ++frame) {
+        if (frame->sender == receive.peer) return frame;
+      }
+      return frames.end();
+    };
+    std::unique_lock lock(mutex_);
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    auto frame = from_peer();
+    while (frame == frames.end()) {
+      if (closed_[static_cast<std::size_t>(receive.peer)]) {
+        throw CommError(where(receiver, receive) + ": rank " + std::to_string(receive.peer) +
+                        " closed the connection");
+      }
+      if (arrived_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        frame = from_peer();
+        if (frame != frames.end()) break;
+        throw CommError(where(receiver, receive) + ": nothing from rank " +
+                        std::to_string(receive.peer) + " within " +
+                        std::to_string(options_.timeout.count()) + " ms");
+      }
+      frame = from_peer();
+    }
+    if (frame->header != receive.expected || frame->payload.size() != receive.payload.size()) {
+      const Header received = frame->header;
+      const std::size_t received_length = frame->payload.size();
+      frames.erase(frame);
+      throw HeaderMismatch(receiver, receive.peer, receive.expected, receive.payload.size(),
+                           received, received_length,
+                           where(receiver, receive) + ": rank " + std::to_string(receive.peer) +
+                               " sent tag " + std::to_string(received.tag) + " sequence " +
+                               std::to_string(received.sequence) + " (" +
+                               std::to_string(received_length) + " bytes), expected tag " +
+                               std::to_string(receive.expected.tag) + " (" +
+                               std::to_string(receive.payload.size()) + " bytes)");
+    }
+    if (!receive.payload.empty()) {
+      std::memcpy(receive.payload.data(), frame->payload.data(), receive.payload.size());
+    }
+    frames.erase(frame);
+  }
+
+  void close(int rank) {
+    std::lock_guard lock(mutex_);
+    closed_[static_cast<std::size_t>(rank)] = true;
+    arrived_.notify_all();
+  }
+
+  void check_peer(int rank, int peer) const {
+    if (peer < 0 || peer >= options_.ranks || peer == rank) {
+      throw CommError("rank " + std::to_string(rank) + ": no peer rank " + std::to_string(peer) +
+                      " in a group of " + std::to_string(options_.ranks));
+    }
+  }
+
+  static std::string where(int receiver, const Receive& receive) {
+    return "rank " + std::to_string(receiver) + " (type " +
+           std::to_string(receive.expected.type) + " sequence " +
+           std::to_string(receive.expected.sequence) + ")";
+  }
+
+  Options options_;
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::vector<Mailbox> mailboxes_;
+  std::vector<bool> closed_;
+};
+
+static_assert(Transport<Loopback::Endpoint>);
+
+}  // namespace cohort::transport

@@ -1,0 +1,99 @@
+// Transports: point-to-point messages between the ranks of a job.
+//
+// A transport connects `size()` ranks so that every pair can exchange framed messages. It is what
+// the process collectives (collective/ring.hpp, collective/deterministic.hpp) and the parameter
+// server are built on. transport::Loopback connects threads of one process through memory (fast
+// logic tests); transport::tcp::Tcp connects processes and hosts over TCP (Boost.Asio).
+//
+// Every message carries a Header chosen by the sender. The receiver states the Header it expects;
+// any difference (type, sequence, tag or length) is a HeaderMismatch, a CommError that holds both
+// headers so that the layer above can name what each side called. Between one pair of ranks,
+// messages arrive in the order they were sent.
+//
+//   t.rank(), t.size()
+//   t.transfer(std::span<const Send> sends, std::span<const Receive> receives)
+//       progresses every send and receive together and returns when all are complete, so that a
+//       rank may send to its right neighbour while receiving from its left one (a ring) or
+//       exchange with every peer at once without deadlock. Sends and receives with the same peer
+//       complete in list order. Fails with CommError naming the peer rank, the header's type and
+//       sequence, when a peer closes, sends a malformed or mismatched frame, or nothing completes
+//       within the transport's deadline.
+//   t.close()
+//       closes every connection now: peers waiting on this rank fail promptly with a CommError
+//       naming it. Used by a rank that failed (collective abort); later transfers throw.
+//
+// Required of the caller: payload spans stay valid until transfer returns; a receive's payload
+// has exactly the length of the matching send's.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort::transport {
+
+// What a message is, in terms the layer above defines: `type` says which protocol it belongs to
+// (kCollective, kParameterServer, ...), `sequence` counts that protocol's operations, `tag` is an
+// opaque fingerprint of the operation (a collective packs operation, element type, count and
+// root or reduce op into it).
+struct Header {
+  std::uint16_t type = 0;
+  std::uint64_t sequence = 0;
+  std::uint64_t tag = 0;
+
+  friend bool operator==(const Header&, const Header&) = default;
+};
+
+namespace message_type {
+inline constexpr std::uint16_t kCollective = 1;
+inline constexpr std::uint16_t kParameterServer = 2;
+inline constexpr std::uint16_t kControl = 3;
+}  // namespace message_type
+
+struct Send {
+  int peer;
+  Header header;
+  std::span<const std::byte> payload;
+};
+
+struct Receive {
+  int peer;
+  Header expected;
+  std::span<std::byte> payload;
+};
+
+// A frame arrived whose header or length is not the one the receiver expected.
+class HeaderMismatch : public CommError {
+ public:
+  HeaderMismatch(int receiver, int sender, Header expected, std::size_t expected_length,
+                 Header received, std::size_t received_length, const std::string& what)
+      : CommError(what),
+        receiver(receiver),
+        sender(sender),
+        expected(expected),
+        expected_length(expected_length),
+        received(received),
+        received_length(received_length) {}
+
+  int receiver;
+  int sender;
+  Header expected;
+  std::size_t expected_length;
+  Header received;
+  std::size_t received_length;
+};
+
+template <class T>
+concept Transport = requires(T& t, const T& ct, std::span<const Send> sends,
+                             std::span<const Receive> receives) {
+  { ct.rank() } -> std::convertible_to<int>;
+  { ct.size() } -> std::convertible_to<int>;
+  t.transfer(sends, receives);
+  t.close();
+};
+
+}  // namespace cohort::transport

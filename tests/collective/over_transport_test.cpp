@@ -1,0 +1,238 @@
+// The process collectives (Deterministic, Ring) with ranks as threads over the loopback transport.
+// tests/strategy runs them across real processes over TCP.
+#include <cohort/collective/deterministic.hpp>
+#include <cohort/collective/ring.hpp>
+#include <cohort/transport/loopback.hpp>
+#include <cstdint>
+#include <cstring>
+#include <doctest/doctest.h>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using cohort::ReduceOp;
+using cohort::transport::Loopback;
+
+template <template <class> class Algorithm>
+using Communicator = Algorithm<Loopback::Endpoint>;
+
+// Runs body(communicator) on `ranks` threads and returns each rank's exception message ("" if
+// none).
+template <template <class> class Algorithm>
+std::vector<std::string> on_ranks(int ranks,
+                                  const std::function<void(Communicator<Algorithm>&)>& body,
+                                  std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  Loopback group({.ranks = ranks, .timeout = timeout});
+  std::vector<std::string> failures(static_cast<std::size_t>(ranks));
+  std::vector<std::jthread> threads;
+  for (int rank = 0; rank < ranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      Communicator<Algorithm> communicator(group.endpoint(rank));
+      try {
+        body(communicator);
+      } catch (const std::exception& error) {
+        failures[static_cast<std::size_t>(rank)] = error.what();
+        communicator.abort(error.what());
+      }
+    });
+  }
+  threads.clear();
+  return failures;
+}
+
+// Small integers: every sum is exact in any order, so results are checked with ==.
+template <class E>
+E value_at(int rank, std::size_t index) {
+  return static_cast<E>(static_cast<int>((index * 7 + static_cast<std::size_t>(rank) * 13) % 29) - 14);
+}
+
+template <template <class> class Algorithm, class E>
+void check_exact_sums(int ranks, std::size_t length) {
+  const auto failures = on_ranks<Algorithm>(ranks, [&](Communicator<Algorithm>& c) {
+    std::vector<E> buffer(length);
+    for (std::size_t i = 0; i < length; ++i) buffer[i] = value_at<E>(c.rank(), i);
+    c.all_reduce(std::span<E>(buffer), ReduceOp::kSum);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < length; ++i) {
+      E expected = 0;
+      for (int r = 0; r < ranks; ++r) expected += value_at<E>(r, i);
+      wrong += buffer[i] != expected;
+    }
+    if (wrong != 0) throw std::runtime_error(std::to_string(wrong) + " wrong sums");
+
+    const std::size_t per_rank = length / static_cast<std::size_t>(ranks) + 1;
+    std::vector<E> input(per_rank * static_cast<std::size_t>(ranks));
+    for (std::size_t i = 0; i < input.size(); ++i) input[i] = value_at<E>(c.rank(), i);
+    std::vector<E> output(per_rank);
+    c.reduce_scatter(std::span<const E>(input), std::span<E>(output), ReduceOp::kSum);
+    for (std::size_t i = 0; i < per_rank; ++i) {
+      E expected = 0;
+      const std::size_t index = static_cast<std::size_t>(c.rank()) * per_rank + i;
+      for (int r = 0; r < ranks; ++r) expected += value_at<E>(r, index);
+      if (output[i] != expected) throw std::runtime_error("wrong reduce_scatter");
+    }
+
+    std::vector<E> gathered(length * static_cast<std::size_t>(ranks));
+    std::vector<E> mine(length, static_cast<E>(c.rank() + 1));
+    c.all_gather(std::span<const E>(mine), std::span<E>(gathered));
+    for (std::size_t i = 0; i < gathered.size(); ++i) {
+      if (gathered[i] != static_cast<E>(i / std::max<std::size_t>(length, 1) + 1)) {
+        throw std::runtime_error("wrong all_gather");
+      }
+    }
+
+    std::vector<E> broadcast(length, static_cast<E>(c.rank()));
+    c.broadcast(std::span<E>(broadcast), ranks - 1);
+    for (E value : broadcast) {
+      if (value != static_cast<E>(ranks - 1)) throw std::runtime_error("wrong broadcast");
+    }
+    c.barrier();
+  });
+  for (const auto& failure : failures) CHECK(failure == "");
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("process collectives are exact on integer-valued inputs", E, float, double,
+                   std::int32_t, std::int64_t) {
+  for (int ranks : {1, 2, 3, 5, 8}) {
+    for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4099}}) {
+      CAPTURE(ranks);
+      CAPTURE(length);
+      check_exact_sums<cohort::collective::Deterministic, E>(ranks, length);
+      check_exact_sums<cohort::collective::Ring, E>(ranks, length);
+    }
+  }
+}
+
+TEST_CASE("process collectives are exact on buffers that span several segments") {
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    check_exact_sums<cohort::collective::Deterministic, float>(ranks, std::size_t{1} << 22);
+    check_exact_sums<cohort::collective::Ring, float>(ranks, std::size_t{1} << 22);
+  }
+}
+
+TEST_CASE("the deterministic all-reduce gives the canonical tree's bits on every rank") {
+  for (int ranks : {2, 3, 4, 5, 8}) {
+    for (std::size_t length : {std::size_t{5}, std::size_t{300'000}}) {  // direct and segmented
+      CAPTURE(ranks);
+      CAPTURE(length);
+      const float values[] = {1e8f, 3.0f, -1e8f, 3.0f, 0.5f, 7e7f, -2.0f, 1.25f, -7e7f};
+      std::vector<std::vector<float>> inputs(static_cast<std::size_t>(ranks),
+                                             std::vector<float>(length));
+      std::mt19937 engine(7);
+      for (auto& input : inputs) {
+        for (float& value : input) value = values[engine() % 9];
+      }
+      std::vector<const float*> pointers;
+      for (const auto& input : inputs) pointers.push_back(input.data());
+      std::vector<float> expected(length);
+      cohort::device::cpu::reduce_tree<float>(ReduceOp::kSum, pointers, expected);
+
+      const auto failures = on_ranks<cohort::collective::Deterministic>(ranks, [&](auto& c) {
+        auto buffer = inputs[static_cast<std::size_t>(c.rank())];
+        c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+        if (std::memcmp(buffer.data(), expected.data(), length * sizeof(float)) != 0) {
+          throw std::runtime_error("bits differ from the canonical tree");
+        }
+      });
+      for (const auto& failure : failures) CHECK(failure == "");
+    }
+  }
+}
+
+TEST_CASE("the ring all-reduce gives the same bits on every rank") {
+  const int ranks = 5;
+  std::vector<std::vector<float>> results(ranks);
+  const auto failures = on_ranks<cohort::collective::Ring>(ranks, [&](auto& c) {
+    std::vector<float> buffer(10'001);
+    std::mt19937 engine(static_cast<unsigned>(c.rank()));
+    for (float& value : buffer) value = std::uniform_real_distribution<float>(-1e4f, 1e4f)(engine);
+    c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+    results[static_cast<std::size_t>(c.rank())] = buffer;
+  });
+  for (const auto& failure : failures) CHECK(failure == "");
+  for (const auto& result : results) CHECK(result == results[0]);
+}
+
+TEST_CASE("process collectives apply min, max and product") {
+  const auto failures = on_ranks<cohort::collective::Deterministic>(3, [](auto& c) {
+    std::vector<double> minimum{double(c.rank()), -double(c.rank())};
+    c.all_reduce(std::span<double>(minimum), ReduceOp::kMin);
+    std::vector<double> maximum{double(c.rank()), -double(c.rank())};
+    c.all_reduce(std::span<double>(maximum), ReduceOp::kMax);
+    std::vector<double> product{double(c.rank() + 2)};
+    c.all_reduce(std::span<double>(product), ReduceOp::kProduct);
+    if (minimum != std::vector<double>{0, -2} || maximum != std::vector<double>{2, 0} ||
+        product != std::vector<double>{24}) {
+      throw std::runtime_error("wrong reduction");
+    }
+  });
+  for (const auto& failure : failures) CHECK(failure == "");
+}
+
+TEST_CASE("ranks that call different collectives fail naming both calls") {
+  const auto failures = on_ranks<cohort::collective::Deterministic>(
+      2,
+      [](auto& c) {
+        std::vector<float> buffer(7, 1.0f);
+        if (c.rank() == 0) {
+          c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+        } else {
+          c.broadcast(std::span<float>(buffer), 1);
+          c.barrier();
+        }
+      },
+      std::chrono::milliseconds(2000));
+  CAPTURE(failures[0]);
+  CAPTURE(failures[1]);
+  CHECK(failures[0].find("rank 0 called all_reduce(float, 7, sum) #1 but rank 1 called "
+                         "broadcast(float, 7, root 1) #1") != std::string::npos);
+  CHECK(failures[1] != "");  // released by rank 0's failure, not left waiting
+}
+
+TEST_CASE("a rank that aborts makes its peers fail naming it, and the group stays failed") {
+  const auto failures = on_ranks<cohort::collective::Deterministic>(3, [](auto& c) {
+    std::vector<float> buffer(100, 1.0f);
+    if (c.rank() == 2) throw std::runtime_error("replica 2 ran out of memory");
+    try {
+      c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+    } catch (const cohort::CommError& error) {
+      const std::string message = error.what();
+      if (message.find("all_reduce(float, 100, sum) #1") == std::string::npos ||
+          message.find("rank 2") == std::string::npos) {
+        throw std::runtime_error("unexpected message: " + message);
+      }
+      c.barrier();  // must fail too
+    }
+  });
+  CHECK(failures[2] == "replica 2 ran out of memory");
+  for (int rank : {0, 1}) {
+    CAPTURE(failures[static_cast<std::size_t>(rank)]);
+    CHECK(failures[static_cast<std::size_t>(rank)].find("barrier") != std::string::npos);
+  }
+}
+
+TEST_CASE("a rank that never arrives is reported after the timeout") {
+  const auto start = std::chrono::steady_clock::now();
+  const auto failures = on_ranks<cohort::collective::Ring>(
+      2,
+      [](auto& c) {
+        if (c.rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(600));
+          return;
+        }
+        std::vector<float> buffer(10, 1.0f);
+        c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+      },
+      std::chrono::milliseconds(200));
+  CAPTURE(failures[0]);
+  CHECK(failures[0].find("all_reduce(float, 10, sum) #1 failed") != std::string::npos);
+  CHECK(failures[0].find("rank 1") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+}
