@@ -13,35 +13,19 @@
 //              waited for forever)
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstddef>
-#include <exception>
-#include <mutex>
-#include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
-#include <vector>
 
 #include "cohort/collective/local.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/device/cpu.hpp"
+#include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/strategy.hpp"
 
 namespace cohort::strategy {
 
-namespace detail {
-inline std::string describe(std::exception_ptr failure) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const std::exception& error) {
-    return error.what();
-  } catch (...) {
-    return "an exception not derived from std::exception";
-  }
-}
-}  // namespace detail
 
 template <device::Device Device = device::Cpu, class Collective = collective::Local>
 class Mirrored {
@@ -87,27 +71,10 @@ class Mirrored {
   void run(Body&& body) {
     // A fresh group per run: a group that saw a failure stays poisoned.
     Collective group({.ranks = static_cast<int>(options_.replicas), .timeout = options_.timeout});
-    std::exception_ptr first_failure;
-    std::once_flag record_failure;
-    auto replica_main = [&](std::size_t index) {
-      Replica replica(index, group.communicator(static_cast<int>(index)));
-      try {
-        body(replica);
-      } catch (...) {
-        std::call_once(record_failure, [&] { first_failure = std::current_exception(); });
-        replica.communicator().abort(detail::describe(std::current_exception()));
-      }
-    };
-    {
-      std::vector<std::jthread> threads;
-      threads.reserve(options_.replicas - 1);
-      for (std::size_t index = 1; index < options_.replicas; ++index) {
-        threads.emplace_back(replica_main, index);
-      }
-      replica_main(0);  // The calling thread is replica 0: one thread fewer, and the chief's
-                        // output stays on the user's thread.
-    }
-    if (first_failure) std::rethrow_exception(first_failure);
+    detail::run_replica_threads(
+        options_.replicas,
+        [&](std::size_t index) { return Replica(index, group.communicator(static_cast<int>(index))); },
+        body);
   }
 
  private:

@@ -99,6 +99,9 @@ class Loopback {
       return frames.end();
     };
     std::unique_lock lock(mutex_);
+    if (closed_[static_cast<std::size_t>(receiver)]) {
+      throw CommError(where(receiver, receive) + ": transport closed");
+    }
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     auto frame = from_peer();
     while (frame == frames.end()) {

@@ -1,0 +1,191 @@
+// Hierarchical: one communicator over workers x local replicas, made of a local communicator
+// among this process's replica threads and a cross communicator among processes (one per
+// process, driven by a communication thread).
+//
+// Global rank = worker * local_size + local rank. An all-reduce is, for each bucket of the buffer:
+// the local all-reduce (canonical tree over the local replicas), then the cross-worker all-reduce
+// of that bucket (canonical tree over workers) on the communication thread, which runs while the
+// local replicas already reduce the next bucket; finally a local broadcast of the result. With a
+// power-of-two local size the local subtrees are exactly the canonical tree's lower levels, so
+// the result has the bits of the canonical tree over all replicas.
+//
+// Required: local_size is a power of two; the cross communicator's abort (closing its
+// transport) may be called from any thread.
+#pragma once
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "cohort/collective/collective.hpp"
+#include "cohort/core/error.hpp"
+
+namespace cohort::collective {
+
+// Runs cross-worker operations in submission order on a thread of their own.
+class CommunicationThread {
+ public:
+  CommunicationThread() : thread_([this](std::stop_token stop) { serve(stop); }) {}
+
+  ~CommunicationThread() {
+    thread_.request_stop();
+    work_ready_.notify_all();
+  }
+
+  void submit(std::function<void()> work) {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(work));
+    ++submitted_;
+    work_ready_.notify_all();
+  }
+
+  // Waits until everything submitted has run; rethrows the first failure.
+  void wait() {
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return completed_ == submitted_ || failure_; });
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+ private:
+  void serve(std::stop_token stop) {
+    while (true) {
+      std::function<void()> work;
+      {
+        std::unique_lock lock(mutex_);
+        work_ready_.wait(lock, [&] { return stop.stop_requested() || !queue_.empty(); });
+        if (stop.stop_requested()) return;
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr failure;
+      if (!failure_) {  // after a failure, later work is dropped: the group is unusable
+        try {
+          work();
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      std::lock_guard lock(mutex_);
+      if (failure && !failure_) failure_ = failure;
+      ++completed_;
+      done_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable work_ready_;
+  std::condition_variable done_;
+  std::deque<std::function<void()>> queue_;
+  std::size_t submitted_ = 0;
+  std::size_t completed_ = 0;
+  std::exception_ptr failure_;
+  std::jthread thread_;  // last: started after, and stopped before, the state it uses
+};
+
+template <Communicator Local, Communicator Cross>
+class Hierarchical {
+ public:
+  // bucket_bytes: the unit of overlap; big enough to keep the network busy, small enough that
+  // the local reduce of the next bucket hides behind the cross-worker reduce of this one.
+  Hierarchical(Local local, Cross& cross, CommunicationThread& thread, std::size_t bucket_bytes)
+      : local_(std::move(local)), cross_(&cross), thread_(&thread), bucket_bytes_(bucket_bytes) {}
+
+  int rank() const { return cross_->rank() * local_.size() + local_.rank(); }
+  int size() const { return cross_->size() * local_.size(); }
+
+  template <class E>
+  void all_reduce(std::span<E> buffer, ReduceOp op) {
+    if (cross_->size() == 1) {
+      local_.all_reduce(buffer, op);
+      return;
+    }
+    if (buffer.empty()) return;  // the same on every rank: nothing to agree on
+    const std::size_t bucket = std::max<std::size_t>(1, bucket_bytes_ / sizeof(E));
+    for (std::size_t offset = 0; offset < buffer.size(); offset += bucket) {
+      const auto part = buffer.subspan(offset, std::min(bucket, buffer.size() - offset));
+      local_.all_reduce(part, op);
+      if (local_.rank() == 0) thread_->submit([this, part, op] { cross_->all_reduce(part, op); });
+    }
+    finish_on_leader();
+    local_.broadcast(buffer, 0);
+  }
+
+  template <class E>
+  void broadcast(std::span<E> buffer, int root) {
+    const int local_size = local_.size();
+    const int root_worker = root / local_size;
+    if (cross_->rank() == root_worker) local_.broadcast(buffer, root % local_size);
+    if (local_.rank() == 0) thread_->submit([this, buffer, root_worker] {
+      cross_->broadcast(buffer, root_worker);
+    });
+    finish_on_leader();
+    local_.broadcast(buffer, 0);
+  }
+
+  template <class E>
+  void all_gather(std::span<const E> input, std::span<E> output) {
+    const std::size_t block = input.size() * static_cast<std::size_t>(local_.size());
+    const auto worker_block =
+        output.subspan(static_cast<std::size_t>(cross_->rank()) * block, block);
+    local_.all_gather(input, worker_block);
+    if (local_.rank() == 0) {
+      thread_->submit([this, worker_block, output] {
+        const std::vector<E> mine(worker_block.begin(), worker_block.end());
+        cross_->all_gather(std::span<const E>(mine), output);
+      });
+    }
+    finish_on_leader();
+    local_.broadcast(output, 0);
+  }
+
+  // The reduction of the whole input on every replica, of which each keeps its chunk: simple,
+  // and never on a training step's path.
+  template <class E>
+  void reduce_scatter(std::span<const E> input, std::span<E> output, ReduceOp op) {
+    std::vector<E> whole(input.begin(), input.end());
+    all_reduce(std::span<E>(whole), op);
+    std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rank()) *
+                                                           output.size()),
+                output.size(), output.begin());
+  }
+
+  void barrier() {
+    local_.barrier();
+    if (local_.rank() == 0) thread_->submit([this] { cross_->barrier(); });
+    finish_on_leader();
+    local_.barrier();
+  }
+
+  void abort(std::string_view reason) {
+    local_.abort(reason);
+    cross_->abort(reason);
+  }
+
+ private:
+  // The local leader waits for the cross-worker work; if it failed, the local group is released
+  // before the error goes up, so no local replica waits for a leader that left.
+  void finish_on_leader() {
+    if (local_.rank() != 0) return;
+    try {
+      thread_->wait();
+    } catch (const std::exception& error) {
+      local_.abort(error.what());
+      throw;
+    }
+  }
+
+  Local local_;
+  Cross* cross_;
+  CommunicationThread* thread_;
+  std::size_t bucket_bytes_;
+};
+
+}  // namespace cohort::collective

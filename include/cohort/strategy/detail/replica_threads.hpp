@@ -1,0 +1,53 @@
+// Runs one body per local replica on its own thread, the calling thread being the first, and
+// turns a failure of any replica into a prompt failure of all: the failing replica aborts its
+// communicator (which releases the others' collectives), and the first exception is rethrown
+// once every thread has returned. Shared by every strategy that runs replicas as threads.
+#pragma once
+
+#include <cstddef>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cohort::strategy::detail {
+
+inline std::string describe(std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& error) {
+    return error.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
+
+// make_replica(local_index) builds the replica handed to body; it has communicator().abort().
+template <class MakeReplica, class Body>
+void run_replica_threads(std::size_t count, MakeReplica&& make_replica, Body& body) {
+  std::exception_ptr first_failure;
+  std::once_flag record_failure;
+  auto replica_main = [&](std::size_t local_index) {
+    auto replica = make_replica(local_index);
+    try {
+      body(replica);
+    } catch (...) {
+      std::call_once(record_failure, [&] { first_failure = std::current_exception(); });
+      replica.communicator().abort(describe(std::current_exception()));
+    }
+  };
+  {
+    std::vector<std::jthread> threads;
+    threads.reserve(count - 1);
+    for (std::size_t local_index = 1; local_index < count; ++local_index) {
+      threads.emplace_back(replica_main, local_index);
+    }
+    // The calling thread is the first replica: one thread fewer, and the chief's output stays
+    // on the user's thread.
+    replica_main(0);
+  }
+  if (first_failure) std::rethrow_exception(first_failure);
+}
+
+}  // namespace cohort::strategy::detail

@@ -1,0 +1,101 @@
+#include <cohort/collective/deterministic.hpp>
+#include <cohort/collective/hierarchical.hpp>
+#include <cohort/collective/local.hpp>
+#include <cohort/transport/loopback.hpp>
+#include <cstring>
+#include <doctest/doctest.h>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using cohort::ReduceOp;
+using Cross = cohort::collective::Deterministic<cohort::transport::Loopback::Endpoint>;
+using Communicator = cohort::collective::Hierarchical<cohort::collective::LocalCommunicator, Cross>;
+
+// Runs body on workers x local_size threads wired as the strategy wires them; returns failures.
+std::vector<std::string> on_workers(int workers, int local_size, std::size_t bucket_bytes,
+                                    const std::function<void(Communicator&)>& body) {
+  cohort::transport::Loopback network({.ranks = workers, .timeout = std::chrono::seconds(20)});
+  std::vector<std::string> failures(static_cast<std::size_t>(workers * local_size));
+  std::vector<std::jthread> processes;
+  for (int worker = 0; worker < workers; ++worker) {
+    processes.emplace_back([&, worker] {
+      Cross cross(network.endpoint(worker));
+      cohort::collective::CommunicationThread thread;
+      cohort::collective::Local local({.ranks = local_size});
+      std::vector<std::jthread> replicas;
+      for (int l = 0; l < local_size; ++l) {
+        replicas.emplace_back([&, l] {
+          Communicator communicator(local.communicator(l), cross, thread, bucket_bytes);
+          try {
+            body(communicator);
+          } catch (const std::exception& error) {
+            failures[static_cast<std::size_t>(communicator.rank())] = error.what();
+            communicator.abort(error.what());
+          }
+        });
+      }
+    });
+  }
+  processes.clear();
+  return failures;
+}
+
+}  // namespace
+
+TEST_CASE("hierarchical all-reduce gives the canonical tree's bits over all replicas") {
+  for (auto [workers, local_size] : {std::pair{2, 2}, std::pair{4, 1}, std::pair{2, 4},
+                                     std::pair{1, 4}}) {
+    CAPTURE(workers);
+    CAPTURE(local_size);
+    const int ranks = workers * local_size;
+    const std::size_t length = 70'001;  // several buckets of 64 KiB
+    const float values[] = {1e8f, 3.0f, -1e8f, 3.0f, 0.5f, 7e7f, -2.0f, 1.25f, -7e7f};
+    std::vector<std::vector<float>> inputs(static_cast<std::size_t>(ranks),
+                                           std::vector<float>(length));
+    std::mt19937 engine(3);
+    for (auto& input : inputs) {
+      for (float& value : input) value = values[engine() % 9];
+    }
+    std::vector<const float*> pointers;
+    for (const auto& input : inputs) pointers.push_back(input.data());
+    std::vector<float> expected(length);
+    cohort::device::cpu::reduce_tree<float>(ReduceOp::kSum, pointers, expected);
+
+    const auto failures = on_workers(workers, local_size, 64 * 1024, [&](Communicator& c) {
+      auto buffer = inputs[static_cast<std::size_t>(c.rank())];
+      c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+      if (std::memcmp(buffer.data(), expected.data(), length * sizeof(float)) != 0) {
+        throw std::runtime_error("bits differ from the canonical tree");
+      }
+      std::vector<double> root_value{c.rank() == ranks - 1 ? 42.0 : 0.0};
+      c.broadcast(std::span<double>(root_value), ranks - 1);
+      if (root_value[0] != 42.0) throw std::runtime_error("wrong broadcast");
+      std::vector<std::int64_t> gathered(static_cast<std::size_t>(ranks));
+      const std::int64_t mine = c.rank();
+      c.all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(gathered));
+      for (int r = 0; r < ranks; ++r) {
+        if (gathered[static_cast<std::size_t>(r)] != r) throw std::runtime_error("wrong all_gather");
+      }
+      c.barrier();
+    });
+    for (const auto& failure : failures) CHECK(failure == "");
+  }
+}
+
+TEST_CASE("a failing replica in one worker releases every replica of every worker") {
+  const auto failures = on_workers(2, 2, 1024, [](Communicator& c) {
+    std::vector<float> buffer(5000, 1.0f);
+    c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+    if (c.rank() == 3) throw std::runtime_error("replica 3 failed");
+    c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+  });
+  CHECK(failures[3] == "replica 3 failed");
+  for (int rank : {0, 1, 2}) {
+    CAPTURE(rank);
+    CHECK(failures[static_cast<std::size_t>(rank)] != "");
+  }
+}
