@@ -5,3 +5,7 @@
 include(GNUInstallDirs)
 find_package(Threads REQUIRED)
 find_package(Boost 1.74 REQUIRED COMPONENTS serialization)
+# cohort::tcp: libcrypto for the handshake's HMAC-SHA256 and nonces; nlohmann/json for TF_CONFIG
+# (cluster/).
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+find_package(nlohmann_json 3 REQUIRED)

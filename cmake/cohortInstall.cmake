@@ -13,7 +13,7 @@ set(COHORT_INSTALL_CMAKEDIR "${CMAKE_INSTALL_DATADIR}/cmake/cohort"
     CACHE STRING "Where cohortConfig.cmake is installed, relative to the prefix")
 mark_as_advanced(COHORT_INSTALL_CMAKEDIR)
 
-install(TARGETS cohort EXPORT cohortTargets COMPONENT cohort_Development)
+install(TARGETS cohort cohort_tcp EXPORT cohortTargets COMPONENT cohort_Development)
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/cohort" TYPE INCLUDE
         COMPONENT cohort_Development)
 install(EXPORT cohortTargets NAMESPACE cohort:: DESTINATION "${COHORT_INSTALL_CMAKEDIR}"

@@ -13,10 +13,14 @@
 //                   ones (the timed sums grow by a factor n per iteration, so they are not checked)
 //   floor_fraction  64 MiB only: floor time / all-reduce time (medians), where the floor is the
 //                   time the same number of threads need to move the all-reduce's minimum
-//                   traffic, 2 x ranks x bytes, at the copy bandwidth measured as copy/ranks:n
+//                   traffic, 2 x ranks x bytes, at the copy bandwidth measured as
+//                   stream/copy/ranks:n
 //
-// copy/ranks:n (STREAM-like): each of n threads copies its own 64 MiB buffer into another (read +
-// write, 2 x n x 64 MiB moved in all) with std::memcpy; counter GBps is bytes moved / time.
+// stream/copy/ranks:n (STREAM-like): each of n threads copies its own 64 MiB buffer into another
+// with std::memcpy (read + write, 2 x n x 64 MiB moved in all); counter GBps is bytes moved / time.
+// stream/update/ranks:n: each thread adds 1 to its own 64 MiB in place. A copy's write first reads
+// the target line into the cache unless memcpy streams past it; the all-reduce writes lines it has
+// just read, as the update does, so update is the stricter floor (update_floor_fraction).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -126,21 +130,34 @@ std::vector<double> repeat(LocalCommunicator& comm, benchmark::State* state,
   return seconds;
 }
 
-// Times `ranks` threads that each memcpy their own `bytes`, as benchmark iterations (state) or
+// The two memory-floor references: each rank streams its own 64 MiB.
+enum class Stream {
+  kCopy,    // std::memcpy into a second buffer: read 64 MiB, write 64 MiB
+  kUpdate,  // x[i] += 1 in place: read 64 MiB, write the same 64 MiB back
+};
+
+// Times `ranks` threads streaming their own `bytes`, as benchmark iterations (state) or
 // `repetitions` times; returns the time of each.
-std::vector<double> time_copies(int ranks, std::size_t bytes, benchmark::State* state,
-                                std::int64_t repetitions) {
+std::vector<double> time_streams(Stream stream, int ranks, std::size_t bytes,
+                                 benchmark::State* state, std::int64_t repetitions) {
   const Local local({.ranks = ranks});
   TeamClock clock(ranks);
   std::vector<double> seconds;
   const std::string error = run_team(local, [&](LocalCommunicator& comm) {
-    // Filled by the thread that copies them, so that first touch places them near it.
-    std::vector<std::byte> from(bytes, std::byte{1});
-    std::vector<std::byte> to(bytes, std::byte{2});
+    // Filled by the thread that streams them, so that first touch places them near it.
+    std::vector<float> from(bytes / sizeof(float), 1.0f);
+    std::vector<float> to(stream == Stream::kCopy ? from.size() : 0, 2.0f);
     auto times = repeat(comm, state, repetitions, [&] {
-      return clock.time(comm, [&] { std::memcpy(to.data(), from.data(), bytes); });
+      return clock.time(comm, [&] {
+        if (stream == Stream::kCopy) {
+          std::memcpy(to.data(), from.data(), bytes);
+        } else {
+          for (float& x : from) x += 1.0f;
+        }
+      });
     });
     benchmark::DoNotOptimize(to.data());
+    benchmark::DoNotOptimize(from.data());
     if (comm.rank() == 0) seconds = std::move(times);
   });
   if (!error.empty()) throw std::runtime_error(error);
@@ -152,15 +169,16 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-// The copy bandwidth (bytes moved per second, read + write) of `ranks` threads on 64 MiB each:
-// the median of a few repetitions, measured once per rank count and kept.
-double copy_bandwidth(int ranks) {
-  static std::map<int, double> measured;
-  if (!measured.contains(ranks)) {
-    const double seconds = median(time_copies(ranks, kFloorBytes, nullptr, 9));
-    measured[ranks] = 2.0 * ranks * static_cast<double>(kFloorBytes) / seconds;
+// Bytes moved per second (read + write) by `ranks` threads streaming 64 MiB each: the median of
+// a few repetitions, measured once per stream and rank count and kept.
+double stream_bandwidth(Stream stream, int ranks) {
+  static std::map<std::pair<Stream, int>, double> measured;
+  const auto key = std::pair(stream, ranks);
+  if (!measured.contains(key)) {
+    const double seconds = median(time_streams(stream, ranks, kFloorBytes, nullptr, 9));
+    measured[key] = 2.0 * ranks * static_cast<double>(kFloorBytes) / seconds;
   }
-  return measured[ranks];
+  return measured[key];
 }
 
 void all_reduce_sum_float(benchmark::State& state) {
@@ -168,7 +186,10 @@ void all_reduce_sum_float(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(1));
   const std::size_t length = bytes / sizeof(float);
   // Measured before this run's buffers exist, so the two never compete for memory.
-  const double floor_bandwidth = bytes == kFloorBytes ? copy_bandwidth(ranks) : 0.0;
+  const bool compare_with_floor = bytes == kFloorBytes;
+  const double copy_bandwidth = compare_with_floor ? stream_bandwidth(Stream::kCopy, ranks) : 0.0;
+  const double update_bandwidth =
+      compare_with_floor ? stream_bandwidth(Stream::kUpdate, ranks) : 0.0;
 
   const Local local({.ranks = ranks});
   TeamClock clock(ranks);
@@ -201,15 +222,16 @@ void all_reduce_sum_float(benchmark::State& state) {
   std::size_t total_wrong = 0;
   for (const std::size_t w : wrong) total_wrong += w;
   state.counters["wrong"] = static_cast<double>(total_wrong);
-  if (floor_bandwidth > 0.0) {
-    const double floor_seconds = 2.0 * ranks * static_cast<double>(bytes) / floor_bandwidth;
-    state.counters["floor_fraction"] = floor_seconds / median(seconds);
+  if (compare_with_floor) {
+    const double moved = 2.0 * ranks * static_cast<double>(bytes);
+    state.counters["floor_fraction"] = moved / copy_bandwidth / median(seconds);
+    state.counters["update_floor_fraction"] = moved / update_bandwidth / median(seconds);
   }
 }
 
-void copy(benchmark::State& state) {
+void stream(benchmark::State& state, Stream kind) {
   const auto ranks = static_cast<int>(state.range(0));
-  const std::vector<double> seconds = time_copies(ranks, kFloorBytes, &state, 0);
+  const std::vector<double> seconds = time_streams(kind, ranks, kFloorBytes, &state, 0);
   double total = 0.0;
   for (const double s : seconds) total += s;
   const double moved = 2.0 * ranks * static_cast<double>(kFloorBytes);
@@ -217,8 +239,18 @@ void copy(benchmark::State& state) {
   state.counters["GBps"] = moved / (total / static_cast<double>(seconds.size())) / 1e9;
 }
 
-BENCHMARK(copy)->ArgName("ranks")->Arg(2)->Arg(4)->UseManualTime()->Unit(benchmark::kMillisecond);
-
+BENCHMARK_CAPTURE(stream, copy, Stream::kCopy)
+    ->ArgName("ranks")
+    ->Arg(2)
+    ->Arg(4)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(stream, update, Stream::kUpdate)
+    ->ArgName("ranks")
+    ->Arg(2)
+    ->Arg(4)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(all_reduce_sum_float)
     ->ArgNames({"ranks", "bytes"})
     ->ArgsProduct({{2, 4}, {1 << 10, 1 << 20, 64 << 20}})

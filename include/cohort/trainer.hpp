@@ -144,8 +144,10 @@ class Trainer {
   const S& strategy() const { return strategy_; }
   const Options& options() const { return options_; }
 
-  // Writes the complete training state (checkpoint/checkpoint.hpp).
+  // Writes the complete training state (checkpoint/checkpoint.hpp). Only the chief process
+  // writes (every process holds the same state); the others return at once.
   void save(const std::filesystem::path& file) const {
+    if (!strategy_.is_chief()) return;
     checkpoint::TrainingState<value_type> state;
     state.optimizer = O::kName;
     const auto parameters = ModelTraits<M>::parameters(const_cast<M&>(models_[0]));
@@ -159,8 +161,9 @@ class Trainer {
     checkpoint::write(file, state);
   }
 
-  // Continues the run saved in `file`. Everything is checked before anything is changed: on
-  // error the trainer and its models are as they were.
+  // Continues the run saved in `file`, which every process reads (a shared file system, or a
+  // copy on every host). Everything is checked before anything is changed: on error the trainer
+  // and its models are as they were.
   void restore(const std::filesystem::path& file) {
     const auto state = checkpoint::read<value_type>(file);
     const auto expect = [&](std::string_view field, const auto& in_file, const auto& here) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cohort/collective/collective.hpp"
 #include "cohort/core/reduce_op.hpp"
@@ -14,7 +15,14 @@ namespace cohort::collective {
 enum class DataType : std::uint8_t { kFloat32, kFloat64, kInt32, kInt64 };
 
 template <class T>
+inline constexpr bool is_element =
+    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
+    std::is_same_v<T, std::int64_t>;
+
+template <class T>
 constexpr DataType data_type_of() {
+  static_assert(is_element<T>,
+                "cohort: collectives take float, double, std::int32_t or std::int64_t elements");
   if constexpr (std::is_same_v<T, float>) {
     return DataType::kFloat32;
   } else if constexpr (std::is_same_v<T, double>) {
@@ -22,8 +30,6 @@ constexpr DataType data_type_of() {
   } else if constexpr (std::is_same_v<T, std::int32_t>) {
     return DataType::kInt32;
   } else {
-    static_assert(std::is_same_v<T, std::int64_t>,
-                  "cohort: collectives take float, double, std::int32_t or std::int64_t");
     return DataType::kInt64;
   }
 }
@@ -42,18 +48,21 @@ constexpr const char* name(DataType type) {
   return "unknown";
 }
 
-// Layout of the tag: operation (8 bits) | data type (8) | reduce op or root (16) | count (32,
-// modulo 2^32: enough to tell calls apart, not a limit on the count).
+// What one rank asked for in one call. Every rank of a call must ask for the same.
 struct Fingerprint {
-  Operation operation;
-  DataType type;
-  std::uint16_t detail;  // the ReduceOp for reductions, the root for broadcast
-  std::uint64_t count;
+  Operation operation = Operation::kBarrier;
+  DataType type = DataType::kInt32;
+  std::uint16_t detail = 0;  // the ReduceOp for reductions, the root for broadcast, else 0
+  std::uint64_t count = 0;   // all_gather: input length; reduce_scatter: output length
 
+  friend bool operator==(const Fingerprint&, const Fingerprint&) = default;
+
+  // Packed into a frame's tag: operation (8 bits) | type (8) | detail (16) | count (32, modulo
+  // 2^32: enough to tell calls apart, not a limit on the count).
   std::uint64_t tag() const {
     return (std::uint64_t{static_cast<std::uint8_t>(operation)} << 56) |
-           (std::uint64_t{static_cast<std::uint8_t>(type)} << 48) |
-           (std::uint64_t{detail} << 32) | (count & 0xffffffffULL);
+           (std::uint64_t{static_cast<std::uint8_t>(type)} << 48) | (std::uint64_t{detail} << 32) |
+           (count & 0xffffffffULL);
   }
 
   static Fingerprint from_tag(std::uint64_t tag) {
@@ -61,20 +70,16 @@ struct Fingerprint {
             static_cast<std::uint16_t>((tag >> 32) & 0xffff), tag & 0xffffffffULL};
   }
 
+  // "all_reduce(float, 7, sum)", "broadcast(float, 7, root 0)", "barrier()"
   std::string describe() const {
-    std::string text = std::string(name(operation)) + "(" + collective::name(type) + ", " +
-                       std::to_string(count);
-    switch (operation) {
-      case Operation::kAllReduce:
-      case Operation::kReduceScatter:
-        text += std::string(", ") + std::string(cohort::name(static_cast<ReduceOp>(detail)));
-        break;
-      case Operation::kBroadcast:
-        text += ", root " + std::to_string(detail);
-        break;
-      default:
-        break;
+    std::string text = std::string(name(operation)) + "(";
+    if (operation != Operation::kBarrier) {
+      text += std::string(collective::name(type)) + ", " + std::to_string(count);
     }
+    if (operation == Operation::kAllReduce || operation == Operation::kReduceScatter) {
+      text += ", " + std::string(cohort::name(static_cast<ReduceOp>(detail)));
+    }
+    if (operation == Operation::kBroadcast) text += ", root " + std::to_string(detail);
     return text + ")";
   }
 };

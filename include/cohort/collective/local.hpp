@@ -21,9 +21,8 @@
 // Required of the caller
 //   - Every rank calls the same collectives in the same order, with the same element type, length,
 //     operation and root. Checked on every call: a mismatch is a CommError on every rank naming
-//     two ranks and what each called, e.g.
-//       "rank 1 called all_reduce(float, 7, sum) #3 but rank 0 called broadcast(float, 7, root 0)
-//       #3"
+//     two ranks and what each called, e.g. "rank 1 called all_reduce(float, 7, sum) #3 but
+//     rank 0 called broadcast(float, 7, root 0) #3".
 //   - Shapes: all_gather needs output.size() == size() * input.size(), reduce_scatter needs
 //     input.size() == size() * output.size(), broadcast needs 0 <= root < size(). Checked: the
 //     caller gets a CommError and the group is poisoned, so no other rank waits for it.
@@ -48,8 +47,10 @@
 //   already been told it may free.
 //
 // Waiting
-//   Ranks meet at a generation-counting barrier: a short spin with a pause instruction (skipped
-//   when there are more ranks than hardware threads), then a condition variable with the deadline.
+//   Ranks meet at a generation-counting barrier (two per data collective: publish, then finish;
+//   one per barrier()). A waiting rank spins with a pause instruction for a few microseconds
+//   (only when there are no more ranks than hardware threads), then yields for up to 100 us, then
+//   sleeps on a condition variable until the deadline.
 #pragma once
 
 #include <algorithm>
@@ -72,6 +73,7 @@
 #include <vector>
 
 #include "cohort/collective/collective.hpp"
+#include "cohort/collective/fingerprint.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduce_op.hpp"
@@ -79,61 +81,27 @@
 
 namespace cohort::collective {
 
-namespace detail {
+namespace detail::local {
 
 inline constexpr std::size_t kCacheLine = 64;
 
 // Elements per block that a rank reduces into its scratch before writing the block to every
 // rank's buffer: the scratch and one block of every input stay in L1/L2.
-inline constexpr std::size_t kLocalBlock = 4 * device::cpu::kReduceBlock;
+inline constexpr std::size_t kBlock = 4 * device::cpu::kReduceBlock;
 
 // Slices start at multiples of this many elements (a multiple of a cache line for every element
 // type), so two ranks never write into the same cache line of a buffer that starts on one.
 inline constexpr std::size_t kSliceGrain = 64;
 
-// How long a waiting rank spins before it sleeps on the condition variable.
-inline constexpr std::chrono::microseconds kSpin{20};
+// How long a waiting rank spins with a pause instruction (only when every rank can have a hardware
+// thread), and how long it spins in all, yielding after the pauses, before it sleeps on the
+// condition variable.
+inline constexpr std::chrono::microseconds kSpinPause{10};
+inline constexpr std::chrono::microseconds kSpinYield{100};
 
-template <class T>
-inline constexpr bool is_local_element =
-    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
-    std::is_same_v<T, std::int64_t>;
-
-enum class ElementType : std::uint8_t { kNone, kFloat, kDouble, kInt32, kInt64 };
-
-template <class T>
-constexpr ElementType element_type() {
-  if constexpr (std::is_same_v<T, float>) return ElementType::kFloat;
-  if constexpr (std::is_same_v<T, double>) return ElementType::kDouble;
-  if constexpr (std::is_same_v<T, std::int32_t>) return ElementType::kInt32;
-  if constexpr (std::is_same_v<T, std::int64_t>) return ElementType::kInt64;
-  return ElementType::kNone;
-}
-
-constexpr std::string_view name(ElementType type) {
-  switch (type) {
-    case ElementType::kNone:
-      return "none";
-    case ElementType::kFloat:
-      return "float";
-    case ElementType::kDouble:
-      return "double";
-    case ElementType::kInt32:
-      return "int32";
-    case ElementType::kInt64:
-      return "int64";
-  }
-  return "unknown";
-}
-
-// What one rank asked for in one call. Every rank of a call must publish the same fingerprint;
-// fields an operation does not use keep their defaults so that == compares the rest.
+// What one rank asked for in one call, and which of its calls it is.
 struct Fingerprint {
-  Operation operation = Operation::kBarrier;
-  ElementType type = ElementType::kNone;
-  std::size_t length = 0;  // all_gather: input length; reduce_scatter: output length
-  ReduceOp op = ReduceOp::kSum;
-  int root = 0;
+  collective::Fingerprint call;
   std::uint64_t sequence = 0;
 
   friend bool operator==(const Fingerprint&, const Fingerprint&) = default;
@@ -141,15 +109,7 @@ struct Fingerprint {
 
 // "all_reduce(float, 7, sum) #3", "broadcast(float, 7, root 0) #3", "barrier() #3"
 inline std::string describe(const Fingerprint& f) {
-  std::ostringstream out;
-  out << name(f.operation) << '(';
-  if (f.operation != Operation::kBarrier) out << name(f.type) << ", " << f.length;
-  if (f.operation == Operation::kAllReduce || f.operation == Operation::kReduceScatter) {
-    out << ", " << name(f.op);
-  }
-  if (f.operation == Operation::kBroadcast) out << ", root " << f.root;
-  out << ") #" << f.sequence;
-  return out.str();
+  return f.call.describe() + " #" + std::to_string(f.sequence);
 }
 
 // Where a rank is, for error messages.
@@ -192,17 +152,17 @@ inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::siz
 }
 
 // The state every rank of one Local group shares: published calls, the barrier and the poison.
-class LocalGroup {
+class Group {
  public:
   // Whether a rank that waits at a barrier may leave it when the group is poisoned. Before a
   // collective's data phase it may (nobody reads its buffers yet); after, it must stay until every
   // rank has finished reading and writing.
   enum class Exit : std::uint8_t { kOnPoison, kWhenAllArrive };
 
-  LocalGroup(int ranks, std::chrono::milliseconds timeout)
+  Group(int ranks, std::chrono::milliseconds timeout)
       : ranks_(ranks),
         timeout_(timeout),
-        spin_(static_cast<unsigned>(ranks) <= std::thread::hardware_concurrency()),
+        pause_(static_cast<unsigned>(ranks) <= std::thread::hardware_concurrency()),
         rank_(std::make_unique<Rank[]>(static_cast<std::size_t>(ranks))) {}
 
   int size() const { return ranks_; }
@@ -333,12 +293,22 @@ class LocalGroup {
     const auto may_leave = [&] { return exit == Exit::kOnPoison && poisoned_.load(); };
     const auto start = std::chrono::steady_clock::now();
     enum class Outcome : std::uint8_t { kPassed, kPoisoned, kTimedOut } outcome = Outcome::kPassed;
-    bool waiting = spin_;
-    for (unsigned i = 1; waiting; ++i) {
+    // Spin: pause while the others are likely on their way, then yield so that ranks sharing a
+    // core (or other programs) can run, then sleep.
+    bool pausing = pause_;
+    for (unsigned i = 1;; ++i) {
       if (passed()) return;
       if (may_leave()) break;
-      cpu_relax();
-      if (i % 64 == 0 && std::chrono::steady_clock::now() - start > kSpin) waiting = false;
+      if (!pausing || i % 16 == 0) {
+        const auto spun = std::chrono::steady_clock::now() - start;
+        if (spun > kSpinYield) break;
+        pausing = pausing && spun < kSpinPause;
+      }
+      if (pausing) {
+        cpu_relax();
+      } else {
+        std::this_thread::yield();
+      }
     }
     {
       const auto deadline = start + timeout_;
@@ -370,7 +340,7 @@ class LocalGroup {
 
   const int ranks_;
   const std::chrono::milliseconds timeout_;
-  const bool spin_;
+  const bool pause_;
   std::unique_ptr<Rank[]> rank_;
 
   alignas(kCacheLine) std::atomic<std::uint64_t> barrier_{0};
@@ -384,7 +354,7 @@ class LocalGroup {
 // Per-communicator buffers for one element type, sized before a call commits so that the data
 // phase allocates nothing.
 template <class T>
-struct LocalWorkspace {
+struct Workspace {
   std::vector<const T*> inputs;  // every rank's published input
   std::vector<T*> outputs;       // every rank's published output
   std::vector<const T*> leaves;  // the inputs at the current block, for reduce_tree
@@ -396,11 +366,11 @@ struct LocalWorkspace {
     inputs.resize(n);
     outputs.resize(n);
     leaves.resize(n);
-    scratch.resize(kLocalBlock);
+    scratch.resize(kBlock);
   }
 };
 
-}  // namespace detail
+}  // namespace detail::local
 
 class Local;
 
@@ -418,19 +388,21 @@ class LocalCommunicator {
   template <class T>
   void all_reduce(std::span<T> buffer, ReduceOp op) {
     check_element<T>();
-    const detail::Site site = group_->begin(rank_, Operation::kAllReduce);
-    auto& w = workspace<T>();
+    auto& w = workspace<T>();  // allocates (first use) before the call is counted
     w.prepare(size());
-    group_->publish(site, {{Operation::kAllReduce, detail::element_type<T>(), buffer.size(), op, 0,
-                            site.sequence},
-                           buffer.data(),
-                           buffer.data()});
+    const detail::local::Site site = group_->begin(rank_, Operation::kAllReduce);
+    group_->publish(
+        site,
+        {{{Operation::kAllReduce, data_type_of<T>(), static_cast<std::uint16_t>(op), buffer.size()},
+          site.sequence},
+         buffer.data(),
+         buffer.data()});
     if (size() == 1 || buffer.empty()) return;
     run_data_phase(site, [&] {
       gather_pointers(w, site);
-      const auto [first, last] = detail::slice(buffer.size(), size(), rank_);
-      for (std::size_t offset = first; offset < last; offset += detail::kLocalBlock) {
-        const std::size_t count = std::min(detail::kLocalBlock, last - offset);
+      const auto [first, last] = detail::local::slice(buffer.size(), size(), rank_);
+      for (std::size_t offset = first; offset < last; offset += detail::local::kBlock) {
+        const std::size_t count = std::min(detail::local::kBlock, last - offset);
         for (int r = 0; r < size(); ++r) w.leaves[r] = w.inputs[r] + offset;
         device::cpu::reduce_tree<T>(op, w.leaves, std::span<T>(w.scratch.data(), count));
         for (T* output : w.outputs) std::copy_n(w.scratch.data(), count, output + offset);
@@ -442,23 +414,24 @@ class LocalCommunicator {
   template <class T>
   void broadcast(std::span<T> buffer, int root) {
     check_element<T>();
-    const detail::Site site = group_->begin(rank_, Operation::kBroadcast);
+    auto& w = workspace<T>();  // allocates (first use) before the call is counted
+    w.prepare(size());
+    const detail::local::Site site = group_->begin(rank_, Operation::kBroadcast);
     if (root < 0 || root >= size()) {
       fail(site, "called broadcast with root " + std::to_string(root) + " in a group of " +
                      std::to_string(size()) + " ranks");
     }
-    auto& w = workspace<T>();
-    w.prepare(size());
-    group_->publish(site, {{Operation::kBroadcast, detail::element_type<T>(), buffer.size(),
-                            ReduceOp::kSum, root, site.sequence},
+    group_->publish(site, {{{Operation::kBroadcast, data_type_of<T>(),
+                             static_cast<std::uint16_t>(root), buffer.size()},
+                            site.sequence},
                            buffer.data(),
                            buffer.data()});
     if (size() == 1 || buffer.empty()) return;
     run_data_phase(site, [&] {
       gather_pointers(w, site);
-      const auto [first, last] = detail::slice(buffer.size(), size(), rank_);
-      for (std::size_t offset = first; offset < last; offset += detail::kLocalBlock) {
-        const std::size_t count = std::min(detail::kLocalBlock, last - offset);
+      const auto [first, last] = detail::local::slice(buffer.size(), size(), rank_);
+      for (std::size_t offset = first; offset < last; offset += detail::local::kBlock) {
+        const std::size_t count = std::min(detail::local::kBlock, last - offset);
         for (int r = 0; r < size(); ++r) {
           if (r != root) std::copy_n(w.inputs[root] + offset, count, w.outputs[r] + offset);
         }
@@ -470,28 +443,27 @@ class LocalCommunicator {
   template <class T>
   void all_gather(std::span<const std::type_identity_t<T>> input, std::span<T> output) {
     check_element<T>();
-    const detail::Site site = group_->begin(rank_, Operation::kAllGather);
+    auto& w = workspace<T>();  // allocates (first use) before the call is counted
+    w.prepare(size());
+    const detail::local::Site site = group_->begin(rank_, Operation::kAllGather);
     const std::size_t chunk = input.size();
     if (output.size() != static_cast<std::size_t>(size()) * chunk) {
       fail(site, "called all_gather with " + std::to_string(chunk) + " input and " +
                      std::to_string(output.size()) + " output elements; the output needs " +
                      std::to_string(size()) + " x " + std::to_string(chunk));
     }
-    auto& w = workspace<T>();
-    w.prepare(size());
-    group_->publish(site, {{Operation::kAllGather, detail::element_type<T>(), chunk, ReduceOp::kSum,
-                            0, site.sequence},
+    group_->publish(site, {{{Operation::kAllGather, data_type_of<T>(), 0, chunk}, site.sequence},
                            input.data(),
                            output.data()});
     if (chunk == 0) return;
     run_data_phase(site, [&] {
       gather_pointers(w, site);
       // This rank's slice of the output index space, copied from whichever inputs it covers.
-      const auto [first, last] = detail::slice(output.size(), size(), rank_);
+      const auto [first, last] = detail::local::slice(output.size(), size(), rank_);
       for (std::size_t i = first; i < last;) {
         const std::size_t source = i / chunk;
         const std::size_t count =
-            std::min({last, (source + 1) * chunk, i + detail::kLocalBlock}) - i;
+            std::min({last, (source + 1) * chunk, i + detail::local::kBlock}) - i;
         const T* from = w.inputs[source] + (i - source * chunk);
         for (T* to : w.outputs) {
           if (to + i != from) std::copy_n(from, count, to + i);  // in place: already there
@@ -506,19 +478,21 @@ class LocalCommunicator {
   void reduce_scatter(std::span<const std::type_identity_t<T>> input, std::span<T> output,
                       ReduceOp op) {
     check_element<T>();
-    const detail::Site site = group_->begin(rank_, Operation::kReduceScatter);
+    auto& w = workspace<T>();  // allocates (first use) before the call is counted
+    w.prepare(size());
+    const detail::local::Site site = group_->begin(rank_, Operation::kReduceScatter);
     const std::size_t chunk = output.size();
     if (input.size() != static_cast<std::size_t>(size()) * chunk) {
       fail(site, "called reduce_scatter with " + std::to_string(input.size()) + " input and " +
                      std::to_string(chunk) + " output elements; the input needs " +
                      std::to_string(size()) + " x " + std::to_string(chunk));
     }
-    auto& w = workspace<T>();
-    w.prepare(size());
     group_->publish(
-        site, {{Operation::kReduceScatter, detail::element_type<T>(), chunk, op, 0, site.sequence},
-               input.data(),
-               output.data()});
+        site,
+        {{{Operation::kReduceScatter, data_type_of<T>(), static_cast<std::uint16_t>(op), chunk},
+          site.sequence},
+         input.data(),
+         output.data()});
     if (chunk == 0) return;
     run_data_phase(site, [&] {
       gather_pointers(w, site);
@@ -527,16 +501,16 @@ class LocalCommunicator {
       bool aliased = false;
       for (int r = 0; r < size(); ++r) {
         w.leaves[r] = w.inputs[r] + offset;
-        aliased = aliased || detail::overlaps(w.leaves[r], chunk * sizeof(T), output.data(),
-                                              chunk * sizeof(T));
+        aliased = aliased || detail::local::overlaps(w.leaves[r], chunk * sizeof(T), output.data(),
+                                                     chunk * sizeof(T));
       }
       if (!aliased) {
         device::cpu::reduce_tree<T>(op, w.leaves, output);
         return;
       }
       // In place: reduce_tree may not write over an input, so go block by block via scratch.
-      for (std::size_t done = 0; done < chunk; done += detail::kLocalBlock) {
-        const std::size_t count = std::min(detail::kLocalBlock, chunk - done);
+      for (std::size_t done = 0; done < chunk; done += detail::local::kBlock) {
+        const std::size_t count = std::min(detail::local::kBlock, chunk - done);
         for (int r = 0; r < size(); ++r) w.leaves[r] = w.inputs[r] + offset + done;
         device::cpu::reduce_tree<T>(op, w.leaves, std::span<T>(w.scratch.data(), count));
         std::copy_n(w.scratch.data(), count, output.data() + done);
@@ -545,11 +519,8 @@ class LocalCommunicator {
   }
 
   void barrier() {
-    const detail::Site site = group_->begin(rank_, Operation::kBarrier);
-    group_->publish(site, {{Operation::kBarrier, detail::ElementType::kNone, 0, ReduceOp::kSum, 0,
-                            site.sequence},
-                           nullptr,
-                           nullptr});
+    const detail::local::Site site = group_->begin(rank_, Operation::kBarrier);
+    group_->publish(site, {{{Operation::kBarrier}, site.sequence}, nullptr, nullptr});
   }
 
   // Makes every collective of every rank, waiting now or called later, throw CommError
@@ -561,32 +532,32 @@ class LocalCommunicator {
  private:
   friend class Local;
 
-  LocalCommunicator(std::shared_ptr<detail::LocalGroup> group, int rank)
+  LocalCommunicator(std::shared_ptr<detail::local::Group> group, int rank)
       : group_(std::move(group)), rank_(rank) {}
 
   template <class T>
   static void check_element() {
-    static_assert(detail::is_local_element<T>,
+    static_assert(is_element<T>,
                   "collective::Local moves float, double, std::int32_t or std::int64_t elements; "
                   "all_reduce and broadcast work in place, so pass a mutable std::span<T>");
   }
 
   template <class T>
-  detail::LocalWorkspace<T>& workspace() {
-    return std::get<detail::LocalWorkspace<T>>(workspaces_);
+  detail::local::Workspace<T>& workspace() {
+    return std::get<detail::local::Workspace<T>>(workspaces_);
   }
 
   template <class T>
-  void gather_pointers(detail::LocalWorkspace<T>& w, const detail::Site& site) const {
+  void gather_pointers(detail::local::Workspace<T>& w, const detail::local::Site& site) const {
     for (int r = 0; r < size(); ++r) {
-      const detail::Call& call = group_->published(r, site.sequence);
+      const detail::local::Call& call = group_->published(r, site.sequence);
       w.inputs[r] = static_cast<const T*>(call.input);
       w.outputs[r] = static_cast<T*>(call.output);
     }
   }
 
   // A failure of this rank alone (a bad argument): poison the group so nobody waits for us.
-  [[noreturn]] void fail(const detail::Site& site, const std::string& what) {
+  [[noreturn]] void fail(const detail::local::Site& site, const std::string& what) {
     std::string message = "rank " + std::to_string(rank_) + " " + what + " (" +
                           std::string(name(site.operation)) + " #" + std::to_string(site.sequence) +
                           ")";
@@ -598,7 +569,7 @@ class LocalCommunicator {
   // share. Every rank is committed once publish() returns: even a failure here must arrive at
   // the closing barrier, or another rank could still be reading buffers whose owner has returned.
   template <class Work>
-  void run_data_phase(const detail::Site& site, Work&& work) {
+  void run_data_phase(const detail::local::Site& site, Work&& work) {
     try {
       work();
     } catch (const std::exception& e) {
@@ -609,10 +580,10 @@ class LocalCommunicator {
     group_->finish(site);
   }
 
-  std::shared_ptr<detail::LocalGroup> group_;
+  std::shared_ptr<detail::local::Group> group_;
   int rank_;
-  std::tuple<detail::LocalWorkspace<float>, detail::LocalWorkspace<double>,
-             detail::LocalWorkspace<std::int32_t>, detail::LocalWorkspace<std::int64_t>>
+  std::tuple<detail::local::Workspace<float>, detail::local::Workspace<double>,
+             detail::local::Workspace<std::int32_t>, detail::local::Workspace<std::int64_t>>
       workspaces_;
 };
 
@@ -630,7 +601,7 @@ class Local {
 
   explicit Local(Options options)
       : options_(validate(options)),
-        group_(std::make_shared<detail::LocalGroup>(options_.ranks, options_.timeout)) {}
+        group_(std::make_shared<detail::local::Group>(options_.ranks, options_.timeout)) {}
 
   const Options& options() const { return options_; }
   int size() const { return options_.ranks; }
@@ -652,7 +623,7 @@ class Local {
   }
 
   Options options_;
-  std::shared_ptr<detail::LocalGroup> group_;
+  std::shared_ptr<detail::local::Group> group_;
 };
 
 }  // namespace cohort::collective

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 
@@ -52,7 +53,15 @@ inline std::error_code make_error_code(Errc e) noexcept {
 
 class Error : public std::system_error {
  public:
-  Error(Errc code, const std::string& what) : std::system_error(make_error_code(code), what) {}
+  Error(Errc code, const std::string& what)
+      : std::system_error(make_error_code(code), what), message_(what) {}
+
+  // The message alone: system_error would append the category's text ("communication failure"),
+  // which the message already says better.
+  const char* what() const noexcept override { return message_.what(); }
+
+ private:
+  std::runtime_error message_;  // copies share the string and never throw
 };
 
 class ConfigError : public Error {

@@ -1,0 +1,148 @@
+// MultiWorkerMirrored: between-graph replication, one process per worker, synchronous.
+//
+// Every worker process runs the same program with its own copy of the model and its own replicas
+// (local_replicas threads, Mirrored inside the worker). Gradients are reduced hierarchically
+// (collective/hierarchical.hpp): among the local replicas, then across workers over TCP bucket by
+// bucket, the cross-worker reduction of one bucket overlapping the local reduction of the next,
+// then back to every local replica. With the default collective::Deterministic every sum follows
+// the canonical tree over all replicas, so 2 workers x 2 local replicas, 4 workers x 1 and
+// Mirrored with 4 replicas in one process give the same bits.
+//
+//   cohort::strategy::MultiWorkerMirrored<> strategy({.local_replicas = 2});
+//
+// Who is who comes from the launcher (cluster/cluster.hpp: explicit options, COHORT_*,
+// TF_CONFIG, torchrun, Open MPI, Slurm; docs/launching.md). Construction does the rendezvous: it
+// returns once every worker is connected, or throws CommError naming the missing ranks.
+//
+// Options:
+//   local_replicas   replica threads in this process (a power of two, the same on every worker)
+//   cluster          explicit overrides of what the launcher says
+//   bind_address     where this process listens; loopback unless set (or COHORT_BIND_ADDRESS):
+//                    a job across hosts sets the interface address or "0.0.0.0"
+//   secret           shared secret authenticating every connection (or COHORT_SECRET)
+//   connect_timeout  the rendezvous deadline
+//   timeout          how long any collective may wait; past it, the error names the rank, the
+//                    operation and its sequence number
+//   bucket_bytes     the unit of cross-worker reduction and overlap
+//
+// Only the chief (worker 0) prints progress and writes checkpoints. A worker that fails closes
+// its connections, and every other worker's step fails within the timeout naming it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "cohort/cluster/cluster.hpp"
+#include "cohort/collective/deterministic.hpp"
+#include "cohort/collective/hierarchical.hpp"
+#include "cohort/collective/local.hpp"
+#include "cohort/core/options.hpp"
+#include "cohort/core/reduction_tree.hpp"
+#include "cohort/strategy/detail/replica_threads.hpp"
+#include "cohort/strategy/strategy.hpp"
+#include "cohort/transport/tcp/tcp.hpp"
+
+namespace cohort::strategy {
+
+template <template <class> class CrossCollective = collective::Deterministic>
+class MultiWorkerMirrored {
+ public:
+  static constexpr std::string_view kName = "multi_worker_mirrored";
+  using Cross = CrossCollective<transport::tcp::Tcp>;
+  using Communicator = collective::Hierarchical<collective::LocalCommunicator, Cross>;
+
+  struct Options {
+    std::size_t local_replicas = 1;
+    cluster::Explicit cluster{};
+    std::string bind_address{};
+    std::string secret{};
+    std::chrono::milliseconds connect_timeout{std::chrono::minutes(1)};
+    std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    std::size_t bucket_bytes = std::size_t{4} << 20;
+  };
+
+  explicit MultiWorkerMirrored(Options options)
+      : options_(std::move(options)), spec_(cluster::resolve(options_.cluster)) {
+    options::require_positive("local_replicas", options_.local_replicas);
+    if (!tree::is_subtree(0, options_.local_replicas)) {
+      options::reject("local_replicas", options_.local_replicas,
+                      "must be a power of two, so that each worker's replicas form one subtree "
+                      "of the reduction (core/reduction_tree.hpp)");
+    }
+    options::require_positive("bucket_bytes", options_.bucket_bytes);
+    if (spec_.role != "worker" && spec_.role != "chief") {
+      options::reject("role", spec_.role,
+                      "MultiWorkerMirrored runs workers and a chief only (" + spec_.source + ")");
+    }
+    std::fprintf(stderr, "cohort: %s\n", cluster::describe(spec_).c_str());
+    cross_ = std::make_unique<Cross>(transport::tcp::Tcp(transport::tcp::Options{
+        .rank = spec_.rank,
+        .size = spec_.size,
+        .job_id = spec_.job_id.empty() ? "cohort" : spec_.job_id,
+        .rendezvous_host = spec_.master_address,
+        .rendezvous_port = spec_.master_port,
+        .bind_address = setting(options_.bind_address, "COHORT_BIND_ADDRESS", "127.0.0.1"),
+        .secret = setting(options_.secret, "COHORT_SECRET", ""),
+        .connect_timeout = options_.connect_timeout,
+        .operation_timeout = options_.timeout,
+    }));
+  }
+
+  std::size_t replicas() const {
+    return static_cast<std::size_t>(spec_.size) * options_.local_replicas;
+  }
+  std::size_t local_replicas() const { return options_.local_replicas; }
+  std::size_t first_local_replica() const {
+    return static_cast<std::size_t>(spec_.rank) * options_.local_replicas;
+  }
+  bool is_chief() const { return spec_.rank == 0; }
+  const cluster::Spec& cluster() const { return spec_; }
+  const Options& options() const { return options_; }
+
+  class Replica {
+   public:
+    std::size_t index() const { return index_; }
+    Communicator& communicator() { return communicator_; }
+
+   private:
+    friend class MultiWorkerMirrored;
+    Replica(std::size_t index, Communicator communicator)
+        : index_(index), communicator_(std::move(communicator)) {}
+    std::size_t index_;
+    Communicator communicator_;
+  };
+
+  template <class Body>
+  void run(Body&& body) {
+    collective::Local local({.ranks = static_cast<int>(options_.local_replicas),
+                             .timeout = options_.timeout});
+    collective::CommunicationThread thread;
+    detail::run_replica_threads(
+        options_.local_replicas,
+        [&](std::size_t local_index) {
+          return Replica(first_local_replica() + local_index,
+                         Communicator(local.communicator(static_cast<int>(local_index)), *cross_,
+                                      thread, options_.bucket_bytes));
+        },
+        body);
+  }
+
+ private:
+  static std::string setting(const std::string& given, const char* variable,
+                             const char* fallback) {
+    if (!given.empty()) return given;
+    const char* value = std::getenv(variable);
+    return value != nullptr && *value != '\0' ? value : fallback;
+  }
+
+  Options options_;
+  cluster::Spec spec_;
+  std::unique_ptr<Cross> cross_;
+};
+
+}  // namespace cohort::strategy

@@ -1,0 +1,294 @@
+// The payloads of the setup messages and the checks made on them: pure functions over bytes, so
+// that they can be tested without sockets and so that the rendezvous (rendezvous.hpp) reads as
+// the protocol it is.
+//
+// Every connection, the one to rank 0 and each one of the mesh, starts with the same exchange,
+// the connecting side C first, the accepting side A second:
+//
+//   C -> A  hello    rank, size, job id, listening address, nonce, whether it authenticates
+//   A -> C  hello    (or abort: why C is refused)  followed by  confirm(proof of A)
+//   C -> A  confirm(proof of C)                    (or abort: why A is refused)
+//
+// Each side checks the other's hello field by field and names both values of the first
+// difference. With a secret, a proof is HMAC-SHA256(secret, label || hello of C || hello of A):
+// both hellos carry a fresh 32-byte nonce, so a proof cannot be replayed on another connection,
+// and the label differs by role, so C's proof is not A's. Without a secret the proof is empty. A
+// proof that does not verify fails that side with "authentication failed with rank N"; since
+// each side verifies the other's, a wrong secret fails both.
+#pragma once
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cohort/core/error.hpp"
+#include "cohort/transport/tcp/frame.hpp"
+
+namespace cohort::transport::tcp {
+
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kProofBytes = 32;
+// Setup messages are small; anything bigger is refused before it is read.
+inline constexpr std::size_t kMaxSetupPayloadBytes = std::size_t{1} << 20;
+
+using Nonce = std::array<std::byte, kNonceBytes>;
+
+struct Hello {
+  int rank = 0;
+  int size = 0;
+  bool authenticates = false;
+  bool checksums = true;
+  std::uint16_t listen_port = 0;
+  std::string listen_address{};
+  std::string job_id{};
+  Nonce nonce{};
+};
+
+// Where a rank accepts its mesh connections; rank 0 sends the table of all of them.
+struct Address {
+  std::string host{};
+  std::uint16_t port = 0;
+  friend bool operator==(const Address&, const Address&) = default;
+};
+
+namespace detail {
+
+class Writer {
+ public:
+  template <class T>
+  void put(T value) {
+    const std::size_t at = bytes_.size();
+    bytes_.resize(at + sizeof(T));
+    store_le(bytes_.data() + at, value);
+  }
+  void put_string(std::string_view text) {
+    put(static_cast<std::uint16_t>(text.size()));
+    const auto* begin = reinterpret_cast<const std::byte*>(text.data());
+    bytes_.insert(bytes_.end(), begin, begin + text.size());
+  }
+  void put_bytes(std::span<const std::byte> bytes) {
+    bytes_.insert(bytes_.end(), bytes.begin(), bytes.end());
+  }
+  std::vector<std::byte> take() { return std::move(bytes_); }
+
+ private:
+  std::vector<std::byte> bytes_;
+};
+
+// Reads fields in order; any read past the end marks the whole message malformed.
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> bytes) : bytes_(bytes) {}
+  template <class T>
+  T get() {
+    if (!ok_ || bytes_.size() - at_ < sizeof(T)) {
+      ok_ = false;
+      return T{};
+    }
+    const T value = load_le<T>(bytes_.data() + at_);
+    at_ += sizeof(T);
+    return value;
+  }
+  std::string get_string() {
+    const std::size_t length = get<std::uint16_t>();
+    if (!ok_ || bytes_.size() - at_ < length) {
+      ok_ = false;
+      return {};
+    }
+    std::string text(reinterpret_cast<const char*>(bytes_.data() + at_), length);
+    at_ += length;
+    return text;
+  }
+  void get_bytes(std::span<std::byte> out) {
+    if (!ok_ || bytes_.size() - at_ < out.size()) {
+      ok_ = false;
+      return;
+    }
+    std::memcpy(out.data(), bytes_.data() + at_, out.size());
+    at_ += out.size();
+  }
+  // True when every field was there and nothing is left over.
+  bool complete() const { return ok_ && at_ == bytes_.size(); }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::size_t at_ = 0;
+  bool ok_ = true;
+};
+
+}  // namespace detail
+
+// Hello payload, version 1: rank u32 (first in every version, frame.hpp), size u32,
+// flags u16 (bit 0: authenticates, bit 1: checksums data frames), listen port u16, nonce,
+// listen address, job id (strings: u16 length, bytes).
+inline std::vector<std::byte> encode_hello(const Hello& hello) {
+  detail::Writer out;
+  out.put(static_cast<std::uint32_t>(hello.rank));
+  out.put(static_cast<std::uint32_t>(hello.size));
+  out.put(static_cast<std::uint16_t>((hello.authenticates ? 1 : 0) | (hello.checksums ? 2 : 0)));
+  out.put(hello.listen_port);
+  out.put_bytes(hello.nonce);
+  out.put_string(hello.listen_address);
+  out.put_string(hello.job_id);
+  return out.take();
+}
+
+inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
+  detail::Reader in(payload);
+  Hello hello;
+  const auto rank = in.get<std::uint32_t>();
+  const auto size = in.get<std::uint32_t>();
+  const auto flags = in.get<std::uint16_t>();
+  hello.listen_port = in.get<std::uint16_t>();
+  in.get_bytes(hello.nonce);
+  hello.listen_address = in.get_string();
+  hello.job_id = in.get_string();
+  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~3u) != 0) {
+    return std::nullopt;
+  }
+  hello.rank = static_cast<int>(rank);
+  hello.size = static_cast<int>(size);
+  hello.authenticates = (flags & 1u) != 0;
+  hello.checksums = (flags & 2u) != 0;
+  return hello;
+}
+
+// The rank in the first four bytes of a hello of any version, if there are four bytes.
+inline std::optional<int> rank_of_hello(std::span<const std::byte> payload) {
+  if (payload.size() < 4) return std::nullopt;
+  const auto rank = detail::load_le<std::uint32_t>(payload.data());
+  if (rank > 0x7fffffffu) return std::nullopt;
+  return static_cast<int>(rank);
+}
+
+inline std::vector<std::byte> encode_table(std::span<const Address> table) {
+  detail::Writer out;
+  out.put(static_cast<std::uint32_t>(table.size()));
+  for (const Address& address : table) {
+    out.put(address.port);
+    out.put_string(address.host);
+  }
+  return out.take();
+}
+
+inline std::optional<std::vector<Address>> decode_table(std::span<const std::byte> payload,
+                                                        int size) {
+  detail::Reader in(payload);
+  const auto count = in.get<std::uint32_t>();
+  if (count != static_cast<std::uint32_t>(size)) return std::nullopt;
+  std::vector<Address> table(count);
+  for (Address& address : table) {
+    address.port = in.get<std::uint16_t>();
+    address.host = in.get_string();
+  }
+  if (!in.complete()) return std::nullopt;
+  return table;
+}
+
+inline std::vector<std::byte> encode_text(std::string_view text) {
+  const auto* begin = reinterpret_cast<const std::byte*>(text.data());
+  return {begin, begin + text.size()};
+}
+
+inline std::string decode_text(std::span<const std::byte> payload) {
+  return {reinterpret_cast<const char*>(payload.data()), payload.size()};
+}
+
+// What this rank expects of a peer's hello.
+struct Expectation {
+  int rank = 0;                  // this rank
+  int size = 1;                  // the job's size
+  std::string_view job_id = {};  // this rank's job id
+  bool authenticates = false;    // whether this rank has a secret
+  bool checksums = true;         // Options::checksum of this rank
+  int lowest_peer = 0;           // the peer's rank must lie in [lowest_peer, highest_peer]
+  int highest_peer = 0;
+};
+
+inline std::string rank_name(int rank) { return "rank " + std::to_string(rank); }
+
+// The first difference between a peer's hello and what this rank expects, in words naming both
+// values; empty when there is none. The version was checked on the frame header already.
+inline std::string check_hello(const Hello& peer, const Expectation& mine) {
+  const std::string who = rank_name(peer.rank);
+  if (peer.job_id != mine.job_id) {
+    return who + " belongs to another job: job id '" + peer.job_id + "' differs from '" +
+           std::string(mine.job_id) + "'";
+  }
+  if (peer.size != mine.size) {
+    return who + " was told the job has " + std::to_string(peer.size) + " ranks, " +
+           rank_name(mine.rank) + " was told " + std::to_string(mine.size);
+  }
+  if (peer.rank < mine.lowest_peer || peer.rank > mine.highest_peer) {
+    if (mine.lowest_peer == mine.highest_peer) {
+      return "expected " + rank_name(mine.lowest_peer) + " but the peer says it is " + who;
+    }
+    return "a peer says it is " + who + ", expected one of ranks " +
+           std::to_string(mine.lowest_peer) + " to " + std::to_string(mine.highest_peer) +
+           " of " + std::to_string(mine.size);
+  }
+  if (peer.checksums != mine.checksums) {
+    const auto setting = [](bool on) { return on ? "checksum = true" : "checksum = false"; };
+    return who + " has " + setting(peer.checksums) + ", " + rank_name(mine.rank) + " has " +
+           setting(mine.checksums) + "; every rank must agree";
+  }
+  if (peer.authenticates != mine.authenticates) {
+    return peer.authenticates
+               ? who + " requires authentication (it has a secret), " + rank_name(mine.rank) +
+                     " has no secret"
+               : who + " has no secret, " + rank_name(mine.rank) +
+                     " requires authentication (it has a secret)";
+  }
+  return {};
+}
+
+inline Nonce random_nonce() {
+  Nonce nonce;
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) !=
+      1) {
+    throw CommError("cannot draw a random nonce for the handshake (OpenSSL RAND_bytes failed)");
+  }
+  return nonce;
+}
+
+enum class Role { kConnector, kAcceptor };
+
+// HMAC-SHA256(secret, label || hello frame of the connector || hello frame of the acceptor).
+inline std::array<std::byte, kProofBytes> proof(std::string_view secret, Role role,
+                                                std::span<const std::byte> connector_hello,
+                                                std::span<const std::byte> acceptor_hello) {
+  const std::string_view label =
+      role == Role::kConnector ? "cohort-tcp-1 connector" : "cohort-tcp-1 acceptor";
+  std::vector<unsigned char> message;
+  message.reserve(label.size() + connector_hello.size() + acceptor_hello.size());
+  message.insert(message.end(), label.begin(), label.end());
+  for (const auto part : {connector_hello, acceptor_hello}) {
+    const auto* begin = reinterpret_cast<const unsigned char*>(part.data());
+    message.insert(message.end(), begin, begin + part.size());
+  }
+  std::array<std::byte, kProofBytes> mac{};
+  unsigned int length = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message.data(),
+           message.size(), reinterpret_cast<unsigned char*>(mac.data()), &length) == nullptr ||
+      length != kProofBytes) {
+    throw CommError("cannot compute the handshake's HMAC-SHA256 (OpenSSL HMAC failed)");
+  }
+  return mac;
+}
+
+// Constant time, so that a forger learns nothing from how long a refusal takes.
+inline bool proofs_equal(std::span<const std::byte> a, std::span<const std::byte> b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace cohort::transport::tcp

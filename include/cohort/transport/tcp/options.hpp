@@ -1,0 +1,89 @@
+// tcp::Options: everything the TCP transport can be told, validated once when a Listener (and so
+// a Tcp) is constructed; a bad value is a ConfigError naming the field and the value.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cohort/core/options.hpp"
+
+namespace cohort::transport::tcp {
+
+struct Options {
+  // This process's rank in [0, size), and the number of ranks in the job.
+  int rank = 0;
+  int size = 1;
+  // Names the job; a peer with another job id is refused (a stale process from an earlier run,
+  // two jobs sharing a port). At most 255 bytes.
+  std::string job_id = "cohort";
+  // Where rank 0 listens and every other rank connects first. Rank 0 binds bind_address at
+  // rendezvous_port; rank 0 may ask for port 0, any free port, and report the one it got through
+  // Listener::rendezvous_port() (tests do); the other ranks must be told the real port.
+  std::string rendezvous_host = "127.0.0.1";
+  std::uint16_t rendezvous_port = 29500;
+  // The numeric address every listener of this rank binds (rank 0's rendezvous listener and the
+  // mesh listener of the others, on a free port). Loopback unless configured: a job across hosts
+  // sets the interface's address, or "0.0.0.0" (then peers reach this rank at the address rank 0
+  // saw it connect from).
+  std::string bind_address = "127.0.0.1";
+  // Shared by every rank of the job. Empty: no authentication. Otherwise every connection proves
+  // knowledge of it with HMAC-SHA256 challenge-response (handshake.hpp), and a peer without it is
+  // refused. The secret never travels; traffic is not encrypted.
+  std::string secret{};
+  // The rendezvous, start to full mesh, must complete within this; start order does not matter.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  // A transfer fails when no byte moves in either direction for this long.
+  std::chrono::milliseconds operation_timeout{std::chrono::minutes(5)};
+  // Whether data frames carry and verify a checksum of their payload (XXH3-64, frame.hpp). It
+  // costs CPU time near that of the kernel's own copy on loopback (docs/transport.md); off, the
+  // checksum field is sent as zero and not checked. Every rank must agree (the handshake checks).
+  bool checksum = true;
+  // The largest payload a frame may carry, sent or received. An incoming frame that announces
+  // more is refused before its payload is read.
+  std::size_t max_frame_bytes = std::size_t{1} << 30;
+  // How long a transfer busy-polls its sockets after the last progress before it sleeps in
+  // poll(): a wake-up from poll costs tens of microseconds, a busy poll a fraction of one. Zero
+  // sleeps at once (many more ranks than cores).
+  std::chrono::microseconds spin{50};
+};
+
+namespace detail {
+
+inline std::string quoted(const std::string& text) { return "'" + text + "'"; }
+
+// Validates everything that can be checked without the network (the bind address is checked by
+// the Listener, which parses it).
+inline void validate(const Options& options) {
+  options::require_positive("size", options.size);
+  options::require_in_range("rank", options.rank, 0, options.size - 1);
+  if (options.job_id.empty() || options.job_id.size() > 255) {
+    options::reject("job_id", quoted(options.job_id), "must have 1 to 255 bytes");
+  }
+  if (options.size > 1 && options.rendezvous_host.empty()) {
+    options::reject("rendezvous_host", quoted(options.rendezvous_host), "must not be empty");
+  }
+  if (options.size > 1 && options.rank != 0 && options.rendezvous_port == 0) {
+    options::reject("rendezvous_port", options.rendezvous_port,
+                    "only rank 0 may ask for any free port; the other ranks must be given the "
+                    "port rank 0 listens on");
+  }
+  if (options.connect_timeout.count() <= 0) {
+    options::reject("connect_timeout", std::to_string(options.connect_timeout.count()) + " ms",
+                    "must be greater than 0");
+  }
+  if (options.operation_timeout.count() <= 0) {
+    options::reject("operation_timeout",
+                    std::to_string(options.operation_timeout.count()) + " ms",
+                    "must be greater than 0");
+  }
+  options::require_positive("max_frame_bytes", options.max_frame_bytes);
+  if (options.spin.count() < 0) {
+    options::reject("spin", std::to_string(options.spin.count()) + " us", "must not be negative");
+  }
+}
+
+}  // namespace detail
+
+}  // namespace cohort::transport::tcp

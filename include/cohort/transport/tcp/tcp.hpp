@@ -1,0 +1,668 @@
+// transport::tcp::Tcp: the transport between processes and hosts, over one TCP connection per
+// pair of ranks (Boost.Asio; this folder is the only place cohort includes it).
+//
+//   tcp::Tcp transport({.rank = r, .size = n, .job_id = "run-42",
+//                       .rendezvous_host = "10.0.0.1", .rendezvous_port = 29500,
+//                       .bind_address = "0.0.0.0", .secret = shared_secret});
+//   transport.transfer(sends, receives);   // transport.hpp: the contract
+//
+// Construction is the rendezvous (rendezvous.hpp): it returns when every rank is connected to
+// every other, authenticated when a secret is set, or throws CommError naming the ranks that
+// failed or never came, after at most connect_timeout. Every rank constructs its Tcp with the same
+// size, job id, rendezvous address and secret; start order does not matter.
+//
+// transfer() progresses every send and receive of its lists together on non-blocking sockets:
+// it writes each frame from the caller's buffer and reads each payload into the caller's buffer
+// (frame.hpp has the layout), busy-polling for up to `spin` after the last progress, then
+// sleeping in poll() until a socket is ready. It fails with CommError naming this rank, the peer,
+// the frame's type and sequence and what happened when a peer closes ("rank 0: rank 2 closed the
+// connection during sequence 17 (...)"), when a frame is malformed, too long or corrupted, or when
+// no byte moves for operation_timeout; with HeaderMismatch when a frame's header or length is not
+// the expected one. The failure is final: the connections involved are closed, so their peers
+// fail promptly too, and every later transfer fails with the same message. Destroy the transport
+// (its destructor closes every connection, so that every peer sees end-of-file) and build another.
+//
+// Required of the caller, beyond transport.hpp: one thread at a time calls transfer(); a payload
+// is at most max_frame_bytes long; peers are ranks other than this one.
+#pragma once
+
+#include <poll.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "cohort/core/error.hpp"
+#include "cohort/transport/tcp/frame.hpp"
+#include "cohort/transport/tcp/options.hpp"
+#include "cohort/transport/tcp/rendezvous.hpp"
+#include "cohort/transport/transport.hpp"
+
+namespace cohort::transport::tcp {
+
+class Tcp {
+ public:
+  // Binds, meets the other ranks and connects to all of them: Tcp(Listener(options)).
+  explicit Tcp(Options options) : Tcp(Listener(std::move(options))) {}
+
+  // Meets the other ranks through a listener bound beforehand (to learn its port first).
+  explicit Tcp(Listener&& listener)
+      : options_(std::move(listener.options_)),
+        rendezvous_port_(listener.rendezvous_port()),
+        io_(std::move(listener.io_)) {
+    if (options_.size == 1) return;
+    // The acceptor belongs to io_: a local here, destroyed before io_ even when this throws.
+    const auto acceptor = std::move(listener.acceptor_);
+    detail::Rendezvous rendezvous(options_, *io_, *acceptor, listener.port_, listener.started_);
+    auto sockets = rendezvous.run();
+    peers_.reserve(sockets.size());
+    for (int rank = 0; rank < size(); ++rank) {
+      Peer& peer = peers_.emplace_back(std::move(sockets[static_cast<std::size_t>(rank)]));
+      if (rank == this->rank()) continue;
+      boost::system::error_code ec;
+      peer.socket.non_blocking(true, ec);
+      if (ec) {
+        throw CommError(prefix() + "cannot make the connection to rank " + std::to_string(rank) +
+                        " non-blocking: " + ec.message());
+      }
+    }
+  }
+
+  // Movable, so that it can live in an optional or a container; not assignable, because an
+  // assignment would have to close one mesh while another is live.
+  Tcp(Tcp&&) noexcept = default;
+  Tcp& operator=(Tcp&&) = delete;
+
+  ~Tcp() { close(); }  // peers_ is declared after io_, so sockets go before their io_context
+
+  int rank() const noexcept { return options_.rank; }
+  int size() const noexcept { return options_.size; }
+  const Options& options() const noexcept { return options_; }
+  // Where rank 0 listened: the port it bound (the real one when it asked for port 0).
+  std::uint16_t rendezvous_port() const noexcept { return rendezvous_port_; }
+
+  void transfer(std::span<const Send> sends, std::span<const Receive> receives) {
+    if (auto failure = progress(sends, receives)) {
+      if (failure->mismatch) {
+        const Mismatch& m = *failure->mismatch;
+        throw HeaderMismatch(rank(), m.sender, m.expected, m.expected_length, m.received,
+                             m.received_length, failure->message);
+      }
+      throw CommError(failure->message);
+    }
+  }
+
+  // The same without exceptions: `error` is Errc::kComm on failure, and last_failure() says
+  // what happened.
+  void transfer(std::span<const Send> sends, std::span<const Receive> receives,
+                std::error_code& error) {
+    if (auto failure = progress(sends, receives)) {
+      last_failure_ = std::move(failure->message);
+      error = make_error_code(Errc::kComm);
+    } else {
+      error.clear();
+    }
+  }
+
+  // The message of the last transfer that failed through the error_code form.
+  const std::string& last_failure() const noexcept { return last_failure_; }
+
+  // Closes every connection; the peers see end-of-file. Later transfers fail.
+  void close() noexcept {
+    for (Peer& peer : peers_) close(peer);
+    closed_ = true;
+  }
+
+ private:
+  // A payload of at most this many bytes is checksummed in one call before its first byte
+  // leaves; a longer one in pieces of this size just ahead of the kernel's copy, while they are
+  // still in cache.
+  static constexpr std::size_t kChecksumAhead = std::size_t{256} << 10;
+  // Bytes read beyond the frame being received wait here for the next receive; a whole small
+  // frame (header, payload, trailer) arrives in one read.
+  static constexpr std::size_t kInboxBytes = std::size_t{64} << 10;
+
+  struct Mismatch {
+    int sender;
+    Header expected;
+    std::size_t expected_length;
+    Header received;
+    std::size_t received_length;
+  };
+  struct Failure {
+    std::string message;
+    std::optional<Mismatch> mismatch;
+  };
+
+  enum class Stage { kHeader, kPayload, kTrailer };
+
+  struct Inbox {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t begin = 0;
+    std::size_t end = 0;
+
+    std::size_t size() const { return end - begin; }
+    const std::byte* front() const { return data.get() + begin; }
+    void consume(std::size_t bytes) {
+      begin += bytes;
+      if (begin == end) begin = end = 0;
+    }
+    // Moves what is left to the front, so that the free space is as large as it can be.
+    void compact() {
+      if (!data) data = std::make_unique<std::byte[]>(kInboxBytes);
+      if (begin == 0) return;
+      std::memmove(data.get(), data.get() + begin, size());
+      end -= begin;
+      begin = 0;
+    }
+  };
+
+  // One connection and the frames in flight on it. Indices refer to the lists of the transfer in
+  // progress; -1 is none.
+  struct Peer {
+    explicit Peer(detail::Socket s) : socket(std::move(s)) {}
+
+    detail::Socket socket;
+    // Outgoing: the send being written, the last one queued, frame bytes written, payload bytes
+    // folded into the checksum.
+    int send = -1;
+    int send_tail = -1;
+    std::size_t sent = 0;
+    std::size_t hashed = 0;
+    HeaderBytes out_header{};
+    std::array<std::byte, kTrailerBytes> out_trailer{};
+    StreamingChecksum out_checksum;
+    // Incoming: the receive being read, the last one queued, payload bytes arrived.
+    int receive = -1;
+    int receive_tail = -1;
+    Stage stage = Stage::kHeader;
+    std::size_t received = 0;
+    std::uint64_t in_seed = 0;
+    std::uint64_t in_digest = 0;  // when the payload was checksummed in one call
+    bool in_streaming = false;    // when it is checksummed in pieces, by in_checksum
+    StreamingChecksum in_checksum;
+    Inbox inbox;
+  };
+
+  // --- one transfer ------------------------------------------------------------------------
+
+  std::optional<Failure> progress(std::span<const Send> sends, std::span<const Receive> receives) {
+    if (!failure_.empty()) {
+      return Failure{prefix() + "this transport failed earlier and is closed (" + failure_ + ")",
+                     std::nullopt};
+    }
+    if (closed_) return Failure{prefix() + "the transport is closed", std::nullopt};
+    // A bad list is the caller's mistake, not a broken connection: the transport stays usable.
+    if (auto failure = enqueue(sends, receives)) {
+      clear_queues();
+      return failure;
+    }
+    std::size_t pending = sends.size() + receives.size();
+    auto last_progress = std::chrono::steady_clock::now();
+    while (pending > 0) {
+      bool moved = false;
+      for (const int rank : active_) {
+        Peer& peer = peers_[static_cast<std::size_t>(rank)];
+        std::optional<Failure> failure;
+        if (peer.send >= 0) failure = pump_sends(rank, sends, moved, pending);
+        if (!failure && peer.receive >= 0) failure = pump_receives(rank, receives, moved, pending);
+        if (failure) {
+          clear_queues();
+          return record(std::move(*failure));
+        }
+      }
+      if (pending == 0) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (moved) {
+        last_progress = now;
+        continue;
+      }
+      if (now - last_progress < options_.spin) {
+        // Another runnable thread on this core (a peer rank on an oversubscribed machine) gets
+        // the core now rather than at the end of this spin; alone, a yield costs a syscall.
+        std::this_thread::yield();
+        continue;
+      }
+      const auto deadline = last_progress + options_.operation_timeout;
+      if (now >= deadline) {
+        auto failure = timeout(sends, receives);
+        clear_queues();
+        return record(std::move(failure));
+      }
+      if (auto failure = wait(deadline - now)) {
+        clear_queues();
+        return record(std::move(*failure));
+      }
+    }
+    clear_queues();
+    return std::nullopt;
+  }
+
+  // Chains each peer's sends and receives in list order.
+  std::optional<Failure> enqueue(std::span<const Send> sends, std::span<const Receive> receives) {
+    next_send_.assign(sends.size(), -1);
+    next_receive_.assign(receives.size(), -1);
+    for (std::size_t i = 0; i < sends.size(); ++i) {
+      const Send& send = sends[i];
+      if (auto failure = check_peer(send.peer)) return failure;
+      if (send.payload.size() > options_.max_frame_bytes) {
+        return Failure{prefix() + "the send to rank " + std::to_string(send.peer) + " " +
+                           describe(send.header, send.payload.size()) + " exceeds max_frame_bytes = " +
+                           std::to_string(options_.max_frame_bytes),
+                       std::nullopt};
+      }
+      Peer& peer = activate(send.peer);
+      const int index = static_cast<int>(i);
+      if (peer.send < 0) {
+        peer.send = index;
+        start_send(peer, send);
+      } else {
+        next_send_[static_cast<std::size_t>(peer.send_tail)] = index;
+      }
+      peer.send_tail = index;
+    }
+    for (std::size_t i = 0; i < receives.size(); ++i) {
+      const Receive& receive = receives[i];
+      if (auto failure = check_peer(receive.peer)) return failure;
+      if (receive.payload.size() > options_.max_frame_bytes) {
+        return Failure{prefix() + "the receive from rank " + std::to_string(receive.peer) + " " +
+                           describe(receive.expected, receive.payload.size()) +
+                           " exceeds max_frame_bytes = " + std::to_string(options_.max_frame_bytes),
+                       std::nullopt};
+      }
+      Peer& peer = activate(receive.peer);
+      const int index = static_cast<int>(i);
+      if (peer.receive < 0) {
+        peer.receive = index;
+        peer.stage = Stage::kHeader;
+      } else {
+        next_receive_[static_cast<std::size_t>(peer.receive_tail)] = index;
+      }
+      peer.receive_tail = index;
+    }
+    return std::nullopt;
+  }
+
+  std::optional<Failure> check_peer(int peer) const {
+    if (peer >= 0 && peer < size() && peer != rank()) return std::nullopt;
+    return Failure{prefix() + "no peer rank " + std::to_string(peer) + " in a job of " +
+                       std::to_string(size()) + " ranks",
+                   std::nullopt};
+  }
+
+  Peer& activate(int rank) {
+    Peer& peer = peers_[static_cast<std::size_t>(rank)];
+    if (peer.send < 0 && peer.receive < 0) active_.push_back(rank);
+    return peer;
+  }
+
+  void clear_queues() {
+    for (const int rank : active_) {
+      Peer& peer = peers_[static_cast<std::size_t>(rank)];
+      peer.send = peer.send_tail = peer.receive = peer.receive_tail = -1;
+    }
+    active_.clear();
+  }
+
+  // --- sending -------------------------------------------------------------------------------
+
+  void start_send(Peer& peer, const Send& send) const {
+    peer.out_header = encode_header(send.header, send.payload.size());
+    peer.sent = 0;
+    if (!options_.checksum) {
+      peer.out_trailer = {};
+      peer.hashed = send.payload.size();
+      return;
+    }
+    const std::uint64_t seed = checksum_seed(peer.out_header.data());
+    if (send.payload.size() <= kChecksumAhead) {
+      detail::store_le(peer.out_trailer.data(), checksum(seed, send.payload));
+      peer.hashed = send.payload.size();
+    } else {
+      peer.out_checksum.reset(seed);
+      peer.hashed = 0;
+    }
+  }
+
+  // Writes as much of this peer's queued frames as its socket takes.
+  std::optional<Failure> pump_sends(int rank, std::span<const Send> sends, bool& moved,
+                                    std::size_t& pending) {
+    Peer& peer = peers_[static_cast<std::size_t>(rank)];
+    while (peer.send >= 0) {
+      const Send& send = sends[static_cast<std::size_t>(peer.send)];
+      const std::size_t length = send.payload.size();
+      const std::size_t payload_sent =
+          std::min(length, peer.sent > kHeaderBytes ? peer.sent - kHeaderBytes : 0);
+      if (peer.hashed < length && peer.hashed - payload_sent < kChecksumAhead / 2) {
+        const std::size_t piece = std::min(length - peer.hashed, kChecksumAhead);
+        peer.out_checksum.update(send.payload.subspan(peer.hashed, piece));
+        peer.hashed += piece;
+        if (peer.hashed == length) {
+          detail::store_le(peer.out_trailer.data(), peer.out_checksum.digest());
+        }
+      }
+      // Header, payload and trailer from where they are, in one gathering write.
+      std::array<boost::asio::const_buffer, 3> pieces;
+      if (peer.sent < kHeaderBytes) {
+        pieces[0] = boost::asio::buffer(peer.out_header.data() + peer.sent,
+                                        kHeaderBytes - peer.sent);
+      }
+      pieces[1] = boost::asio::buffer(send.payload.data() + payload_sent,
+                                      peer.hashed - payload_sent);
+      if (peer.hashed == length) {
+        const std::size_t trailer_sent =
+            peer.sent > kHeaderBytes + length ? peer.sent - kHeaderBytes - length : 0;
+        pieces[2] = boost::asio::buffer(peer.out_trailer.data() + trailer_sent,
+                                        kTrailerBytes - trailer_sent);
+      }
+      detail::ErrorCode ec;
+      const std::size_t written = peer.socket.write_some(pieces, ec);
+      if (ec == boost::asio::error::would_block || ec == boost::asio::error::try_again) {
+        return std::nullopt;
+      }
+      if (ec) {
+        return connection_failure(rank, ec,
+                                  "sending " + describe(send.header, length) + ", " +
+                                      std::to_string(peer.sent) + " of " +
+                                      std::to_string(kHeaderBytes + length + kTrailerBytes) +
+                                      " frame bytes written",
+                                  send.header.sequence);
+      }
+      moved = true;
+      peer.sent += written;
+      if (peer.sent == kHeaderBytes + length + kTrailerBytes) {
+        --pending;
+        peer.send = next_send_[static_cast<std::size_t>(peer.send)];
+        if (peer.send >= 0) start_send(peer, sends[static_cast<std::size_t>(peer.send)]);
+      }
+    }
+    return std::nullopt;
+  }
+
+  // --- receiving -----------------------------------------------------------------------------
+
+  enum class Read { kDone, kWouldBlock, kFailed };
+
+  // One read: into `direct` (the caller's payload) first, whatever follows into the inbox.
+  Read read_some(Peer& peer, std::span<std::byte> direct, std::size_t& into_direct,
+                 detail::ErrorCode& ec) {
+    peer.inbox.compact();
+    const std::array<boost::asio::mutable_buffer, 2> pieces{
+        boost::asio::buffer(direct.data(), direct.size()),
+        boost::asio::buffer(peer.inbox.data.get() + peer.inbox.end,
+                            kInboxBytes - peer.inbox.end)};
+    const std::size_t read = peer.socket.read_some(pieces, ec);
+    if (ec == boost::asio::error::would_block || ec == boost::asio::error::try_again) {
+      return Read::kWouldBlock;
+    }
+    if (ec) return Read::kFailed;
+    into_direct = std::min(read, direct.size());
+    peer.inbox.end += read - into_direct;
+    return Read::kDone;
+  }
+
+  // Reads this peer's queued frames as far as the bytes that have arrived allow.
+  std::optional<Failure> pump_receives(int rank, std::span<const Receive> receives, bool& moved,
+                                       std::size_t& pending) {
+    Peer& peer = peers_[static_cast<std::size_t>(rank)];
+    while (peer.receive >= 0) {
+      const Receive& receive = receives[static_cast<std::size_t>(peer.receive)];
+      const std::size_t length = receive.payload.size();
+      std::optional<Failure> failure;
+      // One read, into `direct` first and the inbox after it.
+      const auto fetch = [&](std::span<std::byte> direct, std::size_t& into_direct) {
+        detail::ErrorCode ec;
+        const Read result = read_some(peer, direct, into_direct, ec);
+        if (result == Read::kDone) moved = true;
+        if (result == Read::kFailed) {
+          failure = connection_failure(rank, ec, receiving(peer, receive),
+                                       receive.expected.sequence);
+        }
+        return result;
+      };
+      switch (peer.stage) {
+        case Stage::kHeader: {
+          if (peer.inbox.size() < kHeaderBytes) {
+            std::size_t ignored = 0;
+            if (fetch({}, ignored) != Read::kDone) return failure;
+            continue;
+          }
+          if (auto failure = check_header(rank, receive, peer.inbox.front())) return failure;
+          peer.in_seed = options_.checksum ? checksum_seed(peer.inbox.front()) : 0;
+          peer.inbox.consume(kHeaderBytes);
+          peer.received = 0;
+          peer.in_streaming = false;
+          peer.in_digest = length == 0 && options_.checksum ? checksum(peer.in_seed, {}) : 0;
+          peer.stage = Stage::kPayload;
+          continue;
+        }
+        case Stage::kPayload: {
+          // Folds bytes that just arrived into the checksum: in one call when they are the
+          // whole payload, else in pieces.
+          const auto arrived = [&](std::size_t bytes) {
+            const auto piece = receive.payload.subspan(peer.received, bytes);
+            if (options_.checksum && peer.received == 0 && bytes == length) {
+              peer.in_digest = checksum(peer.in_seed, piece);
+            } else if (options_.checksum) {
+              if (!peer.in_streaming) peer.in_checksum.reset(peer.in_seed);
+              peer.in_streaming = true;
+              peer.in_checksum.update(piece);
+            }
+            peer.received += bytes;
+          };
+          if (peer.received < length && peer.inbox.size() > 0) {
+            const std::size_t bytes = std::min(peer.inbox.size(), length - peer.received);
+            std::memcpy(receive.payload.data() + peer.received, peer.inbox.front(), bytes);
+            peer.inbox.consume(bytes);
+            arrived(bytes);
+          }
+          if (peer.received == length) {
+            peer.stage = Stage::kTrailer;
+            continue;
+          }
+          // At most kChecksumAhead at a time, so that the checksum reads what the kernel just
+          // wrote while it is still in cache.
+          const std::size_t direct = std::min(length - peer.received, kChecksumAhead);
+          std::size_t into_payload = 0;
+          if (fetch(receive.payload.subspan(peer.received, direct), into_payload) != Read::kDone) {
+            return failure;
+          }
+          if (into_payload > 0) arrived(into_payload);
+          continue;
+        }
+        case Stage::kTrailer: {
+          if (peer.inbox.size() < kTrailerBytes) {
+            std::size_t ignored = 0;
+            if (fetch({}, ignored) != Read::kDone) return failure;
+            continue;
+          }
+          const auto sent = detail::load_le<std::uint64_t>(peer.inbox.front());
+          peer.inbox.consume(kTrailerBytes);
+          const std::uint64_t computed =
+              peer.in_streaming ? peer.in_checksum.digest() : peer.in_digest;
+          if (options_.checksum && sent != computed) {
+            return broken(rank, "the frame from rank " + std::to_string(rank) + " " +
+                                    describe(receive.expected, length) +
+                                    " fails its checksum: the payload was corrupted in transit");
+          }
+          --pending;
+          moved = true;
+          peer.stage = Stage::kHeader;
+          peer.receive = next_receive_[static_cast<std::size_t>(peer.receive)];
+          continue;
+        }
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Everything about an incoming header is checked here, before a byte of its payload is
+  // taken: the magic, the version, the length against max_frame_bytes, then header and length
+  // against the receive's.
+  std::optional<Failure> check_header(int rank, const Receive& receive, const std::byte* bytes) {
+    const FrameHeader frame = decode_header(bytes);
+    const std::string from = "rank " + std::to_string(rank);
+    const std::string during = " during sequence " + std::to_string(receive.expected.sequence);
+    if (frame.magic != kMagic) {
+      return broken(rank, from + " sent bytes that are not a cohort frame" + during +
+                              " (the stream is out of step)");
+    }
+    if (frame.version != kProtocolVersion) {
+      return broken(rank, from + " sent a frame of protocol version " +
+                              std::to_string(frame.version) + during + ", this is version " +
+                              std::to_string(kProtocolVersion));
+    }
+    if (frame.length > options_.max_frame_bytes) {
+      return broken(rank, from + " announced a frame of " + std::to_string(frame.length) +
+                              " bytes" + during + ", more than max_frame_bytes = " +
+                              std::to_string(options_.max_frame_bytes) +
+                              "; refused before reading it");
+    }
+    const std::size_t length = receive.payload.size();
+    if (frame.header != receive.expected || frame.length != length) {
+      auto failure = broken(rank, "header mismatch with " + from + ": expected " +
+                                      describe(receive.expected, length) + ", " + from + " sent " +
+                                      describe(frame.header, frame.length));
+      failure.mismatch = Mismatch{rank, receive.expected, length, frame.header,
+                                  static_cast<std::size_t>(frame.length)};
+      return failure;
+    }
+    return std::nullopt;
+  }
+
+  // --- waiting and failing -------------------------------------------------------------------
+
+  // Sleeps until a socket with work can make progress, or for at most `timeout`.
+  std::optional<Failure> wait(std::chrono::steady_clock::duration timeout) {
+    poll_fds_.clear();
+    for (const int rank : active_) {
+      Peer& peer = peers_[static_cast<std::size_t>(rank)];
+      short events = 0;
+      if (peer.send >= 0) events |= POLLOUT;
+      if (peer.receive >= 0) events |= POLLIN;
+      if (events != 0) poll_fds_.push_back({peer.socket.native_handle(), events, 0});
+    }
+    const auto milliseconds =
+        std::chrono::ceil<std::chrono::milliseconds>(timeout).count();
+    const int ready = ::poll(poll_fds_.data(), poll_fds_.size(),
+                             static_cast<int>(std::min<long long>(milliseconds, 1 << 30)));
+    if (ready < 0 && errno != EINTR) {
+      return Failure{prefix() + "poll() failed: " + std::strerror(errno), std::nullopt};
+    }
+    return std::nullopt;  // ready, interrupted or timed out: the caller looks again
+  }
+
+  Failure timeout(std::span<const Send> sends, std::span<const Receive> receives) {
+    std::string waiting;
+    std::uint64_t sequence = 0;
+    bool first = true;
+    for (const int rank : active_) {
+      Peer& peer = peers_[static_cast<std::size_t>(rank)];
+      const auto add = [&](const std::string& what, std::uint64_t at) {
+        if (first) sequence = at;
+        waiting += (first ? "" : "; ") + what;
+        first = false;
+      };
+      if (peer.receive >= 0) {
+        const Receive& receive = receives[static_cast<std::size_t>(peer.receive)];
+        add("receive from rank " + std::to_string(rank) + " " + receiving(peer, receive),
+            receive.expected.sequence);
+      }
+      if (peer.send >= 0) {
+        const Send& send = sends[static_cast<std::size_t>(peer.send)];
+        add("send to rank " + std::to_string(rank) + " " +
+                describe(send.header, send.payload.size()) + ", " + std::to_string(peer.sent) +
+                " frame bytes written",
+            send.header.sequence);
+      }
+      close(peer);  // the frames are half done: the stream is out of step
+    }
+    return Failure{prefix() + "no progress within " +
+                       std::to_string(options_.operation_timeout.count()) + " ms during sequence " +
+                       std::to_string(sequence) + ", waiting for: " + waiting,
+                   std::nullopt};
+  }
+
+  // A failure of the connection to `rank`, from Asio's error code.
+  Failure connection_failure(int rank, const detail::ErrorCode& ec, const std::string& doing,
+                             std::uint64_t sequence) {
+    const std::string peer = "rank " + std::to_string(rank);
+    const std::string during = " during sequence " + std::to_string(sequence);
+    if (ec == boost::asio::error::eof) {
+      return broken(rank, peer + " closed the connection" + during + " (" + doing + ")");
+    }
+    if (detail::is_closed(ec)) {
+      return broken(rank, peer + " closed the connection" + during + " (" + doing + ": " +
+                              ec.message() + ")");
+    }
+    return broken(rank, "the connection to " + peer + " failed" + during + " (" + doing +
+                            "): " + ec.message());
+  }
+
+  // A failure that leaves the stream with `rank` out of step: that connection is closed.
+  Failure broken(int rank, const std::string& what) {
+    close(peers_[static_cast<std::size_t>(rank)]);
+    return Failure{prefix() + what, std::nullopt};
+  }
+
+  Failure record(Failure failure) {
+    failure_ = failure.message;
+    return failure;
+  }
+
+  static void close(Peer& peer) noexcept {
+    detail::ErrorCode ignored;
+    peer.socket.close(ignored);
+  }
+
+  static std::string describe(const Header& header, std::uint64_t length) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string tag = "0x";
+    bool leading = true;
+    for (int shift = 60; shift >= 0; shift -= 4) {
+      const auto digit = static_cast<unsigned>((header.tag >> shift) & 0xf);
+      if (leading && digit == 0 && shift > 0) continue;
+      leading = false;
+      tag += kHex[digit];
+    }
+    return "(type " + std::to_string(header.type) + ", sequence " +
+           std::to_string(header.sequence) + ", tag " + tag + ", " + std::to_string(length) +
+           " bytes)";
+  }
+
+  static std::string receiving(const Peer& peer, const Receive& receive) {
+    const std::size_t arrived = peer.stage == Stage::kHeader ? 0 : peer.received;
+    return "receiving " + describe(receive.expected, receive.payload.size()) + ", " +
+           std::to_string(arrived) + " payload bytes arrived";
+  }
+
+  std::string prefix() const { return "rank " + std::to_string(rank()) + ": "; }
+
+  Options options_;
+  std::uint16_t rendezvous_port_ = 0;
+  std::unique_ptr<boost::asio::io_context> io_;
+  std::vector<Peer> peers_;  // by rank; this rank's own entry holds a closed socket
+  std::string failure_;  // what broke the transport; empty while it works
+  std::string last_failure_;
+  bool closed_ = false;
+  // Scratch of transfer(), kept to avoid allocating on every call.
+  std::vector<int> active_;        // ranks with queued sends or receives
+  std::vector<int> next_send_;     // per send: the next send to the same peer
+  std::vector<int> next_receive_;  // per receive: the next receive from the same peer
+  std::vector<pollfd> poll_fds_;
+};
+
+static_assert(Transport<Tcp>);
+
+}  // namespace cohort::transport::tcp

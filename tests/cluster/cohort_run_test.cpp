@@ -1,0 +1,314 @@
+// cohort-run, the local launcher, started for real with copies of cluster_probe (probe.cpp).
+// Every run is bounded: a launcher still running after kLimit is killed and the test fails.
+#include <doctest/doctest.h>
+
+#if defined(COHORT_RUN)
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kLimit = std::chrono::seconds(30);
+
+struct TemporaryDirectory {
+  fs::path path;
+  TemporaryDirectory() {
+    static int count = 0;
+    path = fs::temp_directory_path() /
+           ("cohort-run-test-" + std::to_string(::getpid()) + "-" + std::to_string(count++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TemporaryDirectory() { fs::remove_all(path); }
+};
+
+std::string text_of(const fs::path& file) {
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The NAME=value lines a probe wrote.
+std::map<std::string, std::string> probe_report(const fs::path& directory, int rank) {
+  std::map<std::string, std::string> report;
+  std::ifstream in(directory / ("rank-" + std::to_string(rank) + ".txt"));
+  for (std::string line; std::getline(in, line);) {
+    const auto equals = line.find('=');
+    if (equals != std::string::npos) report[line.substr(0, equals)] = line.substr(equals + 1);
+  }
+  return report;
+}
+
+// Gone for good: no such process, or (for a process whose parent has died) a zombie left to an
+// init that does not reap, which runs nothing.
+bool is_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  const std::string stat = text_of("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+}
+
+class Launcher {
+ public:
+  // Starts `cohort-run arguments... -- command...` with its output in files of `directory`;
+  // `environment` ("NAME=value") is added to the launcher's own.
+  Launcher(const fs::path& directory, std::vector<std::string> arguments,
+           std::vector<std::string> command, std::vector<std::string> environment = {})
+      : directory_(directory) {
+    std::vector<std::string> argv{COHORT_RUN};
+    argv.insert(argv.end(), arguments.begin(), arguments.end());
+    argv.push_back("--");
+    argv.insert(argv.end(), command.begin(), command.end());
+    std::vector<char*> pointers;
+    for (auto& argument : argv) pointers.push_back(argument.data());
+    pointers.push_back(nullptr);
+    const std::string output = (directory / "launcher.out").string();
+    const std::string error = (directory / "launcher.err").string();
+    start_ = Clock::now();
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      for (auto& variable : environment) ::putenv(variable.data());
+      const int out = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int err = ::open(error.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(out, STDOUT_FILENO);
+      ::dup2(err, STDERR_FILENO);
+      ::execv(pointers[0], pointers.data());
+      ::_exit(127);
+    }
+  }
+
+  ~Launcher() {
+    if (!status_) {  // a failed REQUIRE: leave nothing running
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+
+  // Waits for the launcher (at most kLimit) and returns its wait status.
+  int wait() {
+    while (!status_) {
+      int status = 0;
+      const pid_t done = ::waitpid(pid_, &status, WNOHANG);
+      REQUIRE(done >= 0);
+      if (done == pid_) {
+        status_ = status;
+        seconds_ = std::chrono::duration<double>(Clock::now() - start_).count();
+      } else if (Clock::now() - start_ > kLimit) {
+        FAIL("cohort-run still running after the test's limit");
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    return *status_;
+  }
+
+  // Waits until every one of `ranks` probes has written its report.
+  void wait_for_reports(int ranks) const {
+    for (int rank = 0; rank < ranks; ++rank) {
+      const fs::path report = directory_ / ("rank-" + std::to_string(rank) + ".txt");
+      while (!fs::exists(report)) {
+        REQUIRE(Clock::now() - start_ < kLimit);
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+  }
+
+  double seconds() const { return seconds_; }
+  std::string error_text() const { return text_of(directory_ / "launcher.err"); }
+
+ private:
+  fs::path directory_;
+  pid_t pid_ = -1;
+  Clock::time_point start_;
+  std::optional<int> status_;
+  double seconds_ = 0;
+};
+
+int exit_status(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+
+// The probe's command line: it reports into `directory` and behaves as `arguments` say.
+std::vector<std::string> probe(const fs::path& directory, std::vector<std::string> arguments = {}) {
+  arguments.insert(arguments.begin(), {COHORT_CLUSTER_PROBE, directory.string()});
+  return arguments;
+}
+
+}  // namespace
+
+TEST_CASE("cohort-run starts 3 ranks that see ranks 0 to 2, one port and one job id") {
+  TemporaryDirectory directory;
+  // Another launcher's variables around cohort-run must not reach the ranks.
+  Launcher launcher(directory.path, {"--np", "3", "--job-id", "job-42"}, probe(directory.path),
+                    {"RANK=7", "WORLD_SIZE=9", "OMPI_COMM_WORLD_RANK=1", "TF_CONFIG={oops",
+                     "COHORT_MASTER_ADDR=10.9.9.9"});
+  const int status = launcher.wait();
+  INFO(launcher.error_text());
+  REQUIRE(exit_status(status) == 0);
+
+  const auto first = probe_report(directory.path, 0);
+  const std::string port = first.at("COHORT_MASTER_PORT");
+  CHECK(std::stoi(port) > 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    CAPTURE(rank);
+    const auto report = probe_report(directory.path, rank);
+    CHECK(report.at("COHORT_RANK") == std::to_string(rank));
+    CHECK(report.at("COHORT_WORLD_SIZE") == "3");
+    CHECK(report.at("COHORT_LOCAL_RANK") == std::to_string(rank));
+    CHECK(report.at("COHORT_LOCAL_WORLD_SIZE") == "3");
+    CHECK(report.at("COHORT_MASTER_ADDR") == "127.0.0.1");
+    CHECK(report.at("COHORT_MASTER_PORT") == port);
+    CHECK(report.at("COHORT_JOB_ID") == "job-42");
+    CHECK(report.at("RANK") == "(unset)");
+    CHECK(report.at("WORLD_SIZE") == "(unset)");
+    CHECK(report.at("OMPI_COMM_WORLD_RANK") == "(unset)");
+    CHECK(report.at("TF_CONFIG") == "(unset)");
+    CHECK(report.at("describe") == "rank " + std::to_string(rank) + " of 3 (local " +
+                                       std::to_string(rank) + " of 3), role worker, master " +
+                                       "127.0.0.1:" + port +
+                                       ", job 'job-42', from COHORT_* variables");
+  }
+  CHECK(contains(launcher.error_text(), "cohort-run: starting 3 ranks"));
+}
+
+TEST_CASE("cohort-run uses --port when given and makes up a job id when not") {
+  TemporaryDirectory directory;
+  Launcher launcher(directory.path, {"--np", "2", "--port", "23456"}, probe(directory.path));
+  REQUIRE(exit_status(launcher.wait()) == 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto report = probe_report(directory.path, rank);
+    CHECK(report.at("COHORT_MASTER_PORT") == "23456");
+    CHECK(report.at("COHORT_JOB_ID").starts_with("cohort-run-"));
+    CHECK(report.at("COHORT_JOB_ID") == probe_report(directory.path, 0).at("COHORT_JOB_ID"));
+  }
+}
+
+TEST_CASE("a rank that exits 3 stops cohort-run, which names it and ends a sibling sleeping 60 s") {
+  TemporaryDirectory directory;
+  Launcher launcher(
+      directory.path, {"--np", "3"},
+      probe(directory.path, {"--fail-rank", "1", "--exit-code", "3", "--sleep-s", "60"}));
+  const int status = launcher.wait();
+  const std::string errors = launcher.error_text();
+  INFO(errors);
+  CHECK(exit_status(status) == 3);
+  CHECK(contains(errors, "cohort-run: rank 1 exited with status 3"));
+  CHECK(launcher.seconds() < 10);
+  for (const int sibling : {0, 2}) {
+    CAPTURE(sibling);
+    CHECK(is_gone(std::stoi(probe_report(directory.path, sibling).at("pid"))));
+  }
+}
+
+TEST_CASE("a rank killed by a signal is reported with the signal, and cohort-run exits 128 + it") {
+  TemporaryDirectory directory;
+  Launcher launcher(directory.path, {"--np", "2"},
+                    probe(directory.path, {"--kill-rank", "0", "--sleep-s", "60"}));
+  const int status = launcher.wait();
+  const std::string errors = launcher.error_text();
+  INFO(errors);
+  CHECK(exit_status(status) == 128 + SIGKILL);
+  CHECK(contains(errors, "cohort-run: rank 0 was killed by signal 9"));
+  CHECK(is_gone(std::stoi(probe_report(directory.path, 1).at("pid"))));
+}
+
+TEST_CASE("a rank that ignores SIGTERM gets SIGKILL after the grace period") {
+  TemporaryDirectory directory;
+  Launcher launcher(directory.path, {"--np", "2", "--grace-s", "0.3"},
+                    probe(directory.path, {"--fail-rank", "0", "--exit-code", "1", "--sleep-s",
+                                           "60", "--ignore-term"}));
+  const int status = launcher.wait();
+  const std::string errors = launcher.error_text();
+  INFO(errors);
+  CHECK(exit_status(status) == 1);
+  CHECK(contains(errors, "rank 1 did not stop within 0.3 s; sending SIGKILL"));
+  CHECK(launcher.seconds() < 10);
+  CHECK(is_gone(std::stoi(probe_report(directory.path, 1).at("pid"))));
+}
+
+TEST_CASE("SIGTERM to cohort-run reaches every rank, and it exits 128 + SIGTERM") {
+  TemporaryDirectory directory;
+  Launcher launcher(directory.path, {"--np", "3"}, probe(directory.path, {"--sleep-s", "60"}));
+  launcher.wait_for_reports(3);
+  REQUIRE(::kill(launcher.pid(), SIGTERM) == 0);
+  const int status = launcher.wait();
+  const std::string errors = launcher.error_text();
+  INFO(errors);
+  CHECK(exit_status(status) == 128 + SIGTERM);
+  CHECK(contains(errors, "got signal 15"));
+  CHECK(launcher.seconds() < 10);
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK(is_gone(std::stoi(probe_report(directory.path, rank).at("pid"))));
+  }
+}
+
+TEST_CASE("what a rank leaves running in its process group is killed when cohort-run ends") {
+  TemporaryDirectory directory;
+  Launcher launcher(directory.path, {"--np", "2"}, probe(directory.path, {"--grandchild"}));
+  const int status = launcher.wait();
+  INFO(launcher.error_text());
+  CHECK(exit_status(status) == 0);
+  CHECK(launcher.seconds() < 10);
+  for (int rank = 0; rank < 2; ++rank) {
+    const pid_t grandchild = std::stoi(probe_report(directory.path, rank).at("grandchild"));
+    REQUIRE(grandchild > 0);
+    // SIGKILL is delivered at once but the kernel may take a moment to finish the process.
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (!is_gone(grandchild) && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    CHECK(is_gone(grandchild));
+  }
+}
+
+TEST_CASE("--timeout-s stops the ranks and cohort-run exits 124") {
+  TemporaryDirectory directory;
+  Launcher launcher(directory.path, {"--np", "2", "--timeout-s", "0.5"},
+                    probe(directory.path, {"--sleep-s", "60"}));
+  const int status = launcher.wait();
+  const std::string errors = launcher.error_text();
+  INFO(errors);
+  CHECK(exit_status(status) == 124);
+  CHECK(contains(errors, "timed out after 0.5 s"));
+  CHECK(launcher.seconds() < 10);
+}
+
+TEST_CASE("a program that does not exist makes cohort-run exit 127 and say so") {
+  TemporaryDirectory directory;
+  Launcher launcher(directory.path, {"--np", "2"}, {(directory.path / "no-such-program").string()});
+  const int status = launcher.wait();
+  const std::string errors = launcher.error_text();
+  INFO(errors);
+  CHECK(exit_status(status) == 127);
+  CHECK(contains(errors, "cannot start rank 0"));
+  CHECK(contains(errors, "No such file or directory"));
+}
+
+#else
+
+TEST_CASE("cohort-run tests (skipped: built with COHORT_BUILD_TOOLS=OFF)" * doctest::skip()) {}
+
+#endif

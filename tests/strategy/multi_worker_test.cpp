@@ -1,0 +1,137 @@
+// MultiWorkerMirrored across real processes over TCP on 127.0.0.1, started by the local launcher,
+// by mpirun, and by hand for the fault tests.
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <doctest/doctest.h>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "processes.hpp"
+#include "training.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using cohort::testing::Process;
+using cohort::testing::read_file;
+using cohort::testing::TemporaryDirectory;
+using namespace std::chrono_literals;
+
+// The reference: Mirrored with 4 replicas in this process, same model, data, seed and options.
+std::string mirrored_parameters(std::uint64_t steps) {
+  cohort::Trainer trainer(cohort::testing::small_model(),
+                          cohort::strategy::Mirrored<>({.replicas = 4}),
+                          cohort::optimizer::Adam({.learning_rate = 3e-3}),
+                          {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+  trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
+  const auto parameters = cohort::testing::parameters_of(trainer.model());
+  return {reinterpret_cast<const char*>(parameters.data()), parameters.size() * sizeof(float)};
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t length = sizeof address;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// Runs one command to completion within a deadline; returns its exit and output.
+std::pair<cohort::testing::Exit, std::string> run(const std::vector<std::string>& command,
+                                                  const fs::path& log,
+                                                  std::map<std::string, std::string> env = {}) {
+  Process process(command, env, log);
+  const auto exit = process.wait(120s);
+  REQUIRE_MESSAGE(exit.has_value(), "still running after 120 s: " << command[0]);
+  return {*exit, read_file(log)};
+}
+
+}  // namespace
+
+TEST_CASE("2 workers x 2 replicas, 4 workers x 1 and Mirrored 4 give bit-identical parameters") {
+  TemporaryDirectory directory("cohort-multi-worker");
+  const std::string expected = mirrored_parameters(50);
+  REQUIRE(expected.size() == cohort::testing::parameters_of(cohort::testing::small_model()).size() *
+                                 sizeof(float));
+  for (auto [workers, local] : {std::pair{"2", "2"}, std::pair{"4", "1"}}) {
+    CAPTURE(workers);
+    const fs::path out = directory.path / ("parameters-" + std::string(workers) + ".bin");
+    const auto [exit, output] =
+        run({COHORT_RUN, "--np", workers, "--", COHORT_TRAINER, local, "50", out},
+            directory.path / "log.txt");
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+    CHECK(read_file(out) == expected);
+  }
+}
+
+TEST_CASE("the ring collective trains across processes too, with its own bits") {
+  TemporaryDirectory directory("cohort-multi-worker-ring");
+  const fs::path out = directory.path / "ring.bin";
+  const auto [exit, output] = run(
+      {COHORT_RUN, "--np", "4", "--", COHORT_TRAINER, "1", "20", out, "ring"}, directory.path / "log");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  CHECK(exit.code == 0);
+  CHECK(read_file(out).size() == mirrored_parameters(20).size());
+}
+
+TEST_CASE("the same binary runs under mpirun and gives the same bits") {
+  if (std::string(COHORT_MPIRUN).empty()) {
+    MESSAGE("skipped: mpirun (Open MPI) not found at configure time");
+    return;
+  }
+  TemporaryDirectory directory("cohort-multi-worker-mpi");
+  const fs::path out = directory.path / "mpi.bin";
+  const auto [exit, output] =
+      run({COHORT_MPIRUN, "--oversubscribe", "--mca", "btl", "self,tcp", "-np", "2",
+           COHORT_TRAINER, "2", "50", out},
+          directory.path / "log",
+          {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+           {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+           {"COHORT_MASTER_PORT", std::to_string(free_port())}});
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  CHECK(output.find("from Open MPI variables") != std::string::npos);
+  CHECK(read_file(out) == mirrored_parameters(50));
+}
+
+TEST_CASE("a worker killed mid-training makes every other worker exit non-zero naming it") {
+  TemporaryDirectory directory("cohort-multi-worker-kill");
+  const std::string port = std::to_string(free_port());
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int rank = 0; rank < 4; ++rank) {
+    workers.push_back(std::make_unique<Process>(
+        std::vector<std::string>{COHORT_TRAINER, "1", "1000000", directory.path / "never.bin"},
+        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
+                                           {"COHORT_WORLD_SIZE", "4"},
+                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                           {"COHORT_MASTER_PORT", port},
+                                           {"COHORT_JOB_ID", "kill-test"}},
+        directory.path / ("rank" + std::to_string(rank) + ".log")));
+  }
+  std::this_thread::sleep_for(1500ms);  // rendezvous done, training under way
+  for (const auto& worker : workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
+  workers[1]->kill(SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  for (int rank : {0, 2, 3}) {
+    CAPTURE(rank);
+    const auto exit = workers[static_cast<std::size_t>(rank)]->wait(30s);
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code != 0);
+    const std::string log = read_file(directory.path / ("rank" + std::to_string(rank) + ".log"));
+    CAPTURE(log);
+    CHECK(log.find("rank 1") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 15s);
+}

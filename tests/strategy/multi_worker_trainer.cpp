@@ -1,0 +1,52 @@
+// One worker of the multi-worker tests: trains the small test model with MultiWorkerMirrored and,
+// on the chief, writes the final parameters.
+//   multi_worker_trainer LOCAL_REPLICAS STEPS OUT [ring]
+#include <chrono>
+#include <cohort/strategy/multi_worker_mirrored.hpp>
+#include <cohort/collective/ring.hpp>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "training.hpp"
+
+namespace {
+
+template <template <class> class Cross>
+int train(std::size_t local_replicas, std::uint64_t steps, const std::string& out) {
+  cohort::strategy::MultiWorkerMirrored<Cross> strategy(
+      {.local_replicas = local_replicas,
+       .connect_timeout = std::chrono::seconds(30),
+       .timeout = std::chrono::seconds(10)});
+  const bool chief = strategy.is_chief();
+  cohort::Trainer trainer(cohort::testing::small_model(), std::move(strategy),
+                          cohort::optimizer::Adam({.learning_rate = 3e-3}),
+                          {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+  trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
+  if (chief) {
+    const auto parameters = cohort::testing::parameters_of(trainer.model());
+    std::ofstream(out, std::ios::binary)
+        .write(reinterpret_cast<const char*>(parameters.data()),
+               static_cast<std::streamsize>(parameters.size() * sizeof(float)));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: multi_worker_trainer LOCAL_REPLICAS STEPS OUT [ring]\n");
+    return 64;
+  }
+  try {
+    const std::size_t local_replicas = std::stoul(argv[1]);
+    const std::uint64_t steps = std::stoull(argv[2]);
+    return argc == 5 && std::string(argv[4]) == "ring"
+               ? train<cohort::collective::Ring>(local_replicas, steps, argv[3])
+               : train<cohort::collective::Deterministic>(local_replicas, steps, argv[3]);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    return 1;
+  }
+}

@@ -1,0 +1,104 @@
+// Real processes for tests: spawn with extra environment variables and output captured in files,
+// wait with a deadline, and never leave one running (the destructor kills what is left).
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace cohort::testing {
+
+struct Exit {
+  bool exited = false;  // false: killed by a signal
+  int code = 0;         // exit status, or the signal
+};
+
+class Process {
+ public:
+  Process(const std::vector<std::string>& arguments, const std::map<std::string, std::string>& env,
+          const std::filesystem::path& output) {
+    std::vector<std::string> environment;
+    for (char** entry = environ; *entry != nullptr; ++entry) {
+      const std::string variable = *entry;
+      if (!env.contains(variable.substr(0, variable.find('=')))) environment.push_back(variable);
+    }
+    for (const auto& [name, value] : env) environment.push_back(name + "=" + value);
+    std::vector<char*> argv, envp;
+    std::vector<std::string> args = arguments;
+    for (auto& argument : args) argv.push_back(argument.data());
+    argv.push_back(nullptr);
+    for (auto& variable : environment) envp.push_back(variable.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    const int failed = ::posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    if (failed != 0) throw std::runtime_error("cannot start " + arguments[0] + ": " + std::strerror(failed));
+  }
+
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  ~Process() {
+    if (!exit_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+  void kill(int signal) { ::kill(pid_, signal); }
+
+  // The exit, or nothing if the process is still running at the deadline.
+  std::optional<Exit> wait(std::chrono::milliseconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!exit_) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exit_ = WIFEXITED(status) ? Exit{true, WEXITSTATUS(status)} : Exit{false, WTERMSIG(status)};
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return exit_;
+  }
+
+ private:
+  pid_t pid_ = 0;
+  std::optional<Exit> exit_;
+};
+
+inline std::string read_file(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+struct TemporaryDirectory {
+  std::filesystem::path path;
+  explicit TemporaryDirectory(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(path);
+  }
+  ~TemporaryDirectory() { std::filesystem::remove_all(path); }
+};
+
+}  // namespace cohort::testing

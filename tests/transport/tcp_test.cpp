@@ -1,0 +1,900 @@
+// transport::tcp::Tcp over real sockets on 127.0.0.1: ranks as threads of this process for the
+// logic, a raw socket speaking the wire format by hand for malformed and hostile peers, and real
+// processes (transport_tcp_rank) for a rank that dies. Every test is bounded by the transport's
+// own timeouts, of a few seconds at most.
+#include <arpa/inet.h>
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cohort/transport/tcp/tcp.hpp>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace tcp = cohort::transport::tcp;
+namespace setup_type = cohort::transport::tcp::setup_type;
+using cohort::transport::Header;
+using cohort::transport::HeaderMismatch;
+using cohort::transport::Receive;
+using cohort::transport::Send;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr std::uint16_t kCollective = cohort::transport::message_type::kCollective;
+
+// Options every test starts from: short timeouts, so that a broken test fails instead of hanging.
+tcp::Options options_for(int rank, int size) {
+  return {.rank = rank,
+          .size = size,
+          .job_id = "tcp-test",
+          .rendezvous_port = 0,  // rank 0 takes any free port; run_ranks tells the others
+          .connect_timeout = std::chrono::seconds(10),
+          .operation_timeout = std::chrono::seconds(10)};
+}
+
+std::string message_of(const std::exception_ptr& error) {
+  if (!error) return "";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& exception) {
+    return exception.what();
+  }
+  return "unknown exception";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Runs body(transport) on `size` ranks, each a thread constructing its own Tcp with
+// configure(options) applied; rank 0 binds any free port and hands it to the others. Returns
+// what each rank threw (null when nothing).
+std::vector<std::exception_ptr> run_ranks(
+    int size, const std::function<void(tcp::Tcp&)>& body,
+    const std::function<void(tcp::Options&)>& configure = [](tcp::Options&) {},
+    std::vector<int> ranks = {}) {
+  if (ranks.empty()) {
+    for (int rank = 0; rank < size; ++rank) ranks.push_back(rank);
+  }
+  std::promise<std::uint16_t> port_promise;
+  std::shared_future<std::uint16_t> port = port_promise.get_future().share();
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
+  std::vector<std::thread> threads;
+  for (const int rank : ranks) {
+    threads.emplace_back([&, rank] {
+      try {
+        tcp::Options options = options_for(rank, size);
+        configure(options);
+        if (rank == 0) {
+          std::optional<tcp::Listener> listener;
+          try {
+            listener.emplace(options);
+          } catch (...) {
+            port_promise.set_exception(std::current_exception());
+            throw;
+          }
+          port_promise.set_value(listener->rendezvous_port());
+          tcp::Tcp transport(std::move(*listener));
+          body(transport);
+        } else {
+          options.rendezvous_port = port.get();
+          tcp::Tcp transport(options);
+          body(transport);
+        }
+      } catch (...) {
+        errors[static_cast<std::size_t>(rank)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return errors;
+}
+
+void require_no_errors(const std::vector<std::exception_ptr>& errors) {
+  for (std::size_t rank = 0; rank < errors.size(); ++rank) {
+    CAPTURE(rank);
+    REQUIRE(message_of(errors[rank]) == "");
+  }
+}
+
+std::byte pattern(int sender, std::uint64_t round, std::size_t length, std::size_t index) {
+  return static_cast<std::byte>((sender * 131 + static_cast<int>(round) * 17 +
+                                 static_cast<int>(length) + static_cast<int>(index) * 7) &
+                                0xff);
+}
+
+std::vector<std::byte> filled(int sender, std::uint64_t round, std::size_t length) {
+  std::vector<std::byte> bytes(length);
+  for (std::size_t i = 0; i < length; ++i) bytes[i] = pattern(sender, round, length, i);
+  return bytes;
+}
+
+bool holds(const std::vector<std::byte>& bytes, int sender, std::uint64_t round) {
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    if (bytes[i] != pattern(sender, round, bytes.size(), i)) return false;
+  }
+  return true;
+}
+
+const std::vector<std::size_t> kLengths = {0, 1, 7, 4099, std::size_t{1} << 22};
+
+// --- a peer speaking the wire format by hand, over a plain POSIX socket ----------------------
+
+class RawSocket {
+ public:
+  explicit RawSocket(int fd = -1) : fd_(fd) {}
+  RawSocket(RawSocket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  RawSocket& operator=(RawSocket&&) = delete;
+  ~RawSocket() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int fd() const { return fd_; }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+};
+
+sockaddr_in loopback(std::uint16_t port) {
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return address;
+}
+
+// A connected socket whose reads give up after 5 s, so that a test never hangs on one.
+RawSocket connect_raw(std::uint16_t port) {
+  RawSocket socket(::socket(AF_INET, SOCK_STREAM, 0));
+  REQUIRE(socket.fd() >= 0);
+  const timeval timeout{5, 0};
+  ::setsockopt(socket.fd(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  const sockaddr_in address = loopback(port);
+  REQUIRE(::connect(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) ==
+          0);
+  return socket;
+}
+
+// A listening socket on 127.0.0.1 at a free port.
+RawSocket listen_raw(std::uint16_t& port) {
+  RawSocket socket(::socket(AF_INET, SOCK_STREAM, 0));
+  REQUIRE(socket.fd() >= 0);
+  sockaddr_in address = loopback(0);
+  REQUIRE(::bind(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
+  REQUIRE(::listen(socket.fd(), 8) == 0);
+  socklen_t length = sizeof address;
+  REQUIRE(::getsockname(socket.fd(), reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  port = ntohs(address.sin_port);
+  return socket;
+}
+
+void write_all(const RawSocket& socket, std::span<const std::byte> bytes) {
+  while (!bytes.empty()) {
+    const ssize_t written = ::send(socket.fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    REQUIRE(written > 0);
+    bytes = bytes.subspan(static_cast<std::size_t>(written));
+  }
+}
+
+// False when the peer closed (or 5 s passed) first.
+bool read_all(const RawSocket& socket, std::span<std::byte> bytes) {
+  while (!bytes.empty()) {
+    const ssize_t got = ::recv(socket.fd(), bytes.data(), bytes.size(), 0);
+    if (got <= 0) return false;
+    bytes = bytes.subspan(static_cast<std::size_t>(got));
+  }
+  return true;
+}
+
+struct RawFrame {
+  tcp::FrameHeader header;
+  std::vector<std::byte> bytes;  // the whole frame
+  std::span<const std::byte> payload() const {
+    return std::span(bytes).subspan(tcp::kHeaderBytes, header.length);
+  }
+};
+
+RawFrame read_frame(const RawSocket& socket) {
+  RawFrame frame;
+  frame.bytes.resize(tcp::kHeaderBytes);
+  REQUIRE(read_all(socket, frame.bytes));
+  frame.header = tcp::decode_header(frame.bytes.data());
+  REQUIRE(frame.header.magic == tcp::kMagic);
+  REQUIRE(frame.header.length < (1u << 20));
+  frame.bytes.resize(tcp::kHeaderBytes + frame.header.length + tcp::kTrailerBytes);
+  REQUIRE(read_all(socket, std::span(frame.bytes).subspan(tcp::kHeaderBytes)));
+  return frame;
+}
+
+tcp::Hello hello_of(int rank, int size) {
+  return {.rank = rank,
+          .size = size,
+          .authenticates = false,
+          .listen_port = 1,
+          .listen_address = "127.0.0.1",
+          .job_id = "tcp-test",
+          .nonce = tcp::random_nonce()};
+}
+
+// Joins a 2-rank job as rank 1 by hand: hello, confirm, table, ready, go. Afterwards the test
+// owns the connection to rank 0 and can write anything on it.
+RawSocket join_as_rank_1(std::uint16_t port) {
+  RawSocket socket = connect_raw(port);
+  write_all(socket, tcp::make_frame({setup_type::kHello}, tcp::encode_hello(hello_of(1, 2))));
+  REQUIRE(read_frame(socket).header.header.type == setup_type::kHello);
+  REQUIRE(read_frame(socket).header.header.type == setup_type::kConfirm);
+  write_all(socket, tcp::make_frame({setup_type::kConfirm}, {}));
+  REQUIRE(read_frame(socket).header.header.type == setup_type::kTable);
+  write_all(socket, tcp::make_frame({setup_type::kReady}, {}));
+  REQUIRE(read_frame(socket).header.header.type == setup_type::kGo);
+  return socket;
+}
+
+// Rank 0 as a thread: binds, reports its port, runs body on its Tcp; returns what it threw.
+struct RankZero {
+  explicit RankZero(int size, std::function<void(tcp::Tcp&)> body,
+                    std::function<void(tcp::Options&)> configure = [](tcp::Options&) {}) {
+    std::promise<std::uint16_t> port_promise;
+    auto port_future = port_promise.get_future();
+    thread = std::thread([&, size, body, configure] {
+      bool announced = false;
+      try {
+        tcp::Options options = options_for(0, size);
+        configure(options);
+        tcp::Listener listener(options);
+        port_promise.set_value(listener.rendezvous_port());
+        announced = true;
+        tcp::Tcp transport(std::move(listener));
+        body(transport);
+      } catch (...) {
+        error = std::current_exception();
+        if (!announced) port_promise.set_exception(error);
+      }
+    });
+    port = port_future.get();
+  }
+  std::string finish() {
+    thread.join();
+    return message_of(error);
+  }
+
+  std::uint16_t port = 0;
+  std::exception_ptr error;
+  std::thread thread;
+};
+
+}  // namespace
+
+// --- the wire format and the handshake, without sockets ---------------------------------------
+
+TEST_CASE("a frame header round-trips and its checksum covers header and payload") {
+  const Header header{7, 123456789012345ull, 0xdeadbeefcafef00dull};
+  const auto bytes = tcp::encode_header(header, 4099);
+  const tcp::FrameHeader decoded = tcp::decode_header(bytes.data());
+  CHECK(decoded.magic == tcp::kMagic);
+  CHECK(decoded.version == tcp::kProtocolVersion);
+  CHECK(decoded.header == header);
+  CHECK(decoded.length == 4099);
+  // "CHRT" on the wire, whatever the host's byte order.
+  CHECK(std::memcmp(bytes.data(), "CHRT", 4) == 0);
+
+  const auto payload = filled(1, 2, 100000);
+  const std::uint64_t whole = tcp::checksum(tcp::checksum_seed(bytes.data()), payload);
+  tcp::StreamingChecksum pieces;
+  pieces.reset(tcp::checksum_seed(bytes.data()));
+  for (std::size_t at = 0; at < payload.size(); at += 4097) {
+    pieces.update(std::span(payload).subspan(at, std::min<std::size_t>(4097, payload.size() - at)));
+  }
+  CHECK(pieces.digest() == whole);
+  const auto other = tcp::encode_header({7, 123456789012346ull, header.tag}, 4099);
+  CHECK(tcp::checksum(tcp::checksum_seed(other.data()), payload) != whole);
+}
+
+TEST_CASE("the checksum is XXH3-64 on every processor, whole or in pieces") {
+  // checksum() takes the AVX2 kernel where the processor has it; the portable XXH3 is the
+  // reference every rank must agree with.
+  const auto payload = filled(3, 1, 1000003);
+  for (const std::size_t length : {0, 1, 240, 241, 1000, 4099, 65536, 1000003}) {
+    for (const std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{12345}}) {
+      CAPTURE(length);
+      const auto part = std::span(payload).first(length);
+      const std::uint64_t reference = XXH3_64bits_withSeed(part.data(), part.size(), seed);
+      CHECK(tcp::checksum(seed, part) == reference);
+      tcp::StreamingChecksum pieces;
+      pieces.reset(seed);
+      for (std::size_t at = 0; at < length; at += 777) {
+        pieces.update(part.subspan(at, std::min<std::size_t>(777, length - at)));
+      }
+      CHECK(pieces.digest() == reference);
+    }
+  }
+}
+
+TEST_CASE("hello and table payloads round-trip and malformed ones are refused") {
+  const tcp::Hello hello = hello_of(3, 5);
+  const auto bytes = tcp::encode_hello(hello);
+  const auto decoded = tcp::decode_hello(bytes);
+  REQUIRE(decoded);
+  CHECK(decoded->rank == 3);
+  CHECK(decoded->size == 5);
+  CHECK(decoded->job_id == "tcp-test");
+  CHECK(decoded->nonce == hello.nonce);
+  CHECK(tcp::rank_of_hello(bytes) == 3);
+  CHECK_FALSE(tcp::decode_hello(std::span(bytes).first(bytes.size() - 1)));
+
+  const std::vector<tcp::Address> table = {{"127.0.0.1", 1}, {"::1", 65535}};
+  const auto decoded_table = tcp::decode_table(tcp::encode_table(table), 2);
+  REQUIRE(decoded_table);
+  CHECK(*decoded_table == table);
+  CHECK_FALSE(tcp::decode_table(tcp::encode_table(table), 3));
+}
+
+TEST_CASE("hello checks name both values of the first difference") {
+  tcp::Hello peer = hello_of(2, 4);
+  const tcp::Expectation mine{.rank = 0,
+                              .size = 4,
+                              .job_id = "tcp-test",
+                              .authenticates = false,
+                              .checksums = true,
+                              .lowest_peer = 1,
+                              .highest_peer = 3};
+  CHECK(tcp::check_hello(peer, mine) == "");
+  peer.job_id = "other";
+  CHECK(contains(tcp::check_hello(peer, mine), "job id 'other' differs from 'tcp-test'"));
+  peer = hello_of(2, 5);
+  CHECK(contains(tcp::check_hello(peer, mine), "rank 2 was told the job has 5 ranks"));
+  peer = hello_of(2, 4);
+  peer.authenticates = true;
+  CHECK(contains(tcp::check_hello(peer, mine), "rank 2 requires authentication"));
+}
+
+TEST_CASE("handshake proofs depend on the secret, the role and both hellos") {
+  const auto c = tcp::make_frame({setup_type::kHello}, tcp::encode_hello(hello_of(1, 2)));
+  const auto a = tcp::make_frame({setup_type::kHello}, tcp::encode_hello(hello_of(0, 2)));
+  const auto proof = tcp::proof("secret", tcp::Role::kConnector, c, a);
+  CHECK(tcp::proofs_equal(proof, tcp::proof("secret", tcp::Role::kConnector, c, a)));
+  CHECK_FALSE(tcp::proofs_equal(proof, tcp::proof("secreT", tcp::Role::kConnector, c, a)));
+  CHECK_FALSE(tcp::proofs_equal(proof, tcp::proof("secret", tcp::Role::kAcceptor, c, a)));
+  CHECK_FALSE(tcp::proofs_equal(proof, tcp::proof("secret", tcp::Role::kConnector, a, c)));
+}
+
+TEST_CASE("bad options are refused naming the field") {
+  const auto refusal = [](auto change) {
+    tcp::Options options = options_for(1, 2);
+    options.rendezvous_port = 1234;
+    change(options);
+    try {
+      tcp::Listener listener(options);
+    } catch (const cohort::ConfigError& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(contains(refusal([](auto& o) { o.size = 0; }), "size = 0"));
+  CHECK(contains(refusal([](auto& o) { o.rank = 2; }), "rank = 2"));
+  CHECK(contains(refusal([](auto& o) { o.rendezvous_port = 0; }), "rendezvous_port = 0"));
+  CHECK(contains(refusal([](auto& o) { o.job_id = ""; }), "job_id = ''"));
+  CHECK(contains(refusal([](auto& o) { o.bind_address = "localhost"; }),
+                 "bind_address = 'localhost'"));
+  CHECK(contains(refusal([](auto& o) { o.connect_timeout = milliseconds(0); }),
+                 "connect_timeout = 0 ms"));
+  CHECK(contains(refusal([](auto& o) { o.operation_timeout = milliseconds(-1); }),
+                 "operation_timeout = -1 ms"));
+  CHECK(contains(refusal([](auto& o) { o.max_frame_bytes = 0; }), "max_frame_bytes = 0"));
+  CHECK(contains(refusal([](auto& o) { o.spin = std::chrono::microseconds(-1); }),
+                 "spin = -1 us"));
+}
+
+// --- ranks as threads -------------------------------------------------------------------------
+
+TEST_CASE("a single rank needs no network and refuses itself as a peer") {
+  tcp::Tcp transport(options_for(0, 1));
+  CHECK(transport.size() == 1);
+  transport.transfer({}, {});
+  std::vector<std::byte> buffer(4);
+  const Send send{0, {kCollective, 0, 0}, buffer};
+  CHECK_THROWS_WITH_AS(transport.transfer({&send, 1}, {}),
+                       doctest::Contains("rank 0: no peer rank 0 in a job of 1 ranks"),
+                       cohort::CommError);
+}
+
+TEST_CASE("a ring of 2, 3 and 4 ranks passes messages of every length with their contents") {
+  for (const int size : {2, 3, 4}) {
+    CAPTURE(size);
+    require_no_errors(run_ranks(size, [](tcp::Tcp& transport) {
+      const int right = (transport.rank() + 1) % transport.size();
+      const int left = (transport.rank() + transport.size() - 1) % transport.size();
+      std::uint64_t sequence = 0;
+      // One message per transfer, every length, several rounds.
+      for (std::uint64_t round = 0; round < 3; ++round) {
+        for (const std::size_t length : kLengths) {
+          const auto out = filled(transport.rank(), round, length);
+          std::vector<std::byte> in(length);
+          const Header header{kCollective, sequence++, length};
+          const Send send{right, header, out};
+          const Receive receive{left, header, in};
+          transport.transfer({&send, 1}, {&receive, 1});
+          REQUIRE(holds(in, left, round));
+        }
+      }
+      // Every length in one transfer: frames to one peer queue up and complete in list order.
+      std::vector<std::vector<std::byte>> outs, ins;
+      std::vector<Send> sends;
+      std::vector<Receive> receives;
+      for (const std::size_t length : kLengths) {
+        outs.push_back(filled(transport.rank(), 9, length));
+        ins.emplace_back(length);
+      }
+      for (std::size_t i = 0; i < kLengths.size(); ++i) {
+        const Header header{kCollective, sequence++, i};
+        sends.push_back({right, header, outs[i]});
+        receives.push_back({left, header, ins[i]});
+      }
+      transport.transfer(sends, receives);
+      for (const auto& in : ins) REQUIRE(holds(in, left, 9));
+    }));
+  }
+}
+
+TEST_CASE("every pair exchanges at once in one transfer, all to all") {
+  for (const int size : {2, 3, 5}) {
+    CAPTURE(size);
+    require_no_errors(run_ranks(size, [](tcp::Tcp& transport) {
+      for (const std::size_t length : {std::size_t{4099}, std::size_t{1} << 22}) {
+        const auto out = filled(transport.rank(), length, length);
+        std::vector<std::vector<std::byte>> ins(static_cast<std::size_t>(transport.size()));
+        std::vector<Send> sends;
+        std::vector<Receive> receives;
+        const Header header{kCollective, length, 42};
+        for (int peer = 0; peer < transport.size(); ++peer) {
+          if (peer == transport.rank()) continue;
+          ins[static_cast<std::size_t>(peer)].resize(length);
+          sends.push_back({peer, header, out});
+          receives.push_back({peer, header, ins[static_cast<std::size_t>(peer)]});
+        }
+        transport.transfer(sends, receives);
+        for (int peer = 0; peer < transport.size(); ++peer) {
+          if (peer != transport.rank()) {
+            REQUIRE(holds(ins[static_cast<std::size_t>(peer)], peer, length));
+          }
+        }
+      }
+    }));
+  }
+}
+
+TEST_CASE("a header mismatch names both ranks and both headers and holds them") {
+  const auto errors = run_ranks(2, [](tcp::Tcp& transport) {
+    std::vector<std::byte> buffer(64);
+    if (transport.rank() == 1) {
+      const Send send{0, {kCollective, 5, 0x2a}, buffer};
+      transport.transfer({&send, 1}, {});
+      return;
+    }
+    const Receive receive{1, {kCollective, 6, 0x2a}, buffer};
+    try {
+      transport.transfer({}, {&receive, 1});
+    } catch (const HeaderMismatch& mismatch) {
+      CHECK(mismatch.receiver == 0);
+      CHECK(mismatch.sender == 1);
+      CHECK(mismatch.expected == Header{kCollective, 6, 0x2a});
+      CHECK(mismatch.received == Header{kCollective, 5, 0x2a});
+      CHECK(mismatch.expected_length == 64);
+      CHECK(mismatch.received_length == 64);
+      throw;
+    }
+  });
+  const std::string error = message_of(errors[0]);
+  CHECK(contains(error, "rank 0: header mismatch with rank 1: expected (type 1, sequence 6, "
+                        "tag 0x2a, 64 bytes), rank 1 sent (type 1, sequence 5, tag 0x2a, 64 bytes)"));
+  CHECK(message_of(errors[1]) == "");
+}
+
+TEST_CASE("a length mismatch is a header mismatch too") {
+  const auto errors = run_ranks(2, [](tcp::Tcp& transport) {
+    std::vector<std::byte> buffer(transport.rank() == 1 ? 100 : 64);
+    const Header header{kCollective, 1, 0};
+    if (transport.rank() == 1) {
+      const Send send{0, header, buffer};
+      transport.transfer({&send, 1}, {});
+    } else {
+      const Receive receive{1, header, buffer};
+      transport.transfer({}, {&receive, 1});
+    }
+  });
+  CHECK_THROWS_AS(std::rethrow_exception(errors[0]), HeaderMismatch);
+  CHECK(contains(message_of(errors[0]), "64 bytes), rank 1 sent (type 1, sequence 1, tag 0x0, 100"));
+}
+
+TEST_CASE("a peer that sends nothing fails the transfer after operation_timeout, named") {
+  std::promise<void> failed;
+  auto failed_future = failed.get_future().share();
+  const auto start = Clock::now();
+  const auto errors = run_ranks(
+      2,
+      [&](tcp::Tcp& transport) {
+        if (transport.rank() == 1) {
+          failed_future.wait();  // keeps the connection open, silent
+          return;
+        }
+        std::vector<std::byte> buffer(16);
+        const Receive receive{1, {kCollective, 17, 0}, buffer};
+        try {
+          transport.transfer({}, {&receive, 1});
+        } catch (...) {
+          failed.set_value();
+          throw;
+        }
+        failed.set_value();
+      },
+      [](tcp::Options& options) { options.operation_timeout = milliseconds(300); });
+  CHECK(Clock::now() - start < std::chrono::seconds(5));
+  const std::string error = message_of(errors[0]);
+  CHECK(contains(error, "rank 0: no progress within 300 ms during sequence 17"));
+  CHECK(contains(error, "receive from rank 1"));
+}
+
+TEST_CASE("a peer that closes is named with the sequence, and the failure is final") {
+  const auto errors = run_ranks(2, [](tcp::Tcp& transport) {
+    if (transport.rank() == 1) return;  // destroying the transport closes the connection
+    std::vector<std::byte> buffer(16);
+    const Receive receive{1, {kCollective, 17, 0}, buffer};
+    std::string first;
+    try {
+      transport.transfer({}, {&receive, 1});
+    } catch (const cohort::CommError& error) {
+      first = error.what();
+    }
+    CHECK(contains(first, "rank 0: rank 1 closed the connection during sequence 17"));
+    std::error_code code;
+    transport.transfer({}, {&receive, 1}, code);
+    CHECK(code == cohort::Errc::kComm);
+    CHECK(contains(transport.last_failure(), "failed earlier"));
+    CHECK(contains(transport.last_failure(), "rank 1 closed the connection during sequence 17"));
+  });
+  require_no_errors(errors);
+}
+
+TEST_CASE("a send longer than max_frame_bytes is refused and the transport stays usable") {
+  require_no_errors(run_ranks(
+      2,
+      [](tcp::Tcp& transport) {
+        const int peer = 1 - transport.rank();
+        std::vector<std::byte> big(2048), small(8);
+        const Send too_long{peer, {kCollective, 0, 0}, big};
+        CHECK_THROWS_WITH_AS(transport.transfer({&too_long, 1}, {}),
+                             doctest::Contains("exceeds max_frame_bytes = 1024"),
+                             cohort::CommError);
+        const Send send{peer, {kCollective, 1, 0}, small};
+        const Receive receive{peer, {kCollective, 1, 0}, small};
+        transport.transfer({&send, 1}, {&receive, 1});
+      },
+      [](tcp::Options& options) { options.max_frame_bytes = 1024; }));
+}
+
+TEST_CASE("a wrong secret is refused on both sides; the right one is accepted") {
+  const auto wrong = run_ranks(
+      2, [](tcp::Tcp&) {},
+      [](tcp::Options& options) { options.secret = std::string(options.rank == 0 ? "alpha" : "beta"); });
+  CHECK(contains(message_of(wrong[0]), "rank 0: authentication failed with rank 1"));
+  CHECK(contains(message_of(wrong[1]), "rank 1: authentication failed with rank 0"));
+
+  const auto one_sided = run_ranks(
+      2, [](tcp::Tcp&) {},
+      [](tcp::Options& options) { options.secret = std::string(options.rank == 0 ? "alpha" : ""); });
+  CHECK(contains(message_of(one_sided[0]),
+                 "rank 0: rank 1 has no secret, rank 0 requires authentication"));
+  CHECK(contains(message_of(one_sided[1]), "rank 1 has no secret"));
+
+  require_no_errors(run_ranks(
+      3,
+      [](tcp::Tcp& transport) {
+        const int right = (transport.rank() + 1) % 3, left = (transport.rank() + 2) % 3;
+        auto out = filled(transport.rank(), 0, 100);
+        std::vector<std::byte> in(100);
+        const Send send{right, {kCollective, 0, 0}, out};
+        const Receive receive{left, {kCollective, 0, 0}, in};
+        transport.transfer({&send, 1}, {&receive, 1});
+        CHECK(holds(in, left, 0));
+      },
+      [](tcp::Options& options) { options.secret = "shared"; }));
+}
+
+TEST_CASE("checksums can be turned off, by every rank or by none") {
+  require_no_errors(run_ranks(
+      3,
+      [](tcp::Tcp& transport) {
+        const int right = (transport.rank() + 1) % 3, left = (transport.rank() + 2) % 3;
+        for (const std::size_t length : kLengths) {
+          auto out = filled(transport.rank(), 0, length);
+          std::vector<std::byte> in(length);
+          const Send send{right, {kCollective, length, 0}, out};
+          const Receive receive{left, {kCollective, length, 0}, in};
+          transport.transfer({&send, 1}, {&receive, 1});
+          CHECK(holds(in, left, 0));
+        }
+      },
+      [](tcp::Options& options) { options.checksum = false; }));
+  const auto errors = run_ranks(
+      2, [](tcp::Tcp&) {}, [](tcp::Options& options) { options.checksum = options.rank == 0; });
+  CHECK(contains(message_of(errors[0]),
+                 "rank 0: rank 1 has checksum = false, rank 0 has checksum = true"));
+  CHECK(contains(message_of(errors[1]), "rank 1 has checksum = false"));
+}
+
+TEST_CASE("a rank of another job is refused naming both job ids") {
+  const auto errors = run_ranks(
+      2, [](tcp::Tcp&) {},
+      [](tcp::Options& options) { options.job_id = std::string(options.rank == 0 ? "a" : "b"); });
+  CHECK(contains(message_of(errors[0]),
+                 "rank 0: rank 1 belongs to another job: job id 'b' differs from 'a'"));
+  CHECK(contains(message_of(errors[1]), "job id 'b' differs from 'a'"));
+}
+
+TEST_CASE("ranks that never join are named by every rank that waits, after connect_timeout") {
+  const auto start = Clock::now();
+  const auto errors = run_ranks(
+      4, [](tcp::Tcp&) {},
+      [](tcp::Options& options) { options.connect_timeout = milliseconds(1000); }, {0, 1});
+  const auto elapsed = Clock::now() - start;
+  CAPTURE(message_of(errors[0]));
+  CAPTURE(message_of(errors[1]));
+  CHECK(elapsed >= milliseconds(1000));
+  CHECK(elapsed < std::chrono::seconds(4));
+  CHECK(contains(message_of(errors[0]),
+                 "rank 0: rendezvous timed out after 1000 ms: ranks 2, 3 never joined"));
+  CHECK(contains(message_of(errors[1]), "rank 1: rendezvous aborted; "));
+  CHECK(contains(message_of(errors[1]), "ranks 2, 3 never joined"));
+}
+
+TEST_CASE("a rank whose rank 0 never starts names it and the address after connect_timeout") {
+  std::uint16_t port = 0;
+  const RawSocket bound_not_listening = [&] {
+    RawSocket socket(::socket(AF_INET, SOCK_STREAM, 0));
+    sockaddr_in address = loopback(0);
+    REQUIRE(::bind(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
+    socklen_t length = sizeof address;
+    REQUIRE(::getsockname(socket.fd(), reinterpret_cast<sockaddr*>(&address), &length) == 0);
+    port = ntohs(address.sin_port);
+    return socket;
+  }();
+  tcp::Options options = options_for(1, 2);
+  options.rendezvous_port = port;
+  options.connect_timeout = milliseconds(300);
+  const auto start = Clock::now();
+  const std::string expected =
+      "rank 1: rendezvous timed out after 300 ms: rank 0 never answered at 127.0.0.1:" +
+      std::to_string(port) + " (last attempt: Connection refused)";
+  CHECK_THROWS_WITH_AS(tcp::Tcp{options}, doctest::Contains(expected.c_str()), cohort::CommError);
+  CHECK(Clock::now() - start < std::chrono::seconds(3));
+}
+
+TEST_CASE("a busy rendezvous port is refused naming the address and port") {
+  std::uint16_t port = 0;
+  const RawSocket busy = listen_raw(port);
+  tcp::Options options = options_for(0, 2);
+  options.rendezvous_port = port;
+  const std::string where = "rank 0: cannot listen on 127.0.0.1:" + std::to_string(port);
+  CHECK_THROWS_WITH_AS(tcp::Listener{options}, doctest::Contains(where.c_str()),
+                       cohort::CommError);
+  CHECK_THROWS_WITH_AS(tcp::Listener{options}, doctest::Contains("in use"), cohort::CommError);
+}
+
+// --- hostile and broken peers, written by hand ------------------------------------------------
+
+TEST_CASE("a peer speaking protocol version 99 is refused naming both versions") {
+  RankZero rank_zero(2, [](tcp::Tcp&) {});
+  RawSocket socket = connect_raw(rank_zero.port);
+  write_all(socket, tcp::make_frame({setup_type::kHello}, tcp::encode_hello(hello_of(1, 2)),
+                                    /*version=*/99));
+  const RawFrame abort = read_frame(socket);  // rank 0 says why before it closes
+  CHECK(abort.header.header.type == setup_type::kAbort);
+  const std::string why = tcp::decode_text(abort.payload());
+  CHECK(why == "rank 0: rank 1 speaks protocol version 99, this is version 1");
+  CHECK(contains(rank_zero.finish(), why));
+}
+
+TEST_CASE("a rank 0 speaking protocol version 99 is refused by the joining rank") {
+  std::uint16_t port = 0;
+  const RawSocket listener = listen_raw(port);
+  std::thread fake_root([&] {
+    RawSocket peer(::accept(listener.fd(), nullptr, nullptr));
+    const timeval timeout{5, 0};
+    ::setsockopt(peer.fd(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    std::vector<std::byte> hello(tcp::kHeaderBytes);
+    if (!read_all(peer, hello)) return;
+    const auto header = tcp::decode_header(hello.data());
+    hello.resize(tcp::kHeaderBytes + header.length + tcp::kTrailerBytes);
+    if (!read_all(peer, std::span(hello).subspan(tcp::kHeaderBytes))) return;
+    write_all(peer, tcp::make_frame({setup_type::kHello}, tcp::encode_hello(hello_of(0, 2)), 99));
+    std::byte ignored[256];
+    while (::recv(peer.fd(), ignored, sizeof ignored, 0) > 0) {
+    }
+  });
+  tcp::Options options = options_for(1, 2);
+  options.rendezvous_port = port;
+  CHECK_THROWS_WITH_AS(
+      tcp::Tcp{options},
+      doctest::Contains("rank 1: rank 0 speaks protocol version 99, this is version 1"),
+      cohort::CommError);
+  fake_root.join();
+}
+
+TEST_CASE("a connection that is not a cohort rank is dropped and the rendezvous goes on") {
+  RankZero rank_zero(2, [](tcp::Tcp& transport) {
+    std::vector<std::byte> buffer(3);
+    const Receive receive{1, {kCollective, 0, 0}, buffer};
+    transport.transfer({}, {&receive, 1});
+    CHECK(buffer == std::vector{std::byte{1}, std::byte{2}, std::byte{3}});
+  });
+  {
+    RawSocket stray = connect_raw(rank_zero.port);
+    const char request[] = "GET / HTTP/1.0\r\n\r\n   and some more bytes to fill a header";
+    write_all(stray, std::as_bytes(std::span(request)));
+    std::byte byte;
+    CHECK(::recv(stray.fd(), &byte, 1, 0) <= 0);  // dropped: end of file or reset
+  }
+  RawSocket socket = join_as_rank_1(rank_zero.port);
+  const std::vector<std::byte> payload = {std::byte{1}, std::byte{2}, std::byte{3}};
+  write_all(socket, tcp::make_frame({kCollective, 0, 0}, payload));
+  CHECK(rank_zero.finish() == "");
+}
+
+TEST_CASE("a frame announcing more than max_frame_bytes is refused before its payload") {
+  RankZero rank_zero(
+      2,
+      [](tcp::Tcp& transport) {
+        std::vector<std::byte> buffer(4096);
+        const Receive receive{1, {kCollective, 3, 0}, buffer};
+        const auto start = Clock::now();
+        try {
+          transport.transfer({}, {&receive, 1});
+        } catch (...) {
+          // No payload ever comes: waiting for it would take operation_timeout (10 s).
+          CHECK(Clock::now() - start < std::chrono::seconds(2));
+          throw;
+        }
+      },
+      [](tcp::Options& options) { options.max_frame_bytes = std::size_t{1} << 20; });
+  RawSocket socket = join_as_rank_1(rank_zero.port);
+  const auto header = tcp::encode_header({kCollective, 3, 0}, std::uint64_t{1} << 40);
+  write_all(socket, header);
+  CHECK(contains(rank_zero.finish(),
+        "rank 0: rank 1 announced a frame of 1099511627776 bytes during sequence 3, more than "
+        "max_frame_bytes = 1048576; refused before reading it"));
+}
+
+TEST_CASE("a truncated frame is the peer closing mid-frame, named with what had arrived") {
+  RankZero rank_zero(2, [](tcp::Tcp& transport) {
+    std::vector<std::byte> buffer(4099);
+    const Receive receive{1, {kCollective, 3, 0}, buffer};
+    transport.transfer({}, {&receive, 1});
+  });
+  RawSocket socket = join_as_rank_1(rank_zero.port);
+  const auto frame = tcp::make_frame({kCollective, 3, 0}, filled(1, 0, 4099));
+  write_all(socket, std::span(frame).first(tcp::kHeaderBytes + 2000));
+  socket.close();
+  CHECK(contains(rank_zero.finish(),
+        "rank 0: rank 1 closed the connection during sequence 3 (receiving (type 1, sequence 3, "
+        "tag 0x0, 4099 bytes), 2000 payload bytes arrived)"));
+}
+
+TEST_CASE("a corrupted payload fails its checksum") {
+  RankZero rank_zero(2, [](tcp::Tcp& transport) {
+    std::vector<std::byte> buffer(4099);
+    const Receive receive{1, {kCollective, 3, 0}, buffer};
+    transport.transfer({}, {&receive, 1});
+  });
+  RawSocket socket = join_as_rank_1(rank_zero.port);
+  auto frame = tcp::make_frame({kCollective, 3, 0}, filled(1, 0, 4099));
+  frame[tcp::kHeaderBytes + 1000] ^= std::byte{0x10};
+  write_all(socket, frame);
+  CHECK(contains(rank_zero.finish(), "rank 0: the frame from rank 1 (type 1, sequence 3, tag "
+                                     "0x0, 4099 bytes) fails its checksum"));
+}
+
+// --- real processes ---------------------------------------------------------------------------
+
+namespace {
+
+// Child processes that are killed and reaped whatever happens to the test.
+struct Children {
+  std::vector<pid_t> pids;
+  pid_t spawn(std::vector<std::string> arguments) {
+    arguments.insert(arguments.begin(), COHORT_TCP_RANK);
+    std::vector<char*> argv;
+    for (auto& argument : arguments) argv.push_back(argument.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    REQUIRE(::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) == 0);
+    pids.push_back(pid);
+    return pid;
+  }
+  int wait(pid_t pid) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    pids.erase(std::find(pids.begin(), pids.end(), pid));
+    return status;
+  }
+  ~Children() {
+    for (const pid_t pid : pids) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+std::string read_file(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_CASE("a rank process killed mid-transfer is named by the others within the deadline") {
+  const auto directory = std::filesystem::temp_directory_path();
+  const auto report_1 = directory / ("cohort-tcp-test-" + std::to_string(::getpid()) + "-1");
+  const auto report_2 = directory / ("cohort-tcp-test-" + std::to_string(::getpid()) + "-2");
+  tcp::Options options = options_for(0, 3);
+  options.job_id = "process-test";
+  options.operation_timeout = std::chrono::seconds(20);  // failure must come from the kill
+  tcp::Listener listener(options);
+  const std::string port = std::to_string(listener.rendezvous_port());
+  Children children;
+  const pid_t rank_1 = children.spawn({"1", "3", port, report_1.string()});
+  const pid_t rank_2 = children.spawn({"2", "3", port, report_2.string()});
+  tcp::Tcp transport(std::move(listener));
+
+  const std::size_t length = std::size_t{1} << 20;
+  std::vector<std::byte> out(length, std::byte{0x5a});
+  std::vector<std::vector<std::byte>> in(3, std::vector<std::byte>(length));
+  std::string error;
+  std::optional<Clock::time_point> killed;
+  for (std::uint64_t sequence = 0; error.empty(); ++sequence) {
+    if (sequence == 20) {
+      ::kill(rank_2, SIGKILL);
+      killed = Clock::now();
+    }
+    const Header header{kCollective, sequence, 0};
+    const std::vector<Send> sends = {{1, header, out}, {2, header, out}};
+    const std::vector<Receive> receives = {{1, header, in[1]}, {2, header, in[2]}};
+    try {
+      transport.transfer(sends, receives);
+    } catch (const cohort::CommError& failure) {
+      error = failure.what();
+    }
+    REQUIRE(sequence < 1000);
+  }
+  REQUIRE(killed);
+  CHECK(Clock::now() - *killed < std::chrono::seconds(2));
+  CHECK(contains(error, "rank 0: rank 2 closed the connection during sequence"));
+  const int status_2 = children.wait(rank_2);
+  CHECK((WIFSIGNALED(status_2) && WTERMSIG(status_2) == SIGKILL));
+  const int status_1 = children.wait(rank_1);
+  CHECK((WIFEXITED(status_1) && WEXITSTATUS(status_1) == 3));
+  CHECK(contains(read_file(report_1), "rank 1: rank 2 closed the connection during sequence"));
+  std::filesystem::remove(report_1);
+  std::filesystem::remove(report_2);
+}

@@ -1,0 +1,402 @@
+// cohort-run: starts N ranks of a program on this host, as `torchrun --standalone` does.
+//
+//   cohort-run --np N [--port P] [--job-id ID] [--timeout-s S] [--grace-s G] -- program args...
+//
+// Each rank gets COHORT_RANK, COHORT_WORLD_SIZE, COHORT_LOCAL_RANK, COHORT_LOCAL_WORLD_SIZE,
+// COHORT_MASTER_ADDR=127.0.0.1, COHORT_MASTER_PORT and COHORT_JOB_ID, and loses the rank variables
+// of other launchers (cluster::variable::kOtherLaunchers): they describe the launch around
+// cohort-run, if any, and cohort::cluster::resolve would refuse the disagreement. Without --port,
+// the kernel picks a free port (bind to port 0, read it, close); another process may take it
+// before rank 0 binds it, a race every launcher of this kind has.
+//
+// Ranks inherit stdout and stderr (no prefixes, as torchrun's default); stdin is /dev/null, so
+// that N processes never compete for the terminal. Each rank runs in its own process group, so a
+// signal reaches the rank and whatever it started.
+//
+// Lifetime: SIGINT, SIGTERM, SIGHUP and SIGQUIT to cohort-run are forwarded to every rank; a
+// second one sends SIGKILL. When a rank exits non-zero or is killed, cohort-run says which and how
+// ("cohort-run: rank 1 exited with status 3"), sends SIGTERM to the others, SIGKILL to those still
+// running after the grace period, and exits non-zero. When all ranks are done, anything left in
+// their process groups is killed, and every rank has been waited for: no zombie, no orphan. Should
+// cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the kernel
+// (PR_SET_PDEATHSIG).
+//
+// Exit status: 0 when every rank exited 0; else the first failed rank's exit status, or 128 + its
+// signal; 128 + signal when stopped by a signal; 124 after --timeout-s; 127 (126) when the program
+// cannot be found (run).
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cohort/cluster/environment.hpp>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace variable = cohort::cluster::variable;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int processes = 0;
+  int port = 0;  // 0: pick a free one
+  std::string job_id;
+  double timeout_s = 0;  // 0: none
+  double grace_s = 5;
+  std::vector<std::string> command;
+};
+
+void say(const std::string& line) { std::cerr << "cohort-run: " << line << std::endl; }
+
+std::string errno_text(int error) { return std::strerror(error); }
+
+// The port the kernel gives a socket bound to 127.0.0.1:0.
+std::optional<std::uint16_t> pick_free_port() {
+  const int socket = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (socket < 0) return std::nullopt;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  std::optional<std::uint16_t> port;
+  if (::bind(socket, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+      ::getsockname(socket, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  ::close(socket);
+  return port;
+}
+
+std::string make_job_id() {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  char text[64];
+  std::snprintf(
+      text, sizeof text, "cohort-run-%lld-%ld",
+      static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(now).count()),
+      static_cast<long>(::getpid()));
+  return text;
+}
+
+bool is_replaced(std::string_view entry) {
+  const std::string_view name = entry.substr(0, entry.find('='));
+  if (name.starts_with("COHORT_")) return true;  // ours win, and no stale COHORT_* survives
+  return std::find(variable::kOtherLaunchers.begin(), variable::kOtherLaunchers.end(), name) !=
+         variable::kOtherLaunchers.end();
+}
+
+std::vector<std::string> rank_environment(const Options& options, int rank, std::uint16_t port) {
+  std::vector<std::string> entries;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    if (!is_replaced(*entry)) entries.emplace_back(*entry);
+  }
+  const auto set = [&](std::string_view name, const std::string& value) {
+    entries.push_back(std::string(name) + "=" + value);
+  };
+  set(variable::kRank, std::to_string(rank));
+  set(variable::kWorldSize, std::to_string(options.processes));
+  set(variable::kLocalRank, std::to_string(rank));
+  set(variable::kLocalWorldSize, std::to_string(options.processes));
+  set(variable::kMasterAddr, "127.0.0.1");
+  set(variable::kMasterPort, std::to_string(port));
+  set(variable::kJobId, options.job_id);
+  return entries;
+}
+
+std::vector<char*> pointers(std::vector<std::string>& strings) {
+  std::vector<char*> result;
+  for (auto& s : strings) result.push_back(s.data());
+  result.push_back(nullptr);
+  return result;
+}
+
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+// Starts one rank in its own process group; returns its pid, or the errno of the failed exec.
+struct Started {
+  pid_t pid = -1;
+  int error = 0;
+};
+
+Started start_rank(std::vector<std::string> command, std::vector<std::string> environment,
+                   const sigset_t& original_mask) {
+  std::vector<char*> argv = pointers(command);
+  std::vector<char*> envp = pointers(environment);
+  int error_pipe[2];
+  if (::pipe2(error_pipe, O_CLOEXEC) != 0) return {-1, errno};
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int error = errno;
+    ::close(error_pipe[0]);
+    ::close(error_pipe[1]);
+    return {-1, error};
+  }
+  if (pid == 0) {
+    // The child: only the launcher's one thread was copied, so this is safe to do here.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(128 + SIGTERM);  // the launcher died before prctl
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    for (const int signal : kHandledSignals) ::sigaction(signal, &default_action, nullptr);
+    ::sigaction(SIGCHLD, &default_action, nullptr);
+    ::sigprocmask(SIG_SETMASK, &original_mask, nullptr);
+    const int null = ::open("/dev/null", O_RDONLY);
+    if (null >= 0) {
+      ::dup2(null, STDIN_FILENO);
+      if (null != STDIN_FILENO) ::close(null);
+    }
+    ::execvpe(argv[0], argv.data(), envp.data());
+    const int error = errno;
+    [[maybe_unused]] const auto written = ::write(error_pipe[1], &error, sizeof error);
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so the group exists before the launcher may signal it
+  ::close(error_pipe[1]);
+  int error = 0;
+  ssize_t got = 0;
+  do {
+    got = ::read(error_pipe[0], &error, sizeof error);
+  } while (got < 0 && errno == EINTR);
+  ::close(error_pipe[0]);
+  if (got == static_cast<ssize_t>(sizeof error)) {
+    ::waitpid(pid, nullptr, 0);
+    return {-1, error};
+  }
+  return {pid, 0};
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int signal = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(signal) + " (" + ::strsignal(signal) + ")";
+  }
+  return "ended with wait status " + std::to_string(status);
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+class Launch {
+ public:
+  Launch(Options options, std::uint16_t port) : options_(std::move(options)), port_(port) {}
+
+  int run() {
+    sigset_t handled;
+    ::sigemptyset(&handled);
+    for (const int signal : kHandledSignals) ::sigaddset(&handled, signal);
+    ::sigaddset(&handled, SIGCHLD);
+    sigset_t original_mask;
+    ::sigprocmask(SIG_BLOCK, &handled, &original_mask);
+    // SIGCHLD must not be discarded while blocked: give it a handler (never run; sigtimedwait
+    // takes it).
+    struct sigaction on_child {};
+    on_child.sa_handler = [](int) {};
+    ::sigaction(SIGCHLD, &on_child, nullptr);
+
+    say("starting " + std::to_string(options_.processes) + " ranks of '" + options_.command[0] +
+        "', master 127.0.0.1:" + std::to_string(port_) + ", job '" + options_.job_id + "'");
+    const Clock::time_point start = Clock::now();
+    for (int rank = 0; rank < options_.processes; ++rank) {
+      const Started started =
+          start_rank(options_.command, rank_environment(options_, rank, port_), original_mask);
+      if (started.pid < 0) {
+        say("cannot start rank " + std::to_string(rank) + ": '" + options_.command[0] +
+            "': " + errno_text(started.error));
+        exit_code_ = started.error == ENOENT ? 127 : 126;
+        stop(SIGTERM);
+        break;
+      }
+      ranks_.push_back({started.pid, std::nullopt});
+    }
+    if (options_.timeout_s > 0) {
+      timeout_at_ = start + std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(options_.timeout_s));
+    }
+
+    while (running() > 0) {
+      const std::optional<Clock::time_point> deadline = next_deadline();
+      siginfo_t info{};
+      int signal = 0;
+      if (deadline) {
+        const auto left = std::max(*deadline - Clock::now(), Clock::duration::zero());
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+        const timespec wait{static_cast<time_t>(ns / 1'000'000'000),
+                            static_cast<long>(ns % 1'000'000'000)};
+        signal = ::sigtimedwait(&handled, &info, &wait);
+      } else {
+        signal = ::sigwaitinfo(&handled, &info);
+      }
+      reap();
+      if (signal > 0 && signal != SIGCHLD) on_signal(signal);
+      const Clock::time_point now = Clock::now();
+      if (timeout_at_ && now >= *timeout_at_ && !stopping_) {
+        say("timed out after " + format_seconds(options_.timeout_s) + " s; stopping " +
+            std::to_string(running()) + " ranks");
+        exit_code_ = 124;
+        stop(SIGTERM);
+      }
+      if (kill_at_ && now >= *kill_at_) {
+        for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
+          if (ranks_[rank].status) continue;
+          say("rank " + std::to_string(rank) + " did not stop within " +
+              format_seconds(options_.grace_s) + " s; sending SIGKILL");
+        }
+        signal_all(SIGKILL);
+        kill_at_.reset();
+      }
+    }
+    signal_all(SIGKILL);  // whatever a rank left behind in its process group
+    return exit_code_;
+  }
+
+ private:
+  struct Rank {
+    pid_t pid;
+    std::optional<int> status;  // set once waited for
+  };
+
+  static std::string format_seconds(double seconds) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", seconds);
+    return text;
+  }
+
+  int running() const {
+    return static_cast<int>(
+        std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& rank) { return !rank.status; }));
+  }
+
+  // The earlier of the timeout (until stopping) and the SIGKILL deadline (while stopping).
+  std::optional<Clock::time_point> next_deadline() const {
+    if (stopping_) return kill_at_;
+    return timeout_at_;
+  }
+
+  // Sends `signal` to every rank's process group, ranks already waited for included: their
+  // group may still hold what they started.
+  void signal_all(int signal) {
+    for (const Rank& rank : ranks_) ::kill(-rank.pid, signal);
+  }
+
+  // SIGTERM (or a forwarded signal) to every rank now, SIGKILL after the grace period.
+  void stop(int signal) {
+    stopping_ = true;
+    signal_all(signal);
+    kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(options_.grace_s));
+  }
+
+  void on_signal(int signal) {
+    if (stopping_) {
+      say("got signal " + std::to_string(signal) +
+          " while stopping: sending SIGKILL to every rank");
+      signal_all(SIGKILL);
+      return;
+    }
+    exit_code_ = 128 + signal;
+    say("got signal " + std::to_string(signal) + " (" + ::strsignal(signal) +
+        "); forwarding it to every rank");
+    stop(signal);
+  }
+
+  void reap() {
+    while (true) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) return;
+      for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
+        if (ranks_[rank].pid != pid) continue;
+        ranks_[rank].status = status;
+        const bool success = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!success && !stopping_) {
+          exit_code_ = std::max(exit_code_of(status), 1);
+          say("rank " + std::to_string(rank) + " " + describe_status(status) + "; stopping " +
+              std::to_string(running()) + " other ranks (SIGTERM, SIGKILL after " +
+              format_seconds(options_.grace_s) + " s)");
+          stop(SIGTERM);
+        }
+      }
+    }
+  }
+
+  Options options_;
+  std::uint16_t port_;
+  std::vector<Rank> ranks_;
+  bool stopping_ = false;
+  int exit_code_ = 0;
+  std::optional<Clock::time_point> timeout_at_;
+  std::optional<Clock::time_point> kill_at_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  CLI::App app{
+      "Starts N ranks of a cohort program on this host, each with COHORT_RANK, COHORT_WORLD_SIZE,\n"
+      "COHORT_LOCAL_RANK, COHORT_LOCAL_WORLD_SIZE, COHORT_MASTER_ADDR, COHORT_MASTER_PORT and\n"
+      "COHORT_JOB_ID set (docs/launching.md).",
+      "cohort-run"};
+  app.add_option("--np", options.processes, "number of ranks to start")
+      ->required()
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--port", options.port, "rendezvous port (default: a free port)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--job-id", options.job_id,
+                 "COHORT_JOB_ID for every rank (default: cohort-run-<time>-<pid>)");
+  app.add_option("--timeout-s", options.timeout_s,
+                 "stop every rank after this many seconds and exit 124 (default: no limit)")
+      ->check(CLI::Range(0.0, 1e9));
+  app.add_option("--grace-s", options.grace_s,
+                 "seconds between SIGTERM and SIGKILL when stopping ranks")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
+  app.footer(
+      "The program and its arguments follow the options, after --:\n"
+      "  cohort-run --np 4 -- ./train --epochs 3\n");
+  app.prefix_command();  // everything from the program on is the program's
+  CLI11_PARSE(app, argc, argv);
+
+  options.command = app.remaining();
+  if (!options.command.empty() && options.command.front() == "--") {
+    options.command.erase(options.command.begin());
+  }
+  if (options.command.empty()) {
+    std::cerr << "cohort-run: no program given\n" << app.help();
+    return 2;
+  }
+  if (options.job_id.empty()) options.job_id = make_job_id();
+  std::uint16_t port = static_cast<std::uint16_t>(options.port);
+  if (port == 0) {
+    const std::optional<std::uint16_t> picked = pick_free_port();
+    if (!picked) {
+      say("cannot find a free port on 127.0.0.1: " + errno_text(errno) + "; pass --port");
+      return 1;
+    }
+    port = *picked;
+  }
+  return Launch(std::move(options), port).run();
+}
