@@ -11,11 +11,11 @@
 //   1. The global batch (global_batch examples of this epoch's seeded order) is split into
 //      micro_batches micro-batches; this replica computes its own whole micro-batches
 //      (core/sharding.hpp), calling forward_backward once per micro-batch.
-//   2. The micro-batch gradients are summed in the canonical tree (core/reduction_tree.hpp), first
-//      inside the replica, then across replicas by the strategy's all-reduce, which continues the
-//      same tree. The summed loss travels the same way.
-//   3. Every replica scales the sum by 1 / global_batch (and by the clipping factor when
-//      max_gradient_norm is set) and applies the optimizer to its own copy.
+//   2. The micro-batch gradients are summed in the canonical tree (core/reduction_tree.hpp) inside
+//      the replica; the strategy (replica.update) continues the same tree across replicas, with
+//      the summed loss, and applies the optimizer: scaled by 1 / global_batch (and by the clipping
+//      factor when max_gradient_norm is set), on every replica's own copy for the mirrored
+//      strategies.
 // Nothing in this depends on how many replicas there are, so for a fixed seed and micro_batches
 // the parameters are the same bits for any replica count whose split is valid (micro_batches /
 // replicas a power of two), for every synchronous strategy, and after save and restore.
@@ -200,7 +200,6 @@ class Trainer {
   void train_replica(Replica& replica, const D& data, const sharding::Plan& plan,
                      std::uint64_t target, Report& report) {
     using Clock = std::chrono::steady_clock;
-    auto& communicator = replica.communicator();
     const std::size_t local = replica.index() - strategy_.first_local_replica();
     M& model = models_[local];
     const std::span<value_type> parameters = ModelTraits<M>::parameters(model);
@@ -209,7 +208,7 @@ class Trainer {
     const bool reports = replica.index() == 0 && strategy_.is_chief();
 
     // Replicas built in separate processes start from the chief's parameters.
-    communicator.broadcast(parameters, 0);
+    replica.communicator().broadcast(parameters, 0);
 
     tree::StreamingFold<Gradient, decltype(&add_into)> gradient_fold(&add_into);
     tree::StreamingFold<double, decltype(&add_loss)> loss_fold(&add_loss);
@@ -239,31 +238,23 @@ class Trainer {
             [&](Gradient& slot) { slot.assign(gradients.begin(), gradients.end()); });
         loss_fold.push([&](double& slot) { slot = loss; });
       }
-      Gradient& gradient_sum = gradient_fold.result();
-      double loss_sum = loss_fold.result();
-      const auto communication_start = Clock::now();
-      communicator.all_reduce(std::span<value_type>(gradient_sum), ReduceOp::kSum);
-      communicator.all_reduce(std::span<double>(&loss_sum, 1), ReduceOp::kSum);
-      const auto update_start = Clock::now();
-
-      double scale = inverse_batch;
-      if (optimizer_.options().max_gradient_norm > 0.0) {
-        scale *= optimizer::clipping_factor(device::cpu::sum_of_squares<value_type>(gradient_sum),
-                                            inverse_batch, optimizer_.options().max_gradient_norm);
-      }
-      optimizer_.step(parameters, std::span<const value_type>(gradient_sum),
-                      std::span<value_type>(optimizer_state),
-                      optimizer::StepContext{.step = step + 1, .gradient_scale = scale});
+      strategy::Update<value_type, O> update{
+          .parameters = parameters,
+          .gradient_sum = std::span<value_type>(gradient_fold.result()),
+          .loss_sum = loss_fold.result(),
+          .optimizer = optimizer_,
+          .optimizer_state = std::span<value_type>(optimizer_state),
+          .step = step,
+          .inverse_batch = inverse_batch};
+      replica.update(update);
 
       if (reports) {
         const auto end = Clock::now();
         const StepTimes times{
-            .compute = std::chrono::duration<double>((communication_start - compute_start) +
-                                                     (end - update_start))
-                           .count(),
-            .communication =
-                std::chrono::duration<double>(update_start - communication_start).count()};
-        const double mean_loss = loss_sum * inverse_batch;
+            .compute = std::chrono::duration<double>(end - compute_start).count() -
+                       update.communication_seconds,
+            .communication = update.communication_seconds};
+        const double mean_loss = update.loss_sum * inverse_batch;
         report.loss.push_back(mean_loss);
         report.times += times;
         const bool periodic =

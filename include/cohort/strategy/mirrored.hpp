@@ -21,11 +21,11 @@
 #include "cohort/collective/local.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/device/cpu.hpp"
+#include "cohort/strategy/detail/all_reduce_update.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/strategy.hpp"
 
 namespace cohort::strategy {
-
 
 template <device::Device Device = device::Cpu, class Collective = collective::Local>
 class Mirrored {
@@ -58,6 +58,10 @@ class Mirrored {
    public:
     std::size_t index() const { return index_; }
     Communicator& communicator() { return communicator_; }
+    template <class T, class O>
+    void update(Update<T, O>& update) {
+      detail::all_reduce_update(communicator_, update);
+    }
 
    private:
     friend class Mirrored;
@@ -73,7 +77,9 @@ class Mirrored {
     Collective group({.ranks = static_cast<int>(options_.replicas), .timeout = options_.timeout});
     detail::run_replica_threads(
         options_.replicas,
-        [&](std::size_t index) { return Replica(index, group.communicator(static_cast<int>(index))); },
+        [&](std::size_t index) {
+          return Replica(index, group.communicator(static_cast<int>(index)));
+        },
         body);
   }
 

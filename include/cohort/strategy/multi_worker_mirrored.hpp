@@ -43,6 +43,7 @@
 #include "cohort/collective/local.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduction_tree.hpp"
+#include "cohort/strategy/detail/all_reduce_update.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
@@ -108,6 +109,10 @@ class MultiWorkerMirrored {
    public:
     std::size_t index() const { return index_; }
     Communicator& communicator() { return communicator_; }
+    template <class T, class O>
+    void update(Update<T, O>& update) {
+      detail::all_reduce_update(communicator_, update);
+    }
 
    private:
     friend class MultiWorkerMirrored;
@@ -119,8 +124,8 @@ class MultiWorkerMirrored {
 
   template <class Body>
   void run(Body&& body) {
-    collective::Local local({.ranks = static_cast<int>(options_.local_replicas),
-                             .timeout = options_.timeout});
+    collective::Local local(
+        {.ranks = static_cast<int>(options_.local_replicas), .timeout = options_.timeout});
     collective::CommunicationThread thread;
     detail::run_replica_threads(
         options_.local_replicas,
@@ -133,8 +138,7 @@ class MultiWorkerMirrored {
   }
 
  private:
-  static std::string setting(const std::string& given, const char* variable,
-                             const char* fallback) {
+  static std::string setting(const std::string& given, const char* variable, const char* fallback) {
     if (!given.empty()) return given;
     const char* value = std::getenv(variable);
     return value != nullptr && *value != '\0' ? value : fallback;

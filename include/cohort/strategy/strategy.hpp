@@ -12,19 +12,41 @@
 //   s.first_local_replica()  global index of this process's first replica
 //   s.is_chief()           whether this process prints progress and writes checkpoints
 //   s.run(body)            calls body(replica) once per local replica, concurrently, and returns
-//                          when all have returned. replica.index() is the global replica index and
-//                          replica.communicator() satisfies collective::Communicator. If a body
-//                          throws, the others are released (their collectives throw) and run
-//                          rethrows the first exception.
+//                          when all have returned. If a body throws, the others are released
+//                          (their collectives throw) and run rethrows the first exception.
+//
+// A replica handed to the body provides:
+//   replica.index()         the global replica index
+//   replica.communicator()  a collective::Communicator over every replica of the job
+//   replica.update(u)       the synchronization of one step (Update below): turns this replica's
+//                           gradient and loss folds into new parameters, and u.loss_sum into the
+//                           sum over every replica. Mirrored strategies all-reduce and apply the
+//                           optimizer locally; a parameter server pushes and pulls.
 #pragma once
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "cohort/collective/collective.hpp"
+#include "cohort/optimizer/optimizer.hpp"
 
 namespace cohort::strategy {
+
+// One step's synchronization, as the Trainer hands it to replica.update().
+template <class T, class O>
+struct Update {
+  std::span<T> parameters;    // this replica's model
+  std::span<T> gradient_sum;  // this replica's fold of its micro-batches; may be overwritten
+  double loss_sum = 0.0;      // in: this replica's fold; out: the sum over every replica
+  const O& optimizer;
+  std::span<T> optimizer_state;        // this replica's (kStateSlots x parameters values)
+  std::uint64_t step = 0;              // the step's index in the run, from 0
+  double inverse_batch = 1.0;          // 1 / global batch
+  double communication_seconds = 0.0;  // out: time spent synchronizing
+};
 
 namespace detail {
 // A stand-in body with which the concept checks that run() accepts a callable.
