@@ -12,10 +12,11 @@
 //      micro_batches micro-batches; this replica computes its own whole micro-batches
 //      (core/sharding.hpp), calling forward_backward once per micro-batch.
 //   2. The micro-batch gradients are summed in the canonical tree (core/reduction_tree.hpp) inside
-//      the replica; the strategy (replica.update) continues the same tree across replicas, with
-//      the summed loss, and applies the optimizer: scaled by 1 / global_batch (and by the clipping
-//      factor when max_gradient_norm is set), on every replica's own copy for the mirrored
-//      strategies.
+//      the replica; the strategy (replica.update) continues the same tree across replicas and
+//      applies the optimizer: scaled by 1 / global_batch (and by the clipping factor when
+//      max_gradient_norm is set), on every replica's own copy for the mirrored strategies.
+//   3. The summed losses of the steps since the last progress line travel in one all-reduce, in
+//      the same tree, so a step costs one collective.
 // Nothing in this depends on how many replicas there are, so for a fixed seed and micro_batches
 // the parameters are the same bits for any replica count whose split is valid (micro_batches /
 // replicas a power of two), for every synchronous strategy, and after save and restore.
@@ -218,6 +219,9 @@ class Trainer {
     std::uint64_t order_epoch = std::numeric_limits<std::uint64_t>::max();
     std::vector<std::size_t> indices;
     const double inverse_batch = 1.0 / static_cast<double>(options_.global_batch);
+    std::vector<double>
+        window_losses;  // this replica's loss fold of each step since the last report
+    std::vector<StepTimes> window_times;
 
     for (std::uint64_t step = step_; step < target; ++step) {
       const std::uint64_t epoch = step / plan.steps_per_epoch();
@@ -241,25 +245,39 @@ class Trainer {
       strategy::Update<value_type, O> update{
           .parameters = parameters,
           .gradient_sum = std::span<value_type>(gradient_fold.result()),
-          .loss_sum = loss_fold.result(),
           .optimizer = optimizer_,
           .optimizer_state = std::span<value_type>(optimizer_state),
           .step = step,
           .inverse_batch = inverse_batch};
       replica.update(update);
+      window_losses.push_back(loss_fold.result());
+      window_times.push_back(
+          {.compute = std::chrono::duration<double>(Clock::now() - compute_start).count() -
+                      update.communication_seconds,
+           .communication = update.communication_seconds});
 
-      if (reports) {
-        const auto end = Clock::now();
-        const StepTimes times{
-            .compute = std::chrono::duration<double>(end - compute_start).count() -
-                       update.communication_seconds,
-            .communication = update.communication_seconds};
-        const double mean_loss = update.loss_sum * inverse_batch;
-        report.loss.push_back(mean_loss);
-        report.times += times;
-        const bool periodic =
-            options_.log_every != 0 && (step_in_epoch + 1) % options_.log_every == 0;
-        progress.report(step, mean_loss, times, periodic);
+      // The losses travel once per progress window, not once per step: every replica keeps its
+      // folds and one all-reduce of the window gives each step's sum in the same tree.
+      const bool periodic =
+          options_.log_every != 0 && (step_in_epoch + 1) % options_.log_every == 0;
+      const bool epoch_end = step_in_epoch + 1 == plan.steps_per_epoch();
+      if (periodic || epoch_end || step + 1 == target) {
+        const auto communication_start = Clock::now();
+        replica.communicator().all_reduce(std::span<double>(window_losses), ReduceOp::kSum);
+        window_times.back().communication +=
+            std::chrono::duration<double>(Clock::now() - communication_start).count();
+        if (reports) {
+          const std::uint64_t first_step = step + 1 - window_losses.size();
+          for (std::size_t i = 0; i < window_losses.size(); ++i) {
+            const double mean_loss = window_losses[i] * inverse_batch;
+            report.loss.push_back(mean_loss);
+            report.times += window_times[i];
+            progress.report(first_step + i, mean_loss, window_times[i],
+                            periodic && i + 1 == window_losses.size());
+          }
+        }
+        window_losses.clear();
+        window_times.clear();
       }
     }
   }

@@ -19,9 +19,8 @@
 //   replica.index()         the global replica index
 //   replica.communicator()  a collective::Communicator over every replica of the job
 //   replica.update(u)       the synchronization of one step (Update below): turns this replica's
-//                           gradient and loss folds into new parameters, and u.loss_sum into the
-//                           sum over every replica. Mirrored strategies all-reduce and apply the
-//                           optimizer locally; a parameter server pushes and pulls.
+//                           gradient fold into new parameters. Mirrored strategies all-reduce and
+//                           apply the optimizer locally; a parameter server pushes and pulls.
 #pragma once
 
 #include <concepts>
@@ -40,7 +39,6 @@ template <class T, class O>
 struct Update {
   std::span<T> parameters;    // this replica's model
   std::span<T> gradient_sum;  // this replica's fold of its micro-batches; may be overwritten
-  double loss_sum = 0.0;      // in: this replica's fold; out: the sum over every replica
   const O& optimizer;
   std::span<T> optimizer_state;        // this replica's (kStateSlots x parameters values)
   std::uint64_t step = 0;              // the step's index in the run, from 0

@@ -1,4 +1,4 @@
-// The synchronous update of the mirrored strategies: sum the replicas' gradients and losses with
+// The synchronous update of the mirrored strategies: sum the replicas' gradients with
 // the communicator (canonical tree), then apply the optimizer to this replica's own copy. Every
 // replica computes the same bits, so the copies never drift apart.
 #pragma once
@@ -17,7 +17,6 @@ template <class Communicator, class T, class O>
 void all_reduce_update(Communicator& communicator, Update<T, O>& update) {
   const auto start = std::chrono::steady_clock::now();
   communicator.all_reduce(update.gradient_sum, ReduceOp::kSum);
-  communicator.all_reduce(std::span<double>(&update.loss_sum, 1), ReduceOp::kSum);
   update.communication_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
