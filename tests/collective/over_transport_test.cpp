@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "collective_checks.hpp"
+
 namespace {
 
 using cohort::ReduceOp;
@@ -44,54 +46,10 @@ std::vector<std::string> on_ranks(int ranks,
   return failures;
 }
 
-// Small integers: every sum is exact in any order, so results are checked with ==.
-template <class E>
-E value_at(int rank, std::size_t index) {
-  return static_cast<E>(static_cast<int>((index * 7 + static_cast<std::size_t>(rank) * 13) % 29) - 14);
-}
-
 template <template <class> class Algorithm, class E>
 void check_exact_sums(int ranks, std::size_t length) {
-  const auto failures = on_ranks<Algorithm>(ranks, [&](Communicator<Algorithm>& c) {
-    std::vector<E> buffer(length);
-    for (std::size_t i = 0; i < length; ++i) buffer[i] = value_at<E>(c.rank(), i);
-    c.all_reduce(std::span<E>(buffer), ReduceOp::kSum);
-    std::size_t wrong = 0;
-    for (std::size_t i = 0; i < length; ++i) {
-      E expected = 0;
-      for (int r = 0; r < ranks; ++r) expected += value_at<E>(r, i);
-      wrong += buffer[i] != expected;
-    }
-    if (wrong != 0) throw std::runtime_error(std::to_string(wrong) + " wrong sums");
-
-    const std::size_t per_rank = length / static_cast<std::size_t>(ranks) + 1;
-    std::vector<E> input(per_rank * static_cast<std::size_t>(ranks));
-    for (std::size_t i = 0; i < input.size(); ++i) input[i] = value_at<E>(c.rank(), i);
-    std::vector<E> output(per_rank);
-    c.reduce_scatter(std::span<const E>(input), std::span<E>(output), ReduceOp::kSum);
-    for (std::size_t i = 0; i < per_rank; ++i) {
-      E expected = 0;
-      const std::size_t index = static_cast<std::size_t>(c.rank()) * per_rank + i;
-      for (int r = 0; r < ranks; ++r) expected += value_at<E>(r, index);
-      if (output[i] != expected) throw std::runtime_error("wrong reduce_scatter");
-    }
-
-    std::vector<E> gathered(length * static_cast<std::size_t>(ranks));
-    std::vector<E> mine(length, static_cast<E>(c.rank() + 1));
-    c.all_gather(std::span<const E>(mine), std::span<E>(gathered));
-    for (std::size_t i = 0; i < gathered.size(); ++i) {
-      if (gathered[i] != static_cast<E>(i / std::max<std::size_t>(length, 1) + 1)) {
-        throw std::runtime_error("wrong all_gather");
-      }
-    }
-
-    std::vector<E> broadcast(length, static_cast<E>(c.rank()));
-    c.broadcast(std::span<E>(broadcast), ranks - 1);
-    for (E value : broadcast) {
-      if (value != static_cast<E>(ranks - 1)) throw std::runtime_error("wrong broadcast");
-    }
-    c.barrier();
-  });
+  const auto failures = on_ranks<Algorithm>(
+      ranks, [&](Communicator<Algorithm>& c) { cohort::testing::check_collectives<E>(c, length); });
   for (const auto& failure : failures) CHECK(failure == "");
 }
 

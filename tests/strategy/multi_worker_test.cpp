@@ -1,8 +1,5 @@
 // MultiWorkerMirrored across real processes over TCP on 127.0.0.1, started by the local launcher,
 // by mpirun, and by hand for the fault tests.
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <cstring>
 #include <doctest/doctest.h>
 #include <filesystem>
@@ -31,26 +28,13 @@ std::string mirrored_parameters(std::uint64_t steps) {
   return {reinterpret_cast<const char*>(parameters.data()), parameters.size() * sizeof(float)};
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t length = sizeof address;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
 // Runs one command to completion within a deadline; returns its exit and output.
 std::pair<cohort::testing::Exit, std::string> run(const std::vector<std::string>& command,
                                                   const fs::path& log,
                                                   std::map<std::string, std::string> env = {}) {
-  Process process(command, env, log);
-  const auto exit = process.wait(120s);
-  REQUIRE_MESSAGE(exit.has_value(), "still running after 120 s: " << command[0]);
-  return {*exit, read_file(log)};
+  auto result = cohort::testing::run_to_completion(command, log, env);
+  REQUIRE_MESSAGE(result.has_value(), "still running after 120 s: " << command[0]);
+  return *result;
 }
 
 }  // namespace
@@ -97,7 +81,7 @@ TEST_CASE("the same binary runs under mpirun and gives the same bits") {
           directory.path / "log",
           {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
            {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
-           {"COHORT_MASTER_PORT", std::to_string(free_port())}});
+           {"COHORT_MASTER_PORT", std::to_string(cohort::testing::free_port())}});
   CAPTURE(output);
   REQUIRE(exit.exited);
   REQUIRE(exit.code == 0);
@@ -107,7 +91,7 @@ TEST_CASE("the same binary runs under mpirun and gives the same bits") {
 
 TEST_CASE("a worker killed mid-training makes every other worker exit non-zero naming it") {
   TemporaryDirectory directory("cohort-multi-worker-kill");
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(cohort::testing::free_port());
   std::vector<std::unique_ptr<Process>> workers;
   for (int rank = 0; rank < 4; ++rank) {
     workers.push_back(std::make_unique<Process>(

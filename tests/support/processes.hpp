@@ -3,8 +3,10 @@
 #pragma once
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -87,9 +90,33 @@ class Process {
   std::optional<Exit> exit_;
 };
 
+// A TCP port on 127.0.0.1 that was free a moment ago.
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t length = sizeof address;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
 inline std::string read_file(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Runs a command to completion, output in `log`; nothing if it outlives `limit` (then killed).
+inline std::optional<std::pair<Exit, std::string>> run_to_completion(
+    const std::vector<std::string>& command, const std::filesystem::path& log,
+    const std::map<std::string, std::string>& env = {},
+    std::chrono::milliseconds limit = std::chrono::seconds(120)) {
+  Process process(command, env, log);
+  const auto exit = process.wait(limit);
+  if (!exit) return std::nullopt;
+  return std::pair{*exit, read_file(log)};
 }
 
 struct TemporaryDirectory {

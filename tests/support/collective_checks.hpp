@@ -1,0 +1,71 @@
+// Exactness checks for any communicator, shared by the thread tests and the process tests: inputs
+// are small integers, so every sum is exact in any order and results are compared with ==.
+// Each check throws std::runtime_error naming what was wrong.
+#pragma once
+
+#include <algorithm>
+#include <cohort/core/reduce_op.hpp>
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cohort::testing {
+
+template <class E>
+E small_integer(int rank, std::size_t index) {
+  return static_cast<E>(static_cast<int>((index * 7 + static_cast<std::size_t>(rank) * 13) % 29) -
+                        14);
+}
+
+template <class E, class Communicator>
+void check_collectives(Communicator& c, std::size_t length) {
+  const int ranks = c.size();
+  const auto fail = [&](const std::string& what) {
+    throw std::runtime_error("rank " + std::to_string(c.rank()) + ", length " +
+                             std::to_string(length) + ": " + what);
+  };
+
+  std::vector<E> buffer(length);
+  for (std::size_t i = 0; i < length; ++i) buffer[i] = small_integer<E>(c.rank(), i);
+  c.all_reduce(std::span<E>(buffer), ReduceOp::kSum);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < length; ++i) {
+    E expected = 0;
+    for (int r = 0; r < ranks; ++r) expected += small_integer<E>(r, i);
+    wrong += buffer[i] != expected;
+  }
+  if (wrong != 0) fail("all_reduce has " + std::to_string(wrong) + " wrong sums");
+
+  const std::size_t per_rank = length / static_cast<std::size_t>(ranks) + 1;
+  std::vector<E> input(per_rank * static_cast<std::size_t>(ranks));
+  for (std::size_t i = 0; i < input.size(); ++i) input[i] = small_integer<E>(c.rank(), i);
+  std::vector<E> output(per_rank);
+  c.reduce_scatter(std::span<const E>(input), std::span<E>(output), ReduceOp::kSum);
+  for (std::size_t i = 0; i < per_rank; ++i) {
+    E expected = 0;
+    const std::size_t index = static_cast<std::size_t>(c.rank()) * per_rank + i;
+    for (int r = 0; r < ranks; ++r) expected += small_integer<E>(r, index);
+    if (output[i] != expected) fail("reduce_scatter is wrong at " + std::to_string(i));
+  }
+
+  std::vector<E> gathered(length * static_cast<std::size_t>(ranks));
+  const std::vector<E> mine(length, static_cast<E>(c.rank() + 1));
+  c.all_gather(std::span<const E>(mine), std::span<E>(gathered));
+  for (std::size_t i = 0; i < gathered.size(); ++i) {
+    if (gathered[i] != static_cast<E>(i / std::max<std::size_t>(length, 1) + 1)) {
+      fail("all_gather is wrong at " + std::to_string(i));
+    }
+  }
+
+  std::vector<E> broadcast(length, static_cast<E>(c.rank()));
+  c.broadcast(std::span<E>(broadcast), ranks - 1);
+  if (std::any_of(broadcast.begin(), broadcast.end(),
+                  [&](E value) { return value != static_cast<E>(ranks - 1); })) {
+    fail("broadcast is wrong");
+  }
+  c.barrier();
+}
+
+}  // namespace cohort::testing
