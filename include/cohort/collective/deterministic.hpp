@@ -45,8 +45,8 @@ class Deterministic : public detail::OverTransport<T> {
 
   template <class E>
   void all_reduce(std::span<E> buffer, ReduceOp op) {
-    const Call call = this->begin({Operation::kAllReduce, data_type_of<E>(),
-                                   static_cast<std::uint16_t>(op), buffer.size()});
+    const Call call = this->begin(
+        {Operation::kAllReduce, data_type_of<E>(), static_cast<std::uint16_t>(op), buffer.size()});
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     if (ranks == 1 || buffer.empty()) return;
     if (buffer.size_bytes() * ranks <= kDirectBytes) {
@@ -68,8 +68,8 @@ class Deterministic : public detail::OverTransport<T> {
                                    static_cast<std::uint16_t>(op), output.size()});
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     if (input.size() != ranks * output.size()) {
-      this->fail(call, "input has " + std::to_string(input.size()) +
-                           " elements, needs size() x " + std::to_string(output.size()));
+      this->fail(call, "input has " + std::to_string(input.size()) + " elements, needs size() x " +
+                           std::to_string(output.size()));
     }
     fold_owned_chunk(call, input, output, op);
   }
@@ -80,7 +80,7 @@ class Deterministic : public detail::OverTransport<T> {
   void fold_whole_buffers(const Call& call, std::span<E> buffer, ReduceOp op) {
     const int ranks = this->size();
     const std::size_t length = buffer.size();
-    std::span<E> staging = this->template scratch<E>(static_cast<std::size_t>(ranks + 1) * length);
+    std::span<E> staging = this->template scratch<E>(static_cast<std::size_t>(ranks) * length);
     std::vector<transport::Send> sends;
     std::vector<transport::Receive> receives;
     std::vector<const E*> inputs(static_cast<std::size_t>(ranks));
@@ -92,9 +92,7 @@ class Deterministic : public detail::OverTransport<T> {
       receives.push_back({peer, call.header, detail::writable_bytes_of(slot)});
     }
     this->transfer(call, sends, receives);
-    const auto folded = staging.subspan(this->slot(ranks, length), length);
-    device::cpu::reduce_tree<E>(op, inputs, folded);
-    std::copy(folded.begin(), folded.end(), buffer.begin());
+    fold_into(op, inputs, buffer);
   }
 
   // Sends chunk j of `input` to rank j, receives every rank's chunk of this rank and folds them,
@@ -105,7 +103,7 @@ class Deterministic : public detail::OverTransport<T> {
     const int ranks = this->size();
     const std::size_t count = static_cast<std::size_t>(ranks);
     const std::size_t length = owned.size();
-    std::span<E> staging = this->template scratch<E>((count + 1) * length);
+    std::span<E> staging = this->template scratch<E>(count * length);
     std::vector<transport::Send> sends;
     std::vector<transport::Receive> receives;
     std::vector<const E*> inputs(count);
@@ -117,13 +115,28 @@ class Deterministic : public detail::OverTransport<T> {
         continue;
       }
       inputs[static_cast<std::size_t>(peer)] = slot.data();
-      sends.push_back({peer, call.header, detail::bytes_of(input.subspan(theirs.begin, theirs.size()))});
+      sends.push_back(
+          {peer, call.header, detail::bytes_of(input.subspan(theirs.begin, theirs.size()))});
       receives.push_back({peer, call.header, detail::writable_bytes_of(slot)});
     }
     this->transfer(call, sends, receives);
-    const auto folded = staging.subspan(this->slot(ranks, length), length);
-    device::cpu::reduce_tree<E>(op, inputs, folded);
-    std::copy(folded.begin(), folded.end(), owned.begin());
+    fold_into(op, inputs, owned);
+  }
+
+  // out = the canonical-tree fold of inputs, where out may alias one input: folded a cache-sized
+  // block at a time into a small buffer and copied out while hot, so the fold costs no extra pass
+  // over memory.
+  template <class E>
+  void fold_into(ReduceOp op, std::vector<const E*>& inputs, std::span<E> out) {
+    constexpr std::size_t kBlock = 16 * device::cpu::kReduceBlock;
+    thread_local std::vector<E> block(kBlock);
+    std::vector<const E*> offset(inputs.size());
+    for (std::size_t begin = 0; begin < out.size(); begin += kBlock) {
+      const std::size_t count = std::min(kBlock, out.size() - begin);
+      for (std::size_t i = 0; i < inputs.size(); ++i) offset[i] = inputs[i] + begin;
+      device::cpu::reduce_tree<E>(op, offset, std::span<E>(block).first(count));
+      std::copy_n(block.begin(), count, out.begin() + static_cast<std::ptrdiff_t>(begin));
+    }
   }
 
   // Every rank sends its chunk of `part` to every other and receives theirs in place.
@@ -136,10 +149,11 @@ class Deterministic : public detail::OverTransport<T> {
     for (int peer = 0; peer < this->size(); ++peer) {
       if (peer == this->rank()) continue;
       const auto theirs = detail::chunk(part.size(), count, static_cast<std::size_t>(peer));
-      sends.push_back({peer, call.header,
-                       detail::bytes_of(std::span<const E>(part.subspan(mine.begin, mine.size())))});
-      receives.push_back(
-          {peer, call.header, detail::writable_bytes_of(part.subspan(theirs.begin, theirs.size()))});
+      sends.push_back(
+          {peer, call.header,
+           detail::bytes_of(std::span<const E>(part.subspan(mine.begin, mine.size())))});
+      receives.push_back({peer, call.header,
+                          detail::writable_bytes_of(part.subspan(theirs.begin, theirs.size()))});
     }
     this->transfer(call, sends, receives);
   }
