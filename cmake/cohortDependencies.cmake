@@ -9,3 +9,5 @@ find_package(Boost 1.74 REQUIRED COMPONENTS serialization)
 # (cluster/).
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(nlohmann_json 3 REQUIRED)
+# xxHash ships no CMake package on Debian: its header is all cohort::tcp uses (frame checksums).
+find_path(COHORT_XXHASH_INCLUDE_DIR xxhash.h REQUIRED)

@@ -3,8 +3,11 @@
 //
 //   PingPong/<bytes>    rank 0 sends, rank 1 echoes; one iteration is one round trip, and
 //                       one_way_us is half of it
+//   TcpSwap/<bytes>     both ranks send and receive in one transfer (a 2-rank all-reduce's
+//                       communication); swap_us is one swap
 //   Stream/<bytes>      rank 0 sends one message, rank 1 receives it whole and answers with an
 //                       empty acknowledgement; bytes_per_second is the one-way bandwidth
+//                       (TcpStreamNoChecksum: the same with Options::checksum off)
 //
 // Baselines: Raw*Blocking is the plain blocking way (send/recv that sleep in the kernel); the
 // Raw*Spinning variants poll non-blocking sockets, as Tcp does, so that the difference to them
@@ -41,12 +44,13 @@ constexpr std::byte kGoOn{0};
 constexpr std::byte kStop{1};
 
 // Two connected transports: ranks 0 and 1 of one job.
-std::pair<std::unique_ptr<tcp::Tcp>, std::unique_ptr<tcp::Tcp>> connected_pair() {
-  tcp::Listener listener({.rank = 0, .size = 2, .job_id = "bench", .rendezvous_port = 0});
+std::pair<std::unique_ptr<tcp::Tcp>, std::unique_ptr<tcp::Tcp>> connected_pair(bool checksum) {
+  tcp::Listener listener(
+      {.rank = 0, .size = 2, .job_id = "bench", .rendezvous_port = 0, .checksum = checksum});
   const std::uint16_t port = listener.rendezvous_port();
-  auto peer = std::async(std::launch::async, [port] {
-    return std::make_unique<tcp::Tcp>(
-        tcp::Options{.rank = 1, .size = 2, .job_id = "bench", .rendezvous_port = port});
+  auto peer = std::async(std::launch::async, [port, checksum] {
+    return std::make_unique<tcp::Tcp>(tcp::Options{
+        .rank = 1, .size = 2, .job_id = "bench", .rendezvous_port = port, .checksum = checksum});
   });
   auto root = std::make_unique<tcp::Tcp>(std::move(listener));
   return {std::move(root), peer.get()};
@@ -60,7 +64,8 @@ void serve(tcp::Tcp& transport, std::size_t length, bool echo) {
     const Header header{cohort::transport::message_type::kCollective, sequence, 0};
     const Receive receive{0, header, buffer};
     transport.transfer({}, {&receive, 1});
-    const Send send{0, header, echo ? std::span<const std::byte>(buffer) : std::span<const std::byte>()};
+    const Send send{0, header,
+                    echo ? std::span<const std::byte>(buffer) : std::span<const std::byte>()};
     transport.transfer({&send, 1}, {});
     if (buffer[0] == kStop) return;
   }
@@ -79,9 +84,9 @@ void report(benchmark::State& state, std::size_t length, bool echo,
   }
 }
 
-void TcpExchange(benchmark::State& state, bool echo) {
+void TcpExchange(benchmark::State& state, bool echo, bool checksum = true) {
   const auto length = static_cast<std::size_t>(state.range(0));
-  auto [root, peer] = connected_pair();
+  auto [root, peer] = connected_pair(checksum);
   std::thread server([&, peer = peer.get()] { serve(*peer, length, echo); });
   std::vector<std::byte> out(length, kGoOn), in(echo ? length : 0);
   std::uint64_t sequence = 0;
@@ -100,7 +105,41 @@ void TcpExchange(benchmark::State& state, bool echo) {
 }
 
 void TcpPingPong(benchmark::State& state) { TcpExchange(state, true); }
+
+// Both ranks send to each other and receive from each other in one transfer, as a 2-rank
+// all-reduce does; one iteration is one such swap.
+void TcpSwap(benchmark::State& state) {
+  const auto length = static_cast<std::size_t>(state.range(0));
+  auto [root, peer] = connected_pair(true);
+  const auto swap = [](tcp::Tcp& transport, std::vector<std::byte>& out, std::vector<std::byte>& in,
+                       std::uint64_t sequence) {
+    const Header header{cohort::transport::message_type::kCollective, sequence, 0};
+    const Send send{1 - transport.rank(), header, out};
+    const Receive receive{1 - transport.rank(), header, in};
+    transport.transfer({&send, 1}, {&receive, 1});
+  };
+  std::thread server([&, peer = peer.get()] {
+    std::vector<std::byte> out(length, kGoOn), in(length);
+    for (std::uint64_t sequence = 0;; ++sequence) {
+      swap(*peer, out, in, sequence);
+      if (in[0] == kStop) return;
+    }
+  });
+  std::vector<std::byte> out(length, kGoOn), in(length);
+  std::uint64_t sequence = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) swap(*root, out, in, sequence++);
+  const double microseconds =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  state.counters["bytes"] = static_cast<double>(length);
+  state.counters["swap_us"] =
+      microseconds / static_cast<double>(std::max<std::int64_t>(state.iterations(), 1));
+  out[0] = kStop;
+  swap(*root, out, in, sequence);
+  server.join();
+}
 void TcpStream(benchmark::State& state) { TcpExchange(state, false); }
+void TcpStreamNoChecksum(benchmark::State& state) { TcpExchange(state, false, false); }
 
 // --- the baseline: plain POSIX sockets ------------------------------------------------------
 
@@ -209,8 +248,10 @@ void bandwidth_sizes(benchmark::internal::Benchmark* benchmark) {
 }  // namespace
 
 BENCHMARK(TcpPingPong)->Apply(latency_sizes);
+BENCHMARK(TcpSwap)->Apply(latency_sizes);
 BENCHMARK(RawPingPongBlocking)->Apply(latency_sizes);
 BENCHMARK(RawPingPongSpinning)->Apply(latency_sizes);
 BENCHMARK(TcpStream)->Apply(bandwidth_sizes);
+BENCHMARK(TcpStreamNoChecksum)->Apply(bandwidth_sizes);
 BENCHMARK(RawStreamBlocking)->Apply(bandwidth_sizes);
 BENCHMARK(RawStreamSpinning)->Apply(bandwidth_sizes);

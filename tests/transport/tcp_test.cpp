@@ -172,8 +172,7 @@ RawSocket connect_raw(std::uint16_t port) {
   const timeval timeout{5, 0};
   ::setsockopt(socket.fd(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   const sockaddr_in address = loopback(port);
-  REQUIRE(::connect(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) ==
-          0);
+  REQUIRE(::connect(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
   return socket;
 }
 
@@ -254,8 +253,9 @@ RawSocket join_as_rank_1(std::uint16_t port) {
 
 // Rank 0 as a thread: binds, reports its port, runs body on its Tcp; returns what it threw.
 struct RankZero {
-  explicit RankZero(int size, std::function<void(tcp::Tcp&)> body,
-                    std::function<void(tcp::Options&)> configure = [](tcp::Options&) {}) {
+  explicit RankZero(
+      int size, std::function<void(tcp::Tcp&)> body,
+      std::function<void(tcp::Options&)> configure = [](tcp::Options&) {}) {
     std::promise<std::uint16_t> port_promise;
     auto port_future = port_promise.get_future();
     thread = std::thread([&, size, body, configure] {
@@ -403,8 +403,7 @@ TEST_CASE("bad options are refused naming the field") {
   CHECK(contains(refusal([](auto& o) { o.operation_timeout = milliseconds(-1); }),
                  "operation_timeout = -1 ms"));
   CHECK(contains(refusal([](auto& o) { o.max_frame_bytes = 0; }), "max_frame_bytes = 0"));
-  CHECK(contains(refusal([](auto& o) { o.spin = std::chrono::microseconds(-1); }),
-                 "spin = -1 us"));
+  CHECK(contains(refusal([](auto& o) { o.spin = std::chrono::microseconds(-1); }), "spin = -1 us"));
 }
 
 // --- ranks as threads -------------------------------------------------------------------------
@@ -485,6 +484,21 @@ TEST_CASE("every pair exchanges at once in one transfer, all to all") {
   }
 }
 
+TEST_CASE("ranks bound to every interface are reached where rank 0 saw them connect from") {
+  require_no_errors(run_ranks(
+      3,
+      [](tcp::Tcp& transport) {
+        const int right = (transport.rank() + 1) % 3, left = (transport.rank() + 2) % 3;
+        auto out = filled(transport.rank(), 0, 7);
+        std::vector<std::byte> in(7);
+        const Send send{right, {kCollective, 0, 0}, out};
+        const Receive receive{left, {kCollective, 0, 0}, in};
+        transport.transfer({&send, 1}, {&receive, 1});
+        CHECK(holds(in, left, 0));
+      },
+      [](tcp::Options& options) { options.bind_address = "0.0.0.0"; }));
+}
+
 TEST_CASE("a header mismatch names both ranks and both headers and holds them") {
   const auto errors = run_ranks(2, [](tcp::Tcp& transport) {
     std::vector<std::byte> buffer(64);
@@ -507,8 +521,9 @@ TEST_CASE("a header mismatch names both ranks and both headers and holds them") 
     }
   });
   const std::string error = message_of(errors[0]);
-  CHECK(contains(error, "rank 0: header mismatch with rank 1: expected (type 1, sequence 6, "
-                        "tag 0x2a, 64 bytes), rank 1 sent (type 1, sequence 5, tag 0x2a, 64 bytes)"));
+  CHECK(contains(error,
+                 "rank 0: header mismatch with rank 1: expected (type 1, sequence 6, "
+                 "tag 0x2a, 64 bytes), rank 1 sent (type 1, sequence 5, tag 0x2a, 64 bytes)"));
   CHECK(message_of(errors[1]) == "");
 }
 
@@ -525,7 +540,8 @@ TEST_CASE("a length mismatch is a header mismatch too") {
     }
   });
   CHECK_THROWS_AS(std::rethrow_exception(errors[0]), HeaderMismatch);
-  CHECK(contains(message_of(errors[0]), "64 bytes), rank 1 sent (type 1, sequence 1, tag 0x0, 100"));
+  CHECK(
+      contains(message_of(errors[0]), "64 bytes), rank 1 sent (type 1, sequence 1, tag 0x0, 100"));
 }
 
 TEST_CASE("a peer that sends nothing fails the transfer after operation_timeout, named") {
@@ -577,6 +593,30 @@ TEST_CASE("a peer that closes is named with the sequence, and the failure is fin
   require_no_errors(errors);
 }
 
+TEST_CASE("close() from another thread ends a transfer at once and the peer sees it") {
+  const auto errors = run_ranks(2, [](tcp::Tcp& transport) {
+    std::vector<std::byte> buffer(16);
+    const Receive receive{1 - transport.rank(), {kCollective, 4, 0}, buffer};
+    std::thread closer;
+    if (transport.rank() == 0) {
+      closer = std::thread([&] {
+        std::this_thread::sleep_for(milliseconds(100));
+        transport.close();  // as collective abort() does, while rank 0 waits in transfer()
+      });
+    }
+    const auto start = Clock::now();
+    try {
+      transport.transfer({}, {&receive, 1});
+    } catch (...) {
+      CHECK(Clock::now() - start < std::chrono::seconds(2));  // not operation_timeout (10 s)
+      if (closer.joinable()) closer.join();
+      throw;
+    }
+  });
+  CHECK(contains(message_of(errors[0]), "rank 0: the transport was closed during the transfer"));
+  CHECK(contains(message_of(errors[1]), "rank 1: rank 0 closed the connection during sequence 4"));
+}
+
 TEST_CASE("a send longer than max_frame_bytes is refused and the transport stays usable") {
   require_no_errors(run_ranks(
       2,
@@ -597,13 +637,17 @@ TEST_CASE("a send longer than max_frame_bytes is refused and the transport stays
 TEST_CASE("a wrong secret is refused on both sides; the right one is accepted") {
   const auto wrong = run_ranks(
       2, [](tcp::Tcp&) {},
-      [](tcp::Options& options) { options.secret = std::string(options.rank == 0 ? "alpha" : "beta"); });
+      [](tcp::Options& options) {
+        options.secret = std::string(options.rank == 0 ? "alpha" : "beta");
+      });
   CHECK(contains(message_of(wrong[0]), "rank 0: authentication failed with rank 1"));
   CHECK(contains(message_of(wrong[1]), "rank 1: authentication failed with rank 0"));
 
   const auto one_sided = run_ranks(
       2, [](tcp::Tcp&) {},
-      [](tcp::Options& options) { options.secret = std::string(options.rank == 0 ? "alpha" : ""); });
+      [](tcp::Options& options) {
+        options.secret = std::string(options.rank == 0 ? "alpha" : "");
+      });
   CHECK(contains(message_of(one_sided[0]),
                  "rank 0: rank 1 has no secret, rank 0 requires authentication"));
   CHECK(contains(message_of(one_sided[1]), "rank 1 has no secret"));
@@ -697,8 +741,7 @@ TEST_CASE("a busy rendezvous port is refused naming the address and port") {
   tcp::Options options = options_for(0, 2);
   options.rendezvous_port = port;
   const std::string where = "rank 0: cannot listen on 127.0.0.1:" + std::to_string(port);
-  CHECK_THROWS_WITH_AS(tcp::Listener{options}, doctest::Contains(where.c_str()),
-                       cohort::CommError);
+  CHECK_THROWS_WITH_AS(tcp::Listener{options}, doctest::Contains(where.c_str()), cohort::CommError);
   CHECK_THROWS_WITH_AS(tcp::Listener{options}, doctest::Contains("in use"), cohort::CommError);
 }
 
@@ -781,9 +824,10 @@ TEST_CASE("a frame announcing more than max_frame_bytes is refused before its pa
   RawSocket socket = join_as_rank_1(rank_zero.port);
   const auto header = tcp::encode_header({kCollective, 3, 0}, std::uint64_t{1} << 40);
   write_all(socket, header);
-  CHECK(contains(rank_zero.finish(),
-        "rank 0: rank 1 announced a frame of 1099511627776 bytes during sequence 3, more than "
-        "max_frame_bytes = 1048576; refused before reading it"));
+  CHECK(contains(
+      rank_zero.finish(),
+      "rank 0: rank 1 announced a frame of 1099511627776 bytes during sequence 3, more than "
+      "max_frame_bytes = 1048576; refused before reading it"));
 }
 
 TEST_CASE("a truncated frame is the peer closing mid-frame, named with what had arrived") {
@@ -796,9 +840,10 @@ TEST_CASE("a truncated frame is the peer closing mid-frame, named with what had 
   const auto frame = tcp::make_frame({kCollective, 3, 0}, filled(1, 0, 4099));
   write_all(socket, std::span(frame).first(tcp::kHeaderBytes + 2000));
   socket.close();
-  CHECK(contains(rank_zero.finish(),
-        "rank 0: rank 1 closed the connection during sequence 3 (receiving (type 1, sequence 3, "
-        "tag 0x0, 4099 bytes), 2000 payload bytes arrived)"));
+  CHECK(contains(
+      rank_zero.finish(),
+      "rank 0: rank 1 closed the connection during sequence 3 (receiving (type 1, sequence 3, "
+      "tag 0x0, 4099 bytes), 2000 payload bytes arrived)"));
 }
 
 TEST_CASE("a corrupted payload fails its checksum") {
@@ -811,8 +856,9 @@ TEST_CASE("a corrupted payload fails its checksum") {
   auto frame = tcp::make_frame({kCollective, 3, 0}, filled(1, 0, 4099));
   frame[tcp::kHeaderBytes + 1000] ^= std::byte{0x10};
   write_all(socket, frame);
-  CHECK(contains(rank_zero.finish(), "rank 0: the frame from rank 1 (type 1, sequence 3, tag "
-                                     "0x0, 4099 bytes) fails its checksum"));
+  CHECK(contains(rank_zero.finish(),
+                 "rank 0: the frame from rank 1 (type 1, sequence 3, tag "
+                 "0x0, 4099 bytes) fails its checksum"));
 }
 
 // --- real processes ---------------------------------------------------------------------------

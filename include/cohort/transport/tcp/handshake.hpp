@@ -234,8 +234,8 @@ inline std::string check_hello(const Hello& peer, const Expectation& mine) {
       return "expected " + rank_name(mine.lowest_peer) + " but the peer says it is " + who;
     }
     return "a peer says it is " + who + ", expected one of ranks " +
-           std::to_string(mine.lowest_peer) + " to " + std::to_string(mine.highest_peer) +
-           " of " + std::to_string(mine.size);
+           std::to_string(mine.lowest_peer) + " to " + std::to_string(mine.highest_peer) + " of " +
+           std::to_string(mine.size);
   }
   if (peer.checksums != mine.checksums) {
     const auto setting = [](bool on) { return on ? "checksum = true" : "checksum = false"; };
@@ -243,11 +243,10 @@ inline std::string check_hello(const Hello& peer, const Expectation& mine) {
            setting(mine.checksums) + "; every rank must agree";
   }
   if (peer.authenticates != mine.authenticates) {
-    return peer.authenticates
-               ? who + " requires authentication (it has a secret), " + rank_name(mine.rank) +
-                     " has no secret"
-               : who + " has no secret, " + rank_name(mine.rank) +
-                     " requires authentication (it has a secret)";
+    return peer.authenticates ? who + " requires authentication (it has a secret), " +
+                                    rank_name(mine.rank) + " has no secret"
+                              : who + " has no secret, " + rank_name(mine.rank) +
+                                    " requires authentication (it has a secret)";
   }
   return {};
 }

@@ -74,8 +74,7 @@ inline void validate(const Options& options) {
                     "must be greater than 0");
   }
   if (options.operation_timeout.count() <= 0) {
-    options::reject("operation_timeout",
-                    std::to_string(options.operation_timeout.count()) + " ms",
+    options::reject("operation_timeout", std::to_string(options.operation_timeout.count()) + " ms",
                     "must be greater than 0");
   }
   options::require_positive("max_frame_bytes", options.max_frame_bytes);

@@ -26,9 +26,12 @@
 // (tcp.hpp).
 #pragma once
 
-// Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
+// clang-format off
+// First: Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
 #include <utility>
+// clang-format on
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/address.hpp>
@@ -38,7 +41,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -85,8 +87,8 @@ class Listener {
     const auto refuse = [&](const char* step) {
       throw CommError("rank " + std::to_string(options_.rank) + ": cannot listen on " +
                       endpoint_text(endpoint) +
-                      (options_.rank == 0 ? " (bind_address, rendezvous_port)" : "") + ": " +
-                      step + " failed: " + ec.message());
+                      (options_.rank == 0 ? " (bind_address, rendezvous_port)" : "") + ": " + step +
+                      " failed: " + ec.message());
     };
     if (acceptor_->open(endpoint.protocol(), ec)) refuse("open");
     // Lets a restarted rank 0 bind its port while connections of the previous run linger in
@@ -428,8 +430,7 @@ class Rendezvous {
       const auto results = co_await resolver.async_resolve(
           options_.rendezvous_host, service, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) {
-        fail("cannot resolve rendezvous_host '" + options_.rendezvous_host + "': " +
-             ec.message());
+        fail("cannot resolve rendezvous_host '" + options_.rendezvous_host + "': " + ec.message());
         co_return;
       }
       for (const auto& entry : results) endpoints.push_back(entry.endpoint());
@@ -474,8 +475,7 @@ class Rendezvous {
     Socket& socket = connections_.emplace_back(io_);
     const Address& address = table_[idx(peer)];
     ErrorCode ec;
-    const asio::ip::tcp::endpoint endpoint(asio::ip::make_address(address.host, ec),
-                                           address.port);
+    const asio::ip::tcp::endpoint endpoint(asio::ip::make_address(address.host, ec), address.port);
     if (ec) {
       fail("rank 0 sent an invalid address for rank " + std::to_string(peer) + ": '" +
            address.host + "'");
@@ -553,8 +553,8 @@ class Rendezvous {
       message.bytes.resize(kHeaderBytes + head);
       co_await asio::async_read(socket, asio::buffer(message.bytes.data() + kHeaderBytes, head),
                                 asio::redirect_error(asio::use_awaitable, ec));
-      const auto rank = ec ? std::nullopt
-                           : rank_of_hello(std::span(message.bytes).subspan(kHeaderBytes));
+      const auto rank =
+          ec ? std::nullopt : rank_of_hello(std::span(message.bytes).subspan(kHeaderBytes));
       co_return Read{ReadOutcome::kFailed,
                      (rank ? rank_name(*rank) : who) + " speaks protocol version " +
                          std::to_string(message.frame.version) + ", this is version " +
@@ -568,10 +568,9 @@ class Rendezvous {
     }
     const auto length = static_cast<std::size_t>(message.frame.length);
     message.bytes.resize(kHeaderBytes + length + kTrailerBytes);
-    co_await asio::async_read(socket,
-                              asio::buffer(message.bytes.data() + kHeaderBytes,
-                                           length + kTrailerBytes),
-                              asio::redirect_error(asio::use_awaitable, ec));
+    co_await asio::async_read(
+        socket, asio::buffer(message.bytes.data() + kHeaderBytes, length + kTrailerBytes),
+        asio::redirect_error(asio::use_awaitable, ec));
     if (ec) co_return Read{ReadOutcome::kFailed, io_error(who, ec)};
     const auto sent = load_le<std::uint64_t>(message.bytes.data() + kHeaderBytes + length);
     if (sent != checksum(checksum_seed(message.bytes.data()), message.payload())) {
@@ -654,8 +653,7 @@ class Rendezvous {
               std::span<const std::byte> acceptor_hello, const std::string& who) {
     const auto expected = proof_or_empty(role, connector_hello, acceptor_hello);
     if (!proofs_equal(confirm.payload(), expected)) {
-      fail("authentication failed with " + who +
-           " (its proof does not match this rank's secret)");
+      fail("authentication failed with " + who + " (its proof does not match this rank's secret)");
       return false;
     }
     return true;
@@ -746,9 +744,9 @@ class Rendezvous {
   Clock::time_point deadline_;
   asio::steady_timer retry_timer_;
 
-  std::list<Socket> connections_;  // every socket opened here; stable addresses
-  std::vector<Socket*> peers_;     // by rank: the connection whose handshake succeeded
-  std::vector<Hello> hellos_;      // by rank: that peer's hello
+  std::list<Socket> connections_;       // every socket opened here; stable addresses
+  std::vector<Socket*> peers_;          // by rank: the connection whose handshake succeeded
+  std::vector<Hello> hellos_;           // by rank: that peer's hello
   std::vector<std::string> seen_from_;  // rank 0: the address each rank connected from
   std::vector<Address> table_;
   std::vector<bool> ready_;

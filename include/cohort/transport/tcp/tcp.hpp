@@ -11,25 +11,30 @@
 // failed or never came, after at most connect_timeout. Every rank constructs its Tcp with the same
 // size, job id, rendezvous address and secret; start order does not matter.
 //
-// transfer() progresses every send and receive of its lists together on non-blocking sockets:
-// it writes each frame from the caller's buffer and reads each payload into the caller's buffer
-// (frame.hpp has the layout), busy-polling for up to `spin` after the last progress, then
-// sleeping in poll() until a socket is ready. It fails with CommError naming this rank, the peer,
-// the frame's type and sequence and what happened when a peer closes ("rank 0: rank 2 closed the
-// connection during sequence 17 (...)"), when a frame is malformed, too long or corrupted, or when
-// no byte moves for operation_timeout; with HeaderMismatch when a frame's header or length is not
-// the expected one. The failure is final: the connections involved are closed, so their peers
-// fail promptly too, and every later transfer fails with the same message. Destroy the transport
-// (its destructor closes every connection, so that every peer sees end-of-file) and build another.
+// transfer() progresses every send and receive of its lists together on non-blocking sockets
+// (frame.hpp has the layout): a frame leaves in one gathering write of header, caller's payload
+// and checksum; a payload is read straight into the caller's buffer, except the bytes that came
+// in the same read as their header (a small frame arrives whole in one read, then is copied
+// once). It busy-polls for up to `spin` after the last progress, then sleeps in poll() until a
+// socket is ready. It fails with CommError naming this rank, the peer, the frame's type and
+// sequence and what happened when a peer closes ("rank 0: rank 2 closed the connection during
+// sequence 17 (...)"), when a frame is malformed, too long or corrupted, or when no byte moves for
+// operation_timeout; with HeaderMismatch when a frame's header or length is not the expected one.
+// The failure is final: the connections involved are shut down, so their peers fail promptly
+// too, and every later transfer fails with the same message. Destroy the transport (its
+// destructor closes every connection, so that every peer sees end-of-file) and build another.
 //
-// Required of the caller, beyond transport.hpp: one thread at a time calls transfer(); a payload
-// is at most max_frame_bytes long; peers are ranks other than this one.
+// Required of the caller, beyond transport.hpp: one thread at a time calls transfer() (close()
+// may come from any thread); a payload is at most max_frame_bytes long; peers are ranks other
+// than this one.
 #pragma once
 
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -58,8 +63,8 @@ class Tcp {
 
   // Meets the other ranks through a listener bound beforehand (to learn its port first).
   explicit Tcp(Listener&& listener)
-      : options_(std::move(listener.options_)),
-        rendezvous_port_(listener.rendezvous_port()),
+      : rendezvous_port_(listener.rendezvous_port()),
+        options_(std::move(listener.options_)),
         io_(std::move(listener.io_)) {
     if (options_.size == 1) return;
     // The acceptor belongs to io_: a local here, destroyed before io_ even when this throws.
@@ -70,6 +75,7 @@ class Tcp {
     for (int rank = 0; rank < size(); ++rank) {
       Peer& peer = peers_.emplace_back(std::move(sockets[static_cast<std::size_t>(rank)]));
       if (rank == this->rank()) continue;
+      descriptors_.push_back(peer.socket.native_handle());
       boost::system::error_code ec;
       peer.socket.non_blocking(true, ec);
       if (ec) {
@@ -79,12 +85,22 @@ class Tcp {
     }
   }
 
-  // Movable, so that it can live in an optional or a container; not assignable, because an
-  // assignment would have to close one mesh while another is live.
-  Tcp(Tcp&&) noexcept = default;
+  // Movable, so that it can live in an optional or a container (not while a transfer runs);
+  // not assignable, because an assignment would have to close one mesh while another is live.
+  Tcp(Tcp&& other) noexcept
+      : rendezvous_port_(other.rendezvous_port_),
+        options_(std::move(other.options_)),
+        io_(std::move(other.io_)),
+        peers_(std::move(other.peers_)),
+        descriptors_(std::move(other.descriptors_)),
+        failure_(std::move(other.failure_)),
+        last_failure_(std::move(other.last_failure_)),
+        closed_(other.closed_.load()) {}
   Tcp& operator=(Tcp&&) = delete;
 
-  ~Tcp() { close(); }  // peers_ is declared after io_, so sockets go before their io_context
+  // Shuts every connection down (the sockets themselves close with peers_, which is declared
+  // after io_, so that they go before their io_context).
+  ~Tcp() { close(); }
 
   int rank() const noexcept { return options_.rank; }
   int size() const noexcept { return options_.size; }
@@ -118,10 +134,13 @@ class Tcp {
   // The message of the last transfer that failed through the error_code form.
   const std::string& last_failure() const noexcept { return last_failure_; }
 
-  // Closes every connection; the peers see end-of-file. Later transfers fail.
+  // Shuts every connection down: the peers see end-of-file, a transfer in progress on another
+  // thread fails at once, and every later one fails. Safe from any thread at any time (abort()
+  // of the collectives calls it): it only shuts descriptors down, which stay open, and so cannot
+  // be reused under a transfer's feet, until the destructor.
   void close() noexcept {
-    for (Peer& peer : peers_) close(peer);
-    closed_ = true;
+    closed_.store(true);
+    for (const int descriptor : descriptors_) ::shutdown(descriptor, SHUT_RDWR);
   }
 
  private:
@@ -202,7 +221,7 @@ class Tcp {
       return Failure{prefix() + "this transport failed earlier and is closed (" + failure_ + ")",
                      std::nullopt};
     }
-    if (closed_) return Failure{prefix() + "the transport is closed", std::nullopt};
+    if (closed_.load()) return Failure{prefix() + "the transport was closed", std::nullopt};
     // A bad list is the caller's mistake, not a broken connection: the transport stays usable.
     if (auto failure = enqueue(sends, receives)) {
       clear_queues();
@@ -258,8 +277,8 @@ class Tcp {
       if (auto failure = check_peer(send.peer)) return failure;
       if (send.payload.size() > options_.max_frame_bytes) {
         return Failure{prefix() + "the send to rank " + std::to_string(send.peer) + " " +
-                           describe(send.header, send.payload.size()) + " exceeds max_frame_bytes = " +
-                           std::to_string(options_.max_frame_bytes),
+                           describe(send.header, send.payload.size()) +
+                           " exceeds max_frame_bytes = " + std::to_string(options_.max_frame_bytes),
                        std::nullopt};
       }
       Peer& peer = activate(send.peer);
@@ -355,11 +374,11 @@ class Tcp {
       // Header, payload and trailer from where they are, in one gathering write.
       std::array<boost::asio::const_buffer, 3> pieces;
       if (peer.sent < kHeaderBytes) {
-        pieces[0] = boost::asio::buffer(peer.out_header.data() + peer.sent,
-                                        kHeaderBytes - peer.sent);
+        pieces[0] =
+            boost::asio::buffer(peer.out_header.data() + peer.sent, kHeaderBytes - peer.sent);
       }
-      pieces[1] = boost::asio::buffer(send.payload.data() + payload_sent,
-                                      peer.hashed - payload_sent);
+      pieces[1] =
+          boost::asio::buffer(send.payload.data() + payload_sent, peer.hashed - payload_sent);
       if (peer.hashed == length) {
         const std::size_t trailer_sent =
             peer.sent > kHeaderBytes + length ? peer.sent - kHeaderBytes - length : 0;
@@ -372,12 +391,11 @@ class Tcp {
         return std::nullopt;
       }
       if (ec) {
-        return connection_failure(rank, ec,
-                                  "sending " + describe(send.header, length) + ", " +
-                                      std::to_string(peer.sent) + " of " +
-                                      std::to_string(kHeaderBytes + length + kTrailerBytes) +
-                                      " frame bytes written",
-                                  send.header.sequence);
+        return connection_failure(
+            rank, ec,
+            "sending " + describe(send.header, length) + ", " + std::to_string(peer.sent) + " of " +
+                std::to_string(kHeaderBytes + length + kTrailerBytes) + " frame bytes written",
+            send.header.sequence);
       }
       moved = true;
       peer.sent += written;
@@ -400,8 +418,7 @@ class Tcp {
     peer.inbox.compact();
     const std::array<boost::asio::mutable_buffer, 2> pieces{
         boost::asio::buffer(direct.data(), direct.size()),
-        boost::asio::buffer(peer.inbox.data.get() + peer.inbox.end,
-                            kInboxBytes - peer.inbox.end)};
+        boost::asio::buffer(peer.inbox.data.get() + peer.inbox.end, kInboxBytes - peer.inbox.end)};
     const std::size_t read = peer.socket.read_some(pieces, ec);
     if (ec == boost::asio::error::would_block || ec == boost::asio::error::try_again) {
       return Read::kWouldBlock;
@@ -426,8 +443,8 @@ class Tcp {
         const Read result = read_some(peer, direct, into_direct, ec);
         if (result == Read::kDone) moved = true;
         if (result == Read::kFailed) {
-          failure = connection_failure(rank, ec, receiving(peer, receive),
-                                       receive.expected.sequence);
+          failure =
+              connection_failure(rank, ec, receiving(peer, receive), receive.expected.sequence);
         }
         return result;
       };
@@ -524,10 +541,10 @@ class Tcp {
                               std::to_string(kProtocolVersion));
     }
     if (frame.length > options_.max_frame_bytes) {
-      return broken(rank, from + " announced a frame of " + std::to_string(frame.length) +
-                              " bytes" + during + ", more than max_frame_bytes = " +
-                              std::to_string(options_.max_frame_bytes) +
-                              "; refused before reading it");
+      return broken(
+          rank, from + " announced a frame of " + std::to_string(frame.length) + " bytes" + during +
+                    ", more than max_frame_bytes = " + std::to_string(options_.max_frame_bytes) +
+                    "; refused before reading it");
     }
     const std::size_t length = receive.payload.size();
     if (frame.header != receive.expected || frame.length != length) {
@@ -553,8 +570,7 @@ class Tcp {
       if (peer.receive >= 0) events |= POLLIN;
       if (events != 0) poll_fds_.push_back({peer.socket.native_handle(), events, 0});
     }
-    const auto milliseconds =
-        std::chrono::ceil<std::chrono::milliseconds>(timeout).count();
+    const auto milliseconds = std::chrono::ceil<std::chrono::milliseconds>(timeout).count();
     const int ready = ::poll(poll_fds_.data(), poll_fds_.size(),
                              static_cast<int>(std::min<long long>(milliseconds, 1 << 30)));
     if (ready < 0 && errno != EINTR) {
@@ -586,7 +602,7 @@ class Tcp {
                 " frame bytes written",
             send.header.sequence);
       }
-      close(peer);  // the frames are half done: the stream is out of step
+      shut_down(peer);  // the frames are half done: the stream is out of step
     }
     return Failure{prefix() + "no progress within " +
                        std::to_string(options_.operation_timeout.count()) + " ms during sequence " +
@@ -612,18 +628,26 @@ class Tcp {
 
   // A failure that leaves the stream with `rank` out of step: that connection is closed.
   Failure broken(int rank, const std::string& what) {
-    close(peers_[static_cast<std::size_t>(rank)]);
+    shut_down(peers_[static_cast<std::size_t>(rank)]);
     return Failure{prefix() + what, std::nullopt};
   }
 
   Failure record(Failure failure) {
+    // After close() from another thread the sockets report a closed connection; say who closed.
+    if (closed_.load()) {
+      failure = {
+          prefix() + "the transport was closed during the transfer (" + failure.message + ")",
+          std::nullopt};
+    }
     failure_ = failure.message;
     return failure;
   }
 
-  static void close(Peer& peer) noexcept {
+  // Ends a connection whose stream is out of step; the descriptor stays open until the
+  // destructor (close() may be using it from another thread).
+  static void shut_down(Peer& peer) noexcept {
     detail::ErrorCode ignored;
-    peer.socket.close(ignored);
+    peer.socket.shutdown(boost::asio::socket_base::shutdown_both, ignored);
   }
 
   static std::string describe(const Header& header, std::uint64_t length) {
@@ -649,13 +673,14 @@ class Tcp {
 
   std::string prefix() const { return "rank " + std::to_string(rank()) + ": "; }
 
+  std::uint16_t rendezvous_port_ = 0;  // read from the listener before its options move here
   Options options_;
-  std::uint16_t rendezvous_port_ = 0;
   std::unique_ptr<boost::asio::io_context> io_;
-  std::vector<Peer> peers_;  // by rank; this rank's own entry holds a closed socket
-  std::string failure_;  // what broke the transport; empty while it works
+  std::vector<Peer> peers_;       // by rank; this rank's own entry holds a closed socket
+  std::vector<int> descriptors_;  // of peers_' sockets, fixed at construction, for close()
+  std::string failure_;           // what broke the transport; empty while it works
   std::string last_failure_;
-  bool closed_ = false;
+  std::atomic<bool> closed_ = false;
   // Scratch of transfer(), kept to avoid allocating on every call.
   std::vector<int> active_;        // ranks with queued sends or receives
   std::vector<int> next_send_;     // per send: the next send to the same peer
