@@ -18,6 +18,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cohort/core/options.hpp"
@@ -37,6 +38,7 @@ class Loopback {
     options::require_positive("timeout", options_.timeout.count());
     mailboxes_ = std::vector<Mailbox>(static_cast<std::size_t>(options_.ranks));
     closed_ = std::vector<bool>(static_cast<std::size_t>(options_.ranks), false);
+    reasons_ = std::vector<std::string>(static_cast<std::size_t>(options_.ranks));
   }
 
   class Endpoint {
@@ -49,7 +51,8 @@ class Loopback {
       for (const Receive& receive : receives) group_->take(rank_, receive);
     }
 
-    void close() { group_->close(rank_); }
+    void close() { group_->close(rank_, {}); }
+    void leave(std::string_view reason) { group_->close(rank_, reason); }
 
    private:
     friend class Loopback;
@@ -81,8 +84,8 @@ class Loopback {
     check_peer(sender, send.peer);
     std::lock_guard lock(mutex_);
     if (closed_[static_cast<std::size_t>(sender)]) {
-      throw CommError("rank " + std::to_string(sender) + ": transport closed, cannot send to rank " +
-                      std::to_string(send.peer));
+      throw CommError("rank " + std::to_string(sender) +
+                      ": transport closed, cannot send to rank " + std::to_string(send.peer));
     }
     mailboxes_[static_cast<std::size_t>(send.peer)].frames.push_back(
         {sender, send.header, {send.payload.begin(), send.payload.end()}});
@@ -106,8 +109,9 @@ class Loopback {
     auto frame = from_peer();
     while (frame == frames.end()) {
       if (closed_[static_cast<std::size_t>(receive.peer)]) {
+        const std::string& reason = reasons_[static_cast<std::size_t>(receive.peer)];
         throw CommError(where(receiver, receive) + ": rank " + std::to_string(receive.peer) +
-                        " closed the connection");
+                        (reason.empty() ? " closed the connection" : " left: " + reason));
       }
       if (arrived_.wait_until(lock, deadline) == std::cv_status::timeout) {
         frame = from_peer();
@@ -137,9 +141,10 @@ class Loopback {
     frames.erase(frame);
   }
 
-  void close(int rank) {
+  void close(int rank, std::string_view reason) {
     std::lock_guard lock(mutex_);
     closed_[static_cast<std::size_t>(rank)] = true;
+    reasons_[static_cast<std::size_t>(rank)] = reason;
     arrived_.notify_all();
   }
 
@@ -151,9 +156,8 @@ class Loopback {
   }
 
   static std::string where(int receiver, const Receive& receive) {
-    return "rank " + std::to_string(receiver) + " (type " +
-           std::to_string(receive.expected.type) + " sequence " +
-           std::to_string(receive.expected.sequence) + ")";
+    return "rank " + std::to_string(receiver) + " (type " + std::to_string(receive.expected.type) +
+           " sequence " + std::to_string(receive.expected.sequence) + ")";
   }
 
   Options options_;
@@ -161,6 +165,7 @@ class Loopback {
   std::condition_variable arrived_;
   std::vector<Mailbox> mailboxes_;
   std::vector<bool> closed_;
+  std::vector<std::string> reasons_;  // why each closed rank left, when it said
 };
 
 static_assert(Transport<Loopback::Endpoint>);

@@ -20,7 +20,12 @@
 //       within the transport's deadline.
 //   t.close()
 //       closes every connection now: peers waiting on this rank fail promptly with a CommError
-//       naming it. Used by a rank that failed (collective abort); later transfers throw.
+//       naming it; later transfers throw. Safe from any thread, also during a transfer (a
+//       collective's abort from another replica thread).
+//   t.leave(std::string_view reason)
+//       the same, after telling every peer why: a peer that is waiting for this rank fails with
+//       "rank R left: <reason>", so the first cause of a failure reaches every rank, not only
+//       the neighbours of the rank that died. Only from the thread that runs transfers.
 //
 // Required of the caller: payload spans stay valid until transfer returns; a receive's payload
 // has exactly the length of the matching send's.
@@ -31,6 +36,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "cohort/core/error.hpp"
 
@@ -89,11 +95,12 @@ class HeaderMismatch : public CommError {
 
 template <class T>
 concept Transport = requires(T& t, const T& ct, std::span<const Send> sends,
-                             std::span<const Receive> receives) {
+                             std::span<const Receive> receives, std::string_view reason) {
   { ct.rank() } -> std::convertible_to<int>;
   { ct.size() } -> std::convertible_to<int>;
   t.transfer(sends, receives);
   t.close();
+  t.leave(reason);
 };
 
 }  // namespace cohort::transport

@@ -66,8 +66,7 @@ class OverTransport {
 
   template <class E>
   void all_gather(std::span<const E> input, std::span<E> output) {
-    const Call call =
-        begin({Operation::kAllGather, data_type_of<E>(), 0, input.size()});
+    const Call call = begin({Operation::kAllGather, data_type_of<E>(), 0, input.size()});
     if (output.size() != input.size() * static_cast<std::size_t>(size())) {
       fail(call, "output has " + std::to_string(output.size()) + " elements, needs size() x " +
                      std::to_string(input.size()));
@@ -77,9 +76,9 @@ class OverTransport {
     for (int peer = 0; peer < size(); ++peer) {
       if (peer == rank()) continue;
       sends.push_back({peer, call.header, bytes_of(input)});
-      receives.push_back({peer, call.header,
-                          writable_bytes_of(output.subspan(slot(peer, input.size()),
-                                                           input.size()))});
+      receives.push_back(
+          {peer, call.header,
+           writable_bytes_of(output.subspan(slot(peer, input.size()), input.size()))});
     }
     std::copy(input.begin(), input.end(), output.begin() + slot(rank(), input.size()));
     transfer(call, sends, receives);
@@ -131,12 +130,16 @@ class OverTransport {
               ? Fingerprint::from_tag(mismatch.received.tag).describe() + " #" +
                     std::to_string(mismatch.received.sequence)
               : "a message of type " + std::to_string(mismatch.received.type);
-      poison_and_throw("rank " + std::to_string(rank()) + " called " +
-                       call.fingerprint.describe() + " #" + std::to_string(call.header.sequence) +
-                       " but rank " + std::to_string(mismatch.sender) + " called " + theirs);
+      poison_and_throw("rank " + std::to_string(rank()) + " called " + call.fingerprint.describe() +
+                       " #" + std::to_string(call.header.sequence) + " but rank " +
+                       std::to_string(mismatch.sender) + " called " + theirs);
     } catch (const CommError& error) {
-      poison_and_throw("rank " + std::to_string(rank()) + ": " + call.fingerprint.describe() +
-                       " #" + std::to_string(call.header.sequence) + " failed: " + error.what());
+      // The transport names this rank too; the message says it once.
+      std::string_view cause = error.what();
+      const std::string self = "rank " + std::to_string(rank()) + ": ";
+      if (cause.starts_with(self)) cause.remove_prefix(self.size());
+      poison_and_throw(self + call.fingerprint.describe() + " #" +
+                       std::to_string(call.header.sequence) + " failed: " + std::string(cause));
     }
   }
 
@@ -158,8 +161,13 @@ class OverTransport {
   }
 
  private:
+  // The first failure leaves the transport with its reason, so that ranks waiting elsewhere
+  // learn the cause and not only that this rank is gone.
   [[noreturn]] void poison_and_throw(const std::string& what) {
-    if (failure_.empty()) failure_ = what;
+    if (failure_.empty()) {
+      failure_ = what;
+      transport_.leave(what);
+    }
     throw CommError(what);
   }
 

@@ -44,6 +44,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -143,6 +144,34 @@ class Tcp {
     for (const int descriptor : descriptors_) ::shutdown(descriptor, SHUT_RDWR);
   }
 
+  // Tells every peer why this rank leaves, then closes: a peer that reads the message fails with
+  // "rank R left: <reason>", so the first cause of a failure reaches every rank, not only the
+  // neighbours of the rank that died. Best effort and bounded (kLeaveWait); a connection that is
+  // broken or stopped in the middle of a frame gets no message. Only from the thread that runs
+  // transfers.
+  void leave(std::string_view reason) noexcept {
+    try {
+      const auto frame =
+          make_frame({setup_type::kAbort}, encode_text(reason.substr(0, kLeaveReasonBytes)));
+      const auto deadline = std::chrono::steady_clock::now() + kLeaveWait;
+      for (Peer& peer : peers_) {
+        if (!peer.socket.is_open() || peer.outgoing_cut) continue;
+        std::size_t written = 0;
+        while (written < frame.size() && std::chrono::steady_clock::now() < deadline) {
+          detail::ErrorCode ec;
+          written += peer.socket.write_some(
+              boost::asio::buffer(frame.data() + written, frame.size() - written), ec);
+          if (ec && ec != boost::asio::error::would_block && ec != boost::asio::error::try_again) {
+            break;
+          }
+        }
+      }
+    } catch (...) {
+      // Leaving is best effort: the close below still tells every peer that this rank is gone.
+    }
+    close();
+  }
+
  private:
   // A payload of at most this many bytes is checksummed in one call before its first byte
   // leaves; a longer one in pieces of this size just ahead of the kernel's copy, while they are
@@ -151,6 +180,10 @@ class Tcp {
   // Bytes read beyond the frame being received wait here for the next receive; a whole small
   // frame (header, payload, trailer) arrives in one read.
   static constexpr std::size_t kInboxBytes = std::size_t{64} << 10;
+  // A leave message: its reason is cut to this length (a whole one fits the inbox), and sending
+  // it to every peer may take this long.
+  static constexpr std::size_t kLeaveReasonBytes = 4096;
+  static constexpr std::chrono::milliseconds kLeaveWait{200};
 
   struct Mismatch {
     int sender;
@@ -198,6 +231,7 @@ class Tcp {
     int send = -1;
     int send_tail = -1;
     std::size_t sent = 0;
+    bool outgoing_cut = false;  // a transfer failed in the middle of a frame to this peer
     std::size_t hashed = 0;
     HeaderBytes out_header{};
     std::array<std::byte, kTrailerBytes> out_trailer{};
@@ -329,6 +363,7 @@ class Tcp {
   void clear_queues() {
     for (const int rank : active_) {
       Peer& peer = peers_[static_cast<std::size_t>(rank)];
+      if (peer.send >= 0 && peer.sent > 0) peer.outgoing_cut = true;
       peer.send = peer.send_tail = peer.receive = peer.receive_tail = -1;
     }
     active_.clear();
@@ -454,6 +489,19 @@ class Tcp {
             std::size_t ignored = 0;
             if (fetch({}, ignored) != Read::kDone) return failure;
             continue;
+          }
+          if (const FrameHeader frame = decode_header(peer.inbox.front());
+              frame.magic == kMagic && frame.header.type == setup_type::kAbort &&
+              frame.length <= kLeaveReasonBytes) {
+            const std::size_t whole = kHeaderBytes + frame.length + kTrailerBytes;
+            if (peer.inbox.size() < whole) {
+              std::size_t ignored = 0;
+              if (fetch({}, ignored) != Read::kDone) return failure;
+              continue;
+            }
+            const std::string reason = decode_text(
+                {peer.inbox.front() + kHeaderBytes, static_cast<std::size_t>(frame.length)});
+            return broken(rank, "rank " + std::to_string(rank) + " left: " + reason);
           }
           if (auto failure = check_header(rank, receive, peer.inbox.front())) return failure;
           peer.in_seed = options_.checksum ? checksum_seed(peer.inbox.front()) : 0;
