@@ -9,6 +9,7 @@ as every cohort replica is one thread. Prints one line per world size:
 and the BLAS PyTorch was built with.
 """
 import os
+import re
 import sys
 import time
 
@@ -63,8 +64,10 @@ def worker(rank, world_size, port, results):
 
 def main():
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 29610
-    blas = [line.strip() for line in torch.__config__.show().splitlines() if "BLAS" in line]
-    print("torch", torch.__version__, "|", "; ".join(blas) or "BLAS not reported")
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    print(f"torch {torch.__version__}, BLAS_INFO={blas.group(1) if blas else 'unknown'}, "
+          f"libblas.so.3 -> {os.path.realpath('/usr/lib/x86_64-linux-gnu/libblas.so.3')}")
     context = mp.get_context("spawn")
     for world_size in (1, 2):
         results = context.Queue()
