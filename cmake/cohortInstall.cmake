@@ -14,6 +14,15 @@ set(COHORT_INSTALL_CMAKEDIR "${CMAKE_INSTALL_DATADIR}/cmake/cohort"
 mark_as_advanced(COHORT_INSTALL_CMAKEDIR)
 
 install(TARGETS cohort cohort_tcp EXPORT cohortTargets COMPONENT cohort_Development)
+# cohort::cuda only when it was built; its config then finds CUDAToolkit and NCCL (with the
+# FindNCCL.cmake installed beside it), and COHORT_CUDA tells cohortConfig.cmake to do so.
+set(COHORT_CUDA "${COHORT_ENABLE_CUDA}")
+if(COHORT_ENABLE_CUDA)
+  install(TARGETS cohort_cuda EXPORT cohortTargets COMPONENT cohort_Development)
+  install(FILES "${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake" DESTINATION "${COHORT_INSTALL_CMAKEDIR}"
+          COMPONENT cohort_Development)
+  file(COPY "${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake" DESTINATION "${PROJECT_BINARY_DIR}")
+endif()
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/cohort" TYPE INCLUDE
         COMPONENT cohort_Development)
 install(EXPORT cohortTargets NAMESPACE cohort:: DESTINATION "${COHORT_INSTALL_CMAKEDIR}"

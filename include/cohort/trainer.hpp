@@ -115,6 +115,19 @@ class Trainer {
     if (until.epochs == 0 && until.steps == 0) {
       options::reject("until", "{}", "give epochs or steps (or both)");
     }
+    // A strategy with server processes (strategy/parameter_server.hpp): a server serves the
+    // workers' fit and returns when they are done.
+    if constexpr (requires { strategy_.serves(); }) {
+      if (strategy_.serves()) {
+        Report report;
+        const auto start = std::chrono::steady_clock::now();
+        strategy_.serve(ModelTraits<M>::parameters(models_[0]), optimizer_,
+                        std::span<value_type>(optimizer_states_[0]));
+        report.seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return report;
+      }
+    }
     const sharding::Plan plan(data.size(), options_.global_batch, options_.micro_batches,
                               strategy_.replicas());
     if (dataset_size_ != 0 && dataset_size_ != data.size()) {
@@ -208,8 +221,15 @@ class Trainer {
     std::vector<value_type>& optimizer_state = optimizer_states_[local];
     const bool reports = replica.index() == 0 && strategy_.is_chief();
 
-    // Replicas built in separate processes start from the chief's parameters.
-    replica.communicator().broadcast(parameters, 0);
+    // Replicas built in separate processes start from the chief's parameters (a parameter
+    // server's replicas: the chief initializes the servers, every worker pulls).
+    if constexpr (requires {
+                    replica.start(parameters, std::span<value_type>(optimizer_state), step_);
+                  }) {
+      replica.start(parameters, std::span<value_type>(optimizer_state), step_);
+    } else {
+      replica.communicator().broadcast(parameters, 0);
+    }
 
     tree::StreamingFold<Gradient, decltype(&add_into)> gradient_fold(&add_into);
     tree::StreamingFold<double, decltype(&add_loss)> loss_fold(&add_loss);

@@ -1,16 +1,18 @@
 // One rank of the process tests of the collectives over TCP. Who it is comes from the launcher's
 // variables (cluster::resolve).
 //   collective_rank exact ALGORITHM     every operation, exact sums, over the lengths
-//   collective_rank mismatch            rank 0 calls all_reduce, the others broadcast
+//   collective_rank mismatch            rank 0 calls all_reduce, the others broadcast and wait
 //   collective_rank loop                all-reduces 4 MiB until killed (fault tests)
 // Exits 0 on success, 1 with "error: ..." on stderr otherwise.
 #include <cohort/cluster/cluster.hpp>
 #include <cohort/collective/deterministic.hpp>
 #include <cohort/collective/ring.hpp>
 #include <cohort/transport/tcp/tcp.hpp>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collective_checks.hpp"
@@ -54,9 +56,11 @@ int main(int argc, char** argv) {
       if (communicator.rank() == 0) {
         communicator.all_reduce(std::span<float>(buffer), cohort::ReduceOp::kSum);
       } else {
+        // Sends and waits, so that rank 0 is the one that finds the mismatch (the launcher
+        // then stops this rank).
         communicator.broadcast(std::span<float>(buffer), 1);
+        std::this_thread::sleep_for(std::chrono::seconds(20));
       }
-      communicator.barrier();
     } else if (mode == "loop") {
       cohort::collective::Deterministic communicator(connect());
       std::vector<float> buffer(std::size_t{1} << 20, 1.0f);

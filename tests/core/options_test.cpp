@@ -5,22 +5,12 @@
 #include <limits>
 #include <string>
 
+#include "error_message.hpp"
+
 namespace {
 
-// The message of the ConfigError that f throws, or "" if it throws none.
-template <class F>
-std::string config_error_message(F&& f) {
-  try {
-    f();
-  } catch (const cohort::ConfigError& error) {
-    return error.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using cohort::testing::config_error_message;
+using cohort::testing::contains;
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "error_message.hpp"
 #include "training.hpp"
 
 namespace {
@@ -97,15 +98,7 @@ TEST_CASE("fit counts epochs and steps from the beginning of the run") {
 }
 
 TEST_CASE("invalid options raise ConfigError naming the field") {
-  using cohort::ConfigError;
-  const auto message_of = [](auto&& make) -> std::string {
-    try {
-      make();
-    } catch (const ConfigError& error) {
-      return error.what();
-    }
-    return "no ConfigError";
-  };
+  const auto message_of = [](auto&& make) { return cohort::testing::config_error_message(make); };
   CHECK(message_of([] { cohort::strategy::Mirrored<>({.replicas = 0}); }).find("replicas") !=
         std::string::npos);
   CHECK(message_of([] {

@@ -1,6 +1,12 @@
 // cohort-run: starts N ranks of a program on this host, as `torchrun --standalone` does.
 //
-//   cohort-run --np N [--port P] [--job-id ID] [--timeout-s S] [--grace-s G] -- program args...
+//   cohort-run --np N [--ps S] [--port P] [--job-id ID] [--timeout-s S] [--grace-s G]
+//              -- program args...
+//
+// With --ps S (a parameter-server job, strategy/parameter_server.hpp) it starts N workers and S
+// servers of the same program: workers get COHORT_ROLE=worker, COHORT_RANK 0..N-1,
+// COHORT_WORLD_SIZE=N and COHORT_PS_COUNT=S; servers get COHORT_ROLE=ps, COHORT_RANK 0..S-1,
+// COHORT_WORLD_SIZE=S and COHORT_WORKER_COUNT=N. Messages name them "worker i" and "ps j".
 //
 // Each rank gets COHORT_RANK, COHORT_WORLD_SIZE, COHORT_LOCAL_RANK, COHORT_LOCAL_WORLD_SIZE,
 // COHORT_MASTER_ADDR=127.0.0.1, COHORT_MASTER_PORT and COHORT_JOB_ID, and loses the rank variables
@@ -56,7 +62,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   int processes = 0;
-  int port = 0;  // 0: pick a free one
+  int servers = 0;  // --ps: parameter servers started after the workers
+  int port = 0;     // 0: pick a free one
   std::string job_id;
   double timeout_s = 0;  // 0: none
   double grace_s = 5;
@@ -110,10 +117,23 @@ std::vector<std::string> rank_environment(const Options& options, int rank, std:
   const auto set = [&](std::string_view name, const std::string& value) {
     entries.push_back(std::string(name) + "=" + value);
   };
-  set(variable::kRank, std::to_string(rank));
-  set(variable::kWorldSize, std::to_string(options.processes));
-  set(variable::kLocalRank, std::to_string(rank));
-  set(variable::kLocalWorldSize, std::to_string(options.processes));
+  if (options.servers > 0) {
+    const bool server = rank >= options.processes;
+    const int index = server ? rank - options.processes : rank;
+    const int size = server ? options.servers : options.processes;
+    set(variable::kRole, server ? "ps" : "worker");
+    set(variable::kRank, std::to_string(index));
+    set(variable::kWorldSize, std::to_string(size));
+    set(variable::kLocalRank, std::to_string(index));
+    set(variable::kLocalWorldSize, std::to_string(size));
+    set(server ? variable::kWorkerCount : variable::kPsCount,
+        std::to_string(server ? options.processes : options.servers));
+  } else {
+    set(variable::kRank, std::to_string(rank));
+    set(variable::kWorldSize, std::to_string(options.processes));
+    set(variable::kLocalRank, std::to_string(rank));
+    set(variable::kLocalWorldSize, std::to_string(options.processes));
+  }
   set(variable::kMasterAddr, "127.0.0.1");
   set(variable::kMasterPort, std::to_string(port));
   set(variable::kJobId, options.job_id);
@@ -216,10 +236,12 @@ class Launch {
     on_child.sa_handler = [](int) {};
     ::sigaction(SIGCHLD, &on_child, nullptr);
 
-    say("starting " + std::to_string(options_.processes) + " ranks of '" + options_.command[0] +
-        "', master 127.0.0.1:" + std::to_string(port_) + ", job '" + options_.job_id + "'");
+    say("starting " + std::to_string(options_.processes) + " ranks" +
+        (options_.servers > 0 ? " (workers) and " + std::to_string(options_.servers) + " ps" : "") +
+        " of '" + options_.command[0] + "', master 127.0.0.1:" + std::to_string(port_) + ", job '" +
+        options_.job_id + "'");
     const Clock::time_point start = Clock::now();
-    for (int rank = 0; rank < options_.processes; ++rank) {
+    for (int rank = 0; rank < options_.processes + options_.servers; ++rank) {
       const Started started =
           start_rank(options_.command, rank_environment(options_, rank, port_), original_mask);
       if (started.pid < 0) {
@@ -261,8 +283,8 @@ class Launch {
       if (kill_at_ && now >= *kill_at_) {
         for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
           if (ranks_[rank].status) continue;
-          say("rank " + std::to_string(rank) + " did not stop within " +
-              format_seconds(options_.grace_s) + " s; sending SIGKILL");
+          say(who(rank) + " did not stop within " + format_seconds(options_.grace_s) +
+              " s; sending SIGKILL");
         }
         signal_all(SIGKILL);
         kill_at_.reset();
@@ -282,6 +304,14 @@ class Launch {
     char text[32];
     std::snprintf(text, sizeof text, "%g", seconds);
     return text;
+  }
+
+  // "rank 3", or in a parameter-server job "worker 3" and "ps 1".
+  std::string who(std::size_t rank) const {
+    const int index = static_cast<int>(rank);
+    if (options_.servers == 0) return "rank " + std::to_string(index);
+    if (index < options_.processes) return "worker " + std::to_string(index);
+    return "ps " + std::to_string(index - options_.processes);
   }
 
   int running() const {
@@ -333,7 +363,7 @@ class Launch {
         const bool success = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!success && !stopping_) {
           exit_code_ = std::max(exit_code_of(status), 1);
-          say("rank " + std::to_string(rank) + " " + describe_status(status) + "; stopping " +
+          say(who(rank) + " " + describe_status(status) + "; stopping " +
               std::to_string(running()) + " other ranks (SIGTERM, SIGKILL after " +
               format_seconds(options_.grace_s) + " s)");
           stop(SIGTERM);
@@ -363,6 +393,10 @@ int main(int argc, char** argv) {
   app.add_option("--np", options.processes, "number of ranks to start")
       ->required()
       ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--ps", options.servers,
+                 "also start this many parameter servers (COHORT_ROLE=ps; the --np ranks are "
+                 "workers)")
+      ->check(CLI::Range(0, 1 << 16));
   app.add_option("--port", options.port, "rendezvous port (default: a free port)")
       ->check(CLI::Range(0, 65535));
   app.add_option("--job-id", options.job_id,

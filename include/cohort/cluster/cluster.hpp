@@ -80,6 +80,12 @@ struct Spec {
   std::uint16_t master_port = kDefaultMasterPort;
   std::string job_id;  // "" when no source names the job
   std::string source;  // which source decided, as describe() prints it
+  // A parameter-server job described by COHORT_* variables (no address lists): the number of
+  // servers and of workers (chief included), from COHORT_PS_COUNT, COHORT_WORKER_COUNT and the
+  // process's own role and size; 0 when not given. parameter_server_count() and worker_count()
+  // below read either form.
+  int ps_count = 0;
+  int worker_count = 0;
 
   friend bool operator==(const Spec&, const Spec&) = default;
 };
@@ -241,7 +247,30 @@ inline std::optional<Reading> read_cohort(const Reader& reader) {
     }
     return std::nullopt;
   }
-  return make_reading(source::kCohort, names, *world, local, *world);
+  Reading reading = make_reading(source::kCohort, names, *world, local, *world);
+  // The roles of a parameter-server job (environment.hpp, variable::kRole).
+  if (const auto role = reader.get(variable::kRole)) {
+    if (*role != "worker" && *role != "chief" && *role != "ps") {
+      reject_text(variable::kRole, *role, "must be \"worker\", \"chief\" or \"ps\"");
+    }
+    reading.spec.role = *role;
+  }
+  const auto count = [&](std::string_view name) {
+    const auto value = reader.integer(name);
+    if (value && *value < 0) reject_number(name, *value, "must not be negative");
+    return value.value_or(0);
+  };
+  reading.spec.ps_count = count(variable::kPsCount);
+  reading.spec.worker_count = count(variable::kWorkerCount);
+  if (reading.spec.role == "ps") {
+    reading.spec.ps_count = reading.spec.size;
+    if (reading.spec.worker_count == 0) {
+      reject_text(variable::kWorkerCount, "", "must be set (> 0) for COHORT_ROLE = \"ps\"");
+    }
+  } else if (reading.spec.ps_count > 0) {
+    reading.spec.worker_count = reading.spec.size;
+  }
+  return reading;
 }
 
 // The position of list[index] among the entries of `list` on its host, and their count.
@@ -464,6 +493,18 @@ inline Spec resolve(const Explicit& given = {},
     decided->spec.source = std::string(source::kNone);
   }
   return detail::settle(std::move(*decided), given, reader);
+}
+
+// The parameter servers and the workers (chief included) of a job: from TF_CONFIG's lists, or
+// from the COHORT_* role variables; 0 servers when the job has none.
+inline int parameter_server_count(const Spec& spec) {
+  if (!spec.parameter_servers.empty()) return static_cast<int>(spec.parameter_servers.size());
+  return spec.ps_count;
+}
+inline int worker_count(const Spec& spec) {
+  if (!spec.workers.empty()) return static_cast<int>(spec.workers.size());
+  if (spec.worker_count > 0) return spec.worker_count;
+  return spec.role == "ps" ? 0 : spec.size;
 }
 
 // One line for the log: "rank 1 of 4 (local 1 of 4), role worker, master 127.0.0.1:29500,

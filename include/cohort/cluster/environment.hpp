@@ -64,6 +64,14 @@ inline constexpr std::string_view kLocalWorldSize = "COHORT_LOCAL_WORLD_SIZE";
 inline constexpr std::string_view kMasterAddr = "COHORT_MASTER_ADDR";
 inline constexpr std::string_view kMasterPort = "COHORT_MASTER_PORT";
 inline constexpr std::string_view kJobId = "COHORT_JOB_ID";
+// Roles of a parameter-server job (strategy/parameter_server.hpp). COHORT_ROLE is "worker" (the
+// default), "chief" or "ps"; COHORT_RANK and COHORT_WORLD_SIZE then count the processes of that
+// role only (chief and workers together), as TF_CONFIG's task index does. A worker learns the
+// number of servers from COHORT_PS_COUNT, a server the number of workers from
+// COHORT_WORKER_COUNT. cohort-run --ps N sets all three.
+inline constexpr std::string_view kRole = "COHORT_ROLE";
+inline constexpr std::string_view kPsCount = "COHORT_PS_COUNT";
+inline constexpr std::string_view kWorkerCount = "COHORT_WORKER_COUNT";
 
 // The variables by which other launchers (torchrun, Open MPI, the TensorFlow training operator)
 // give a rank and a world size. A launcher that defines its children's world itself, as

@@ -45,33 +45,23 @@ class Deterministic : public detail::OverTransport<T> {
 
   template <class E>
   void all_reduce(std::span<E> buffer, ReduceOp op) {
-    const Call call = this->begin(
-        {Operation::kAllReduce, data_type_of<E>(), static_cast<std::uint16_t>(op), buffer.size()});
+    const Call call = this->begin_all_reduce(buffer, op);
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     if (ranks == 1 || buffer.empty()) return;
     if (buffer.size_bytes() * ranks <= kDirectBytes) {
       fold_whole_buffers(call, buffer, op);
       return;
     }
-    const std::size_t segment = ranks * std::max<std::size_t>(1, kSegmentChunkBytes / sizeof(E));
-    for (std::size_t offset = 0; offset < buffer.size(); offset += segment) {
-      const auto part = buffer.subspan(offset, std::min(segment, buffer.size() - offset));
+    this->for_each_segment(buffer, kSegmentChunkBytes, [&](std::span<E> part) {
       const auto mine = detail::chunk(part.size(), ranks, static_cast<std::size_t>(this->rank()));
       fold_owned_chunk(call, std::span<const E>(part), part.subspan(mine.begin, mine.size()), op);
       gather_owned_chunks(call, part);
-    }
+    });
   }
 
   template <class E>
   void reduce_scatter(std::span<const E> input, std::span<E> output, ReduceOp op) {
-    const Call call = this->begin({Operation::kReduceScatter, data_type_of<E>(),
-                                   static_cast<std::uint16_t>(op), output.size()});
-    const std::size_t ranks = static_cast<std::size_t>(this->size());
-    if (input.size() != ranks * output.size()) {
-      this->fail(call, "input has " + std::to_string(input.size()) + " elements, needs size() x " +
-                           std::to_string(output.size()));
-    }
-    fold_owned_chunk(call, input, output, op);
+    fold_owned_chunk(this->begin_reduce_scatter(input, output, op), input, output, op);
   }
 
  private:

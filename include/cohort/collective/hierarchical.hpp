@@ -123,9 +123,8 @@ class Hierarchical {
     const int local_size = local_.size();
     const int root_worker = root / local_size;
     if (cross_->rank() == root_worker) local_.broadcast(buffer, root % local_size);
-    if (local_.rank() == 0) thread_->submit([this, buffer, root_worker] {
-      cross_->broadcast(buffer, root_worker);
-    });
+    if (local_.rank() == 0)
+      thread_->submit([this, buffer, root_worker] { cross_->broadcast(buffer, root_worker); });
     finish_on_leader();
     local_.broadcast(buffer, 0);
   }
@@ -152,8 +151,8 @@ class Hierarchical {
   void reduce_scatter(std::span<const E> input, std::span<E> output, ReduceOp op) {
     std::vector<E> whole(input.begin(), input.end());
     all_reduce(std::span<E>(whole), op);
-    std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rank()) *
-                                                           output.size()),
+    std::copy_n(whole.begin() +
+                    static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rank()) * output.size()),
                 output.size(), output.begin());
   }
 

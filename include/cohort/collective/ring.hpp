@@ -36,27 +36,18 @@ class Ring : public detail::OverTransport<T> {
 
   template <class E>
   void all_reduce(std::span<E> buffer, ReduceOp op) {
-    const Call call = this->begin({Operation::kAllReduce, data_type_of<E>(),
-                                   static_cast<std::uint16_t>(op), buffer.size()});
-    const std::size_t ranks = static_cast<std::size_t>(this->size());
-    if (ranks == 1 || buffer.empty()) return;
-    const std::size_t segment = ranks * std::max<std::size_t>(1, kSegmentChunkBytes / sizeof(E));
-    for (std::size_t offset = 0; offset < buffer.size(); offset += segment) {
-      const auto part = buffer.subspan(offset, std::min(segment, buffer.size() - offset));
+    const Call call = this->begin_all_reduce(buffer, op);
+    if (this->size() == 1 || buffer.empty()) return;
+    this->for_each_segment(buffer, kSegmentChunkBytes, [&](std::span<E> part) {
       reduce_around(call, part, op);
       gather_around(call, part);
-    }
+    });
   }
 
   template <class E>
   void reduce_scatter(std::span<const E> input, std::span<E> output, ReduceOp op) {
-    const Call call = this->begin({Operation::kReduceScatter, data_type_of<E>(),
-                                   static_cast<std::uint16_t>(op), output.size()});
+    const Call call = this->begin_reduce_scatter(input, output, op);
     const std::size_t ranks = static_cast<std::size_t>(this->size());
-    if (input.size() != ranks * output.size()) {
-      this->fail(call, "input has " + std::to_string(input.size()) +
-                           " elements, needs size() x " + std::to_string(output.size()));
-    }
     std::vector<E> work(input.begin(), input.end());
     if (ranks > 1) reduce_around(call, std::span<E>(work), op);
     const auto mine = detail::chunk(work.size(), ranks, static_cast<std::size_t>(this->rank()));
@@ -83,9 +74,9 @@ class Ring : public detail::OverTransport<T> {
       const auto outgoing = detail::chunk(part.size(), ranks, behind(step + 1));
       const auto incoming = detail::chunk(part.size(), ranks, behind(step + 2));
       const auto received = staging.first(incoming.size());
-      const transport::Send send{right(), call.header,
-                                 detail::bytes_of(std::span<const E>(
-                                     part.subspan(outgoing.begin, outgoing.size())))};
+      const transport::Send send{
+          right(), call.header,
+          detail::bytes_of(std::span<const E>(part.subspan(outgoing.begin, outgoing.size())))};
       const transport::Receive receive{left(), call.header, detail::writable_bytes_of(received)};
       this->transfer(call, {&send, 1}, {&receive, 1});
       device::cpu::combine_into<E>(op, part.subspan(incoming.begin, incoming.size()),
@@ -100,9 +91,9 @@ class Ring : public detail::OverTransport<T> {
     for (std::size_t step = 0; step + 1 < ranks; ++step) {
       const auto outgoing = detail::chunk(part.size(), ranks, behind(step));
       const auto incoming = detail::chunk(part.size(), ranks, behind(step + 1));
-      const transport::Send send{right(), call.header,
-                                 detail::bytes_of(std::span<const E>(
-                                     part.subspan(outgoing.begin, outgoing.size())))};
+      const transport::Send send{
+          right(), call.header,
+          detail::bytes_of(std::span<const E>(part.subspan(outgoing.begin, outgoing.size())))};
       const transport::Receive receive{
           left(), call.header,
           detail::writable_bytes_of(part.subspan(incoming.begin, incoming.size()))};

@@ -21,7 +21,7 @@
 #include "cohort/collective/local.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/device/cpu.hpp"
-#include "cohort/strategy/detail/all_reduce_update.hpp"
+#include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/strategy.hpp"
 
@@ -54,22 +54,7 @@ class Mirrored {
 
   using Communicator = decltype(std::declval<Collective&>().communicator(0));
 
-  class Replica {
-   public:
-    std::size_t index() const { return index_; }
-    Communicator& communicator() { return communicator_; }
-    template <class T, class O>
-    void update(Update<T, O>& update) {
-      detail::all_reduce_update(communicator_, update);
-    }
-
-   private:
-    friend class Mirrored;
-    Replica(std::size_t index, Communicator communicator)
-        : index_(index), communicator_(std::move(communicator)) {}
-    std::size_t index_;
-    Communicator communicator_;
-  };
+  using Replica = detail::MirroredReplica<Communicator>;
 
   template <class Body>
   void run(Body&& body) {

@@ -43,7 +43,7 @@
 #include "cohort/collective/local.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduction_tree.hpp"
-#include "cohort/strategy/detail/all_reduce_update.hpp"
+#include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
@@ -105,22 +105,7 @@ class MultiWorkerMirrored {
   const cluster::Spec& cluster() const { return spec_; }
   const Options& options() const { return options_; }
 
-  class Replica {
-   public:
-    std::size_t index() const { return index_; }
-    Communicator& communicator() { return communicator_; }
-    template <class T, class O>
-    void update(Update<T, O>& update) {
-      detail::all_reduce_update(communicator_, update);
-    }
-
-   private:
-    friend class MultiWorkerMirrored;
-    Replica(std::size_t index, Communicator communicator)
-        : index_(index), communicator_(std::move(communicator)) {}
-    std::size_t index_;
-    Communicator communicator_;
-  };
+  using Replica = detail::MirroredReplica<Communicator>;
 
   template <class Body>
   void run(Body&& body) {

@@ -9,6 +9,7 @@
 //   auto endpoint = group.endpoint(rank);   // one per thread; satisfies transport::Transport
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -51,6 +52,12 @@ class Loopback {
       for (const Receive& receive : receives) group_->take(rank_, receive);
     }
 
+    // transport.hpp (Serving): a peer with a frame waiting in this rank's mailbox, or one that
+    // has closed, or -1 after `timeout`.
+    int wait_any(std::span<const int> peers, std::chrono::milliseconds timeout) {
+      return group_->wait_any(rank_, peers, timeout, next_any_);
+    }
+
     void close() { group_->close(rank_, {}); }
     void leave(std::string_view reason) { group_->close(rank_, reason); }
 
@@ -59,6 +66,7 @@ class Loopback {
     Endpoint(Loopback& group, int rank) : group_(&group), rank_(rank) {}
     Loopback* group_;
     int rank_;
+    std::size_t next_any_ = 0;  // where the next wait_any starts looking, for fairness
   };
 
   Endpoint endpoint(int rank) {
@@ -141,6 +149,29 @@ class Loopback {
     frames.erase(frame);
   }
 
+  int wait_any(int receiver, std::span<const int> peers, std::chrono::milliseconds timeout,
+               std::size_t& next) {
+    for (const int peer : peers) check_peer(receiver, peer);
+    const auto& frames = mailboxes_[static_cast<std::size_t>(receiver)].frames;
+    const auto ready = [&]() -> int {
+      for (std::size_t i = 0; i < peers.size(); ++i) {
+        const int peer = peers[(next + i) % peers.size()];
+        const bool has_frame = std::any_of(
+            frames.begin(), frames.end(), [&](const Frame& frame) { return frame.sender == peer; });
+        if (has_frame || closed_[static_cast<std::size_t>(peer)]) {
+          next = (next + i + 1) % peers.size();
+          return peer;
+        }
+      }
+      return -1;
+    };
+    std::unique_lock lock(mutex_);
+    if (peers.empty()) return -1;
+    int peer = -1;
+    arrived_.wait_for(lock, timeout, [&] { return (peer = ready()) >= 0; });
+    return peer;
+  }
+
   void close(int rank, std::string_view reason) {
     std::lock_guard lock(mutex_);
     closed_[static_cast<std::size_t>(rank)] = true;
@@ -169,5 +200,6 @@ class Loopback {
 };
 
 static_assert(Transport<Loopback::Endpoint>);
+static_assert(Serving<Loopback::Endpoint>);
 
 }  // namespace cohort::transport

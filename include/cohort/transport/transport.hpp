@@ -29,8 +29,18 @@
 //
 // Required of the caller: payload spans stay valid until transfer returns; a receive's payload
 // has exactly the length of the matching send's.
+//
+// A transport that serves requests in arrival order (the parameter server) also needs to know
+// which peer to read next. transport::Serving adds:
+//   t.wait_any(std::span<const int> peers, std::chrono::milliseconds timeout)
+//       returns a peer among `peers` whose next frame has begun to arrive (bytes already buffered
+//       by this rank count) or whose connection has ended (so that the next receive from it fails
+//       and names it), or -1 when none did within `timeout`. It consumes nothing: a receive
+//       follows. Successive calls rotate where they start looking, so that a busy peer cannot
+//       starve the others. Only from the thread that runs transfers.
 #pragma once
 
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -101,6 +111,13 @@ concept Transport = requires(T& t, const T& ct, std::span<const Send> sends,
   t.transfer(sends, receives);
   t.close();
   t.leave(reason);
+};
+
+// A Transport that can also say which peer has a frame ready (see the top of this file).
+template <class T>
+concept Serving = Transport<T> &&
+    requires(T& t, std::span<const int> peers, std::chrono::milliseconds timeout) {
+  { t.wait_any(peers, timeout) } -> std::convertible_to<int>;
 };
 
 }  // namespace cohort::transport

@@ -4,6 +4,7 @@
 // reduction (broadcast, all_gather, barrier), done directly between every pair of ranks.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <span>
@@ -80,7 +81,8 @@ class OverTransport {
           {peer, call.header,
            writable_bytes_of(output.subspan(slot(peer, input.size()), input.size()))});
     }
-    std::copy(input.begin(), input.end(), output.begin() + slot(rank(), input.size()));
+    E* const own = output.data() + slot(rank(), input.size());
+    if (input.data() != own) std::copy(input.begin(), input.end(), own);  // else in place
     transfer(call, sends, receives);
   }
 
@@ -108,6 +110,24 @@ class OverTransport {
     Fingerprint fingerprint;
     transport::Header header;
   };
+
+  // The openings of the reductions, whose algorithms differ by collective.
+  template <class E>
+  Call begin_all_reduce(std::span<E> buffer, ReduceOp op) {
+    return begin(
+        {Operation::kAllReduce, data_type_of<E>(), static_cast<std::uint16_t>(op), buffer.size()});
+  }
+
+  template <class E>
+  Call begin_reduce_scatter(std::span<const E> input, std::span<E> output, ReduceOp op) {
+    const Call call = begin({Operation::kReduceScatter, data_type_of<E>(),
+                             static_cast<std::uint16_t>(op), output.size()});
+    if (input.size() != static_cast<std::size_t>(size()) * output.size()) {
+      fail(call, "input has " + std::to_string(input.size()) + " elements, needs size() x " +
+                     std::to_string(output.size()));
+    }
+    return call;
+  }
 
   Call begin(Fingerprint fingerprint) {
     if (!failure_.empty()) {
@@ -146,6 +166,17 @@ class OverTransport {
   [[noreturn]] void fail(const Call& call, const std::string& why) {
     poison_and_throw("rank " + std::to_string(rank()) + ": " + call.fingerprint.describe() + " #" +
                      std::to_string(call.header.sequence) + ": " + why);
+  }
+
+  // Cuts a large buffer into segments of size() chunks of at most chunk_bytes each, so that
+  // staging memory stays bounded, and calls body on each in order.
+  template <class E, class Body>
+  void for_each_segment(std::span<E> buffer, std::size_t chunk_bytes, Body&& body) {
+    const std::size_t segment =
+        static_cast<std::size_t>(size()) * std::max<std::size_t>(1, chunk_bytes / sizeof(E));
+    for (std::size_t offset = 0; offset < buffer.size(); offset += segment) {
+      body(buffer.subspan(offset, std::min(segment, buffer.size() - offset)));
+    }
   }
 
   // Byte scratch reused across calls, so a steady training loop allocates nothing.

@@ -96,7 +96,8 @@ class Tcp {
         descriptors_(std::move(other.descriptors_)),
         failure_(std::move(other.failure_)),
         last_failure_(std::move(other.last_failure_)),
-        closed_(other.closed_.load()) {}
+        closed_(other.closed_.load()),
+        isolate_peer_failures_(other.isolate_peer_failures_) {}
   Tcp& operator=(Tcp&&) = delete;
 
   // Shuts every connection down (the sockets themselves close with peers_, which is declared
@@ -135,6 +136,49 @@ class Tcp {
   // The message of the last transfer that failed through the error_code form.
   const std::string& last_failure() const noexcept { return last_failure_; }
 
+  // transport.hpp (Serving): a peer among `peers` with bytes of its next frame buffered here or
+  // readable on its socket, or whose connection has ended; -1 when none within `timeout`.
+  // Consumes nothing. Starts looking after the peer it returned last, so that every peer is
+  // served in turn.
+  int wait_any(std::span<const int> peers, std::chrono::milliseconds timeout) {
+    if (peers.empty()) return -1;
+    for (const int peer : peers) {
+      if (auto failure = check_peer(peer)) throw CommError(failure->message);
+    }
+    const auto pick = [&](auto&& is_ready) {
+      for (std::size_t i = 0; i < peers.size(); ++i) {
+        const std::size_t at = (next_any_ + i) % peers.size();
+        if (is_ready(at)) {
+          next_any_ = at + 1;
+          return peers[at];
+        }
+      }
+      return -1;
+    };
+    if (const int buffered = pick([&](std::size_t at) {
+          return peers_[static_cast<std::size_t>(peers[at])].inbox.size() > 0;
+        });
+        buffered >= 0) {
+      return buffered;
+    }
+    poll_fds_.clear();
+    for (const int peer : peers) {
+      poll_fds_.push_back(
+          {peers_[static_cast<std::size_t>(peer)].socket.native_handle(), POLLIN, 0});
+    }
+    const int ready = ::poll(poll_fds_.data(), poll_fds_.size(),
+                             static_cast<int>(std::min<long long>(timeout.count(), 1 << 30)));
+    if (ready <= 0) return -1;  // timed out or interrupted: the caller looks again
+    return pick([&](std::size_t at) { return poll_fds_[at].revents != 0; });
+  }
+
+  // After this call a failure of one connection (a peer that closes, a malformed or mismatched
+  // frame, a timeout) ends that connection only: the transfer throws as before, but later
+  // transfers with the other peers go on. For a server whose every transfer involves a single
+  // peer (strategy/parameter_server.hpp); a transfer with several peers that fails may leave
+  // the others' streams cut in the middle of a frame.
+  void isolate_peer_failures() noexcept { isolate_peer_failures_ = true; }
+
   // Shuts every connection down: the peers see end-of-file, a transfer in progress on another
   // thread fails at once, and every later one fails. Safe from any thread at any time (abort()
   // of the collectives calls it): it only shuts descriptors down, which stay open, and so cannot
@@ -146,16 +190,17 @@ class Tcp {
 
   // Tells every peer why this rank leaves, then closes: a peer that reads the message fails with
   // "rank R left: <reason>", so the first cause of a failure reaches every rank, not only the
-  // neighbours of the rank that died. Best effort and bounded (kLeaveWait); a connection that is
-  // broken or stopped in the middle of a frame gets no message. Only from the thread that runs
-  // transfers.
+  // neighbours of the rank that died. A frame that the failed transfer left half-written is
+  // finished first. Best effort and bounded (kLeaveWait). Only from the thread that runs
+  // transfers, before the failed transfer's buffers are released.
   void leave(std::string_view reason) noexcept {
     try {
       const auto frame =
           make_frame({setup_type::kAbort}, encode_text(reason.substr(0, kLeaveReasonBytes)));
       const auto deadline = std::chrono::steady_clock::now() + kLeaveWait;
-      for (Peer& peer : peers_) {
-        if (!peer.socket.is_open() || peer.outgoing_cut) continue;
+      for (int rank = 0; rank < size(); ++rank) {
+        Peer& peer = peers_[static_cast<std::size_t>(rank)];
+        if (!peer.socket.is_open() || !finish_cut_frame(rank, deadline)) continue;
         std::size_t written = 0;
         while (written < frame.size() && std::chrono::steady_clock::now() < deadline) {
           detail::ErrorCode ec;
@@ -183,7 +228,7 @@ class Tcp {
   // A leave message: its reason is cut to this length (a whole one fits the inbox), and sending
   // it to every peer may take this long.
   static constexpr std::size_t kLeaveReasonBytes = 4096;
-  static constexpr std::chrono::milliseconds kLeaveWait{200};
+  static constexpr std::chrono::milliseconds kLeaveWait{1000};
 
   struct Mismatch {
     int sender;
@@ -231,7 +276,9 @@ class Tcp {
     int send = -1;
     int send_tail = -1;
     std::size_t sent = 0;
-    bool outgoing_cut = false;  // a transfer failed in the middle of a frame to this peer
+    // The frame a failed transfer left half-written to this peer: leave() finishes it (its
+    // payload is still the caller's) so that the leave message after it can be read.
+    std::optional<Send> cut;
     std::size_t hashed = 0;
     HeaderBytes out_header{};
     std::array<std::byte, kTrailerBytes> out_trailer{};
@@ -241,6 +288,7 @@ class Tcp {
     int receive_tail = -1;
     Stage stage = Stage::kHeader;
     std::size_t received = 0;
+    std::size_t in_length = 0;  // payload bytes of the frame being received
     std::uint64_t in_seed = 0;
     std::uint64_t in_digest = 0;  // when the payload was checksummed in one call
     bool in_streaming = false;    // when it is checksummed in pieces, by in_checksum
@@ -271,7 +319,7 @@ class Tcp {
         if (peer.send >= 0) failure = pump_sends(rank, sends, moved, pending);
         if (!failure && peer.receive >= 0) failure = pump_receives(rank, receives, moved, pending);
         if (failure) {
-          clear_queues();
+          clear_queues(sends);
           return record(std::move(*failure));
         }
       }
@@ -290,11 +338,11 @@ class Tcp {
       const auto deadline = last_progress + options_.operation_timeout;
       if (now >= deadline) {
         auto failure = timeout(sends, receives);
-        clear_queues();
+        clear_queues(sends);
         return record(std::move(failure));
       }
       if (auto failure = wait(deadline - now)) {
-        clear_queues();
+        clear_queues(sends);
         return record(std::move(*failure));
       }
     }
@@ -360,16 +408,46 @@ class Tcp {
     return peer;
   }
 
-  void clear_queues() {
+  void clear_queues(std::span<const Send> sends = {}) {
     for (const int rank : active_) {
       Peer& peer = peers_[static_cast<std::size_t>(rank)];
-      if (peer.send >= 0 && peer.sent > 0) peer.outgoing_cut = true;
+      if (peer.send >= 0 && peer.sent > 0 && !sends.empty()) {
+        peer.cut = sends[static_cast<std::size_t>(peer.send)];
+      }
       peer.send = peer.send_tail = peer.receive = peer.receive_tail = -1;
     }
     active_.clear();
   }
 
   // --- sending -------------------------------------------------------------------------------
+
+  // Writes the rest of the frame a failed transfer cut off, if any; false if it cannot.
+  bool finish_cut_frame(int rank, std::chrono::steady_clock::time_point deadline) {
+    Peer& peer = peers_[static_cast<std::size_t>(rank)];
+    if (!peer.cut) return true;
+    const std::span<const Send> cut(&*peer.cut, 1);
+    next_send_.assign(1, -1);
+    peer.send = 0;
+    std::size_t pending = 1;
+    while (peer.send >= 0 && std::chrono::steady_clock::now() < deadline) {
+      bool moved = false;
+      if (pump_sends(rank, cut, moved, pending)) break;
+      if (moved) continue;
+      // The peer may be stuck writing to this rank: read and drop what it sends, so that both
+      // ends move.
+      detail::ErrorCode ec;
+      std::size_t ignored = 0;
+      if (read_some(peer, {}, ignored, ec) == Read::kDone) {
+        peer.inbox.consume(peer.inbox.size());
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    const bool finished = peer.send < 0;
+    peer.send = -1;
+    peer.cut.reset();
+    return finished;
+  }
 
   void start_send(Peer& peer, const Send& send) const {
     peer.out_header = encode_header(send.header, send.payload.size());
@@ -490,23 +568,19 @@ class Tcp {
             if (fetch({}, ignored) != Read::kDone) return failure;
             continue;
           }
-          if (const FrameHeader frame = decode_header(peer.inbox.front());
-              frame.magic == kMagic && frame.header.type == setup_type::kAbort &&
-              frame.length <= kLeaveReasonBytes) {
-            const std::size_t whole = kHeaderBytes + frame.length + kTrailerBytes;
-            if (peer.inbox.size() < whole) {
-              std::size_t ignored = 0;
-              if (fetch({}, ignored) != Read::kDone) return failure;
-              continue;
-            }
-            const std::string reason = decode_text(
-                {peer.inbox.front() + kHeaderBytes, static_cast<std::size_t>(frame.length)});
-            return broken(rank, "rank " + std::to_string(rank) + " left: " + reason);
+          std::string reason;
+          if (const Farewell farewell = read_farewell(peer.inbox, reason);
+              farewell != Farewell::kNone) {
+            if (farewell == Farewell::kComplete) return broken(rank, left(rank, reason));
+            std::size_t ignored = 0;
+            if (fetch({}, ignored) != Read::kDone) return failure;
+            continue;
           }
           if (auto failure = check_header(rank, receive, peer.inbox.front())) return failure;
           peer.in_seed = options_.checksum ? checksum_seed(peer.inbox.front()) : 0;
           peer.inbox.consume(kHeaderBytes);
           peer.received = 0;
+          peer.in_length = length;
           peer.in_streaming = false;
           peer.in_digest = length == 0 && options_.checksum ? checksum(peer.in_seed, {}) : 0;
           peer.stage = Stage::kPayload;
@@ -659,8 +733,64 @@ class Tcp {
   }
 
   // A failure of the connection to `rank`, from Asio's error code.
+  // Whether the inbox starts with a leave message (leave()), and its reason when it is whole.
+  enum class Farewell { kNone, kPartial, kComplete };
+  static Farewell read_farewell(const Inbox& inbox, std::string& reason) {
+    if (inbox.size() < kHeaderBytes) return Farewell::kNone;
+    const FrameHeader frame = decode_header(inbox.front());
+    if (frame.magic != kMagic || frame.header.type != setup_type::kAbort ||
+        frame.length > kLeaveReasonBytes) {
+      return Farewell::kNone;
+    }
+    if (inbox.size() < kHeaderBytes + frame.length + kTrailerBytes) return Farewell::kPartial;
+    reason = decode_text({inbox.front() + kHeaderBytes, static_cast<std::size_t>(frame.length)});
+    return Farewell::kComplete;
+  }
+
+  static std::string left(int rank, const std::string& reason) {
+    return "rank " + std::to_string(rank) + " left: " + reason;
+  }
+
+  // A peer that closed may have said why first (leave()): its message is already in this
+  // socket's receive queue, ahead of the close. The frames before it (the rest of one being
+  // received, whole ones not yet asked for) are skipped to reach it: the transfer fails either
+  // way. Bounded by kLeaveWait.
+  std::optional<std::string> farewell_of(Peer& peer) {
+    std::size_t skip = peer.stage == Stage::kHeader ? 0
+                       : peer.stage == Stage::kPayload
+                           ? peer.in_length - peer.received + kTrailerBytes
+                           : kTrailerBytes;
+    const auto deadline = std::chrono::steady_clock::now() + kLeaveWait;
+    std::string reason;
+    while (std::chrono::steady_clock::now() < deadline) {
+      const std::size_t skipped = std::min(skip, peer.inbox.size());
+      peer.inbox.consume(skipped);
+      skip -= skipped;
+      if (skip == 0 && peer.inbox.size() >= kHeaderBytes) {
+        const Farewell farewell = read_farewell(peer.inbox, reason);
+        if (farewell == Farewell::kComplete) return reason;
+        if (farewell == Farewell::kNone) {
+          // A data frame the peer finished before it left: the farewell may follow it.
+          const FrameHeader frame = decode_header(peer.inbox.front());
+          if (frame.magic != kMagic || frame.length > options_.max_frame_bytes) return std::nullopt;
+          skip = kHeaderBytes + frame.length + kTrailerBytes;
+          continue;
+        }
+      }
+      detail::ErrorCode ec;
+      std::size_t ignored = 0;
+      const Read read = read_some(peer, {}, ignored, ec);
+      if (read == Read::kFailed) return std::nullopt;
+      if (read == Read::kWouldBlock) std::this_thread::yield();
+    }
+    return std::nullopt;
+  }
+
   Failure connection_failure(int rank, const detail::ErrorCode& ec, const std::string& doing,
                              std::uint64_t sequence) {
+    if (auto reason = farewell_of(peers_[static_cast<std::size_t>(rank)])) {
+      return broken(rank, left(rank, *reason));
+    }
     const std::string peer = "rank " + std::to_string(rank);
     const std::string during = " during sequence " + std::to_string(sequence);
     if (ec == boost::asio::error::eof) {
@@ -687,7 +817,7 @@ class Tcp {
           prefix() + "the transport was closed during the transfer (" + failure.message + ")",
           std::nullopt};
     }
-    failure_ = failure.message;
+    if (!isolate_peer_failures_ || closed_.load()) failure_ = failure.message;
     return failure;
   }
 
@@ -729,6 +859,8 @@ class Tcp {
   std::string failure_;           // what broke the transport; empty while it works
   std::string last_failure_;
   std::atomic<bool> closed_ = false;
+  bool isolate_peer_failures_ = false;
+  std::size_t next_any_ = 0;  // where wait_any starts looking
   // Scratch of transfer(), kept to avoid allocating on every call.
   std::vector<int> active_;        // ranks with queued sends or receives
   std::vector<int> next_send_;     // per send: the next send to the same peer
@@ -737,5 +869,6 @@ class Tcp {
 };
 
 static_assert(Transport<Tcp>);
+static_assert(Serving<Tcp>);
 
 }  // namespace cohort::transport::tcp

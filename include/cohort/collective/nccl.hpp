@@ -1,0 +1,514 @@
+// collective::Nccl: collectives between GPUs over NCCL, for cohort::cuda users.
+//
+// Each rank is one GPU, driven by one host thread (or process) that owns a NcclCommunicator. The
+// spans given to it are DEVICE memory (a std::span only carries the pointer and the length); the
+// work is enqueued on the communicator's stream, the replica's stream, and each call returns
+// when it has finished, like every other cohort communicator (a call is a step boundary).
+//
+//   ncclUniqueId id = collective::nccl_unique_id(bootstrap);    // rank 0 makes it; any
+//       communicator able to broadcast std::int64_t (Local, Ring<Tcp>, ...) carries it
+//   collective::NcclCommunicator comm(id, rank, size, {.device = local_gpu});
+//
+//   collective::Nccl group({.ranks = 4});     // one process, GPUs 0..3 (Mirrored's shape):
+//   auto comm = group.communicator(rank);     // called by each replica's thread, concurrently
+//
+// Options (NcclCommunicator::Options):
+//   device         the CUDA device of this rank (cudaSetDevice before every call)
+//   stream         the replica's stream; nullptr makes the communicator create its own
+//   timeout        how long a collective may take before it is aborted (ncclCommAbort) and
+//                  reported as a CommError naming the rank, the operation and its sequence number
+//   deterministic  true (default): NCCL is transport only. Floating-point all_reduce and
+//                  reduce_scatter move chunks with ncclSend/ncclRecv and sum them with
+//                  cuda::reduce_tree, ranks in the canonical tree (core/reduction_tree.hpp): the
+//                  same bits as every other cohort collective and as the CPU. false: NCCL's own
+//                  ncclAllReduce / ncclReduceScatter, faster, in an order NCCL chooses (it
+//                  depends on the topology and algorithm, so bits may differ between machines).
+//                  Integer reductions and all_gather / broadcast are exact either way.
+//
+// Errors: a failing NCCL or CUDA call is a DeviceError naming the call; an asynchronous
+// communicator error (ncclCommGetAsyncError, polled while waiting) or a timeout aborts the
+// communicator and is a CommError naming the rank, operation and sequence number. After that, or
+// after abort(reason), every call throws CommError. NCCL cannot carry the reason to the other
+// ranks: they fail when their own collective times out or reports the aborted peer.
+//
+// Requires the kernels: link cohort::cuda and compile one .cu that includes cuda/instantiate.cuh.
+// Deterministic mode combines at most cuda::kMaxTreeInputs (64) ranks (ConfigError otherwise).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cohort/collective/collective.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/core/options.hpp"
+#include "cohort/core/reduce_op.hpp"
+#include "cohort/cuda/launch.hpp"
+#include "cohort/device/cuda.hpp"
+
+namespace cohort::collective {
+
+namespace nccl {
+
+inline std::string describe(std::string_view call, ncclResult_t code) {
+  return std::string(call) + " failed: " + ncclGetErrorString(code) + " (" +
+         std::to_string(static_cast<int>(code)) + ")";
+}
+
+// A DeviceError naming the call, the code and its text. ncclInProgress is not an error here: the
+// caller of a non-blocking communicator's call settles it (NcclCommunicator::settle).
+inline void check(ncclResult_t code, std::string_view call) {
+  if (code != ncclSuccess && code != ncclInProgress) throw DeviceError(describe(call, code));
+}
+
+template <class T>
+constexpr ncclDataType_t data_type() {
+  if constexpr (std::is_same_v<T, float>) {
+    return ncclFloat32;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return ncclFloat64;
+  } else if constexpr (std::is_same_v<T, std::int32_t>) {
+    return ncclInt32;
+  } else if constexpr (std::is_same_v<T, std::int64_t>) {
+    return ncclInt64;
+  } else if constexpr (std::is_same_v<T, cuda::half>) {
+    return ncclFloat16;
+  } else {
+    static_assert(std::is_same_v<T, cuda::bfloat16>,
+                  "cohort: NCCL collectives take float, double, std::int32_t, std::int64_t, half "
+                  "or bfloat16 elements");
+    return ncclBfloat16;
+  }
+}
+
+inline ncclRedOp_t reduction(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kProduct:
+      return ncclProd;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+  }
+  return ncclSum;
+}
+
+}  // namespace nccl
+
+#define COHORT_NCCL_CHECK(call) ::cohort::collective::nccl::check((call), #call)
+
+// A fresh ncclUniqueId made by rank 0 of `bootstrap` and broadcast to every rank of it, as 16
+// std::int64_t words (the id is 128 opaque bytes). Every rank of bootstrap calls it.
+template <Communicator C>
+ncclUniqueId nccl_unique_id(C& bootstrap) {
+  std::array<std::int64_t, 16> words{};
+  static_assert(sizeof(ncclUniqueId) == sizeof(words), "ncclUniqueId is 128 bytes");
+  ncclUniqueId id{};
+  if (bootstrap.rank() == 0) {
+    COHORT_NCCL_CHECK(ncclGetUniqueId(&id));
+    std::memcpy(words.data(), &id, sizeof(id));
+  }
+  bootstrap.broadcast(std::span<std::int64_t>(words), 0);
+  std::memcpy(&id, words.data(), sizeof(id));
+  return id;
+}
+
+class NcclCommunicator {
+ public:
+  struct Options {
+    int device = 0;
+    cudaStream_t stream = nullptr;
+    std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    bool deterministic = true;
+  };
+
+  // Joins the group `id` as `rank` of `size`; returns once every rank has joined (or throws
+  // CommError after options.timeout). Every rank calls it with the same id and size.
+  NcclCommunicator(const ncclUniqueId& id, int rank, int size, Options options)
+      : rank_(rank), size_(size), options_(options) {
+    cohort::options::require_positive("size", size);
+    if (rank < 0 || rank >= size) cohort::options::reject("rank", rank, "must lie in [0, size)");
+    cohort::options::require_positive("timeout", options.timeout.count());
+    if (options.deterministic && static_cast<std::size_t>(size) > cuda::kMaxTreeInputs) {
+      cohort::options::reject(
+          "size", size, "deterministic NCCL combines at most 64 ranks (cuda::kMaxTreeInputs)");
+    }
+    use_device();
+    if (options_.stream == nullptr) {
+      COHORT_CUDA_CHECK(cudaStreamCreateWithFlags(&options_.stream, cudaStreamNonBlocking));
+      owns_stream_ = true;
+    }
+    COHORT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    // Non-blocking, so that a wedged peer cannot hang a call inside NCCL: every call returns at
+    // once and is waited for here, where the timeout and ncclCommAbort apply.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclUniqueId copy = id;
+    COHORT_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, copy, rank_, &config));
+    settle(Operation::kBarrier, "ncclCommInitRankConfig");
+  }
+
+  NcclCommunicator(NcclCommunicator&& other) noexcept { swap(other); }
+  NcclCommunicator& operator=(NcclCommunicator&& other) noexcept {
+    NcclCommunicator moved(std::move(other));
+    swap(moved);
+    return *this;
+  }
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  // Never throws: finalizes a healthy communicator, aborts a failed one.
+  ~NcclCommunicator() {
+    if (comm_ != nullptr) {
+      (void)cudaSetDevice(options_.device);
+      if (failed_.empty() && ncclCommFinalize(comm_) != ncclSuccess) {
+        ncclResult_t state = ncclInProgress;
+        const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+        while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+          std::this_thread::yield();
+        }
+      }
+      if (failed_.empty()) {
+        (void)ncclCommDestroy(comm_);
+      } else {
+        (void)ncclCommAbort(comm_);
+      }
+    }
+    if (done_ != nullptr) (void)cudaEventDestroy(done_);
+    if (scratch_ != nullptr) (void)cudaFree(scratch_);
+    if (owns_stream_) (void)cudaStreamDestroy(options_.stream);
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  cudaStream_t stream() const { return options_.stream; }
+  const Options& options() const { return options_; }
+
+  template <class T>
+  void all_reduce(std::span<T> buffer, ReduceOp op) {
+    const Call call = begin(Operation::kAllReduce);
+    if (deterministic<T>() && size_ > 1 && !buffer.empty()) {
+      reduce_chunks<T>(
+          buffer.data(), [&](int r) { return chunk(buffer.size(), r); },
+          buffer.data() + chunk(buffer.size(), rank_).first, op, call);
+      // All-gather of the reduced chunks, by point-to-point (chunks differ in length by one).
+      const auto [mine, mine_length] = chunk(buffer.size(), rank_);
+      group_start(call);
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        const auto [offset, length] = chunk(buffer.size(), peer);
+        enqueue(ncclSend(buffer.data() + mine, mine_length, nccl::data_type<T>(), peer, comm_,
+                         stream()),
+                call, "ncclSend");
+        enqueue(
+            ncclRecv(buffer.data() + offset, length, nccl::data_type<T>(), peer, comm_, stream()),
+            call, "ncclRecv");
+      }
+      group_end(call);
+    } else if (!buffer.empty()) {
+      enqueue(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), nccl::data_type<T>(),
+                            nccl::reduction(op), comm_, stream()),
+              call, "ncclAllReduce");
+    }
+    wait(call);
+  }
+
+  template <class T>
+  void broadcast(std::span<T> buffer, int root) {
+    const Call call = begin(Operation::kBroadcast);
+    if (root < 0 || root >= size_) fail_shape(call, "root " + std::to_string(root));
+    if (!buffer.empty()) {
+      enqueue(ncclBroadcast(buffer.data(), buffer.data(), buffer.size(), nccl::data_type<T>(), root,
+                            comm_, stream()),
+              call, "ncclBroadcast");
+    }
+    wait(call);
+  }
+
+  template <class T>
+  void all_gather(std::span<const T> input, std::span<T> output) {
+    const Call call = begin(Operation::kAllGather);
+    if (output.size() != input.size() * static_cast<std::size_t>(size_)) {
+      fail_shape(call, "output of " + std::to_string(output.size()) + " for input of " +
+                           std::to_string(input.size()));
+    }
+    if (!input.empty()) {
+      enqueue(ncclAllGather(input.data(), output.data(), input.size(), nccl::data_type<T>(), comm_,
+                            stream()),
+              call, "ncclAllGather");
+    }
+    wait(call);
+  }
+
+  template <class T>
+  void reduce_scatter(std::span<const T> input, std::span<T> output, ReduceOp op) {
+    const Call call = begin(Operation::kReduceScatter);
+    const std::size_t count = output.size();
+    if (input.size() != count * static_cast<std::size_t>(size_)) {
+      fail_shape(call, "input of " + std::to_string(input.size()) + " for output of " +
+                           std::to_string(count));
+    }
+    if (count > 0) {
+      if (deterministic<T>()) {
+        reduce_chunks<T>(
+            input.data(),
+            [&](int r) { return std::pair<std::size_t, std::size_t>(r * count, count); },
+            output.data(), op, call);
+      } else {
+        enqueue(ncclReduceScatter(input.data(), output.data(), count, nccl::data_type<T>(),
+                                  nccl::reduction(op), comm_, stream()),
+                call, "ncclReduceScatter");
+      }
+    }
+    wait(call);
+  }
+
+  void barrier() {
+    const Call call = begin(Operation::kBarrier);
+    if (barrier_word_ == nullptr) {
+      COHORT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&barrier_word_), sizeof(std::int32_t)));
+      COHORT_CUDA_CHECK(cudaMemsetAsync(barrier_word_, 0, sizeof(std::int32_t), stream()));
+    }
+    enqueue(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream()),
+            call, "ncclAllReduce");
+    wait(call);
+  }
+
+  // Aborts the communicator (ncclCommAbort): this rank's later calls throw CommError with reason.
+  void abort(std::string_view reason) {
+    if (!failed_.empty()) return;
+    failed_ = "rank " + std::to_string(rank_) + " aborted: " + std::string(reason);
+    (void)cudaSetDevice(options_.device);
+    (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+ private:
+  struct Call {
+    Operation operation;
+    std::uint64_t sequence;
+  };
+
+  void swap(NcclCommunicator& other) noexcept {
+    std::swap(rank_, other.rank_);
+    std::swap(size_, other.size_);
+    std::swap(options_, other.options_);
+    std::swap(owns_stream_, other.owns_stream_);
+    std::swap(comm_, other.comm_);
+    std::swap(done_, other.done_);
+    std::swap(scratch_, other.scratch_);
+    std::swap(scratch_bytes_, other.scratch_bytes_);
+    std::swap(barrier_word_, other.barrier_word_);
+    std::swap(sequence_, other.sequence_);
+    std::swap(failed_, other.failed_);
+  }
+
+  template <class T>
+  bool deterministic() const {
+    return options_.deterministic &&
+           (std::is_floating_point_v<T> || std::is_same_v<T, cuda::half> ||
+            std::is_same_v<T, cuda::bfloat16>);
+  }
+
+  // Rank r's chunk of an n-element all_reduce: [offset, offset + length), lengths differing by
+  // at most one.
+  std::pair<std::size_t, std::size_t> chunk(std::size_t n, int r) const {
+    const std::size_t first = n * static_cast<std::size_t>(r) / size_;
+    const std::size_t last = n * (static_cast<std::size_t>(r) + 1) / size_;
+    return {first, last - first};
+  }
+
+  std::string where(const Call& call) const {
+    return "nccl rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
+           std::string(name(call.operation)) + " #" + std::to_string(call.sequence);
+  }
+
+  Call begin(Operation operation) {
+    const Call call{operation, ++sequence_};
+    if (!failed_.empty())
+      throw CommError(where(call) + " after the communicator failed: " + failed_);
+    use_device();
+    return call;
+  }
+
+  [[noreturn]] void fail_shape(const Call& call, const std::string& what) {
+    throw CommError(where(call) + ": shape mismatch, " + what);
+  }
+
+  void use_device() const { COHORT_CUDA_CHECK(cudaSetDevice(options_.device)); }
+
+  [[noreturn]] void fail(const Call& call, const std::string& what) {
+    const std::string message = where(call) + ": " + what + "; communicator aborted";
+    failed_ = message;
+    if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+    throw CommError(message);
+  }
+
+  void enqueue(ncclResult_t code, const Call& call, std::string_view what) {
+    if (code == ncclSuccess || code == ncclInProgress) return;
+    fail(call, nccl::describe(what, code) + last_error());
+  }
+
+  std::string last_error() const {
+    const char* text = comm_ != nullptr ? ncclGetLastError(comm_) : nullptr;
+    return text != nullptr && *text != '\0' ? std::string(" (") + text + ")" : std::string();
+  }
+
+  void group_start(const Call& call) { enqueue(ncclGroupStart(), call, "ncclGroupStart"); }
+  void group_end(const Call& call) {
+    enqueue(ncclGroupEnd(), call, "ncclGroupEnd");
+    settle(call.operation, "ncclGroupEnd", call.sequence);
+  }
+
+  // Waits until the non-blocking communicator has no call in progress (an init, a group).
+  void settle(Operation operation, std::string_view what, std::uint64_t sequence = 0) {
+    const Call call{operation, sequence};
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t code = ncclCommGetAsyncError(comm_, &state);
+      if (code != ncclSuccess) fail(call, nccl::describe("ncclCommGetAsyncError", code));
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(call, nccl::describe(what, state) + last_error());
+      if (std::chrono::steady_clock::now() > deadline) {
+        fail(call, std::string(what) + " timed out after " +
+                       std::to_string(options_.timeout.count()) + " ms");
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  // Waits for everything enqueued so far, polling the communicator's asynchronous error.
+  void wait(const Call& call) {
+    settle(call.operation, name(call.operation), call.sequence);
+    COHORT_CUDA_CHECK(cudaEventRecord(done_, stream()));
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    for (;;) {
+      const cudaError_t query = cudaEventQuery(done_);
+      if (query == cudaSuccess) return;
+      if (query != cudaErrorNotReady) device::cuda::check(query, "cudaEventQuery");
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess ||
+          (state != ncclSuccess && state != ncclInProgress)) {
+        fail(call, nccl::describe("asynchronous communicator error", state) + last_error());
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        fail(call, "timed out after " + std::to_string(options_.timeout.count()) + " ms");
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  template <class T>
+  T* scratch(std::size_t elements) {
+    const std::size_t bytes = elements * sizeof(T);
+    if (bytes > scratch_bytes_) {
+      if (scratch_ != nullptr) {
+        COHORT_CUDA_CHECK(cudaStreamSynchronize(stream()));
+        COHORT_CUDA_CHECK(cudaFree(scratch_));
+        scratch_ = nullptr;
+        scratch_bytes_ = 0;
+      }
+      COHORT_CUDA_CHECK(cudaMalloc(&scratch_, bytes));
+      scratch_bytes_ = bytes;
+    }
+    return static_cast<T*>(scratch_);
+  }
+
+  // The deterministic reduce-scatter: chunk r of every rank's `input` (located by chunk_of(r))
+  // travels to rank r by ncclSend/ncclRecv; rank r combines the size() chunks, ranks in the
+  // canonical tree, into out.
+  template <class T, class ChunkOf>
+  void reduce_chunks(const T* input, ChunkOf chunk_of, T* out, ReduceOp op, const Call& call) {
+    std::size_t widest = 0;
+    for (int r = 0; r < size_; ++r) widest = std::max(widest, chunk_of(r).second);
+    const std::size_t mine = chunk_of(rank_).second;
+    T* slots = scratch<T>(widest * static_cast<std::size_t>(size_));
+    group_start(call);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      enqueue(ncclSend(input + chunk_of(peer).first, chunk_of(peer).second, nccl::data_type<T>(),
+                       peer, comm_, stream()),
+              call, "ncclSend");
+      enqueue(ncclRecv(slots + peer * widest, mine, nccl::data_type<T>(), peer, comm_, stream()),
+              call, "ncclRecv");
+    }
+    group_end(call);
+    // Own chunk copied too: out may be where it lies (all_reduce), and reduce_tree's output
+    // aliases no input.
+    COHORT_CUDA_CHECK(cudaMemcpyAsync(slots + rank_ * widest, input + chunk_of(rank_).first,
+                                      mine * sizeof(T), cudaMemcpyDeviceToDevice, stream()));
+    std::vector<const T*> leaves(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) leaves[r] = slots + r * widest;
+    cuda::reduce_tree<T>(op, std::span<const T* const>(leaves), out, mine, stream());
+  }
+
+  int rank_ = 0;
+  int size_ = 0;
+  Options options_{};
+  bool owns_stream_ = false;
+  ncclComm_t comm_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  void* scratch_ = nullptr;
+  std::size_t scratch_bytes_ = 0;
+  std::int32_t* barrier_word_ = nullptr;
+  std::uint64_t sequence_ = 0;
+  std::string failed_;  // empty while healthy; else why every later call fails
+};
+static_assert(Communicator<NcclCommunicator>);
+
+// The group policy for one process driving several GPUs (Mirrored's shape): rank r on device r.
+class Nccl {
+ public:
+  struct Options {
+    int ranks = 1;
+    std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    bool deterministic = true;
+  };
+
+  explicit Nccl(Options options) : options_(options) {
+    cohort::options::require_positive("ranks", options_.ranks);
+    cohort::options::require_positive("timeout", options_.timeout.count());
+    const int devices = device::cuda::device_count();
+    if (options_.ranks > devices) {
+      cohort::options::reject(
+          "ranks", options_.ranks,
+          "needs one GPU per rank; this process sees " + std::to_string(devices));
+    }
+    COHORT_NCCL_CHECK(ncclGetUniqueId(&id_));
+  }
+
+  // Rank `rank`'s communicator, on device `rank`. Every rank's thread calls it, concurrently:
+  // each returns once all have joined.
+  NcclCommunicator communicator(int rank) const {
+    return NcclCommunicator(id_, rank, options_.ranks,
+                            {.device = rank,
+                             .stream = nullptr,
+                             .timeout = options_.timeout,
+                             .deterministic = options_.deterministic});
+  }
+
+  const Options& options() const { return options_; }
+
+ private:
+  Options options_;
+  ncclUniqueId id_{};
+};
+
+}  // namespace cohort::collective

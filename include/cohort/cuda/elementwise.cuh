@@ -1,0 +1,73 @@
+// scale, axpy and flag_nonfinite: the elementwise kernels of device/cpu.hpp.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error \
+    "cohort/cuda/*.cuh are CUDA sources: include them from a .cu file (host code: cuda/launch.hpp)"
+#endif
+
+#include "cohort/cuda/common.cuh"
+
+namespace cohort::cuda {
+namespace detail {
+
+// Purpose: x[i] = alpha * x[i] (device::cpu::scale).
+// Algorithm: grid-stride loop, one product per element, rounded to T.
+// Preconditions: x holds n elements.
+template <class T>
+__global__ void scale_kernel(T* x, std::size_t n, T alpha) {
+  using A = Arithmetic<T>;
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
+    x[i] = A::round(A::widen(alpha) * A::widen(x[i]));
+  }
+}
+
+// Purpose: y[i] = alpha * x[i] + y[i] (device::cpu::axpy).
+// Algorithm: grid-stride loop; the product and the sum are separate statements, each rounded to
+// T, and -fmad=false keeps them from becoming one FMA, as -ffp-contract=off does on the CPU.
+// Preconditions: x and y hold n elements and do not overlap unless equal.
+template <class T>
+__global__ void axpy_kernel(T alpha, const T* x, T* y, std::size_t n) {
+  using A = Arithmetic<T>;
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
+    const T product = A::round(A::widen(alpha) * A::widen(x[i]));
+    y[i] = A::round(A::widen(product) + A::widen(y[i]));
+  }
+}
+
+// Purpose: *flag = 1 if some x[i] is infinite or NaN (device::cpu::all_finite, negated).
+// Algorithm: grid-stride loop; every thread that finds one stores 1 (a benign race: all store
+// the same value). No atomics, no reduction.
+// Preconditions: x holds n elements; *flag was zeroed by the caller.
+template <class T>
+__global__ void flag_nonfinite_kernel(const T* x, std::size_t n, int* flag) {
+  using A = Arithmetic<T>;
+  bool bad = false;
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) bad |= !is_finite(A::widen(x[i]));
+  if (bad) *flag = 1;
+}
+
+}  // namespace detail
+
+template <class T>
+void scale(T* x, std::size_t n, T alpha, cudaStream_t stream) {
+  if (n == 0) return;
+  detail::scale_kernel<<<detail::blocks_for(n), detail::kThreads, 0, stream>>>(x, n, alpha);
+  device::cuda::check_launch("cohort::cuda::scale");
+}
+
+template <class T>
+void axpy(T alpha, const T* x, T* y, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  detail::axpy_kernel<<<detail::blocks_for(n), detail::kThreads, 0, stream>>>(alpha, x, y, n);
+  device::cuda::check_launch("cohort::cuda::axpy");
+}
+
+template <class T>
+void flag_nonfinite(const T* x, std::size_t n, int* flag, cudaStream_t stream) {
+  if (n == 0) return;
+  detail::flag_nonfinite_kernel<<<detail::blocks_for(n), detail::kThreads, 0, stream>>>(x, n, flag);
+  device::cuda::check_launch("cohort::cuda::flag_nonfinite");
+}
+
+}  // namespace cohort::cuda

@@ -1,0 +1,174 @@
+// The real cohort-bench, end to end: it starts its own processes over TCP, prints the table with
+// #wrong 0 and exits 0; with the corrupted reduction it prints wrong counts and exits non-zero.
+// Every run is bounded (--timeout-s, and a deadline here after which the test kills it).
+#include <doctest/doctest.h>
+
+#if defined(COHORT_BENCH)
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "processes.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using cohort::testing::Process;
+
+struct Result {
+  int code = -1;  // exit status; -1 when killed or still running at the deadline
+  std::string output;
+};
+
+Result run_bench(const std::vector<std::string>& arguments,
+                 const std::map<std::string, std::string>& environment = {}) {
+  static int runs = 0;
+  cohort::testing::TemporaryDirectory directory("cohort-bench-test-" + std::to_string(runs++));
+  const fs::path output = directory.path / "output.txt";
+  std::vector<std::string> argv{COHORT_BENCH};
+  argv.insert(argv.end(), arguments.begin(), arguments.end());
+  Result result;
+  {
+    Process bench(argv, environment, output);
+    const auto exit = bench.wait(std::chrono::seconds(120));
+    REQUIRE_MESSAGE(exit.has_value(), "cohort-bench did not finish within 120 s");
+    if (exit->exited) result.code = exit->code;
+  }
+  result.output = cohort::testing::read_file(output);
+  return result;
+}
+
+// The #wrong columns (out-of-place, in-place) of every row of the table.
+std::vector<std::pair<std::string, std::string>> wrong_columns(const std::string& output) {
+  std::vector<std::pair<std::string, std::string>> columns;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#' || line.rfind("cohort", 0) == 0) continue;
+    std::istringstream fields(line);
+    std::vector<std::string> f;
+    for (std::string field; fields >> field;) f.push_back(field);
+    if (f.size() < 13) continue;
+    columns.emplace_back(f[8], f[12]);  // size count type redop root | time algbw busbw #wrong x2
+  }
+  return columns;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("cohort-bench all_reduce over tcp with 2 processes checks clean and exits 0") {
+  cohort::testing::TemporaryDirectory directory("cohort-bench-json");
+  const fs::path json = directory.path / "report.json";
+  const Result r = run_bench({"all_reduce", "--backend", "tcp", "--np", "2", "-b", "8", "-e", "64K",
+                              "-f", "8", "-c", "1", "--timeout-s", "100", "--json", json.string()});
+  INFO(r.output);
+  CHECK(r.code == 0);
+  const auto columns = wrong_columns(r.output);
+  CHECK(columns.size() == 5);  // 8, 64, 512, 4K, 32K
+  for (const auto& [out_of_place, in_place] : columns) {
+    CHECK(out_of_place == "0");
+    CHECK(in_place == "0");
+  }
+  CHECK(contains(r.output, "# Out of bounds values : 0 OK"));
+  CHECK(contains(r.output, "# Avg bus bandwidth    : "));
+  CHECK(contains(r.output, "backend tcp, algorithm deterministic"));
+  CHECK(contains(r.output, "launched by cohort-bench --np 2"));
+
+  const nlohmann::json report = nlohmann::json::parse(cohort::testing::read_file(json));
+  CHECK(report["ranks"] == 2);
+  CHECK(report["results"].size() == 5);
+  CHECK(report["ok"] == true);
+}
+
+TEST_CASE("cohort-bench catches a corrupted reduction, prints it and exits non-zero") {
+  for (const bool through_environment : {false, true}) {
+    CAPTURE(through_environment);
+    std::vector<std::string> arguments{"all_reduce", "--backend", "tcp", "--np",        "2",
+                                       "-b",         "8",         "-e",  "64K",         "-f",
+                                       "8",          "-c",        "1",   "--timeout-s", "100"};
+    std::map<std::string, std::string> environment;
+    if (through_environment) {
+      environment["COHORT_BENCH_CORRUPT"] = "1";
+    } else {
+      arguments.push_back("--corrupt-reduction");
+    }
+    const Result r = run_bench(arguments, environment);
+    INFO(r.output);
+    CHECK(r.code == 1);
+    const auto columns = wrong_columns(r.output);
+    REQUIRE(columns.size() == 5);
+    for (const auto& [out_of_place, in_place] : columns) {
+      CHECK(out_of_place == "1");
+      CHECK(in_place == "1");
+    }
+    CHECK(contains(r.output, "# Out of bounds values : 10 FAILED"));
+  }
+}
+
+TEST_CASE("cohort-bench with the ring algorithm and the local backend checks clean too") {
+  for (const std::vector<std::string>& backend :
+       {std::vector<std::string>{"--backend", "tcp", "--algorithm", "ring"},
+        std::vector<std::string>{"--backend", "local"}}) {
+    std::vector<std::string> arguments{
+        "reduce_scatter", "--np", "3", "-b", "4", "-e", "1M", "-f", "16", "-n", "3",
+        "--timeout-s",    "100"};
+    arguments.insert(arguments.end(), backend.begin(), backend.end());
+    const Result r = run_bench(arguments);
+    INFO(r.output);
+    CHECK(r.code == 0);
+    CHECK(contains(r.output, "# Out of bounds values : 0 OK"));
+  }
+}
+
+TEST_CASE("the nccl backend says it is not built and exits non-zero, printing no numbers") {
+  const Result r = run_bench({"all_reduce", "--backend", "nccl", "-b", "8", "-e", "8"});
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "nccl backend: not built/no GPU"));
+  CHECK(wrong_columns(r.output).empty());
+  CHECK_FALSE(contains(r.output, "Avg bus bandwidth"));
+}
+
+TEST_CASE("cohort-bench refuses --np that disagrees with its launcher") {
+  const Result r = run_bench({"all_reduce", "--backend", "tcp", "--np", "4", "-b", "8", "-e", "8"},
+                             {{"COHORT_RANK", "0"}, {"COHORT_WORLD_SIZE", "2"}});
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "--np 4 but this process was started as rank 0 of 2"));
+}
+
+TEST_CASE("cohort-bench step times both strategies against the plain all-reduce") {
+  for (const char* strategy : {"mirrored", "multi_worker_mirrored"}) {
+    CAPTURE(strategy);
+    cohort::testing::TemporaryDirectory directory("cohort-bench-step");
+    const fs::path json = directory.path / "step.json";
+    const Result r = run_bench({"step", "--strategy", strategy, "--np", "2", "--params", "10K,100K",
+                                "--steps", "2", "--timeout-s", "100", "--json", json.string()});
+    INFO(r.output);
+    CHECK(r.code == 0);
+    CHECK(contains(r.output, "       10000         40000 "));
+    CHECK(contains(r.output, "      100000        400000 "));
+    const nlohmann::json report = nlohmann::json::parse(cohort::testing::read_file(json));
+    CHECK(report["mode"] == "step");
+    CHECK(report["strategy"] == strategy);
+    CHECK(report["replicas"] == 2);
+    REQUIRE(report["results"].size() == 2);
+    CHECK(report["results"][1]["sync"]["iterations_us"].size() == 2);
+    CHECK(report["results"][1]["plain"]["time_us"].get<double>() > 0.0);
+  }
+}
+
+#else
+
+TEST_CASE("cohort-bench end-to-end tests" * doctest::skip()) {}
+
+#endif

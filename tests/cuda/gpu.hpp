@@ -1,0 +1,74 @@
+// What the CUDA tests share: whether a GPU is present, device buffers, random inputs.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cohort/device/cuda.hpp"
+
+namespace cohort::test {
+
+// Evaluated once, at registration: every GPU case carries `* gpu_only()`, so without a GPU
+// doctest skips it (and main.cpp exits 77 for ctest's SKIP_RETURN_CODE).
+inline bool gpu_present() {
+  static const bool present = device::cuda::device_count() > 0;
+  return present;
+}
+inline auto gpu_only() { return doctest::skip(!gpu_present()); }
+
+// A device buffer of n values of T, freed on destruction.
+template <class T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t n) : n_(n) {
+    if (n_ > 0) COHORT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), n_ * sizeof(T)));
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (data_ != nullptr) (void)cudaFree(data_);
+  }
+  T* data() const { return data_; }
+  std::size_t size() const { return n_; }
+  void upload(const std::vector<T>& host) {
+    REQUIRE(host.size() == n_);
+    if (n_ > 0) {
+      COHORT_CUDA_CHECK(cudaMemcpy(data_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    }
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    if (n_ > 0) {
+      COHORT_CUDA_CHECK(cudaMemcpy(host.data(), data_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    }
+    return host;
+  }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+// The lengths every kernel is swept over (STYLE.md section 6), plus a few norm-block edges.
+inline const std::vector<std::size_t>& odd_lengths() {
+  static const std::vector<std::size_t> lengths = {0,    1,    7,     4095,          4096,
+                                                   4097, 4099, 65537, (1u << 20) + 3};
+  return lengths;
+}
+
+// Uniform in [-1, 1), fixed seed per call site.
+inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> values(n);
+  for (float& v : values) v = dist(engine);
+  return values;
+}
+
+}  // namespace cohort::test

@@ -1,0 +1,304 @@
+// The backends cohort-bench measures, as one table: a name, what it is, which collectives it runs,
+// whether it can run here, and how.
+//
+//   local   collective::Local: every rank a thread of this process
+//   tcp     collective::Deterministic or collective::Ring over transport::tcp::Tcp, one process
+//           per rank (started by cohort-bench itself, or by cohort-run, mpirun, torchrun, Slurm or
+//           a TFJob: whatever cluster::resolve() finds)
+//   nccl    GPUs: not built (collective::Nccl needs a device-memory sweep); asking for it says
+//           so and fails, never printing a number
+//
+// Adding one (the parameter server's push_pull, say): a Collective entry in report.hpp with its
+// shape and bus factor, then a row here whose supports() accepts it and whose run() drives the
+// strategy. The table, footer, JSON and launcher are shared.
+//
+// The runtime choice is made once, here, at the edge: each run() instantiates the measurement
+// (sweep.hpp) for its communicator type, so no timed call goes through a virtual function.
+#pragma once
+
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "cohort/cluster/cluster.hpp"
+#include "cohort/collective/deterministic.hpp"
+#include "cohort/collective/local.hpp"
+#include "cohort/collective/ring.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/transport/tcp/tcp.hpp"
+#include "launch.hpp"
+#include "machine.hpp"
+#include "report.hpp"
+#include "settings.hpp"
+#include "sweep.hpp"
+
+namespace cohort::bench {
+
+// What every backend is given besides the settings.
+struct Context {
+  std::vector<std::string> arguments;  // this program's argv, to start copies of itself
+  std::string version;
+};
+
+struct Backend {
+  std::string_view name;
+  std::string_view summary;
+  bool (*supports)(Collective);
+  // Why it cannot run on this build or machine; nullopt when it can.
+  std::optional<std::string> (*unavailable)();
+  int (*run)(const Settings&, const Context&);
+};
+
+// Exit statuses of cohort-bench.
+inline constexpr int kExitWrong = 1;        // a wrong value, or a rank failed
+inline constexpr int kExitUnavailable = 2;  // bad settings, or a backend that cannot run here
+
+namespace detail {
+
+inline void say(const std::string& line) {
+  std::fprintf(stderr, "cohort-bench: %s\n", line.c_str());
+}
+
+inline std::string environment_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : fallback;
+}
+
+// Who started this rank, for the header.
+inline std::string launcher_of(const cluster::Spec& spec) {
+  const char* ours = std::getenv(std::string(kLaunchedVariable).c_str());
+  if (ours != nullptr && spec.source == cluster::source::kCohort) {
+    return "cohort-bench --np " + std::string(ours) + " (COHORT_* variables)";
+  }
+  return spec.source;
+}
+
+inline RunInfo run_info(const Settings& s, const Context& context, std::string backend,
+                        std::string algorithm, std::string details, int ranks,
+                        std::string launcher) {
+  RunInfo run;
+  run.version = context.version;
+  run.collective = s.collective;
+  run.backend = std::move(backend);
+  run.algorithm = std::move(algorithm);
+  run.details = std::move(details);
+  run.ranks = ranks;
+  run.launcher = std::move(launcher);
+  run.type = std::string(name(s.element));
+  run.op = std::string(cohort::name(s.op));
+  run.root = s.root;
+  run.min_bytes = s.min_bytes;
+  run.max_bytes = s.max_bytes;
+  run.step_factor = s.step_factor;
+  run.step_bytes = s.step_bytes;
+  run.iters = s.iters;
+  run.warmup_iters = s.warmup_iters;
+  run.check = s.check;
+  run.machine = this_machine();
+  return run;
+}
+
+inline bool write_json(const std::string& file, const nlohmann::json& json) {
+  std::ofstream out(file);
+  out << json.dump(2) << '\n';
+  out.close();
+  if (!out) {
+    say("cannot write the JSON report to '" + file + "'");
+    return false;
+  }
+  return true;
+}
+
+inline void print(const std::string& text) {
+  std::fputs(text.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+// The sweep on one rank: every rank measures, rank 0 prints and writes the JSON. Returns the exit
+// status (kExitWrong when any element was wrong on any rank).
+template <collective::Communicator C>
+int sweep_on_rank(C& comm, const Settings& s, RunInfo run) {
+  run.rank_info = gather_rank_info(comm, static_cast<long>(::getpid()), host_name());
+  const bool printer = comm.rank() == 0;
+  if (printer) print(format_header(run));
+  const std::vector<Row> rows = with_element(s.element, [&]<class T>() {
+    Sweep<T, C> sweep(comm, s);
+    return sweep.run([&](const Row& row) {
+      if (printer) print(format_row(row));
+    });
+  });
+  const Summary summary = summarize(rows);
+  bool written = true;
+  if (printer) {
+    print(format_footer(summary));
+    if (!s.json.empty()) written = write_json(s.json, to_json(run, rows));
+  }
+  return summary.out_of_bounds != 0 || !written ? kExitWrong : 0;
+}
+
+inline void check_root(const Settings& s, int ranks) {
+  if (info(s.collective).rooted && (s.root < 0 || s.root >= ranks)) {
+    throw ConfigError("-r/--root " + std::to_string(s.root) + " is not a rank of " +
+                      std::to_string(ranks));
+  }
+}
+
+// --- local ---------------------------------------------------------------------------------------
+
+inline int run_local(const Settings& s, const Context& context) {
+  const cluster::Spec spec = cluster::resolve();
+  if (spec.size > 1) {
+    throw ConfigError(
+        "the local backend runs every rank as a thread of one process, but this "
+        "process was started as " +
+        cluster::describe(spec) + "; start cohort-bench once, with --np, or use --backend tcp");
+  }
+  if (s.algorithm) throw ConfigError("--algorithm applies to the tcp backend only");
+  const int ranks = s.processes.value_or(2);
+  check_root(s, ranks);
+  const Watchdog watchdog(s.timeout_s);
+  collective::Local local({.ranks = ranks});
+  RunInfo run = run_info(s, context, "local", "threads", "collective::Local", ranks,
+                         std::to_string(ranks) + " threads of one process");
+
+  std::vector<int> status(static_cast<std::size_t>(ranks), 0);
+  std::mutex failure_mutex;
+  std::string failure;
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        collective::LocalCommunicator comm = local.communicator(r);
+        try {
+          status[static_cast<std::size_t>(r)] = sweep_on_rank(comm, s, run);
+        } catch (const std::exception& e) {
+          comm.abort(e.what());
+          const std::lock_guard lock(failure_mutex);
+          if (failure.empty()) failure = "rank " + std::to_string(r) + ": " + e.what();
+          status[static_cast<std::size_t>(r)] = kExitWrong;
+        }
+      });
+    }
+  }
+  if (!failure.empty()) say(failure);
+  for (const int code : status) {
+    if (code != 0) return code;
+  }
+  return 0;
+}
+
+// --- tcp -----------------------------------------------------------------------------------------
+
+template <template <class> class Algorithm>
+int run_tcp_rank(const Settings& s, const Context& context, const cluster::Spec& spec,
+                 std::string_view algorithm) {
+  const auto seconds = [](double s_) {
+    return std::chrono::milliseconds(static_cast<long long>(s_ * 1000));
+  };
+  transport::tcp::Tcp tcp(transport::tcp::Options{
+      .rank = spec.rank,
+      .size = spec.size,
+      .job_id = spec.job_id.empty() ? "cohort-bench" : spec.job_id,
+      .rendezvous_host = spec.master_address,
+      .rendezvous_port = spec.master_port,
+      .bind_address = environment_or("COHORT_BIND_ADDRESS", "127.0.0.1"),
+      .secret = environment_or("COHORT_SECRET", ""),
+      .connect_timeout = s.timeout_s > 0 ? seconds(s.timeout_s) : std::chrono::seconds(60),
+      .operation_timeout = s.timeout_s > 0 ? seconds(s.timeout_s) : std::chrono::minutes(5),
+      .checksum = s.checksum,
+  });
+  Algorithm<transport::tcp::Tcp> comm(std::move(tcp));
+  RunInfo run = run_info(s, context, "tcp", std::string(algorithm),
+                         std::string("frame checksums ") + (s.checksum ? "on" : "off"), spec.size,
+                         launcher_of(spec));
+  try {
+    return sweep_on_rank(comm, s, std::move(run));
+  } catch (...) {
+    comm.abort("cohort-bench failed");  // closes the connections: the peers fail promptly
+    throw;
+  }
+}
+
+inline int run_tcp(const Settings& s, const Context& context) {
+  const std::string algorithm = s.algorithm.value_or("deterministic");
+  if (algorithm != "deterministic" && algorithm != "ring") {
+    throw ConfigError("--algorithm '" + algorithm + "' is not one of deterministic, ring");
+  }
+  const cluster::Spec spec = cluster::resolve();
+  if (spec.source == cluster::source::kNone) {
+    const int processes = s.processes.value_or(2);
+    check_root(s, processes);
+    if (processes > 1) {
+      return launch_self(context.arguments, {.processes = processes, .timeout_s = s.timeout_s});
+    }
+  } else if (s.processes && *s.processes != spec.size) {
+    throw ConfigError("--np " + std::to_string(*s.processes) + " but this process was started as " +
+                      cluster::describe(spec) + "; leave --np out under a launcher");
+  }
+  check_root(s, spec.size);
+  const Watchdog watchdog(launched_by_self() ? 0 : s.timeout_s);  // under another launcher
+  if (algorithm == "ring") return run_tcp_rank<collective::Ring>(s, context, spec, algorithm);
+  return run_tcp_rank<collective::Deterministic>(s, context, spec, algorithm);
+}
+
+// --- nccl ----------------------------------------------------------------------------------------
+
+inline bool gpu_present() {
+  std::error_code ignored;
+  const std::filesystem::path gpus = "/proc/driver/nvidia/gpus";
+  return std::filesystem::exists("/dev/nvidiactl", ignored) ||
+         (std::filesystem::is_directory(gpus, ignored) &&
+          !std::filesystem::is_empty(gpus, ignored));
+}
+
+// The nccl row measures nothing yet: collective::Nccl keeps its buffers in device memory, which
+// the sweep (host buffers, host-side fill and check) does not handle. Until it does, asking for it
+// says why, here and on a GPU machine alike, and never prints a number.
+inline std::optional<std::string> nccl_unavailable() {
+  return std::string(
+             "nccl backend: not built/no GPU: this cohort-bench has no NCCL backend built in "
+             "(it needs cohort::cuda, COHORT_ENABLE_CUDA, and a device-memory sweep)") +
+         (gpu_present() ? "; this machine has an NVIDIA GPU"
+                        : ", and this machine has no NVIDIA GPU");
+}
+
+inline int run_nccl(const Settings&, const Context&) {
+  say(*nccl_unavailable());
+  return kExitUnavailable;
+}
+
+inline bool every_collective(Collective) { return true; }
+inline std::optional<std::string> always_available() { return std::nullopt; }
+
+}  // namespace detail
+
+inline constexpr std::array<Backend, 3> kBackends = {{
+    {"local", "collective::Local: every rank a thread of this process (--np threads)",
+     detail::every_collective, detail::always_available, detail::run_local},
+    {"tcp",
+     "collective::Deterministic (default) or Ring (--algorithm) over transport::tcp::Tcp, one "
+     "process per rank",
+     detail::every_collective, detail::always_available, detail::run_tcp},
+    {"nccl", "collective::Nccl on GPUs: not built yet (says so and exits 2)",
+     detail::every_collective, detail::nccl_unavailable, detail::run_nccl},
+}};
+
+inline const Backend* find_backend(std::string_view name) {
+  for (const Backend& b : kBackends) {
+    if (b.name == name) return &b;
+  }
+  return nullptr;
+}
+
+}  // namespace cohort::bench

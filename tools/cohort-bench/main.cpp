@@ -1,0 +1,222 @@
+// cohort-bench: the collective microbenchmark, in nccl-tests' terms, for every cohort path.
+//
+//   cohort-bench all_reduce --backend tcp --np 4 -b 8 -e 64M -f 4 -c 1
+//   cohort-bench broadcast --backend local --np 4 -b 1K -e 16M -f 4 -r 1 --json out.json
+//   mpirun -np 4 cohort-bench all_gather --backend tcp -b 1M -e 64M -f 2
+//   cohort-bench step --strategy multi_worker_mirrored --np 2 --params 1M,10M,100M
+//
+// Collectives: all_reduce, broadcast, all_gather, reduce_scatter (backends.hpp says which backend
+// runs which, sweep.hpp how they are measured, report.hpp what the columns mean). The flags are
+// nccl-tests': -b -e -f -i -n -w -c -o -d -r. Exit status: 0 when every checked value was right,
+// 1 when any was wrong or a rank failed, 2 for bad settings or a backend that cannot run here
+// (nccl), 124 when --timeout-s stopped the run. docs/benchmarks.md, "## cohort-bench", is the
+// manual.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends.hpp"
+#include "cohort/core/error.hpp"
+#include "settings.hpp"
+#include "step.hpp"
+
+#ifndef COHORT_BENCH_VERSION
+#define COHORT_BENCH_VERSION "unknown"
+#endif
+
+namespace {
+
+using namespace cohort::bench;
+
+// A byte count flag with nccl-tests' K/M/G suffixes.
+void add_bytes(CLI::App& app, const std::string& flags, std::size_t& target,
+               const std::string& help) {
+  app.add_option_function<std::string>(
+         flags,
+         [&target, flags](const std::string& text) {
+           const std::optional<std::size_t> bytes = parse_bytes(text);
+           if (!bytes) {
+             throw CLI::ValidationError(flags, "'" + text +
+                                                   "' is not a byte count (digits, then "
+                                                   "optionally K, M or G)");
+           }
+           target = *bytes;
+         },
+         help)
+      ->type_name("BYTES");
+}
+
+void add_collective_options(CLI::App& app, Settings& s) {
+  add_bytes(app, "-b,--minbytes", s.min_bytes, "smallest size, e.g. 8, 64K, 1M (default 32M)");
+  add_bytes(app, "-e,--maxbytes", s.max_bytes, "largest size (default 32M)");
+  app.add_option("-f,--stepfactor", s.step_factor, "multiply the size by this each step")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
+  add_bytes(app, "-i,--stepbytes", s.step_bytes, "add this each step when -f is 1 (default 1M)");
+  app.add_option("-n,--iters", s.iters, "timed iterations per size and placement")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("-w,--warmup_iters", s.warmup_iters,
+                 "untimed iterations at the largest and the smallest size before the sweep")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 24));
+  app.add_option_function<int>(
+         "-c,--check", [&s](int c) { s.check = c != 0; },
+         "check every element of every result (1) or not (0); default 1")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option_function<std::string>(
+         "-o,--op",
+         [&s](const std::string& op) {
+           const std::map<std::string, cohort::ReduceOp> ops{{"sum", cohort::ReduceOp::kSum},
+                                                             {"prod", cohort::ReduceOp::kProduct},
+                                                             {"min", cohort::ReduceOp::kMin},
+                                                             {"max", cohort::ReduceOp::kMax}};
+           s.op = ops.at(op);
+         },
+         "reduce op: sum, prod, min, max (default sum)")
+      ->check(CLI::IsMember({"sum", "prod", "min", "max"}));
+  app.add_option_function<std::string>(
+         "-d,--datatype",
+         [&s](const std::string& type) {
+           const std::map<std::string, Element> types{{"float", Element::kFloat},
+                                                      {"double", Element::kDouble},
+                                                      {"int32", Element::kInt32},
+                                                      {"int64", Element::kInt64}};
+           s.element = types.at(type);
+         },
+         "element type: float, double, int32, int64 (default float)")
+      ->check(CLI::IsMember({"float", "double", "int32", "int64"}));
+  app.add_option("-r,--root", s.root, "root rank of broadcast")->capture_default_str();
+  app.add_option("--backend", s.backend, "local, tcp or nccl")->capture_default_str();
+  app.add_option_function<std::string>(
+      "--algorithm", [&s](const std::string& a) { s.algorithm = a; },
+      "tcp: deterministic (default) or ring");
+  app.add_option_function<int>(
+         "--np", [&s](int n) { s.processes = n; },
+         "ranks: threads (local) or processes this program starts (tcp); default 2, or what a "
+         "launcher says")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--json", s.json, "also write every figure to this JSON file (rank 0)");
+  app.add_option_function<int>(
+         "--checksum", [&s](int c) { s.checksum = c != 0; },
+         "tcp: frame checksums on (1, the transport's default) or off (0)")
+      ->check(CLI::Range(0, 1));
+  app.add_option("--timeout-s", s.timeout_s,
+                 "stop the run after this many seconds (and bound each tcp transfer); 0: none")
+      ->check(CLI::Range(0.0, 1e6));
+  // Test only: makes the check fail on purpose (tests/bench/); hidden from --help.
+  app.add_flag("--corrupt-reduction", s.corrupt)->group("");
+}
+
+void add_step_options(CLI::App& app, StepSettings& s) {
+  app.add_option("--strategy", s.strategy, "mirrored or multi_worker_mirrored")
+      ->capture_default_str();
+  app.add_option_function<int>(
+         "--np", [&s](int n) { s.processes = n; },
+         "replicas (mirrored) or worker processes (multi_worker_mirrored); default 2")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--local-replicas", s.local_replicas,
+                 "multi_worker_mirrored: replica threads per worker (a power of two)")
+      ->capture_default_str();
+  app.add_option_function<std::vector<std::string>>(
+         "--params",
+         [&s](const std::vector<std::string>& list) {
+           s.parameters.clear();
+           for (const std::string& text : list) {
+             const std::optional<std::size_t> count = parse_parameter_count(text);
+             if (!count) {
+               throw CLI::ValidationError("--params", "'" + text +
+                                                          "' is not a parameter count (e.g. "
+                                                          "1M, 10M, 100M, 250K)");
+             }
+             s.parameters.push_back(*count);
+           }
+         },
+         "model sizes in parameters, comma-separated: 1M,10M,100M (M = 10^6); default 1M")
+      ->delimiter(',');
+  app.add_option("--steps", s.steps, "timed steps per size")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--warmup-steps", s.warmup_steps, "untimed steps first")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  add_bytes(app, "--bucket-bytes", s.bucket_bytes,
+            "multi_worker_mirrored: bytes per cross-worker bucket (default 4M)");
+  app.add_option("--json", s.json, "also write every figure to this JSON file (rank 0)");
+  app.add_option("--timeout-s", s.timeout_s, "stop the run after this many seconds; 0: none")
+      ->check(CLI::Range(0.0, 1e6));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "cohort-bench: collective bandwidth in nccl-tests' terms (size, count, type, redop, root, "
+      "time, algbw, busbw, #wrong; out-of-place and in-place), plus p50/p99 and JSON.",
+      "cohort-bench"};
+  app.require_subcommand(1);
+  std::string backends_help = "Backends:\n";
+  for (const Backend& b : kBackends) {
+    char name[16];
+    std::snprintf(name, sizeof name, "  %-7s ", std::string(b.name).c_str());
+    backends_help += name + std::string(b.summary) + "\n";
+  }
+  app.footer(backends_help + "docs/benchmarks.md has the manual.");
+
+  Settings settings;
+  std::vector<CLI::App*> collectives;
+  for (const CollectiveInfo& c : kCollectives) {
+    CLI::App* sub = app.add_subcommand(std::string(c.name), "measure " + std::string(c.name));
+    add_collective_options(*sub, settings);
+    collectives.push_back(sub);
+  }
+  StepSettings step;
+  CLI::App* step_app = app.add_subcommand(
+      "step",
+      "time one training step's gradient synchronization per strategy against a plain "
+      "all_reduce of the same bytes");
+  add_step_options(*step_app, step);
+  CLI11_PARSE(app, argc, argv);
+
+  if (const char* corrupt = std::getenv("COHORT_BENCH_CORRUPT");
+      corrupt != nullptr && std::string(corrupt) == "1") {
+    settings.corrupt = true;
+  }
+  const Context context{std::vector<std::string>(argv, argv + argc), COHORT_BENCH_VERSION};
+  try {
+    if (step_app->parsed()) return run_step(step, context);
+    for (std::size_t i = 0; i < collectives.size(); ++i) {
+      if (collectives[i]->parsed()) settings.collective = kCollectives[i].collective;
+    }
+    if (settings.min_bytes > settings.max_bytes) {
+      throw cohort::ConfigError("-b/--minbytes " + std::to_string(settings.min_bytes) +
+                                " is larger than -e/--maxbytes " +
+                                std::to_string(settings.max_bytes));
+    }
+    const Backend* backend = find_backend(settings.backend);
+    if (backend == nullptr) {
+      throw cohort::ConfigError("--backend '" + settings.backend +
+                                "' is not one of local, tcp, nccl");
+    }
+    if (const std::optional<std::string> why = backend->unavailable()) {
+      detail::say(*why);
+      return kExitUnavailable;
+    }
+    if (!backend->supports(settings.collective)) {
+      throw cohort::ConfigError("the " + settings.backend + " backend does not run " +
+                                std::string(info(settings.collective).name));
+    }
+    return backend->run(settings, context);
+  } catch (const cohort::ConfigError& e) {
+    detail::say(e.what());
+    return kExitUnavailable;
+  } catch (const std::exception& e) {
+    detail::say(e.what());
+    return kExitWrong;
+  }
+}
