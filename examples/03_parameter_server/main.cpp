@@ -1,0 +1,64 @@
+// The demo's MLP trained with parameter servers: servers hold the parameters and the optimizer
+// state, workers compute gradients. The same program runs every role; started by the local
+// launcher, for example
+//   cohort-run --np 3 --ps 2 -- parameter_server --consistency async
+// or by TF_CONFIG (docs/launching.md, "ParameterServer"). The chief prints accuracy and
+// throughput; each server prints the pushes it applied and, for async and bounded staleness, the
+// staleness it observed (updates between a worker's pull and its push).
+//
+// 3 workers: the Trainer gives each worker micro_batches / 3 micro-batches, a power of two, so
+// this example defaults to micro_batches = 12.
+#include <cohort/strategy/parameter_server.hpp>
+#include <cstdio>
+#include <string>
+
+#include "demo.hpp"
+
+namespace {
+
+template <class Consistency>
+int run(const example::DemoSettings& settings) {
+  const example::DemoData data(settings);
+  // The demo's model is small (about 12 KiB): without a minimum shard size and with 1024-element
+  // blocks it spreads over both servers, as a large model would by default.
+  cohort::strategy::ParameterServer<Consistency> strategy(
+      {.min_shard_bytes = 0, .alignment = 1024});
+  const bool chief = strategy.is_chief();
+  const bool serves = strategy.serves();
+  const int workers = strategy.workers();
+  const int servers = strategy.servers();
+  const auto outcome =
+      example::train(settings, data.mlp_layers(settings.hidden), std::move(strategy), data);
+  if (chief && !serves) {
+    std::printf(
+        "\n%s: %d worker(s), %d server(s): %.0f examples/s, held-out accuracy %.2f%%, "
+        "parameters %llx\n",
+        std::string(Consistency::kName).c_str(), workers, servers, outcome.examples_per_second,
+        100.0 * outcome.accuracy,
+        static_cast<unsigned long long>(example::fingerprint(outcome.parameters)));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  example::DemoSettings settings;
+  settings.micro_batches = 12;
+  std::string consistency = "sync";
+  CLI::App app{"ParameterServer training of an MLP: servers and workers of one program"};
+  app.add_option("--consistency", consistency, "sync, async or bounded (staleness 2)")
+      ->check(CLI::IsMember({"sync", "async", "bounded"}));
+  example::add_demo_options(app, settings);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    using namespace cohort::strategy::consistency;
+    if (consistency == "async") return run<Async>(settings);
+    if (consistency == "bounded") return run<BoundedStaleness<2>>(settings);
+    return run<Sync>(settings);
+  } catch (const cohort::Error& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    return 2;
+  }
+}

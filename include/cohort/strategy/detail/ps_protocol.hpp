@@ -1,0 +1,170 @@
+// The parameter server's layout (which server holds which elements) and its wire protocol.
+//
+// Layout. The flat parameter vector of n elements is cut into blocks of `alignment` elements
+// (default device::cpu::kNormBlock, the leaf of sum_of_squares, so that shard boundaries never
+// split a norm block). The number of shards is the smallest of: the servers, the blocks, and
+// n x element size / min_shard_bytes (at least 1; min_shard_bytes = 0 lifts that limit), so that a
+// small model does not spread over many servers. Shard i, held by server i, is blocks
+// [i x blocks / shards, (i + 1) x blocks / shards): even byte ranges, up to one block. Servers
+// beyond the shard count hold nothing (they still serve: every worker tells them when it is done).
+// A shard is cut into chunks of chunk_bytes (the last shorter), the unit of every request, so that
+// a push, the server's update and the reply of successive chunks overlap.
+//
+// Protocol, over transport frames of type message_type::kParameterServer (sequence 0; the tag says
+// which frame). A worker sends, per chunk, a Request frame (64 bytes, fixed) and a payload frame
+// of request.payload_bytes; the server answers each with a Reply frame (512 bytes, fixed) and a
+// payload frame of request.reply_bytes, zeros after an error, so that the worker's receive
+// completes whatever happens and the stream stays in step.
+//
+//   operation   payload (elements of T)          reply payload
+//   kInit       parameters, then optimizer state  none          chief only, at the start of a fit
+//               (kStateSlots x length, slot-major)
+//   kPush       the gradient sum of one step       parameters    applied or folded, per consistency
+//   kPull       none                               parameters
+//   kPullState  none                               optimizer state (slot-major over the chunk)
+//   kDone       none                               none          this worker's fit has ended
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "cohort/transport/transport.hpp"
+
+namespace cohort::strategy::detail::ps {
+
+inline constexpr std::uint32_t kProtocolVersion = 1;
+
+enum class Operation : std::uint16_t { kInit = 1, kPush, kPull, kPullState, kDone };
+
+inline std::string_view name(Operation operation) {
+  switch (operation) {
+    case Operation::kInit:
+      return "init";
+    case Operation::kPush:
+      return "push";
+    case Operation::kPull:
+      return "pull";
+    case Operation::kPullState:
+      return "pull_state";
+    case Operation::kDone:
+      return "done";
+  }
+  return "unknown";
+}
+
+struct Request {
+  std::uint32_t version = kProtocolVersion;
+  std::uint16_t operation = 0;
+  std::uint16_t element_bytes = 0;
+  std::uint32_t worker = 0;  // the sender's worker index: must be the connection's
+  std::uint32_t shard = 0;   // the server's index
+  std::uint64_t chunk = 0;   // within the shard
+  std::uint64_t step = 0;    // the Trainer's step of a push
+  std::uint64_t length = 0;  // elements of the chunk, as the worker believes
+  std::uint64_t payload_bytes = 0;
+  std::uint64_t reply_bytes = 0;
+  double inverse_batch = 1.0;
+};
+static_assert(sizeof(Request) == 64 && std::is_trivially_copyable_v<Request>);
+
+struct Reply {
+  std::uint32_t version = kProtocolVersion;
+  std::uint16_t status = 0;  // 0: done; 1: refused, message says why
+  std::uint16_t operation = 0;
+  std::uint64_t chunk = 0;
+  std::uint64_t updates = 0;  // updates applied to the chunk so far (its version)
+  std::uint64_t reserved = 0;
+  char message[480] = {};
+
+  void set_message(std::string_view text) {
+    const std::size_t length = std::min(text.size(), sizeof message - 1);
+    std::memcpy(message, text.data(), length);
+    message[length] = '\0';
+  }
+};
+static_assert(sizeof(Reply) == 512 && std::is_trivially_copyable_v<Reply>);
+
+namespace tag {
+inline constexpr std::uint64_t kRequest = 0x5053'0001;
+inline constexpr std::uint64_t kRequestPayload = 0x5053'0002;
+inline constexpr std::uint64_t kReply = 0x5053'0003;
+inline constexpr std::uint64_t kReplyPayload = 0x5053'0004;
+}  // namespace tag
+
+inline transport::Header header(std::uint64_t frame_tag) {
+  return {transport::message_type::kParameterServer, 0, frame_tag};
+}
+
+// The payload elements a request carries and its reply returns, for a chunk of `length`.
+inline std::size_t request_elements(Operation operation, std::size_t length, std::size_t slots) {
+  if (operation == Operation::kInit) return (1 + slots) * length;
+  if (operation == Operation::kPush) return length;
+  return 0;
+}
+inline std::size_t reply_elements(Operation operation, std::size_t length, std::size_t slots) {
+  if (operation == Operation::kPush || operation == Operation::kPull) return length;
+  if (operation == Operation::kPullState) return slots * length;
+  return 0;
+}
+
+struct Chunk {
+  int server;
+  std::size_t index;  // within its server's shard
+  std::size_t begin;  // elements of the flat vector
+  std::size_t end;
+  std::size_t size() const { return end - begin; }
+};
+
+struct LayoutOptions {
+  std::size_t min_shard_bytes;
+  std::size_t alignment;
+  std::size_t chunk_bytes;
+};
+
+// Which server holds which chunks (the rule at the top of this file).
+class Layout {
+ public:
+  Layout(std::size_t elements, std::size_t element_bytes, int servers, LayoutOptions options)
+      : elements_(elements), by_server_(static_cast<std::size_t>(servers)) {
+    if (elements == 0) return;
+    const std::size_t alignment = std::max<std::size_t>(1, options.alignment);
+    const std::size_t blocks = (elements + alignment - 1) / alignment;
+    std::size_t shards = std::min<std::size_t>(static_cast<std::size_t>(servers), blocks);
+    if (options.min_shard_bytes > 0) {
+      shards = std::min(
+          shards, std::max<std::size_t>(1, elements * element_bytes / options.min_shard_bytes));
+    }
+    const std::size_t chunk_elements =
+        std::max<std::size_t>(1, options.chunk_bytes / element_bytes);
+    for (std::size_t shard = 0; shard < shards; ++shard) {
+      const std::size_t begin = std::min(elements, shard * blocks / shards * alignment);
+      const std::size_t end = std::min(elements, (shard + 1) * blocks / shards * alignment);
+      auto& chunks = by_server_[shard];
+      for (std::size_t at = begin; at < end; at += chunk_elements) {
+        chunks.push_back(
+            {static_cast<int>(shard), chunks.size(), at, std::min(end, at + chunk_elements)});
+        all_.push_back(chunks.back());
+      }
+    }
+  }
+
+  std::size_t elements() const { return elements_; }
+  int servers() const { return static_cast<int>(by_server_.size()); }
+  const std::vector<Chunk>& chunks() const { return all_; }
+  const std::vector<Chunk>& chunks_of(int server) const {
+    return by_server_[static_cast<std::size_t>(server)];
+  }
+
+ private:
+  std::size_t elements_;
+  std::vector<std::vector<Chunk>> by_server_;
+  std::vector<Chunk> all_;
+};
+
+}  // namespace cohort::strategy::detail::ps

@@ -1,0 +1,516 @@
+// The server side of the parameter server: one thread that takes requests in arrival order
+// (transport wait_any), validates them, applies pushes to its shard and answers pulls, each
+// request at a time, so that a reply always carries a whole version of its chunk.
+//
+// Bookkeeping per chunk: the parameters, the optimizer state (slot-major over the chunk), the
+// number of updates applied, and per worker the pushes taken (`done`). A push's reply (the new
+// parameters) waits until its worker is at most K steps ahead of the slowest live worker; with
+// K = 0 (Sync) the pushes of a step are held until the step's aggregate is complete, folded in
+// the canonical tree over worker indices (device::cpu::reduce_tree) and applied once.
+//
+// Backup workers (Sync only): with backup_workers = B, a step's aggregate is the pushes of the
+// R = W - B lowest-indexed live workers; it is applied as soon as those R have pushed, scaled by
+// inverse_batch x W / R, and every other push of that step is dropped (counted, reported, and
+// answered with the new parameters). With B = 0 every worker is needed: a lost worker ends the
+// run with an error naming it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cohort/core/error.hpp"
+#include "cohort/core/reduce_op.hpp"
+#include "cohort/device/cpu.hpp"
+#include "cohort/optimizer/optimizer.hpp"
+#include "cohort/strategy/detail/ps_protocol.hpp"
+#include "cohort/transport/transport.hpp"
+
+namespace cohort::strategy::detail::ps {
+
+struct ServerOptions {
+  int server = 0;   // this server's index
+  int workers = 1;  // W; worker w is transport rank w
+  std::size_t backup_workers = 0;
+  std::uint64_t staleness = 0;  // K
+  bool log_pushes = false;      // one line per push applied to this server's first chunk
+};
+
+// What one serve() did, for the end-of-fit summary and the tests.
+struct ServerCounts {
+  std::vector<std::uint64_t> applied;  // per worker: pushes applied (first chunk)
+  std::uint64_t dropped = 0;           // pushes dropped by the backup rule (first chunk)
+  std::map<std::uint64_t, std::uint64_t> staleness;  // updates between a worker's pull and push
+  std::vector<std::string> lost;                     // workers lost, with why
+};
+
+template <transport::Serving Tr, class T, class O>
+class Server {
+ public:
+  Server(Tr& transport, const Layout& layout, ServerOptions options, const O& optimizer)
+      : transport_(transport), layout_(layout), options_(options), optimizer_(optimizer) {
+    const auto& mine = layout_.chunks_of(options_.server);
+    const auto workers = static_cast<std::size_t>(options_.workers);
+    chunks_.resize(mine.size());
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      State& chunk = chunks_[i];
+      chunk.range = mine[i];
+      chunk.parameters.assign(mine[i].size(), T{});
+      chunk.state.assign(O::kStateSlots * mine[i].size(), T{});
+      chunk.done.assign(workers, 0);
+      chunk.pulled.assign(workers, 0);
+      if (options_.staleness == 0) {
+        chunk.contributions.assign(workers, std::vector<T>(mine[i].size()));
+        chunk.pushed_step.assign(workers, kNone);
+      }
+    }
+    lost_.assign(workers, false);
+  }
+
+  // Serves one fit: waits for the chief's init, then every worker's requests until each has
+  // said it is done or was lost. Throws CommError when synchronous training cannot go on.
+  ServerCounts serve() {
+    const auto workers = static_cast<std::size_t>(options_.workers);
+    finished_.assign(workers, false);
+    counts_ = {};
+    counts_.applied.assign(workers, 0);
+    for (State& chunk : chunks_) {
+      std::fill(chunk.done.begin(), chunk.done.end(), 0);
+      std::fill(chunk.pulled.begin(), chunk.pulled.end(), chunk.updates);
+      std::fill(chunk.pushed_step.begin(), chunk.pushed_step.end(), kNone);
+      chunk.initialized = false;
+    }
+    std::vector<int> listening;
+    while (true) {
+      listening.clear();
+      const bool initialized = std::all_of(chunks_.begin(), chunks_.end(),
+                                           [](const State& chunk) { return chunk.initialized; });
+      for (int worker = 0; worker < options_.workers; ++worker) {
+        if (lost_[static_cast<std::size_t>(worker)] ||
+            finished_[static_cast<std::size_t>(worker)]) {
+          continue;
+        }
+        if (!initialized && worker != 0) continue;  // the chief's parameters come first
+        listening.push_back(worker);
+      }
+      if (listening.empty()) {
+        if (!initialized && !all_ended()) {
+          fail("the chief (worker 0) was lost before it sent the initial parameters");
+        }
+        break;
+      }
+      const int worker = transport_.wait_any(listening, std::chrono::milliseconds(100));
+      if (worker >= 0) take_request(worker);
+    }
+    return counts_;
+  }
+
+  // Where this server's chunks are, for tests and checkpoints.
+  std::span<const T> parameters(std::size_t chunk) const { return chunks_[chunk].parameters; }
+
+ private:
+  static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+
+  struct State {
+    Chunk range{};
+    std::vector<T> parameters;
+    std::vector<T> state;
+    std::uint64_t updates = 0;
+    bool initialized = false;
+    std::vector<std::uint64_t> done;    // per worker: pushes taken in this fit
+    std::vector<std::uint64_t> pulled;  // per worker: `updates` when it last got parameters
+    // Sync: each worker's push of the step in progress, and which step it was (kNone: none).
+    std::vector<std::vector<T>> contributions;
+    std::vector<std::uint64_t> pushed_step;
+    double inverse_batch = 1.0;  // of the step in progress
+  };
+
+  struct Pending {
+    int worker;
+    std::size_t chunk;
+    std::uint64_t step;
+    Request request;
+  };
+
+  bool all_ended() const {
+    for (std::size_t w = 0; w < lost_.size(); ++w) {
+      if (!lost_[w] && !finished_[w]) return false;
+    }
+    return true;
+  }
+
+  std::string who(int worker) const {
+    return "worker " + std::to_string(worker) + " (rank " + std::to_string(worker) + ")";
+  }
+  std::string me() const { return "parameter server " + std::to_string(options_.server); }
+
+  void take_request(int worker) {
+    Request request;
+    std::string refused;
+    try {
+      transport::Receive receive{worker, header(tag::kRequest),
+                                 std::as_writable_bytes(std::span(&request, 1))};
+      transport_.transfer({}, std::span(&receive, 1));
+    } catch (const CommError& error) {
+      lose(worker, error.what());
+      return;
+    }
+    const std::string field = validate(worker, request);
+    // The payload is read whatever the verdict, so that the stream stays in step.
+    std::span<std::byte> payload;
+    State* chunk =
+        field.empty() && request.operation != static_cast<std::uint16_t>(Operation::kDone)
+            ? &chunks_[request.chunk]
+            : nullptr;
+    const auto operation = static_cast<Operation>(request.operation);
+    if (field.empty() && operation == Operation::kPush && options_.staleness == 0) {
+      payload =
+          std::as_writable_bytes(std::span(chunk->contributions[static_cast<std::size_t>(worker)]));
+    } else {
+      scratch_.resize(request.payload_bytes);
+      payload = std::span(scratch_);
+    }
+    try {
+      transport::Receive receive{worker, header(tag::kRequestPayload), payload};
+      transport_.transfer({}, std::span(&receive, 1));
+    } catch (const CommError& error) {
+      lose(worker, error.what());
+      return;
+    }
+    if (!field.empty()) {
+      const std::string message = me() + ": refused " + std::string(name(operation)) + " from " +
+                                  who(worker) + ": " + field;
+      std::fprintf(stderr, "cohort: %s\n", message.c_str());
+      reply_error(worker, request, message);
+      return;
+    }
+    switch (operation) {
+      case Operation::kInit: {
+        const std::size_t length = chunk->parameters.size();
+        const auto values =
+            std::span(reinterpret_cast<const T*>(scratch_.data()), (1 + O::kStateSlots) * length);
+        std::copy_n(values.begin(), length, chunk->parameters.begin());
+        std::copy(values.begin() + static_cast<std::ptrdiff_t>(length), values.end(),
+                  chunk->state.begin());
+        chunk->updates = request.step;  // updates counted so far: the run's step
+        std::fill(chunk->pulled.begin(), chunk->pulled.end(), chunk->updates);
+        chunk->initialized = true;
+        reply(worker, request, *chunk, {});
+        return;
+      }
+      case Operation::kPull:
+        chunk->pulled[static_cast<std::size_t>(worker)] = chunk->updates;
+        reply(worker, request, *chunk, std::as_bytes(std::span(chunk->parameters)));
+        return;
+      case Operation::kPullState:
+        reply(worker, request, *chunk, std::as_bytes(std::span(chunk->state)));
+        return;
+      case Operation::kDone:
+        finished_[static_cast<std::size_t>(worker)] = true;
+        reply(worker, request, State{}, {});
+        progress();
+        return;
+      case Operation::kPush:
+        push(worker, request, *chunk);
+        progress();
+        return;
+    }
+  }
+
+  // "" when the request is well formed for this server, else "field = value: why".
+  std::string validate(int worker, const Request& request) const {
+    const auto is = [](std::string_view field, auto value, const std::string& why) {
+      return std::string(field) + " = " + std::to_string(value) + ": " + why;
+    };
+    if (request.version != kProtocolVersion) {
+      return is("version", request.version,
+                "this server speaks protocol version " + std::to_string(kProtocolVersion));
+    }
+    if (request.operation < static_cast<std::uint16_t>(Operation::kInit) ||
+        request.operation > static_cast<std::uint16_t>(Operation::kDone)) {
+      return is("operation", request.operation, "not an operation");
+    }
+    if (request.worker != static_cast<std::uint32_t>(worker)) {
+      return is("worker", request.worker,
+                "the connection belongs to worker " + std::to_string(worker));
+    }
+    const auto operation = static_cast<Operation>(request.operation);
+    if (operation == Operation::kDone) return {};
+    if (request.element_bytes != sizeof(T)) {
+      return is("element_bytes", request.element_bytes,
+                "this server holds elements of " + std::to_string(sizeof(T)) + " bytes");
+    }
+    if (request.shard != static_cast<std::uint32_t>(options_.server)) {
+      return is("shard", request.shard,
+                "this is server " + std::to_string(options_.server) + ", which holds shard " +
+                    std::to_string(options_.server) + " only");
+    }
+    if (request.chunk >= chunks_.size()) {
+      return is("chunk", request.chunk,
+                "shard " + std::to_string(options_.server) + " has " +
+                    std::to_string(chunks_.size()) + " chunks");
+    }
+    const State& chunk = chunks_[request.chunk];
+    const std::size_t length = chunk.parameters.size();
+    if (request.length != length) {
+      return is("length", request.length,
+                "chunk " + std::to_string(request.chunk) + " of shard " +
+                    std::to_string(options_.server) + " has " + std::to_string(length) +
+                    " elements");
+    }
+    const std::size_t payload = request_elements(operation, length, O::kStateSlots) * sizeof(T);
+    if (request.payload_bytes != payload) {
+      return is("payload_bytes", request.payload_bytes,
+                "a " + std::string(name(operation)) + " of this chunk carries " +
+                    std::to_string(payload) + " bytes");
+    }
+    const std::size_t reply = reply_elements(operation, length, O::kStateSlots) * sizeof(T);
+    if (request.reply_bytes != reply) {
+      return is("reply_bytes", request.reply_bytes,
+                "a " + std::string(name(operation)) + " of this chunk returns " +
+                    std::to_string(reply) + " bytes");
+    }
+    if (operation != Operation::kInit && !chunk.initialized) {
+      return is("chunk", request.chunk, "not initialized yet (the chief sends init first)");
+    }
+    if (operation == Operation::kInit && worker != 0) {
+      return is("worker", request.worker, "only the chief (worker 0) initializes");
+    }
+    if (operation == Operation::kPush && options_.staleness == 0 && request.step > chunk.updates) {
+      return is("step", request.step,
+                "the step in progress is " + std::to_string(chunk.updates) +
+                    "; synchronous workers cannot run ahead");
+    }
+    return {};
+  }
+
+  void push(int worker, const Request& request, State& chunk) {
+    const auto w = static_cast<std::size_t>(worker);
+    if (options_.staleness == 0) {
+      if (request.step < chunk.updates) {
+        // A backup worker's late push: its step was applied without it.
+        if (chunk.range.index == 0) ++counts_.dropped;
+        ++chunk.done[w];
+        pending_.push_back({worker, request.chunk, request.step, request});
+        return;
+      }
+      chunk.pushed_step[w] = request.step;
+      chunk.inverse_batch = request.inverse_batch;
+      ++chunk.done[w];
+      pending_.push_back({worker, request.chunk, request.step, request});
+      try_aggregate(chunk);
+      return;
+    }
+    const auto gradient =
+        std::span(reinterpret_cast<const T*>(scratch_.data()), chunk.parameters.size());
+    if (chunk.range.index == 0) {
+      const std::uint64_t staleness = chunk.updates - chunk.pulled[w];
+      ++counts_.staleness[staleness];
+      ++counts_.applied[w];
+      if (options_.log_pushes) {
+        std::fprintf(stderr,
+                     "cohort ps %d: applied push %llu of worker %d (the slowest live worker has "
+                     "pushed %llu; staleness %llu)\n",
+                     options_.server, static_cast<unsigned long long>(chunk.done[w]), worker,
+                     static_cast<unsigned long long>(slowest(chunk)),
+                     static_cast<unsigned long long>(staleness));
+      }
+    }
+    ++chunk.updates;
+    optimizer_.step(
+        std::span(chunk.parameters), gradient, std::span(chunk.state),
+        optimizer::StepContext{.step = chunk.updates, .gradient_scale = request.inverse_batch});
+    ++chunk.done[w];
+    pending_.push_back({worker, request.chunk, request.step, request});
+  }
+
+  // Sync: applies the step in progress once its aggregate is complete.
+  void try_aggregate(State& chunk) {
+    const std::size_t needed = static_cast<std::size_t>(options_.workers) - options_.backup_workers;
+    std::vector<const T*> inputs;
+    std::vector<std::size_t> chosen;
+    for (std::size_t w = 0; w < lost_.size() && chosen.size() < needed; ++w) {
+      if (lost_[w]) continue;
+      if (chunk.pushed_step[w] != chunk.updates) return;  // one of the R has not pushed yet
+      chosen.push_back(w);
+      inputs.push_back(chunk.contributions[w].data());
+    }
+    if (chosen.size() < needed) return;  // too few live workers: lose() reports it
+    if (chunk.range.index == 0) {
+      for (std::size_t w = 0; w < lost_.size(); ++w) {
+        const bool taken = std::find(chosen.begin(), chosen.end(), w) != chosen.end();
+        if (taken) ++counts_.applied[w];
+        if (!taken && chunk.pushed_step[w] == chunk.updates) ++counts_.dropped;
+      }
+      if (options_.log_pushes) {
+        std::fprintf(stderr, "cohort ps %d: applied step %llu from %zu workers\n", options_.server,
+                     static_cast<unsigned long long>(chunk.updates), chosen.size());
+      }
+    }
+    // The canonical tree over the chosen workers, in index order: with every worker chosen, the
+    // tree over all replicas, as the mirrored strategies' all-reduce computes it.
+    sum_.resize(chunk.parameters.size());
+    device::cpu::reduce_tree<T>(ReduceOp::kSum, std::span<const T* const>(inputs), std::span(sum_));
+    const double scale = chosen.size() == static_cast<std::size_t>(options_.workers)
+                             ? inverse_batch_of(chunk)
+                             : inverse_batch_of(chunk) * static_cast<double>(options_.workers) /
+                                   static_cast<double>(chosen.size());
+    ++chunk.updates;
+    optimizer_.step(std::span(chunk.parameters), std::span<const T>(sum_), std::span(chunk.state),
+                    optimizer::StepContext{.step = chunk.updates, .gradient_scale = scale});
+  }
+
+  double inverse_batch_of(const State& chunk) const { return chunk.inverse_batch; }
+
+  // The fewest pushes taken from a live worker that has not finished.
+  std::uint64_t slowest(const State& chunk) const {
+    std::uint64_t least = kNone;
+    for (std::size_t w = 0; w < lost_.size(); ++w) {
+      if (!lost_[w] && !finished_[w]) least = std::min(least, chunk.done[w]);
+    }
+    return least;
+  }
+
+  // Answers every push whose worker may go on.
+  void progress() {
+    for (std::size_t i = 0; i < pending_.size();) {
+      const Pending pending = pending_[i];
+      State& chunk = chunks_[pending.chunk];
+      const auto w = static_cast<std::size_t>(pending.worker);
+      bool ready = false;
+      if (options_.staleness == 0) {
+        ready = chunk.updates > pending.step;
+      } else {
+        const std::uint64_t least = slowest(chunk);
+        ready =
+            least == kNone || chunk.done[w] - std::min(least, chunk.done[w]) <= options_.staleness;
+      }
+      if (lost_[w]) {
+        pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+      if (!ready) {
+        ++i;
+        continue;
+      }
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+      chunk.pulled[w] = chunk.updates;
+      reply(pending.worker, pending.request, chunk, std::as_bytes(std::span(chunk.parameters)));
+      i = 0;  // a reply may have lost a worker, which changes who is ready
+    }
+  }
+
+  void reply(int worker, const Request& request, const State& chunk,
+             std::span<const std::byte> payload) {
+    Reply answer;
+    answer.operation = request.operation;
+    answer.chunk = request.chunk;
+    answer.updates = chunk.updates;
+    send(worker, answer, payload);
+  }
+
+  void reply_error(int worker, const Request& request, const std::string& message) {
+    Reply answer;
+    answer.status = 1;
+    answer.operation = request.operation;
+    answer.chunk = request.chunk;
+    answer.set_message(message);
+    zeros_.assign(request.reply_bytes, std::byte{0});
+    send(worker, answer, zeros_);
+  }
+
+  void send(int worker, const Reply& answer, std::span<const std::byte> payload) {
+    const transport::Send sends[] = {
+        {worker, header(tag::kReply), std::as_bytes(std::span(&answer, 1))},
+        {worker, header(tag::kReplyPayload), payload}};
+    try {
+      transport_.transfer(sends, {});
+    } catch (const CommError& error) {
+      lose(worker, error.what());
+    }
+  }
+
+  void lose(int worker, const std::string& why) {
+    const auto w = static_cast<std::size_t>(worker);
+    if (lost_[w]) return;
+    lost_[w] = true;
+    const std::string message = me() + ": lost " + who(worker) + ": " + why;
+    std::fprintf(stderr, "cohort: %s\n", message.c_str());
+    counts_.lost.push_back(message);
+    if (options_.staleness == 0 && !finished_[w]) {
+      std::size_t live = 0;
+      for (std::size_t v = 0; v < lost_.size(); ++v) live += lost_[v] ? 0 : 1;
+      const std::size_t needed =
+          static_cast<std::size_t>(options_.workers) - options_.backup_workers;
+      if (live < needed) {
+        fail(who(worker) + " was lost (" + why + "); synchronous training needs " +
+             std::to_string(needed) + " of " + std::to_string(options_.workers) +
+             " workers (backup_workers = " + std::to_string(options_.backup_workers) + ")");
+      }
+      for (State& chunk : chunks_) try_aggregate(chunk);
+    }
+    progress();
+  }
+
+  // Tells every worker waiting on this server why the run cannot go on, then throws.
+  [[noreturn]] void fail(const std::string& why) {
+    const std::string message = me() + ": " + why;
+    std::vector<Pending> waiting;
+    waiting.swap(pending_);
+    for (const Pending& pending : waiting) {
+      if (!lost_[static_cast<std::size_t>(pending.worker)]) {
+        reply_error(pending.worker, pending.request, message);
+      }
+    }
+    // For a short while, every request of a live worker gets the same answer, so that workers
+    // whose requests were still on the way learn the cause rather than only that this server
+    // went away.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    std::vector<int> live;
+    while (std::chrono::steady_clock::now() < until) {
+      live.clear();
+      for (int worker = 0; worker < options_.workers; ++worker) {
+        const auto w = static_cast<std::size_t>(worker);
+        if (!lost_[w] && !finished_[w]) live.push_back(worker);
+      }
+      if (live.empty()) break;
+      const int worker = transport_.wait_any(live, std::chrono::milliseconds(50));
+      if (worker < 0) continue;
+      Request request;
+      try {
+        transport::Receive receive{worker, header(tag::kRequest),
+                                   std::as_writable_bytes(std::span(&request, 1))};
+        transport_.transfer({}, std::span(&receive, 1));
+        scratch_.resize(request.payload_bytes);
+        transport::Receive payload{worker, header(tag::kRequestPayload), std::span(scratch_)};
+        transport_.transfer({}, std::span(&payload, 1));
+      } catch (const CommError&) {
+        lost_[static_cast<std::size_t>(worker)] = true;
+        continue;
+      }
+      reply_error(worker, request, message);
+    }
+    throw CommError(message);
+  }
+
+  Tr& transport_;
+  const Layout& layout_;
+  ServerOptions options_;
+  const O& optimizer_;
+  std::vector<State> chunks_;
+  std::vector<bool> lost_;      // for good: a lost worker never comes back
+  std::vector<bool> finished_;  // in this fit
+  std::vector<Pending> pending_;
+  ServerCounts counts_;
+  std::vector<std::byte> scratch_;
+  std::vector<std::byte> zeros_;
+  std::vector<T> sum_;
+};
+
+}  // namespace cohort::strategy::detail::ps

@@ -1,0 +1,399 @@
+// ParameterServer: the parameters live, sharded, on server processes; worker processes compute
+// gradients, push them and pull the new parameters. Synchronous, asynchronous or with bounded
+// staleness (strategy/consistency.hpp): one implementation, one number K.
+//
+//   cohort::strategy::ParameterServer<cohort::strategy::consistency::Sync> strategy({});
+//   cohort::Trainer trainer(model, std::move(strategy), optimizer, options);
+//   trainer.fit(data, {.epochs = 5});   // on a server: serves until every worker is done
+//
+// Roles come from the launcher (cluster/cluster.hpp): TF_CONFIG's "ps" tasks serve, its "chief"
+// and "worker" tasks train; or COHORT_ROLE = ps | worker with COHORT_PS_COUNT and
+// COHORT_WORKER_COUNT (cohort-run --ps N sets them). The same program runs every role. All
+// processes form one TCP mesh: workers are ranks 0 .. W-1 (the chief, worker 0, is rank 0 and
+// hosts the rendezvous), servers are ranks W .. W+S-1. Construction is the rendezvous.
+//
+// Workers are the replicas, one per worker process: replicas() = W, and the Trainer's split rule
+// applies (micro_batches / W a power of two: 3 workers need micro_batches = 3 x 2^k).
+//
+// One step, on a worker: the Trainer folds the worker's micro-batches (Update::gradient_sum),
+// then replica.update() sends, for every chunk of every shard at once (detail/ps_protocol.hpp has
+// the layout and the protocol), the chunk's gradient sum; each reply carries the chunk's new
+// parameters. On a server, per chunk:
+//   Sync (K = 0)     the W pushes of a step are summed in the canonical tree over worker indices
+//                    (core/reduction_tree.hpp), scaled by 1 / global batch and given to the
+//                    optimizer with step = step + 1, as detail/all_reduce_update.hpp does: the
+//                    parameters are the same bits as Mirrored and MultiWorkerMirrored with the
+//                    same seed and micro_batches (the optimizer is elementwise, so a chunk updates
+//                    with the bits of the whole vector).
+//   K >= 1, Async    each push is applied on arrival, exactly once, scaled by 1 / global batch
+//                    (a push is one worker's share of a batch); the reply, a whole version of the
+//                    chunk, waits while its worker is more than K steps ahead of the slowest live
+//                    worker. Adam's step counts the chunk's updates.
+// The optimizer state lives on the servers. At the start of every fit the chief sends its
+// parameters and optimizer state to the servers, and every worker pulls; at its end the chief
+// pulls the optimizer state back, so that Trainer::save on the chief writes a complete checkpoint
+// and Trainer::restore on every process continues the run (the same bits, for Sync).
+//
+// Faults. A worker that dies is reported by the servers by name; Async and BoundedStaleness go on
+// without it (the bound counts live workers only); Sync fails with an error naming it unless
+// backup workers cover it (detail/ps_server.hpp has the rule). A server that dies makes every
+// worker's next push or pull fail naming it ("parameter server 1 (rank 5)"), within `timeout` at
+// worst: restart the job from the last checkpoint.
+//
+// Options:
+//   cluster          explicit overrides of what the launcher says
+//   bind_address     where this process listens (or COHORT_BIND_ADDRESS); loopback by default
+//   secret           shared secret authenticating every connection (or COHORT_SECRET)
+//   connect_timeout  the rendezvous deadline
+//   timeout          how long a worker waits for a reply (a bounded-staleness worker may wait
+//                    for the slowest one) and any transfer may stall
+//   min_shard_bytes  a shard holds at least this many bytes (so a small model uses few servers)
+//   alignment        shard boundaries are multiples of this many elements
+//   chunk_bytes      the unit of a request, so that push, update and pull pipeline
+//   backup_workers   Sync only: a step needs the W - backup_workers lowest-indexed live workers
+//   log_pushes       servers print a line per push applied to their first chunk
+//
+// Not supported yet: global-norm clipping (max_gradient_norm > 0 is refused: its sum of squares
+// would have to be composed across servers in tree order), and more than one replica per worker.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "cohort/cluster/cluster.hpp"
+#include "cohort/collective/deterministic.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/core/options.hpp"
+#include "cohort/device/cpu.hpp"
+#include "cohort/strategy/consistency.hpp"
+#include "cohort/strategy/detail/ps_client.hpp"
+#include "cohort/strategy/detail/ps_protocol.hpp"
+#include "cohort/strategy/detail/ps_server.hpp"
+#include "cohort/strategy/detail/replica_threads.hpp"
+#include "cohort/strategy/strategy.hpp"
+#include "cohort/transport/tcp/tcp.hpp"
+
+namespace cohort::strategy {
+
+template <class C = consistency::Sync>
+class ParameterServer {
+  static_assert(consistency::Consistency<C>,
+                "cohort: ParameterServer takes a consistency model: consistency::Sync, "
+                "consistency::Async or consistency::BoundedStaleness<K>. See "
+                "include/cohort/strategy/consistency.hpp.");
+
+ public:
+  static constexpr std::string_view kName = "parameter_server";
+  static constexpr std::uint64_t kStaleness = C::kStaleness;
+  using Transport = transport::tcp::Tcp;
+  using Communicator =
+      std::conditional_t<kStaleness == 0,
+                         collective::Deterministic<detail::ps::WorkerView<Transport>>,
+                         detail::ps::Independent<Transport>>;
+
+  struct Options {
+    cluster::Explicit cluster{};
+    std::string bind_address{};
+    std::string secret{};
+    std::chrono::milliseconds connect_timeout{std::chrono::minutes(1)};
+    std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    std::size_t min_shard_bytes = std::size_t{256} << 10;
+    std::size_t alignment = device::cpu::kNormBlock;
+    std::size_t chunk_bytes = std::size_t{1} << 20;
+    std::size_t backup_workers = 0;
+    bool log_pushes = false;
+  };
+
+  explicit ParameterServer(Options options)
+      : options_(std::move(options)), spec_(cluster::resolve(options_.cluster)) {
+    workers_ = cluster::worker_count(spec_);
+    servers_ = cluster::parameter_server_count(spec_);
+    if (spec_.role != "ps" && spec_.role != "worker" && spec_.role != "chief") {
+      options::reject("role", spec_.role,
+                      "ParameterServer runs ps, worker and chief tasks (" + spec_.source + ")");
+    }
+    if (servers_ <= 0) {
+      options::reject("parameter servers", servers_,
+                      "a ParameterServer job needs at least one ps task (TF_CONFIG \"ps\", or "
+                      "COHORT_PS_COUNT; cohort-run --ps N) (" +
+                          spec_.source + ")");
+    }
+    if (workers_ <= 0) {
+      options::reject("workers", workers_, "a ParameterServer job needs at least one worker");
+    }
+    options::require_positive("chunk_bytes", options_.chunk_bytes);
+    options::require_positive("alignment", options_.alignment);
+    if (kStaleness != 0 && options_.backup_workers != 0) {
+      options::reject("backup_workers", options_.backup_workers,
+                      "applies to consistency::Sync only (the others never wait for a step)");
+    }
+    if (options_.backup_workers >= static_cast<std::size_t>(workers_)) {
+      options::reject("backup_workers", options_.backup_workers,
+                      "must be less than the " + std::to_string(workers_) + " workers");
+    }
+    const int rank = serves() ? workers_ + spec_.rank : spec_.rank;
+    std::fprintf(stderr,
+                 "cohort: %s; parameter server job: %d server(s), %d worker(s), %s, rank %d "
+                 "of the mesh\n",
+                 cluster::describe(spec_).c_str(), servers_, workers_,
+                 std::string(C::kName).c_str(), rank);
+    transport_ = std::make_unique<Transport>(transport::tcp::Options{
+        .rank = rank,
+        .size = workers_ + servers_,
+        .job_id = spec_.job_id.empty() ? "cohort" : spec_.job_id,
+        .rendezvous_host = spec_.master_address,
+        .rendezvous_port = spec_.master_port,
+        .bind_address = setting(options_.bind_address, "COHORT_BIND_ADDRESS", "127.0.0.1"),
+        .secret = setting(options_.secret, "COHORT_SECRET", ""),
+        .connect_timeout = options_.connect_timeout,
+        .operation_timeout = options_.timeout,
+    });
+    if (serves()) transport_->isolate_peer_failures();
+  }
+
+  std::size_t replicas() const { return static_cast<std::size_t>(workers_); }
+  std::size_t local_replicas() const { return 1; }
+  std::size_t first_local_replica() const {
+    return serves() ? 0 : static_cast<std::size_t>(spec_.rank);
+  }
+  bool is_chief() const { return !serves() && spec_.rank == 0; }
+  // Whether this process is a server: Trainer::fit then calls serve() instead of training.
+  bool serves() const { return spec_.role == "ps"; }
+  int servers() const { return servers_; }
+  int workers() const { return workers_; }
+  const cluster::Spec& cluster() const { return spec_; }
+  const Options& options() const { return options_; }
+  Transport& transport() { return *transport_; }
+
+  // The layout of `elements` parameters of `element_bytes` each (detail/ps_protocol.hpp).
+  const detail::ps::Layout& layout(std::size_t elements, std::size_t element_bytes) {
+    if (!layout_ || layout_->elements() != elements) {
+      layout_.emplace(elements, element_bytes, servers_,
+                      detail::ps::LayoutOptions{options_.min_shard_bytes, options_.alignment,
+                                                options_.chunk_bytes});
+    }
+    return *layout_;
+  }
+
+  // On a server: serves one fit (its shard of `parameters`' layout) and returns when every
+  // worker is done or lost. What it did is in last_counts().
+  template <class T, class O>
+  void serve(std::span<T> parameters, const O& optimizer, std::span<T> /*optimizer_state*/) {
+    check_optimizer(optimizer);
+    const auto& shards = layout(parameters.size(), sizeof(T));
+    detail::ps::Server<Transport, T, O> server(*transport_, shards,
+                                               {.server = spec_.rank,
+                                                .workers = workers_,
+                                                .backup_workers = options_.backup_workers,
+                                                .staleness = kStaleness,
+                                                .log_pushes = options_.log_pushes},
+                                               optimizer);
+    counts_ = server.serve();
+    std::string line = "cohort: parameter server " + std::to_string(spec_.rank) + " (" +
+                       std::string(C::kName) + ", " +
+                       std::to_string(shards.chunks_of(spec_.rank).size()) +
+                       " chunks): pushes applied per worker [";
+    for (std::size_t w = 0; w < counts_.applied.size(); ++w) {
+      line += (w == 0 ? "" : ", ") + std::to_string(counts_.applied[w]);
+    }
+    line += "], dropped " + std::to_string(counts_.dropped) + ", workers lost " +
+            std::to_string(counts_.lost.size());
+    if (kStaleness != 0) {
+      line += ", staleness {";
+      bool first = true;
+      for (const auto& [staleness, count] : counts_.staleness) {
+        line += (first ? "" : ", ") + std::to_string(staleness) + ": " + std::to_string(count);
+        first = false;
+      }
+      line += "}";
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+
+  const detail::ps::ServerCounts& last_counts() const { return counts_; }
+
+  class Replica {
+   public:
+    std::size_t index() const { return index_; }
+    Communicator& communicator() { return communicator_; }
+
+    // The start of a fit (Trainer::train_replica): the chief initializes the servers with its
+    // parameters, optimizer state and the run's step (so that a restored run's servers count
+    // Adam's steps from it), then every worker pulls.
+    template <class T>
+    void start(std::span<T> parameters, std::span<T> optimizer_state, std::uint64_t step) {
+      const auto& shards = owner_->layout(parameters.size(), sizeof(T));
+      const std::size_t slots = parameters.empty() ? 0 : optimizer_state.size() / parameters.size();
+      const auto none = [](const detail::ps::Chunk&) { return std::span<std::byte>(); };
+      if (index_ == 0) {
+        staging_.clear();
+        offsets_.clear();
+        for (const auto& chunk : shards.chunks()) {
+          offsets_.push_back(staging_.size());
+          append<T>(parameters.subspan(chunk.begin, chunk.size()));
+          for (std::size_t slot = 0; slot < slots; ++slot) {
+            append<T>(
+                optimizer_state.subspan(slot * parameters.size() + chunk.begin, chunk.size()));
+          }
+        }
+        std::size_t next = 0;
+        client_.exchange(
+            {.operation = detail::ps::Operation::kInit,
+             .step = step,
+             .element_bytes = sizeof(T),
+             .slots = slots},
+            [&](const detail::ps::Chunk& chunk) {
+              return std::span<const std::byte>(staging_).subspan(
+                  offsets_[next++], (1 + slots) * chunk.size() * sizeof(T));
+            },
+            none);
+      }
+      client_.exchange(
+          {.operation = detail::ps::Operation::kPull, .element_bytes = sizeof(T), .slots = slots},
+          [](const detail::ps::Chunk&) { return std::span<const std::byte>(); },
+          [&](const detail::ps::Chunk& chunk) {
+            return std::as_writable_bytes(parameters.subspan(chunk.begin, chunk.size()));
+          });
+      // At the end of the fit, the chief brings the optimizer state home (for Trainer::save).
+      finish_ = [this, parameters, optimizer_state, slots, &shards] {
+        if (index_ == 0 && slots > 0) {
+          staging_.resize(parameters.size() * slots * sizeof(T));
+          client_.exchange(
+              {.operation = detail::ps::Operation::kPullState,
+               .element_bytes = sizeof(T),
+               .slots = slots},
+              [](const detail::ps::Chunk&) { return std::span<const std::byte>(); },
+              [&](const detail::ps::Chunk& chunk) {
+                return std::span(staging_).subspan(chunk.begin * slots * sizeof(T),
+                                                   chunk.size() * slots * sizeof(T));
+              });
+          const auto* values = reinterpret_cast<const T*>(staging_.data());
+          for (const auto& chunk : shards.chunks()) {
+            for (std::size_t slot = 0; slot < slots; ++slot) {
+              std::copy_n(values + chunk.begin * slots + slot * chunk.size(), chunk.size(),
+                          optimizer_state.begin() +
+                              static_cast<std::ptrdiff_t>(slot * parameters.size() + chunk.begin));
+            }
+          }
+        }
+        client_.done();
+      };
+    }
+
+    template <class T, class O>
+    void update(Update<T, O>& update) {
+      const auto start = std::chrono::steady_clock::now();
+      owner_->check_optimizer(update.optimizer);
+      client_.exchange(
+          {.operation = detail::ps::Operation::kPush,
+           .step = update.step,
+           .inverse_batch = update.inverse_batch,
+           .element_bytes = sizeof(T),
+           .slots = O::kStateSlots},
+          [&](const detail::ps::Chunk& chunk) {
+            return std::as_bytes(update.gradient_sum.subspan(chunk.begin, chunk.size()));
+          },
+          [&](const detail::ps::Chunk& chunk) {
+            return std::as_writable_bytes(update.parameters.subspan(chunk.begin, chunk.size()));
+          });
+      update.communication_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+
+    // After the body returned: the chief pulls the optimizer state; every worker says done.
+    void finish() {
+      if (finish_) finish_();
+    }
+
+   private:
+    friend class ParameterServer;
+    Replica(ParameterServer& owner, std::size_t index, Communicator communicator)
+        : owner_(&owner),
+          index_(index),
+          communicator_(std::move(communicator)),
+          client_(*owner.transport_, owner.layout_storage(), static_cast<int>(index),
+                  owner.workers_) {}
+
+    template <class T>
+    void append(std::span<const T> values) {
+      const auto bytes = std::as_bytes(values);
+      staging_.insert(staging_.end(), bytes.begin(), bytes.end());
+    }
+
+    ParameterServer* owner_;
+    std::size_t index_;
+    Communicator communicator_;
+    detail::ps::Client<Transport> client_;
+    std::vector<std::byte> staging_;
+    std::vector<std::size_t> offsets_;
+    std::function<void()> finish_;
+  };
+
+  template <class Body>
+  void run(Body&& body) {
+    if (serves()) {
+      throw ConfigError("ParameterServer::run: this process is parameter server " +
+                        std::to_string(spec_.rank) +
+                        "; it serves (Trainer::fit calls serve()) and runs no replica");
+    }
+    auto finishing_body = [&](Replica& replica) {
+      body(replica);
+      replica.finish();
+    };
+    detail::run_replica_threads(
+        1,
+        [&](std::size_t) {
+          if constexpr (kStaleness == 0) {
+            return Replica(*this, first_local_replica(),
+                           Communicator(detail::ps::WorkerView<Transport>(*transport_, workers_)));
+          } else {
+            return Replica(*this, first_local_replica(), Communicator(*transport_, workers_));
+          }
+        },
+        finishing_body);
+  }
+
+ private:
+  template <class O>
+  static void check_optimizer(const O& optimizer) {
+    if (optimizer.options().max_gradient_norm > 0.0) {
+      options::reject("max_gradient_norm", optimizer.options().max_gradient_norm,
+                      "global-norm clipping is not supported by ParameterServer yet");
+    }
+  }
+
+  // The Client keeps a reference to the layout, which start() fills in before any request.
+  detail::ps::Layout& layout_storage() {
+    if (!layout_) layout_.emplace(0, 1, servers_, detail::ps::LayoutOptions{0, 1, 1});
+    return *layout_;
+  }
+
+  static std::string setting(const std::string& given, const char* variable, const char* fallback) {
+    if (!given.empty()) return given;
+    const char* value = std::getenv(variable);
+    return value != nullptr && *value != '\0' ? value : fallback;
+  }
+
+  Options options_;
+  cluster::Spec spec_;
+  int workers_ = 0;
+  int servers_ = 0;
+  std::unique_ptr<Transport> transport_;
+  std::optional<detail::ps::Layout> layout_;
+  detail::ps::ServerCounts counts_;
+};
+
+static_assert(Strategy<ParameterServer<>>);
+static_assert(Strategy<ParameterServer<consistency::Async>>);
+
+}  // namespace cohort::strategy

@@ -1,0 +1,285 @@
+// ParameterServer across real processes over TCP on 127.0.0.1: servers and workers of the same
+// program (ps_trainer.cpp), started by the local launcher (cohort-run --ps) or by hand for the
+// fault tests.
+#include <doctest/doctest.h>
+
+#include <cohort/strategy/parameter_server.hpp>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "processes.hpp"
+#include "training.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using cohort::testing::Process;
+using cohort::testing::read_file;
+using cohort::testing::TemporaryDirectory;
+using namespace std::chrono_literals;
+
+std::string bytes_of(const std::vector<float>& values) {
+  return {reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)};
+}
+
+// The reference: Mirrored with 4 replicas in this process, as ps_trainer trains.
+std::string mirrored_parameters(std::uint64_t steps) {
+  cohort::Trainer trainer(cohort::testing::small_model(),
+                          cohort::strategy::Mirrored<>({.replicas = 4}),
+                          cohort::optimizer::Adam({.learning_rate = 3e-3}),
+                          {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+  trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
+  return bytes_of(cohort::testing::parameters_of(trainer.model()));
+}
+
+double accuracy_of(const std::string& parameters) {
+  auto model = cohort::testing::small_model();
+  auto span = cohort::ModelTraits<example::Mlp>::parameters(model);
+  REQUIRE(parameters.size() == span.size() * sizeof(float));
+  std::memcpy(span.data(), parameters.data(), parameters.size());
+  return example::accuracy(model, cohort::testing::small_task_data());
+}
+
+// cohort-run --np WORKERS --ps SERVERS -- ps_trainer ARGS..., to completion within 120 s.
+std::pair<cohort::testing::Exit, std::string> launch(int workers, int servers,
+                                                     const std::vector<std::string>& arguments,
+                                                     const fs::path& log) {
+  std::vector<std::string> command = {
+      COHORT_RUN, "--np", std::to_string(workers), "--ps", std::to_string(servers), "--timeout-s",
+      "100",      "--",   COHORT_PS_TRAINER};
+  command.insert(command.end(), arguments.begin(), arguments.end());
+  auto result = cohort::testing::run_to_completion(command, log);
+  REQUIRE_MESSAGE(result.has_value(), "still running after 120 s");
+  return *result;
+}
+
+// Every process of a job started by hand, each with its own log: workers first, then servers.
+struct Job {
+  std::vector<std::unique_ptr<Process>> workers;
+  std::vector<std::unique_ptr<Process>> servers;
+  fs::path directory;
+
+  Job(int worker_count, int server_count, const std::vector<std::string>& arguments,
+      const fs::path& where)
+      : directory(where) {
+    const std::string port = std::to_string(cohort::testing::free_port());
+    std::vector<std::string> command = {COHORT_PS_TRAINER};
+    command.insert(command.end(), arguments.begin(), arguments.end());
+    const auto start = [&](bool server, int index) {
+      std::map<std::string, std::string> env = {
+          {"COHORT_ROLE", server ? "ps" : "worker"},
+          {"COHORT_RANK", std::to_string(index)},
+          {"COHORT_WORLD_SIZE", std::to_string(server ? server_count : worker_count)},
+          {server ? "COHORT_WORKER_COUNT" : "COHORT_PS_COUNT",
+           std::to_string(server ? worker_count : server_count)},
+          {"COHORT_MASTER_ADDR", "127.0.0.1"},
+          {"COHORT_MASTER_PORT", port},
+          {"COHORT_JOB_ID", "ps-test"}};
+      return std::make_unique<Process>(command, env, log(server, index));
+    };
+    for (int i = 0; i < worker_count; ++i) workers.push_back(start(false, i));
+    for (int i = 0; i < server_count; ++i) servers.push_back(start(true, i));
+  }
+
+  fs::path log(bool server, int index) const {
+    return directory / ((server ? "ps" : "worker") + std::to_string(index) + ".log");
+  }
+};
+
+// Lines "applied push N of worker W (the slowest live worker has pushed M; ...)" of a log.
+struct PushLine {
+  unsigned long long push, worker, slowest;
+};
+std::vector<PushLine> push_lines(const std::string& log) {
+  std::vector<PushLine> lines;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find("applied push ");
+    if (at == std::string::npos) continue;
+    PushLine parsed{};
+    if (std::sscanf(line.c_str() + at,
+                    "applied push %llu of worker %llu (the slowest live worker has pushed %llu",
+                    &parsed.push, &parsed.worker, &parsed.slowest) == 3) {
+      lines.push_back(parsed);
+    }
+  }
+  return lines;
+}
+
+}  // namespace
+
+TEST_CASE("the layout splits on aligned boundaries, respects the minimum shard and chunks") {
+  namespace ps = cohort::strategy::detail::ps;
+  const ps::Layout small(1000, 4, 4,
+                         {.min_shard_bytes = 256 << 10, .alignment = 4096, .chunk_bytes = 1 << 20});
+  REQUIRE(small.chunks().size() == 1);  // a small model stays on one server
+  CHECK(small.chunks_of(0).size() == 1);
+  CHECK(small.chunks_of(1).empty());
+  const std::size_t n = 3 * 4096 * 64 + 7;
+  const ps::Layout large(n, 4, 2,
+                         {.min_shard_bytes = 0, .alignment = 4096, .chunk_bytes = 1 << 18});
+  std::size_t covered = 0;
+  for (int server = 0; server < 2; ++server) {
+    for (const auto& chunk : large.chunks_of(server)) {
+      CHECK(chunk.begin == covered);
+      CHECK(chunk.size() <= (1u << 18) / 4);
+      covered = chunk.end;
+    }
+    if (server == 0) CHECK(covered % 4096 == 0);  // the shard boundary is aligned
+  }
+  CHECK(covered == n);
+}
+
+TEST_CASE(
+    "sync parameter server with 1 and 2 servers, 2 and 4 workers equals Mirrored bit for bit") {
+  TemporaryDirectory directory("cohort-ps-sync");
+  const std::string expected = mirrored_parameters(50);
+  for (const auto& [workers, servers] :
+       {std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 1}, std::pair{4, 2}}) {
+    CAPTURE(workers);
+    CAPTURE(servers);
+    const fs::path out = directory.path / "parameters.bin";
+    fs::remove(out);
+    const auto [exit, output] =
+        launch(workers, servers, {"sync", "50", out}, directory.path / "log.txt");
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+    CHECK(read_file(out) == expected);
+    // Every server applied 50 steps with every worker's push in each.
+    CHECK(output.find("pushes applied per worker [50, 50") != std::string::npos);
+  }
+}
+
+TEST_CASE("async and bounded-staleness training reach the accuracy of synchronous training") {
+  TemporaryDirectory directory("cohort-ps-async");
+  const double reference = accuracy_of(mirrored_parameters(150));
+  for (const std::string consistency : {"async", "bounded2"}) {
+    CAPTURE(consistency);
+    const fs::path out = directory.path / "parameters.bin";
+    fs::remove(out);
+    const auto [exit, output] = launch(4, 2, {consistency, "150", out}, directory.path / "log.txt");
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+    const double accuracy = accuracy_of(read_file(out));
+    MESSAGE(consistency << ": accuracy " << accuracy << ", synchronous " << reference);
+    CHECK(accuracy >= reference - 0.05);
+    // Each push applied exactly once: every worker's 150 pushes, on every server.
+    CHECK(output.find("pushes applied per worker [150, 150, 150, 150]") != std::string::npos);
+    CHECK(output.find("staleness {") != std::string::npos);
+  }
+}
+
+TEST_CASE("with K = 2 and one slow worker, no worker runs more than 2 steps ahead") {
+  TemporaryDirectory directory("cohort-ps-bounded");
+  const fs::path out = directory.path / "parameters.bin";
+  const auto [exit, output] = launch(
+      4, 1, {"bounded2", "40", out, "--slow-worker", "3", "--sleep-ms", "10", "--log-pushes"},
+      directory.path / "log.txt");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  const auto lines = push_lines(output);
+  REQUIRE(lines.size() == 4 * 40);
+  unsigned long long widest = 0;
+  for (const PushLine& line : lines) {
+    CAPTURE(line.push);
+    CAPTURE(line.worker);
+    CHECK(line.push - line.slowest <= 2);
+    widest = std::max(widest, line.push - line.slowest);
+  }
+  CHECK(widest == 2);  // the bound was reached: the fast workers did wait for the slow one
+}
+
+TEST_CASE("a worker killed during async training is reported and the others complete") {
+  TemporaryDirectory directory("cohort-ps-kill-worker");
+  Job job(4, 2,
+          {"async", "300", directory.path / "out.bin", "--slow-worker", "3", "--sleep-ms", "20"},
+          directory.path);
+  std::this_thread::sleep_for(1500ms);
+  REQUIRE_FALSE(job.workers[3]->wait(0ms).has_value());
+  job.workers[3]->kill(SIGKILL);
+  for (int worker = 0; worker < 3; ++worker) {
+    CAPTURE(worker);
+    const auto exit = job.workers[static_cast<std::size_t>(worker)]->wait(90s);
+    CAPTURE(read_file(job.log(false, worker)));
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code == 0);
+  }
+  for (int server = 0; server < 2; ++server) {
+    const auto exit = job.servers[static_cast<std::size_t>(server)]->wait(30s);
+    const std::string log = read_file(job.log(true, server));
+    CAPTURE(log);
+    REQUIRE(exit.has_value());
+    CHECK(exit->code == 0);
+    CHECK(log.find("lost worker 3 (rank 3)") != std::string::npos);
+    CHECK(log.find("pushes applied per worker [300, 300, 300, ") != std::string::npos);
+  }
+  CHECK(fs::exists(directory.path / "out.bin"));
+}
+
+TEST_CASE("a server killed mid-training makes every worker exit non-zero naming it") {
+  TemporaryDirectory directory("cohort-ps-kill-server");
+  Job job(4, 2, {"sync", "1000000", directory.path / "never.bin"}, directory.path);
+  std::this_thread::sleep_for(1500ms);  // rendezvous done, training under way
+  for (const auto& worker : job.workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
+  job.servers[1]->kill(SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  for (int worker = 0; worker < 4; ++worker) {
+    CAPTURE(worker);
+    const auto exit = job.workers[static_cast<std::size_t>(worker)]->wait(30s);
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code != 0);
+    const std::string log = read_file(job.log(false, worker));
+    CAPTURE(log);
+    CHECK(log.find("parameter server 1 (rank 5)") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 15s);
+}
+
+TEST_CASE("a restart from the last checkpoint reaches the parameters of an uninterrupted run") {
+  TemporaryDirectory directory("cohort-ps-restart");
+  const std::string expected = mirrored_parameters(50);
+  const fs::path checkpoint = directory.path / "run.ckpt";
+  const fs::path out = directory.path / "parameters.bin";
+  {
+    // The first run stops after 30 steps (as a crash after the checkpoint at step 30 would).
+    const auto [exit, output] =
+        launch(2, 2, {"sync", "30", out, "--segment", "10", "--checkpoint", checkpoint},
+               directory.path / "first.log");
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+    REQUIRE(fs::exists(checkpoint));
+  }
+  fs::remove(out);
+  const auto [exit, output] =
+      launch(2, 2, {"sync", "50", out, "--restore", checkpoint}, directory.path / "second.log");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  CHECK(read_file(out) == expected);
+}
+
+TEST_CASE("malformed requests are refused naming the worker and the field; others go on") {
+  TemporaryDirectory directory("cohort-ps-bad");
+  const fs::path out = directory.path / "parameters.bin";
+  const auto [exit, output] =
+      launch(2, 1, {"async", "20", out, "--bad-requests"}, directory.path / "log.txt");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  CHECK(exit.code == 0);
+  for (const char* field : {"shard", "chunk", "length", "version", "worker"}) {
+    CAPTURE(field);
+    CHECK(output.find(std::string("bad request (") + field + "): refused as expected") !=
+          std::string::npos);
+  }
+  CHECK(fs::exists(out));
+}

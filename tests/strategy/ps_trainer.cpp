@@ -1,0 +1,193 @@
+// One process of the parameter-server tests, a worker or a server (COHORT_ROLE, from cohort-run
+// --ps or by hand): trains the small test model with ParameterServer; the chief writes the final
+// parameters to OUT.
+//
+//   ps_trainer sync|async|bounded2 STEPS OUT [--slow-worker W --sleep-ms N] [--log-pushes]
+//              [--segment K --checkpoint FILE] [--restore FILE] [--bad-requests]
+//
+// --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
+// --segment K        fit K steps at a time; the chief saves FILE after each
+// --restore FILE     every process restores FILE first
+// --bad-requests     worker 1 first sends one malformed request per field and checks that each
+//                    is refused naming itself and the field (exit 3 if not), then trains
+// The layout is forced small (16-element alignment, no minimum shard, 256-byte chunks), so that
+// the small model spreads over every server in several chunks.
+#include <chrono>
+#include <cohort/strategy/parameter_server.hpp>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "training.hpp"
+
+namespace {
+
+using namespace cohort::strategy;
+namespace ps = cohort::strategy::detail::ps;
+
+struct Settings {
+  std::string consistency;
+  std::uint64_t steps = 0;
+  std::string out;
+  int slow_worker = -1;
+  int sleep_ms = 0;
+  bool log_pushes = false;
+  std::uint64_t segment = 0;
+  std::string checkpoint;
+  std::string restore;
+  bool bad_requests = false;
+};
+
+// The test data, slowed down on one worker.
+struct Data {
+  const example::ClusterData* data;
+  int sleep_ms = 0;
+  std::size_t size() const { return data->size(); }
+  auto batch(std::span<const std::size_t> indices) const {
+    if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    return data->batch(indices);
+  }
+};
+
+// One malformed request per field; each must be refused naming worker 1 and the field.
+template <class S>
+int send_bad_requests(S& strategy, std::size_t parameters) {
+  const auto& layout = strategy.layout(parameters, sizeof(float));
+  ps::Client<typename S::Transport> client(strategy.transport(), layout, 1, strategy.workers());
+  const ps::Chunk& chunk = layout.chunks().front();
+  const auto good = [&] {
+    ps::Request request;
+    request.operation = static_cast<std::uint16_t>(ps::Operation::kPull);
+    request.element_bytes = sizeof(float);
+    request.worker = 1;
+    request.shard = static_cast<std::uint32_t>(chunk.server);
+    request.chunk = chunk.index;
+    request.length = chunk.size();
+    request.reply_bytes = chunk.size() * sizeof(float);
+    return request;
+  };
+  std::vector<std::byte> reply(chunk.size() * sizeof(float) * 4);
+  int failures = 0;
+  const auto expect = [&](const char* field, const ps::Request& request) {
+    const auto answer =
+        client.send_raw(chunk.server, request, {}, std::span(reply).first(request.reply_bytes));
+    const std::string message = answer.message;
+    const bool ok = answer.status == 1 &&
+                    message.find(std::string(field) + " = ") != std::string::npos &&
+                    message.find("worker 1") != std::string::npos;
+    std::fprintf(stderr, "bad request (%s): %s: %s\n", field, ok ? "refused as expected" : "WRONG",
+                 message.c_str());
+    failures += ok ? 0 : 1;
+  };
+  auto request = good();
+  request.shard = 99;
+  expect("shard", request);
+  request = good();
+  request.chunk = 1000;
+  expect("chunk", request);
+  request = good();
+  request.length = chunk.size() + 1;
+  request.reply_bytes = request.length * sizeof(float);
+  expect("length", request);
+  request = good();
+  request.version = 0;
+  expect("version", request);
+  request = good();
+  request.worker = 2;
+  expect("worker", request);
+  // A well-formed pull still works afterwards.
+  const auto answer = client.send_raw(chunk.server, good(), {},
+                                      std::span(reply).first(chunk.size() * sizeof(float)));
+  if (answer.status != 0) {
+    std::fprintf(stderr, "a good pull after the bad ones failed: %s\n", answer.message);
+    ++failures;
+  }
+  return failures;
+}
+
+template <class C>
+int train(const Settings& settings) {
+  ParameterServer<C> strategy({.connect_timeout = std::chrono::seconds(30),
+                               .timeout = std::chrono::seconds(30),
+                               .min_shard_bytes = 0,
+                               .alignment = 16,
+                               .chunk_bytes = 256,
+                               .log_pushes = settings.log_pushes});
+  const bool chief = strategy.is_chief();
+  const bool serves = strategy.serves();
+  const int worker = serves ? -1 : static_cast<int>(strategy.first_local_replica());
+  const auto model = cohort::testing::small_model();
+  if (settings.bad_requests && worker == 1) {
+    const std::size_t parameters = cohort::testing::parameters_of(model).size();
+    if (send_bad_requests(strategy, parameters) != 0) return 3;
+  }
+  cohort::Trainer trainer(model, std::move(strategy),
+                          cohort::optimizer::Adam({.learning_rate = 3e-3}),
+                          {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+  if (!settings.restore.empty()) trainer.restore(settings.restore);
+  const Data data{&cohort::testing::small_task_data(),
+                  worker == settings.slow_worker ? settings.sleep_ms : 0};
+  const std::uint64_t segment = settings.segment == 0 ? settings.steps : settings.segment;
+  // Every process, servers included, fits the same segments (a server's step stays put).
+  for (std::uint64_t at = trainer.step(); at < settings.steps;) {
+    at = std::min(settings.steps, at + segment);
+    trainer.fit(data, {.steps = at});
+    if (!settings.checkpoint.empty()) trainer.save(settings.checkpoint);
+  }
+  if (chief) {
+    const auto parameters = cohort::testing::parameters_of(trainer.model());
+    std::ofstream(settings.out, std::ios::binary)
+        .write(reinterpret_cast<const char*>(parameters.data()),
+               static_cast<std::streamsize>(parameters.size() * sizeof(float)));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: ps_trainer sync|async|bounded2 STEPS OUT [options]\n");
+    return 64;
+  }
+  Settings settings;
+  settings.consistency = argv[1];
+  settings.steps = std::stoull(argv[2]);
+  settings.out = argv[3];
+  for (int i = 4; i < argc; ++i) {
+    const std::string flag = argv[i];
+    const auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (flag == "--slow-worker")
+      settings.slow_worker = std::stoi(next());
+    else if (flag == "--sleep-ms")
+      settings.sleep_ms = std::stoi(next());
+    else if (flag == "--log-pushes")
+      settings.log_pushes = true;
+    else if (flag == "--segment")
+      settings.segment = std::stoull(next());
+    else if (flag == "--checkpoint")
+      settings.checkpoint = next();
+    else if (flag == "--restore")
+      settings.restore = next();
+    else if (flag == "--bad-requests")
+      settings.bad_requests = true;
+    else {
+      std::fprintf(stderr, "ps_trainer: unknown option %s\n", flag.c_str());
+      return 64;
+    }
+  }
+  try {
+    if (settings.consistency == "sync") return train<consistency::Sync>(settings);
+    if (settings.consistency == "async") return train<consistency::Async>(settings);
+    if (settings.consistency == "bounded2") {
+      return train<consistency::BoundedStaleness<2>>(settings);
+    }
+    std::fprintf(stderr, "ps_trainer: unknown consistency %s\n", settings.consistency.c_str());
+    return 64;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    return 1;
+  }
+}
