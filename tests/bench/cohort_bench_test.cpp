@@ -1,6 +1,7 @@
-// The real cohort-bench, end to end: it starts its own processes over TCP, prints the table with
-// #wrong 0 and exits 0; with the corrupted reduction it prints wrong counts and exits non-zero.
-// Every run is bounded (--timeout-s, and a deadline here after which the test kills it).
+// The real cohort-bench, end to end: it starts its own processes over TCP (ranks, or workers and
+// parameter servers for push_pull), prints the table with #wrong 0 and exits 0; with the corrupted
+// reduction it prints wrong counts and exits non-zero. Every run is bounded (--timeout-s, and a
+// deadline here after which the test kills it).
 #include <doctest/doctest.h>
 
 #if defined(COHORT_BENCH)
@@ -127,6 +128,58 @@ TEST_CASE("cohort-bench with the ring algorithm and the local backend checks cle
     CHECK(r.code == 0);
     CHECK(contains(r.output, "# Out of bounds values : 0 OK"));
   }
+}
+
+TEST_CASE("push_pull over the ps backend: 2 workers and 2 servers check clean and exit 0") {
+  const Result r = run_bench({"push_pull", "--backend", "ps", "--np", "2", "--ps", "2", "-b", "4K",
+                              "-e", "256K", "-f", "8", "-c", "1", "--timeout-s", "100"});
+  INFO(r.output);
+  CHECK(r.code == 0);
+  const auto columns = wrong_columns(r.output);
+  CHECK(columns.size() == 3);  // 4K, 32K, 256K
+  for (const auto& [out_of_place, in_place] : columns) {
+    CHECK(out_of_place == "0");
+    CHECK(in_place == "0");
+  }
+  CHECK(contains(r.output, "# Out of bounds values : 0 OK"));
+  CHECK(contains(r.output, "push_pull over 2 ranks, backend ps, algorithm sync (2 parameter"));
+  CHECK(contains(r.output, "algbw = (push + pull) bytes / time"));
+  CHECK(contains(r.output, "launched by cohort-bench --np 2 --ps 2"));
+  CHECK(contains(r.output, "        4096          1024     float     sum      -1 "));
+}
+
+TEST_CASE("push_pull catches a corrupted update, prints it and exits non-zero") {
+  const Result r =
+      run_bench({"push_pull", "--backend", "ps", "--np", "2", "--ps", "2", "-b", "4K", "-e", "256K",
+                 "-f", "8", "-c", "1", "--timeout-s", "100", "--corrupt-reduction"});
+  INFO(r.output);
+  CHECK(r.code == 1);
+  const auto columns = wrong_columns(r.output);
+  REQUIRE(columns.size() == 3);
+  for (const auto& [out_of_place, in_place] : columns) {
+    CHECK(out_of_place == "1");
+    CHECK(in_place == "1");
+  }
+  CHECK(contains(r.output, "# Out of bounds values : 6 FAILED"));
+}
+
+TEST_CASE("push_pull runs on the ps backend only, and the ps backend runs nothing else") {
+  const Result local = run_bench({"push_pull", "--backend", "local", "-b", "4K", "-e", "4K"});
+  INFO(local.output);
+  CHECK(local.code == 2);
+  CHECK(contains(local.output, "the local backend does not run push_pull"));
+  CHECK(wrong_columns(local.output).empty());
+
+  const Result ps = run_bench({"all_reduce", "--backend", "ps", "-b", "4K", "-e", "4K"});
+  INFO(ps.output);
+  CHECK(ps.code == 2);
+  CHECK(contains(ps.output, "the ps backend does not run all_reduce"));
+
+  const Result flag =
+      run_bench({"all_reduce", "--backend", "tcp", "--ps", "2", "-b", "4K", "-e", "4K"});
+  INFO(flag.output);
+  CHECK(flag.code == 2);
+  CHECK(contains(flag.output, "--ps applies to the ps backend only"));
 }
 
 TEST_CASE("the nccl backend says it is not built and exits non-zero, printing no numbers") {

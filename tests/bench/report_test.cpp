@@ -109,6 +109,18 @@ TEST_CASE("algbw is size over time in 1e9 bytes per second, and busbw scales it"
   CHECK(none.busbw == 0.0);
 }
 
+TEST_CASE("push_pull counts both directions in algbw, with busbw factor 1") {
+  CHECK(bus_factor(Collective::kPushPull, 2) == 1.0);
+  CHECK(bus_factor(Collective::kPushPull, 16) == 1.0);
+  const Bandwidth push_pull = bandwidth(Collective::kPushPull, 1'000'000'000, 4, 2.0);
+  CHECK(push_pull.algbw == 1.0);  // 1e9 pushed + 1e9 pulled in 2 s
+  CHECK(push_pull.busbw == 1.0);
+  const Shape shape = shape_of(Collective::kPushPull, 1 << 20, 4, 3);
+  CHECK(shape.bytes == std::size_t{1} << 20);
+  CHECK(shape.count == std::size_t{1} << 18);
+  CHECK(shape.send == shape.receive);
+}
+
 TEST_CASE("shapes cut sizes into whole elements and whole chunks as nccl-tests does") {
   const Shape reduce = shape_of(Collective::kAllReduce, 64 << 20, 4, 4);
   CHECK(reduce.count == (16u << 20));

@@ -5,12 +5,14 @@
 //   tcp     collective::Deterministic or collective::Ring over transport::tcp::Tcp, one process
 //           per rank (started by cohort-bench itself, or by cohort-run, mpirun, torchrun, Slurm or
 //           a TFJob: whatever cluster::resolve() finds)
+//   ps      the parameter server's push_pull (push_pull.hpp): --np worker processes and --ps
+//           server processes, started by cohort-bench itself, by cohort-run --ps or a TFJob
 //   nccl    GPUs: not built (collective::Nccl needs a device-memory sweep); asking for it says
 //           so and fails, never printing a number
 //
-// Adding one (the parameter server's push_pull, say): a Collective entry in report.hpp with its
-// shape and bus factor, then a row here whose supports() accepts it and whose run() drives the
-// strategy. The table, footer, JSON and launcher are shared.
+// Adding one: a Collective entry in report.hpp with its shape and factors (if it is a new
+// operation), then a row here whose supports() accepts it and whose run() drives it. The table,
+// footer, JSON and launcher are shared.
 //
 // The runtime choice is made once, here, at the edge: each run() instantiates the measurement
 // (sweep.hpp) for its communicator type, so no timed call goes through a virtual function.
@@ -39,6 +41,7 @@
 #include "cohort/transport/tcp/tcp.hpp"
 #include "launch.hpp"
 #include "machine.hpp"
+#include "push_pull.hpp"
 #include "report.hpp"
 #include "settings.hpp"
 #include "sweep.hpp"
@@ -252,6 +255,98 @@ inline int run_tcp(const Settings& s, const Context& context) {
   return run_tcp_rank<collective::Deterministic>(s, context, spec, algorithm);
 }
 
+// --- ps ------------------------------------------------------------------------------------------
+
+inline int run_ps(const Settings& s, const Context& context) {
+  if (s.algorithm) throw ConfigError("--algorithm applies to the tcp backend only");
+  if (s.element != Element::kFloat) {
+    throw ConfigError("push_pull measures float parameters only (-d float)");
+  }
+  if (s.op != ReduceOp::kSum) {
+    throw ConfigError("push_pull sums the workers' gradients: -o sum only");
+  }
+  if (s.min_bytes < sizeof(float)) {
+    throw ConfigError("push_pull needs at least one float: -b/--minbytes 4 or more");
+  }
+  const cluster::Spec spec = cluster::resolve();
+  if (spec.source == cluster::source::kNone) {
+    const int workers = s.processes.value_or(2);
+    const int servers = s.servers.value_or(1);
+    return launch_self(context.arguments,
+                       {.processes = workers, .servers = servers, .timeout_s = s.timeout_s});
+  }
+  const int workers = cluster::worker_count(spec);
+  const int servers = cluster::parameter_server_count(spec);
+  if (servers <= 0 || (spec.role != "ps" && spec.role != "worker" && spec.role != "chief")) {
+    throw ConfigError(
+        "the ps backend needs a parameter-server job, but this process was started as " +
+        cluster::describe(spec) +
+        "; run cohort-bench alone (--np W --ps S), under cohort-run --np W --ps S, "
+        "or with TF_CONFIG ps tasks");
+  }
+  if (s.processes && *s.processes != workers) {
+    throw ConfigError("--np " + std::to_string(*s.processes) + " but this job has " +
+                      std::to_string(workers) + " workers; leave --np out under a launcher");
+  }
+  if (s.servers && *s.servers != servers) {
+    throw ConfigError("--ps " + std::to_string(*s.servers) + " but this job has " +
+                      std::to_string(servers) +
+                      " parameter servers; leave --ps out under a "
+                      "launcher");
+  }
+  const Watchdog watchdog(launched_by_self() ? 0 : s.timeout_s);
+  const bool server = spec.role == "ps";
+  const auto seconds = [](double s_) {
+    return std::chrono::milliseconds(static_cast<long long>(s_ * 1000));
+  };
+  transport::tcp::Tcp tcp(transport::tcp::Options{
+      .rank = server ? workers + spec.rank : spec.rank,
+      .size = workers + servers,
+      .job_id = spec.job_id.empty() ? "cohort-bench" : spec.job_id,
+      .rendezvous_host = spec.master_address,
+      .rendezvous_port = spec.master_port,
+      .bind_address = environment_or("COHORT_BIND_ADDRESS", "127.0.0.1"),
+      .secret = environment_or("COHORT_SECRET", ""),
+      .connect_timeout = s.timeout_s > 0 ? seconds(s.timeout_s) : std::chrono::seconds(60),
+      .operation_timeout = s.timeout_s > 0 ? seconds(s.timeout_s) : std::chrono::minutes(5),
+      .checksum = s.checksum,
+  });
+  if (server) {
+    tcp.isolate_peer_failures();  // a lost worker is reported by the server, by name
+    return ps_bench::serve(tcp, s, spec.rank, workers, servers);
+  }
+  ps_bench::Workers comm(strategy::detail::ps::WorkerView<transport::tcp::Tcp>(tcp, workers));
+  const std::string launcher = launched_by_self()
+                                   ? "cohort-bench --np " + std::to_string(workers) + " --ps " +
+                                         std::to_string(servers) + " (COHORT_* variables)"
+                                   : spec.source;
+  RunInfo run = run_info(s, context, "ps", "sync",
+                         std::to_string(servers) +
+                             " parameter server(s), SGD lr 1, frame "
+                             "checksums " +
+                             (s.checksum ? "on" : "off"),
+                         workers, launcher);
+  try {
+    run.rank_info = gather_rank_info(comm, static_cast<long>(::getpid()), host_name());
+    const bool printer = comm.rank() == 0;
+    if (printer) print(format_header(run));
+    ps_bench::Worker worker(tcp, comm, s, workers);
+    const std::vector<Row> rows = worker.run(servers, [&](const Row& row) {
+      if (printer) print(format_row(row));
+    });
+    const Summary summary = summarize(rows);
+    bool written = true;
+    if (printer) {
+      print(format_footer(summary));
+      if (!s.json.empty()) written = write_json(s.json, to_json(run, rows));
+    }
+    return summary.out_of_bounds != 0 || !written ? kExitWrong : 0;
+  } catch (...) {
+    comm.abort("cohort-bench failed");  // closes the connections: the others fail promptly
+    throw;
+  }
+}
+
 // --- nccl ----------------------------------------------------------------------------------------
 
 inline bool gpu_present() {
@@ -278,20 +373,26 @@ inline int run_nccl(const Settings&, const Context&) {
   return kExitUnavailable;
 }
 
-inline bool every_collective(Collective) { return true; }
+// The communicator backends run the collectives; push_pull is the ps backend's alone.
+inline bool collectives_only(Collective c) { return c != Collective::kPushPull; }
+inline bool push_pull_only(Collective c) { return c == Collective::kPushPull; }
 inline std::optional<std::string> always_available() { return std::nullopt; }
 
 }  // namespace detail
 
-inline constexpr std::array<Backend, 3> kBackends = {{
+inline constexpr std::array<Backend, 4> kBackends = {{
     {"local", "collective::Local: every rank a thread of this process (--np threads)",
-     detail::every_collective, detail::always_available, detail::run_local},
+     detail::collectives_only, detail::always_available, detail::run_local},
     {"tcp",
      "collective::Deterministic (default) or Ring (--algorithm) over transport::tcp::Tcp, one "
      "process per rank",
-     detail::every_collective, detail::always_available, detail::run_tcp},
+     detail::collectives_only, detail::always_available, detail::run_tcp},
+    {"ps",
+     "push_pull only: --np worker and --ps parameter-server processes (strategy::ParameterServer's "
+     "client and server, Sync, SGD)",
+     detail::push_pull_only, detail::always_available, detail::run_ps},
     {"nccl", "collective::Nccl on GPUs: not built yet (says so and exits 2)",
-     detail::every_collective, detail::nccl_unavailable, detail::run_nccl},
+     detail::collectives_only, detail::nccl_unavailable, detail::run_nccl},
 }};
 
 inline const Backend* find_backend(std::string_view name) {

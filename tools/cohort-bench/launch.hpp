@@ -1,6 +1,7 @@
 // cohort-bench as its own launcher: when a multi-process backend runs outside any launcher, the
 // program starts --np copies of itself with the COHORT_* variables cohort-run would give them
-// (docs/launching.md), with the same arguments, and waits for them.
+// (docs/launching.md), with the same arguments, and waits for them. For a parameter-server job
+// (--ps S) it starts --np workers and then S servers, with the roles cohort-run --ps S gives them.
 //
 // Ranks share this process's stdout and stderr; only rank 0 prints the table. Each rank dies with
 // SIGKILL if the launcher dies (PR_SET_PDEATHSIG), so nothing outlives a killed benchmark. When a
@@ -45,6 +46,7 @@ inline bool launched_by_self() {
 
 struct LaunchOptions {
   int processes = 2;
+  int servers = 0;       // parameter servers started after the `processes` workers; 0: no roles
   double timeout_s = 0;  // 0: none
   std::chrono::seconds grace{10};
 };
@@ -73,8 +75,10 @@ inline std::optional<std::uint16_t> free_port() {
 inline std::vector<std::string> inherited_environment() {
   namespace variable = cluster::variable;
   const std::string_view ours[] = {
-      variable::kRank,       variable::kWorldSize,  variable::kLocalRank, variable::kLocalWorldSize,
-      variable::kMasterAddr, variable::kMasterPort, variable::kJobId,     kLaunchedVariable};
+      variable::kRank,           variable::kWorldSize,  variable::kLocalRank,
+      variable::kLocalWorldSize, variable::kMasterAddr, variable::kMasterPort,
+      variable::kJobId,          kLaunchedVariable,     variable::kRole,
+      variable::kPsCount,        variable::kWorkerCount};
   std::vector<std::string> entries;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const std::string_view text = *entry;
@@ -150,15 +154,24 @@ inline int launch_self(const std::vector<std::string>& arguments, const LaunchOp
   namespace variable = cluster::variable;
   const pid_t parent = ::getpid();
   std::vector<pid_t> ranks;
-  for (int rank = 0; rank < options.processes; ++rank) {
+  for (int rank = 0; rank < options.processes + options.servers; ++rank) {
     std::vector<std::string> environment = detail::inherited_environment();
     const auto set = [&](std::string_view name, const std::string& value) {
       environment.push_back(std::string(name) + "=" + value);
     };
-    set(variable::kRank, std::to_string(rank));
-    set(variable::kWorldSize, std::to_string(options.processes));
-    set(variable::kLocalRank, std::to_string(rank));
-    set(variable::kLocalWorldSize, std::to_string(options.processes));
+    // As cohort-run --ps: workers 0 .. W-1 and servers 0 .. S-1, each counted in its own role.
+    const bool server = rank >= options.processes;
+    const int index = server ? rank - options.processes : rank;
+    const int size = server ? options.servers : options.processes;
+    if (options.servers > 0) {
+      set(variable::kRole, server ? "ps" : "worker");
+      set(server ? variable::kWorkerCount : variable::kPsCount,
+          std::to_string(server ? options.processes : options.servers));
+    }
+    set(variable::kRank, std::to_string(index));
+    set(variable::kWorldSize, std::to_string(size));
+    set(variable::kLocalRank, std::to_string(index));
+    set(variable::kLocalWorldSize, std::to_string(size));
     set(variable::kMasterAddr, "127.0.0.1");
     set(variable::kMasterPort, std::to_string(*port));
     set(variable::kJobId, job_id);

@@ -5,7 +5,10 @@
 //   mpirun -np 4 cohort-bench all_gather --backend tcp -b 1M -e 64M -f 2
 //   cohort-bench step --strategy multi_worker_mirrored --np 2 --params 1M,10M,100M
 //
-// Collectives: all_reduce, broadcast, all_gather, reduce_scatter (backends.hpp says which backend
+//   cohort-bench push_pull --backend ps --np 2 --ps 2 -b 1M -e 64M -f 4 -c 1
+//
+// Collectives: all_reduce, broadcast, all_gather, reduce_scatter, and the parameter server's
+// push_pull (backends.hpp says which backend
 // runs which, sweep.hpp how they are measured, report.hpp what the columns mean). The flags are
 // nccl-tests': -b -e -f -i -n -w -c -o -d -r. Exit status: 0 when every checked value was right,
 // 1 when any was wrong or a rank failed, 2 for bad settings or a backend that cannot run here
@@ -92,7 +95,8 @@ void add_collective_options(CLI::App& app, Settings& s) {
          "element type: float, double, int32, int64 (default float)")
       ->check(CLI::IsMember({"float", "double", "int32", "int64"}));
   app.add_option("-r,--root", s.root, "root rank of broadcast")->capture_default_str();
-  app.add_option("--backend", s.backend, "local, tcp or nccl")->capture_default_str();
+  app.add_option("--backend", s.backend, "local, tcp, ps (push_pull only) or nccl")
+      ->capture_default_str();
   app.add_option_function<std::string>(
       "--algorithm", [&s](const std::string& a) { s.algorithm = a; },
       "tcp: deterministic (default) or ring");
@@ -100,6 +104,11 @@ void add_collective_options(CLI::App& app, Settings& s) {
          "--np", [&s](int n) { s.processes = n; },
          "ranks: threads (local) or processes this program starts (tcp); default 2, or what a "
          "launcher says")
+      ->check(CLI::Range(1, 4096));
+  app.add_option_function<int>(
+         "--ps", [&s](int n) { s.servers = n; },
+         "ps backend: parameter-server processes this program starts (default 1; --np are the "
+         "workers)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--json", s.json, "also write every figure to this JSON file (rank 0)");
   app.add_option_function<int>(
@@ -201,15 +210,22 @@ int main(int argc, char** argv) {
     const Backend* backend = find_backend(settings.backend);
     if (backend == nullptr) {
       throw cohort::ConfigError("--backend '" + settings.backend +
-                                "' is not one of local, tcp, nccl");
+                                "' is not one of local, tcp, ps, nccl");
+    }
+    if (settings.servers && settings.backend != "ps") {
+      throw cohort::ConfigError("--ps applies to the ps backend only (--backend ps)");
     }
     if (const std::optional<std::string> why = backend->unavailable()) {
       detail::say(*why);
       return kExitUnavailable;
     }
     if (!backend->supports(settings.collective)) {
-      throw cohort::ConfigError("the " + settings.backend + " backend does not run " +
-                                std::string(info(settings.collective).name));
+      throw cohort::ConfigError(
+          "the " + settings.backend + " backend does not run " +
+          std::string(info(settings.collective).name) +
+          (settings.collective == Collective::kPushPull
+               ? " (the parameter server's operation): use --backend ps --np W --ps S"
+               : " (the ps backend runs push_pull only): use --backend local or tcp"));
     }
     return backend->run(settings, context);
   } catch (const cohort::ConfigError& e) {

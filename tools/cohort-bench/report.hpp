@@ -7,10 +7,11 @@
 //   size    bytes of the larger of the send and receive buffer of one rank
 //   count   elements the call is given: the whole buffer for all_reduce and broadcast, one rank's
 //           chunk for all_gather (its input) and reduce_scatter (its output)
-//   algbw   size / time, in GB/s (1e9 bytes per second)
+//   algbw   size / time, in GB/s (1e9 bytes per second); push_pull counts both directions:
+//           (push + pull) / time = 2 x size / time
 //   busbw   algbw x factor: 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter,
-//           1 for broadcast; it makes the figure comparable with the hardware's link bandwidth
-//           whatever the rank count, for bandwidth-optimal algorithms
+//           1 for broadcast and push_pull; it makes the figure comparable with the hardware's link
+//           bandwidth whatever the rank count, for bandwidth-optimal algorithms
 //   time    per iteration, the time of the slowest rank (each rank times its own call); the
 //           column is the mean of those over the iterations, p50 and p99 their percentiles
 //           (nearest rank: with 20 iterations p99 is the slowest one)
@@ -32,10 +33,17 @@ namespace cohort::bench {
 
 // --- collectives ---------------------------------------------------------------------------------
 
-// The operations cohort-bench measures. The parameter server's push_pull will be another entry:
-// its shape and bus factor go here, and a backend that runs it says so in its supports() (backends
-// in backends.hpp); nothing else in the table, footer or JSON depends on which collective it is.
-enum class Collective : std::uint8_t { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
+// The operations cohort-bench measures: the four collectives, and the parameter server's
+// push_pull (each worker pushes a gradient of `size` bytes and pulls the updated parameters; only
+// the ps backend runs it, backends.hpp). A new one gets its shape and factors here and a backend
+// whose supports() accepts it; nothing else in the table, footer or JSON depends on which it is.
+enum class Collective : std::uint8_t {
+  kAllReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kPushPull
+};
 
 struct CollectiveInfo {
   Collective collective;
@@ -44,11 +52,12 @@ struct CollectiveInfo {
   bool reduces;  // takes a reduce op (-o); the others print redop "none"
 };
 
-inline constexpr std::array<CollectiveInfo, 4> kCollectives = {{
+inline constexpr std::array<CollectiveInfo, 5> kCollectives = {{
     {Collective::kAllReduce, "all_reduce", false, true},
     {Collective::kBroadcast, "broadcast", true, false},
     {Collective::kAllGather, "all_gather", false, false},
     {Collective::kReduceScatter, "reduce_scatter", false, true},
+    {Collective::kPushPull, "push_pull", false, true},  // the servers sum the pushes
 }};
 
 constexpr const CollectiveInfo& info(Collective collective) {
@@ -73,9 +82,17 @@ inline double bus_factor(Collective collective, int ranks) {
     case Collective::kReduceScatter:
       return (n - 1.0) / n;
     case Collective::kBroadcast:
+    case Collective::kPushPull:  // each byte crosses the network once per direction
       return 1.0;
   }
   return 1.0;
+}
+
+// Bytes one rank moves per call, relative to the size column: 2 for push_pull (the gradient goes
+// out, the parameters come back, both `size` bytes), 1 for the collectives, whose algbw is
+// nccl-tests' size / time.
+inline double traffic_factor(Collective collective) {
+  return collective == Collective::kPushPull ? 2.0 : 1.0;
 }
 
 // The buffers of one call for a requested size, as nccl-tests' getCollByteCount cuts them: the
@@ -100,6 +117,7 @@ inline Shape shape_of(Collective collective, std::size_t bytes, std::size_t elem
   switch (collective) {
     case Collective::kAllReduce:
     case Collective::kBroadcast:
+    case Collective::kPushPull:  // the gradient out, the parameters back
       s.send = s.receive = s.count = s.chunk = elements;
       break;
     case Collective::kAllGather:
@@ -122,10 +140,10 @@ struct Bandwidth {
   double busbw = 0.0;  // GB/s
 };
 
-// algbw = size / time and busbw = algbw x bus_factor; zero for a zero time.
+// algbw = size x traffic_factor / time and busbw = algbw x bus_factor; zero for a zero time.
 inline Bandwidth bandwidth(Collective collective, std::size_t bytes, int ranks, double seconds) {
   if (!(seconds > 0.0)) return {};
-  const double algbw = static_cast<double>(bytes) / 1.0e9 / seconds;
+  const double algbw = static_cast<double>(bytes) * traffic_factor(collective) / 1.0e9 / seconds;
   return {algbw, algbw * bus_factor(collective, ranks)};
 }
 
@@ -357,6 +375,11 @@ inline std::string format_header(const RunInfo& run) {
   out +=
       "# time: per iteration the slowest rank's; the column is the mean over iterations, "
       "p50/p99 their percentiles\n";
+  if (run.collective == Collective::kPushPull) {
+    out +=
+        "# push_pull: size is one direction; algbw = (push + pull) bytes / time = 2 x size / "
+        "time; busbw factor 1 (each byte crosses the network once per direction)\n";
+  }
   out += "#\n";
   if (!run.rank_info.empty()) {
     out += "# Using ranks\n";

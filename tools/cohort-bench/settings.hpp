@@ -53,6 +53,7 @@ struct Settings {
   std::string backend = "local";
   std::optional<std::string> algorithm;  // tcp: "deterministic" (default) or "ring"
   std::optional<int> processes;          // --np; default 2 where the launcher does not decide
+  std::optional<int> servers;            // --ps: parameter servers (ps backend); default 1
   std::size_t min_bytes = std::size_t{32} << 20;
   std::size_t max_bytes = std::size_t{32} << 20;
   std::size_t step_factor = 1;

@@ -32,7 +32,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -45,6 +44,7 @@
 #include "cohort/core/reduction_tree.hpp"
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
+#include "cohort/strategy/detail/tcp_options.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
@@ -81,17 +81,8 @@ class MultiWorkerMirrored {
                       "MultiWorkerMirrored runs workers and a chief only (" + spec_.source + ")");
     }
     std::fprintf(stderr, "cohort: %s\n", cluster::describe(spec_).c_str());
-    cross_ = std::make_unique<Cross>(transport::tcp::Tcp(transport::tcp::Options{
-        .rank = spec_.rank,
-        .size = spec_.size,
-        .job_id = spec_.job_id.empty() ? "cohort" : spec_.job_id,
-        .rendezvous_host = spec_.master_address,
-        .rendezvous_port = spec_.master_port,
-        .bind_address = setting(options_.bind_address, "COHORT_BIND_ADDRESS", "127.0.0.1"),
-        .secret = setting(options_.secret, "COHORT_SECRET", ""),
-        .connect_timeout = options_.connect_timeout,
-        .operation_timeout = options_.timeout,
-    }));
+    cross_ = std::make_unique<Cross>(
+        transport::tcp::Tcp(detail::tcp_options(spec_, spec_.rank, spec_.size, options_)));
   }
 
   std::size_t replicas() const {
@@ -123,12 +114,6 @@ class MultiWorkerMirrored {
   }
 
  private:
-  static std::string setting(const std::string& given, const char* variable, const char* fallback) {
-    if (!given.empty()) return given;
-    const char* value = std::getenv(variable);
-    return value != nullptr && *value != '\0' ? value : fallback;
-  }
-
   Options options_;
   cluster::Spec spec_;
   std::unique_ptr<Cross> cross_;

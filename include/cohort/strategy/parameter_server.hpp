@@ -80,6 +80,7 @@
 #include "cohort/strategy/detail/ps_protocol.hpp"
 #include "cohort/strategy/detail/ps_server.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
+#include "cohort/strategy/detail/tcp_options.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
@@ -147,17 +148,8 @@ class ParameterServer {
                  "of the mesh\n",
                  cluster::describe(spec_).c_str(), servers_, workers_,
                  std::string(C::kName).c_str(), rank);
-    transport_ = std::make_unique<Transport>(transport::tcp::Options{
-        .rank = rank,
-        .size = workers_ + servers_,
-        .job_id = spec_.job_id.empty() ? "cohort" : spec_.job_id,
-        .rendezvous_host = spec_.master_address,
-        .rendezvous_port = spec_.master_port,
-        .bind_address = setting(options_.bind_address, "COHORT_BIND_ADDRESS", "127.0.0.1"),
-        .secret = setting(options_.secret, "COHORT_SECRET", ""),
-        .connect_timeout = options_.connect_timeout,
-        .operation_timeout = options_.timeout,
-    });
+    transport_ = std::make_unique<Transport>(
+        detail::tcp_options(spec_, rank, workers_ + servers_, options_));
     if (serves()) transport_->isolate_peer_failures();
   }
 
@@ -376,12 +368,6 @@ class ParameterServer {
   detail::ps::Layout& layout_storage() {
     if (!layout_) layout_.emplace(0, 1, servers_, detail::ps::LayoutOptions{0, 1, 1});
     return *layout_;
-  }
-
-  static std::string setting(const std::string& given, const char* variable, const char* fallback) {
-    if (!given.empty()) return given;
-    const char* value = std::getenv(variable);
-    return value != nullptr && *value != '\0' ? value : fallback;
   }
 
   Options options_;
