@@ -221,15 +221,8 @@ class Trainer {
     std::vector<value_type>& optimizer_state = optimizer_states_[local];
     const bool reports = replica.index() == 0 && strategy_.is_chief();
 
-    // Replicas built in separate processes start from the chief's parameters (a parameter
-    // server's replicas: the chief initializes the servers, every worker pulls).
-    if constexpr (requires {
-                    replica.start(parameters, std::span<value_type>(optimizer_state), step_);
-                  }) {
-      replica.start(parameters, std::span<value_type>(optimizer_state), step_);
-    } else {
-      replica.communicator().broadcast(parameters, 0);
-    }
+    // Every replica starts from the chief's state (replicas of other processes included).
+    replica.start(parameters, std::span<value_type>(optimizer_state), step_);
 
     tree::StreamingFold<Gradient, decltype(&add_into)> gradient_fold(&add_into);
     tree::StreamingFold<double, decltype(&add_loss)> loss_fold(&add_loss);

@@ -18,6 +18,10 @@
 // A replica handed to the body provides:
 //   replica.index()         the global replica index
 //   replica.communicator()  a collective::Communicator over every replica of the job
+//   replica.start(parameters, optimizer_state, step)
+//                           once per fit, before the first step: brings this replica to the
+//                           chief's state (mirrored: a broadcast of the parameters; a parameter
+//                           server: the chief initializes the servers, every worker pulls)
 //   replica.update(u)       the synchronization of one step (Update below): turns this replica's
 //                           gradient fold into new parameters. Mirrored strategies all-reduce and
 //                           apply the optimizer locally; a parameter server pushes and pulls.

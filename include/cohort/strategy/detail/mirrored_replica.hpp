@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <utility>
 
 #include "cohort/strategy/detail/all_reduce_update.hpp"
@@ -18,6 +20,13 @@ class MirroredReplica {
 
   std::size_t index() const { return index_; }
   Communicator& communicator() { return communicator_; }
+
+  // Replicas built in other processes take the chief's parameters; the optimizer state and the
+  // step are already the same everywhere (a fresh run, or the same checkpoint restored).
+  template <class T>
+  void start(std::span<T> parameters, std::span<T> /*optimizer_state*/, std::uint64_t /*step*/) {
+    communicator_.broadcast(parameters, 0);
+  }
 
   template <class T, class O>
   void update(Update<T, O>& update) {
