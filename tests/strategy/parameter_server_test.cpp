@@ -283,3 +283,136 @@ TEST_CASE("malformed requests are refused naming the worker and the field; other
   }
   CHECK(fs::exists(out));
 }
+
+TEST_CASE(
+    "backup workers: a step aggregates R of N workers by the documented rule and reports who was "
+    "dropped") {
+  // backup_workers = 1 of 4: each step is the pushes of workers 0, 1 and 2 (the R = 3
+  // lowest-indexed live workers), whoever arrives first. Worker 2 is slowed, so that a rule of
+  // "the first R to arrive" would take worker 3 instead: worker 3's push is dropped every step,
+  // and the parameters are the same bits as a run where worker 3 is the slow one.
+  TemporaryDirectory directory("cohort-ps-backup");
+  constexpr int kSteps = 30;
+  std::string parameters[2];
+  for (const int slow : {2, 3}) {
+    CAPTURE(slow);
+    const fs::path out = directory.path / ("parameters" + std::to_string(slow) + ".bin");
+    const auto [exit, output] =
+        launch(4, 1,
+               {"sync", std::to_string(kSteps), out, "--backup-workers", "1", "--slow-worker",
+                std::to_string(slow), "--sleep-ms", "5", "--log-pushes"},
+               directory.path / "log.txt");
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+    const std::string steps = std::to_string(kSteps);
+    CHECK(output.find("pushes applied per worker [" + steps + ", " + steps + ", " + steps +
+                      ", 0], dropped " + steps + ", workers lost 0") != std::string::npos);
+    std::size_t applied = 0;
+    for (auto at = output.find(" from 3 workers"); at != std::string::npos;
+         at = output.find(" from 3 workers", at + 1)) {
+      ++applied;
+    }
+    CHECK(applied == kSteps);
+    parameters[slow - 2] = read_file(out);
+    REQUIRE(!parameters[slow - 2].empty());
+  }
+  CHECK(parameters[0] == parameters[1]);
+  const double accuracy = accuracy_of(parameters[0]);
+  const double reference = accuracy_of(mirrored_parameters(kSteps));
+  MESSAGE("accuracy with backup workers " << accuracy << ", without " << reference);
+  CHECK(accuracy >= reference - 0.1);
+}
+
+TEST_CASE("a parameter-server job launched by TF_CONFIG trains") {
+  // chief, worker 0 and ps 0 described by TF_CONFIG alone (every COHORT_* variable empty, which
+  // counts as unset): the same bits as the job cohort-run --np 2 --ps 1 starts.
+  TemporaryDirectory directory("cohort-ps-tf-config");
+  const fs::path expected_out = directory.path / "cohort-run.bin";
+  {
+    const auto [exit, output] =
+        launch(2, 1, {"sync", "30", expected_out}, directory.path / "run.log");
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+  }
+  const fs::path out = directory.path / "tf-config.bin";
+  const auto address = [] {
+    return "\"127.0.0.1:" + std::to_string(cohort::testing::free_port()) + "\"";
+  };
+  const std::string cluster = "{\"chief\": [" + address() + "], \"worker\": [" + address() +
+                              "], \"ps\": [" + address() + "]}";
+  std::vector<std::unique_ptr<Process>> processes;
+  std::vector<fs::path> logs;
+  for (const auto& [type, name] :
+       {std::pair{"chief", "chief"}, std::pair{"worker", "worker0"}, std::pair{"ps", "ps0"}}) {
+    std::map<std::string, std::string> env = {
+        {"TF_CONFIG", "{\"cluster\": " + cluster + ", \"task\": {\"type\": \"" + std::string(type) +
+                          "\", \"index\": 0}}"}};
+    for (const char* variable :
+         {"COHORT_ROLE", "COHORT_RANK", "COHORT_WORLD_SIZE", "COHORT_LOCAL_RANK",
+          "COHORT_LOCAL_WORLD_SIZE", "COHORT_PS_COUNT", "COHORT_WORKER_COUNT", "COHORT_MASTER_ADDR",
+          "COHORT_MASTER_PORT", "COHORT_JOB_ID"}) {
+      env[variable] = "";
+    }
+    logs.push_back(directory.path / (std::string(name) + ".log"));
+    processes.push_back(std::make_unique<Process>(
+        std::vector<std::string>{COHORT_PS_TRAINER, "sync", "30", out}, env, logs.back()));
+  }
+  for (std::size_t i = 0; i < processes.size(); ++i) {
+    CAPTURE(i);
+    const auto exit = processes[i]->wait(60s);
+    const std::string log = read_file(logs[i]);
+    CAPTURE(log);
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code == 0);
+    CHECK(log.find("from TF_CONFIG") != std::string::npos);
+  }
+  CHECK(read_file(logs[2]).find("pushes applied per worker [30, 30]") != std::string::npos);
+  REQUIRE(fs::exists(out));
+  CHECK(read_file(out) == read_file(expected_out));
+}
+
+TEST_CASE("an unauthenticated client is refused and the job goes on") {
+  // A job with a secret; a process with another secret claims worker 1's place first. Rank 0
+  // refuses it, says so, and waits for the real worker 1, which then trains with the others.
+  TemporaryDirectory directory("cohort-ps-unauthenticated");
+  const std::string port = std::to_string(cohort::testing::free_port());
+  const fs::path out = directory.path / "parameters.bin";
+  const auto log = [&](const std::string& name) { return directory.path / (name + ".log"); };
+  const auto start = [&](bool server, int index, const std::string& secret,
+                         const std::string& name) {
+    const std::map<std::string, std::string> env = {
+        {"COHORT_ROLE", server ? "ps" : "worker"},
+        {"COHORT_RANK", std::to_string(index)},
+        {"COHORT_WORLD_SIZE", server ? "1" : "2"},
+        {server ? "COHORT_WORKER_COUNT" : "COHORT_PS_COUNT", server ? "2" : "1"},
+        {"COHORT_MASTER_ADDR", "127.0.0.1"},
+        {"COHORT_MASTER_PORT", port},
+        {"COHORT_JOB_ID", "ps-secret-test"},
+        {"COHORT_SECRET", secret}};
+    return std::make_unique<Process>(std::vector<std::string>{COHORT_PS_TRAINER, "sync", "20", out},
+                                     env, log(name));
+  };
+  auto chief = start(false, 0, "s3cret", "worker0");
+  auto server = start(true, 0, "s3cret", "ps0");
+  auto rogue = start(false, 1, "wrong", "rogue");
+  const auto rogue_exit = rogue->wait(30s);
+  REQUIRE(rogue_exit.has_value());
+  CHECK(rogue_exit->code != 0);
+  CHECK(read_file(log("rogue")).find("authentication failed") != std::string::npos);
+
+  auto worker = start(false, 1, "s3cret", "worker1");
+  for (auto* process : {chief.get(), server.get(), worker.get()}) {
+    const auto exit = process->wait(60s);
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code == 0);
+  }
+  const std::string chief_log = read_file(log("worker0"));
+  CAPTURE(chief_log);
+  CHECK(chief_log.find("claiming to be rank 1: authentication failed") != std::string::npos);
+  CHECK(read_file(log("ps0")).find("pushes applied per worker [20, 20]") != std::string::npos);
+  CHECK(fs::exists(out));
+}

@@ -4,12 +4,14 @@
 //
 //   ps_trainer sync|async|bounded2 STEPS OUT [--slow-worker W --sleep-ms N] [--log-pushes]
 //              [--segment K --checkpoint FILE] [--restore FILE] [--bad-requests]
+//              [--backup-workers B]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
 // --segment K        fit K steps at a time; the chief saves FILE after each
 // --restore FILE     every process restores FILE first
 // --bad-requests     worker 1 first sends one malformed request per field and checks that each
 //                    is refused naming itself and the field (exit 3 if not), then trains
+// --backup-workers B ParameterServer's backup_workers (Sync only)
 // The layout is forced small (16-element alignment, no minimum shard, 256-byte chunks), so that
 // the small model spreads over every server in several chunks.
 #include <chrono>
@@ -38,6 +40,7 @@ struct Settings {
   std::string checkpoint;
   std::string restore;
   bool bad_requests = false;
+  std::size_t backup_workers = 0;
 };
 
 // The test data, slowed down on one worker.
@@ -114,6 +117,7 @@ int train(const Settings& settings) {
                                .min_shard_bytes = 0,
                                .alignment = 16,
                                .chunk_bytes = 256,
+                               .backup_workers = settings.backup_workers,
                                .log_pushes = settings.log_pushes});
   const bool chief = strategy.is_chief();
   const bool serves = strategy.serves();
@@ -173,6 +177,8 @@ int main(int argc, char** argv) {
       settings.restore = next();
     else if (flag == "--bad-requests")
       settings.bad_requests = true;
+    else if (flag == "--backup-workers")
+      settings.backup_workers = std::stoul(next());
     else {
       std::fprintf(stderr, "ps_trainer: unknown option %s\n", flag.c_str());
       return 64;

@@ -44,6 +44,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <list>
 #include <memory>
@@ -225,7 +226,9 @@ class Rendezvous {
   void run_root() {
     spawn(accept_loop(1, size() - 1));
     drive([&] { return established_ == size() - 1; },
-          [&] { return missing([&](int r) { return !peers_[idx(r)]; }) + " never joined"; });
+          [&] {
+            return missing([&](int r) { return !peers_[idx(r)]; }) + " never joined" + refused_;
+          });
     if (!failure_.empty()) return;
     close_listener();
     std::vector<Address> table(static_cast<std::size_t>(size()));
@@ -337,8 +340,9 @@ class Rendezvous {
     ErrorCode ec;
     const auto remote = socket.remote_endpoint(ec);
     const bool know_remote = !ec;
-    std::string who = "a peer at " + (know_remote ? Listener::endpoint_text(remote)
-                                                  : std::string("an unknown address"));
+    const std::string from = "a peer at " + (know_remote ? Listener::endpoint_text(remote)
+                                                         : std::string("an unknown address"));
+    std::string who = from;
     SetupMessage hello;
     const Read first = co_await read_message(socket, who, hello);
     if (first.outcome != ReadOutcome::kOk) {
@@ -368,7 +372,12 @@ class Rendezvous {
     who = rank_name(theirs->rank);
     std::string refusal = check_hello(*theirs, expectation(low, high));
     if (refusal.empty() && peers_[idx(theirs->rank)]) refusal = who + " joined twice";
-    if (!refusal.empty()) {
+    // Without a secret, whoever reaches the port is a peer, and a wrong one fails the rendezvous.
+    // With one, a connection counts only once it has proved the secret: one that cannot is
+    // refused and dropped, and the rendezvous goes on waiting for the real rank, so that nobody
+    // without the secret can stop a job by connecting to it.
+    const bool authenticating = !options_.secret.empty();
+    if (!refusal.empty() && !authenticating) {
       fail(refusal);  // abandon() sends it the reason
       co_return;
     }
@@ -380,8 +389,27 @@ class Rendezvous {
     const bool replied = co_await write_message(socket, who, reply);
     if (!replied) co_return;
     SetupMessage answer;
-    const bool answered = co_await read_expected(socket, who, setup_type::kConfirm, answer);
-    if (!answered || !verify(answer, Role::kConnector, hello.bytes, mine, who)) co_return;
+    if (authenticating) {
+      const Read confirmed = co_await read_message(socket, who, answer);
+      if (confirmed.outcome != ReadOutcome::kOk ||
+          answer.frame.header.type != setup_type::kConfirm ||
+          !proofs_equal(answer.payload(), proof_or_empty(Role::kConnector, hello.bytes, mine))) {
+        const std::string refused =
+            "refused " + from + " claiming to be " + who + ": authentication failed";
+        std::fprintf(stderr, "cohort: %s%s (its secret does not match)\n", prefix().c_str(),
+                     refused.c_str());
+        refused_ += "; " + refused;
+        close(socket);
+        co_return;
+      }
+      if (!refusal.empty()) {
+        fail(refusal);
+        co_return;
+      }
+    } else {
+      const bool answered = co_await read_expected(socket, who, setup_type::kConfirm, answer);
+      if (!answered || !verify(answer, Role::kConnector, hello.bytes, mine, who)) co_return;
+    }
     if (know_remote) seen_from_[idx(theirs->rank)] = remote.address().to_string();
     establish(theirs->rank, socket, *theirs);
   }
@@ -757,6 +785,7 @@ class Rendezvous {
   bool have_table_ = false;
   bool go_received_ = false;
   std::string last_connect_error_;
+  std::string refused_;  // "; refused ..." per unauthenticated connection, for the timeout
   std::string failure_;
   bool finished_ = false;
 };
