@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """torch.distributed all_reduce (gloo backend, float32, sum), measured as cohort-bench measures.
 
-    torchrun --standalone --nproc-per-node=4 torch_allreduce.py -b 4 -e 64M -f 4 --json out.json
+    cohort-run --np 4 -- python3 torch_allreduce.py -b 4 -e 64M -f 4 --json out.json
+    torchrun --standalone --nproc_per_node=4 torch_allreduce.py -b 4 -e 64M -f 4 --json out.json
 
-benchmarks/peers/run starts it only where `import torch` works. The procedure is
+benchmarks/peers/run starts it with cohort-run (Debian's torchrun 1.13 fails on Python 3.11), only
+with a Python that can import torch. Under cohort-run it takes torch.distributed's variables from
+cohort's (COHORT_RANK, COHORT_WORLD_SIZE, COHORT_MASTER_ADDR, COHORT_MASTER_PORT). The procedure is
 tools/cohort-bench/sweep.hpp's: nccl-tests' warm-up, then per size and placement one untimed call,
 a barrier, iters calls each timed by its rank, the slowest rank's time per iteration (a MAX
 all_reduce), and one checked call on cohort-bench's exact sum pattern. Out-of-place is a copy and
@@ -46,6 +49,11 @@ def main():
     parser.add_argument("--json", default="")
     args = parser.parse_args()
 
+    for torch_name, cohort_name in (("RANK", "COHORT_RANK"), ("WORLD_SIZE", "COHORT_WORLD_SIZE"),
+                                    ("MASTER_ADDR", "COHORT_MASTER_ADDR"),
+                                    ("MASTER_PORT", "COHORT_MASTER_PORT")):
+        if torch_name not in os.environ and cohort_name in os.environ:
+            os.environ[torch_name] = os.environ[cohort_name]
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     sizes, s = [], parse_bytes(args.b)
