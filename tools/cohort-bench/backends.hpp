@@ -38,6 +38,7 @@
 #include "cohort/collective/local.hpp"
 #include "cohort/collective/ring.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/strategy/detail/tcp_options.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 #include "launch.hpp"
 #include "machine.hpp"
@@ -73,10 +74,7 @@ inline void say(const std::string& line) {
   std::fprintf(stderr, "cohort-bench: %s\n", line.c_str());
 }
 
-inline std::string environment_or(const char* name, const std::string& fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? value : fallback;
-}
+using strategy::detail::environment_or;
 
 // Who started this rank, for the header.
 inline std::string launcher_of(const cluster::Spec& spec) {
@@ -128,18 +126,16 @@ inline void print(const std::string& text) {
   std::fflush(stdout);
 }
 
-// The sweep on one rank: every rank measures, rank 0 prints and writes the JSON. Returns the exit
-// status (kExitWrong when any element was wrong on any rank).
-template <collective::Communicator C>
-int sweep_on_rank(C& comm, const Settings& s, RunInfo run) {
+// One measured run on one rank: every rank measures (measure(on_row) returns the rows, calling
+// on_row as each is done); rank 0 prints the header, each row as it comes, the footer, and writes
+// the JSON. Returns the exit status (kExitWrong when any element was wrong on any rank).
+template <class Comm, class Measure>
+int report_sweep(Comm& comm, const Settings& s, RunInfo run, Measure&& measure) {
   run.rank_info = gather_rank_info(comm, static_cast<long>(::getpid()), host_name());
   const bool printer = comm.rank() == 0;
   if (printer) print(format_header(run));
-  const std::vector<Row> rows = with_element(s.element, [&]<class T>() {
-    Sweep<T, C> sweep(comm, s);
-    return sweep.run([&](const Row& row) {
-      if (printer) print(format_row(row));
-    });
+  const std::vector<Row> rows = measure([&](const Row& row) {
+    if (printer) print(format_row(row));
   });
   const Summary summary = summarize(rows);
   bool written = true;
@@ -148,6 +144,17 @@ int sweep_on_rank(C& comm, const Settings& s, RunInfo run) {
     if (!s.json.empty()) written = write_json(s.json, to_json(run, rows));
   }
   return summary.out_of_bounds != 0 || !written ? kExitWrong : 0;
+}
+
+// The sweep of a collective on one rank.
+template <collective::Communicator C>
+int sweep_on_rank(C& comm, const Settings& s, RunInfo run) {
+  return report_sweep(comm, s, std::move(run), [&](const auto& on_row) {
+    return with_element(s.element, [&]<class T>() {
+      Sweep<T, C> sweep(comm, s);
+      return sweep.run(on_row);
+    });
+  });
 }
 
 inline void check_root(const Settings& s, int ranks) {
@@ -327,20 +334,10 @@ inline int run_ps(const Settings& s, const Context& context) {
                              (s.checksum ? "on" : "off"),
                          workers, launcher);
   try {
-    run.rank_info = gather_rank_info(comm, static_cast<long>(::getpid()), host_name());
-    const bool printer = comm.rank() == 0;
-    if (printer) print(format_header(run));
-    ps_bench::Worker worker(tcp, comm, s, workers);
-    const std::vector<Row> rows = worker.run(servers, [&](const Row& row) {
-      if (printer) print(format_row(row));
+    return report_sweep(comm, s, std::move(run), [&](const auto& on_row) {
+      ps_bench::Worker worker(tcp, comm, s, workers);
+      return worker.run(servers, on_row);
     });
-    const Summary summary = summarize(rows);
-    bool written = true;
-    if (printer) {
-      print(format_footer(summary));
-      if (!s.json.empty()) written = write_json(s.json, to_json(run, rows));
-    }
-    return summary.out_of_bounds != 0 || !written ? kExitWrong : 0;
   } catch (...) {
     comm.abort("cohort-bench failed");  // closes the connections: the others fail promptly
     throw;

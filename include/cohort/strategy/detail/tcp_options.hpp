@@ -11,11 +11,15 @@
 
 namespace cohort::strategy::detail {
 
-inline std::string given_or_environment(const std::string& given, const char* variable,
-                                        const char* fallback) {
-  if (!given.empty()) return given;
+// The variable's value, or fallback when it is unset or empty.
+inline std::string environment_or(const char* variable, const std::string& fallback) {
   const char* value = std::getenv(variable);
   return value != nullptr && *value != '\0' ? value : fallback;
+}
+
+inline std::string given_or_environment(const std::string& given, const char* variable,
+                                        const char* fallback) {
+  return given.empty() ? environment_or(variable, fallback) : given;
 }
 
 // StrategyOptions has bind_address, secret, connect_timeout and timeout.
