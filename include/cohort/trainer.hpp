@@ -158,26 +158,21 @@ class Trainer {
   const S& strategy() const { return strategy_; }
   const Options& options() const { return options_; }
 
-  // Writes the complete training state (checkpoint/checkpoint.hpp). Only the chief process
-  // writes (every process holds the same state); the others return at once.
+  // Writes the complete training state (checkpoint/checkpoint.hpp). Every process calls it after
+  // the same fit. Only the chief process writes (every process holds the same state) and the
+  // others return at once, except under a strategy that saves its own way: a parameter server's
+  // servers write a shard each and the chief writes the manifest.
   void save(const std::filesystem::path& file) const {
-    if (!strategy_.is_chief()) return;
-    checkpoint::TrainingState<value_type> state;
-    state.optimizer = O::kName;
-    const auto parameters = ModelTraits<M>::parameters(const_cast<M&>(models_[0]));
-    state.parameters.assign(parameters.begin(), parameters.end());
-    state.optimizer_state = optimizer_states_[0];
-    state.step = step_;
-    state.seed = options_.seed;
-    state.global_batch = options_.global_batch;
-    state.micro_batches = options_.micro_batches;
-    state.dataset_size = dataset_size_;
-    checkpoint::write(file, state);
+    if constexpr (requires { strategy_.save(file, checkpoint_state()); }) {
+      strategy_.save(file, checkpoint_state());
+    } else if (strategy_.is_chief()) {
+      checkpoint::write(file, checkpoint_state());
+    }
   }
 
-  // Continues the run saved in `file`, which every process reads (a shared file system, or a
-  // copy on every host). Everything is checked before anything is changed: on error the trainer
-  // and its models are as they were.
+  // Continues the run saved in `file` (a checkpoint or a sharded checkpoint's manifest), which
+  // every process reads (a shared file system, or a copy on every host). Everything is checked
+  // before anything is changed: on error the trainer and its models are as they were.
   void restore(const std::filesystem::path& file) {
     const auto state = checkpoint::read<value_type>(file);
     const auto expect = [&](std::string_view field, const auto& in_file, const auto& here) {
@@ -204,6 +199,21 @@ class Trainer {
 
  private:
   using Gradient = std::vector<value_type>;
+
+  // The training state of this process's first replica, as a checkpoint holds it.
+  checkpoint::TrainingState<value_type> checkpoint_state() const {
+    checkpoint::TrainingState<value_type> state;
+    state.optimizer = O::kName;
+    const auto parameters = ModelTraits<M>::parameters(const_cast<M&>(models_[0]));
+    state.parameters.assign(parameters.begin(), parameters.end());
+    state.optimizer_state = optimizer_states_[0];
+    state.step = step_;
+    state.seed = options_.seed;
+    state.global_batch = options_.global_batch;
+    state.micro_batches = options_.micro_batches;
+    state.dataset_size = dataset_size_;
+    return state;
+  }
 
   static void add_into(Gradient& left, const Gradient& right) {
     device::cpu::combine_into<value_type>(ReduceOp::kSum, left, right);

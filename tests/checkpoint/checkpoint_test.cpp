@@ -179,3 +179,96 @@ TEST_CASE("a checkpoint of another run is refused naming what differs") {
   CHECK(refusal(source, checkpoint).find("holds double parameters, the model has float") !=
         std::string::npos);
 }
+
+// A sharded checkpoint written as a parameter-server job writes one: the manifest names two
+// shards, each holding a range of the parameters and their optimizer state (Adam: 2 slots).
+struct Sharded {
+  fs::path manifest;
+  cohort::checkpoint::TrainingState<float> complete;
+  std::vector<fs::path> shards;
+};
+
+Sharded write_sharded(const fs::path& directory, std::uint64_t steps = 4) {
+  fs::create_directories(directory);
+  auto trainer = make_trainer();
+  trainer.fit(small_task_data(), {.steps = steps});
+  const fs::path complete = directory / "complete.ckpt";
+  trainer.save(complete);
+  Sharded sharded{directory / "run.ckpt", cohort::checkpoint::read<float>(complete), {}};
+  const auto& state = sharded.complete;
+  const std::size_t elements = state.parameters.size();
+  auto manifest = state;
+  manifest.parameters.clear();
+  manifest.optimizer_state.clear();
+  const std::size_t bounds[] = {0, elements / 3, elements};
+  for (std::size_t shard = 0; shard < 2; ++shard) {
+    cohort::checkpoint::ShardState<float> part;
+    part.elements = elements;
+    part.begin = bounds[shard];
+    part.end = bounds[shard + 1];
+    part.step = state.step;
+    part.parameters.assign(state.parameters.begin() + static_cast<std::ptrdiff_t>(part.begin),
+                           state.parameters.begin() + static_cast<std::ptrdiff_t>(part.end));
+    for (std::size_t slot = 0; slot < 2; ++slot) {
+      const auto first = state.optimizer_state.begin() +
+                         static_cast<std::ptrdiff_t>(slot * elements + part.begin);
+      part.optimizer_state.insert(part.optimizer_state.end(), first,
+                                  first + static_cast<std::ptrdiff_t>(part.end - part.begin));
+    }
+    const std::string name =
+        cohort::checkpoint::shard_file_name(sharded.manifest, state.step, 0xabc, shard, 2);
+    sharded.shards.push_back(directory / name);
+    manifest.shards.push_back({.file = name,
+                               .begin = part.begin,
+                               .end = part.end,
+                               .crc32 = cohort::checkpoint::write(directory / name, part)});
+  }
+  cohort::checkpoint::write(sharded.manifest, manifest);
+  return sharded;
+}
+
+TEST_CASE("a sharded checkpoint reads back as the complete state it was cut from") {
+  TemporaryDirectory directory;
+  const auto sharded = write_sharded(directory.path);
+  const auto read = cohort::checkpoint::read<float>(sharded.manifest);
+  CHECK(read.parameters == sharded.complete.parameters);
+  CHECK(read.optimizer_state == sharded.complete.optimizer_state);
+  CHECK(read.step == sharded.complete.step);
+  auto trainer = make_trainer(4);
+  trainer.restore(sharded.manifest);
+  CHECK(parameters_of(trainer.model()) == sharded.complete.parameters);
+}
+
+TEST_CASE("a damaged sharded checkpoint is refused naming the shard and the model is unchanged") {
+  TemporaryDirectory directory;
+  const auto sharded = write_sharded(directory.path);
+  auto target = make_trainer();
+  const auto before = parameters_of(target.model());
+  const std::string shard = bytes_of(sharded.shards[1]);
+
+  SUBCASE("a corrupted shard") {
+    std::string corrupted = shard;
+    corrupted[corrupted.size() / 2] ^= 0x10;
+    overwrite(sharded.shards[1], corrupted);
+    const std::string message = refusal(target, sharded.manifest);
+    CHECK(message.find(sharded.shards[1].string()) != std::string::npos);
+    CHECK(message.find("checksum mismatch") != std::string::npos);
+  }
+  SUBCASE("a missing shard") {
+    fs::remove(sharded.shards[1]);
+    const std::string message = refusal(target, sharded.manifest);
+    CHECK(message.find(sharded.shards[1].string()) != std::string::npos);
+    CHECK(message.find("cannot open") != std::string::npos);
+  }
+  SUBCASE("a shard of another save, intact in itself") {
+    const auto other = write_sharded(directory.path / "other", 5);
+    fs::copy_file(other.shards[1], sharded.shards[1], fs::copy_options::overwrite_existing);
+    const std::string message = refusal(target, sharded.manifest);
+    CHECK(message.find(sharded.shards[1].string() + ": checksum is") != std::string::npos);
+  }
+  SUBCASE("a shard given instead of the manifest") {
+    CHECK(refusal(target, sharded.shards[0]).find("restore its manifest") != std::string::npos);
+  }
+  CHECK(parameters_of(target.model()) == before);
+  CHECK(target.step() == 0);
+}

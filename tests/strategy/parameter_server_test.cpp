@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cohort/strategy/parameter_server.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -259,13 +260,43 @@ TEST_CASE("a restart from the last checkpoint reaches the parameters of an unint
     REQUIRE(exit.code == 0);
     REQUIRE(fs::exists(checkpoint));
   }
-  fs::remove(out);
-  const auto [exit, output] =
-      launch(2, 2, {"sync", "50", out, "--restore", checkpoint}, directory.path / "second.log");
-  CAPTURE(output);
-  REQUIRE(exit.exited);
-  REQUIRE(exit.code == 0);
-  CHECK(read_file(out) == expected);
+  // Three saves, one manifest: the shards of the last save, one per server, and no other file.
+  const auto manifest =
+      cohort::checkpoint::detail::read_container<float, cohort::checkpoint::TrainingState<float>>(
+          checkpoint, cohort::checkpoint::kMagic)
+          .payload;
+  CHECK(manifest.step == 30);
+  CHECK(manifest.parameters.empty());
+  REQUIRE(manifest.shards.size() == 2);
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(directory.path)) {
+    if (entry.path().filename().string().starts_with("run.ckpt")) {
+      files.push_back(entry.path().filename().string());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  CHECK(files == std::vector<std::string>{"run.ckpt", manifest.shards[0].file,
+                                          manifest.shards[1].file});
+
+  SUBCASE("every process restores the manifest and continues under ParameterServer") {
+    fs::remove(out);
+    const auto [exit, output] =
+        launch(2, 2, {"sync", "50", out, "--restore", checkpoint}, directory.path / "second.log");
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+    CHECK(read_file(out) == expected);
+  }
+  SUBCASE("Mirrored restores the sharded checkpoint and continues with the same bits") {
+    cohort::Trainer trainer(cohort::testing::small_model(),
+                            cohort::strategy::Mirrored<>({.replicas = 2}),
+                            cohort::optimizer::Adam({.learning_rate = 3e-3}),
+                            {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+    trainer.restore(checkpoint);
+    CHECK(trainer.step() == 30);
+    trainer.fit(cohort::testing::small_task_data(), {.steps = 50});
+    CHECK(bytes_of(cohort::testing::parameters_of(trainer.model())) == expected);
+  }
 }
 
 TEST_CASE("malformed requests are refused naming the worker and the field; others go on") {

@@ -31,8 +31,11 @@
 //                    worker. Adam's step counts the chunk's updates.
 // The optimizer state lives on the servers. At the start of every fit the chief sends its
 // parameters and optimizer state to the servers, and every worker pulls; at its end the chief
-// pulls the optimizer state back, so that Trainer::save on the chief writes a complete checkpoint
-// and Trainer::restore on every process continues the run (the same bits, for Sync).
+// pulls the optimizer state back (so that the next fit starts from it) and every server keeps a
+// copy of its shard. Trainer::save then writes a sharded checkpoint: every server its shard, the
+// chief the manifest last (save() below); Trainer::restore on every process reads the manifest
+// and the shards and continues the run (the same bits, for Sync). A sharded checkpoint restores
+// under any strategy, and any checkpoint restores under ParameterServer.
 //
 // Faults. A worker that dies is reported by the servers by name; Async and BoundedStaleness go on
 // without it (the bound counts live workers only); Sync fails with an error naming it unless
@@ -61,15 +64,18 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
+#include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/cluster/cluster.hpp"
 #include "cohort/collective/deterministic.hpp"
 #include "cohort/core/error.hpp"
@@ -168,7 +174,7 @@ class ParameterServer {
   Transport& transport() { return *transport_; }
 
   // The layout of `elements` parameters of `element_bytes` each (detail/ps_protocol.hpp).
-  const detail::ps::Layout& layout(std::size_t elements, std::size_t element_bytes) {
+  const detail::ps::Layout& layout(std::size_t elements, std::size_t element_bytes) const {
     if (!layout_ || layout_->elements() != elements) {
       layout_.emplace(elements, element_bytes, servers_,
                       detail::ps::LayoutOptions{options_.min_shard_bytes, options_.alignment,
@@ -179,8 +185,10 @@ class ParameterServer {
 
   // On a server: serves one fit (its shard of `parameters`' layout) and returns when every
   // worker is done or lost. What it did is in last_counts().
+  // parameters and optimizer_state are the server process's own copies: its shard is written
+  // back into them at the end, for save().
   template <class T, class O>
-  void serve(std::span<T> parameters, const O& optimizer, std::span<T> /*optimizer_state*/) {
+  void serve(std::span<T> parameters, const O& optimizer, std::span<T> optimizer_state) {
     check_optimizer(optimizer);
     const auto& shards = layout(parameters.size(), sizeof(T));
     detail::ps::Server<Transport, T, O> server(*transport_, shards,
@@ -191,6 +199,7 @@ class ParameterServer {
                                                 .log_pushes = options_.log_pushes},
                                                optimizer);
     counts_ = server.serve();
+    server.copy_out(parameters, optimizer_state);
     std::string line = "cohort: parameter server " + std::to_string(spec_.rank) + " (" +
                        std::string(C::kName) + ", " +
                        std::to_string(shards.chunks_of(spec_.rank).size()) +
@@ -213,6 +222,71 @@ class ParameterServer {
   }
 
   const detail::ps::ServerCounts& last_counts() const { return counts_; }
+
+  // Trainer::save: a sharded checkpoint (checkpoint/checkpoint.hpp). Every process calls it after
+  // the same fit. The chief orders every server that holds a shard to write it beside `file`,
+  // waits until each has reported its file durable, writes the manifest `file`, then removes the
+  // shard files of the manifest it replaced. A server writes its shard from `state`, its own
+  // copies, which serve() left holding its shard. Other workers return at once.
+  template <class T>
+  void save(const std::filesystem::path& file, const checkpoint::TrainingState<T>& state) const {
+    namespace ps = detail::ps;
+    if (!serves() && !is_chief()) return;
+    const ps::Layout& shards = layout(state.parameters.size(), sizeof(T));
+    if (serves()) {
+      save_shard(file, state, shards);
+      return;
+    }
+    std::random_device entropy;
+    const ps::SaveOrder order{.step = state.step,
+                              .token = std::uint64_t{entropy()} << 32 | entropy()};
+    std::vector<int> holders;
+    for (int server = 0; server < servers_; ++server) {
+      if (!shards.chunks_of(server).empty()) holders.push_back(server);
+    }
+    std::vector<ps::SaveReport> reports(holders.size());
+    std::vector<transport::Send> sends;
+    std::vector<transport::Receive> receives;
+    for (std::size_t i = 0; i < holders.size(); ++i) {
+      const int peer = workers_ + holders[i];
+      sends.push_back({peer, ps::header(ps::tag::kSaveOrder), std::as_bytes(std::span(&order, 1))});
+      receives.push_back({peer, ps::header(ps::tag::kSaveReport),
+                          std::as_writable_bytes(std::span(&reports[i], 1))});
+    }
+    try {
+      transport_->transfer(sends, receives);
+    } catch (const CommError& error) {
+      throw CommError("checkpoint " + file.string() + ": the servers' shards were not all " +
+                      "written (every process must call Trainer::save after the same fit): " +
+                      error.what());
+    }
+    checkpoint::TrainingState<T> manifest = state;
+    manifest.parameters.clear();
+    manifest.optimizer_state.clear();
+    for (std::size_t i = 0; i < holders.size(); ++i) {
+      if (reports[i].status != 0) {
+        throw CheckpointError("checkpoint " + file.string() + ": parameter server " +
+                              std::to_string(holders[i]) + " could not write its shard: " +
+                              reports[i].message);
+      }
+      const auto& chunks = shards.chunks_of(holders[i]);
+      manifest.shards.push_back(
+          {.file = checkpoint::shard_file_name(file, order.step, order.token,
+                                               static_cast<std::size_t>(holders[i]),
+                                               holders.size()),
+           .begin = chunks.front().begin,
+           .end = chunks.back().end,
+           .crc32 = reports[i].crc32});
+    }
+    const auto replaced = checkpoint::shard_files(file);
+    checkpoint::write(file, manifest);
+    for (const auto& old : replaced) {
+      const bool kept = std::any_of(manifest.shards.begin(), manifest.shards.end(),
+                                    [&](const auto& record) { return old.filename() == record.file; });
+      std::error_code ignored;  // a shard left behind costs space, never correctness
+      if (!kept) std::filesystem::remove(old, ignored);
+    }
+  }
 
   class Replica {
    public:
@@ -364,6 +438,56 @@ class ParameterServer {
     }
   }
 
+  // A server's half of save(): waits for the chief's order, writes its shard, reports.
+  template <class T>
+  void save_shard(const std::filesystem::path& file, const checkpoint::TrainingState<T>& state,
+                  const detail::ps::Layout& shards) const {
+    namespace ps = detail::ps;
+    const auto& chunks = shards.chunks_of(spec_.rank);
+    if (chunks.empty()) return;
+    ps::SaveOrder order;
+    const transport::Receive receive{0, ps::header(ps::tag::kSaveOrder),
+                                     std::as_writable_bytes(std::span(&order, 1))};
+    transport_->transfer({}, std::span(&receive, 1));
+    std::size_t holders = 0;
+    for (int server = 0; server < servers_; ++server) {
+      holders += shards.chunks_of(server).empty() ? 0 : 1;
+    }
+    const std::size_t elements = state.parameters.size();
+    const std::size_t slots = elements == 0 ? 0 : state.optimizer_state.size() / elements;
+    checkpoint::ShardState<T> shard;
+    shard.elements = elements;
+    shard.begin = chunks.front().begin;
+    shard.end = chunks.back().end;
+    shard.step = order.step;
+    const auto range = [&](const std::vector<T>& values, std::size_t offset) {
+      return std::span(values).subspan(offset + shard.begin, shard.end - shard.begin);
+    };
+    const auto own = range(state.parameters, 0);
+    shard.parameters.assign(own.begin(), own.end());
+    for (std::size_t slot = 0; slot < slots; ++slot) {
+      const auto values = range(state.optimizer_state, slot * elements);
+      shard.optimizer_state.insert(shard.optimizer_state.end(), values.begin(), values.end());
+    }
+    ps::SaveReport report;
+    std::string failure;
+    try {
+      report.crc32 = checkpoint::write(
+          file.parent_path() / checkpoint::shard_file_name(file, order.step, order.token,
+                                                           static_cast<std::size_t>(spec_.rank),
+                                                           holders),
+          shard);
+    } catch (const CheckpointError& error) {
+      failure = error.what();
+      report.status = 1;
+      ps::set_message(report.message, failure);
+    }
+    const transport::Send send{0, ps::header(ps::tag::kSaveReport),
+                               std::as_bytes(std::span(&report, 1))};
+    transport_->transfer(std::span(&send, 1), {});
+    if (!failure.empty()) throw CheckpointError(failure);
+  }
+
   // The Client keeps a reference to the layout, which start() fills in before any request.
   detail::ps::Layout& layout_storage() {
     if (!layout_) layout_.emplace(0, 1, servers_, detail::ps::LayoutOptions{0, 1, 1});
@@ -375,7 +499,7 @@ class ParameterServer {
   int workers_ = 0;
   int servers_ = 0;
   std::unique_ptr<Transport> transport_;
-  std::optional<detail::ps::Layout> layout_;
+  mutable std::optional<detail::ps::Layout> layout_;  // a cache of the layout of the model
   detail::ps::ServerCounts counts_;
 };
 

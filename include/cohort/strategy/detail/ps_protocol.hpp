@@ -23,6 +23,9 @@
 //   kPull       none                               parameters
 //   kPullState  none                               optimizer state (slot-major over the chunk)
 //   kDone       none                               none          this worker's fit has ended
+//
+// After a fit, Trainer::save: the chief sends each server that holds a shard a SaveOrder frame;
+// the server writes its shard file and answers with a SaveReport frame.
 #pragma once
 
 #include <algorithm>
@@ -73,6 +76,14 @@ struct Request {
 };
 static_assert(sizeof(Request) == 64 && std::is_trivially_copyable_v<Request>);
 
+// Copies text into a fixed message field, cut to fit, always terminated.
+template <std::size_t N>
+void set_message(char (&message)[N], std::string_view text) {
+  const std::size_t length = std::min(text.size(), N - 1);
+  std::memcpy(message, text.data(), length);
+  message[length] = '\0';
+}
+
 struct Reply {
   std::uint32_t version = kProtocolVersion;
   std::uint16_t status = 0;  // 0: done; 1: refused, message says why
@@ -81,20 +92,31 @@ struct Reply {
   std::uint64_t updates = 0;  // updates applied to the chunk so far (its version)
   std::uint64_t reserved = 0;
   char message[480] = {};
-
-  void set_message(std::string_view text) {
-    const std::size_t length = std::min(text.size(), sizeof message - 1);
-    std::memcpy(message, text.data(), length);
-    message[length] = '\0';
-  }
 };
 static_assert(sizeof(Reply) == 512 && std::is_trivially_copyable_v<Reply>);
+
+// A sharded checkpoint (checkpoint/checkpoint.hpp), after a fit: the chief orders every server
+// holding a shard to write it, and each reports back before the chief writes the manifest.
+struct SaveOrder {
+  std::uint64_t step = 0;   // the run's step being saved
+  std::uint64_t token = 0;  // identifies this save in the shard files' names
+};
+static_assert(sizeof(SaveOrder) == 16 && std::is_trivially_copyable_v<SaveOrder>);
+
+struct SaveReport {
+  std::uint32_t status = 0;  // 0: the shard file is durable; 1: not written, message says why
+  std::uint32_t crc32 = 0;   // of the shard's payload, recorded in the manifest
+  char message[504] = {};
+};
+static_assert(sizeof(SaveReport) == 512 && std::is_trivially_copyable_v<SaveReport>);
 
 namespace tag {
 inline constexpr std::uint64_t kRequest = 0x5053'0001;
 inline constexpr std::uint64_t kRequestPayload = 0x5053'0002;
 inline constexpr std::uint64_t kReply = 0x5053'0003;
 inline constexpr std::uint64_t kReplyPayload = 0x5053'0004;
+inline constexpr std::uint64_t kSaveOrder = 0x5053'0005;
+inline constexpr std::uint64_t kSaveReport = 0x5053'0006;
 }  // namespace tag
 
 inline transport::Header header(std::uint64_t frame_tag) {

@@ -111,8 +111,22 @@ class Server {
     return counts_;
   }
 
-  // Where this server's chunks are, for tests and checkpoints.
-  std::span<const T> parameters(std::size_t chunk) const { return chunks_[chunk].parameters; }
+  // Writes this server's chunks into their places in the whole parameter vector and optimizer
+  // state (slot-major over all elements), the server process's own copies, which a checkpoint
+  // saves from.
+  void copy_out(std::span<T> parameters, std::span<T> optimizer_state) const {
+    const std::size_t elements = parameters.size();
+    for (const State& chunk : chunks_) {
+      const std::size_t length = chunk.parameters.size();
+      std::copy(chunk.parameters.begin(), chunk.parameters.end(),
+                parameters.begin() + static_cast<std::ptrdiff_t>(chunk.range.begin));
+      for (std::size_t slot = 0; slot < O::kStateSlots; ++slot) {
+        std::copy_n(chunk.state.begin() + static_cast<std::ptrdiff_t>(slot * length), length,
+                    optimizer_state.begin() +
+                        static_cast<std::ptrdiff_t>(slot * elements + chunk.range.begin));
+      }
+    }
+  }
 
  private:
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
@@ -420,7 +434,7 @@ class Server {
     answer.status = 1;
     answer.operation = request.operation;
     answer.chunk = request.chunk;
-    answer.set_message(message);
+    set_message(answer.message, message);
     zeros_.assign(request.reply_bytes, std::byte{0});
     send(worker, answer, zeros_);
   }
