@@ -27,11 +27,13 @@ std::string bytes_of(const std::vector<float>& values) {
   return {reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)};
 }
 
-// The reference: Mirrored with 4 replicas in this process, as ps_trainer trains.
-std::string mirrored_parameters(std::uint64_t steps) {
-  cohort::Trainer trainer(cohort::testing::small_model(),
-                          cohort::strategy::Mirrored<>({.replicas = 4}),
-                          cohort::optimizer::Adam({.learning_rate = 3e-3}),
+// The reference: Mirrored with 4 replicas in this process, as ps_trainer trains (with --clip:
+// the wide model, clipped by global norm `clip`).
+std::string mirrored_parameters(std::uint64_t steps, double clip = 0.0) {
+  cohort::Trainer trainer(
+      clip > 0.0 ? cohort::testing::wide_model() : cohort::testing::small_model(),
+      cohort::strategy::Mirrored<>({.replicas = 4}),
+      cohort::optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = clip}),
                           {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
   trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
   return bytes_of(cohort::testing::parameters_of(trainer.model()));
@@ -154,6 +156,23 @@ TEST_CASE(
     // Every server applied 50 steps with every worker's push in each.
     CHECK(output.find("pushes applied per worker [50, 50") != std::string::npos);
   }
+}
+
+TEST_CASE("sync with global-norm clipping over 2 servers equals Mirrored bit for bit") {
+  TemporaryDirectory directory("cohort-ps-clip");
+  constexpr double kClip = 0.05;
+  const std::string expected = mirrored_parameters(30, kClip);
+  REQUIRE(expected != mirrored_parameters(30, 1e9));  // the bound clips
+  const fs::path out = directory.path / "parameters.bin";
+  const auto [exit, output] = launch(2, 2, {"sync", "30", out, "--clip", std::to_string(kClip)},
+                                     directory.path / "log.txt");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  CHECK(read_file(out) == expected);
+  // Each server held a shard of two chunks: the norm was composed across servers and chunks.
+  CHECK(output.find("parameter server 0 (sync, 2 chunks)") != std::string::npos);
+  CHECK(output.find("parameter server 1 (sync, 2 chunks)") != std::string::npos);
 }
 
 TEST_CASE("async and bounded-staleness training reach the accuracy of synchronous training") {

@@ -4,7 +4,7 @@
 //
 //   ps_trainer sync|async|bounded2 STEPS OUT [--slow-worker W --sleep-ms N] [--log-pushes]
 //              [--segment K --checkpoint FILE] [--restore FILE] [--bad-requests]
-//              [--backup-workers B]
+//              [--backup-workers B] [--clip NORM]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
 // --segment K        fit K steps at a time; the chief saves FILE after each
@@ -12,8 +12,10 @@
 // --bad-requests     worker 1 first sends one malformed request per field and checks that each
 //                    is refused naming itself and the field (exit 3 if not), then trains
 // --backup-workers B ParameterServer's backup_workers (Sync only)
-// The layout is forced small (16-element alignment, no minimum shard, 256-byte chunks), so that
-// the small model spreads over every server in several chunks.
+// --clip NORM        Adam clips by global norm NORM; the model is the wide one, laid out on the
+//                    norm's blocks (4096-element alignment, 16 KiB chunks: 2 chunks per server)
+// Otherwise the layout is forced small (16-element alignment, no minimum shard, 256-byte chunks),
+// so that the small model spreads over every server in several chunks.
 #include <chrono>
 #include <cohort/strategy/parameter_server.hpp>
 #include <cstdio>
@@ -41,6 +43,7 @@ struct Settings {
   std::string restore;
   bool bad_requests = false;
   std::size_t backup_workers = 0;
+  double clip = 0.0;
 };
 
 // The test data, slowed down on one worker.
@@ -112,23 +115,25 @@ int send_bad_requests(S& strategy, std::size_t parameters) {
 
 template <class C>
 int train(const Settings& settings) {
+  const bool clips = settings.clip > 0.0;
   ParameterServer<C> strategy({.connect_timeout = std::chrono::seconds(30),
                                .timeout = std::chrono::seconds(30),
                                .min_shard_bytes = 0,
-                               .alignment = 16,
-                               .chunk_bytes = 256,
+                               .alignment = clips ? cohort::device::cpu::kNormBlock : 16,
+                               .chunk_bytes = clips ? std::size_t{16} << 10 : 256,
                                .backup_workers = settings.backup_workers,
                                .log_pushes = settings.log_pushes});
   const bool chief = strategy.is_chief();
   const bool serves = strategy.serves();
   const int worker = serves ? -1 : static_cast<int>(strategy.first_local_replica());
-  const auto model = cohort::testing::small_model();
+  const auto model = clips ? cohort::testing::wide_model() : cohort::testing::small_model();
   if (settings.bad_requests && worker == 1) {
     const std::size_t parameters = cohort::testing::parameters_of(model).size();
     if (send_bad_requests(strategy, parameters) != 0) return 3;
   }
   cohort::Trainer trainer(model, std::move(strategy),
-                          cohort::optimizer::Adam({.learning_rate = 3e-3}),
+                          cohort::optimizer::Adam({.learning_rate = 3e-3,
+                                                   .max_gradient_norm = settings.clip}),
                           {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
   if (!settings.restore.empty()) trainer.restore(settings.restore);
   const Data data{&cohort::testing::small_task_data(),
@@ -179,6 +184,8 @@ int main(int argc, char** argv) {
       settings.bad_requests = true;
     else if (flag == "--backup-workers")
       settings.backup_workers = std::stoul(next());
+    else if (flag == "--clip")
+      settings.clip = std::stod(next());
     else {
       std::fprintf(stderr, "ps_trainer: unknown option %s\n", flag.c_str());
       return 64;

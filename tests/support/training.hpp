@@ -21,6 +21,10 @@ inline const example::ClusterData& small_task_data() {
 
 inline example::Mlp small_model(std::uint64_t seed = 7) { return example::Mlp({8, 16, 4}, seed); }
 
+// 13316 parameters: four blocks of the gradient norm (device::cpu::kNormBlock), so that a
+// parameter server's block-aligned shards spread it over several servers.
+inline example::Mlp wide_model(std::uint64_t seed = 7) { return example::Mlp({8, 1024, 4}, seed); }
+
 inline std::vector<float> parameters_of(const example::Mlp& model) {
   auto copy = model;
   const auto parameters = ModelTraits<example::Mlp>::parameters(copy);

@@ -110,24 +110,34 @@ void reduce_tree(ReduceOp op, std::span<const T* const> inputs, std::span<T> out
   }
 }
 
+// The sum of squares of block `block` (elements [block x kNormBlock, (block + 1) x kNormBlock)
+// of x), summed sequentially in double: the leaf of sum_of_squares.
+template <class T>
+double block_sum_of_squares(std::span<const T> x, std::size_t block) {
+  double sum = 0.0;
+  const std::size_t end = std::min(x.size(), (block + 1) * kNormBlock);
+  for (std::size_t i = block * kNormBlock; i < end; ++i) {
+    const double value = static_cast<double>(x[i]);
+    sum += value * value;
+  }
+  return sum;
+}
+
+// The canonical-tree sum of the block sums of x, given as `blocks(i)` for i < count: how
+// sum_of_squares combines its leaves, and how block sums computed in several places (the shards
+// of a parameter server) combine into the same result.
+template <class Blocks>
+double combine_block_sums(std::size_t count, Blocks&& blocks) {
+  if (count == 0) return 0.0;
+  return tree::fold(count, blocks, [](double a, double b) { return a + b; });
+}
+
 // Sum of x[i]^2 in double: each kNormBlock block sequentially, blocks in the canonical tree, so the
 // result is the same wherever it is computed and partial results of aligned block ranges compose.
 template <class T>
 double sum_of_squares(std::span<const T> x) {
-  if (x.empty()) return 0.0;
-  const std::size_t blocks = (x.size() + kNormBlock - 1) / kNormBlock;
-  return tree::fold(
-      blocks,
-      [&](std::size_t block) {
-        double sum = 0.0;
-        const std::size_t end = std::min(x.size(), (block + 1) * kNormBlock);
-        for (std::size_t i = block * kNormBlock; i < end; ++i) {
-          const double value = static_cast<double>(x[i]);
-          sum += value * value;
-        }
-        return sum;
-      },
-      [](double a, double b) { return a + b; });
+  return combine_block_sums((x.size() + kNormBlock - 1) / kNormBlock,
+                            [&](std::size_t block) { return block_sum_of_squares(x, block); });
 }
 
 template <class T>

@@ -56,8 +56,12 @@
 //   backup_workers   Sync only: a step needs the W - backup_workers lowest-indexed live workers
 //   log_pushes       servers print a line per push applied to their first chunk
 //
-// Not supported yet: global-norm clipping (max_gradient_norm > 0 is refused: its sum of squares
-// would have to be composed across servers in tree order), and more than one replica per worker.
+// Global-norm clipping (the optimizer's max_gradient_norm): under Sync the servers clip each
+// step's aggregate by its global norm, the same bits as the mirrored strategies (alignment and
+// chunk_bytes must then keep the norm's 4096-element blocks whole; ConfigError otherwise); under
+// Async and BoundedStaleness each worker clips its own push.
+//
+// Not supported yet: more than one replica per worker.
 #pragma once
 
 #include <chrono>
@@ -189,7 +193,7 @@ class ParameterServer {
   // back into them at the end, for save().
   template <class T, class O>
   void serve(std::span<T> parameters, const O& optimizer, std::span<T> optimizer_state) {
-    check_optimizer(optimizer);
+    check_optimizer<T>(optimizer);
     const auto& shards = layout(parameters.size(), sizeof(T));
     detail::ps::Server<Transport, T, O> server(*transport_, shards,
                                                {.server = spec_.rank,
@@ -359,11 +363,20 @@ class ParameterServer {
     template <class T, class O>
     void update(Update<T, O>& update) {
       const auto start = std::chrono::steady_clock::now();
-      owner_->check_optimizer(update.optimizer);
+      owner_->template check_optimizer<T>(update.optimizer);
+      // Sync: the servers clip the step's aggregate. Otherwise every push is applied alone, so
+      // it is clipped here, by its own norm.
+      double scale = update.inverse_batch;
+      if (const double max_norm = update.optimizer.options().max_gradient_norm;
+          kStaleness != 0 && max_norm > 0.0) {
+        scale *= optimizer::clipping_factor(
+            device::cpu::sum_of_squares<T>(std::span<const T>(update.gradient_sum)),
+            update.inverse_batch, max_norm);
+      }
       client_.exchange(
           {.operation = detail::ps::Operation::kPush,
            .step = update.step,
-           .inverse_batch = update.inverse_batch,
+           .inverse_batch = scale,
            .element_bytes = sizeof(T),
            .slots = O::kStateSlots},
           [&](const detail::ps::Chunk& chunk) {
@@ -430,11 +443,22 @@ class ParameterServer {
   }
 
  private:
-  template <class O>
-  static void check_optimizer(const O& optimizer) {
-    if (optimizer.options().max_gradient_norm > 0.0) {
-      options::reject("max_gradient_norm", optimizer.options().max_gradient_norm,
-                      "global-norm clipping is not supported by ParameterServer yet");
+  // Global-norm clipping under Sync composes the servers' block sums of squares
+  // (detail/ps_server.hpp), so no shard or chunk boundary may split a block.
+  template <class T, class O>
+  void check_optimizer(const O& optimizer) const {
+    if (kStaleness != 0 || optimizer.options().max_gradient_norm <= 0.0) return;
+    const std::string why = " when clipping (max_gradient_norm > 0): shard and chunk boundaries "
+                            "must fall on the gradient norm's blocks of " +
+                            std::to_string(device::cpu::kNormBlock) + " elements";
+    if (options_.alignment % device::cpu::kNormBlock != 0) {
+      options::reject("alignment", options_.alignment,
+                      "must be a multiple of " + std::to_string(device::cpu::kNormBlock) + why);
+    }
+    if (options_.chunk_bytes % (device::cpu::kNormBlock * sizeof(T)) != 0) {
+      options::reject("chunk_bytes", options_.chunk_bytes,
+                      "must be a multiple of " +
+                          std::to_string(device::cpu::kNormBlock * sizeof(T)) + why);
     }
   }
 

@@ -117,6 +117,7 @@ inline constexpr std::uint64_t kReply = 0x5053'0003;
 inline constexpr std::uint64_t kReplyPayload = 0x5053'0004;
 inline constexpr std::uint64_t kSaveOrder = 0x5053'0005;
 inline constexpr std::uint64_t kSaveReport = 0x5053'0006;
+inline constexpr std::uint64_t kNormBlocks = 0x5053'0007;  // between servers, Sync clipping
 }  // namespace tag
 
 inline transport::Header header(std::uint64_t frame_tag) {

@@ -8,6 +8,11 @@
 // K = 0 (Sync) the pushes of a step are held until the step's aggregate is complete, folded in
 // the canonical tree over worker indices (device::cpu::reduce_tree) and applied once.
 //
+// Global-norm clipping (the optimizer's max_gradient_norm), Sync: a step's chunks are summed as
+// their pushes complete, then the servers exchange the sums of squares of their kNormBlock blocks
+// and every server scales the step by the same factor, the one the mirrored strategies compute.
+// Async and BoundedStaleness: each push is clipped by the worker, by its own norm.
+//
 // Backup workers (Sync only): with backup_workers = B, a step's aggregate is the pushes of the
 // R = W - B lowest-indexed live workers; it is applied as soon as those R have pushed, scaled by
 // inverse_batch x W / R, and every other push of that step is dropped (counted, reported, and
@@ -143,6 +148,10 @@ class Server {
     std::vector<std::vector<T>> contributions;
     std::vector<std::uint64_t> pushed_step;
     double inverse_batch = 1.0;  // of the step in progress
+    // Sync: the step's aggregate, waiting for the global norm when clipping, and its scale.
+    std::vector<T> sum;
+    bool summed = false;
+    double scale = 1.0;
   };
 
   struct Pending {
@@ -307,8 +316,8 @@ class Server {
   void push(int worker, const Request& request, State& chunk) {
     const auto w = static_cast<std::size_t>(worker);
     if (options_.staleness == 0) {
-      if (request.step < chunk.updates) {
-        // A backup worker's late push: its step was applied without it.
+      if (request.step < chunk.updates || chunk.summed) {
+        // A backup worker's late push: its step was aggregated without it.
         if (chunk.range.index == 0) ++counts_.dropped;
         ++chunk.done[w];
         pending_.push_back({worker, request.chunk, request.step, request});
@@ -346,6 +355,7 @@ class Server {
 
   // Sync: applies the step in progress once its aggregate is complete.
   void try_aggregate(State& chunk) {
+    if (chunk.summed) return;  // waiting for the other chunks' sums (clipping)
     const std::size_t needed = static_cast<std::size_t>(options_.workers) - options_.backup_workers;
     std::vector<const T*> inputs;
     std::vector<std::size_t> chosen;
@@ -369,15 +379,73 @@ class Server {
     }
     // The canonical tree over the chosen workers, in index order: with every worker chosen, the
     // tree over all replicas, as the mirrored strategies' all-reduce computes it.
-    sum_.resize(chunk.parameters.size());
-    device::cpu::reduce_tree<T>(ReduceOp::kSum, std::span<const T* const>(inputs), std::span(sum_));
-    const double scale = chosen.size() == static_cast<std::size_t>(options_.workers)
-                             ? inverse_batch_of(chunk)
-                             : inverse_batch_of(chunk) * static_cast<double>(options_.workers) /
-                                   static_cast<double>(chosen.size());
+    chunk.sum.resize(chunk.parameters.size());
+    device::cpu::reduce_tree<T>(ReduceOp::kSum, std::span<const T* const>(inputs),
+                                std::span(chunk.sum));
+    chunk.scale = chosen.size() == static_cast<std::size_t>(options_.workers)
+                      ? inverse_batch_of(chunk)
+                      : inverse_batch_of(chunk) * static_cast<double>(options_.workers) /
+                            static_cast<double>(chosen.size());
+    chunk.summed = true;
+    const double max_norm = optimizer_.options().max_gradient_norm;
+    if (max_norm <= 0.0) {
+      apply(chunk, chunk.scale);
+      return;
+    }
+    // Global-norm clipping: the factor needs the norm of the whole aggregate, so the step is
+    // applied once every chunk of every shard is summed.
+    if (!std::all_of(chunks_.begin(), chunks_.end(), [](const State& c) { return c.summed; })) {
+      return;
+    }
+    const double factor =
+        optimizer::clipping_factor(global_sum_of_squares(), chunk.scale, max_norm);
+    for (State& each : chunks_) apply(each, each.scale * factor);
+  }
+
+  void apply(State& chunk, double scale) {
+    chunk.summed = false;
     ++chunk.updates;
-    optimizer_.step(std::span(chunk.parameters), std::span<const T>(sum_), std::span(chunk.state),
+    optimizer_.step(std::span(chunk.parameters), std::span<const T>(chunk.sum),
+                    std::span(chunk.state),
                     optimizer::StepContext{.step = chunk.updates, .gradient_scale = scale});
+  }
+
+  // The sum of squares of the step's whole aggregate, as device::cpu::sum_of_squares computes it
+  // over the whole vector: every server holding a shard sends the others the sums of its
+  // kNormBlock blocks (shards and chunks are block-aligned when clipping: ParameterServer checks),
+  // and each combines all blocks in the canonical tree, so every server gets the same bits.
+  double global_sum_of_squares() {
+    std::vector<std::vector<double>> blocks(static_cast<std::size_t>(layout_.servers()));
+    auto& mine = blocks[static_cast<std::size_t>(options_.server)];
+    for (const State& chunk : chunks_) {
+      const std::span<const T> sum(chunk.sum);
+      for (std::size_t block = 0; block * device::cpu::kNormBlock < sum.size(); ++block) {
+        mine.push_back(device::cpu::block_sum_of_squares(sum, block));
+      }
+    }
+    std::vector<transport::Send> sends;
+    std::vector<transport::Receive> receives;
+    for (int server = 0; server < layout_.servers(); ++server) {
+      const auto& chunks = layout_.chunks_of(server);
+      if (server == options_.server || chunks.empty()) continue;
+      const std::size_t elements = chunks.back().end - chunks.front().begin;
+      auto& theirs = blocks[static_cast<std::size_t>(server)];
+      theirs.resize((elements + device::cpu::kNormBlock - 1) / device::cpu::kNormBlock);
+      const int peer = options_.workers + server;
+      sends.push_back({peer, header(tag::kNormBlocks), std::as_bytes(std::span(mine))});
+      receives.push_back({peer, header(tag::kNormBlocks), std::as_writable_bytes(std::span(theirs))});
+    }
+    try {
+      transport_.transfer(sends, receives);
+    } catch (const CommError& error) {
+      fail(std::string("exchanging the gradient norm's block sums with the other servers "
+                       "failed: ") +
+           error.what());
+    }
+    std::vector<double> all;
+    for (const auto& part : blocks) all.insert(all.end(), part.begin(), part.end());
+    return device::cpu::combine_block_sums(all.size(),
+                                           [&](std::size_t block) { return all[block]; });
   }
 
   double inverse_batch_of(const State& chunk) const { return chunk.inverse_batch; }
@@ -524,7 +592,6 @@ class Server {
   ServerCounts counts_;
   std::vector<std::byte> scratch_;
   std::vector<std::byte> zeros_;
-  std::vector<T> sum_;
 };
 
 }  // namespace cohort::strategy::detail::ps
