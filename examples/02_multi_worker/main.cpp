@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   CLI::App app{"MultiWorkerMirrored training of an MLP across processes"};
   app.add_option("--local-replicas", local_replicas, "replica threads in each worker process");
   example::add_demo_options(app, settings);
+  example::add_checkpoint_option(app, settings);
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   app.add_option("--consistency", consistency, "sync, async or bounded (staleness 2)")
       ->check(CLI::IsMember({"sync", "async", "bounded"}));
   example::add_demo_options(app, settings);
+  example::add_checkpoint_option(app, settings);
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -7,7 +7,10 @@
 #include <cohort/trainer.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "clusters.hpp"
@@ -24,6 +27,7 @@ struct DemoSettings {
   std::size_t hidden = 128;
   double learning_rate = 3e-3;
   bool quiet = false;
+  std::string checkpoint;  // continue from it if it exists; save it after every epoch
 };
 
 inline void add_demo_options(CLI::App& app, DemoSettings& settings) {
@@ -36,6 +40,14 @@ inline void add_demo_options(CLI::App& app, DemoSettings& settings) {
   app.add_option("--hidden", settings.hidden, "hidden units");
   app.add_option("--learning-rate", settings.learning_rate, "Adam learning rate");
   app.add_flag("--quiet", settings.quiet, "no progress lines");
+}
+
+// For the programs that train one model once (not 00, which trains several).
+inline void add_checkpoint_option(CLI::App& app, DemoSettings& settings) {
+  app.add_option("--checkpoint", settings.checkpoint,
+                 "continue from this checkpoint if it exists, and save it after every epoch "
+                 "(every process calls save; a parameter-server job writes a shard per server "
+                 "and this file, the manifest, last)");
 }
 
 // FNV-1a over the bytes: a short name for a parameter vector in the output.
@@ -83,10 +95,27 @@ Outcome train(const DemoSettings& settings, const std::vector<std::size_t>& laye
                    .seed = settings.seed,
                    .log_every = 100,
                    .progress = settings.quiet || !chief ? Progress::kSilent : Progress::kAuto});
-  const Report report = trainer.fit(data.train, {.epochs = settings.epochs});
+  const bool checkpoints = !settings.checkpoint.empty();
+  if (checkpoints && std::filesystem::exists(settings.checkpoint)) {
+    trainer.restore(settings.checkpoint);
+    if (chief) std::printf("continuing from %s at step %llu\n", settings.checkpoint.c_str(),
+                           static_cast<unsigned long long>(trainer.step()));
+  }
+  // With checkpoints, one fit per epoch, each followed by a save (fit's targets are absolute,
+  // so a restored run goes on where it stopped); without, one fit.
+  double seconds = 0.0;
+  std::uint64_t steps = 0;
+  for (std::uint64_t epoch = checkpoints ? 1 : settings.epochs; epoch <= settings.epochs;
+       ++epoch) {
+    const Report report = trainer.fit(data.train, {.epochs = epoch});
+    seconds += report.seconds;
+    steps += report.steps;
+    if (checkpoints) trainer.save(settings.checkpoint);
+  }
   Mlp model = trainer.model();
   const auto parameters = ModelTraits<Mlp>::parameters(model);
-  return {report.examples_per_second, accuracy(model, data.held_out),
+  const double examples = static_cast<double>(steps * settings.batch);
+  return {seconds > 0.0 ? examples / seconds : 0.0, accuracy(model, data.held_out),
           {parameters.begin(), parameters.end()}};
 }
 

@@ -237,6 +237,11 @@ TEST_CASE("a sharded checkpoint reads back as the complete state it was cut from
   auto trainer = make_trainer(4);
   trainer.restore(sharded.manifest);
   CHECK(parameters_of(trainer.model()) == sharded.complete.parameters);
+
+  // A complete checkpoint saved over the manifest takes the place of the shards too.
+  trainer.save(sharded.manifest);
+  for (const auto& shard : sharded.shards) CHECK_FALSE(fs::exists(shard));
+  CHECK(cohort::checkpoint::read<float>(sharded.manifest).shards.empty());
 }
 
 TEST_CASE("a damaged sharded checkpoint is refused naming the shard and the model is unchanged") {

@@ -282,7 +282,7 @@ TEST_CASE("a restart from the last checkpoint reaches the parameters of an unint
   // Three saves, one manifest: the shards of the last save, one per server, and no other file.
   const auto manifest =
       cohort::checkpoint::detail::read_container<float, cohort::checkpoint::TrainingState<float>>(
-          checkpoint, cohort::checkpoint::kMagic)
+          checkpoint, cohort::checkpoint::kManifestMagic)
           .payload;
   CHECK(manifest.step == 30);
   CHECK(manifest.parameters.empty());

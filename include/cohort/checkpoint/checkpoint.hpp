@@ -2,7 +2,8 @@
 // (a parameter-server job) as a manifest plus one shard file per server.
 //
 // Every file has the same container (little-endian, as written by this host):
-//   8 bytes   magic: "COHORTCK" a training state (complete, or a manifest), "COHORTSH" a shard
+//   8 bytes   magic: "COHORTCK" a complete training state, "COHORTMF" a manifest, "COHORTSH" a
+//             shard
 //   4 bytes   format version (kFormatVersion)
 //   4 bytes   bytes per parameter value (4: float, 8: double), checked before anything is decoded
 //   8 bytes   payload length in bytes
@@ -56,6 +57,7 @@ namespace cohort::checkpoint {
 
 using Magic = std::array<char, 8>;
 inline constexpr Magic kMagic = {'C', 'O', 'H', 'O', 'R', 'T', 'C', 'K'};
+inline constexpr Magic kManifestMagic = {'C', 'O', 'H', 'O', 'R', 'T', 'M', 'F'};
 inline constexpr Magic kShardMagic = {'C', 'O', 'H', 'O', 'R', 'T', 'S', 'H'};
 inline constexpr std::uint32_t kFormatVersion = 2;
 inline constexpr std::size_t kHeaderBytes = 8 + 4 + 4 + 8 + 4;
@@ -216,6 +218,13 @@ std::uint32_t write_container(const std::filesystem::path& file, const Magic& ma
   return checksum;
 }
 
+// The first 8 bytes of `file`, zeros when it cannot be read.
+inline Magic magic_of(const std::filesystem::path& file) {
+  Magic magic{};
+  std::ifstream(file, std::ios::binary).read(magic.data(), magic.size());
+  return magic;
+}
+
 template <class Payload>
 struct Contents {
   Payload payload;
@@ -337,11 +346,10 @@ void assemble(const std::filesystem::path& manifest, TrainingState<T>& state) {
 
 }  // namespace detail
 
-// Writes a complete training state, or a manifest (state.shards not empty), to `file`.
+// Writes a complete training state, or a manifest (state.shards not empty), to `file`. When it
+// replaces a manifest, the shard files only that manifest named are removed afterwards.
 template <class T>
-void write(const std::filesystem::path& file, const TrainingState<T>& state) {
-  detail::write_container<T>(file, kMagic, state);
-}
+void write(const std::filesystem::path& file, const TrainingState<T>& state);
 
 // Writes one server's shard; returns the checksum the manifest records for it.
 template <class T>
@@ -352,20 +360,26 @@ std::uint32_t write(const std::filesystem::path& file, const ShardState<T>& shar
 // The complete state saved in `file`, a checkpoint or a manifest (whose shards it reads).
 template <class T>
 TrainingState<T> read(const std::filesystem::path& file) {
-  TrainingState<T> state = detail::read_container<T, TrainingState<T>>(file, kMagic).payload;
-  if (!state.shards.empty()) detail::assemble(file, state);
+  if (detail::magic_of(file) != kManifestMagic) {
+    return detail::read_container<T, TrainingState<T>>(file, kMagic).payload;
+  }
+  TrainingState<T> state =
+      detail::read_container<T, TrainingState<T>>(file, kManifestMagic).payload;
+  detail::assemble(file, state);
   return state;
 }
 
-// The shard files a manifest at `file` names (for removing them once a newer save replaced it);
-// empty when there is no readable manifest there.
+namespace detail {
+
+// The shard files a manifest at `file` names; empty when there is no readable manifest there.
 inline std::vector<std::filesystem::path> shard_files(const std::filesystem::path& file) {
   std::vector<std::filesystem::path> files;
+  if (magic_of(file) != kManifestMagic) return files;
   // The value type only has to match the file's; a manifest of either type lists its shards.
   const auto list = [&]<class T>() {
     try {
-      for (const auto& record : detail::read_container<T, TrainingState<T>>(file, kMagic)
-                                    .payload.shards) {
+      for (const auto& record :
+           read_container<T, TrainingState<T>>(file, kManifestMagic).payload.shards) {
         files.push_back(file.parent_path() / record.file);
       }
       return true;
@@ -373,10 +387,22 @@ inline std::vector<std::filesystem::path> shard_files(const std::filesystem::pat
       return false;
     }
   };
-  if (std::filesystem::exists(file) && !list.template operator()<float>()) {
-    list.template operator()<double>();
-  }
+  if (!list.template operator()<float>()) list.template operator()<double>();
   return files;
+}
+
+}  // namespace detail
+
+template <class T>
+void write(const std::filesystem::path& file, const TrainingState<T>& state) {
+  const auto replaced = detail::shard_files(file);
+  detail::write_container<T>(file, state.shards.empty() ? kMagic : kManifestMagic, state);
+  for (const auto& old : replaced) {
+    const bool kept = std::any_of(state.shards.begin(), state.shards.end(),
+                                  [&](const auto& record) { return old.filename() == record.file; });
+    std::error_code ignored;  // a shard left behind costs space, never correctness
+    if (!kept) std::filesystem::remove(old, ignored);
+  }
 }
 
 }  // namespace cohort::checkpoint

@@ -229,8 +229,8 @@ class ParameterServer {
 
   // Trainer::save: a sharded checkpoint (checkpoint/checkpoint.hpp). Every process calls it after
   // the same fit. The chief orders every server that holds a shard to write it beside `file`,
-  // waits until each has reported its file durable, writes the manifest `file`, then removes the
-  // shard files of the manifest it replaced. A server writes its shard from `state`, its own
+  // waits until each has reported its file durable, then writes the manifest `file` (which
+  // removes the shard files of the manifest it replaced). A server writes its shard from `state`, its own
   // copies, which serve() left holding its shard. Other workers return at once.
   template <class T>
   void save(const std::filesystem::path& file, const checkpoint::TrainingState<T>& state) const {
@@ -282,14 +282,7 @@ class ParameterServer {
            .end = chunks.back().end,
            .crc32 = reports[i].crc32});
     }
-    const auto replaced = checkpoint::shard_files(file);
     checkpoint::write(file, manifest);
-    for (const auto& old : replaced) {
-      const bool kept = std::any_of(manifest.shards.begin(), manifest.shards.end(),
-                                    [&](const auto& record) { return old.filename() == record.file; });
-      std::error_code ignored;  // a shard left behind costs space, never correctness
-      if (!kept) std::filesystem::remove(old, ignored);
-    }
   }
 
   class Replica {
