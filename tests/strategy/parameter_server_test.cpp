@@ -158,6 +158,28 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("workers of 2 replica threads each: sync equals Mirrored, async trains") {
+  TemporaryDirectory directory("cohort-ps-local");
+  const fs::path out = directory.path / "parameters.bin";
+  {
+    const auto [exit, output] = launch(2, 2, {"sync", "50", out, "--local-replicas", "2"},
+                                       directory.path / "sync.log");
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+    CHECK(read_file(out) == mirrored_parameters(50));
+    // One push per worker and step: a worker's replicas push their sum once.
+    CHECK(output.find("pushes applied per worker [50, 50]") != std::string::npos);
+  }
+  fs::remove(out);
+  const auto [exit, output] = launch(2, 1, {"async", "200", out, "--local-replicas", "2"},
+                                     directory.path / "async.log");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  CHECK(accuracy_of(read_file(out)) >= accuracy_of(mirrored_parameters(200)) - 0.05);
+}
+
 TEST_CASE("sync with global-norm clipping over 2 servers equals Mirrored bit for bit") {
   TemporaryDirectory directory("cohort-ps-clip");
   constexpr double kClip = 0.05;

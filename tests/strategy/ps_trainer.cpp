@@ -4,7 +4,7 @@
 //
 //   ps_trainer sync|async|bounded2 STEPS OUT [--slow-worker W --sleep-ms N] [--log-pushes]
 //              [--segment K --checkpoint FILE] [--restore FILE] [--bad-requests]
-//              [--backup-workers B] [--clip NORM]
+//              [--backup-workers B] [--clip NORM] [--local-replicas L]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
 // --segment K        fit K steps at a time; the chief saves FILE after each
@@ -12,6 +12,7 @@
 // --bad-requests     worker 1 first sends one malformed request per field and checks that each
 //                    is refused naming itself and the field (exit 3 if not), then trains
 // --backup-workers B ParameterServer's backup_workers (Sync only)
+// --local-replicas L replica threads in each worker
 // --clip NORM        Adam clips by global norm NORM; the model is the wide one, laid out on the
 //                    norm's blocks (4096-element alignment, 16 KiB chunks: 2 chunks per server)
 // Otherwise the layout is forced small (16-element alignment, no minimum shard, 256-byte chunks),
@@ -44,6 +45,7 @@ struct Settings {
   bool bad_requests = false;
   std::size_t backup_workers = 0;
   double clip = 0.0;
+  std::size_t local_replicas = 1;
 };
 
 // The test data, slowed down on one worker.
@@ -116,7 +118,8 @@ int send_bad_requests(S& strategy, std::size_t parameters) {
 template <class C>
 int train(const Settings& settings) {
   const bool clips = settings.clip > 0.0;
-  ParameterServer<C> strategy({.connect_timeout = std::chrono::seconds(30),
+  ParameterServer<C> strategy({.local_replicas = settings.local_replicas,
+                               .connect_timeout = std::chrono::seconds(30),
                                .timeout = std::chrono::seconds(30),
                                .min_shard_bytes = 0,
                                .alignment = clips ? cohort::device::cpu::kNormBlock : 16,
@@ -125,7 +128,7 @@ int train(const Settings& settings) {
                                .log_pushes = settings.log_pushes});
   const bool chief = strategy.is_chief();
   const bool serves = strategy.serves();
-  const int worker = serves ? -1 : static_cast<int>(strategy.first_local_replica());
+  const int worker = serves ? -1 : strategy.worker();
   const auto model = clips ? cohort::testing::wide_model() : cohort::testing::small_model();
   if (settings.bad_requests && worker == 1) {
     const std::size_t parameters = cohort::testing::parameters_of(model).size();
@@ -186,6 +189,8 @@ int main(int argc, char** argv) {
       settings.backup_workers = std::stoul(next());
     else if (flag == "--clip")
       settings.clip = std::stod(next());
+    else if (flag == "--local-replicas")
+      settings.local_replicas = std::stoul(next());
     else {
       std::fprintf(stderr, "ps_trainer: unknown option %s\n", flag.c_str());
       return 64;

@@ -12,8 +12,12 @@
 // processes form one TCP mesh: workers are ranks 0 .. W-1 (the chief, worker 0, is rank 0 and
 // hosts the rendezvous), servers are ranks W .. W+S-1. Construction is the rendezvous.
 //
-// Workers are the replicas, one per worker process: replicas() = W, and the Trainer's split rule
-// applies (micro_batches / W a power of two: 3 workers need micro_batches = 3 x 2^k).
+// Each worker process runs local_replicas replica threads (Mirrored inside the worker):
+// replicas() = W x local_replicas, and the Trainer's split rule applies (micro_batches /
+// replicas a power of two: 3 workers of 1 replica need micro_batches = 3 x 2^k). A worker's
+// replicas sum their gradients among themselves (the canonical tree over them: a subtree of the
+// tree over all replicas, as local_replicas is a power of two), and its first replica pushes the
+// sum and shares the parameters it pulls.
 //
 // One step, on a worker: the Trainer folds the worker's micro-batches (Update::gradient_sum),
 // then replica.update() sends, for every chunk of every shard at once (detail/ps_protocol.hpp has
@@ -44,6 +48,8 @@
 // worst: restart the job from the last checkpoint.
 //
 // Options:
+//   local_replicas   replica threads in each worker process (a power of two, the same on every
+//                    worker)
 //   cluster          explicit overrides of what the launcher says
 //   bind_address     where this process listens (or COHORT_BIND_ADDRESS); loopback by default
 //   secret           shared secret authenticating every connection (or COHORT_SECRET)
@@ -60,8 +66,6 @@
 // step's aggregate by its global norm, the same bits as the mirrored strategies (alignment and
 // chunk_bytes must then keep the norm's 4096-element blocks whole; ConfigError otherwise); under
 // Async and BoundedStaleness each worker clips its own push.
-//
-// Not supported yet: more than one replica per worker.
 #pragma once
 
 #include <chrono>
@@ -82,8 +86,11 @@
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/cluster/cluster.hpp"
 #include "cohort/collective/deterministic.hpp"
+#include "cohort/collective/hierarchical.hpp"
+#include "cohort/collective/local.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
+#include "cohort/core/reduction_tree.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/strategy/consistency.hpp"
 #include "cohort/strategy/detail/ps_client.hpp"
@@ -107,12 +114,16 @@ class ParameterServer {
   static constexpr std::string_view kName = "parameter_server";
   static constexpr std::uint64_t kStaleness = C::kStaleness;
   using Transport = transport::tcp::Tcp;
+  // Sync: over every replica of every worker, in the canonical tree (the workers' local replicas
+  // first, as MultiWorkerMirrored). Otherwise a worker never waits for the others.
+  using Cross = collective::Deterministic<detail::ps::WorkerView<Transport>>;
   using Communicator =
       std::conditional_t<kStaleness == 0,
-                         collective::Deterministic<detail::ps::WorkerView<Transport>>,
+                         collective::Hierarchical<collective::LocalCommunicator, Cross>,
                          detail::ps::Independent<Transport>>;
 
   struct Options {
+    std::size_t local_replicas = 1;
     cluster::Explicit cluster{};
     std::string bind_address{};
     std::string secret{};
@@ -142,6 +153,12 @@ class ParameterServer {
     if (workers_ <= 0) {
       options::reject("workers", workers_, "a ParameterServer job needs at least one worker");
     }
+    options::require_positive("local_replicas", options_.local_replicas);
+    if (!tree::is_subtree(0, options_.local_replicas)) {
+      options::reject("local_replicas", options_.local_replicas,
+                      "must be a power of two, so that each worker's replicas form one subtree "
+                      "of the reduction (core/reduction_tree.hpp)");
+    }
     options::require_positive("chunk_bytes", options_.chunk_bytes);
     options::require_positive("alignment", options_.alignment);
     if (kStaleness != 0 && options_.backup_workers != 0) {
@@ -163,11 +180,16 @@ class ParameterServer {
     if (serves()) transport_->isolate_peer_failures();
   }
 
-  std::size_t replicas() const { return static_cast<std::size_t>(workers_); }
-  std::size_t local_replicas() const { return 1; }
-  std::size_t first_local_replica() const {
-    return serves() ? 0 : static_cast<std::size_t>(spec_.rank);
+  std::size_t replicas() const {
+    return static_cast<std::size_t>(workers_) * options_.local_replicas;
   }
+  // A server holds one copy of the model (its shard is written back into it, for save()).
+  std::size_t local_replicas() const { return serves() ? 1 : options_.local_replicas; }
+  std::size_t first_local_replica() const {
+    return serves() ? 0 : static_cast<std::size_t>(spec_.rank) * options_.local_replicas;
+  }
+  // This process's worker index (its mesh rank); meaningless on a server.
+  int worker() const { return spec_.rank; }
   bool is_chief() const { return !serves() && spec_.rank == 0; }
   // Whether this process is a server: Trainer::fit then calls serve() instead of training.
   bool serves() const { return spec_.role == "ps"; }
@@ -292,13 +314,74 @@ class ParameterServer {
 
     // The start of a fit (Trainer::train_replica): the chief initializes the servers with its
     // parameters, optimizer state and the run's step (so that a restored run's servers count
-    // Adam's steps from it), then every worker pulls.
+    // Adam's steps from it), then every worker's first replica pulls and hands the parameters
+    // to the worker's other replicas.
     template <class T>
     void start(std::span<T> parameters, std::span<T> optimizer_state, std::uint64_t step) {
+      if (speaks_for_worker_) begin(parameters, optimizer_state, step);
+      local_.broadcast(parameters, 0);
+    }
+
+    // One step: the worker's replicas sum their gradients (the canonical tree over them, a
+    // subtree of the tree over all replicas), the first pushes the sum and pulls the new
+    // parameters, and hands them to the others.
+    template <class T, class O>
+    void update(Update<T, O>& update) {
+      const auto start = std::chrono::steady_clock::now();
+      owner_->template check_optimizer<T>(update.optimizer);
+      local_.all_reduce(update.gradient_sum, ReduceOp::kSum);
+      if (speaks_for_worker_) {
+        // Sync: the servers clip the step's aggregate. Otherwise every push is applied alone,
+        // so it is clipped here, by its own norm.
+        double scale = update.inverse_batch;
+        if (const double max_norm = update.optimizer.options().max_gradient_norm;
+            kStaleness != 0 && max_norm > 0.0) {
+          scale *= optimizer::clipping_factor(
+              device::cpu::sum_of_squares<T>(std::span<const T>(update.gradient_sum)),
+              update.inverse_batch, max_norm);
+        }
+        client_.exchange(
+            {.operation = detail::ps::Operation::kPush,
+             .step = update.step,
+             .inverse_batch = scale,
+             .element_bytes = sizeof(T),
+             .slots = O::kStateSlots},
+            [&](const detail::ps::Chunk& chunk) {
+              return std::as_bytes(update.gradient_sum.subspan(chunk.begin, chunk.size()));
+            },
+            [&](const detail::ps::Chunk& chunk) {
+              return std::as_writable_bytes(update.parameters.subspan(chunk.begin, chunk.size()));
+            });
+      }
+      local_.broadcast(update.parameters, 0);
+      update.communication_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+
+    // After the body returned: the chief pulls the optimizer state; every worker says done.
+    void finish() {
+      if (finish_) finish_();
+    }
+
+   private:
+    friend class ParameterServer;
+    Replica(ParameterServer& owner, std::size_t index, Communicator communicator,
+            collective::LocalCommunicator local)
+        : owner_(&owner),
+          index_(index),
+          speaks_for_worker_(local.rank() == 0),
+          communicator_(std::move(communicator)),
+          local_(std::move(local)),
+          client_(*owner.transport_, owner.layout_storage(), owner.worker(), owner.workers_) {}
+
+    // The worker's side of the start of a fit (see start()), and what finish() will do.
+    template <class T>
+    void begin(std::span<T> parameters, std::span<T> optimizer_state, std::uint64_t step) {
       const auto& shards = owner_->layout(parameters.size(), sizeof(T));
       const std::size_t slots = parameters.empty() ? 0 : optimizer_state.size() / parameters.size();
       const auto none = [](const detail::ps::Chunk&) { return std::span<std::byte>(); };
-      if (index_ == 0) {
+      const bool chief = index_ == 0;
+      if (chief) {
         staging_.clear();
         offsets_.clear();
         for (const auto& chunk : shards.chunks()) {
@@ -327,9 +410,10 @@ class ParameterServer {
           [&](const detail::ps::Chunk& chunk) {
             return std::as_writable_bytes(parameters.subspan(chunk.begin, chunk.size()));
           });
-      // At the end of the fit, the chief brings the optimizer state home (for Trainer::save).
-      finish_ = [this, parameters, optimizer_state, slots, &shards] {
-        if (index_ == 0 && slots > 0) {
+      // At the end of the fit, the chief brings the optimizer state home (the next fit starts
+      // from it).
+      finish_ = [this, parameters, optimizer_state, slots, chief, &shards] {
+        if (chief && slots > 0) {
           staging_.resize(parameters.size() * slots * sizeof(T));
           client_.exchange(
               {.operation = detail::ps::Operation::kPullState,
@@ -353,49 +437,6 @@ class ParameterServer {
       };
     }
 
-    template <class T, class O>
-    void update(Update<T, O>& update) {
-      const auto start = std::chrono::steady_clock::now();
-      owner_->template check_optimizer<T>(update.optimizer);
-      // Sync: the servers clip the step's aggregate. Otherwise every push is applied alone, so
-      // it is clipped here, by its own norm.
-      double scale = update.inverse_batch;
-      if (const double max_norm = update.optimizer.options().max_gradient_norm;
-          kStaleness != 0 && max_norm > 0.0) {
-        scale *= optimizer::clipping_factor(
-            device::cpu::sum_of_squares<T>(std::span<const T>(update.gradient_sum)),
-            update.inverse_batch, max_norm);
-      }
-      client_.exchange(
-          {.operation = detail::ps::Operation::kPush,
-           .step = update.step,
-           .inverse_batch = scale,
-           .element_bytes = sizeof(T),
-           .slots = O::kStateSlots},
-          [&](const detail::ps::Chunk& chunk) {
-            return std::as_bytes(update.gradient_sum.subspan(chunk.begin, chunk.size()));
-          },
-          [&](const detail::ps::Chunk& chunk) {
-            return std::as_writable_bytes(update.parameters.subspan(chunk.begin, chunk.size()));
-          });
-      update.communication_seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    }
-
-    // After the body returned: the chief pulls the optimizer state; every worker says done.
-    void finish() {
-      if (finish_) finish_();
-    }
-
-   private:
-    friend class ParameterServer;
-    Replica(ParameterServer& owner, std::size_t index, Communicator communicator)
-        : owner_(&owner),
-          index_(index),
-          communicator_(std::move(communicator)),
-          client_(*owner.transport_, owner.layout_storage(), static_cast<int>(index),
-                  owner.workers_) {}
-
     template <class T>
     void append(std::span<const T> values) {
       const auto bytes = std::as_bytes(values);
@@ -404,7 +445,9 @@ class ParameterServer {
 
     ParameterServer* owner_;
     std::size_t index_;
+    bool speaks_for_worker_;  // the worker's first replica: the one that talks to the servers
     Communicator communicator_;
+    collective::LocalCommunicator local_;  // among this worker's replicas
     detail::ps::Client<Transport> client_;
     std::vector<std::byte> staging_;
     std::vector<std::size_t> offsets_;
@@ -422,15 +465,32 @@ class ParameterServer {
       body(replica);
       replica.finish();
     };
+    const collective::Local::Options group{.ranks = static_cast<int>(options_.local_replicas),
+                                           .timeout = options_.timeout};
+    // Two groups of the worker's replicas: the Trainer's collectives and the replicas' steps.
+    collective::Local trainer_group(group);
+    collective::Local step_group(group);
+    // Sync: the workers' part of the mesh, for the Trainer's collectives over every replica.
+    std::optional<Cross> cross;
+    std::optional<collective::CommunicationThread> thread;
+    if constexpr (kStaleness == 0) {
+      cross.emplace(detail::ps::WorkerView<Transport>(*transport_, workers_));
+      thread.emplace();
+    }
     detail::run_replica_threads(
-        1,
-        [&](std::size_t) {
-          if constexpr (kStaleness == 0) {
-            return Replica(*this, first_local_replica(),
-                           Communicator(detail::ps::WorkerView<Transport>(*transport_, workers_)));
-          } else {
-            return Replica(*this, first_local_replica(), Communicator(*transport_, workers_));
-          }
+        options_.local_replicas,
+        [&](std::size_t local) {
+          const int rank = static_cast<int>(local);
+          const auto communicator = [&] {
+            if constexpr (kStaleness == 0) {
+              return Communicator(trainer_group.communicator(rank), *cross, *thread,
+                                  options_.chunk_bytes);
+            } else {
+              return Communicator(*transport_, trainer_group.communicator(rank), workers_);
+            }
+          };
+          return Replica(*this, first_local_replica() + local, communicator(),
+                         step_group.communicator(rank));
         },
         finishing_body);
   }

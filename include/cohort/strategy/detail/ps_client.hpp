@@ -1,8 +1,8 @@
 // The worker side of the parameter server: one request per chunk, every chunk of every server in
 // one transfer, so that the servers work in parallel and, within a server, the chunks pipeline.
 // Also the communicators a worker's replica hands the Trainer: the workers among themselves
-// (Sync: their loss windows and start travel as in the mirrored strategies), or none at all
-// (asynchronous workers never wait for each other).
+// (Sync: WorkerView, under the mirrored strategies' hierarchical all-reduce), or only a worker's
+// own replicas (asynchronous workers never wait for each other).
 #pragma once
 
 #include <cstddef>
@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cohort/collective/local.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/reduce_op.hpp"
 #include "cohort/strategy/detail/ps_protocol.hpp"
@@ -176,18 +177,21 @@ class WorkerView {
   int workers_;
 };
 
-// The communicator of an asynchronous worker: it never waits for the others. Collectives are
-// local; a sum of doubles (the Trainer's loss window) returns this worker's value times the number
-// of workers, an estimate of the job's loss from this worker's share of each batch. abort closes
-// the transport, so that the servers see this worker leave.
+// The communicator of an asynchronous worker's replicas: it never waits for the other workers.
+// Collectives run among this worker's replicas only; a sum of doubles (the Trainer's loss window)
+// returns this worker's sum times the number of workers, an estimate of the job's loss from this
+// worker's share of each batch. abort also closes the transport, so that the servers see this
+// worker leave.
 template <transport::Transport Tr>
 class Independent {
  public:
-  Independent(Tr& transport, int workers) : transport_(&transport), workers_(workers) {}
-  int rank() const { return 0; }
-  int size() const { return 1; }
+  Independent(Tr& transport, collective::LocalCommunicator local, int workers)
+      : transport_(&transport), local_(std::move(local)), workers_(workers) {}
+  int rank() const { return local_.rank(); }
+  int size() const { return local_.size(); }
   template <class E>
   void all_reduce(std::span<E> buffer, ReduceOp op) {
+    local_.all_reduce(buffer, op);
     if constexpr (std::is_same_v<E, double>) {
       if (op == ReduceOp::kSum) {
         for (double& value : buffer) value *= workers_;
@@ -195,20 +199,26 @@ class Independent {
     }
   }
   template <class E>
-  void broadcast(std::span<E>, int) {}
+  void broadcast(std::span<E> buffer, int root) {
+    local_.broadcast(buffer, root);
+  }
   template <class E>
   void all_gather(std::span<const E> input, std::span<E> output) {
-    std::copy(input.begin(), input.end(), output.begin());
+    local_.all_gather(input, output);
   }
   template <class E>
-  void reduce_scatter(std::span<const E> input, std::span<E> output, ReduceOp) {
-    std::copy_n(input.begin(), output.size(), output.begin());
+  void reduce_scatter(std::span<const E> input, std::span<E> output, ReduceOp op) {
+    local_.reduce_scatter(input, output, op);
   }
-  void barrier() {}
-  void abort(std::string_view) { transport_->close(); }
+  void barrier() { local_.barrier(); }
+  void abort(std::string_view reason) {
+    local_.abort(reason);
+    transport_->close();
+  }
 
  private:
   Tr* transport_;
+  collective::LocalCommunicator local_;
   int workers_;
 };
 
