@@ -17,12 +17,12 @@
 namespace {
 
 template <class Consistency>
-int run(const example::DemoSettings& settings) {
+int run(const example::DemoSettings& settings, std::size_t local_replicas) {
   const example::DemoData data(settings);
   // The demo's model is small (about 12 KiB): without a minimum shard size and with 1024-element
   // blocks it spreads over both servers, as a large model would by default.
   cohort::strategy::ParameterServer<Consistency> strategy(
-      {.min_shard_bytes = 0, .alignment = 1024});
+      {.local_replicas = local_replicas, .min_shard_bytes = 0, .alignment = 1024});
   const bool chief = strategy.is_chief();
   const bool serves = strategy.serves();
   const int workers = strategy.workers();
@@ -31,9 +31,10 @@ int run(const example::DemoSettings& settings) {
       example::train(settings, data.mlp_layers(settings.hidden), std::move(strategy), data);
   if (chief && !serves) {
     std::printf(
-        "\n%s: %d worker(s), %d server(s): %.0f examples/s, held-out accuracy %.2f%%, "
-        "parameters %llx\n",
-        std::string(Consistency::kName).c_str(), workers, servers, outcome.examples_per_second,
+        "\n%s: %d worker(s) x %zu local replica(s), %d server(s): %.0f examples/s, held-out "
+        "accuracy %.2f%%, parameters %llx\n",
+        std::string(Consistency::kName).c_str(), workers, local_replicas, servers,
+        outcome.examples_per_second,
         100.0 * outcome.accuracy,
         static_cast<unsigned long long>(example::fingerprint(outcome.parameters)));
   }
@@ -46,18 +47,21 @@ int main(int argc, char** argv) {
   example::DemoSettings settings;
   settings.micro_batches = 12;
   std::string consistency = "sync";
+  std::size_t local_replicas = 1;
   CLI::App app{"ParameterServer training of an MLP: servers and workers of one program"};
   app.add_option("--consistency", consistency, "sync, async or bounded (staleness 2)")
       ->check(CLI::IsMember({"sync", "async", "bounded"}));
+  app.add_option("--local-replicas", local_replicas,
+                 "replica threads in each worker process (a power of two)");
   example::add_demo_options(app, settings);
   example::add_checkpoint_option(app, settings);
   CLI11_PARSE(app, argc, argv);
 
   try {
     using namespace cohort::strategy::consistency;
-    if (consistency == "async") return run<Async>(settings);
-    if (consistency == "bounded") return run<BoundedStaleness<2>>(settings);
-    return run<Sync>(settings);
+    if (consistency == "async") return run<Async>(settings, local_replicas);
+    if (consistency == "bounded") return run<BoundedStaleness<2>>(settings, local_replicas);
+    return run<Sync>(settings, local_replicas);
   } catch (const cohort::Error& error) {
     std::fprintf(stderr, "error: %s\n", error.what());
     return 2;
