@@ -21,6 +21,13 @@
 // the parameters are the same bits for any replica count whose split is valid (micro_batches /
 // replicas a power of two), for every synchronous strategy, and after save and restore.
 //
+// Devices: the step runs on the strategy's device (strategy::DeviceOf<S>: device::Cpu unless the
+// strategy names another, as Mirrored<device::Cuda, collective::Nccl> does). Each local replica's
+// model is made at its place (ModelTraits<M>::replicate, core/model.hpp), and its gradient fold and
+// optimizer state are buffers there; the fold's additions, the norm for clipping and the optimizer
+// step are the device's (device/device.hpp), which computes the CPU's bits. save() and restore()
+// copy the state between the device and the host.
+//
 // Options:
 //   global_batch   examples per step, over all replicas (>= micro_batches)
 //   micro_batches  pieces of each global batch; the unit of work and of the reduction tree
@@ -50,6 +57,7 @@
 #include "cohort/core/reduction_tree.hpp"
 #include "cohort/core/sharding.hpp"
 #include "cohort/device/cpu.hpp"
+#include "cohort/device/device.hpp"
 #include "cohort/optimizer/optimizer.hpp"
 #include "cohort/optimizer/sgd.hpp"
 #include "cohort/strategy/mirrored.hpp"
@@ -86,6 +94,14 @@ class Trainer {
  public:
   using value_type = ValueType<M>;
   using batch_type = BatchType<M>;
+  using Device = strategy::DeviceOf<S>;
+  using Place = typename Device::Place;
+
+  static_assert(std::same_as<Device, device::Cpu> || Placeable<M, Place>,
+                "cohort: the strategy's replicas live on a device (S::Device), and the model "
+                "does not say how a replica is made there: give ModelTraits<YourModel> `static "
+                "YourModel replicate(const YourModel& prototype, const Place& place)` (for "
+                "device::Cuda, Place is device::cuda::Place). See include/cohort/core/model.hpp.");
 
   struct Options {
     std::size_t global_batch = 256;
@@ -99,15 +115,21 @@ class Trainer {
       : strategy_(std::move(strategy)), optimizer_(std::move(optimizer)), options_(options) {
     sharding::Plan::validate_split(options_.global_batch, options_.micro_batches,
                                    strategy_.replicas());
-    models_.assign(strategy_.local_replicas(), model);
+    const std::size_t locals = strategy_.local_replicas();
+    models_.reserve(locals);
+    for (std::size_t local = 0; local < locals; ++local) {
+      models_.push_back(cohort::replicate(model, place(local)));
+    }
     const std::size_t parameters = ModelTraits<M>::parameters(models_[0]).size();
     if (const std::size_t gradients = ModelTraits<M>::gradients(models_[0]).size();
         gradients != parameters) {
       options::reject("gradients().size()", gradients,
                       "must equal parameters().size() (" + std::to_string(parameters) + ")");
     }
-    optimizer_states_.assign(strategy_.local_replicas(),
-                             std::vector<value_type>(O::kStateSlots * parameters));
+    optimizer_states_.reserve(locals);
+    for (std::size_t local = 0; local < locals; ++local) {
+      optimizer_states_.emplace_back(O::kStateSlots * parameters, place(local));
+    }
   }
 
   template <Dataset<batch_type> D>
@@ -122,7 +144,7 @@ class Trainer {
         Report report;
         const auto start = std::chrono::steady_clock::now();
         strategy_.serve(ModelTraits<M>::parameters(models_[0]), optimizer_,
-                        std::span<value_type>(optimizer_states_[0]));
+                        optimizer_states_[0].span());
         report.seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         return report;
@@ -152,7 +174,8 @@ class Trainer {
     return report;
   }
 
-  // This process's first replica; every replica holds the same parameters between steps.
+  // This process's first replica; every replica holds the same parameters between steps. On a
+  // device, its parameters() are that device's memory.
   const M& model() const { return models_[0]; }
   std::uint64_t step() const { return step_; }
   const S& strategy() const { return strategy_; }
@@ -190,23 +213,33 @@ class Trainer {
     expect("global_batch", state.global_batch, std::uint64_t{options_.global_batch});
     expect("micro_batches", state.micro_batches, std::uint64_t{options_.micro_batches});
     for (std::size_t local = 0; local < models_.size(); ++local) {
-      std::ranges::copy(state.parameters, ModelTraits<M>::parameters(models_[local]).begin());
-      optimizer_states_[local] = state.optimizer_state;
+      Device::from_host(place(local), std::span<const value_type>(state.parameters),
+                        ModelTraits<M>::parameters(models_[local]));
+      Device::from_host(place(local), std::span<const value_type>(state.optimizer_state),
+                        optimizer_states_[local].span());
     }
     step_ = state.step;
     dataset_size_ = state.dataset_size;
   }
 
  private:
-  using Gradient = std::vector<value_type>;
+  template <class T>
+  using Buffer = device::Buffer<Device, T>;
+  using Gradient = Buffer<value_type>;
 
-  // The training state of this process's first replica, as a checkpoint holds it.
+  Place place(std::size_t local) const { return strategy::place_of(strategy_, local); }
+
+  // The training state of this process's first replica, on the host, as a checkpoint holds it.
   checkpoint::TrainingState<value_type> checkpoint_state() const {
     checkpoint::TrainingState<value_type> state;
     state.optimizer = O::kName;
     const auto parameters = ModelTraits<M>::parameters(const_cast<M&>(models_[0]));
-    state.parameters.assign(parameters.begin(), parameters.end());
-    state.optimizer_state = optimizer_states_[0];
+    state.parameters.resize(parameters.size());
+    Device::to_host(place(0), std::span<const value_type>(parameters),
+                    std::span<value_type>(state.parameters));
+    state.optimizer_state.resize(optimizer_states_[0].size());
+    Device::to_host(place(0), optimizer_states_[0].span(),
+                    std::span<value_type>(state.optimizer_state));
     state.step = step_;
     state.seed = options_.seed;
     state.global_batch = options_.global_batch;
@@ -215,26 +248,35 @@ class Trainer {
     return state;
   }
 
-  static void add_into(Gradient& left, const Gradient& right) {
-    device::cpu::combine_into<value_type>(ReduceOp::kSum, left, right);
-  }
   static void add_loss(double& left, const double& right) { left += right; }
+
+  // The gradient fold's addition. Out of line on purpose: the model's forward_backward usually
+  // inlines into train_replica's micro-batch loop, and with this vector loop inlined beside it GCC
+  // 12 compiled the model measurably slower (examples/00_mirrored_cpu: about 8% fewer examples/s
+  // on 1 replica, with 1% more instructions: another register allocation of the model's loops).
+  struct AddInto {
+    Place place;
+    [[gnu::noinline]] void operator()(Gradient& left, const Gradient& right) const {
+      Device::add_into(place, left.span(), right.span());
+    }
+  };
 
   template <class Replica, class D>
   void train_replica(Replica& replica, const D& data, const sharding::Plan& plan,
                      std::uint64_t target, Report& report) {
     using Clock = std::chrono::steady_clock;
     const std::size_t local = replica.index() - strategy_.first_local_replica();
+    const Place place = this->place(local);
     M& model = models_[local];
     const std::span<value_type> parameters = ModelTraits<M>::parameters(model);
-    const std::span<value_type> gradients = ModelTraits<M>::gradients(model);
-    std::vector<value_type>& optimizer_state = optimizer_states_[local];
+    const std::span<const value_type> gradients = ModelTraits<M>::gradients(model);
+    const std::span<value_type> optimizer_state = optimizer_states_[local].span();
     const bool reports = replica.index() == 0 && strategy_.is_chief();
 
     // Every replica starts from the chief's state (replicas of other processes included).
-    replica.start(parameters, std::span<value_type>(optimizer_state), step_);
+    replica.start(parameters, optimizer_state, step_);
 
-    tree::StreamingFold<Gradient, decltype(&add_into)> gradient_fold(&add_into);
+    tree::StreamingFold<Gradient, AddInto> gradient_fold(AddInto{place});
     tree::StreamingFold<double, decltype(&add_loss)> loss_fold(&add_loss);
     ProgressPrinter progress(reports ? options_.progress : Progress::kSilent,
                              plan.steps_per_epoch(), options_.global_batch);
@@ -244,6 +286,7 @@ class Trainer {
     const double inverse_batch = 1.0 / static_cast<double>(options_.global_batch);
     std::vector<double>
         window_losses;  // this replica's loss fold of each step since the last report
+    Buffer<double> window_at_place;  // the same, where the communicator reduces them
     std::vector<StepTimes> window_times;
 
     for (std::uint64_t step = step_; step < target; ++step) {
@@ -261,15 +304,17 @@ class Trainer {
         const sharding::Range range = plan.micro_batch(step_in_epoch, micro);
         indices.assign(order.begin() + range.begin, order.begin() + range.end);
         const double loss = ModelTraits<M>::forward_backward(model, data.batch(indices));
-        gradient_fold.push(
-            [&](Gradient& slot) { slot.assign(gradients.begin(), gradients.end()); });
+        gradient_fold.push([&](Gradient& slot) {
+          if (slot.size() != gradients.size()) slot = Gradient(gradients.size(), place);
+          Device::copy(place, gradients, slot.span());
+        });
         loss_fold.push([&](double& slot) { slot = loss; });
       }
       strategy::Update<value_type, O> update{
           .parameters = parameters,
-          .gradient_sum = std::span<value_type>(gradient_fold.result()),
+          .gradient_sum = gradient_fold.result().span(),
           .optimizer = optimizer_,
-          .optimizer_state = std::span<value_type>(optimizer_state),
+          .optimizer_state = optimizer_state,
           .step = step,
           .inverse_batch = inverse_batch};
       replica.update(update);
@@ -286,7 +331,13 @@ class Trainer {
       const bool epoch_end = step_in_epoch + 1 == plan.steps_per_epoch();
       if (periodic || epoch_end || step + 1 == target) {
         const auto communication_start = Clock::now();
-        replica.communicator().all_reduce(std::span<double>(window_losses), ReduceOp::kSum);
+        if (window_at_place.size() < window_losses.size()) {
+          window_at_place = Buffer<double>(window_losses.size(), place);
+        }
+        const std::span<double> losses = window_at_place.span().first(window_losses.size());
+        Device::from_host(place, std::span<const double>(window_losses), losses);
+        replica.communicator().all_reduce(losses, ReduceOp::kSum);
+        Device::to_host(place, std::span<const double>(losses), std::span<double>(window_losses));
         window_times.back().communication +=
             std::chrono::duration<double>(Clock::now() - communication_start).count();
         if (reports) {
@@ -308,8 +359,8 @@ class Trainer {
   S strategy_;
   O optimizer_;
   Options options_;
-  std::vector<M> models_;  // one per local replica
-  std::vector<std::vector<value_type>> optimizer_states_;
+  std::vector<M> models_;  // one per local replica, at its place
+  std::vector<Buffer<value_type>> optimizer_states_;
   std::uint64_t step_ = 0;
   std::size_t dataset_size_ = 0;  // fixed by the first fit or by restore
 };

@@ -21,6 +21,9 @@ inline bool gpu_present() {
 }
 inline auto gpu_only() { return doctest::skip(!gpu_present()); }
 
+// For cases that need `count` GPUs (their names say how many): skipped where fewer are present.
+inline auto gpus_only(int count) { return doctest::skip(device::cuda::device_count() < count); }
+
 // A device buffer of n values of T, freed on destruction.
 template <class T>
 class DeviceBuffer {

@@ -94,6 +94,33 @@ void check_scale_and_axpy() {
   }
 }
 
+template <class T>
+void check_combine_into() {
+  for (std::size_t n : odd_lengths()) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
+      CAPTURE(n);
+      CAPTURE(cohort::name(op));
+      const std::vector<T> x = random_values<T>(n, 21 + n);
+      const std::vector<T> y = random_values<T>(n, 22 + n);
+      std::vector<T> expected = x;
+      for (std::size_t i = 0; i < n; ++i) {
+        expected[i] =
+            Host<T>::round(cohort::combine(op, Host<T>::widen(x[i]), Host<T>::widen(y[i])));
+      }
+      if constexpr (std::is_floating_point_v<T>) {
+        std::vector<T> cpu = x;
+        cohort::device::cpu::combine_into(op, std::span<T>(cpu), std::span<const T>(y));
+        REQUIRE(same_bits(expected, cpu));
+      }
+      DeviceBuffer<T> dx(x);
+      DeviceBuffer<T> dy(y);
+      cohort::cuda::combine_into(op, dx.data(), dy.data(), n, nullptr);
+      COHORT_CUDA_CHECK(cudaDeviceSynchronize());
+      CHECK(same_bits(dx.download(), expected));
+    }
+  }
+}
+
 // The canonical tree per element, node by node, rounding each node to T: the definition.
 template <class T>
 std::vector<T> tree_reference(ReduceOp op, const std::vector<std::vector<T>>& inputs) {
@@ -228,6 +255,13 @@ TEST_CASE("scale and axpy equal the CPU bit for bit for every type" * gpu_only()
   check_scale_and_axpy<double>();
   check_scale_and_axpy<half>();
   check_scale_and_axpy<bfloat16>();
+}
+
+TEST_CASE("combine_into equals device::cpu::combine_into bit for bit for every type" * gpu_only()) {
+  check_combine_into<float>();
+  check_combine_into<double>();
+  check_combine_into<half>();
+  check_combine_into<bfloat16>();
 }
 
 TEST_CASE("reduce_tree equals device::cpu::reduce_tree bit for bit" * gpu_only()) {

@@ -1,8 +1,8 @@
 // test_cuda's main: doctest's, plus two things for machines without a GPU.
 //
-//   --cohort-skip-without-gpu   (ctest passes it) exit 77, ctest's SKIP_RETURN_CODE, when no GPU
-//                               is present and no test case ran: the case needed a GPU, and ctest
-//                               prints "Skipped" next to its name
+//   --cohort-skip-without-gpu   (ctest passes it) exit 77, ctest's SKIP_RETURN_CODE, when no test
+//                               case ran: the case needed a GPU, or more GPUs than are present
+//                               (its name says how many), and ctest prints "Skipped" next to it
 //   --list-test-cases           lists GPU cases too (doctest leaves skipped cases out of lists),
 //                               so that ctest registers them on a machine without a GPU
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -62,6 +62,10 @@ int main(int argc, char** argv) {
   }
   const int result = context.run();
   if (context.shouldExit() || listing) return result;
-  if (skip_code && result == 0 && cases_run == 0 && !cohort::test::gpu_present()) return 77;
+  if (skip_code && result == 0 && cases_run == 0) {
+    std::printf("[cohort] skipped: this machine has %d usable GPU(s), fewer than the case needs\n",
+                cohort::device::cuda::device_count());
+    return 77;
+  }
   return result;
 }

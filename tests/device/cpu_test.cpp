@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
+#include <utility>
 #include <vector>
 
 namespace cpu = cohort::device::cpu;
@@ -88,4 +90,32 @@ TEST_CASE("axpy, scale and combine_into compute elementwise") {
   CHECK(cpu::all_finite<float>(y));
   y[1] = std::numeric_limits<float>::infinity();
   CHECK_FALSE(cpu::all_finite<float>(y));
+}
+
+TEST_CASE("device::Cpu, the step's device interface, computes what the cpu:: loops compute") {
+  using cohort::device::Cpu;
+  static_assert(cohort::device::Device<Cpu>);
+  const Cpu::Place place{};
+  Cpu::Buffer<float> buffer(7, place);
+  REQUIRE(buffer.size() == 7);
+  CHECK(std::vector<float>(buffer.span().begin(), buffer.span().end()) ==
+        std::vector<float>(7, 0.0f));
+
+  const std::vector<float> values{1.5f, -2.0f, 3.25f, 0.0f, 8.0f, -0.5f, 1e8f};
+  Cpu::from_host(place, std::span<const float>(values), buffer.span());
+  Cpu::Buffer<float> sum(7, place);
+  Cpu::copy(place, std::span<const float>(buffer.span()), sum.span());
+  Cpu::add_into(place, sum.span(), std::span<const float>(buffer.span()));
+  std::vector<float> expected = values;
+  cpu::combine_into(cohort::ReduceOp::kSum, std::span<float>(expected),
+                    std::span<const float>(values));
+  std::vector<float> host(7);
+  Cpu::to_host(place, std::span<const float>(sum.span()), std::span<float>(host));
+  CHECK(host == expected);
+  CHECK(Cpu::sum_of_squares(place, std::span<const float>(sum.span())) ==
+        cpu::sum_of_squares(std::span<const float>(expected)));
+
+  Cpu::Buffer<float> moved = std::move(sum);
+  CHECK(moved.size() == 7);
+  Cpu::synchronize(place);  // nothing to wait for on the host
 }

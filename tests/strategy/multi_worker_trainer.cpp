@@ -14,7 +14,7 @@ namespace {
 
 template <template <class> class Cross>
 int train(std::size_t local_replicas, std::uint64_t steps, const std::string& out) {
-  cohort::strategy::MultiWorkerMirrored<Cross> strategy(
+  cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, Cross> strategy(
       {.local_replicas = local_replicas,
        .connect_timeout = std::chrono::seconds(30),
        .timeout = std::chrono::seconds(10)});

@@ -11,6 +11,7 @@
 //
 //   collective::Nccl group({.ranks = 4});     // one process, GPUs 0..3 (Mirrored's shape):
 //   auto comm = group.communicator(rank);     // called by each replica's thread, concurrently
+//   auto comm = group.communicator(rank, stream);  // on the replica's own stream (of GPU rank)
 //
 // Options (NcclCommunicator::Options):
 //   device         the CUDA device of this rank (cudaSetDevice before every call)
@@ -28,8 +29,10 @@
 // Errors: a failing NCCL or CUDA call is a DeviceError naming the call; an asynchronous
 // communicator error (ncclCommGetAsyncError, polled while waiting) or a timeout aborts the
 // communicator and is a CommError naming the rank, operation and sequence number. After that, or
-// after abort(reason), every call throws CommError. NCCL cannot carry the reason to the other
-// ranks: they fail when their own collective times out or reports the aborted peer.
+// after abort(reason), every call throws CommError. Within one process (collective::Nccl) the
+// failure reaches every rank of the group at once, with its reason (Options::group, polled while
+// waiting), as collective::Local's abort does; across processes NCCL cannot carry the reason, and
+// the other ranks fail when their own collective times out or reports the aborted peer.
 //
 // Requires the kernels: link cohort::cuda and compile one .cu that includes cuda/instantiate.cuh.
 // Deterministic mode combines at most cuda::kMaxTreeInputs (64) ranks (ConfigError otherwise).
@@ -40,10 +43,13 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -111,6 +117,31 @@ inline ncclRedOp_t reduction(ReduceOp op) {
 
 #define COHORT_NCCL_CHECK(call) ::cohort::collective::nccl::check((call), #call)
 
+namespace nccl {
+
+// The failure of one rank of an in-process group, which every other rank's waiting call sees: the
+// first reason raised, kept.
+class GroupFailure {
+ public:
+  void raise(const std::string& reason) {
+    const std::lock_guard lock(mutex_);
+    if (!raised_.load(std::memory_order_relaxed)) reason_ = reason;
+    raised_.store(true, std::memory_order_release);
+  }
+  bool raised() const { return raised_.load(std::memory_order_acquire); }
+  std::string reason() const {
+    const std::lock_guard lock(mutex_);
+    return reason_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::string reason_;
+  std::atomic<bool> raised_{false};
+};
+
+}  // namespace nccl
+
 // A fresh ncclUniqueId made by rank 0 of `bootstrap` and broadcast to every rank of it, as 16
 // std::int64_t words (the id is 128 opaque bytes). Every rank of bootstrap calls it.
 template <Communicator C>
@@ -134,6 +165,9 @@ class NcclCommunicator {
     cudaStream_t stream = nullptr;
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
     bool deterministic = true;
+    // Shared by the ranks of one process (collective::Nccl sets it): a rank that fails or aborts
+    // raises it, and every other rank's waiting or later call fails with the reason.
+    std::shared_ptr<nccl::GroupFailure> group = nullptr;
   };
 
   // Joins the group `id` as `rank` of `size`; returns once every rank has joined (or throws
@@ -147,19 +181,28 @@ class NcclCommunicator {
       cohort::options::reject(
           "size", size, "deterministic NCCL combines at most 64 ranks (cuda::kMaxTreeInputs)");
     }
-    use_device();
-    if (options_.stream == nullptr) {
-      COHORT_CUDA_CHECK(cudaStreamCreateWithFlags(&options_.stream, cudaStreamNonBlocking));
-      owns_stream_ = true;
+    try {
+      use_device();
+      if (options_.stream == nullptr) {
+        COHORT_CUDA_CHECK(cudaStreamCreateWithFlags(&options_.stream, cudaStreamNonBlocking));
+        owns_stream_ = true;
+      }
+      COHORT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+      // Non-blocking, so that a wedged peer cannot hang a call inside NCCL: every call returns at
+      // once and is waited for here, where the timeout and ncclCommAbort apply.
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      ncclUniqueId copy = id;
+      COHORT_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, copy, rank_, &config));
+      settle(Operation::kBarrier, "ncclCommInitRankConfig");
+    } catch (...) {
+      // No destructor runs for a constructor that throws: release what was made so far.
+      if (comm_ != nullptr) {
+        failed_ = "set-up failed";
+      }
+      release();
+      throw;
     }
-    COHORT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-    // Non-blocking, so that a wedged peer cannot hang a call inside NCCL: every call returns at
-    // once and is waited for here, where the timeout and ncclCommAbort apply.
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclUniqueId copy = id;
-    COHORT_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, copy, rank_, &config));
-    settle(Operation::kBarrier, "ncclCommInitRankConfig");
   }
 
   NcclCommunicator(NcclCommunicator&& other) noexcept { swap(other); }
@@ -172,27 +215,7 @@ class NcclCommunicator {
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
   // Never throws: finalizes a healthy communicator, aborts a failed one.
-  ~NcclCommunicator() {
-    if (comm_ != nullptr) {
-      (void)cudaSetDevice(options_.device);
-      if (failed_.empty() && ncclCommFinalize(comm_) != ncclSuccess) {
-        ncclResult_t state = ncclInProgress;
-        const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-        while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
-          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
-          std::this_thread::yield();
-        }
-      }
-      if (failed_.empty()) {
-        (void)ncclCommDestroy(comm_);
-      } else {
-        (void)ncclCommAbort(comm_);
-      }
-    }
-    if (done_ != nullptr) (void)cudaEventDestroy(done_);
-    if (scratch_ != nullptr) (void)cudaFree(scratch_);
-    if (owns_stream_) (void)cudaStreamDestroy(options_.stream);
-  }
+  ~NcclCommunicator() { release(); }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -293,6 +316,7 @@ class NcclCommunicator {
   void abort(std::string_view reason) {
     if (!failed_.empty()) return;
     failed_ = "rank " + std::to_string(rank_) + " aborted: " + std::string(reason);
+    if (options_.group) options_.group->raise(failed_);
     (void)cudaSetDevice(options_.device);
     (void)ncclCommAbort(comm_);
     comm_ = nullptr;
@@ -316,6 +340,41 @@ class NcclCommunicator {
     std::swap(barrier_word_, other.barrier_word_);
     std::swap(sequence_, other.sequence_);
     std::swap(failed_, other.failed_);
+  }
+
+  // The destructor's work, also run when the constructor throws: finalizes a healthy
+  // communicator, aborts a failed one, frees everything owned. Never throws.
+  void release() noexcept {
+    // Only when there is something to release: making a device current creates its context, and
+    // a moved-from communicator names device 0, which may not be this process's.
+    if (comm_ != nullptr || done_ != nullptr || scratch_ != nullptr || barrier_word_ != nullptr ||
+        owns_stream_) {
+      (void)cudaSetDevice(options_.device);
+    }
+    if (comm_ != nullptr) {
+      if (failed_.empty() && ncclCommFinalize(comm_) != ncclSuccess) {
+        ncclResult_t state = ncclInProgress;
+        const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+        while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+          std::this_thread::yield();
+        }
+      }
+      if (failed_.empty()) {
+        (void)ncclCommDestroy(comm_);
+      } else {
+        (void)ncclCommAbort(comm_);
+      }
+    }
+    if (done_ != nullptr) (void)cudaEventDestroy(done_);
+    if (scratch_ != nullptr) (void)cudaFree(scratch_);
+    if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
+    if (owns_stream_) (void)cudaStreamDestroy(options_.stream);
+    comm_ = nullptr;
+    done_ = nullptr;
+    scratch_ = nullptr;
+    barrier_word_ = nullptr;
+    owns_stream_ = false;
   }
 
   template <class T>
@@ -342,8 +401,14 @@ class NcclCommunicator {
     const Call call{operation, ++sequence_};
     if (!failed_.empty())
       throw CommError(where(call) + " after the communicator failed: " + failed_);
+    check_group(call);
     use_device();
     return call;
+  }
+
+  // Fails this call when another rank of the group has failed.
+  void check_group(const Call& call) {
+    if (options_.group && options_.group->raised()) fail(call, options_.group->reason());
   }
 
   [[noreturn]] void fail_shape(const Call& call, const std::string& what) {
@@ -355,6 +420,7 @@ class NcclCommunicator {
   [[noreturn]] void fail(const Call& call, const std::string& what) {
     const std::string message = where(call) + ": " + what + "; communicator aborted";
     failed_ = message;
+    if (options_.group) options_.group->raise(message);
     if (comm_ != nullptr) (void)ncclCommAbort(comm_);
     comm_ = nullptr;
     throw CommError(message);
@@ -390,6 +456,7 @@ class NcclCommunicator {
         fail(call, std::string(what) + " timed out after " +
                        std::to_string(options_.timeout.count()) + " ms");
       }
+      check_group(call);
       std::this_thread::yield();
     }
   }
@@ -411,6 +478,7 @@ class NcclCommunicator {
       if (std::chrono::steady_clock::now() > deadline) {
         fail(call, "timed out after " + std::to_string(options_.timeout.count()) + " ms");
       }
+      check_group(call);
       std::this_thread::yield();
     }
   }
@@ -494,14 +562,23 @@ class Nccl {
     COHORT_NCCL_CHECK(ncclGetUniqueId(&id_));
   }
 
-  // Rank `rank`'s communicator, on device `rank`. Every rank's thread calls it, concurrently:
-  // each returns once all have joined.
-  NcclCommunicator communicator(int rank) const {
+  // Rank `rank`'s communicator, on device `rank`, enqueuing on `stream` (a stream of that
+  // device, which must outlive the communicator; nullptr: the communicator makes its own). Every
+  // rank's thread calls it, concurrently: each returns once all have joined. A rank that fails
+  // or aborts makes every other rank's call fail with its reason.
+  NcclCommunicator communicator(int rank, cudaStream_t stream = nullptr) const {
     return NcclCommunicator(id_, rank, options_.ranks,
                             {.device = rank,
-                             .stream = nullptr,
+                             .stream = stream,
                              .timeout = options_.timeout,
-                             .deterministic = options_.deterministic});
+                             .deterministic = options_.deterministic,
+                             .group = failure_});
+  }
+
+  // For a rank that fails before it has a communicator (its set-up threw): every rank's call,
+  // its set-up included, fails with the reason.
+  void abort(int rank, std::string_view reason) const {
+    failure_->raise("rank " + std::to_string(rank) + " aborted: " + std::string(reason));
   }
 
   const Options& options() const { return options_; }
@@ -509,6 +586,7 @@ class Nccl {
  private:
   Options options_;
   ncclUniqueId id_{};
+  std::shared_ptr<nccl::GroupFailure> failure_ = std::make_shared<nccl::GroupFailure>();
 };
 
 }  // namespace cohort::collective

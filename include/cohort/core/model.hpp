@@ -16,12 +16,31 @@
 //     // reduction, which is what keeps results independent of how the batch was split), and
 //     // returns that summed loss.
 //
-// Requirements the compiler cannot check:
-//   - M is copyable, and a copy is an independent replica (its spans point into the copy);
-//   - forward_backward is deterministic: the same parameters and batch give the same bits. It is
-//     called from one thread per replica, concurrently on different replicas.
+// Optionally, where a replica is made on a device (model placement):
+//   static M replicate(const M& prototype, const Place& place);
+//     // a replica of prototype (the model given to Trainer) that lives at place, the strategy's
+//     // place for it (strategy/strategy.hpp, device/device.hpp). For
+//     // Mirrored<device::Cuda, collective::Nccl> and MultiWorkerMirrored<device::Cuda>, place is
+//     // a device::cuda::Place {device, stream}: the replica's parameters() and gradients() are
+//     // then memory of that GPU, and its forward_backward enqueues its work on place.stream
+//     // (cohort enqueues the gradient fold, the all-reduce and the optimizer step behind it on
+//     // the same stream, so the model needs no synchronization of its own beyond what returning
+//     // the loss takes). The prototype itself may live anywhere, for example on the host.
+// Without replicate, a replica is a copy of the prototype, which is what host replicas
+// (device::Cpu) need. A model trained on any other device must provide it: Trainer says so at
+// compile time.
 //
-// A model that already has these as members can say so in one line:
+// Requirements the compiler cannot check:
+//   - M is copyable, and a copy is an independent replica (its spans point into the copy; a copy
+//     of a placed replica lives at the same place);
+//   - forward_backward is deterministic: the same parameters and batch give the same bits. It is
+//     called from one thread per replica, concurrently on different replicas; for a placed
+//     replica, the place's device is current on that thread;
+//   - a replica made by replicate holds the prototype's parameters: the chief's first replica
+//     starts the run from them, and the others receive them by broadcast.
+//
+// A model that already has these as members (replicate too, as a static member) can say so in one
+// line:
 //   template <> struct cohort::ModelTraits<Mlp> : cohort::ModelMembers<Mlp> {};
 #pragma once
 
@@ -59,6 +78,23 @@ using ValueType = typename ModelTraits<M>::value_type;
 template <Model M>
 using BatchType = typename ModelTraits<M>::batch_type;
 
+// Whether ModelTraits<M> says how a replica is made at a Place (replicate, above).
+template <class M, class Place>
+concept Placeable = requires(const M& prototype, const Place& place) {
+  { ModelTraits<M>::replicate(prototype, place) } -> std::same_as<M>;
+};
+
+// A replica of prototype at place: ModelTraits<M>::replicate where given, else a copy.
+template <Model M, class Place>
+M replicate(const M& prototype, const Place& place) {
+  if constexpr (Placeable<M, Place>) {
+    return ModelTraits<M>::replicate(prototype, place);
+  } else {
+    (void)place;
+    return prototype;
+  }
+}
+
 // Adapts a model whose members already have the required names and types.
 template <class M>
 struct ModelMembers {
@@ -68,6 +104,14 @@ struct ModelMembers {
   static std::span<value_type> gradients(M& model) { return model.gradients(); }
   static double forward_backward(M& model, const batch_type& batch) {
     return model.forward_backward(batch);
+  }
+  // Only for a model with a static member replicate(prototype, place).
+  template <class Place>
+    requires requires(const M& prototype, const Place& place) {
+      { M::replicate(prototype, place) } -> std::same_as<M>;
+    }
+  static M replicate(const M& prototype, const Place& place) {
+    return M::replicate(prototype, place);
   }
 };
 

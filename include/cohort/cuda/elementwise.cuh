@@ -1,4 +1,4 @@
-// scale, axpy and flag_nonfinite: the elementwise kernels of device/cpu.hpp.
+// scale, axpy, combine_into and flag_nonfinite: the elementwise kernels of device/cpu.hpp.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -35,6 +35,19 @@ __global__ void axpy_kernel(T alpha, const T* x, T* y, std::size_t n) {
   }
 }
 
+// Purpose: inout[i] = inout[i] (op) in[i] (device::cpu::combine_into).
+// Algorithm: grid-stride loop, one combine_pair per element in the CPU's argument order (inout on
+// the left), computed in Arithmetic<T>::Compute and rounded once to T.
+// Preconditions: inout and in hold n elements and do not overlap.
+template <class T>
+__global__ void combine_into_kernel(ReduceOp op, T* inout, const T* in, std::size_t n) {
+  using A = Arithmetic<T>;
+  using C = typename A::Compute;
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
+    inout[i] = A::round(combine_pair<C>(op, A::widen(inout[i]), A::widen(in[i])));
+  }
+}
+
 // Purpose: *flag = 1 if some x[i] is infinite or NaN (device::cpu::all_finite, negated).
 // Algorithm: grid-stride loop; every thread that finds one stores 1 (a benign race: all store
 // the same value). No atomics, no reduction.
@@ -61,6 +74,14 @@ void axpy(T alpha, const T* x, T* y, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
   detail::axpy_kernel<<<detail::blocks_for(n), detail::kThreads, 0, stream>>>(alpha, x, y, n);
   device::cuda::check_launch("cohort::cuda::axpy");
+}
+
+template <class T>
+void combine_into(ReduceOp op, T* inout, const T* in, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  detail::combine_into_kernel<<<detail::blocks_for(n), detail::kThreads, 0, stream>>>(op, inout, in,
+                                                                                      n);
+  device::cuda::check_launch("cohort::cuda::combine_into");
 }
 
 template <class T>

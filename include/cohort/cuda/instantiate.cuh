@@ -24,6 +24,8 @@ using AdamWRuleOf = optimizer::AdamRule<P, optimizer::WeightDecay::kDecoupled>;
 #define COHORT_CUDA_INSTANTIATE_VALUE(T)                                                      \
   template void cohort::cuda::scale<T>(T*, std::size_t, T, cudaStream_t);                     \
   template void cohort::cuda::axpy<T>(T, const T*, T*, std::size_t, cudaStream_t);            \
+  template void cohort::cuda::combine_into<T>(cohort::ReduceOp, T*, const T*, std::size_t,    \
+                                              cudaStream_t);                                  \
   template void cohort::cuda::reduce_tree<T>(cohort::ReduceOp, std::span<const T* const>, T*, \
                                              std::size_t, cudaStream_t);                      \
   template void cohort::cuda::sum_of_squares<T>(const T*, std::size_t, double*, double*,      \

@@ -39,6 +39,12 @@ void scale(T* x, std::size_t n, T alpha, cudaStream_t stream);
 template <class T>
 void axpy(T alpha, const T* x, T* y, std::size_t n, cudaStream_t stream);
 
+// inout = inout (op) in, elementwise, as device::cpu::combine_into: one node of a fold of two
+// buffers (the Trainer's gradient fold adds each micro-batch's gradient this way). inout and in
+// hold n elements and do not overlap.
+template <class T>
+void combine_into(ReduceOp op, T* inout, const T* in, std::size_t n, cudaStream_t stream);
+
 // The most buffers reduce_tree combines in one call (they travel as a kernel parameter).
 inline constexpr std::size_t kMaxTreeInputs = 64;
 

@@ -1,9 +1,13 @@
-// Per-device math on the host: the reference implementation.
+// Per-device math on the host: the reference implementation, and device::Cpu.
 //
 // Every function here is elementwise or reduces in the canonical tree order
 // (core/reduction_tree.hpp), so its result does not depend on how the work is split. Loops are
 // plain so that the compiler may vectorize them; it never reorders a floating-point reduction
 // without -ffast-math, which cohort must not be built with.
+//
+// device::Cpu (at the end) is the device of host replicas (device/device.hpp says what a device
+// provides): its place is nothing, its buffers are host vectors, and its functions are the loops
+// below and the optimizer's own step().
 #pragma once
 
 #include <algorithm>
@@ -11,19 +15,16 @@
 #include <cstddef>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/reduce_op.hpp"
 #include "cohort/core/reduction_tree.hpp"
 #include "cohort/device/device.hpp"
+#include "cohort/optimizer/optimizer.hpp"
 
 namespace cohort::device {
-
-struct Cpu {
-  static constexpr std::string_view kName = "cpu";
-};
-static_assert(Device<Cpu>);
 
 namespace cpu {
 
@@ -145,5 +146,76 @@ bool all_finite(std::span<const T> x) {
   return std::all_of(x.begin(), x.end(), [](T value) { return std::isfinite(value); });
 }
 
+// A host replica's place: the host has one memory and runs each call to completion.
+struct Place {};
+
+// n values of T in host memory, zero-initialized.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(std::size_t n, Place /*place*/) : values_(n) {}
+  Buffer(Buffer&&) noexcept = default;
+  Buffer& operator=(Buffer&&) noexcept = default;
+  Buffer(const Buffer&) = delete;  // as on every device: a second copy is always explicit
+  Buffer& operator=(const Buffer&) = delete;
+
+  std::span<T> span() { return values_; }
+  std::span<const T> span() const { return values_; }
+  std::size_t size() const { return values_.size(); }
+
+ private:
+  std::vector<T> values_;
+};
+
 }  // namespace cpu
+
+struct Cpu {
+  static constexpr std::string_view kName = "cpu";
+  using Place = cpu::Place;
+  template <class T>
+  using Buffer = cpu::Buffer<T>;
+
+  // T is deduced from the destination; the source converts from std::span<T> as well.
+  template <class T>
+  static void copy(const Place& /*place*/, std::span<const std::type_identity_t<T>> from,
+                   std::span<T> to) {
+    COHORT_ASSERT(from.size() == to.size());
+    std::copy(from.begin(), from.end(), to.begin());
+  }
+
+  template <class T>
+  static void add_into(const Place& /*place*/, std::span<T> inout,
+                       std::span<const std::type_identity_t<T>> in) {
+    cpu::combine_into<T>(ReduceOp::kSum, inout, in);
+  }
+
+  template <class T>
+  static double sum_of_squares(const Place& /*place*/, std::span<const T> x) {
+    return cpu::sum_of_squares<T>(x);
+  }
+
+  template <class O, class T>
+  static void step(const Place& /*place*/, const O& o, std::span<T> parameters,
+                   std::span<const std::type_identity_t<T>> gradients, std::span<T> state,
+                   optimizer::StepContext context) {
+    o.step(parameters, gradients, state, context);
+  }
+
+  template <class T>
+  static void to_host(const Place& place, std::span<const std::type_identity_t<T>> from,
+                      std::span<T> host) {
+    copy<T>(place, from, host);
+  }
+
+  template <class T>
+  static void from_host(const Place& place, std::span<const std::type_identity_t<T>> host,
+                        std::span<T> to) {
+    copy<T>(place, host, to);
+  }
+
+  static void synchronize(const Place& /*place*/) {}
+};
+static_assert(Device<Cpu>);
+
 }  // namespace cohort::device

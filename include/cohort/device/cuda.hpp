@@ -8,25 +8,45 @@
 //   device::cuda::device_count()      GPUs visible to this process; 0 when there is no driver or
 //                                     no device (never throws: tests skip on it)
 //   device::cuda::unavailable()       why there is no GPU, "" when there is one
+//   device::cuda::visible_devices()   " (CUDA_VISIBLE_DEVICES=...)" when it is set, else "": for
+//                                     messages about device indices
 //   COHORT_CUDA_CHECK(call)           throws DeviceError "<call> failed: <code name> (<code>):
 //                                     <text> at <file>:<line>" when call returns an error
 //   device::cuda::check_launch(name)  the check after a kernel launch (cudaGetLastError)
+//   device::cuda::use(device)         cudaSetDevice, checked: every thread sets its device before
+//                                     it touches one
+//
+// Places and memory (device/device.hpp says what a device provides):
+//
+//   device::cuda::Place     {device, stream}: a replica's GPU (an index among the visible ones)
+//                           and the stream all its work is enqueued on. The strategy owns the
+//                           stream; a model placed there (core/model.hpp, replicate) keeps the
+//                           Place and enqueues its forward_backward on place.stream.
+//   device::cuda::Stream    an owned non-blocking stream on one device
+//   device::cuda::Buffer<T> an owned device array, zeroed on place.stream
+//
+// device::Cuda's functions make place.device current on the calling thread, enqueue their work
+// on place.stream and check every call. Destructors make their own device current (they may run
+// on any thread) and never throw.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+#include <cstdlib>
+#include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/reduce_op.hpp"
+#include "cohort/cuda/launch.hpp"
 #include "cohort/device/device.hpp"
+#include "cohort/optimizer/optimizer.hpp"
 
 namespace cohort::device {
-
-struct Cuda {
-  static constexpr std::string_view kName = "cuda";
-};
-static_assert(Device<Cuda>);
 
 namespace cuda {
 
@@ -45,6 +65,14 @@ inline void check(cudaError_t code, std::string_view call, const char* file = nu
                   int line = 0) {
   if (code != cudaSuccess) throw DeviceError(describe(call, code, file, line));
 }
+
+}  // namespace cuda
+}  // namespace cohort::device
+
+#define COHORT_CUDA_CHECK(call) ::cohort::device::cuda::check((call), #call, __FILE__, __LINE__)
+
+namespace cohort::device {
+namespace cuda {
 
 // After a kernel launch: a bad configuration is reported by the launch itself; a fault while the
 // kernel runs surfaces at the next synchronizing call, which is checked too.
@@ -75,7 +103,203 @@ inline std::string unavailable() {
   return count == 0 ? "cudaGetDeviceCount found 0 devices" : "";
 }
 
-}  // namespace cuda
-}  // namespace cohort::device
+inline std::string visible_devices() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return visible != nullptr ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")" : "";
+}
 
-#define COHORT_CUDA_CHECK(call) ::cohort::device::cuda::check((call), #call, __FILE__, __LINE__)
+inline void use(int device) { COHORT_CUDA_CHECK(cudaSetDevice(device)); }
+
+struct Place {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// A stream of its own on `device`, non-blocking (it never waits for the legacy default stream).
+class Stream {
+ public:
+  explicit Stream(int device) : device_(device) {
+    use(device_);
+    COHORT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  Stream(Stream&& other) noexcept
+      : device_(other.device_), stream_(std::exchange(other.stream_, nullptr)) {}
+  Stream& operator=(Stream&& other) noexcept {
+    Stream moved(std::move(other));
+    std::swap(device_, moved.device_);
+    std::swap(stream_, moved.stream_);
+    return *this;
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream() {
+    if (stream_ == nullptr) return;
+    (void)cudaSetDevice(device_);
+    (void)cudaStreamSynchronize(stream_);  // nothing enqueued outlives its stream
+    (void)cudaStreamDestroy(stream_);
+  }
+
+  int device() const { return device_; }
+  cudaStream_t get() const { return stream_; }
+  Place place() const { return {device_, stream_}; }
+
+ private:
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+// n values of T in the memory of place.device, zeroed by a memset enqueued on place.stream (so
+// that work on that stream sees the zeros; other streams synchronize with it first).
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(std::size_t n, const Place& place) : device_(place.device) {
+    if (n == 0) return;
+    use(place.device);
+    T* data = nullptr;
+    COHORT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data), n * sizeof(T)));
+    const cudaError_t zeroed = cudaMemsetAsync(data, 0, n * sizeof(T), place.stream);
+    if (zeroed != cudaSuccess) {
+      (void)cudaFree(data);
+      check(zeroed, "cudaMemsetAsync(data, 0, n * sizeof(T), place.stream)", __FILE__, __LINE__);
+    }
+    data_ = data;
+    size_ = n;
+  }
+  Buffer(Buffer&& other) noexcept
+      : device_(other.device_),
+        data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)) {}
+  Buffer& operator=(Buffer&& other) noexcept {
+    Buffer moved(std::move(other));
+    std::swap(device_, moved.device_);
+    std::swap(data_, moved.data_);
+    std::swap(size_, moved.size_);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (data_ == nullptr) return;
+    (void)cudaSetDevice(device_);
+    (void)cudaFree(data_);  // waits for the device's work: nothing still uses the memory
+  }
+
+  std::span<T> span() { return {data_, size_}; }
+  std::span<const T> span() const { return {data_, size_}; }
+  std::size_t size() const { return size_; }
+  int device() const { return device_; }
+
+ private:
+  int device_ = 0;
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+namespace detail {
+
+// Device memory for the length of one call, allocated and freed in stream order.
+template <class T>
+class StreamScratch {
+ public:
+  StreamScratch(std::size_t n, cudaStream_t stream) : stream_(stream) {
+    COHORT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&data_), n * sizeof(T), stream_));
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  ~StreamScratch() { (void)cudaFreeAsync(data_, stream_); }
+  T* data() const { return data_; }
+
+ private:
+  cudaStream_t stream_;
+  T* data_ = nullptr;
+};
+
+template <class T>
+void copy_on(const Place& place, const T* from, T* to, std::size_t n) {
+  if (n == 0) return;
+  use(place.device);
+  // cudaMemcpyDefault: the direction follows from the pointers (unified addressing), so a model
+  // whose parameters are managed or pinned memory works too.
+  COHORT_CUDA_CHECK(cudaMemcpyAsync(to, from, n * sizeof(T), cudaMemcpyDefault, place.stream));
+}
+
+}  // namespace detail
+}  // namespace cuda
+
+struct Cuda {
+  static constexpr std::string_view kName = "cuda";
+  using Place = cuda::Place;
+  template <class T>
+  using Buffer = cuda::Buffer<T>;
+
+  template <class T>
+  static void copy(const Place& place, std::span<const std::type_identity_t<T>> from,
+                   std::span<T> to) {
+    COHORT_ASSERT(from.size() == to.size());
+    cuda::detail::copy_on(place, from.data(), to.data(), to.size());
+  }
+
+  template <class T>
+  static void add_into(const Place& place, std::span<T> inout,
+                       std::span<const std::type_identity_t<T>> in) {
+    COHORT_ASSERT(inout.size() == in.size());
+    if (inout.empty()) return;
+    cuda::use(place.device);
+    ::cohort::cuda::combine_into<T>(ReduceOp::kSum, inout.data(), in.data(), inout.size(),
+                                    place.stream);
+  }
+
+  // Waits for place.stream: the result is needed on the host (the clipping factor).
+  template <class T>
+  static double sum_of_squares(const Place& place, std::span<const T> x) {
+    cuda::use(place.device);
+    const std::size_t workspace = ::cohort::cuda::sum_of_squares_workspace(x.size());
+    double result = 0.0;
+    {
+      cuda::detail::StreamScratch<double> scratch(workspace + 1, place.stream);
+      double* const sum = scratch.data() + workspace;
+      ::cohort::cuda::sum_of_squares<T>(x.data(), x.size(), scratch.data(), sum, place.stream);
+      COHORT_CUDA_CHECK(
+          cudaMemcpyAsync(&result, sum, sizeof(double), cudaMemcpyDeviceToHost, place.stream));
+      COHORT_CUDA_CHECK(cudaStreamSynchronize(place.stream));
+    }
+    return result;
+  }
+
+  template <class O, class T>
+  static void step(const Place& place, const O& o, std::span<T> parameters,
+                   std::span<const std::type_identity_t<T>> gradients, std::span<T> state,
+                   optimizer::StepContext context) {
+    COHORT_ASSERT(gradients.size() == parameters.size());
+    COHORT_ASSERT(state.size() == O::kStateSlots * parameters.size());
+    cuda::use(place.device);
+    ::cohort::cuda::step(o, parameters.data(), gradients.data(), state.data(), parameters.size(),
+                         context, place.stream);
+  }
+
+  template <class T>
+  static void to_host(const Place& place, std::span<const std::type_identity_t<T>> from,
+                      std::span<T> host) {
+    COHORT_ASSERT(from.size() == host.size());
+    cuda::detail::copy_on(place, from.data(), host.data(), host.size());
+    synchronize(place);
+  }
+
+  template <class T>
+  static void from_host(const Place& place, std::span<const std::type_identity_t<T>> host,
+                        std::span<T> to) {
+    COHORT_ASSERT(host.size() == to.size());
+    cuda::detail::copy_on(place, host.data(), to.data(), to.size());
+    synchronize(place);  // the host memory may go as soon as this returns
+  }
+
+  static void synchronize(const Place& place) {
+    cuda::use(place.device);
+    COHORT_CUDA_CHECK(cudaStreamSynchronize(place.stream));
+  }
+};
+static_assert(Device<Cuda>);
+
+}  // namespace cohort::device

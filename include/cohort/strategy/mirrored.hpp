@@ -4,7 +4,12 @@
 // gradients are all-reduced by the collective (in the canonical tree order), and every replica
 // applies the same update to its copy, so the copies stay identical.
 //
-//   cohort::strategy::Mirrored<> mirrored({.replicas = 4});
+//   cohort::strategy::Mirrored<> mirrored({.replicas = 4});     // host replicas: this header
+//   cohort::strategy::Mirrored<cohort::device::Cuda, cohort::collective::Nccl> gpus({});
+//       // one replica per GPU: strategy/mirrored_cuda.hpp (cohort::cuda), same bits
+//
+// The device and the collective go together: device::Cpu with collective::Local (the default),
+// device::Cuda with collective::Nccl. Any other pair is refused at compile time with a sentence.
 //
 // Options:
 //   replicas   number of replicas (threads), at least 1
@@ -25,13 +30,35 @@
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/strategy.hpp"
 
+// Declared only, so that the sentences below can name them without a CUDA header: defined in
+// device/cuda.hpp and collective/nccl.hpp.
+namespace cohort::device {
+struct Cuda;
+}
+namespace cohort::collective {
+class Nccl;
+}
+
 namespace cohort::strategy {
 
+// Host replicas. Mirrored<device::Cuda, collective::Nccl> is a specialization of its own
+// (strategy/mirrored_cuda.hpp).
 template <device::Device Device = device::Cpu, class Collective = collective::Local>
 class Mirrored {
-  static_assert(std::same_as<Device, device::Cpu>,
-                "cohort: Mirrored runs host replicas on device::Cpu; GPU replicas need the CUDA "
-                "device and collective::Nccl.");
+  static_assert(!std::same_as<Device, device::Cuda> || !std::same_as<Collective, collective::Nccl>,
+                "cohort: Mirrored<device::Cuda, collective::Nccl> is defined in "
+                "cohort/strategy/mirrored_cuda.hpp (cohort::cuda): include it.");
+  static_assert(!std::same_as<Device, device::Cuda> || std::same_as<Collective, collective::Nccl>,
+                "cohort: Mirrored on device::Cuda needs collective::Nccl, the collective over GPU "
+                "memory: write Mirrored<device::Cuda, collective::Nccl> "
+                "(cohort/strategy/mirrored_cuda.hpp).");
+  static_assert(std::same_as<Device, device::Cuda> || !std::same_as<Collective, collective::Nccl>,
+                "cohort: collective::Nccl reduces GPU memory, and Mirrored on device::Cpu keeps "
+                "the replicas on the host: use Mirrored<> (collective::Local), or "
+                "Mirrored<device::Cuda, collective::Nccl> for GPU replicas.");
+  static_assert(std::same_as<Device, device::Cpu> || std::same_as<Device, device::Cuda>,
+                "cohort: Mirrored runs host replicas on device::Cpu, and GPU replicas on "
+                "device::Cuda with collective::Nccl.");
 
  public:
   static constexpr std::string_view kName = "mirrored";

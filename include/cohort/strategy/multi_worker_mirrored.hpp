@@ -9,6 +9,13 @@
 // Mirrored with 4 replicas in one process give the same bits.
 //
 //   cohort::strategy::MultiWorkerMirrored<> strategy({.local_replicas = 2});
+//   cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, cohort::collective::Ring> ring(...);
+//   cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda> gpus({});
+//       // one GPU per process: strategy/multi_worker_mirrored_cuda.hpp (cohort::cuda)
+//
+// Template arguments: the device of the replicas (device::Cpu here), and the collective between
+// processes (collective::Deterministic, the default, or collective::Ring: faster on many hosts,
+// its own bits).
 //
 // Who is who comes from the launcher (cluster/cluster.hpp: explicit options, COHORT_*,
 // TF_CONFIG, torchrun, Open MPI, Slurm; docs/launching.md). Construction does the rendezvous: it
@@ -30,6 +37,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdio>
 #include <memory>
@@ -42,16 +50,32 @@
 #include "cohort/collective/local.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduction_tree.hpp"
+#include "cohort/device/cpu.hpp"
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/detail/tcp_options.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
+// Declared only, so that the sentence below can name it without a CUDA header.
+namespace cohort::device {
+struct Cuda;
+}
+
 namespace cohort::strategy {
 
-template <template <class> class CrossCollective = collective::Deterministic>
+// Host replicas. MultiWorkerMirrored<device::Cuda, ...> is a specialization of its own
+// (strategy/multi_worker_mirrored_cuda.hpp).
+template <device::Device D = device::Cpu,
+          template <class> class CrossCollective = collective::Deterministic>
 class MultiWorkerMirrored {
+  static_assert(!std::same_as<D, device::Cuda>,
+                "cohort: MultiWorkerMirrored<device::Cuda> (one GPU per process) is defined in "
+                "cohort/strategy/multi_worker_mirrored_cuda.hpp (cohort::cuda): include it.");
+  static_assert(std::same_as<D, device::Cpu> || std::same_as<D, device::Cuda>,
+                "cohort: MultiWorkerMirrored runs host replicas on device::Cpu, or one GPU per "
+                "process on device::Cuda.");
+
  public:
   static constexpr std::string_view kName = "multi_worker_mirrored";
   using Cross = CrossCollective<transport::tcp::Tcp>;

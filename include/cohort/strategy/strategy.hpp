@@ -25,6 +25,14 @@
 //   replica.update(u)       the synchronization of one step (Update below): turns this replica's
 //                           gradient fold into new parameters. Mirrored strategies all-reduce and
 //                           apply the optimizer locally; a parameter server pushes and pulls.
+//
+// Replicas on a device other than the host (Mirrored<device::Cuda, collective::Nccl>) say where
+// they live; a strategy that says nothing runs on device::Cpu:
+//   S::Device               the device::Device of its replicas
+//   s.place(local_index)    the S::Device::Place of local replica local_index (its GPU and stream),
+//                           valid while the strategy lives: the Trainer places the replica's
+//                           model, gradient fold and optimizer state there, and replica.update()
+//                           works there. The communicator's spans are memory at that place.
 #pragma once
 
 #include <concepts>
@@ -34,6 +42,8 @@
 #include <string_view>
 
 #include "cohort/collective/collective.hpp"
+#include "cohort/device/cpu.hpp"
+#include "cohort/device/device.hpp"
 #include "cohort/optimizer/optimizer.hpp"
 
 namespace cohort::strategy {
@@ -68,5 +78,32 @@ concept Strategy = requires(S& s, const S& cs) {
   { cs.is_chief() } -> std::convertible_to<bool>;
   s.run(detail::AnyReplicaBody{});
 };
+
+namespace detail {
+template <class S>
+struct DeviceOf {
+  using type = device::Cpu;
+};
+template <class S>
+  requires requires { typename S::Device; }
+struct DeviceOf<S> {
+  using type = typename S::Device;
+};
+}  // namespace detail
+
+// The device of S's replicas: S::Device, or device::Cpu for a strategy that names none.
+template <class S>
+using DeviceOf = typename detail::DeviceOf<S>::type;
+
+// Where local replica local_index of strategy lives: strategy.place(local_index), or the CPU's
+// (empty) place for a strategy without places.
+template <class S>
+typename DeviceOf<S>::Place place_of(const S& strategy, std::size_t local_index) {
+  if constexpr (requires { strategy.place(local_index); }) {
+    return strategy.place(local_index);
+  } else {
+    return {};
+  }
+}
 
 }  // namespace cohort::strategy

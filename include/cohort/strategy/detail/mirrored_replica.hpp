@@ -1,5 +1,6 @@
 // The replica that Mirrored and MultiWorkerMirrored hand to the Trainer's step: its global index,
-// its communicator over every replica of the job, and the all-reduce update.
+// its communicator over every replica of the job, its place on its device, and the all-reduce
+// update.
 #pragma once
 
 #include <cstddef>
@@ -7,19 +8,23 @@
 #include <span>
 #include <utility>
 
+#include "cohort/device/cpu.hpp"
 #include "cohort/strategy/detail/all_reduce_update.hpp"
 #include "cohort/strategy/strategy.hpp"
 
 namespace cohort::strategy::detail {
 
-template <class Communicator>
+template <class Communicator, device::Device D = device::Cpu>
 class MirroredReplica {
  public:
-  MirroredReplica(std::size_t index, Communicator communicator)
-      : index_(index), communicator_(std::move(communicator)) {}
+  using Place = typename D::Place;
+
+  MirroredReplica(std::size_t index, Communicator communicator, Place place = {})
+      : index_(index), communicator_(std::move(communicator)), place_(place) {}
 
   std::size_t index() const { return index_; }
   Communicator& communicator() { return communicator_; }
+  const Place& place() const { return place_; }
 
   // Replicas built in other processes take the chief's parameters; the optimizer state and the
   // step are already the same everywhere (a fresh run, or the same checkpoint restored).
@@ -30,12 +35,13 @@ class MirroredReplica {
 
   template <class T, class O>
   void update(Update<T, O>& update) {
-    all_reduce_update(communicator_, update);
+    all_reduce_update<D>(communicator_, update, place_);
   }
 
  private:
   std::size_t index_;
   Communicator communicator_;
+  [[no_unique_address]] Place place_;
 };
 
 }  // namespace cohort::strategy::detail

@@ -23,18 +23,28 @@ inline std::string describe(std::exception_ptr failure) {
   }
 }
 
-// make_replica(local_index) builds the replica handed to body; it has communicator().abort().
+// make_replica(local_index) builds the replica handed to body, on the replica's own thread (a GPU
+// replica sets its device there); the replica has communicator().abort().
 template <class MakeReplica, class Body>
 void run_replica_threads(std::size_t count, MakeReplica&& make_replica, Body& body) {
   std::exception_ptr first_failure;
   std::once_flag record_failure;
+  const auto record = [&] {
+    std::call_once(record_failure, [&] { first_failure = std::current_exception(); });
+  };
   auto replica_main = [&](std::size_t local_index) {
-    auto replica = make_replica(local_index);
     try {
-      body(replica);
+      auto replica = make_replica(local_index);
+      try {
+        body(replica);
+      } catch (...) {
+        record();
+        replica.communicator().abort(describe(std::current_exception()));
+      }
     } catch (...) {
-      std::call_once(record_failure, [&] { first_failure = std::current_exception(); });
-      replica.communicator().abort(describe(std::current_exception()));
+      // The replica could not be built (its device, or its communicator's set-up): it has no
+      // communicator to abort, so the others fail when their set-up or first collective times out.
+      record();
     }
   };
   {

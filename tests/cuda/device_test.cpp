@@ -1,0 +1,95 @@
+// device::Cuda, the per-device interface of the Trainer's step (device/device.hpp), against
+// device::Cpu, the reference: the same calls on the same values give the same bits.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "cohort/device/cpu.hpp"
+#include "cohort/device/cuda.hpp"
+#include "cohort/optimizer/adam.hpp"
+#include "gpu.hpp"
+
+namespace {
+
+using cohort::device::Cpu;
+using cohort::device::Cuda;
+using cohort::test::gpu_only;
+using cohort::test::random_floats;
+
+static_assert(cohort::device::Device<Cpu>);
+static_assert(cohort::device::Device<Cuda>);
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+std::vector<float> host_copy(const cohort::device::cuda::Place& place,
+                             const Cuda::Buffer<float>& buffer) {
+  std::vector<float> host(buffer.size());
+  Cuda::to_host(place, buffer.span(), std::span<float>(host));
+  return host;
+}
+
+}  // namespace
+
+TEST_CASE("device::Cuda buffers start at zero and copy to and from the host" * gpu_only()) {
+  const cohort::device::cuda::Stream stream(0);
+  for (std::size_t n : cohort::test::odd_lengths()) {
+    CAPTURE(n);
+    Cuda::Buffer<float> buffer(n, stream.place());
+    CHECK(buffer.size() == n);
+    CHECK(same_bits(host_copy(stream.place(), buffer), std::vector<float>(n, 0.0f)));
+    const std::vector<float> values = random_floats(n, 3 + n);
+    Cuda::from_host(stream.place(), std::span<const float>(values), buffer.span());
+    Cuda::Buffer<float> copy(n, stream.place());
+    Cuda::copy(stream.place(), std::span<const float>(buffer.span()), copy.span());
+    CHECK(same_bits(host_copy(stream.place(), copy), values));
+    Cuda::Buffer<float> moved = std::move(copy);
+    CHECK(copy.size() == 0);
+    CHECK(same_bits(host_copy(stream.place(), moved), values));
+  }
+}
+
+TEST_CASE("device::Cuda's add_into, sum_of_squares and step equal device::Cpu's bit for bit" *
+          gpu_only()) {
+  const cohort::device::cuda::Stream stream(0);
+  const auto place = stream.place();
+  const cohort::optimizer::Adam adam({.learning_rate = 1e-3, .weight_decay = 0.01});
+  for (std::size_t n : cohort::test::odd_lengths()) {
+    CAPTURE(n);
+    std::vector<float> sum = random_floats(n, 10 + n);
+    const std::vector<float> addend = random_floats(n, 20 + n);
+    std::vector<float> parameters = random_floats(n, 30 + n);
+    std::vector<float> state(cohort::optimizer::Adam::kStateSlots * n, 0.0f);
+
+    Cuda::Buffer<float> d_sum(n, place);
+    Cuda::Buffer<float> d_addend(n, place);
+    Cuda::Buffer<float> d_parameters(n, place);
+    Cuda::Buffer<float> d_state(state.size(), place);
+    Cuda::from_host(place, std::span<const float>(sum), d_sum.span());
+    Cuda::from_host(place, std::span<const float>(addend), d_addend.span());
+    Cuda::from_host(place, std::span<const float>(parameters), d_parameters.span());
+
+    const Cpu::Place host{};
+    Cpu::add_into(host, std::span<float>(sum), std::span<const float>(addend));
+    Cuda::add_into(place, d_sum.span(), std::span<const float>(d_addend.span()));
+    CHECK(same_bits(host_copy(place, d_sum), sum));
+
+    const double cpu_norm = Cpu::sum_of_squares(host, std::span<const float>(sum));
+    const double gpu_norm = Cuda::sum_of_squares(place, std::span<const float>(d_sum.span()));
+    CHECK(std::memcmp(&cpu_norm, &gpu_norm, sizeof(double)) == 0);
+
+    for (std::uint64_t step = 1; step <= 2; ++step) {
+      const cohort::optimizer::StepContext context{.step = step, .gradient_scale = 0.125};
+      Cpu::step(host, adam, std::span<float>(parameters), std::span<const float>(sum),
+                std::span<float>(state), context);
+      Cuda::step(place, adam, d_parameters.span(), std::span<const float>(d_sum.span()),
+                 d_state.span(), context);
+    }
+    CHECK(same_bits(host_copy(place, d_parameters), parameters));
+    CHECK(same_bits(host_copy(place, d_state), state));
+  }
+}

@@ -1,0 +1,88 @@
+// MultiWorkerMirrored<device::Cuda>: one GPU per process, real processes over 127.0.0.1 (started
+// by hand with COHORT_* variables, as a launcher would), against Mirrored on as many GPUs of one
+// process and against Mirrored<> on the CPU.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/strategy/mirrored_cuda.hpp"
+#include "cohort/strategy/multi_worker_mirrored_cuda.hpp"
+#include "error_message.hpp"
+#include "gpu.hpp"
+#include "processes.hpp"
+#include "twin_training.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using cohort::testing::Process;
+using cohort::testing::read_file;
+using cohort::testing::TemporaryDirectory;
+
+constexpr std::uint64_t kSteps = 30;
+
+std::string bytes_of(const std::vector<float>& parameters) {
+  return {reinterpret_cast<const char*>(parameters.data()), parameters.size() * sizeof(float)};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "MultiWorkerMirrored on 2 processes with a GPU each gives the bits of Mirrored on 2 GPUs" *
+    cohort::test::gpus_only(2)) {
+  const auto& data = cohort::testing::small_task_data();
+  auto gpus = cohort::test::make_twin_trainer<cohort::test::CudaTwin>(
+      cohort::strategy::Mirrored<cohort::device::Cuda, cohort::collective::Nccl>({.replicas = 2}),
+      cohort::test::twin_adam());
+  gpus.fit(data, {.steps = kSteps});
+  const std::string expected = bytes_of(gpus.model().host_parameters());
+  auto cpu = cohort::test::make_twin_trainer<cohort::test::CpuTwin>(
+      cohort::strategy::Mirrored<>({.replicas = 2}), cohort::test::twin_adam());
+  cpu.fit(data, {.steps = kSteps});
+  REQUIRE(bytes_of(cpu.model().host_parameters()) == expected);
+
+  TemporaryDirectory directory("cohort-cuda-multi-worker");
+  const fs::path out = directory.path / "parameters.bin";
+  const std::string port = std::to_string(cohort::testing::free_port());
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    workers.push_back(std::make_unique<Process>(
+        std::vector<std::string>{COHORT_GPU_TRAINER, std::to_string(kSteps), out.string()},
+        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
+                                           {"COHORT_WORLD_SIZE", "2"},
+                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                           {"COHORT_MASTER_PORT", port},
+                                           {"COHORT_JOB_ID", "cuda-multi-worker-test"}},
+        directory.path / ("rank" + std::to_string(rank) + ".log")));
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    const auto exit = workers[static_cast<std::size_t>(rank)]->wait(std::chrono::seconds(180));
+    const std::string log = read_file(directory.path / ("rank" + std::to_string(rank) + ".log"));
+    CAPTURE(log);
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code == 0);
+    CHECK(log.find("GPU " + std::to_string(rank)) != std::string::npos);  // local rank = rank
+  }
+  CHECK(read_file(out) == expected);
+}
+
+TEST_CASE(
+    "MultiWorkerMirrored<device::Cuda> without a GPU at local_rank is a ConfigError naming "
+    "local_rank") {
+  const int visible = cohort::device::cuda::device_count();
+  const std::string message = cohort::testing::config_error_message([&] {
+    cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda>(
+        {.cluster = {.rank = 0, .size = 1, .local_rank = visible, .local_size = visible + 1}});
+  });
+  CAPTURE(message);
+  CHECK(cohort::testing::contains(message, "local_rank = " + std::to_string(visible)));
+  CHECK(cohort::testing::contains(message, "has no GPU"));
+}
