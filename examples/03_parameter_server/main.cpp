@@ -34,8 +34,7 @@ int run(const example::DemoSettings& settings, std::size_t local_replicas) {
         "\n%s: %d worker(s) x %zu local replica(s), %d server(s): %.0f examples/s, held-out "
         "accuracy %.2f%%, parameters %llx\n",
         std::string(Consistency::kName).c_str(), workers, local_replicas, servers,
-        outcome.examples_per_second,
-        100.0 * outcome.accuracy,
+        outcome.examples_per_second, 100.0 * outcome.accuracy,
         static_cast<unsigned long long>(example::fingerprint(outcome.parameters)));
   }
   return 0;

@@ -284,9 +284,10 @@ class Trainer {
     std::uint64_t order_epoch = std::numeric_limits<std::uint64_t>::max();
     std::vector<std::size_t> indices;
     const double inverse_batch = 1.0 / static_cast<double>(options_.global_batch);
-    std::vector<double>
-        window_losses;  // this replica's loss fold of each step since the last report
-    Buffer<double> window_at_place;  // the same, where the communicator reduces them
+    // This replica's loss fold of each step since the last report, and the same where the
+    // communicator reduces them.
+    std::vector<double> window_losses;
+    Buffer<double> window_at_place;
     std::vector<StepTimes> window_times;
 
     for (std::uint64_t step = step_; step < target; ++step) {
@@ -310,13 +311,12 @@ class Trainer {
         });
         loss_fold.push([&](double& slot) { slot = loss; });
       }
-      strategy::Update<value_type, O> update{
-          .parameters = parameters,
-          .gradient_sum = gradient_fold.result().span(),
-          .optimizer = optimizer_,
-          .optimizer_state = optimizer_state,
-          .step = step,
-          .inverse_batch = inverse_batch};
+      strategy::Update<value_type, O> update{.parameters = parameters,
+                                             .gradient_sum = gradient_fold.result().span(),
+                                             .optimizer = optimizer_,
+                                             .optimizer_state = optimizer_state,
+                                             .step = step,
+                                             .inverse_batch = inverse_batch};
       replica.update(update);
       window_losses.push_back(loss_fold.result());
       window_times.push_back(

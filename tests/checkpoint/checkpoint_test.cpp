@@ -210,8 +210,8 @@ Sharded write_sharded(const fs::path& directory, std::uint64_t steps = 4) {
     part.parameters.assign(state.parameters.begin() + static_cast<std::ptrdiff_t>(part.begin),
                            state.parameters.begin() + static_cast<std::ptrdiff_t>(part.end));
     for (std::size_t slot = 0; slot < 2; ++slot) {
-      const auto first = state.optimizer_state.begin() +
-                         static_cast<std::ptrdiff_t>(slot * elements + part.begin);
+      const auto first =
+          state.optimizer_state.begin() + static_cast<std::ptrdiff_t>(slot * elements + part.begin);
       part.optimizer_state.insert(part.optimizer_state.end(), first,
                                   first + static_cast<std::ptrdiff_t>(part.end - part.begin));
     }

@@ -34,29 +34,10 @@ constexpr cohort::test::twin::Shape kShape = cohort::test::kTwinShape;
 constexpr std::uint64_t kModelSeed = cohort::test::kTwinSeed;
 constexpr std::uint64_t kSteps = 30;
 
-template <class Optimizer>
-Optimizer make_optimizer();
-template <>
-cohort::optimizer::Sgd make_optimizer() {
-  return cohort::optimizer::Sgd({.learning_rate = 0.1, .weight_decay = 1e-4});
-}
-template <>
-cohort::optimizer::Momentum make_optimizer() {
-  return cohort::optimizer::Momentum({.learning_rate = 0.05, .momentum = 0.9, .nesterov = true});
-}
-template <>
-cohort::optimizer::Adam make_optimizer() {
-  // Clipping at a norm the first steps exceed: the GPU's sum_of_squares takes part.
-  return cohort::test::twin_adam();
-}
-template <>
-cohort::optimizer::AdamW make_optimizer() {
-  return cohort::optimizer::AdamW({.learning_rate = 3e-3, .weight_decay = 0.01});
-}
-
 template <class Optimizer, class Model, class Strategy>
 auto make_trainer(Strategy strategy) {
-  return cohort::test::make_twin_trainer<Model>(std::move(strategy), make_optimizer<Optimizer>());
+  return cohort::test::make_twin_trainer<Model>(std::move(strategy),
+                                                cohort::testing::test_optimizer<Optimizer>());
 }
 
 struct Run {

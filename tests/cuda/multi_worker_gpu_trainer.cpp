@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
         {.connect_timeout = std::chrono::seconds(30), .timeout = std::chrono::seconds(60)});
     const bool chief = strategy.is_chief();
     auto trainer = cohort::test::make_twin_trainer<cohort::test::CudaTwin>(
-        std::move(strategy), cohort::test::twin_adam());
+        std::move(strategy), cohort::testing::test_optimizer<cohort::optimizer::Adam>());
     trainer.fit(cohort::testing::small_task_data(), {.steps = std::stoull(argv[1])});
     if (chief) {
       const std::vector<float> parameters = trainer.model().host_parameters();

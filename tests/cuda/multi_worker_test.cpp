@@ -39,11 +39,12 @@ TEST_CASE(
   const auto& data = cohort::testing::small_task_data();
   auto gpus = cohort::test::make_twin_trainer<cohort::test::CudaTwin>(
       cohort::strategy::Mirrored<cohort::device::Cuda, cohort::collective::Nccl>({.replicas = 2}),
-      cohort::test::twin_adam());
+      cohort::testing::test_optimizer<cohort::optimizer::Adam>());
   gpus.fit(data, {.steps = kSteps});
   const std::string expected = bytes_of(gpus.model().host_parameters());
   auto cpu = cohort::test::make_twin_trainer<cohort::test::CpuTwin>(
-      cohort::strategy::Mirrored<>({.replicas = 2}), cohort::test::twin_adam());
+      cohort::strategy::Mirrored<>({.replicas = 2}),
+      cohort::testing::test_optimizer<cohort::optimizer::Adam>());
   cpu.fit(data, {.steps = kSteps});
   REQUIRE(bytes_of(cpu.model().host_parameters()) == expected);
 

@@ -26,10 +26,4 @@ auto make_twin_trainer(Strategy strategy, Optimizer optimizer) {
                   .progress = Progress::kSilent});
 }
 
-// The optimizer of the multi-process comparison: Adam with clipping, so that every device
-// function of the step takes part.
-inline optimizer::Adam twin_adam() {
-  return optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = 0.5});
-}
-
 }  // namespace cohort::test

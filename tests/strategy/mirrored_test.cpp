@@ -17,26 +17,6 @@ using cohort::testing::small_model;
 using cohort::testing::small_task_data;
 
 template <class Optimizer>
-Optimizer make_optimizer();
-
-template <>
-cohort::optimizer::Sgd make_optimizer() {
-  return cohort::optimizer::Sgd({.learning_rate = 0.1, .weight_decay = 1e-4});
-}
-template <>
-cohort::optimizer::Momentum make_optimizer() {
-  return cohort::optimizer::Momentum({.learning_rate = 0.05, .momentum = 0.9, .nesterov = true});
-}
-template <>
-cohort::optimizer::Adam make_optimizer() {
-  return cohort::optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = 0.5});
-}
-template <>
-cohort::optimizer::AdamW make_optimizer() {
-  return cohort::optimizer::AdamW({.learning_rate = 3e-3, .weight_decay = 0.01});
-}
-
-template <class Optimizer>
 struct Run {
   std::vector<float> parameters;
   cohort::Report report;
@@ -46,7 +26,7 @@ template <class Optimizer>
 Run<Optimizer> train_mirrored(std::size_t replicas, std::uint64_t steps,
                               std::size_t micro_batches = 8) {
   cohort::Trainer trainer(small_model(), cohort::strategy::Mirrored<>({.replicas = replicas}),
-                          make_optimizer<Optimizer>(),
+                          cohort::testing::test_optimizer<Optimizer>(),
                           {.global_batch = 64,
                            .micro_batches = micro_batches,
                            .seed = 11,
@@ -88,7 +68,7 @@ TEST_CASE("the micro-batch count is part of the result's definition") {
 
 TEST_CASE("fit counts epochs and steps from the beginning of the run") {
   cohort::Trainer trainer(small_model(), cohort::strategy::Mirrored<>({.replicas = 2}),
-                          make_optimizer<cohort::optimizer::Sgd>(),
+                          cohort::testing::test_optimizer<cohort::optimizer::Sgd>(),
                           {.global_batch = 64, .progress = cohort::Progress::kSilent});
   const std::uint64_t steps_per_epoch = small_task_data().size() / 64;  // remainder dropped
   CHECK(trainer.fit(small_task_data(), {.epochs = 1}).steps == steps_per_epoch);
@@ -103,7 +83,7 @@ TEST_CASE("invalid options raise ConfigError naming the field") {
         std::string::npos);
   CHECK(message_of([] {
           cohort::Trainer trainer(small_model(), cohort::strategy::Mirrored<>({.replicas = 1}),
-                                  make_optimizer<cohort::optimizer::Sgd>(),
+                                  cohort::testing::test_optimizer<cohort::optimizer::Sgd>(),
                                   {.global_batch = 4, .micro_batches = 8});
         }).find("global_batch") != std::string::npos);
   CHECK(message_of([] {
@@ -111,12 +91,12 @@ TEST_CASE("invalid options raise ConfigError naming the field") {
         }).find("learning_rate") != std::string::npos);
   CHECK(message_of([] {
           cohort::Trainer trainer(small_model(), cohort::strategy::Mirrored<>({.replicas = 3}),
-                                  make_optimizer<cohort::optimizer::Sgd>(),
+                                  cohort::testing::test_optimizer<cohort::optimizer::Sgd>(),
                                   {.global_batch = 64, .micro_batches = 8});
         }).find("micro_batches") != std::string::npos);
   CHECK(message_of([] {
           cohort::Trainer trainer(small_model(), cohort::strategy::Mirrored<>({.replicas = 1}),
-                                  make_optimizer<cohort::optimizer::Sgd>(),
+                                  cohort::testing::test_optimizer<cohort::optimizer::Sgd>(),
                                   {.global_batch = 4096, .micro_batches = 8});
           trainer.fit(small_task_data(), {.steps = 1});
         }).find("global_batch") != std::string::npos);
@@ -143,7 +123,7 @@ struct FaultyData {
 
 TEST_CASE("a replica that throws releases the others and fit rethrows its error") {
   cohort::Trainer trainer(small_model(), cohort::strategy::Mirrored<>({.replicas = 4}),
-                          make_optimizer<cohort::optimizer::Sgd>(),
+                          cohort::testing::test_optimizer<cohort::optimizer::Sgd>(),
                           {.global_batch = 64, .progress = cohort::Progress::kSilent});
   CHECK_THROWS_WITH_AS(trainer.fit(FaultyData{FaultyData::Fault::kThrow}, {.epochs = 1}),
                        "example 5 is unreadable", std::runtime_error);
@@ -153,7 +133,7 @@ TEST_CASE("a replica that stalls past the timeout fails the step with a CommErro
   cohort::Trainer trainer(
       small_model(),
       cohort::strategy::Mirrored<>({.replicas = 2, .timeout = std::chrono::milliseconds(300)}),
-      make_optimizer<cohort::optimizer::Sgd>(),
+      cohort::testing::test_optimizer<cohort::optimizer::Sgd>(),
       {.global_batch = 64, .progress = cohort::Progress::kSilent});
   const auto start = std::chrono::steady_clock::now();
   try {

@@ -3,8 +3,8 @@
 // fault tests.
 #include <doctest/doctest.h>
 
-#include <cohort/strategy/parameter_server.hpp>
 #include <algorithm>
+#include <cohort/strategy/parameter_server.hpp>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -34,7 +34,7 @@ std::string mirrored_parameters(std::uint64_t steps, double clip = 0.0) {
       clip > 0.0 ? cohort::testing::wide_model() : cohort::testing::small_model(),
       cohort::strategy::Mirrored<>({.replicas = 4}),
       cohort::optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = clip}),
-                          {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+      {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
   trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
   return bytes_of(cohort::testing::parameters_of(trainer.model()));
 }
@@ -162,8 +162,8 @@ TEST_CASE("workers of 2 replica threads each: sync equals Mirrored, async trains
   TemporaryDirectory directory("cohort-ps-local");
   const fs::path out = directory.path / "parameters.bin";
   {
-    const auto [exit, output] = launch(2, 2, {"sync", "50", out, "--local-replicas", "2"},
-                                       directory.path / "sync.log");
+    const auto [exit, output] =
+        launch(2, 2, {"sync", "50", out, "--local-replicas", "2"}, directory.path / "sync.log");
     CAPTURE(output);
     REQUIRE(exit.exited);
     REQUIRE(exit.code == 0);
@@ -172,8 +172,8 @@ TEST_CASE("workers of 2 replica threads each: sync equals Mirrored, async trains
     CHECK(output.find("pushes applied per worker [50, 50]") != std::string::npos);
   }
   fs::remove(out);
-  const auto [exit, output] = launch(2, 1, {"async", "200", out, "--local-replicas", "2"},
-                                     directory.path / "async.log");
+  const auto [exit, output] =
+      launch(2, 1, {"async", "200", out, "--local-replicas", "2"}, directory.path / "async.log");
   CAPTURE(output);
   REQUIRE(exit.exited);
   REQUIRE(exit.code == 0);
@@ -316,8 +316,8 @@ TEST_CASE("a restart from the last checkpoint reaches the parameters of an unint
     }
   }
   std::sort(files.begin(), files.end());
-  CHECK(files == std::vector<std::string>{"run.ckpt", manifest.shards[0].file,
-                                          manifest.shards[1].file});
+  CHECK(files ==
+        std::vector<std::string>{"run.ckpt", manifest.shards[0].file, manifest.shards[1].file});
 
   SUBCASE("every process restores the manifest and continues under ParameterServer") {
     fs::remove(out);
@@ -329,10 +329,10 @@ TEST_CASE("a restart from the last checkpoint reaches the parameters of an unint
     CHECK(read_file(out) == expected);
   }
   SUBCASE("Mirrored restores the sharded checkpoint and continues with the same bits") {
-    cohort::Trainer trainer(cohort::testing::small_model(),
-                            cohort::strategy::Mirrored<>({.replicas = 2}),
-                            cohort::optimizer::Adam({.learning_rate = 3e-3}),
-                            {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+    cohort::Trainer trainer(
+        cohort::testing::small_model(), cohort::strategy::Mirrored<>({.replicas = 2}),
+        cohort::optimizer::Adam({.learning_rate = 3e-3}),
+        {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
     trainer.restore(checkpoint);
     CHECK(trainer.step() == 30);
     trainer.fit(cohort::testing::small_task_data(), {.steps = 50});

@@ -134,10 +134,10 @@ int train(const Settings& settings) {
     const std::size_t parameters = cohort::testing::parameters_of(model).size();
     if (send_bad_requests(strategy, parameters) != 0) return 3;
   }
-  cohort::Trainer trainer(model, std::move(strategy),
-                          cohort::optimizer::Adam({.learning_rate = 3e-3,
-                                                   .max_gradient_norm = settings.clip}),
-                          {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+  cohort::Trainer trainer(
+      model, std::move(strategy),
+      cohort::optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = settings.clip}),
+      {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
   if (!settings.restore.empty()) trainer.restore(settings.restore);
   const Data data{&cohort::testing::small_task_data(),
                   worker == settings.slow_worker ? settings.sleep_ms : 0};

@@ -25,6 +25,27 @@ inline example::Mlp small_model(std::uint64_t seed = 7) { return example::Mlp({8
 // parameter server's block-aligned shards spread it over several servers.
 inline example::Mlp wide_model(std::uint64_t seed = 7) { return example::Mlp({8, 1024, 4}, seed); }
 
+// The optimizers the strategy tests train with, one of each kind; Adam clips at a norm the first
+// steps exceed, so that the sum of squares takes part.
+template <class Optimizer>
+Optimizer test_optimizer();
+template <>
+inline optimizer::Sgd test_optimizer() {
+  return optimizer::Sgd({.learning_rate = 0.1, .weight_decay = 1e-4});
+}
+template <>
+inline optimizer::Momentum test_optimizer() {
+  return optimizer::Momentum({.learning_rate = 0.05, .momentum = 0.9, .nesterov = true});
+}
+template <>
+inline optimizer::Adam test_optimizer() {
+  return optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = 0.5});
+}
+template <>
+inline optimizer::AdamW test_optimizer() {
+  return optimizer::AdamW({.learning_rate = 3e-3, .weight_decay = 0.01});
+}
+
 inline std::vector<float> parameters_of(const example::Mlp& model) {
   auto copy = model;
   const auto parameters = ModelTraits<example::Mlp>::parameters(copy);

@@ -112,7 +112,7 @@ struct ShardState {
   std::uint64_t elements = 0;  // of the whole parameter vector
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
-  std::uint64_t step = 0;  // the run's step the chief ordered the save at
+  std::uint64_t step = 0;          // the run's step the chief ordered the save at
   std::vector<T> parameters;       // end - begin values
   std::vector<T> optimizer_state;  // slots x (end - begin) values, slot-major
 
@@ -239,14 +239,15 @@ Contents<Payload> read_container(const std::filesystem::path& file, const Magic&
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 
   const auto has = [&](const Magic& expected) {
-    return bytes.size() >= kHeaderBytes && std::equal(expected.begin(), expected.end(), bytes.begin());
+    return bytes.size() >= kHeaderBytes &&
+           std::equal(expected.begin(), expected.end(), bytes.begin());
   };
   if (!has(magic)) {
     if (has(kShardMagic)) {
       refuse(file, "is one shard of a sharded checkpoint; restore its manifest instead");
     }
     refuse(file, magic == kShardMagic ? "not a cohort checkpoint shard (no COHORTSH header)"
-                                        : "not a cohort checkpoint (no COHORTCK header)");
+                                      : "not a cohort checkpoint (no COHORTCK header)");
   }
   const auto version = extract<std::uint32_t>(bytes, 8);
   if (version != kFormatVersion) {
@@ -324,9 +325,8 @@ void assemble(const std::filesystem::path& manifest, TrainingState<T>& state) {
       refuse(manifest, "shard " + file.string() + " holds " +
                            std::to_string(shard.parameters.size()) + " parameters and " +
                            std::to_string(shard.optimizer_state.size()) +
-                           " optimizer state values for elements [" +
-                           std::to_string(shard.begin) + ", " + std::to_string(shard.end) +
-                           ") of " + std::to_string(elements));
+                           " optimizer state values for elements [" + std::to_string(shard.begin) +
+                           ", " + std::to_string(shard.end) + ") of " + std::to_string(elements));
     }
     std::copy(shard.parameters.begin(), shard.parameters.end(),
               state.parameters.begin() + static_cast<std::ptrdiff_t>(shard.begin));
@@ -398,8 +398,9 @@ void write(const std::filesystem::path& file, const TrainingState<T>& state) {
   const auto replaced = detail::shard_files(file);
   detail::write_container<T>(file, state.shards.empty() ? kMagic : kManifestMagic, state);
   for (const auto& old : replaced) {
-    const bool kept = std::any_of(state.shards.begin(), state.shards.end(),
-                                  [&](const auto& record) { return old.filename() == record.file; });
+    const bool kept =
+        std::any_of(state.shards.begin(), state.shards.end(),
+                    [&](const auto& record) { return old.filename() == record.file; });
     std::error_code ignored;  // a shard left behind costs space, never correctness
     if (!kept) std::filesystem::remove(old, ignored);
   }

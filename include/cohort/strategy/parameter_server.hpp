@@ -252,8 +252,8 @@ class ParameterServer {
   // Trainer::save: a sharded checkpoint (checkpoint/checkpoint.hpp). Every process calls it after
   // the same fit. The chief orders every server that holds a shard to write it beside `file`,
   // waits until each has reported its file durable, then writes the manifest `file` (which
-  // removes the shard files of the manifest it replaced). A server writes its shard from `state`, its own
-  // copies, which serve() left holding its shard. Other workers return at once.
+  // removes the shard files of the manifest it replaced). A server writes its shard from `state`,
+  // its own copies, which serve() left holding its shard. Other workers return at once.
   template <class T>
   void save(const std::filesystem::path& file, const checkpoint::TrainingState<T>& state) const {
     namespace ps = detail::ps;
@@ -282,9 +282,9 @@ class ParameterServer {
     try {
       transport_->transfer(sends, receives);
     } catch (const CommError& error) {
-      throw CommError("checkpoint " + file.string() + ": the servers' shards were not all " +
-                      "written (every process must call Trainer::save after the same fit): " +
-                      error.what());
+      throw CommError(
+          "checkpoint " + file.string() + ": the servers' shards were not all " +
+          "written (every process must call Trainer::save after the same fit): " + error.what());
     }
     checkpoint::TrainingState<T> manifest = state;
     manifest.parameters.clear();
@@ -292,14 +292,13 @@ class ParameterServer {
     for (std::size_t i = 0; i < holders.size(); ++i) {
       if (reports[i].status != 0) {
         throw CheckpointError("checkpoint " + file.string() + ": parameter server " +
-                              std::to_string(holders[i]) + " could not write its shard: " +
-                              reports[i].message);
+                              std::to_string(holders[i]) +
+                              " could not write its shard: " + reports[i].message);
       }
       const auto& chunks = shards.chunks_of(holders[i]);
       manifest.shards.push_back(
-          {.file = checkpoint::shard_file_name(file, order.step, order.token,
-                                               static_cast<std::size_t>(holders[i]),
-                                               holders.size()),
+          {.file = checkpoint::shard_file_name(
+               file, order.step, order.token, static_cast<std::size_t>(holders[i]), holders.size()),
            .begin = chunks.front().begin,
            .end = chunks.back().end,
            .crc32 = reports[i].crc32});
@@ -501,17 +500,18 @@ class ParameterServer {
   template <class T, class O>
   void check_optimizer(const O& optimizer) const {
     if (kStaleness != 0 || optimizer.options().max_gradient_norm <= 0.0) return;
-    const std::string why = " when clipping (max_gradient_norm > 0): shard and chunk boundaries "
-                            "must fall on the gradient norm's blocks of " +
-                            std::to_string(device::cpu::kNormBlock) + " elements";
+    const std::string why =
+        " when clipping (max_gradient_norm > 0): shard and chunk boundaries "
+        "must fall on the gradient norm's blocks of " +
+        std::to_string(device::cpu::kNormBlock) + " elements";
     if (options_.alignment % device::cpu::kNormBlock != 0) {
       options::reject("alignment", options_.alignment,
                       "must be a multiple of " + std::to_string(device::cpu::kNormBlock) + why);
     }
     if (options_.chunk_bytes % (device::cpu::kNormBlock * sizeof(T)) != 0) {
-      options::reject("chunk_bytes", options_.chunk_bytes,
-                      "must be a multiple of " +
-                          std::to_string(device::cpu::kNormBlock * sizeof(T)) + why);
+      options::reject(
+          "chunk_bytes", options_.chunk_bytes,
+          "must be a multiple of " + std::to_string(device::cpu::kNormBlock * sizeof(T)) + why);
     }
   }
 
@@ -549,11 +549,11 @@ class ParameterServer {
     ps::SaveReport report;
     std::string failure;
     try {
-      report.crc32 = checkpoint::write(
-          file.parent_path() / checkpoint::shard_file_name(file, order.step, order.token,
-                                                           static_cast<std::size_t>(spec_.rank),
-                                                           holders),
-          shard);
+      report.crc32 =
+          checkpoint::write(file.parent_path() / checkpoint::shard_file_name(
+                                                     file, order.step, order.token,
+                                                     static_cast<std::size_t>(spec_.rank), holders),
+                            shard);
     } catch (const CheckpointError& error) {
       failure = error.what();
       report.status = 1;

@@ -433,7 +433,8 @@ class Server {
       theirs.resize((elements + device::cpu::kNormBlock - 1) / device::cpu::kNormBlock);
       const int peer = options_.workers + server;
       sends.push_back({peer, header(tag::kNormBlocks), std::as_bytes(std::span(mine))});
-      receives.push_back({peer, header(tag::kNormBlocks), std::as_writable_bytes(std::span(theirs))});
+      receives.push_back(
+          {peer, header(tag::kNormBlocks), std::as_writable_bytes(std::span(theirs))});
     }
     try {
       transport_.transfer(sends, receives);
