@@ -98,13 +98,7 @@ class CudaMlp {
   // layout, on the host.
   CudaMlp(std::vector<std::size_t> sizes, std::vector<float> initial)
       : sizes_(std::move(sizes)), host_parameters_(std::move(initial)) {
-    std::size_t total = 0;
-    for (std::size_t layer = 0; layer + 1 < sizes_.size(); ++layer) {
-      weight_offsets_.push_back(total);
-      total += sizes_[layer] * sizes_[layer + 1];
-      bias_offsets_.push_back(total);
-      total += sizes_[layer + 1];
-    }
+    const std::size_t total = lay_out(sizes_, weight_offsets_, bias_offsets_);
     if (total != host_parameters_.size()) {
       throw std::invalid_argument("CudaMlp: " + std::to_string(host_parameters_.size()) +
                                   " initial parameters for layers that need " +

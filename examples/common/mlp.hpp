@@ -22,6 +22,22 @@ struct Batch {
   std::size_t size() const { return labels.size(); }
 };
 
+// The flat parameter layout of an MLP with layer sizes `sizes` (inputs, hidden..., classes):
+// layer l's weights (sizes[l] x sizes[l + 1], row-major) at weight_offsets[l], then its biases at
+// bias_offsets[l]. Returns the number of parameters.
+inline std::size_t lay_out(const std::vector<std::size_t>& sizes,
+                           std::vector<std::size_t>& weight_offsets,
+                           std::vector<std::size_t>& bias_offsets) {
+  std::size_t total = 0;
+  for (std::size_t layer = 0; layer + 1 < sizes.size(); ++layer) {
+    weight_offsets.push_back(total);
+    total += sizes[layer] * sizes[layer + 1];
+    bias_offsets.push_back(total);
+    total += sizes[layer + 1];
+  }
+  return total;
+}
+
 class Mlp {
  public:
   using value_type = float;
@@ -29,13 +45,7 @@ class Mlp {
 
   // layer_sizes: inputs, hidden..., classes. Weights by He initialization from seed.
   Mlp(std::vector<std::size_t> layer_sizes, std::uint64_t seed) : sizes_(std::move(layer_sizes)) {
-    std::size_t total = 0;
-    for (std::size_t layer = 0; layer + 1 < sizes_.size(); ++layer) {
-      weight_offsets_.push_back(total);
-      total += sizes_[layer] * sizes_[layer + 1];
-      bias_offsets_.push_back(total);
-      total += sizes_[layer + 1];
-    }
+    const std::size_t total = lay_out(sizes_, weight_offsets_, bias_offsets_);
     parameters_.assign(total, 0.0f);
     gradients_.assign(total, 0.0f);
     std::mt19937_64 engine(seed);
