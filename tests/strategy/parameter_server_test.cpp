@@ -379,7 +379,8 @@ TEST_CASE(
     REQUIRE(exit.code == 0);
     const std::string steps = std::to_string(kSteps);
     CHECK(output.find("pushes applied per worker [" + steps + ", " + steps + ", " + steps +
-                      ", 0], dropped " + steps + ", workers lost 0") != std::string::npos);
+                      ", 0], dropped per worker [0, 0, 0, " + steps + "], workers lost 0") !=
+          std::string::npos);
     std::size_t applied = 0;
     for (auto at = output.find(" from 3 workers"); at != std::string::npos;
          at = output.find(" from 3 workers", at + 1)) {

@@ -229,12 +229,9 @@ class ParameterServer {
     std::string line = "cohort: parameter server " + std::to_string(spec_.rank) + " (" +
                        std::string(C::kName) + ", " +
                        std::to_string(shards.chunks_of(spec_.rank).size()) +
-                       " chunks): pushes applied per worker [";
-    for (std::size_t w = 0; w < counts_.applied.size(); ++w) {
-      line += (w == 0 ? "" : ", ") + std::to_string(counts_.applied[w]);
-    }
-    line += "], dropped " + std::to_string(counts_.dropped) + ", workers lost " +
-            std::to_string(counts_.lost.size());
+                       " chunks): pushes applied per worker " + list(counts_.applied);
+    if (options_.backup_workers != 0) line += ", dropped per worker " + list(counts_.dropped);
+    line += ", workers lost " + std::to_string(counts_.lost.size());
     if (kStaleness != 0) {
       line += ", staleness {";
       bool first = true;
@@ -495,6 +492,15 @@ class ParameterServer {
   }
 
  private:
+  // "[a, b, c]"
+  static std::string list(const std::vector<std::uint64_t>& counts) {
+    std::string text = "[";
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      text += (i == 0 ? "" : ", ") + std::to_string(counts[i]);
+    }
+    return text + "]";
+  }
+
   // Global-norm clipping under Sync composes the servers' block sums of squares
   // (detail/ps_server.hpp), so no shard or chunk boundary may split a block.
   template <class T, class O>

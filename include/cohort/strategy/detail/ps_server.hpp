@@ -50,7 +50,7 @@ struct ServerOptions {
 // What one serve() did, for the end-of-fit summary and the tests.
 struct ServerCounts {
   std::vector<std::uint64_t> applied;  // per worker: pushes applied (first chunk)
-  std::uint64_t dropped = 0;           // pushes dropped by the backup rule (first chunk)
+  std::vector<std::uint64_t> dropped;  // per worker: pushes dropped by the backup rule (first chunk)
   std::map<std::uint64_t, std::uint64_t> staleness;  // updates between a worker's pull and push
   std::vector<std::string> lost;                     // workers lost, with why
 };
@@ -85,6 +85,7 @@ class Server {
     finished_.assign(workers, false);
     counts_ = {};
     counts_.applied.assign(workers, 0);
+    counts_.dropped.assign(workers, 0);
     for (State& chunk : chunks_) {
       std::fill(chunk.done.begin(), chunk.done.end(), 0);
       std::fill(chunk.pulled.begin(), chunk.pulled.end(), chunk.updates);
@@ -318,7 +319,7 @@ class Server {
     if (options_.staleness == 0) {
       if (request.step < chunk.updates || chunk.summed) {
         // A backup worker's late push: its step was aggregated without it.
-        if (chunk.range.index == 0) ++counts_.dropped;
+        if (chunk.range.index == 0) ++counts_.dropped[w];
         ++chunk.done[w];
         pending_.push_back({worker, request.chunk, request.step, request});
         return;
@@ -370,7 +371,7 @@ class Server {
       for (std::size_t w = 0; w < lost_.size(); ++w) {
         const bool taken = std::find(chosen.begin(), chosen.end(), w) != chosen.end();
         if (taken) ++counts_.applied[w];
-        if (!taken && chunk.pushed_step[w] == chunk.updates) ++counts_.dropped;
+        if (!taken && chunk.pushed_step[w] == chunk.updates) ++counts_.dropped[w];
       }
       if (options_.log_pushes) {
         std::fprintf(stderr, "cohort ps %d: applied step %llu from %zu workers\n", options_.server,
