@@ -49,7 +49,6 @@
 #include "cohort/collective/hierarchical.hpp"
 #include "cohort/collective/local.hpp"
 #include "cohort/core/options.hpp"
-#include "cohort/core/reduction_tree.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
@@ -93,12 +92,7 @@ class MultiWorkerMirrored {
 
   explicit MultiWorkerMirrored(Options options)
       : options_(std::move(options)), spec_(cluster::resolve(options_.cluster)) {
-    options::require_positive("local_replicas", options_.local_replicas);
-    if (!tree::is_subtree(0, options_.local_replicas)) {
-      options::reject("local_replicas", options_.local_replicas,
-                      "must be a power of two, so that each worker's replicas form one subtree "
-                      "of the reduction (core/reduction_tree.hpp)");
-    }
+    detail::require_local_replicas(options_.local_replicas);
     options::require_positive("bucket_bytes", options_.bucket_bytes);
     if (spec_.role != "worker" && spec_.role != "chief") {
       options::reject("role", spec_.role,

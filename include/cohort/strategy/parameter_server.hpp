@@ -90,7 +90,6 @@
 #include "cohort/collective/local.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
-#include "cohort/core/reduction_tree.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/strategy/consistency.hpp"
 #include "cohort/strategy/detail/ps_client.hpp"
@@ -153,12 +152,7 @@ class ParameterServer {
     if (workers_ <= 0) {
       options::reject("workers", workers_, "a ParameterServer job needs at least one worker");
     }
-    options::require_positive("local_replicas", options_.local_replicas);
-    if (!tree::is_subtree(0, options_.local_replicas)) {
-      options::reject("local_replicas", options_.local_replicas,
-                      "must be a power of two, so that each worker's replicas form one subtree "
-                      "of the reduction (core/reduction_tree.hpp)");
-    }
+    detail::require_local_replicas(options_.local_replicas);
     options::require_positive("chunk_bytes", options_.chunk_bytes);
     options::require_positive("alignment", options_.alignment);
     if (kStaleness != 0 && options_.backup_workers != 0) {

@@ -11,7 +11,21 @@
 #include <thread>
 #include <vector>
 
+#include "cohort/core/options.hpp"
+#include "cohort/core/reduction_tree.hpp"
+
 namespace cohort::strategy::detail {
+
+// The replica threads of one worker process of a job of several: a power of two, so that they
+// fold a whole subtree of the reduction and the job's result is the tree over all replicas.
+inline void require_local_replicas(std::size_t local_replicas) {
+  options::require_positive("local_replicas", local_replicas);
+  if (!tree::is_subtree(0, local_replicas)) {
+    options::reject("local_replicas", local_replicas,
+                    "must be a power of two, so that each worker's replicas form one subtree of "
+                    "the reduction (core/reduction_tree.hpp)");
+  }
+}
 
 inline std::string describe(std::exception_ptr failure) {
   try {
