@@ -340,6 +340,54 @@ TEST_CASE("a restart from the last checkpoint reaches the parameters of an unint
   }
 }
 
+TEST_CASE(
+    "a server killed mid-run: the job restarted from its last checkpoint ends as if "
+    "uninterrupted") {
+  TemporaryDirectory directory("cohort-ps-kill-restart");
+  const std::string expected = mirrored_parameters(60);
+  const fs::path checkpoint = directory.path / "run.ckpt";
+  const fs::path out = directory.path / "parameters.bin";
+  {
+    // A checkpoint every 10 steps; worker 1's data is slow, so that the run takes seconds.
+    const fs::path logs = directory.path / "first";
+    fs::create_directories(logs);
+    Job job(2, 2,
+            {"sync", "60", out, "--segment", "10", "--checkpoint", checkpoint, "--slow-worker", "1",
+             "--sleep-ms", "10"},
+            logs);
+    std::uint64_t saved = 0;
+    for (const auto deadline = std::chrono::steady_clock::now() + 60s;
+         saved < 20 && std::chrono::steady_clock::now() < deadline;
+         std::this_thread::sleep_for(20ms)) {
+      try {
+        saved = cohort::checkpoint::read<float>(checkpoint).step;
+      } catch (const cohort::CheckpointError&) {
+        // not written yet
+      }
+    }
+    REQUIRE(saved >= 20);
+    for (const auto& worker : job.workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
+    job.servers[1]->kill(SIGKILL);
+    for (int worker = 0; worker < 2; ++worker) {
+      const auto exit = job.workers[static_cast<std::size_t>(worker)]->wait(60s);
+      CAPTURE(read_file(job.log(false, worker)));
+      REQUIRE(exit.has_value());
+      CHECK_FALSE((exit->exited && exit->code == 0));
+    }
+    const auto last = cohort::checkpoint::read<float>(checkpoint).step;
+    MESSAGE("server 1 killed after the checkpoint at step " << saved << "; the last one is at step "
+                                                            << last);
+    CHECK(last < 60);
+  }
+  fs::remove(out);
+  const auto [exit, output] =
+      launch(2, 2, {"sync", "60", out, "--restore", checkpoint}, directory.path / "second.log");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  CHECK(read_file(out) == expected);
+}
+
 TEST_CASE("malformed requests are refused naming the worker and the field; others go on") {
   TemporaryDirectory directory("cohort-ps-bad");
   const fs::path out = directory.path / "parameters.bin";
