@@ -88,6 +88,13 @@ Outcome train(const DemoSettings& settings, const std::vector<std::size_t>& laye
               Strategy strategy, const DemoData& data) {
   using namespace cohort;
   const bool chief = strategy.is_chief();
+  const bool serves = [&] {
+    if constexpr (requires { strategy.serves(); }) {
+      return strategy.serves();
+    } else {
+      return false;
+    }
+  }();
   Trainer trainer(Mlp(layers, settings.seed), std::move(strategy),
                   optimizer::Adam({.learning_rate = settings.learning_rate}),
                   {.global_batch = settings.batch,
@@ -112,11 +119,15 @@ Outcome train(const DemoSettings& settings, const std::vector<std::size_t>& laye
     steps += report.steps;
     if (checkpoints) trainer.save(settings.checkpoint);
   }
-  Mlp model = trainer.model();
-  const auto parameters = ModelTraits<Mlp>::parameters(model);
   const double examples = static_cast<double>(steps * settings.batch);
-  return {seconds > 0.0 ? examples / seconds : 0.0, accuracy(model, data.held_out),
-          {parameters.begin(), parameters.end()}};
+  Outcome outcome{seconds > 0.0 ? examples / seconds : 0.0, 0.0, {}};
+  if (!serves) {  // a parameter server holds no model to evaluate
+    Mlp model = trainer.model();
+    const auto parameters = ModelTraits<Mlp>::parameters(model);
+    outcome.accuracy = accuracy(model, data.held_out);
+    outcome.parameters.assign(parameters.begin(), parameters.end());
+  }
+  return outcome;
 }
 
 }  // namespace example

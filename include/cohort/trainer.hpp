@@ -51,6 +51,7 @@
 
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/dataset.hpp"
+#include "cohort/core/error.hpp"
 #include "cohort/core/model.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/progress.hpp"
@@ -111,24 +112,26 @@ class Trainer {
     Progress progress = Progress::kAuto;
   };
 
+  // A process without local replicas (a parameter server) builds no model: `model` only gives the
+  // parameter count.
   Trainer(const M& model, S strategy, O optimizer, Options options = {})
-      : strategy_(std::move(strategy)), optimizer_(std::move(optimizer)), options_(options) {
+      : strategy_(std::move(strategy)),
+        optimizer_(std::move(optimizer)),
+        options_(options),
+        parameter_count_(ModelTraits<M>::parameters(const_cast<M&>(model)).size()) {
     sharding::Plan::validate_split(options_.global_batch, options_.micro_batches,
                                    strategy_.replicas());
+    if (const std::size_t gradients = ModelTraits<M>::gradients(const_cast<M&>(model)).size();
+        gradients != parameter_count_) {
+      options::reject("gradients().size()", gradients,
+                      "must equal parameters().size() (" + std::to_string(parameter_count_) + ")");
+    }
     const std::size_t locals = strategy_.local_replicas();
     models_.reserve(locals);
-    for (std::size_t local = 0; local < locals; ++local) {
-      models_.push_back(cohort::replicate(model, place(local)));
-    }
-    const std::size_t parameters = ModelTraits<M>::parameters(models_[0]).size();
-    if (const std::size_t gradients = ModelTraits<M>::gradients(models_[0]).size();
-        gradients != parameters) {
-      options::reject("gradients().size()", gradients,
-                      "must equal parameters().size() (" + std::to_string(parameters) + ")");
-    }
     optimizer_states_.reserve(locals);
     for (std::size_t local = 0; local < locals; ++local) {
-      optimizer_states_.emplace_back(O::kStateSlots * parameters, place(local));
+      models_.push_back(cohort::replicate(model, place(local)));
+      optimizer_states_.emplace_back(O::kStateSlots * parameter_count_, place(local));
     }
   }
 
@@ -143,8 +146,7 @@ class Trainer {
       if (strategy_.serves()) {
         Report report;
         const auto start = std::chrono::steady_clock::now();
-        strategy_.serve(ModelTraits<M>::parameters(models_[0]), optimizer_,
-                        optimizer_states_[0].span());
+        strategy_.template serve<value_type>(parameter_count_, optimizer_);
         report.seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         return report;
@@ -176,7 +178,15 @@ class Trainer {
 
   // This process's first replica; every replica holds the same parameters between steps. On a
   // device, its parameters() are that device's memory.
-  const M& model() const { return models_[0]; }
+  // Not on a parameter server, which holds no model (ConfigError).
+  const M& model() const {
+    if (models_.empty()) {
+      throw ConfigError(
+          "Trainer::model: this process runs no replica (a parameter server holds only its shard "
+          "of the parameters): ask a worker, for example the chief");
+    }
+    return models_[0];
+  }
   std::uint64_t step() const { return step_; }
   const S& strategy() const { return strategy_; }
   const Options& options() const { return options_; }
@@ -206,9 +216,8 @@ class Trainer {
       throw CheckpointError(why.str());
     };
     expect("optimizer", state.optimizer, std::string(O::kName));
-    expect("parameter count", state.parameters.size(),
-           ModelTraits<M>::parameters(models_[0]).size());
-    expect("optimizer state size", state.optimizer_state.size(), optimizer_states_[0].size());
+    expect("parameter count", state.parameters.size(), parameter_count_);
+    expect("optimizer state size", state.optimizer_state.size(), O::kStateSlots * parameter_count_);
     expect("seed", state.seed, options_.seed);
     expect("global_batch", state.global_batch, std::uint64_t{options_.global_batch});
     expect("micro_batches", state.micro_batches, std::uint64_t{options_.micro_batches});
@@ -218,6 +227,8 @@ class Trainer {
       Device::from_host(place(local), std::span<const value_type>(state.optimizer_state),
                         optimizer_states_[local].span());
     }
+    // A parameter server keeps its shard of the restored state (for a save before the next fit).
+    if constexpr (requires { strategy_.restored(state); }) strategy_.restored(state);
     step_ = state.step;
     dataset_size_ = state.dataset_size;
   }
@@ -229,17 +240,20 @@ class Trainer {
 
   Place place(std::size_t local) const { return strategy::place_of(strategy_, local); }
 
-  // The training state of this process's first replica, on the host, as a checkpoint holds it.
+  // The training state of this process's first replica, on the host, as a checkpoint holds it;
+  // without replicas (a parameter server), the run's settings and step only.
   checkpoint::TrainingState<value_type> checkpoint_state() const {
     checkpoint::TrainingState<value_type> state;
     state.optimizer = O::kName;
-    const auto parameters = ModelTraits<M>::parameters(const_cast<M&>(models_[0]));
-    state.parameters.resize(parameters.size());
-    Device::to_host(place(0), std::span<const value_type>(parameters),
-                    std::span<value_type>(state.parameters));
-    state.optimizer_state.resize(optimizer_states_[0].size());
-    Device::to_host(place(0), optimizer_states_[0].span(),
-                    std::span<value_type>(state.optimizer_state));
+    if (!models_.empty()) {
+      const auto parameters = ModelTraits<M>::parameters(const_cast<M&>(models_[0]));
+      state.parameters.resize(parameters.size());
+      Device::to_host(place(0), std::span<const value_type>(parameters),
+                      std::span<value_type>(state.parameters));
+      state.optimizer_state.resize(optimizer_states_[0].size());
+      Device::to_host(place(0), optimizer_states_[0].span(),
+                      std::span<value_type>(state.optimizer_state));
+    }
     state.step = step_;
     state.seed = options_.seed;
     state.global_batch = options_.global_batch;
@@ -359,6 +373,7 @@ class Trainer {
   S strategy_;
   O optimizer_;
   Options options_;
+  std::size_t parameter_count_;
   std::vector<M> models_;  // one per local replica, at its place
   std::vector<Buffer<value_type>> optimizer_states_;
   std::uint64_t step_ = 0;

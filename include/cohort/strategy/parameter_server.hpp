@@ -81,6 +81,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "cohort/checkpoint/checkpoint.hpp"
@@ -177,8 +178,8 @@ class ParameterServer {
   std::size_t replicas() const {
     return static_cast<std::size_t>(workers_) * options_.local_replicas;
   }
-  // A server holds one copy of the model (its shard is written back into it, for save()).
-  std::size_t local_replicas() const { return serves() ? 1 : options_.local_replicas; }
+  // A server runs no replica (Trainer builds no model there; the server needs no device).
+  std::size_t local_replicas() const { return serves() ? 0 : options_.local_replicas; }
   std::size_t first_local_replica() const {
     return serves() ? 0 : static_cast<std::size_t>(spec_.rank) * options_.local_replicas;
   }
@@ -203,14 +204,13 @@ class ParameterServer {
     return *layout_;
   }
 
-  // On a server: serves one fit (its shard of `parameters`' layout) and returns when every
-  // worker is done or lost. What it did is in last_counts().
-  // parameters and optimizer_state are the server process's own copies: its shard is written
-  // back into them at the end, for save().
+  // On a server: serves one fit (its shard of the layout of `elements` parameters) and returns
+  // when every worker is done or lost, keeping its shard for save(). What it did is in
+  // last_counts().
   template <class T, class O>
-  void serve(std::span<T> parameters, const O& optimizer, std::span<T> optimizer_state) {
+  void serve(std::size_t elements, const O& optimizer) {
     check_optimizer<T>(optimizer);
-    const auto& shards = layout(parameters.size(), sizeof(T));
+    const auto& shards = layout(elements, sizeof(T));
     detail::ps::Server<Transport, T, O> server(*transport_, shards,
                                                {.server = spec_.rank,
                                                 .workers = workers_,
@@ -219,7 +219,7 @@ class ParameterServer {
                                                 .log_pushes = options_.log_pushes},
                                                optimizer);
     counts_ = server.serve();
-    server.copy_out(parameters, optimizer_state);
+    held_ = server.shard();
     std::string line = "cohort: parameter server " + std::to_string(spec_.rank) + " (" +
                        std::string(C::kName) + ", " +
                        std::to_string(shards.chunks_of(spec_.rank).size()) +
@@ -240,35 +240,61 @@ class ParameterServer {
 
   const detail::ps::ServerCounts& last_counts() const { return counts_; }
 
+  // Trainer::restore: a server keeps its shard of the restored state, so that a save before the
+  // next fit saves it (the next fit starts from the chief's copy, the same values).
+  template <class T>
+  void restored(const checkpoint::TrainingState<T>& state) {
+    if (!serves()) return;
+    const std::size_t elements = state.parameters.size();
+    const auto& chunks = layout(elements, sizeof(T)).chunks_of(spec_.rank);
+    checkpoint::ShardState<T> shard;
+    shard.elements = elements;
+    if (!chunks.empty()) {
+      shard.begin = chunks.front().begin;
+      shard.end = chunks.back().end;
+    }
+    const std::size_t length = shard.end - shard.begin;
+    const auto own = std::span(state.parameters).subspan(shard.begin, length);
+    shard.parameters.assign(own.begin(), own.end());
+    for (std::size_t slot = 0; elements != 0 && slot < state.optimizer_state.size() / elements;
+         ++slot) {
+      const auto values =
+          std::span(state.optimizer_state).subspan(slot * elements + shard.begin, length);
+      shard.optimizer_state.insert(shard.optimizer_state.end(), values.begin(), values.end());
+    }
+    held_ = std::move(shard);
+  }
+
   // Trainer::save: a sharded checkpoint (checkpoint/checkpoint.hpp). Every process calls it after
   // the same fit. The chief orders every server that holds a shard to write it beside `file`,
   // waits until each has reported its file durable, then writes the manifest `file` (which
-  // removes the shard files of the manifest it replaced). A server writes its shard from `state`,
-  // its own copies, which serve() left holding its shard. Other workers return at once.
+  // removes the shard files of the manifest it replaced). A server writes the shard it holds,
+  // from its last fit or restore; `state` is the chief's (a server's holds the run's settings
+  // only). Other workers return at once.
   template <class T>
   void save(const std::filesystem::path& file, const checkpoint::TrainingState<T>& state) const {
     namespace ps = detail::ps;
-    if (!serves() && !is_chief()) return;
-    const ps::Layout& shards = layout(state.parameters.size(), sizeof(T));
     if (serves()) {
-      save_shard(file, state, shards);
+      save_shard<T>(file);
       return;
     }
+    if (!is_chief()) return;
+    const ps::Layout& shards = layout(state.parameters.size(), sizeof(T));
+    const int holding = holders(state.parameters.size(), sizeof(T));
     std::random_device entropy;
     const ps::SaveOrder order{.step = state.step,
                               .token = std::uint64_t{entropy()} << 32 | entropy()};
-    std::vector<int> holders;
-    for (int server = 0; server < servers_; ++server) {
-      if (!shards.chunks_of(server).empty()) holders.push_back(server);
-    }
-    std::vector<ps::SaveReport> reports(holders.size());
+    // Every server is ordered and answers (one beyond the shard count writes nothing), so that no
+    // server waits for an order that never comes.
+    std::vector<ps::SaveReport> reports(static_cast<std::size_t>(servers_));
     std::vector<transport::Send> sends;
     std::vector<transport::Receive> receives;
-    for (std::size_t i = 0; i < holders.size(); ++i) {
-      const int peer = workers_ + holders[i];
+    for (int server = 0; server < servers_; ++server) {
+      const int peer = workers_ + server;
       sends.push_back({peer, ps::header(ps::tag::kSaveOrder), std::as_bytes(std::span(&order, 1))});
-      receives.push_back({peer, ps::header(ps::tag::kSaveReport),
-                          std::as_writable_bytes(std::span(&reports[i], 1))});
+      receives.push_back(
+          {peer, ps::header(ps::tag::kSaveReport),
+           std::as_writable_bytes(std::span(&reports[static_cast<std::size_t>(server)], 1))});
     }
     try {
       transport_->transfer(sends, receives);
@@ -280,19 +306,22 @@ class ParameterServer {
     checkpoint::TrainingState<T> manifest = state;
     manifest.parameters.clear();
     manifest.optimizer_state.clear();
-    for (std::size_t i = 0; i < holders.size(); ++i) {
-      if (reports[i].status != 0) {
+    for (int server = 0; server < servers_; ++server) {
+      const ps::SaveReport& report = reports[static_cast<std::size_t>(server)];
+      if (report.status != 0) {
         throw CheckpointError("checkpoint " + file.string() + ": parameter server " +
-                              std::to_string(holders[i]) +
-                              " could not write its shard: " + reports[i].message);
+                              std::to_string(server) +
+                              " could not write its shard: " + report.message);
       }
-      const auto& chunks = shards.chunks_of(holders[i]);
+      if (server >= holding) continue;
+      const auto& chunks = shards.chunks_of(server);
       manifest.shards.push_back(
-          {.file = checkpoint::shard_file_name(
-               file, order.step, order.token, static_cast<std::size_t>(holders[i]), holders.size()),
+          {.file = checkpoint::shard_file_name(file, order.step, order.token,
+                                               static_cast<std::size_t>(server),
+                                               static_cast<std::size_t>(holding)),
            .begin = chunks.front().begin,
            .end = chunks.back().end,
-           .crc32 = reports[i].crc32});
+           .crc32 = report.crc32});
     }
     checkpoint::write(file, manifest);
   }
@@ -515,47 +544,36 @@ class ParameterServer {
     }
   }
 
-  // A server's half of save(): waits for the chief's order, writes its shard, reports.
+  // A server's half of save(): waits for the chief's order, writes the shard it holds (a server
+  // beyond the shard count holds none), reports.
   template <class T>
-  void save_shard(const std::filesystem::path& file, const checkpoint::TrainingState<T>& state,
-                  const detail::ps::Layout& shards) const {
+  void save_shard(const std::filesystem::path& file) const {
     namespace ps = detail::ps;
-    const auto& chunks = shards.chunks_of(spec_.rank);
-    if (chunks.empty()) return;
     ps::SaveOrder order;
     const transport::Receive receive{0, ps::header(ps::tag::kSaveOrder),
                                      std::as_writable_bytes(std::span(&order, 1))};
     transport_->transfer({}, std::span(&receive, 1));
-    std::size_t holders = 0;
-    for (int server = 0; server < servers_; ++server) {
-      holders += shards.chunks_of(server).empty() ? 0 : 1;
-    }
-    const std::size_t elements = state.parameters.size();
-    const std::size_t slots = elements == 0 ? 0 : state.optimizer_state.size() / elements;
-    checkpoint::ShardState<T> shard;
-    shard.elements = elements;
-    shard.begin = chunks.front().begin;
-    shard.end = chunks.back().end;
-    shard.step = order.step;
-    const auto range = [&](const std::vector<T>& values, std::size_t offset) {
-      return std::span(values).subspan(offset + shard.begin, shard.end - shard.begin);
-    };
-    const auto own = range(state.parameters, 0);
-    shard.parameters.assign(own.begin(), own.end());
-    for (std::size_t slot = 0; slot < slots; ++slot) {
-      const auto values = range(state.optimizer_state, slot * elements);
-      shard.optimizer_state.insert(shard.optimizer_state.end(), values.begin(), values.end());
-    }
-    ps::SaveReport report;
+    const auto* held = std::get_if<checkpoint::ShardState<T>>(&held_);
     std::string failure;
-    try {
-      report.crc32 =
-          checkpoint::write(file.parent_path() / checkpoint::shard_file_name(
-                                                     file, order.step, order.token,
-                                                     static_cast<std::size_t>(spec_.rank), holders),
-                            shard);
-    } catch (const CheckpointError& error) {
-      failure = error.what();
+    ps::SaveReport report;
+    if (held == nullptr) {
+      failure = "checkpoint " + file.string() + ": parameter server " + std::to_string(spec_.rank) +
+                " holds no shard to save: call Trainer::save after a fit or a restore";
+    } else if (held->begin != held->end) {
+      checkpoint::ShardState<T> shard = *held;
+      shard.step = order.step;
+      try {
+        report.crc32 = checkpoint::write(
+            file.parent_path() / checkpoint::shard_file_name(
+                                     file, order.step, order.token,
+                                     static_cast<std::size_t>(spec_.rank),
+                                     static_cast<std::size_t>(holders(held->elements, sizeof(T)))),
+            shard);
+      } catch (const CheckpointError& error) {
+        failure = error.what();
+      }
+    }
+    if (!failure.empty()) {
       report.status = 1;
       ps::set_message(report.message, failure);
     }
@@ -563,6 +581,14 @@ class ParameterServer {
                                std::as_bytes(std::span(&report, 1))};
     transport_->transfer(std::span(&send, 1), {});
     if (!failure.empty()) throw CheckpointError(failure);
+  }
+
+  // The servers that hold a shard of `elements` parameters: 0 .. holders - 1 (the layout's rule).
+  int holders(std::size_t elements, std::size_t element_bytes) const {
+    const detail::ps::Layout& shards = layout(elements, element_bytes);
+    int count = 0;
+    while (count < servers_ && !shards.chunks_of(count).empty()) ++count;
+    return count;
   }
 
   // The Client keeps a reference to the layout, which start() fills in before any request.
@@ -578,6 +604,8 @@ class ParameterServer {
   std::unique_ptr<Transport> transport_;
   mutable std::optional<detail::ps::Layout> layout_;  // a cache of the layout of the model
   detail::ps::ServerCounts counts_;
+  // A server's shard, from its last fit or restore, for save().
+  std::variant<std::monostate, checkpoint::ShardState<float>, checkpoint::ShardState<double>> held_;
 };
 
 static_assert(Strategy<ParameterServer<>>);

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/reduce_op.hpp"
 #include "cohort/device/cpu.hpp"
@@ -50,7 +51,8 @@ struct ServerOptions {
 // What one serve() did, for the end-of-fit summary and the tests.
 struct ServerCounts {
   std::vector<std::uint64_t> applied;  // per worker: pushes applied (first chunk)
-  std::vector<std::uint64_t> dropped;  // per worker: pushes dropped by the backup rule (first chunk)
+  std::vector<std::uint64_t>
+      dropped;  // per worker: pushes dropped by the backup rule (first chunk)
   std::map<std::uint64_t, std::uint64_t> staleness;  // updates between a worker's pull and push
   std::vector<std::string> lost;                     // workers lost, with why
 };
@@ -117,21 +119,28 @@ class Server {
     return counts_;
   }
 
-  // Writes this server's chunks into their places in the whole parameter vector and optimizer
-  // state (slot-major over all elements), the server process's own copies, which a checkpoint
-  // saves from.
-  void copy_out(std::span<T> parameters, std::span<T> optimizer_state) const {
-    const std::size_t elements = parameters.size();
+  // This server's shard as a checkpoint holds it: its chunks' parameters, then its optimizer
+  // state slot-major over the shard's elements (step left for the save to set).
+  checkpoint::ShardState<T> shard() const {
+    checkpoint::ShardState<T> shard;
+    shard.elements = layout_.elements();
+    if (chunks_.empty()) return shard;
+    shard.begin = chunks_.front().range.begin;
+    shard.end = chunks_.back().range.end;
+    const std::size_t length = shard.end - shard.begin;
+    shard.optimizer_state.resize(O::kStateSlots * length);
     for (const State& chunk : chunks_) {
-      const std::size_t length = chunk.parameters.size();
-      std::copy(chunk.parameters.begin(), chunk.parameters.end(),
-                parameters.begin() + static_cast<std::ptrdiff_t>(chunk.range.begin));
+      shard.parameters.insert(shard.parameters.end(), chunk.parameters.begin(),
+                              chunk.parameters.end());
+      const std::size_t size = chunk.parameters.size();
       for (std::size_t slot = 0; slot < O::kStateSlots; ++slot) {
-        std::copy_n(chunk.state.begin() + static_cast<std::ptrdiff_t>(slot * length), length,
-                    optimizer_state.begin() +
-                        static_cast<std::ptrdiff_t>(slot * elements + chunk.range.begin));
+        std::copy_n(
+            chunk.state.begin() + static_cast<std::ptrdiff_t>(slot * size), size,
+            shard.optimizer_state.begin() +
+                static_cast<std::ptrdiff_t>(slot * length + chunk.range.begin - shard.begin));
       }
     }
+    return shard;
   }
 
  private:
