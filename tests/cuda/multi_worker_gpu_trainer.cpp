@@ -1,9 +1,11 @@
-// One worker process of the GPU multi-worker test (multi_worker_test.cpp): trains the CUDA twin
-// with MultiWorkerMirrored<device::Cuda> on the GPU at its local rank and, on the chief, writes the
-// final parameters.
-//   multi_worker_gpu_trainer STEPS OUT
+// One process of the GPU multi-worker tests (multi_worker_test.cpp): trains the CUDA twin on the
+// GPU at its local rank with MultiWorkerMirrored<device::Cuda>, or (ps) as a worker or server of
+// ParameterServer<Sync, device::Cuda> (COHORT_ROLE says which); the chief writes the final
+// parameters.
+//   multi_worker_gpu_trainer STEPS OUT [ps]
 #include <chrono>
 #include <cohort/strategy/multi_worker_mirrored_cuda.hpp>
+#include <cohort/strategy/parameter_server_cuda.hpp>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -11,25 +13,47 @@
 
 #include "twin_training.hpp"
 
+namespace {
+
+template <class Strategy>
+int train(Strategy strategy, std::uint64_t steps, const char* out) {
+  const bool chief = strategy.is_chief();
+  auto trainer = cohort::test::make_twin_trainer<cohort::test::CudaTwin>(
+      std::move(strategy), cohort::testing::test_optimizer<cohort::optimizer::Adam>());
+  trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
+  if (chief) {
+    const std::vector<float> parameters = trainer.model().host_parameters();
+    std::ofstream(out, std::ios::binary)
+        .write(reinterpret_cast<const char*>(parameters.data()),
+               static_cast<std::streamsize>(parameters.size() * sizeof(float)));
+  }
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: multi_worker_gpu_trainer STEPS OUT\n");
+  const bool parameter_server = argc == 4 && std::string(argv[3]) == "ps";
+  if (argc != 3 && !parameter_server) {
+    std::fprintf(stderr, "usage: multi_worker_gpu_trainer STEPS OUT [ps]\n");
     return 64;
   }
   try {
-    cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda> strategy(
-        {.connect_timeout = std::chrono::seconds(30), .timeout = std::chrono::seconds(60)});
-    const bool chief = strategy.is_chief();
-    auto trainer = cohort::test::make_twin_trainer<cohort::test::CudaTwin>(
-        std::move(strategy), cohort::testing::test_optimizer<cohort::optimizer::Adam>());
-    trainer.fit(cohort::testing::small_task_data(), {.steps = std::stoull(argv[1])});
-    if (chief) {
-      const std::vector<float> parameters = trainer.model().host_parameters();
-      std::ofstream(argv[2], std::ios::binary)
-          .write(reinterpret_cast<const char*>(parameters.data()),
-                 static_cast<std::streamsize>(parameters.size() * sizeof(float)));
+    const std::uint64_t steps = std::stoull(argv[1]);
+    if (parameter_server) {
+      return train(cohort::strategy::ParameterServer<cohort::strategy::consistency::Sync,
+                                                     cohort::device::Cuda>(
+                       {.connect_timeout = std::chrono::seconds(30),
+                        .timeout = std::chrono::seconds(60),
+                        .min_shard_bytes = 0,
+                        .alignment = 16,
+                        .chunk_bytes = 256}),
+                   steps, argv[2]);
     }
-    return 0;
+    return train(
+        cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda>(
+            {.connect_timeout = std::chrono::seconds(30), .timeout = std::chrono::seconds(60)}),
+        steps, argv[2]);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "error: %s\n", error.what());
     return 1;

@@ -1,6 +1,6 @@
-// MultiWorkerMirrored<device::Cuda>: one GPU per process, real processes over 127.0.0.1 (started
-// by hand with COHORT_* variables, as a launcher would), against Mirrored on as many GPUs of one
-// process and against Mirrored<> on the CPU.
+// MultiWorkerMirrored<device::Cuda> and ParameterServer<Sync, device::Cuda>: one GPU per worker
+// process, real processes over 127.0.0.1 (started by hand with COHORT_* variables, as a launcher
+// would), against Mirrored on as many GPUs of one process and against Mirrored<> on the CPU.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -13,6 +13,7 @@
 
 #include "cohort/strategy/mirrored_cuda.hpp"
 #include "cohort/strategy/multi_worker_mirrored_cuda.hpp"
+#include "cohort/strategy/parameter_server_cuda.hpp"
 #include "error_message.hpp"
 #include "gpu.hpp"
 #include "processes.hpp"
@@ -31,11 +32,8 @@ std::string bytes_of(const std::vector<float>& parameters) {
   return {reinterpret_cast<const char*>(parameters.data()), parameters.size() * sizeof(float)};
 }
 
-}  // namespace
-
-TEST_CASE(
-    "MultiWorkerMirrored on 2 processes with a GPU each gives the bits of Mirrored on 2 GPUs" *
-    cohort::test::gpus_only(2)) {
+// The reference: Mirrored on 2 GPUs of this process, which must equal Mirrored<> on the CPU.
+std::string mirrored_on_two_gpus() {
   const auto& data = cohort::testing::small_task_data();
   auto gpus = cohort::test::make_twin_trainer<cohort::test::CudaTwin>(
       cohort::strategy::Mirrored<cohort::device::Cuda, cohort::collective::Nccl>({.replicas = 2}),
@@ -47,32 +45,64 @@ TEST_CASE(
       cohort::testing::test_optimizer<cohort::optimizer::Adam>());
   cpu.fit(data, {.steps = kSteps});
   REQUIRE(bytes_of(cpu.model().host_parameters()) == expected);
+  return expected;
+}
 
+// Two GPU worker processes of multi_worker_gpu_trainer (and, with servers > 0, that many
+// parameter servers of ParameterServer<Sync, device::Cuda>), started by hand with COHORT_*
+// variables as a launcher would; returns the chief's parameters.
+std::string train_two_gpu_workers(int servers) {
   TemporaryDirectory directory("cohort-cuda-multi-worker");
   const fs::path out = directory.path / "parameters.bin";
   const std::string port = std::to_string(cohort::testing::free_port());
-  std::vector<std::unique_ptr<Process>> workers;
-  for (int rank = 0; rank < 2; ++rank) {
-    workers.push_back(std::make_unique<Process>(
-        std::vector<std::string>{COHORT_GPU_TRAINER, std::to_string(kSteps), out.string()},
-        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
-                                           {"COHORT_WORLD_SIZE", "2"},
-                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
-                                           {"COHORT_MASTER_PORT", port},
-                                           {"COHORT_JOB_ID", "cuda-multi-worker-test"}},
-        directory.path / ("rank" + std::to_string(rank) + ".log")));
-  }
-  for (int rank = 0; rank < 2; ++rank) {
-    CAPTURE(rank);
-    const auto exit = workers[static_cast<std::size_t>(rank)]->wait(std::chrono::seconds(180));
-    const std::string log = read_file(directory.path / ("rank" + std::to_string(rank) + ".log"));
+  std::vector<std::string> arguments = {COHORT_GPU_TRAINER, std::to_string(kSteps), out.string()};
+  if (servers > 0) arguments.push_back("ps");
+  std::vector<std::unique_ptr<Process>> processes;
+  std::vector<fs::path> logs;
+  const auto start = [&](const std::string& role, int rank, int size) {
+    std::map<std::string, std::string> env = {{"COHORT_RANK", std::to_string(rank)},
+                                              {"COHORT_WORLD_SIZE", std::to_string(size)},
+                                              {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                              {"COHORT_MASTER_PORT", port},
+                                              {"COHORT_JOB_ID", "cuda-multi-worker-test"}};
+    if (servers > 0) {
+      env["COHORT_ROLE"] = role;
+      env[role == "ps" ? "COHORT_WORKER_COUNT" : "COHORT_PS_COUNT"] =
+          std::to_string(role == "ps" ? 2 : servers);
+    }
+    logs.push_back(directory.path / (role + std::to_string(rank) + ".log"));
+    processes.push_back(std::make_unique<Process>(arguments, env, logs.back()));
+  };
+  for (int rank = 0; rank < 2; ++rank) start("worker", rank, 2);
+  for (int rank = 0; rank < servers; ++rank) start("ps", rank, servers);
+  for (std::size_t i = 0; i < processes.size(); ++i) {
+    CAPTURE(i);
+    const auto exit = processes[i]->wait(std::chrono::seconds(180));
+    const std::string log = read_file(logs[i]);
     CAPTURE(log);
     REQUIRE(exit.has_value());
     CHECK(exit->exited);
     CHECK(exit->code == 0);
-    CHECK(log.find("GPU " + std::to_string(rank)) != std::string::npos);  // local rank = rank
+    if (i < 2) CHECK(log.find("GPU " + std::to_string(i)) != std::string::npos);  // local rank
   }
-  CHECK(read_file(out) == expected);
+  return read_file(out);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "MultiWorkerMirrored on 2 processes with a GPU each gives the bits of Mirrored on 2 GPUs" *
+    cohort::test::gpus_only(2)) {
+  const std::string expected = mirrored_on_two_gpus();
+  CHECK(train_two_gpu_workers(0) == expected);
+}
+
+TEST_CASE(
+    "ParameterServer<Sync> with 2 GPU workers and a server on the host gives the bits of Mirrored "
+    "on 2 GPUs" *
+    cohort::test::gpus_only(2)) {
+  const std::string expected = mirrored_on_two_gpus();
+  CHECK(train_two_gpu_workers(1) == expected);
 }
 
 TEST_CASE(

@@ -41,6 +41,7 @@
 #include "cohort/collective/nccl.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/device/cuda.hpp"
+#include "cohort/strategy/detail/local_gpu_cuda.hpp"
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/detail/tcp_options.hpp"
@@ -121,18 +122,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
       options::reject("size", spec.size,
                       "deterministic NCCL combines at most 64 GPUs (cuda::kMaxTreeInputs)");
     }
-    const int visible = device::cuda::device_count();
-    if (spec.local_rank >= visible) {
-      const std::string why = visible == 0
-                                  ? "this process sees none (" + device::cuda::unavailable() + ")"
-                                  : "this process sees " + std::to_string(visible);
-      options::reject("local_rank", spec.local_rank,
-                      "has no GPU: " + why + device::cuda::visible_devices() +
-                          "; MultiWorkerMirrored<device::Cuda> drives the GPU at index "
-                          "local_rank (" +
-                          spec.source + ")");
-    }
-    return spec.local_rank;
+    return detail::local_gpu(spec, "MultiWorkerMirrored<device::Cuda>");
   }
 
   Options options_;

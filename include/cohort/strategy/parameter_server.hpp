@@ -69,6 +69,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -97,13 +98,28 @@
 #include "cohort/strategy/detail/ps_protocol.hpp"
 #include "cohort/strategy/detail/ps_server.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
+#include "cohort/strategy/detail/staged_communicator.hpp"
 #include "cohort/strategy/detail/tcp_options.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
 namespace cohort::strategy {
 
-template <class C = consistency::Sync>
+namespace detail::ps {
+// Where a worker process's replica lives, and what owns it there: nothing on the host; a stream
+// on the worker's GPU for device::Cuda (strategy/parameter_server_cuda.hpp).
+template <class D>
+class WorkerPlace;
+
+template <>
+class WorkerPlace<device::Cpu> {
+ public:
+  explicit WorkerPlace(const cluster::Spec& /*spec*/) {}
+  device::Cpu::Place place() const { return {}; }
+};
+}  // namespace detail::ps
+
+template <class C = consistency::Sync, device::Device D = device::Cpu>
 class ParameterServer {
   static_assert(consistency::Consistency<C>,
                 "cohort: ParameterServer takes a consistency model: consistency::Sync, "
@@ -117,10 +133,16 @@ class ParameterServer {
   // Sync: over every replica of every worker, in the canonical tree (the workers' local replicas
   // first, as MultiWorkerMirrored). Otherwise a worker never waits for the others.
   using Cross = collective::Deterministic<detail::ps::WorkerView<Transport>>;
-  using Communicator =
+  using HostCommunicator =
       std::conditional_t<kStaleness == 0,
                          collective::Hierarchical<collective::LocalCommunicator, Cross>,
                          detail::ps::Independent<Transport>>;
+  // The device of the workers' replicas: their gradients are staged to the host for the push and
+  // the parameters copied back after the pull (servers work on the host and need no device).
+  using Device = D;
+  static constexpr bool kOnHost = std::same_as<D, device::Cpu>;
+  using Communicator = std::conditional_t<kOnHost, HostCommunicator,
+                                          detail::StagedCommunicator<HostCommunicator, D>>;
 
   struct Options {
     std::size_t local_replicas = 1;
@@ -154,6 +176,11 @@ class ParameterServer {
       options::reject("workers", workers_, "a ParameterServer job needs at least one worker");
     }
     detail::require_local_replicas(options_.local_replicas);
+    if (!kOnHost && options_.local_replicas != 1) {
+      options::reject("local_replicas", options_.local_replicas,
+                      "must be 1 for replicas on a device: a worker process drives the one GPU "
+                      "at its local_rank");
+    }
     options::require_positive("chunk_bytes", options_.chunk_bytes);
     options::require_positive("alignment", options_.alignment);
     if (kStaleness != 0 && options_.backup_workers != 0) {
@@ -164,6 +191,8 @@ class ParameterServer {
       options::reject("backup_workers", options_.backup_workers,
                       "must be less than the " + std::to_string(workers_) + " workers");
     }
+    // A worker's device first: a process without its GPU fails before the rendezvous.
+    if (!serves()) worker_place_.emplace(spec_);
     const int rank = serves() ? workers_ + spec_.rank : spec_.rank;
     std::fprintf(stderr,
                  "cohort: %s; parameter server job: %d server(s), %d worker(s), %s, rank %d "
@@ -185,6 +214,8 @@ class ParameterServer {
   }
   // This process's worker index (its mesh rank); meaningless on a server.
   int worker() const { return spec_.rank; }
+  // Where this worker's replicas live (a worker's GPU and stream for device::Cuda).
+  typename D::Place place(std::size_t /*local_index*/) const { return worker_place_->place(); }
   bool is_chief() const { return !serves() && spec_.rank == 0; }
   // Whether this process is a server: Trainer::fit then calls serve() instead of training.
   bool serves() const { return spec_.role == "ps"; }
@@ -356,9 +387,11 @@ class ParameterServer {
         if (const double max_norm = update.optimizer.options().max_gradient_norm;
             kStaleness != 0 && max_norm > 0.0) {
           scale *= optimizer::clipping_factor(
-              device::cpu::sum_of_squares<T>(std::span<const T>(update.gradient_sum)),
+              D::sum_of_squares(place_, std::span<const T>(update.gradient_sum)),
               update.inverse_batch, max_norm);
         }
+        const std::span<T> gradient = host_copy(update.gradient_sum, gradient_staging_);
+        const std::span<T> parameters = host_target(update.parameters, parameter_staging_);
         client_.exchange(
             {.operation = detail::ps::Operation::kPush,
              .step = update.step,
@@ -366,11 +399,12 @@ class ParameterServer {
              .element_bytes = sizeof(T),
              .slots = O::kStateSlots},
             [&](const detail::ps::Chunk& chunk) {
-              return std::as_bytes(update.gradient_sum.subspan(chunk.begin, chunk.size()));
+              return std::as_bytes(gradient.subspan(chunk.begin, chunk.size()));
             },
             [&](const detail::ps::Chunk& chunk) {
-              return std::as_writable_bytes(update.parameters.subspan(chunk.begin, chunk.size()));
+              return std::as_writable_bytes(parameters.subspan(chunk.begin, chunk.size()));
             });
+        land(parameters, update.parameters);
       }
       local_.broadcast(update.parameters, 0);
       update.communication_seconds =
@@ -388,6 +422,7 @@ class ParameterServer {
             collective::LocalCommunicator local)
         : owner_(&owner),
           index_(index),
+          place_(owner.place(0)),
           speaks_for_worker_(local.rank() == 0),
           communicator_(std::move(communicator)),
           local_(std::move(local)),
@@ -395,11 +430,14 @@ class ParameterServer {
 
     // The worker's side of the start of a fit (see start()), and what finish() will do.
     template <class T>
-    void begin(std::span<T> parameters, std::span<T> optimizer_state, std::uint64_t step) {
-      const auto& shards = owner_->layout(parameters.size(), sizeof(T));
-      const std::size_t slots = parameters.empty() ? 0 : optimizer_state.size() / parameters.size();
+    void begin(std::span<T> at_place, std::span<T> state_at_place, std::uint64_t step) {
+      const auto& shards = owner_->layout(at_place.size(), sizeof(T));
+      const std::size_t slots = at_place.empty() ? 0 : state_at_place.size() / at_place.size();
       const auto none = [](const detail::ps::Chunk&) { return std::span<std::byte>(); };
       const bool chief = index_ == 0;
+      // The work is done on host copies (on the host: the spans themselves), landed at the end.
+      const std::span<T> parameters = host_copy(at_place, parameter_staging_);
+      const std::span<T> optimizer_state = host_copy(state_at_place, state_staging_);
       if (chief) {
         staging_.clear();
         offsets_.clear();
@@ -429,9 +467,10 @@ class ParameterServer {
           [&](const detail::ps::Chunk& chunk) {
             return std::as_writable_bytes(parameters.subspan(chunk.begin, chunk.size()));
           });
+      land(parameters, at_place);
       // At the end of the fit, the chief brings the optimizer state home (the next fit starts
       // from it).
-      finish_ = [this, parameters, optimizer_state, slots, chief, &shards] {
+      finish_ = [this, parameters, optimizer_state, state_at_place, slots, chief, &shards] {
         if (chief && slots > 0) {
           staging_.resize(parameters.size() * slots * sizeof(T));
           client_.exchange(
@@ -451,9 +490,40 @@ class ParameterServer {
                               static_cast<std::ptrdiff_t>(slot * parameters.size() + chunk.begin));
             }
           }
+          land(optimizer_state, state_at_place);
         }
         client_.done();
       };
+    }
+
+    // `values` (memory at the replica's place) as host memory: the span itself on the host, else
+    // a copy in `staging`.
+    template <class T>
+    std::span<T> host_copy(std::span<T> values, std::vector<std::byte>& staging) {
+      if constexpr (kOnHost) {
+        return values;
+      } else {
+        const std::span<T> host = host_target(values, staging);
+        D::to_host(place_, std::span<const T>(values), host);
+        return host;
+      }
+    }
+
+    // Where host data meant for `values` is written first: values itself on the host, else
+    // `staging`, from which land() copies it to values.
+    template <class T>
+    static std::span<T> host_target(std::span<T> values, std::vector<std::byte>& staging) {
+      if constexpr (kOnHost) {
+        return values;
+      } else {
+        staging.resize(values.size_bytes());
+        return {reinterpret_cast<T*>(staging.data()), values.size()};
+      }
+    }
+
+    template <class T>
+    void land(std::span<T> host, std::span<T> values) {
+      if constexpr (!kOnHost) D::from_host(place_, std::span<const T>(host), values);
     }
 
     template <class T>
@@ -464,12 +534,15 @@ class ParameterServer {
 
     ParameterServer* owner_;
     std::size_t index_;
+    typename D::Place place_;
     bool speaks_for_worker_;  // the worker's first replica: the one that talks to the servers
     Communicator communicator_;
     collective::LocalCommunicator local_;  // among this worker's replicas
     detail::ps::Client<Transport> client_;
     std::vector<std::byte> staging_;
     std::vector<std::size_t> offsets_;
+    // Host copies of device memory (unused on the host).
+    std::vector<std::byte> gradient_staging_, parameter_staging_, state_staging_;
     std::function<void()> finish_;
   };
 
@@ -500,12 +573,19 @@ class ParameterServer {
         options_.local_replicas,
         [&](std::size_t local) {
           const int rank = static_cast<int>(local);
-          const auto communicator = [&] {
+          const auto on_host = [&] {
             if constexpr (kStaleness == 0) {
-              return Communicator(trainer_group.communicator(rank), *cross, *thread,
-                                  options_.chunk_bytes);
+              return HostCommunicator(trainer_group.communicator(rank), *cross, *thread,
+                                      options_.chunk_bytes);
             } else {
-              return Communicator(*transport_, trainer_group.communicator(rank), workers_);
+              return HostCommunicator(*transport_, trainer_group.communicator(rank), workers_);
+            }
+          };
+          const auto communicator = [&] {
+            if constexpr (kOnHost) {
+              return on_host();
+            } else {
+              return Communicator(on_host(), place(local));
             }
           };
           return Replica(*this, first_local_replica() + local, communicator(),
@@ -602,7 +682,8 @@ class ParameterServer {
   int workers_ = 0;
   int servers_ = 0;
   std::unique_ptr<Transport> transport_;
-  mutable std::optional<detail::ps::Layout> layout_;  // a cache of the layout of the model
+  std::optional<detail::ps::WorkerPlace<D>> worker_place_;  // on a worker
+  mutable std::optional<detail::ps::Layout> layout_;        // a cache of the layout of the model
   detail::ps::ServerCounts counts_;
   // A server's shard, from its last fit or restore, for save().
   std::variant<std::monostate, checkpoint::ShardState<float>, checkpoint::ShardState<double>> held_;

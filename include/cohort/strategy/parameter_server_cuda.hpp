@@ -1,0 +1,44 @@
+// ParameterServer<C, device::Cuda>: parameter-server workers on GPUs, for cohort::cuda users (it
+// includes the CUDA runtime's header).
+//
+//   cohort::strategy::ParameterServer<cohort::strategy::consistency::Sync, cohort::device::Cuda>
+//       strategy({});
+//
+// Each worker process drives the GPU at its local_rank (among those CUDA_VISIBLE_DEVICES leaves
+// visible; a ConfigError naming local_rank before the rendezvous when there is none) on a stream
+// of its own, with one replica (local_replicas = 1). The Trainer places the model there
+// (ModelTraits<M>::replicate, core/model.hpp); a step's gradient fold is copied to the host for
+// the push, and the pulled parameters back to the GPU. Servers work on the host: a ps task needs
+// no GPU. Everything else is ParameterServer<C> (strategy/parameter_server.hpp): the same
+// protocol, consistency models, faults and checkpoints, and under Sync the same bits as Mirrored
+// (given a model whose CUDA forward_backward computes its CPU twin's bits).
+#pragma once
+
+#include <cstdio>
+
+#include "cohort/cluster/cluster.hpp"
+#include "cohort/device/cuda.hpp"
+#include "cohort/strategy/detail/local_gpu_cuda.hpp"
+#include "cohort/strategy/parameter_server.hpp"
+
+namespace cohort::strategy {
+
+namespace detail::ps {
+template <>
+class WorkerPlace<device::Cuda> {
+ public:
+  explicit WorkerPlace(const cluster::Spec& spec)
+      : stream_(detail::local_gpu(spec, "ParameterServer<C, device::Cuda>")) {
+    std::fprintf(stderr, "cohort: worker %d on GPU %d\n", spec.rank, stream_.device());
+  }
+  device::cuda::Place place() const { return stream_.place(); }
+
+ private:
+  device::cuda::Stream stream_;
+};
+}  // namespace detail::ps
+
+static_assert(Strategy<ParameterServer<consistency::Sync, device::Cuda>>);
+static_assert(Strategy<ParameterServer<consistency::Async, device::Cuda>>);
+
+}  // namespace cohort::strategy
