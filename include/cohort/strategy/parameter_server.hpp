@@ -35,8 +35,11 @@
 //                    worker. Adam's step counts the chunk's updates.
 // The optimizer state lives on the servers. At the start of every fit the chief sends its
 // parameters and optimizer state to the servers, and every worker pulls; at its end the chief
-// pulls the optimizer state back (so that the next fit starts from it) and every server keeps a
-// copy of its shard. Trainer::save then writes a sharded checkpoint: every server its shard, the
+// pulls the optimizer state back (so that the next fit starts from it) and every server keeps its
+// shard. A server runs no replica: its Trainer builds no model, and it needs no device (with
+// ParameterServer<C, device::Cuda>, strategy/parameter_server_cuda.hpp, the workers' replicas are
+// on GPUs and their pushes and pulls are staged through the host). Trainer::save then writes a
+// sharded checkpoint: every server its shard, the
 // chief the manifest last (save() below); Trainer::restore on every process reads the manifest
 // and the shards and continues the run (the same bits, for Sync). A sharded checkpoint restores
 // under any strategy, and any checkpoint restores under ParameterServer.
