@@ -197,6 +197,18 @@ TEST_CASE("sync with global-norm clipping over 2 servers equals Mirrored bit for
   CHECK(output.find("parameter server 1 (sync, 2 chunks)") != std::string::npos);
 }
 
+TEST_CASE("clipping with shards that split the norm's blocks is a ConfigError naming alignment") {
+  TemporaryDirectory directory("cohort-ps-clip-alignment");
+  const auto [exit, output] = launch(
+      1, 1, {"sync", "5", directory.path / "parameters.bin", "--clip", "0.05", "--alignment", "16"},
+      directory.path / "log.txt");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  CHECK(exit.code != 0);
+  CHECK(output.find("alignment = 16") != std::string::npos);
+  CHECK(output.find("max_gradient_norm") != std::string::npos);
+}
+
 TEST_CASE("async and bounded-staleness training reach the accuracy of synchronous training") {
   TemporaryDirectory directory("cohort-ps-async");
   const double reference = accuracy_of(mirrored_parameters(150));

@@ -4,7 +4,7 @@
 //
 //   ps_trainer sync|async|bounded2 STEPS OUT [--slow-worker W --sleep-ms N] [--log-pushes]
 //              [--segment K --checkpoint FILE] [--restore FILE] [--bad-requests]
-//              [--backup-workers B] [--clip NORM] [--local-replicas L]
+//              [--backup-workers B] [--clip NORM] [--alignment A] [--local-replicas L]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
 // --segment K        fit K steps at a time; the chief saves FILE after each
@@ -15,6 +15,7 @@
 // --local-replicas L replica threads in each worker
 // --clip NORM        Adam clips by global norm NORM; the model is the wide one, laid out on the
 //                    norm's blocks (4096-element alignment, 16 KiB chunks: 2 chunks per server)
+// --alignment A      the layout's alignment instead (a wrong one for --clip, say)
 // Otherwise the layout is forced small (16-element alignment, no minimum shard, 256-byte chunks),
 // so that the small model spreads over every server in several chunks.
 #include <chrono>
@@ -46,6 +47,7 @@ struct Settings {
   std::size_t backup_workers = 0;
   double clip = 0.0;
   std::size_t local_replicas = 1;
+  std::size_t alignment = 0;  // 0: the default of the layout above
 };
 
 // The test data, slowed down on one worker.
@@ -122,7 +124,9 @@ int train(const Settings& settings) {
                                .connect_timeout = std::chrono::seconds(30),
                                .timeout = std::chrono::seconds(30),
                                .min_shard_bytes = 0,
-                               .alignment = clips ? cohort::device::cpu::kNormBlock : 16,
+                               .alignment = settings.alignment != 0 ? settings.alignment
+                                            : clips ? cohort::device::cpu::kNormBlock
+                                                    : 16,
                                .chunk_bytes = clips ? std::size_t{16} << 10 : 256,
                                .backup_workers = settings.backup_workers,
                                .log_pushes = settings.log_pushes});
@@ -189,6 +193,8 @@ int main(int argc, char** argv) {
       settings.backup_workers = std::stoul(next());
     else if (flag == "--clip")
       settings.clip = std::stod(next());
+    else if (flag == "--alignment")
+      settings.alignment = std::stoul(next());
     else if (flag == "--local-replicas")
       settings.local_replicas = std::stoul(next());
     else {
