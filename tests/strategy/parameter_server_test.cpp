@@ -60,6 +60,19 @@ std::pair<cohort::testing::Exit, std::string> launch(int workers, int servers,
   return *result;
 }
 
+// A 2-worker, 2-server sync job that restores `checkpoint` and trains to `steps`; the chief's
+// parameters.
+std::string continue_from(const fs::path& checkpoint, std::uint64_t steps, const fs::path& out,
+                          const fs::path& log) {
+  fs::remove(out);
+  const auto [exit, output] =
+      launch(2, 2, {"sync", std::to_string(steps), out, "--restore", checkpoint}, log);
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  return read_file(out);
+}
+
 // Every process of a job started by hand, each with its own log: workers first, then servers.
 struct Job {
   std::vector<std::unique_ptr<Process>> workers;
@@ -332,13 +345,7 @@ TEST_CASE("a restart from the last checkpoint reaches the parameters of an unint
         std::vector<std::string>{"run.ckpt", manifest.shards[0].file, manifest.shards[1].file});
 
   SUBCASE("every process restores the manifest and continues under ParameterServer") {
-    fs::remove(out);
-    const auto [exit, output] =
-        launch(2, 2, {"sync", "50", out, "--restore", checkpoint}, directory.path / "second.log");
-    CAPTURE(output);
-    REQUIRE(exit.exited);
-    REQUIRE(exit.code == 0);
-    CHECK(read_file(out) == expected);
+    CHECK(continue_from(checkpoint, 50, out, directory.path / "second.log") == expected);
   }
   SUBCASE("Mirrored restores the sharded checkpoint and continues with the same bits") {
     cohort::Trainer trainer(
@@ -391,13 +398,7 @@ TEST_CASE(
                                                             << last);
     CHECK(last < 60);
   }
-  fs::remove(out);
-  const auto [exit, output] =
-      launch(2, 2, {"sync", "60", out, "--restore", checkpoint}, directory.path / "second.log");
-  CAPTURE(output);
-  REQUIRE(exit.exited);
-  REQUIRE(exit.code == 0);
-  CHECK(read_file(out) == expected);
+  CHECK(continue_from(checkpoint, 60, out, directory.path / "second.log") == expected);
 }
 
 TEST_CASE("malformed requests are refused naming the worker and the field; others go on") {
