@@ -196,8 +196,9 @@ class Trainer {
   // others return at once, except under a strategy that saves its own way: a parameter server's
   // servers write a shard each and the chief writes the manifest.
   void save(const std::filesystem::path& file) const {
-    if constexpr (requires { strategy_.save(file, checkpoint_state()); }) {
-      strategy_.save(file, checkpoint_state());
+    if constexpr (requires { strategy_.save(file, checkpoint_state(false), parameter_count_); }) {
+      // The values are the servers' to write: the strategy gets the run's settings and step.
+      strategy_.save(file, checkpoint_state(false), parameter_count_);
     } else if (strategy_.is_chief()) {
       checkpoint::write(file, checkpoint_state());
     }
@@ -241,11 +242,11 @@ class Trainer {
   Place place(std::size_t local) const { return strategy::place_of(strategy_, local); }
 
   // The training state of this process's first replica, on the host, as a checkpoint holds it;
-  // without replicas (a parameter server), the run's settings and step only.
-  checkpoint::TrainingState<value_type> checkpoint_state() const {
+  // without `values` (or without replicas), the run's settings and step only.
+  checkpoint::TrainingState<value_type> checkpoint_state(bool values = true) const {
     checkpoint::TrainingState<value_type> state;
     state.optimizer = O::kName;
-    if (!models_.empty()) {
+    if (values && !models_.empty()) {
       const auto parameters = ModelTraits<M>::parameters(const_cast<M&>(models_[0]));
       state.parameters.resize(parameters.size());
       Device::to_host(place(0), std::span<const value_type>(parameters),

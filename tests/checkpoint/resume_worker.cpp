@@ -4,7 +4,6 @@
 //   resume_worker resume CKPT STEPS OUT       restore CKPT, train to STEPS, write OUT
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "training.hpp"
@@ -20,10 +19,7 @@ auto make_trainer(std::size_t replicas) {
 
 template <class Trainer>
 void write_parameters(const Trainer& trainer, const std::string& file) {
-  const auto parameters = cohort::testing::parameters_of(trainer.model());
-  std::ofstream(file, std::ios::binary)
-      .write(reinterpret_cast<const char*>(parameters.data()),
-             static_cast<std::streamsize>(parameters.size() * sizeof(float)));
+  cohort::testing::write_parameters(file, cohort::testing::parameters_of(trainer.model()));
 }
 
 }  // namespace

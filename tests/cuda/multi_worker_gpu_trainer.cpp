@@ -7,7 +7,6 @@
 #include <cohort/strategy/multi_worker_mirrored_cuda.hpp>
 #include <cohort/strategy/parameter_server_cuda.hpp>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -22,10 +21,7 @@ int train(Strategy strategy, std::uint64_t steps, const char* out) {
       std::move(strategy), cohort::testing::test_optimizer<cohort::optimizer::Adam>());
   trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
   if (chief) {
-    const std::vector<float> parameters = trainer.model().host_parameters();
-    std::ofstream(out, std::ios::binary)
-        .write(reinterpret_cast<const char*>(parameters.data()),
-               static_cast<std::streamsize>(parameters.size() * sizeof(float)));
+    cohort::testing::write_parameters(out, trainer.model().host_parameters());
   }
   return 0;
 }

@@ -22,15 +22,12 @@
 namespace {
 
 namespace fs = std::filesystem;
+using cohort::testing::bytes_of;
 using cohort::testing::Process;
 using cohort::testing::read_file;
 using cohort::testing::TemporaryDirectory;
 
 constexpr std::uint64_t kSteps = 30;
-
-std::string bytes_of(const std::vector<float>& parameters) {
-  return {reinterpret_cast<const char*>(parameters.data()), parameters.size() * sizeof(float)};
-}
 
 // The reference: Mirrored on 2 GPUs of this process, which must equal Mirrored<> on the CPU.
 std::string mirrored_on_two_gpus() {

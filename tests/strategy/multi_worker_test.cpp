@@ -1,7 +1,8 @@
 // MultiWorkerMirrored across real processes over TCP on 127.0.0.1, started by the local launcher,
 // by mpirun, and by hand for the fault tests.
-#include <cstring>
 #include <doctest/doctest.h>
+
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -24,8 +25,7 @@ std::string mirrored_parameters(std::uint64_t steps) {
                           cohort::optimizer::Adam({.learning_rate = 3e-3}),
                           {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
   trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
-  const auto parameters = cohort::testing::parameters_of(trainer.model());
-  return {reinterpret_cast<const char*>(parameters.data()), parameters.size() * sizeof(float)};
+  return cohort::testing::bytes_of(cohort::testing::parameters_of(trainer.model()));
 }
 
 // Runs one command to completion within a deadline; returns its exit and output.
@@ -42,8 +42,8 @@ std::pair<cohort::testing::Exit, std::string> run(const std::vector<std::string>
 TEST_CASE("2 workers x 2 replicas, 4 workers x 1 and Mirrored 4 give bit-identical parameters") {
   TemporaryDirectory directory("cohort-multi-worker");
   const std::string expected = mirrored_parameters(50);
-  REQUIRE(expected.size() == cohort::testing::parameters_of(cohort::testing::small_model()).size() *
-                                 sizeof(float));
+  REQUIRE(expected.size() ==
+          cohort::testing::parameters_of(cohort::testing::small_model()).size() * sizeof(float));
   for (auto [workers, local] : {std::pair{"2", "2"}, std::pair{"4", "1"}}) {
     CAPTURE(workers);
     const fs::path out = directory.path / ("parameters-" + std::string(workers) + ".bin");
@@ -60,8 +60,9 @@ TEST_CASE("2 workers x 2 replicas, 4 workers x 1 and Mirrored 4 give bit-identic
 TEST_CASE("the ring collective trains across processes too, with its own bits") {
   TemporaryDirectory directory("cohort-multi-worker-ring");
   const fs::path out = directory.path / "ring.bin";
-  const auto [exit, output] = run(
-      {COHORT_RUN, "--np", "4", "--", COHORT_TRAINER, "1", "20", out, "ring"}, directory.path / "log");
+  const auto [exit, output] =
+      run({COHORT_RUN, "--np", "4", "--", COHORT_TRAINER, "1", "20", out, "ring"},
+          directory.path / "log");
   CAPTURE(output);
   REQUIRE(exit.exited);
   CHECK(exit.code == 0);
@@ -76,8 +77,8 @@ TEST_CASE("the same binary runs under mpirun and gives the same bits") {
   TemporaryDirectory directory("cohort-multi-worker-mpi");
   const fs::path out = directory.path / "mpi.bin";
   const auto [exit, output] =
-      run({COHORT_MPIRUN, "--oversubscribe", "--mca", "btl", "self,tcp", "-np", "2",
-           COHORT_TRAINER, "2", "50", out},
+      run({COHORT_MPIRUN, "--oversubscribe", "--mca", "btl", "self,tcp", "-np", "2", COHORT_TRAINER,
+           "2", "50", out},
           directory.path / "log",
           {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
            {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},

@@ -2,10 +2,9 @@
 // on the chief, writes the final parameters.
 //   multi_worker_trainer LOCAL_REPLICAS STEPS OUT [ring]
 #include <chrono>
-#include <cohort/strategy/multi_worker_mirrored.hpp>
 #include <cohort/collective/ring.hpp>
+#include <cohort/strategy/multi_worker_mirrored.hpp>
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "training.hpp"
@@ -24,10 +23,7 @@ int train(std::size_t local_replicas, std::uint64_t steps, const std::string& ou
                           {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
   trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
   if (chief) {
-    const auto parameters = cohort::testing::parameters_of(trainer.model());
-    std::ofstream(out, std::ios::binary)
-        .write(reinterpret_cast<const char*>(parameters.data()),
-               static_cast<std::streamsize>(parameters.size() * sizeof(float)));
+    cohort::testing::write_parameters(out, cohort::testing::parameters_of(trainer.model()));
   }
   return 0;
 }

@@ -18,14 +18,11 @@
 namespace {
 
 namespace fs = std::filesystem;
+using cohort::testing::bytes_of;
 using cohort::testing::Process;
 using cohort::testing::read_file;
 using cohort::testing::TemporaryDirectory;
 using namespace std::chrono_literals;
-
-std::string bytes_of(const std::vector<float>& values) {
-  return {reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)};
-}
 
 // The reference: Mirrored with 4 replicas in this process, as ps_trainer trains (with --clip:
 // the wide model, clipped by global norm `clip`).

@@ -21,7 +21,6 @@
 #include <chrono>
 #include <cohort/strategy/parameter_server.hpp>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -153,10 +152,8 @@ int train(const Settings& settings) {
     if (!settings.checkpoint.empty()) trainer.save(settings.checkpoint);
   }
   if (chief) {
-    const auto parameters = cohort::testing::parameters_of(trainer.model());
-    std::ofstream(settings.out, std::ios::binary)
-        .write(reinterpret_cast<const char*>(parameters.data()),
-               static_cast<std::streamsize>(parameters.size() * sizeof(float)));
+    cohort::testing::write_parameters(settings.out,
+                                      cohort::testing::parameters_of(trainer.model()));
   }
   return 0;
 }

@@ -4,7 +4,10 @@
 
 #include <cohort/cohort.hpp>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "clusters.hpp"
@@ -44,6 +47,16 @@ inline optimizer::Adam test_optimizer() {
 template <>
 inline optimizer::AdamW test_optimizer() {
   return optimizer::AdamW({.learning_rate = 3e-3, .weight_decay = 0.01});
+}
+
+// The bytes of a parameter vector: what the test programs write (write_parameters) and the tests
+// compare, bit for bit, with what they read back (read_file).
+inline std::string bytes_of(std::span<const float> values) {
+  return {reinterpret_cast<const char*>(values.data()), values.size_bytes()};
+}
+
+inline void write_parameters(const std::filesystem::path& file, std::span<const float> values) {
+  std::ofstream(file, std::ios::binary) << bytes_of(values);
 }
 
 inline std::vector<float> parameters_of(const example::Mlp& model) {

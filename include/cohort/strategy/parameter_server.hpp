@@ -303,18 +303,19 @@ class ParameterServer {
   // the same fit. The chief orders every server that holds a shard to write it beside `file`,
   // waits until each has reported its file durable, then writes the manifest `file` (which
   // removes the shard files of the manifest it replaced). A server writes the shard it holds,
-  // from its last fit or restore; `state` is the chief's (a server's holds the run's settings
-  // only). Other workers return at once.
+  // from its last fit or restore. `state` holds the run's settings and step (no values: those
+  // are the servers'), `elements` the model's parameter count. Other workers return at once.
   template <class T>
-  void save(const std::filesystem::path& file, const checkpoint::TrainingState<T>& state) const {
+  void save(const std::filesystem::path& file, const checkpoint::TrainingState<T>& state,
+            std::size_t elements) const {
     namespace ps = detail::ps;
     if (serves()) {
       save_shard<T>(file);
       return;
     }
     if (!is_chief()) return;
-    const ps::Layout& shards = layout(state.parameters.size(), sizeof(T));
-    const int holding = holders(state.parameters.size(), sizeof(T));
+    const ps::Layout& shards = layout(elements, sizeof(T));
+    const int holding = holders(elements, sizeof(T));
     std::random_device entropy;
     const ps::SaveOrder order{.step = state.step,
                               .token = std::uint64_t{entropy()} << 32 | entropy()};
@@ -338,8 +339,6 @@ class ParameterServer {
           "written (every process must call Trainer::save after the same fit): " + error.what());
     }
     checkpoint::TrainingState<T> manifest = state;
-    manifest.parameters.clear();
-    manifest.optimizer_state.clear();
     for (int server = 0; server < servers_; ++server) {
       const ps::SaveReport& report = reports[static_cast<std::size_t>(server)];
       if (report.status != 0) {
