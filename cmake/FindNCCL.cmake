@@ -24,7 +24,8 @@ find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} ${CUDAToolkit_INCLUDE_DIR
 if(NCCL_USE_STATIC)
   set(_nccl_names nccl_static)
 else()
-  set(_nccl_names nccl)
+  # libnccl.so.2 alone is what NCCL's Python package (nvidia-nccl-cu*) ships: no unversioned link.
+  set(_nccl_names nccl libnccl.so.2)
 endif()
 find_library(NCCL_LIBRARY NAMES ${_nccl_names} HINTS ${_nccl_hints} ${CUDAToolkit_LIBRARY_DIR}
              PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)

@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/cuda/launch.hpp"
@@ -29,11 +31,26 @@ struct Device {
     COHORT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data), n * sizeof(T)));
     COHORT_CUDA_CHECK(cudaMemset(data, 0, n * sizeof(T)));
   }
+  Device(Device&& other) noexcept : data(std::exchange(other.data, nullptr)) {}
   ~Device() { (void)cudaFree(data); }
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
   T* data = nullptr;
 };
+
+// n values of T in [0.5, 1) for an input of a timed kernel: never zeros, which can run faster
+// than real data, and never negative, since Adam takes the root of its second moment.
+template <class T>
+Device<T> filled(std::size_t n) {
+  Device<T> buffer(n);
+  std::mt19937 engine(static_cast<std::uint32_t>(n));
+  std::uniform_real_distribution<float> values(0.5f, 1.0f);
+  std::vector<T> host(n);
+  for (T& value : host) value = static_cast<T>(values(engine));
+  COHORT_CUDA_CHECK(cudaMemcpy(buffer.data, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  COHORT_CUDA_CHECK(cudaDeviceSynchronize());
+  return buffer;
+}
 
 // Times body() on the default stream with events, one measurement per iteration.
 template <class Body>
@@ -60,7 +77,7 @@ void time_on_gpu(benchmark::State& state, std::int64_t bytes_per_iteration, Body
 
 void BM_copy(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  Device<float> from(n);
+  const Device<float> from = filled<float>(n);
   Device<float> to(n);
   time_on_gpu(state, 2 * n * sizeof(float), [&] {
     COHORT_CUDA_CHECK(
@@ -71,7 +88,7 @@ void BM_copy(benchmark::State& state) {
 template <class T>
 void BM_scale(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  Device<T> x(n);
+  Device<T> x = filled<T>(n);
   time_on_gpu(state, 2 * n * sizeof(T),
               [&] { cohort::cuda::scale(x.data, n, static_cast<T>(1.0f), nullptr); });
 }
@@ -79,8 +96,8 @@ void BM_scale(benchmark::State& state) {
 template <class T>
 void BM_axpy(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  Device<T> x(n);
-  Device<T> y(n);
+  const Device<T> x = filled<T>(n);
+  Device<T> y = filled<T>(n);
   time_on_gpu(state, 3 * n * sizeof(T),
               [&] { cohort::cuda::axpy(static_cast<T>(1.0f), x.data, y.data, n, nullptr); });
 }
@@ -91,7 +108,7 @@ void BM_reduce_tree_8(benchmark::State& state) {
   std::vector<std::unique_ptr<Device<float>>> inputs;
   std::vector<const float*> pointers;
   for (int k = 0; k < 8; ++k) {
-    inputs.push_back(std::make_unique<Device<float>>(n));
+    inputs.push_back(std::make_unique<Device<float>>(filled<float>(n)));
     pointers.push_back(inputs.back()->data);
   }
   Device<float> out(n);
@@ -104,7 +121,7 @@ void BM_reduce_tree_8(benchmark::State& state) {
 template <class T>
 void BM_sum_of_squares(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  Device<T> x(n);
+  const Device<T> x = filled<T>(n);
   Device<double> workspace(cohort::cuda::sum_of_squares_workspace(n));
   Device<double> result(1);
   time_on_gpu(state, n * sizeof(T), [&] {
@@ -114,7 +131,7 @@ void BM_sum_of_squares(benchmark::State& state) {
 
 void BM_flag_nonfinite(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  Device<float> x(n);
+  const Device<float> x = filled<float>(n);
   Device<int> flag(1);
   time_on_gpu(state, n * sizeof(float),
               [&] { cohort::cuda::flag_nonfinite(x.data, n, flag.data, nullptr); });
@@ -125,9 +142,9 @@ void BM_flag_nonfinite(benchmark::State& state) {
 template <class O, class G>
 void BM_step(benchmark::State& state, const O& o) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  Device<float> params(n);
-  Device<G> gradients(n);
-  Device<float> optimizer_state(O::kStateSlots * n + 1);
+  Device<float> params = filled<float>(n);
+  const Device<G> gradients = filled<G>(n);
+  Device<float> optimizer_state = filled<float>(O::kStateSlots * n + 1);
   const std::int64_t bytes =
       static_cast<std::int64_t>(n * (sizeof(G) + (2 + 2 * O::kStateSlots) * sizeof(float)));
   std::uint64_t step = 0;

@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -24,6 +25,10 @@ inline auto gpu_only() { return doctest::skip(!gpu_present()); }
 // For cases that need `count` GPUs (their names say how many): skipped where fewer are present.
 inline auto gpus_only(int count) { return doctest::skip(device::cuda::device_count() < count); }
 
+// How long a GPU test's collective may wait: a hang fails in a minute with its CommError, well
+// inside ctest's limit, instead of at the 5-minute default.
+inline constexpr std::chrono::seconds kTestTimeout{60};
+
 // A device buffer of n values of T, freed on destruction.
 template <class T>
 class DeviceBuffer {
@@ -43,6 +48,9 @@ class DeviceBuffer {
     REQUIRE(host.size() == n_);
     if (n_ > 0) {
       COHORT_CUDA_CHECK(cudaMemcpy(data_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+      // From pageable memory cudaMemcpy may return before the copy lands, and the communicators'
+      // non-blocking streams do not wait for the default stream.
+      COHORT_CUDA_CHECK(cudaDeviceSynchronize());
     }
   }
   std::vector<T> download() const {
@@ -58,10 +66,11 @@ class DeviceBuffer {
   std::size_t n_ = 0;
 };
 
-// The lengths every kernel is swept over (STYLE.md section 6), plus a few norm-block edges.
+// The lengths every kernel is swept over (STYLE.md section 6), plus a few norm-block edges and
+// multiples of 16 bytes (4096, 2^20), which the optimizer update takes 16 bytes at a time.
 inline const std::vector<std::size_t>& odd_lengths() {
-  static const std::vector<std::size_t> lengths = {0,    1,    7,     4095,          4096,
-                                                   4097, 4099, 65537, (1u << 20) + 3};
+  static const std::vector<std::size_t> lengths = {0,    1,    7,     4095,     4096,
+                                                   4097, 4099, 65537, 1u << 20, (1u << 20) + 3};
   return lengths;
 }
 

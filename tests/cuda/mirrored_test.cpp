@@ -28,6 +28,7 @@ using cohort::test::CpuTwin;
 using cohort::test::CudaTwin;
 using cohort::test::gpu_only;
 using cohort::test::gpus_only;
+using cohort::test::kTestTimeout;
 using GpuMirrored = cohort::strategy::Mirrored<cohort::device::Cuda, cohort::collective::Nccl>;
 
 constexpr cohort::test::twin::Shape kShape = cohort::test::kTwinShape;
@@ -55,7 +56,8 @@ Run on_cpu(std::size_t replicas, std::uint64_t steps = kSteps) {
 
 template <class Optimizer>
 Run on_gpus(std::size_t gpus, std::uint64_t steps = kSteps) {
-  auto trainer = make_trainer<Optimizer, CudaTwin>(GpuMirrored({.replicas = gpus}));
+  auto trainer =
+      make_trainer<Optimizer, CudaTwin>(GpuMirrored({.replicas = gpus, .timeout = kTestTimeout}));
   const cohort::Report report = trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
   return {trainer.model().host_parameters(), report.loss};
 }
@@ -129,7 +131,8 @@ TEST_CASE("Mirrored on every visible GPU by default gives the bits of 1 GPU" * g
     MESSAGE("8 micro-batches do not split over " << visible << " GPUs: nothing to compare");
     return;
   }
-  auto trainer = make_trainer<cohort::optimizer::Adam, CudaTwin>(GpuMirrored({}));
+  auto trainer =
+      make_trainer<cohort::optimizer::Adam, CudaTwin>(GpuMirrored({.timeout = kTestTimeout}));
   CHECK(trainer.strategy().replicas() == static_cast<std::size_t>(visible));
   trainer.fit(cohort::testing::small_task_data(), {.steps = 10});
   CHECK(same_bits(trainer.model().host_parameters(),
@@ -159,7 +162,8 @@ TEST_CASE("a placed replica's parameters and gradients are device memory of its 
 }
 
 TEST_CASE("the Trainer's replica on the GPU holds device parameters" * gpu_only()) {
-  auto trainer = make_trainer<cohort::optimizer::Sgd, CudaTwin>(GpuMirrored({.replicas = 1}));
+  auto trainer = make_trainer<cohort::optimizer::Sgd, CudaTwin>(
+      GpuMirrored({.replicas = 1, .timeout = kTestTimeout}));
   CudaTwin model = trainer.model();  // a copy: on the same GPU
   cudaPointerAttributes attributes{};
   COHORT_CUDA_CHECK(cudaPointerGetAttributes(
@@ -180,7 +184,7 @@ TEST_CASE("save on the GPU and restore continue with the bits of an uninterrupte
 
   const std::vector<float> uninterrupted = on_cpu<Adam>(1, 2 * kSteps).parameters;
 
-  auto first = make_trainer<Adam, CudaTwin>(GpuMirrored({.replicas = 1}));
+  auto first = make_trainer<Adam, CudaTwin>(GpuMirrored({.replicas = 1, .timeout = kTestTimeout}));
   first.fit(data, {.steps = kSteps});
   first.save(gpu_file);
   auto cpu_first = make_trainer<Adam, CpuTwin>(cohort::strategy::Mirrored<>({.replicas = 1}));
@@ -188,13 +192,15 @@ TEST_CASE("save on the GPU and restore continue with the bits of an uninterrupte
   cpu_first.save(cpu_file);
 
   SUBCASE("a GPU checkpoint continues on the GPU") {
-    auto resumed = make_trainer<Adam, CudaTwin>(GpuMirrored({.replicas = 1}));
+    auto resumed =
+        make_trainer<Adam, CudaTwin>(GpuMirrored({.replicas = 1, .timeout = kTestTimeout}));
     resumed.restore(gpu_file);
     resumed.fit(data, {.steps = 2 * kSteps});
     CHECK(same_bits(resumed.model().host_parameters(), uninterrupted));
   }
   SUBCASE("a CPU checkpoint continues on the GPU, and a GPU checkpoint on the CPU") {
-    auto on_gpu = make_trainer<Adam, CudaTwin>(GpuMirrored({.replicas = 1}));
+    auto on_gpu =
+        make_trainer<Adam, CudaTwin>(GpuMirrored({.replicas = 1, .timeout = kTestTimeout}));
     on_gpu.restore(cpu_file);
     on_gpu.fit(data, {.steps = 2 * kSteps});
     CHECK(same_bits(on_gpu.model().host_parameters(), uninterrupted));
@@ -248,7 +254,8 @@ struct UnreadableExample {
 
 TEST_CASE("on 2 GPUs a replica that throws releases the other at once and fit rethrows its error" *
           gpus_only(2)) {
-  auto trainer = make_trainer<cohort::optimizer::Sgd, CudaTwin>(GpuMirrored({.replicas = 2}));
+  auto trainer = make_trainer<cohort::optimizer::Sgd, CudaTwin>(
+      GpuMirrored({.replicas = 2, .timeout = kTestTimeout}));
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH_AS(trainer.fit(UnreadableExample{}, {.epochs = 1}), "example 5 is unreadable",
                        std::runtime_error);

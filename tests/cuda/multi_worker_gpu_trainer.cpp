@@ -1,8 +1,8 @@
 // One process of the GPU multi-worker tests (multi_worker_test.cpp): trains the CUDA twin on the
 // GPU at its local rank with MultiWorkerMirrored<device::Cuda>, or (ps) as a worker or server of
 // ParameterServer<Sync, device::Cuda> (COHORT_ROLE says which); the chief writes the final
-// parameters.
-//   multi_worker_gpu_trainer STEPS OUT [ps]
+// parameters. --timeout-ms bounds every collective's wait (default 60000).
+//   multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N]
 #include <chrono>
 #include <cohort/strategy/multi_worker_mirrored_cuda.hpp>
 #include <cohort/strategy/parameter_server_cuda.hpp>
@@ -29,27 +29,40 @@ int train(Strategy strategy, std::uint64_t steps, const char* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool parameter_server = argc == 4 && std::string(argv[3]) == "ps";
-  if (argc != 3 && !parameter_server) {
-    std::fprintf(stderr, "usage: multi_worker_gpu_trainer STEPS OUT [ps]\n");
+  const std::vector<std::string> arguments(argv + 1, argv + argc);
+  bool parameter_server = false;
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  std::vector<std::string> positional;
+  for (std::size_t i = 0; i < arguments.size(); ++i) {
+    if (arguments[i] == "ps") {
+      parameter_server = true;
+    } else if (arguments[i] == "--timeout-ms" && i + 1 < arguments.size()) {
+      timeout = std::chrono::milliseconds(std::stoll(arguments[++i]));
+    } else {
+      positional.push_back(arguments[i]);
+    }
+  }
+  if (positional.size() != 2) {
+    std::fprintf(stderr, "usage: multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N]\n");
     return 64;
   }
   try {
-    const std::uint64_t steps = std::stoull(argv[1]);
+    const std::uint64_t steps = std::stoull(positional[0]);
+    const char* out = positional[1].c_str();
     if (parameter_server) {
+      // Whole 4096-element norm blocks per shard: the test optimizer clips by the global norm.
       return train(cohort::strategy::ParameterServer<cohort::strategy::consistency::Sync,
                                                      cohort::device::Cuda>(
                        {.connect_timeout = std::chrono::seconds(30),
-                        .timeout = std::chrono::seconds(60),
+                        .timeout = timeout,
                         .min_shard_bytes = 0,
-                        .alignment = 16,
-                        .chunk_bytes = 256}),
-                   steps, argv[2]);
+                        .alignment = 4096,
+                        .chunk_bytes = 16 << 10}),
+                   steps, out);
     }
-    return train(
-        cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda>(
-            {.connect_timeout = std::chrono::seconds(30), .timeout = std::chrono::seconds(60)}),
-        steps, argv[2]);
+    return train(cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda>(
+                     {.connect_timeout = std::chrono::seconds(30), .timeout = timeout}),
+                 steps, out);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "error: %s\n", error.what());
     return 1;

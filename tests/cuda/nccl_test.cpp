@@ -19,6 +19,7 @@ using cohort::collective::Nccl;
 using cohort::collective::NcclCommunicator;
 using cohort::test::DeviceBuffer;
 using cohort::test::gpu_only;
+using cohort::test::kTestTimeout;
 
 // Runs body(rank) on one thread per rank; rethrows the first exception.
 void spawn(int ranks, const std::function<void(int)>& body) {
@@ -41,7 +42,7 @@ void spawn(int ranks, const std::function<void(int)>& body) {
 
 void check_all_reduce(bool deterministic) {
   const int ranks = cohort::device::cuda::device_count();
-  const Nccl group({.ranks = ranks, .deterministic = deterministic});
+  const Nccl group({.ranks = ranks, .timeout = kTestTimeout, .deterministic = deterministic});
   spawn(ranks, [&](int rank) {
     NcclCommunicator comm = group.communicator(rank);
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4099},
@@ -76,7 +77,7 @@ TEST_CASE("nccl deterministic all_reduce sums small integers exactly over every 
 
 TEST_CASE("nccl deterministic reduce_scatter gives rank r the tree sum of chunk r" * gpu_only()) {
   const int ranks = cohort::device::cuda::device_count();
-  const Nccl group({.ranks = ranks});
+  const Nccl group({.ranks = ranks, .timeout = kTestTimeout});
   spawn(ranks, [&](int rank) {
     NcclCommunicator comm = group.communicator(rank);
     const std::size_t count = 4099;
@@ -102,7 +103,7 @@ TEST_CASE("nccl unique id travels over a CPU communicator" * gpu_only()) {
   spawn(ranks, [&](int rank) {
     auto cpu = bootstrap.communicator(rank);
     const ncclUniqueId id = cohort::collective::nccl_unique_id(cpu);
-    NcclCommunicator comm(id, rank, ranks, {.device = rank});
+    NcclCommunicator comm(id, rank, ranks, {.device = rank, .timeout = kTestTimeout});
     cohort::device::cuda::check(cudaSetDevice(rank), "cudaSetDevice");
     DeviceBuffer<std::int64_t> word(std::vector<std::int64_t>{rank + 1});
     comm.all_reduce(std::span<std::int64_t>(word.data(), 1), cohort::ReduceOp::kSum);

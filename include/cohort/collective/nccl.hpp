@@ -339,6 +339,7 @@ class NcclCommunicator {
     std::swap(scratch_bytes_, other.scratch_bytes_);
     std::swap(barrier_word_, other.barrier_word_);
     std::swap(sequence_, other.sequence_);
+    std::swap(in_group_, other.in_group_);
     std::swap(failed_, other.failed_);
   }
 
@@ -420,6 +421,10 @@ class NcclCommunicator {
   [[noreturn]] void fail(const Call& call, const std::string& what) {
     const std::string message = where(call) + ": " + what + "; communicator aborted";
     failed_ = message;
+    // NCCL counts group depth per thread: a group left open would swallow this thread's later
+    // NCCL calls, those of a fresh communicator too.
+    if (in_group_) (void)ncclGroupEnd();
+    in_group_ = false;
     if (options_.group) options_.group->raise(message);
     if (comm_ != nullptr) (void)ncclCommAbort(comm_);
     comm_ = nullptr;
@@ -436,8 +441,12 @@ class NcclCommunicator {
     return text != nullptr && *text != '\0' ? std::string(" (") + text + ")" : std::string();
   }
 
-  void group_start(const Call& call) { enqueue(ncclGroupStart(), call, "ncclGroupStart"); }
+  void group_start(const Call& call) {
+    enqueue(ncclGroupStart(), call, "ncclGroupStart");
+    in_group_ = true;
+  }
   void group_end(const Call& call) {
+    in_group_ = false;
     enqueue(ncclGroupEnd(), call, "ncclGroupEnd");
     settle(call.operation, "ncclGroupEnd", call.sequence);
   }
@@ -470,6 +479,9 @@ class NcclCommunicator {
       const cudaError_t query = cudaEventQuery(done_);
       if (query == cudaSuccess) return;
       if (query != cudaErrorNotReady) device::cuda::check(query, "cudaEventQuery");
+      // The runtime also keeps "not ready" as this thread's last error, which the next launch's
+      // check would take for its own failure.
+      (void)cudaGetLastError();
       ncclResult_t state = ncclSuccess;
       if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess ||
           (state != ncclSuccess && state != ncclInProgress)) {
@@ -537,7 +549,8 @@ class NcclCommunicator {
   std::size_t scratch_bytes_ = 0;
   std::int32_t* barrier_word_ = nullptr;
   std::uint64_t sequence_ = 0;
-  std::string failed_;  // empty while healthy; else why every later call fails
+  bool in_group_ = false;  // between group_start and group_end
+  std::string failed_;     // empty while healthy; else why every later call fails
 };
 static_assert(Communicator<NcclCommunicator>);
 
