@@ -1,6 +1,7 @@
-// MultiWorkerMirrored<device::Cuda> and ParameterServer<Sync, device::Cuda>: one GPU per worker
-// process, real processes over 127.0.0.1 (started by hand with COHORT_* variables, as a launcher
-// would), against Mirrored<> on the CPU with as many replicas.
+// NcclCommunicator, MultiWorkerMirrored<device::Cuda> and ParameterServer<Sync, device::Cuda>
+// across processes: one GPU per worker process, real processes over 127.0.0.1 (started by hand
+// with COHORT_* variables, as a launcher would), the strategies against Mirrored<> on the CPU
+// with as many replicas.
 //
 // Two workers need two GPUs only if they share a host. On a machine with one GPU each worker is
 // a host of its own holding that GPU (local rank 0 of 1), and NCCL_HOSTID tells NCCL so: NCCL then
@@ -47,17 +48,15 @@ std::string mirrored_on_the_cpu() {
   return bytes_of(cpu.model().host_parameters());
 }
 
-// Two GPU worker processes of multi_worker_gpu_trainer (and, with servers > 0, that many
-// parameter servers of ParameterServer<Sync, device::Cuda>), started by hand with COHORT_*
-// variables as a launcher would, each with `arguments` after the program's name.
+// Two GPU worker processes of `command` (and, with servers > 0, that many parameter servers of
+// ParameterServer<Sync, device::Cuda>), started by hand with COHORT_* variables as a launcher
+// would.
 class GpuJob {
  public:
-  GpuJob(const std::vector<std::string>& arguments, int servers)
+  GpuJob(std::vector<std::string> command, int servers)
       : directory_("cohort-cuda-multi-worker"),
         shared_gpu_(cohort::device::cuda::device_count() < 2) {
     const std::string port = std::to_string(cohort::testing::free_port());
-    std::vector<std::string> command = {COHORT_GPU_TRAINER};
-    command.insert(command.end(), arguments.begin(), arguments.end());
     if (servers > 0) command.push_back("ps");
     const auto start = [&](const std::string& role, int rank, int size) {
       std::map<std::string, std::string> env = {{"COHORT_RANK", std::to_string(rank)},
@@ -114,12 +113,19 @@ class GpuJob {
 std::string train_two_gpu_workers(int servers) {
   TemporaryDirectory out("cohort-cuda-multi-worker-out");
   const fs::path parameters = out.path / "parameters.bin";
-  GpuJob job({std::to_string(kSteps), parameters.string()}, servers);
+  GpuJob job({COHORT_GPU_TRAINER, std::to_string(kSteps), parameters.string()}, servers);
   job.require_success();
   return read_file(parameters);
 }
 
 }  // namespace
+
+TEST_CASE(
+    "NCCL collectives and point-to-point between 2 processes with a GPU each give exact results" *
+    cohort::test::gpu_only()) {
+  GpuJob job({COHORT_NCCL_PROCESS}, 0);
+  job.require_success();
+}
 
 TEST_CASE(
     "MultiWorkerMirrored on 2 processes with a GPU each gives the bits of Mirrored<> on 2 CPU "
@@ -139,9 +145,10 @@ TEST_CASE(
     "a stalled GPU worker makes the other fail within its timeout naming the rank, the operation "
     "and its sequence number" *
     cohort::test::gpu_only()) {
-  GpuJob job({"1000000", (fs::temp_directory_path() / "cohort-never-written.bin").string(),
-              "--timeout-ms", "4000"},
-             0);
+  GpuJob job(
+      {COHORT_GPU_TRAINER, "1000000",
+       (fs::temp_directory_path() / "cohort-never-written.bin").string(), "--timeout-ms", "4000"},
+      0);
   // Both workers have a GPU and the rendezvous is done; give NCCL's set-up time to finish too.
   const auto announced = [&](std::size_t i) {
     return job.log(i).find("GPU ") != std::string::npos;

@@ -19,6 +19,7 @@ using cohort::collective::Nccl;
 using cohort::collective::NcclCommunicator;
 using cohort::test::DeviceBuffer;
 using cohort::test::gpu_only;
+using cohort::test::gpus_only;
 using cohort::test::kTestTimeout;
 
 // Runs body(rank) on one thread per rank; rethrows the first exception.
@@ -109,6 +110,35 @@ TEST_CASE("nccl unique id travels over a CPU communicator" * gpu_only()) {
     comm.all_reduce(std::span<std::int64_t>(word.data(), 1), cohort::ReduceOp::kSum);
     CHECK(word.download()[0] == static_cast<std::int64_t>(ranks) * (ranks + 1) / 2);
   });
+}
+
+TEST_CASE("nccl send and receive swap buffers between 2 GPUs" * gpus_only(2)) {
+  const Nccl group({.ranks = 2, .timeout = kTestTimeout});
+  spawn(2, [&](int rank) {
+    NcclCommunicator comm = group.communicator(rank);
+    cohort::device::cuda::check(cudaSetDevice(rank), "cudaSetDevice");
+    const std::size_t n = 4099;
+    const auto values = [n](int r) {
+      std::vector<float> v(n);
+      for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i * 3 + r);
+      return v;
+    };
+    DeviceBuffer<float> mine(values(rank));
+    DeviceBuffer<float> theirs(n);
+    const int peer = 1 - rank;
+    // The lower rank sends first: a send waits for its receive.
+    if (rank == 0) comm.send(std::span<const float>(mine.data(), n), peer);
+    comm.receive(std::span<float>(theirs.data(), n), peer);
+    if (rank == 1) comm.send(std::span<const float>(mine.data(), n), peer);
+    CHECK(theirs.download() == values(peer));
+  });
+}
+
+TEST_CASE("nccl send to its own rank is a CommError naming the peer" * gpu_only()) {
+  const Nccl group({.ranks = 1, .timeout = kTestTimeout});
+  NcclCommunicator comm = group.communicator(0);
+  CHECK_THROWS_WITH_AS(comm.send(std::span<const float>(), 0),
+                       doctest::Contains("send #1: peer 0 is not another rank"), cohort::CommError);
 }
 
 TEST_CASE("nccl calls after abort throw CommError naming the reason" * gpu_only()) {

@@ -59,6 +59,8 @@ enum class Operation : std::uint8_t {
   kAllGather,
   kReduceScatter,
   kBarrier,
+  kSend,  // point to point, where a communicator offers it (collective::NcclCommunicator)
+  kReceive,
 };
 
 constexpr std::string_view name(Operation op) {
@@ -73,6 +75,10 @@ constexpr std::string_view name(Operation op) {
       return "reduce_scatter";
     case Operation::kBarrier:
       return "barrier";
+    case Operation::kSend:
+      return "send";
+    case Operation::kReceive:
+      return "receive";
   }
   return "unknown";
 }

@@ -26,6 +26,9 @@
 //                  depends on the topology and algorithm, so bits may differ between machines).
 //                  Integer reductions and all_gather / broadcast are exact either way.
 //
+// Point to point (NcclCommunicator only, beside the Communicator operations): send(buffer, peer)
+// and receive(buffer, peer), on the same stream and under the same timeout.
+//
 // Errors: a failing NCCL or CUDA call is a DeviceError naming the call; an asynchronous
 // communicator error (ncclCommGetAsyncError, polled while waiting) or a timeout aborts the
 // communicator and is a CommError naming the rank, operation and sequence number. After that, or
@@ -301,6 +304,32 @@ class NcclCommunicator {
     wait(call);
   }
 
+  // Point to point: `buffer` goes to rank `peer`, which calls receive with a buffer of the same
+  // length and element type and this rank. Each returns when its side is done, and a send waits
+  // for its receive: two ranks that both send and receive must order their calls (for example
+  // the lower rank sends first), or they wait for each other until the timeout.
+  template <class T>
+  void send(std::span<const T> buffer, int peer) {
+    const Call call = begin(Operation::kSend);
+    require_peer(call, peer);
+    if (!buffer.empty()) {
+      enqueue(ncclSend(buffer.data(), buffer.size(), nccl::data_type<T>(), peer, comm_, stream()),
+              call, "ncclSend");
+    }
+    wait(call);
+  }
+
+  template <class T>
+  void receive(std::span<T> buffer, int peer) {
+    const Call call = begin(Operation::kReceive);
+    require_peer(call, peer);
+    if (!buffer.empty()) {
+      enqueue(ncclRecv(buffer.data(), buffer.size(), nccl::data_type<T>(), peer, comm_, stream()),
+              call, "ncclRecv");
+    }
+    wait(call);
+  }
+
   void barrier() {
     const Call call = begin(Operation::kBarrier);
     if (barrier_word_ == nullptr) {
@@ -410,6 +439,13 @@ class NcclCommunicator {
   // Fails this call when another rank of the group has failed.
   void check_group(const Call& call) {
     if (options_.group && options_.group->raised()) fail(call, options_.group->reason());
+  }
+
+  void require_peer(const Call& call, int peer) const {
+    if (peer < 0 || peer >= size_ || peer == rank_) {
+      throw CommError(where(call) + ": peer " + std::to_string(peer) +
+                      " is not another rank of the group");
+    }
   }
 
   [[noreturn]] void fail_shape(const Call& call, const std::string& what) {
