@@ -313,17 +313,19 @@ TEST_CASE("optimizer steps equal the CPU bit for bit in double" * gpu_only()) {
 }
 
 TEST_CASE("update flags a non-finite gradient" * gpu_only()) {
-  const std::size_t n = 1025;
-  std::vector<float> gradients = random_floats(n, 3);
-  gradients[1024] = std::numeric_limits<float>::quiet_NaN();
-  DeviceBuffer<float> params(random_floats(n, 4));
-  DeviceBuffer<float> d_gradients(gradients);
-  DeviceBuffer<int> flag(std::vector<int>{0});
-  const cohort::optimizer::Sgd sgd({.learning_rate = 0.1});
-  cohort::cuda::step(sgd, params.data(), d_gradients.data(), static_cast<float*>(nullptr), n, {},
-                     nullptr, flag.data());
-  COHORT_CUDA_CHECK(cudaDeviceSynchronize());
-  CHECK(flag.download()[0] == 1);
+  for (const std::size_t n : {std::size_t{1024}, std::size_t{1025}}) {  // 16 bytes at a time, or 1
+    CAPTURE(n);
+    std::vector<float> gradients = random_floats(n, 3);
+    gradients[n - 1] = std::numeric_limits<float>::quiet_NaN();
+    DeviceBuffer<float> params(random_floats(n, 4));
+    DeviceBuffer<float> d_gradients(gradients);
+    DeviceBuffer<int> flag(std::vector<int>{0});
+    const cohort::optimizer::Sgd sgd({.learning_rate = 0.1});
+    cohort::cuda::step(sgd, params.data(), d_gradients.data(), static_cast<float*>(nullptr), n, {},
+                       nullptr, flag.data());
+    COHORT_CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK(flag.download()[0] == 1);
+  }
 }
 
 TEST_CASE("reduce_tree refuses more than kMaxTreeInputs buffers") {
