@@ -137,6 +137,15 @@ void BM_flag_nonfinite(benchmark::State& state) {
               [&] { cohort::cuda::flag_nonfinite(x.data, n, flag.data, nullptr); });
 }
 
+template <class From, class To>
+void BM_cast(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const Device<From> in = filled<From>(n);
+  Device<To> out(n);
+  time_on_gpu(state, n * (sizeof(From) + sizeof(To)),
+              [&] { cohort::cuda::cast(in.data, out.data, n, nullptr); });
+}
+
 // One optimizer step over n float parameters with gradients of type G: reads the parameter, the
 // gradient and kStateSlots state values, writes the parameter and the state.
 template <class O, class G>
@@ -182,6 +191,8 @@ COHORT_GPU_BENCHMARK(BM_reduce_tree_8);
 COHORT_GPU_BENCHMARK(BM_sum_of_squares<float>);
 COHORT_GPU_BENCHMARK(BM_sum_of_squares<bfloat16>);
 COHORT_GPU_BENCHMARK(BM_flag_nonfinite);
+COHORT_GPU_BENCHMARK(BM_cast<float, bfloat16>);
+COHORT_GPU_BENCHMARK(BM_cast<bfloat16, float>);
 COHORT_GPU_BENCHMARK(BM_sgd);
 COHORT_GPU_BENCHMARK(BM_momentum);
 COHORT_GPU_BENCHMARK(BM_adam);

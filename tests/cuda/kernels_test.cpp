@@ -4,9 +4,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "cohort/core/reduction_tree.hpp"
@@ -210,6 +212,50 @@ void check_flag_nonfinite() {
   }
 }
 
+// What cast must give, computed on the host: the CUDA headers' host conversion to half or
+// bfloat16 (round to nearest even), else a static_cast through the source's float value.
+template <class To, class From>
+To host_cast(From x) {
+  if constexpr (std::is_same_v<To, half> || std::is_same_v<To, bfloat16>) {
+    return Host<To>::round(x);
+  } else {
+    return static_cast<To>(Host<From>::widen(x));
+  }
+}
+
+// Values that round in every narrower type, overflow half (65504), and are subnormal in half,
+// bfloat16 or float; doubles carry bits beyond a float's.
+template <class From>
+std::vector<From> cast_inputs(std::size_t n, std::uint64_t seed) {
+  constexpr float kScales[] = {1.0f, 7.0e4f, 3.0e-6f, 1.0e-40f, 3.0e38f};
+  const std::vector<float> base = random_floats(n, seed);
+  std::vector<From> values(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = base[i] * kScales[i % std::size(kScales)];
+    if constexpr (std::is_same_v<From, double>) {
+      values[i] = static_cast<double>(x) * (1.0 + 0x1.0p-40);
+    } else {
+      values[i] = Host<From>::from(x);
+    }
+  }
+  return values;
+}
+
+template <class From, class To>
+void check_cast() {
+  for (std::size_t n : odd_lengths()) {
+    CAPTURE(n);
+    const std::vector<From> in = cast_inputs<From>(n, 17 + n);
+    std::vector<To> expected(n);
+    for (std::size_t i = 0; i < n; ++i) expected[i] = host_cast<To>(in[i]);
+    DeviceBuffer<From> d_in(in);
+    DeviceBuffer<To> d_out(n);
+    cohort::cuda::cast(d_in.data(), d_out.data(), n, nullptr);
+    COHORT_CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK(same_bits(d_out.download(), expected));
+  }
+}
+
 // Three steps of optimizer o on the GPU and on the CPU, from the same random start: same bits.
 template <class O, class P, class G>
 void check_update(const O& o) {
@@ -287,6 +333,15 @@ TEST_CASE("sum_of_squares is not finite when a float gradient is not" * gpu_only
   cohort::cuda::sum_of_squares(dx.data(), x.size(), workspace.data(), result.data(), nullptr);
   COHORT_CUDA_CHECK(cudaDeviceSynchronize());
   CHECK_FALSE(std::isfinite(result.download()[0]));
+}
+
+TEST_CASE("cast rounds as the host conversions do, to nearest even, bit for bit" * gpu_only()) {
+  check_cast<float, half>();
+  check_cast<half, float>();
+  check_cast<float, bfloat16>();
+  check_cast<bfloat16, float>();
+  check_cast<float, double>();
+  check_cast<double, float>();
 }
 
 TEST_CASE("flag_nonfinite finds one infinity or NaN anywhere" * gpu_only()) {

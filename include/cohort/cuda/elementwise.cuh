@@ -1,10 +1,13 @@
-// scale, axpy, combine_into and flag_nonfinite: the elementwise kernels of device/cpu.hpp.
+// scale, axpy, combine_into and flag_nonfinite, the elementwise kernels of device/cpu.hpp, and
+// cast between float and the other floating-point types.
 #pragma once
 
 #if !defined(__CUDACC__)
 #error \
     "cohort/cuda/*.cuh are CUDA sources: include them from a .cu file (host code: cuda/launch.hpp)"
 #endif
+
+#include <type_traits>
 
 #include "cohort/cuda/common.cuh"
 
@@ -60,6 +63,19 @@ __global__ void flag_nonfinite_kernel(const T* x, std::size_t n, int* flag) {
   if (bad) *flag = 1;
 }
 
+// Purpose: out[i] = in[i] converted to To (cuda::cast).
+// Algorithm: grid-stride loop; the value is widened to From's compute type and rounded once to
+// To, to nearest even. One of the two types is float (cast's static_assert), so the conversion
+// is a single rounding at most: never two.
+// Preconditions: in and out hold n elements and do not overlap.
+template <class From, class To>
+__global__ void cast_kernel(const From* in, To* out, std::size_t n) {
+  using A = Arithmetic<To>;
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
+    out[i] = A::round(static_cast<typename A::Compute>(Arithmetic<From>::widen(in[i])));
+  }
+}
+
 }  // namespace detail
 
 template <class T>
@@ -82,6 +98,15 @@ void combine_into(ReduceOp op, T* inout, const T* in, std::size_t n, cudaStream_
   detail::combine_into_kernel<<<detail::blocks_for(n), detail::kThreads, 0, stream>>>(op, inout, in,
                                                                                       n);
   device::cuda::check_launch("cohort::cuda::combine_into");
+}
+
+template <class From, class To>
+void cast(const From* in, To* out, std::size_t n, cudaStream_t stream) {
+  static_assert(std::is_same_v<From, float> || std::is_same_v<To, float>,
+                "cohort::cuda::cast converts to or from float (one rounding at most)");
+  if (n == 0) return;
+  detail::cast_kernel<<<detail::blocks_for(n), detail::kThreads, 0, stream>>>(in, out, n);
+  device::cuda::check_launch("cohort::cuda::cast");
 }
 
 template <class T>

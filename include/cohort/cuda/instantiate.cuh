@@ -42,6 +42,15 @@ using AdamWRuleOf = optimizer::AdamRule<P, optimizer::WeightDecay::kDecoupled>;
   COHORT_CUDA_INSTANTIATE_UPDATE(cohort::cuda::detail::AdamRuleOf<P>, P, G) \
   COHORT_CUDA_INSTANTIATE_UPDATE(cohort::cuda::detail::AdamWRuleOf<P>, P, G)
 
+#define COHORT_CUDA_INSTANTIATE_CAST(From, To) \
+  template void cohort::cuda::cast<From, To>(const From*, To*, std::size_t, cudaStream_t);
+
+COHORT_CUDA_INSTANTIATE_CAST(float, cohort::cuda::half)
+COHORT_CUDA_INSTANTIATE_CAST(cohort::cuda::half, float)
+COHORT_CUDA_INSTANTIATE_CAST(float, cohort::cuda::bfloat16)
+COHORT_CUDA_INSTANTIATE_CAST(cohort::cuda::bfloat16, float)
+COHORT_CUDA_INSTANTIATE_CAST(float, double)
+COHORT_CUDA_INSTANTIATE_CAST(double, float)
 COHORT_CUDA_INSTANTIATE_VALUE(float)
 COHORT_CUDA_INSTANTIATE_VALUE(double)
 COHORT_CUDA_INSTANTIATE_VALUE(cohort::cuda::half)

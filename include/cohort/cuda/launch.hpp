@@ -5,7 +5,8 @@
 // (DeviceError naming the kernel). The definitions are in the .cuh files beside this header,
 // instantiated once per program by a .cu that includes cuda/instantiate.cuh (the Boost.Asio
 // impl/src.hpp pattern), for T in {float, double, half, bfloat16} and, for the optimizer updates,
-// (parameter, gradient) in {(float, float), (float, half), (float, bfloat16), (double, double)}.
+// (parameter, gradient) in {(float, float), (float, half), (float, bfloat16), (double, double)},
+// and for cast, the pairs it names.
 //
 // Values: each function computes exactly what its device/cpu.hpp counterpart computes, in the
 // same order, so the results are bit-identical when the CUDA code is built with -fmad=false
@@ -71,6 +72,15 @@ constexpr std::size_t sum_of_squares_workspace(std::size_t n) {
 template <class T>
 void sum_of_squares(const T* x, std::size_t n, double* workspace, double* result,
                     cudaStream_t stream);
+
+// out[i] = in[i] as To, rounded to nearest even where To is narrower (float to half or
+// bfloat16, double to float), exact where it is wider: what a static_cast or the CUDA headers'
+// host conversions (__float2half_rn, ...) give on the CPU. One of From and To is float (else a
+// compile-time error): float <-> half, float <-> bfloat16, float <-> double. For a model's
+// mixed-precision copies (bfloat16 weights for its forward pass, float gradients from bfloat16
+// ones); in and out hold n elements and do not overlap.
+template <class From, class To>
+void cast(const From* in, To* out, std::size_t n, cudaStream_t stream);
 
 // Sets *flag (device int) to 1 when an element of x is infinite or NaN; never clears it, so one
 // flag can collect several buffers. Zero it first (cudaMemsetAsync).
