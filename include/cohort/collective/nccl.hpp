@@ -18,6 +18,8 @@
 //   stream         the replica's stream; nullptr makes the communicator create its own
 //   timeout        how long a collective may take before it is aborted (ncclCommAbort) and
 //                  reported as a CommError naming the rank, the operation and its sequence number
+//   setup_timeout  how long joining the group may take (every rank must arrive, and NCCL set up
+//                  its connections): a launcher's start-up spread, not a collective's
 //   deterministic  true (default): NCCL is transport only. Floating-point all_reduce and
 //                  reduce_scatter move chunks with ncclSend/ncclRecv and sum them with
 //                  cuda::reduce_tree, ranks in the canonical tree (core/reduction_tree.hpp): the
@@ -167,6 +169,7 @@ class NcclCommunicator {
     int device = 0;
     cudaStream_t stream = nullptr;
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    std::chrono::milliseconds setup_timeout{std::chrono::minutes(5)};
     bool deterministic = true;
     // Shared by the ranks of one process (collective::Nccl sets it): a rank that fails or aborts
     // raises it, and every other rank's waiting or later call fails with the reason.
@@ -174,12 +177,13 @@ class NcclCommunicator {
   };
 
   // Joins the group `id` as `rank` of `size`; returns once every rank has joined (or throws
-  // CommError after options.timeout). Every rank calls it with the same id and size.
+  // CommError after options.setup_timeout). Every rank calls it with the same id and size.
   NcclCommunicator(const ncclUniqueId& id, int rank, int size, Options options)
       : rank_(rank), size_(size), options_(options) {
     cohort::options::require_positive("size", size);
     if (rank < 0 || rank >= size) cohort::options::reject("rank", rank, "must lie in [0, size)");
     cohort::options::require_positive("timeout", options.timeout.count());
+    cohort::options::require_positive("setup_timeout", options.setup_timeout.count());
     if (options.deterministic && static_cast<std::size_t>(size) > cuda::kMaxTreeInputs) {
       cohort::options::reject(
           "size", size, "deterministic NCCL combines at most 64 ranks (cuda::kMaxTreeInputs)");
@@ -197,7 +201,7 @@ class NcclCommunicator {
       config.blocking = 0;
       ncclUniqueId copy = id;
       COHORT_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, copy, rank_, &config));
-      settle(Operation::kBarrier, "ncclCommInitRankConfig");
+      settle(Operation::kBarrier, "ncclCommInitRankConfig", 0, options_.setup_timeout);
     } catch (...) {
       // No destructor runs for a constructor that throws: release what was made so far.
       if (comm_ != nullptr) {
@@ -484,13 +488,14 @@ class NcclCommunicator {
   void group_end(const Call& call) {
     in_group_ = false;
     enqueue(ncclGroupEnd(), call, "ncclGroupEnd");
-    settle(call.operation, "ncclGroupEnd", call.sequence);
+    settle(call.operation, "ncclGroupEnd", call.sequence, options_.timeout);
   }
 
   // Waits until the non-blocking communicator has no call in progress (an init, a group).
-  void settle(Operation operation, std::string_view what, std::uint64_t sequence = 0) {
+  void settle(Operation operation, std::string_view what, std::uint64_t sequence,
+              std::chrono::milliseconds limit) {
     const Call call{operation, sequence};
-    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    const auto deadline = std::chrono::steady_clock::now() + limit;
     for (;;) {
       ncclResult_t state = ncclSuccess;
       const ncclResult_t code = ncclCommGetAsyncError(comm_, &state);
@@ -498,8 +503,7 @@ class NcclCommunicator {
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) fail(call, nccl::describe(what, state) + last_error());
       if (std::chrono::steady_clock::now() > deadline) {
-        fail(call, std::string(what) + " timed out after " +
-                       std::to_string(options_.timeout.count()) + " ms");
+        fail(call, std::string(what) + " timed out after " + std::to_string(limit.count()) + " ms");
       }
       check_group(call);
       std::this_thread::yield();
@@ -508,7 +512,7 @@ class NcclCommunicator {
 
   // Waits for everything enqueued so far, polling the communicator's asynchronous error.
   void wait(const Call& call) {
-    settle(call.operation, name(call.operation), call.sequence);
+    settle(call.operation, name(call.operation), call.sequence, options_.timeout);
     COHORT_CUDA_CHECK(cudaEventRecord(done_, stream()));
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     for (;;) {
@@ -620,6 +624,7 @@ class Nccl {
                             {.device = rank,
                              .stream = stream,
                              .timeout = options_.timeout,
+                             .setup_timeout = options_.timeout,
                              .deterministic = options_.deterministic,
                              .group = failure_});
   }

@@ -19,7 +19,8 @@
 // GPUs, and of Mirrored<> on the host with N replicas, for the same seed.
 //
 // Options: cluster, bind_address, secret, connect_timeout and timeout, as for
-// MultiWorkerMirrored<> (one replica per process, so no local_replicas and no bucket_bytes).
+// MultiWorkerMirrored<> (one replica per process, so no local_replicas and no bucket_bytes);
+// connect_timeout also bounds each fit's NCCL set-up, timeout each collective.
 // CrossCollective is only the bootstrap's (it carries the unique id).
 //
 // A failing worker aborts its NCCL communicator; the others fail when NCCL reports the lost peer
@@ -103,6 +104,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
                                       {.device = where.device,
                                        .stream = where.stream,
                                        .timeout = options_.timeout,
+                                       .setup_timeout = options_.connect_timeout,
                                        .deterministic = true}),
                          where);
         },
