@@ -272,3 +272,18 @@ TEST_CASE("the JSON report holds every figure of the table") {
   CHECK(j["ok"] == false);
   CHECK(j["avg_busbw_gbps"] == doctest::Approx(summarize(fixed_rows()).avg_busbw));
 }
+
+TEST_CASE("ranks on GPUs name their device in the header and the JSON, as nccl-tests does") {
+  RunInfo run = fixed_run();
+  CHECK_FALSE(to_json(run, fixed_rows())["rank_info"][0].contains("device"));
+  run.rank_info = {{0, 1001, "node7", "0 [0x1b] NVIDIA H100 80GB HBM3"},
+                   {1, 1002, "node7", "1 [0x29] NVIDIA H100 80GB HBM3"}};
+  const std::string header = format_header(run);
+  for (const char* line :
+       {"#  Rank  0 Pid   1001 on      node7 device 0 [0x1b] NVIDIA H100 80GB HBM3\n",
+        "#  Rank  1 Pid   1002 on      node7 device 1 [0x29] NVIDIA H100 80GB HBM3\n"}) {
+    CHECK(header.find(line) != std::string::npos);
+  }
+  const nlohmann::json j = to_json(run, fixed_rows());
+  CHECK(j["rank_info"][1]["device"] == "1 [0x29] NVIDIA H100 80GB HBM3");
+}

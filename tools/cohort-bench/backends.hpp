@@ -7,8 +7,12 @@
 //           a TFJob: whatever cluster::resolve() finds)
 //   ps      the parameter server's push_pull (push_pull.hpp): --np worker processes and --ps
 //           server processes, started by cohort-bench itself, by cohort-run --ps or a TFJob
-//   nccl    GPUs: not built (collective::Nccl needs a device-memory sweep); asking for it says
-//           so and fails, never printing a number
+//   nccl    collective::NcclCommunicator, one process per rank and one GPU each (the GPU at
+//           index local_rank), launched as tcp's; the NCCL unique id and the sweep's bookkeeping
+//           travel over a Deterministic<Tcp> beside it (sweep.hpp's control communicator), and
+//           the buffers live in device memory (device_memory.hpp). Only in CUDA builds
+//           (COHORT_BENCH_NCCL); elsewhere, and on a machine without a GPU, asking for it says why
+//           and fails, never printing a number
 //
 // Adding one: a Collective entry in report.hpp with its shape and factors (if it is a new
 // operation), then a row here whose supports() accepts it and whose run() drives it. The table,
@@ -46,6 +50,14 @@
 #include "report.hpp"
 #include "settings.hpp"
 #include "sweep.hpp"
+
+#if defined(COHORT_BENCH_NCCL)
+#include <nccl.h>
+
+#include "cohort/collective/nccl.hpp"
+#include "cohort/device/cuda.hpp"
+#include "device_memory.hpp"
+#endif
 
 namespace cohort::bench {
 
@@ -128,10 +140,12 @@ inline void print(const std::string& text) {
 
 // One measured run on one rank: every rank measures (measure(on_row) returns the rows, calling
 // on_row as each is done); rank 0 prints the header, each row as it comes, the footer, and writes
-// the JSON. Returns the exit status (kExitWrong when any element was wrong on any rank).
+// the JSON. comm is the control communicator (sweep.hpp); device_name is this rank's GPU, "" on
+// the CPU. Returns the exit status (kExitWrong when any element was wrong on any rank).
 template <class Comm, class Measure>
-int report_sweep(Comm& comm, const Settings& s, RunInfo run, Measure&& measure) {
-  run.rank_info = gather_rank_info(comm, static_cast<long>(::getpid()), host_name());
+int report_sweep(Comm& comm, const Settings& s, RunInfo run, const std::string& device_name,
+                 Measure&& measure) {
+  run.rank_info = gather_rank_info(comm, static_cast<long>(::getpid()), host_name(), device_name);
   const bool printer = comm.rank() == 0;
   if (printer) print(format_header(run));
   const std::vector<Row> rows = measure([&](const Row& row) {
@@ -146,12 +160,12 @@ int report_sweep(Comm& comm, const Settings& s, RunInfo run, Measure&& measure) 
   return summary.out_of_bounds != 0 || !written ? kExitWrong : 0;
 }
 
-// The sweep of a collective on one rank.
+// The sweep of a collective on one rank, in host memory, comm its own control communicator.
 template <collective::Communicator C>
 int sweep_on_rank(C& comm, const Settings& s, RunInfo run) {
-  return report_sweep(comm, s, std::move(run), [&](const auto& on_row) {
+  return report_sweep(comm, s, std::move(run), "", [&](const auto& on_row) {
     return with_element(s.element, [&]<class T>() {
-      Sweep<T, C> sweep(comm, s);
+      Sweep sweep(comm, comm, HostMemory<T>(), s);
       return sweep.run(on_row);
     });
   });
@@ -164,6 +178,45 @@ inline void check_root(const Settings& s, int ranks) {
   }
 }
 
+// The TCP transport of rank `rank` of `size` as the flags set it: what the tcp and ps backends
+// measure, and what the nccl backend carries its unique id and its bookkeeping over.
+inline transport::tcp::Options tcp_options(const Settings& s, const cluster::Spec& spec, int rank,
+                                           int size) {
+  const auto seconds = [](double s_) {
+    return std::chrono::milliseconds(static_cast<long long>(s_ * 1000));
+  };
+  return {
+      .rank = rank,
+      .size = size,
+      .job_id = spec.job_id.empty() ? "cohort-bench" : spec.job_id,
+      .rendezvous_host = spec.master_address,
+      .rendezvous_port = spec.master_port,
+      .bind_address = environment_or("COHORT_BIND_ADDRESS", "127.0.0.1"),
+      .secret = environment_or("COHORT_SECRET", ""),
+      .connect_timeout = s.timeout_s > 0 ? seconds(s.timeout_s) : std::chrono::seconds(60),
+      .operation_timeout = s.timeout_s > 0 ? seconds(s.timeout_s) : std::chrono::minutes(5),
+      .checksum = s.checksum,
+  };
+}
+
+// Under no launcher, starts --np copies of this program (ranks of a tcp or nccl run) and returns
+// their exit status; nullopt in a rank, which goes on to measure. Checks --np and --root.
+inline std::optional<int> launch_ranks(const Settings& s, const Context& context,
+                                       const cluster::Spec& spec) {
+  if (spec.source == cluster::source::kNone) {
+    const int processes = s.processes.value_or(2);
+    check_root(s, processes);
+    if (processes > 1) {
+      return launch_self(context.arguments, {.processes = processes, .timeout_s = s.timeout_s});
+    }
+  } else if (s.processes && *s.processes != spec.size) {
+    throw ConfigError("--np " + std::to_string(*s.processes) + " but this process was started as " +
+                      cluster::describe(spec) + "; leave --np out under a launcher");
+  }
+  check_root(s, spec.size);
+  return std::nullopt;
+}
+
 // --- local ---------------------------------------------------------------------------------------
 
 inline int run_local(const Settings& s, const Context& context) {
@@ -174,7 +227,7 @@ inline int run_local(const Settings& s, const Context& context) {
         "process was started as " +
         cluster::describe(spec) + "; start cohort-bench once, with --np, or use --backend tcp");
   }
-  if (s.algorithm) throw ConfigError("--algorithm applies to the tcp backend only");
+  if (s.algorithm) throw ConfigError("--algorithm applies to the tcp and nccl backends only");
   const int ranks = s.processes.value_or(2);
   check_root(s, ranks);
   const Watchdog watchdog(s.timeout_s);
@@ -213,22 +266,8 @@ inline int run_local(const Settings& s, const Context& context) {
 template <template <class> class Algorithm>
 int run_tcp_rank(const Settings& s, const Context& context, const cluster::Spec& spec,
                  std::string_view algorithm) {
-  const auto seconds = [](double s_) {
-    return std::chrono::milliseconds(static_cast<long long>(s_ * 1000));
-  };
-  transport::tcp::Tcp tcp(transport::tcp::Options{
-      .rank = spec.rank,
-      .size = spec.size,
-      .job_id = spec.job_id.empty() ? "cohort-bench" : spec.job_id,
-      .rendezvous_host = spec.master_address,
-      .rendezvous_port = spec.master_port,
-      .bind_address = environment_or("COHORT_BIND_ADDRESS", "127.0.0.1"),
-      .secret = environment_or("COHORT_SECRET", ""),
-      .connect_timeout = s.timeout_s > 0 ? seconds(s.timeout_s) : std::chrono::seconds(60),
-      .operation_timeout = s.timeout_s > 0 ? seconds(s.timeout_s) : std::chrono::minutes(5),
-      .checksum = s.checksum,
-  });
-  Algorithm<transport::tcp::Tcp> comm(std::move(tcp));
+  Algorithm<transport::tcp::Tcp> comm(
+      transport::tcp::Tcp(tcp_options(s, spec, spec.rank, spec.size)));
   RunInfo run = run_info(s, context, "tcp", std::string(algorithm),
                          std::string("frame checksums ") + (s.checksum ? "on" : "off"), spec.size,
                          launcher_of(spec));
@@ -246,17 +285,7 @@ inline int run_tcp(const Settings& s, const Context& context) {
     throw ConfigError("--algorithm '" + algorithm + "' is not one of deterministic, ring");
   }
   const cluster::Spec spec = cluster::resolve();
-  if (spec.source == cluster::source::kNone) {
-    const int processes = s.processes.value_or(2);
-    check_root(s, processes);
-    if (processes > 1) {
-      return launch_self(context.arguments, {.processes = processes, .timeout_s = s.timeout_s});
-    }
-  } else if (s.processes && *s.processes != spec.size) {
-    throw ConfigError("--np " + std::to_string(*s.processes) + " but this process was started as " +
-                      cluster::describe(spec) + "; leave --np out under a launcher");
-  }
-  check_root(s, spec.size);
+  if (const std::optional<int> launched = launch_ranks(s, context, spec)) return *launched;
   const Watchdog watchdog(launched_by_self() ? 0 : s.timeout_s);  // under another launcher
   if (algorithm == "ring") return run_tcp_rank<collective::Ring>(s, context, spec, algorithm);
   return run_tcp_rank<collective::Deterministic>(s, context, spec, algorithm);
@@ -265,7 +294,7 @@ inline int run_tcp(const Settings& s, const Context& context) {
 // --- ps ------------------------------------------------------------------------------------------
 
 inline int run_ps(const Settings& s, const Context& context) {
-  if (s.algorithm) throw ConfigError("--algorithm applies to the tcp backend only");
+  if (s.algorithm) throw ConfigError("--algorithm applies to the tcp and nccl backends only");
   if (s.element != Element::kFloat) {
     throw ConfigError("push_pull measures float parameters only (-d float)");
   }
@@ -303,21 +332,8 @@ inline int run_ps(const Settings& s, const Context& context) {
   }
   const Watchdog watchdog(launched_by_self() ? 0 : s.timeout_s);
   const bool server = spec.role == "ps";
-  const auto seconds = [](double s_) {
-    return std::chrono::milliseconds(static_cast<long long>(s_ * 1000));
-  };
-  transport::tcp::Tcp tcp(transport::tcp::Options{
-      .rank = server ? workers + spec.rank : spec.rank,
-      .size = workers + servers,
-      .job_id = spec.job_id.empty() ? "cohort-bench" : spec.job_id,
-      .rendezvous_host = spec.master_address,
-      .rendezvous_port = spec.master_port,
-      .bind_address = environment_or("COHORT_BIND_ADDRESS", "127.0.0.1"),
-      .secret = environment_or("COHORT_SECRET", ""),
-      .connect_timeout = s.timeout_s > 0 ? seconds(s.timeout_s) : std::chrono::seconds(60),
-      .operation_timeout = s.timeout_s > 0 ? seconds(s.timeout_s) : std::chrono::minutes(5),
-      .checksum = s.checksum,
-  });
+  transport::tcp::Tcp tcp(
+      tcp_options(s, spec, server ? workers + spec.rank : spec.rank, workers + servers));
   if (server) {
     tcp.isolate_peer_failures();  // a lost worker is reported by the server, by name
     return ps_bench::serve(tcp, s, spec.rank, workers, servers);
@@ -334,7 +350,7 @@ inline int run_ps(const Settings& s, const Context& context) {
                              (s.checksum ? "on" : "off"),
                          workers, launcher);
   try {
-    return report_sweep(comm, s, std::move(run), [&](const auto& on_row) {
+    return report_sweep(comm, s, std::move(run), "", [&](const auto& on_row) {
       ps_bench::Worker worker(tcp, comm, s, workers);
       return worker.run(servers, on_row);
     });
@@ -346,6 +362,102 @@ inline int run_ps(const Settings& s, const Context& context) {
 
 // --- nccl ----------------------------------------------------------------------------------------
 
+#if defined(COHORT_BENCH_NCCL)
+
+inline constexpr std::string_view kNcclSummary =
+    "collective::NcclCommunicator, one process per rank on the GPU of its local rank: "
+    "--algorithm deterministic (default: cohort's fixed-order sum, NCCL as transport) or nccl "
+    "(NCCL's own reductions)";
+
+// Where no GPU is visible, why (the CUDA runtime's answer); nullopt where one is.
+inline std::optional<std::string> nccl_unavailable() {
+  const std::string why = device::cuda::unavailable();
+  if (why.empty()) return std::nullopt;
+  return "nccl backend: no GPU: CUDA finds none on this machine (" + why +
+         device::cuda::visible_devices() + "); the nccl backend needs one NVIDIA GPU per rank";
+}
+
+// GPU `gpu` as nccl-tests names it: index, PCI bus and model ("0 [0x1b] NVIDIA H100 80GB HBM3").
+inline std::string describe_gpu(int gpu) {
+  cudaDeviceProp properties{};
+  COHORT_CUDA_CHECK(cudaGetDeviceProperties(&properties, gpu));
+  char bus[16];
+  std::snprintf(bus, sizeof bus, " [0x%02x] ", properties.pciBusID);
+  return std::to_string(gpu) + bus + properties.name;
+}
+
+inline std::string nccl_version() {
+  int code = 0;
+  COHORT_NCCL_CHECK(ncclGetVersion(&code));
+  // NCCL_VERSION_CODE: major * 10000 + minor * 100 + patch (since NCCL 2.9).
+  return std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." +
+         std::to_string(code % 100);
+}
+
+inline int run_nccl_rank(const Settings& s, const Context& context, const cluster::Spec& spec,
+                         const std::string& algorithm) {
+  const int gpu = spec.local_rank;
+  const int gpus = device::cuda::device_count();
+  if (gpu >= gpus) {
+    throw ConfigError("the nccl backend runs each rank on the GPU of its local rank, but rank " +
+                      std::to_string(spec.rank) + " has local rank " + std::to_string(gpu) +
+                      " and this process sees " + std::to_string(gpus) + " GPU(s)" +
+                      device::cuda::visible_devices() + "; start at most " + std::to_string(gpus) +
+                      " ranks per host (--np)");
+  }
+  device::cuda::use(gpu);  // this thread's device, before anything touches one
+  collective::Deterministic<transport::tcp::Tcp> control(
+      transport::tcp::Tcp(tcp_options(s, spec, spec.rank, spec.size)));
+  try {
+    collective::NcclCommunicator::Options options{.device = gpu,
+                                                  .deterministic = algorithm == "deterministic"};
+    if (s.timeout_s > 0) {
+      options.timeout = std::chrono::milliseconds(static_cast<long long>(s.timeout_s * 1000));
+    }
+    collective::NcclCommunicator comm(collective::nccl_unique_id(control), spec.rank, spec.size,
+                                      options);
+    const std::string nccl = "NCCL " + nccl_version();
+    const std::string details =
+        options.deterministic
+            ? nccl + " as transport; floating-point reductions in cohort's fixed order"
+            : nccl + "'s own ncclAllReduce and ncclReduceScatter";
+    RunInfo run = run_info(s, context, "nccl", algorithm, details, spec.size, launcher_of(spec));
+    try {
+      return report_sweep(control, s, std::move(run), describe_gpu(gpu), [&](const auto& on_row) {
+        // Every Element (settings.hpp) is one NcclCommunicator takes: float, double, int32 and
+        // int64. One it did not take would not compile here (nccl::data_type's static_assert).
+        return with_element(s.element, [&]<class T>() {
+          Sweep sweep(comm, control, DeviceMemory<T>({.device = gpu, .stream = comm.stream()}), s);
+          return sweep.run(on_row);
+        });
+      });
+    } catch (...) {
+      comm.abort("cohort-bench failed");  // a healthy communicator's destructor waits for peers
+      throw;
+    }
+  } catch (...) {
+    control.abort("cohort-bench failed");  // closes the connections: the peers fail promptly
+    throw;
+  }
+}
+
+inline int run_nccl(const Settings& s, const Context& context) {
+  const std::string algorithm = s.algorithm.value_or("deterministic");
+  if (algorithm != "deterministic" && algorithm != "nccl") {
+    throw ConfigError("--algorithm '" + algorithm + "' is not one of deterministic, nccl");
+  }
+  const cluster::Spec spec = cluster::resolve();
+  if (const std::optional<int> launched = launch_ranks(s, context, spec)) return *launched;
+  const Watchdog watchdog(launched_by_self() ? 0 : s.timeout_s);  // under another launcher
+  return run_nccl_rank(s, context, spec, algorithm);
+}
+
+#else
+
+inline constexpr std::string_view kNcclSummary =
+    "collective::NcclCommunicator on GPUs: not built (this cohort-bench was built without CUDA; "
+    "says so and exits 2)";
+
 inline bool gpu_present() {
   std::error_code ignored;
   const std::filesystem::path gpus = "/proc/driver/nvidia/gpus";
@@ -354,13 +466,12 @@ inline bool gpu_present() {
           !std::filesystem::is_empty(gpus, ignored));
 }
 
-// The nccl row measures nothing yet: collective::Nccl keeps its buffers in device memory, which
-// the sweep (host buffers, host-side fill and check) does not handle. Until it does, asking for it
-// says why, here and on a GPU machine alike, and never prints a number.
+// Built without CUDA: asking for the nccl backend says so, on a GPU machine too, and never prints
+// a number.
 inline std::optional<std::string> nccl_unavailable() {
   return std::string(
-             "nccl backend: not built/no GPU: this cohort-bench has no NCCL backend built in "
-             "(it needs cohort::cuda, COHORT_ENABLE_CUDA, and a device-memory sweep)") +
+             "nccl backend: not built: this cohort-bench was built without CUDA (configure with "
+             "-DCOHORT_ENABLE_CUDA=ON, which needs nvcc and NCCL)") +
          (gpu_present() ? "; this machine has an NVIDIA GPU"
                         : ", and this machine has no NVIDIA GPU");
 }
@@ -369,6 +480,8 @@ inline int run_nccl(const Settings&, const Context&) {
   say(*nccl_unavailable());
   return kExitUnavailable;
 }
+
+#endif
 
 // The communicator backends run the collectives; push_pull is the ps backend's alone.
 inline bool collectives_only(Collective c) { return c != Collective::kPushPull; }
@@ -388,8 +501,8 @@ inline constexpr std::array<Backend, 4> kBackends = {{
      "push_pull only: --np worker and --ps parameter-server processes (strategy::ParameterServer's "
      "client and server, Sync, SGD)",
      detail::push_pull_only, detail::always_available, detail::run_ps},
-    {"nccl", "collective::Nccl on GPUs: not built yet (says so and exits 2)",
-     detail::collectives_only, detail::nccl_unavailable, detail::run_nccl},
+    {"nccl", detail::kNcclSummary, detail::collectives_only, detail::nccl_unavailable,
+     detail::run_nccl},
 }};
 
 inline const Backend* find_backend(std::string_view name) {

@@ -4,6 +4,7 @@
 //   cohort-bench broadcast --backend local --np 4 -b 1K -e 16M -f 4 -r 1 --json out.json
 //   mpirun -np 4 cohort-bench all_gather --backend tcp -b 1M -e 64M -f 2
 //   cohort-bench step --strategy multi_worker_mirrored --np 2 --params 1M,10M,100M
+//   cohort-bench all_reduce --backend nccl --np 8 -b 8 -e 256M -f 4 --algorithm nccl
 //
 //   cohort-bench push_pull --backend ps --np 2 --ps 2 -b 1M -e 64M -f 4 -c 1
 //
@@ -12,8 +13,8 @@
 // runs which, sweep.hpp how they are measured, report.hpp what the columns mean). The flags are
 // nccl-tests': -b -e -f -i -n -w -c -o -d -r. Exit status: 0 when every checked value was right,
 // 1 when any was wrong or a rank failed, 2 for bad settings or a backend that cannot run here
-// (nccl), 124 when --timeout-s stopped the run. docs/benchmarks.md, "## cohort-bench", is the
-// manual.
+// (nccl in a build without CUDA or on a machine without a GPU), 124 when --timeout-s stopped the
+// run. docs/benchmarks.md, "## cohort-bench", is the manual.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -99,11 +100,11 @@ void add_collective_options(CLI::App& app, Settings& s) {
       ->capture_default_str();
   app.add_option_function<std::string>(
       "--algorithm", [&s](const std::string& a) { s.algorithm = a; },
-      "tcp: deterministic (default) or ring");
+      "tcp: deterministic (default) or ring; nccl: deterministic (default) or nccl");
   app.add_option_function<int>(
          "--np", [&s](int n) { s.processes = n; },
-         "ranks: threads (local) or processes this program starts (tcp); default 2, or what a "
-         "launcher says")
+         "ranks: threads (local) or processes this program starts (tcp, nccl); default 2, or what "
+         "a launcher says")
       ->check(CLI::Range(1, 4096));
   app.add_option_function<int>(
          "--ps", [&s](int n) { s.servers = n; },
@@ -116,7 +117,8 @@ void add_collective_options(CLI::App& app, Settings& s) {
          "tcp: frame checksums on (1, the transport's default) or off (0)")
       ->check(CLI::Range(0, 1));
   app.add_option("--timeout-s", s.timeout_s,
-                 "stop the run after this many seconds (and bound each tcp transfer); 0: none")
+                 "stop the run after this many seconds (and bound each tcp transfer and nccl "
+                 "collective); 0: none")
       ->check(CLI::Range(0.0, 1e6));
   // Test only: makes the check fail on purpose (tests/bench/); hidden from --help.
   app.add_flag("--corrupt-reduction", s.corrupt)->group("");

@@ -299,6 +299,9 @@ struct RankInfo {
   int rank = 0;
   long pid = 0;
   std::string host;
+  // The GPU this rank measures on, as nccl-tests names it ("0 [0x1b] NVIDIA H100 80GB HBM3");
+  // empty on the CPU. Default-initialized, so that {rank, pid, host} still says it all there.
+  std::string device{};
 };
 
 struct RunInfo {
@@ -384,7 +387,8 @@ inline std::string format_header(const RunInfo& run) {
   if (!run.rank_info.empty()) {
     out += "# Using ranks\n";
     for (const RankInfo& r : run.rank_info) {
-      out += detail::format("#  Rank %2d Pid %6ld on %10s\n", r.rank, r.pid, r.host.c_str());
+      out += detail::format("#  Rank %2d Pid %6ld on %10s", r.rank, r.pid, r.host.c_str());
+      out += (r.device.empty() ? "" : " device " + r.device) + "\n";
     }
     out += "#\n";
   }
@@ -478,7 +482,9 @@ inline nlohmann::json to_json(const RunInfo& run, const std::vector<Row>& rows) 
   j["bus_factor"] = bus_factor(run.collective, run.ranks);
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankInfo& r : run.rank_info) {
-    ranks.push_back({{"rank", r.rank}, {"pid", r.pid}, {"host", r.host}});
+    nlohmann::json rank = {{"rank", r.rank}, {"pid", r.pid}, {"host", r.host}};
+    if (!r.device.empty()) rank["device"] = r.device;
+    ranks.push_back(std::move(rank));
   }
   j["rank_info"] = ranks;
   nlohmann::json results = nlohmann::json::array();

@@ -51,7 +51,8 @@ decltype(auto) with_element(Element element, F&& f) {
 struct Settings {
   Collective collective = Collective::kAllReduce;
   std::string backend = "local";
-  std::optional<std::string> algorithm;  // tcp: "deterministic" (default) or "ring"
+  std::optional<std::string> algorithm;  // tcp: "deterministic" (default) or "ring"; nccl:
+                                         // "deterministic" (default) or "nccl"
   std::optional<int> processes;          // --np; default 2 where the launcher does not decide
   std::optional<int> servers;            // --ps: parameter servers (ps backend); default 1
   std::size_t min_bytes = std::size_t{32} << 20;
@@ -66,7 +67,8 @@ struct Settings {
   int root = 0;
   std::string json;      // file for the JSON report; empty: none
   bool checksum = true;  // tcp: frame checksums (transport::tcp::Options::checksum)
-  double timeout_s = 0;  // 0: none; else every rank (thread or process) stops after this long
+  double timeout_s = 0;  // 0: none; else every rank (thread or process) stops after this long,
+                         // and it bounds each TCP transfer and NCCL collective
   bool corrupt = false;  // test only: one wrong element on the last rank after each checked call
 };
 

@@ -1,35 +1,48 @@
 // The measurement: one collective over a sweep of sizes, on any collective::Communicator, as
 // nccl-tests does it on a GPU.
 //
+// Three parts vary: the communicator measured; where its buffers live (SweepMemory: HostMemory
+// below, or DeviceMemory in device_memory.hpp for GPUs), which the sweep fills and checks through
+// host memory; and the control communicator, which carries the bookkeeping on host data (the
+// barrier before timing, the per-iteration times, the wrong counts, gather_rank_info). Every host
+// backend measures its control communicator itself; the nccl backend measures NcclCommunicator
+// and keeps its TCP communicator for control.
+//
 // Per run: warm-up_iters out-of-place calls at the largest size, then as many at the smallest.
 // Per size and placement (out-of-place, then in-place):
 //   1. the buffers are filled with values that the timed calls leave unchanged (pattern.hpp), one
-//      untimed call is made and the ranks meet at a barrier;
+//      untimed call is made and the ranks meet at a barrier (of the control communicator);
 //   2. iters calls are timed one by one, each rank timing its own (no barrier between them, as on
 //      a GPU stream: a rank that arrives early waits inside the call, and that wait is counted);
 //   3. the per-iteration times are all-reduced with max: the slowest rank's time of each
 //      iteration; the table's time is their mean, p50 and p99 their percentiles;
 //   4. with check on, the buffers are filled with the exact pattern, the call is made once more,
 //      every element of the result is compared on every rank, and the counts are summed.
+// Copies between the host and device memory happen after each fill and after the checked call
+// only, never in the timed region.
 //
 // cohort's all_reduce and broadcast work in place only. Their out-of-place form here is what a
 // caller who keeps its input does: copy the send buffer into the receive buffer (broadcast: on
-// the root), then call in place; the copy is inside the timed region. all_gather and
-// reduce_scatter take separate buffers; their in-place forms pass this rank's chunk of the output
-// (all_gather) or of the input (reduce_scatter) as the other buffer.
+// the root), then call in place; the copy is inside the timed region (in device memory, a
+// device-to-device copy on the communicator's stream). all_gather and reduce_scatter take
+// separate buffers; their in-place forms pass this rank's chunk of the output (all_gather) or of
+// the input (reduce_scatter) as the other buffer.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/collective/collective.hpp"
+#include "cohort/core/error.hpp"
 #include "cohort/core/reduce_op.hpp"
 #include "pattern.hpp"
 #include "report.hpp"
@@ -37,30 +50,97 @@
 
 namespace cohort::bench {
 
-// Every rank's pid and host name, in rank order, exchanged once through the communicator.
+// Every rank's pid, host name and device (device_name: this rank's, "" on the CPU), in rank
+// order, exchanged once through the communicator. Names are cut at 63 characters.
 template <collective::Communicator C>
-std::vector<RankInfo> gather_rank_info(C& comm, long pid, const std::string& host) {
-  constexpr std::size_t kHostWords = 8;  // 63 characters and a terminating zero
-  std::array<std::int64_t, 1 + kHostWords> mine{};
+std::vector<RankInfo> gather_rank_info(C& comm, long pid, const std::string& host,
+                                       const std::string& device_name) {
+  constexpr std::size_t kNameWords = 8;  // 63 characters and a terminating zero
+  std::array<std::int64_t, 1 + 2 * kNameWords> mine{};
   mine[0] = pid;
-  std::memcpy(&mine[1], host.data(), std::min(host.size(), kHostWords * 8 - 1));
+  std::memcpy(&mine[1], host.data(), std::min(host.size(), kNameWords * 8 - 1));
+  std::memcpy(&mine[1 + kNameWords], device_name.data(),
+              std::min(device_name.size(), kNameWords * 8 - 1));
   std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm.size()));
   comm.all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  const auto text = [](const std::int64_t* words) {
+    char name[kNameWords * 8] = {};
+    std::memcpy(name, words, sizeof name - 1);
+    return std::string(name);
+  };
   std::vector<RankInfo> ranks;
   for (int r = 0; r < comm.size(); ++r) {
     const std::int64_t* record = all.data() + static_cast<std::size_t>(r) * mine.size();
-    char name[kHostWords * 8] = {};
-    std::memcpy(name, record + 1, sizeof name - 1);
-    ranks.push_back({r, static_cast<long>(record[0]), name});
+    ranks.push_back(
+        {r, static_cast<long>(record[0]), text(record + 1), text(record + 1 + kNameWords)});
   }
   return ranks;
 }
 
-template <class T, collective::Communicator C>
+// Where a sweep's buffers live. send() and receive() are what the collective is given;
+// host_send() and host_receive() are host memory of the same lengths that the sweep fills and
+// checks. upload(s, r) makes the first s and r elements of the buffers equal those of the host
+// memory, download(s, r) the reverse; both are complete on return. copy(from, to) is the timed
+// out-of-place copy between two of the buffers, ordered before the communicator's next call.
+// clang-format off
+template <class M>
+concept SweepMemory = requires(M& m, std::size_t n, std::span<const typename M::value_type> from,
+                               std::span<typename M::value_type> to) {
+  m.allocate(n, n);
+  { m.send() } -> std::same_as<std::span<typename M::value_type>>;
+  { m.receive() } -> std::same_as<std::span<typename M::value_type>>;
+  { m.host_send() } -> std::same_as<std::span<typename M::value_type>>;
+  { m.host_receive() } -> std::same_as<std::span<typename M::value_type>>;
+  m.upload(n, n);
+  m.download(n, n);
+  m.copy(from, to);
+};
+// clang-format on
+
+// Host memory: the collective works on the very vectors the sweep fills and checks, so uploads
+// and downloads have nothing to do.
+template <class T>
+class HostMemory {
+ public:
+  using value_type = T;
+
+  void allocate(std::size_t send, std::size_t receive) {
+    send_.assign(send, T{});
+    receive_.assign(receive, T{});
+  }
+  std::span<T> send() { return send_; }
+  std::span<T> receive() { return receive_; }
+  std::span<T> host_send() { return send_; }
+  std::span<T> host_receive() { return receive_; }
+  void upload(std::size_t, std::size_t) {}
+  void download(std::size_t, std::size_t) {}
+  void copy(std::span<const T> from, std::span<T> to) {
+    std::copy(from.begin(), from.end(), to.begin());
+  }
+
+ private:
+  std::vector<T> send_;
+  std::vector<T> receive_;
+};
+static_assert(SweepMemory<HostMemory<float>>);
+
+// comm is measured on the buffers of memory; control, the same ranks in the same order (comm
+// itself for every host backend), carries the bookkeeping. Every rank of both calls run() with the
+// same settings.
+template <collective::Communicator C, collective::Communicator Control, SweepMemory Memory>
 class Sweep {
  public:
-  Sweep(C& comm, const Settings& settings)
-      : comm_(comm), settings_(settings), rank_(comm.rank()), ranks_(comm.size()) {}
+  using T = typename Memory::value_type;
+
+  Sweep(C& comm, Control& control, Memory memory, const Settings& settings)
+      : comm_(comm),
+        control_(control),
+        memory_(std::move(memory)),
+        settings_(settings),
+        rank_(comm.rank()),
+        ranks_(comm.size()) {
+    COHORT_ASSERT(control.rank() == rank_ && control.size() == ranks_);
+  }
 
   // Measures every size; on_row(row) runs on every rank as each row completes (rank 0 prints).
   template <class OnRow>
@@ -70,8 +150,8 @@ class Sweep {
     std::vector<Row> rows;
     if (sizes.empty()) return rows;
     const Shape largest = shape_of(settings_.collective, sizes.back(), sizeof(T), ranks_);
-    send_.assign(std::max<std::size_t>(largest.send, 1), T{});
-    receive_.assign(std::max<std::size_t>(largest.receive, 1), T{});
+    memory_.allocate(std::max<std::size_t>(largest.send, 1),
+                     std::max<std::size_t>(largest.receive, 1));
 
     for (const std::size_t size : {sizes.back(), sizes.front()}) {
       const Shape shape = shape_of(settings_.collective, size, sizeof(T), ranks_);
@@ -101,21 +181,26 @@ class Sweep {
   Measurement measure_placement(bool in_place, const Shape& shape) {
     fill_stable(shape);
     call(in_place, shape);
-    comm_.barrier();
+    control_.barrier();
     std::vector<double> seconds(static_cast<std::size_t>(settings_.iters));
     for (double& s : seconds) {
       const auto start = Clock::now();
       call(in_place, shape);
       s = std::chrono::duration<double>(Clock::now() - start).count();
     }
-    comm_.all_reduce(std::span<double>(seconds), ReduceOp::kMax);
+    control_.all_reduce(std::span<double>(seconds), ReduceOp::kMax);
     std::array<std::int64_t, 2> wrong{-1, 0};  // elements, ranks with any
     if (settings_.check) wrong = check(in_place, shape);
     return measure(settings_.collective, shape.bytes, ranks_, seconds, wrong[0], wrong[1]);
   }
 
-  std::span<T> send(const Shape& shape) { return {send_.data(), shape.send}; }
-  std::span<T> receive(const Shape& shape) { return {receive_.data(), shape.receive}; }
+  // The buffers the collective is given, and the host memory that mirrors them.
+  std::span<T> send(const Shape& shape) { return memory_.send().first(shape.send); }
+  std::span<T> receive(const Shape& shape) { return memory_.receive().first(shape.receive); }
+  std::span<T> host_send(const Shape& shape) { return memory_.host_send().first(shape.send); }
+  std::span<T> host_receive(const Shape& shape) {
+    return memory_.host_receive().first(shape.receive);
+  }
   std::size_t own_offset(const Shape& shape) const {
     return static_cast<std::size_t>(rank_) * shape.chunk;
   }
@@ -126,11 +211,11 @@ class Sweep {
     const std::span<T> out = receive(shape);
     switch (settings_.collective) {
       case Collective::kAllReduce:
-        if (!in_place) std::copy(in.begin(), in.end(), out.begin());
+        if (!in_place) memory_.copy(in, out);
         comm_.all_reduce(out, settings_.op);
         return;
       case Collective::kBroadcast:
-        if (!in_place && rank_ == settings_.root) std::copy(in.begin(), in.end(), out.begin());
+        if (!in_place && rank_ == settings_.root) memory_.copy(in, out);
         comm_.broadcast(out, settings_.root);
         return;
       case Collective::kAllGather:
@@ -153,18 +238,19 @@ class Sweep {
 
   void fill_stable(const Shape& shape) {
     const ReduceOp op = pattern_op();
-    const std::span<T> in = send(shape);
-    const std::span<T> out = receive(shape);
+    const std::span<T> in = host_send(shape);
+    const std::span<T> out = host_receive(shape);
     for (std::size_t i = 0; i < in.size(); ++i) in[i] = stable_value<T>(op, rank_, i);
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = stable_value<T>(op, rank_, i);
+    memory_.upload(shape.send, shape.receive);
   }
 
   // Fills the exact pattern, calls once, counts wrong elements here, and sums the counts (and the
   // ranks that saw any) over every rank.
   std::array<std::int64_t, 2> check(bool in_place, const Shape& shape) {
     const ReduceOp op = pattern_op();
-    const std::span<T> in = send(shape);
-    const std::span<T> out = receive(shape);
+    const std::span<T> in = host_send(shape);
+    const std::span<T> out = host_receive(shape);
     std::fill(out.begin(), out.end(), sentinel<T>());
     std::span<T> inputs = in;  // where this rank's input goes
     if (in_place && settings_.collective != Collective::kReduceScatter) {
@@ -173,8 +259,10 @@ class Sweep {
                    : out;
     }
     for (std::size_t i = 0; i < inputs.size(); ++i) inputs[i] = input_value<T>(op, rank_, i);
+    memory_.upload(shape.send, shape.receive);
 
     call(in_place, shape);
+    memory_.download(shape.send, shape.receive);
 
     std::span<T> result = out;
     if (settings_.collective == Collective::kReduceScatter && in_place) {
@@ -199,16 +287,16 @@ class Sweep {
       return T{};
     });
     std::array<std::int64_t, 2> counts{static_cast<std::int64_t>(wrong), wrong > 0 ? 1 : 0};
-    comm_.all_reduce(std::span<std::int64_t>(counts), ReduceOp::kSum);
+    control_.all_reduce(std::span<std::int64_t>(counts), ReduceOp::kSum);
     return counts;
   }
 
   C& comm_;
+  Control& control_;
+  Memory memory_;
   const Settings& settings_;
   const int rank_;
   const int ranks_;
-  std::vector<T> send_;
-  std::vector<T> receive_;
 };
 
 }  // namespace cohort::bench
