@@ -24,12 +24,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -199,10 +201,22 @@ inline transport::tcp::Options tcp_options(const Settings& s, const cluster::Spe
   };
 }
 
-// Under no launcher, starts --np copies of this program (ranks of a tcp or nccl run) and returns
-// their exit status; nullopt in a rank, which goes on to measure. Checks --np and --root.
-inline std::optional<int> launch_ranks(const Settings& s, const Context& context,
-                                       const cluster::Spec& spec) {
+// A backend of one process per rank (tcp, nccl): checks --algorithm against `algorithms` (the
+// first is the default), then, under no launcher, starts --np copies of this program and returns
+// their exit status; in a rank, returns rank(spec, algorithm), run under the watchdog when another
+// launcher started it. Checks --np and --root.
+template <class Rank>
+int run_ranks(const Settings& s, const Context& context,
+              std::initializer_list<std::string_view> algorithms, Rank&& rank) {
+  const std::string algorithm = s.algorithm.value_or(std::string(*algorithms.begin()));
+  if (std::find(algorithms.begin(), algorithms.end(), algorithm) == algorithms.end()) {
+    std::string names;
+    for (const std::string_view name : algorithms) {
+      names += (names.empty() ? "" : ", ") + std::string(name);
+    }
+    throw ConfigError("--algorithm '" + algorithm + "' is not one of " + names);
+  }
+  const cluster::Spec spec = cluster::resolve();
   if (spec.source == cluster::source::kNone) {
     const int processes = s.processes.value_or(2);
     check_root(s, processes);
@@ -214,7 +228,8 @@ inline std::optional<int> launch_ranks(const Settings& s, const Context& context
                       cluster::describe(spec) + "; leave --np out under a launcher");
   }
   check_root(s, spec.size);
-  return std::nullopt;
+  const Watchdog watchdog(launched_by_self() ? 0 : s.timeout_s);  // under another launcher
+  return rank(spec, algorithm);
 }
 
 // --- local ---------------------------------------------------------------------------------------
@@ -280,15 +295,13 @@ int run_tcp_rank(const Settings& s, const Context& context, const cluster::Spec&
 }
 
 inline int run_tcp(const Settings& s, const Context& context) {
-  const std::string algorithm = s.algorithm.value_or("deterministic");
-  if (algorithm != "deterministic" && algorithm != "ring") {
-    throw ConfigError("--algorithm '" + algorithm + "' is not one of deterministic, ring");
-  }
-  const cluster::Spec spec = cluster::resolve();
-  if (const std::optional<int> launched = launch_ranks(s, context, spec)) return *launched;
-  const Watchdog watchdog(launched_by_self() ? 0 : s.timeout_s);  // under another launcher
-  if (algorithm == "ring") return run_tcp_rank<collective::Ring>(s, context, spec, algorithm);
-  return run_tcp_rank<collective::Deterministic>(s, context, spec, algorithm);
+  return run_ranks(s, context, {"deterministic", "ring"},
+                   [&](const cluster::Spec& spec, const std::string& algorithm) {
+                     if (algorithm == "ring") {
+                       return run_tcp_rank<collective::Ring>(s, context, spec, algorithm);
+                     }
+                     return run_tcp_rank<collective::Deterministic>(s, context, spec, algorithm);
+                   });
 }
 
 // --- ps ------------------------------------------------------------------------------------------
@@ -442,14 +455,10 @@ inline int run_nccl_rank(const Settings& s, const Context& context, const cluste
 }
 
 inline int run_nccl(const Settings& s, const Context& context) {
-  const std::string algorithm = s.algorithm.value_or("deterministic");
-  if (algorithm != "deterministic" && algorithm != "nccl") {
-    throw ConfigError("--algorithm '" + algorithm + "' is not one of deterministic, nccl");
-  }
-  const cluster::Spec spec = cluster::resolve();
-  if (const std::optional<int> launched = launch_ranks(s, context, spec)) return *launched;
-  const Watchdog watchdog(launched_by_self() ? 0 : s.timeout_s);  // under another launcher
-  return run_nccl_rank(s, context, spec, algorithm);
+  return run_ranks(s, context, {"deterministic", "nccl"},
+                   [&](const cluster::Spec& spec, const std::string& algorithm) {
+                     return run_nccl_rank(s, context, spec, algorithm);
+                   });
 }
 
 #else
