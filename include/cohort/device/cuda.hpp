@@ -197,6 +197,49 @@ class Buffer {
   std::size_t size_ = 0;
 };
 
+// Page-locked host memory, for data that crosses between a GPU and the host every step (a
+// parameter-server worker's gradients and parameters): the copy engines move it at full speed and
+// asynchronously, where pageable memory is first copied through a driver buffer. resize() keeps
+// no contents; it allocates only when the size grows.
+class PinnedBytes {
+ public:
+  PinnedBytes() = default;
+  PinnedBytes(PinnedBytes&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        capacity_(std::exchange(other.capacity_, 0)) {}
+  PinnedBytes& operator=(PinnedBytes&& other) noexcept {
+    PinnedBytes moved(std::move(other));
+    std::swap(data_, moved.data_);
+    std::swap(size_, moved.size_);
+    std::swap(capacity_, moved.capacity_);
+    return *this;
+  }
+  PinnedBytes(const PinnedBytes&) = delete;
+  PinnedBytes& operator=(const PinnedBytes&) = delete;
+  ~PinnedBytes() {
+    if (data_ != nullptr) (void)cudaFreeHost(data_);
+  }
+
+  void resize(std::size_t bytes) {
+    if (bytes > capacity_) {
+      if (data_ != nullptr) COHORT_CUDA_CHECK(cudaFreeHost(data_));
+      data_ = nullptr;
+      size_ = capacity_ = 0;
+      COHORT_CUDA_CHECK(cudaMallocHost(&data_, bytes));
+      capacity_ = bytes;
+    }
+    size_ = bytes;
+  }
+  std::byte* data() { return static_cast<std::byte*>(data_); }
+  std::size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;
+};
+
 namespace detail {
 
 // Device memory for the length of one call, allocated and freed in stream order.

@@ -109,14 +109,17 @@
 namespace cohort::strategy {
 
 namespace detail::ps {
-// Where a worker process's replica lives, and what owns it there: nothing on the host; a stream
-// on the worker's GPU for device::Cuda (strategy/parameter_server_cuda.hpp).
+// Where a worker process's replica lives, what owns it there, and the host memory its data is
+// staged through (Staging: resize(bytes), data()): nothing on the host, where nothing is staged;
+// a stream on the worker's GPU and page-locked memory for device::Cuda
+// (strategy/parameter_server_cuda.hpp).
 template <class D>
 class WorkerPlace;
 
 template <>
 class WorkerPlace<device::Cpu> {
  public:
+  using Staging = std::vector<std::byte>;
   explicit WorkerPlace(const cluster::Spec& /*spec*/) {}
   device::Cpu::Place place() const { return {}; }
 };
@@ -360,6 +363,8 @@ class ParameterServer {
   }
 
   class Replica {
+    using Staging = typename detail::ps::WorkerPlace<D>::Staging;
+
    public:
     std::size_t index() const { return index_; }
     Communicator& communicator() { return communicator_; }
@@ -501,7 +506,7 @@ class ParameterServer {
     // `values` (memory at the replica's place) as host memory: the span itself on the host, else
     // a copy in `staging`.
     template <class T>
-    std::span<T> host_copy(std::span<T> values, std::vector<std::byte>& staging) {
+    std::span<T> host_copy(std::span<T> values, Staging& staging) {
       if constexpr (kOnHost) {
         return values;
       } else {
@@ -514,7 +519,7 @@ class ParameterServer {
     // Where host data meant for `values` is written first: values itself on the host, else
     // `staging`, from which land() copies it to values.
     template <class T>
-    static std::span<T> host_target(std::span<T> values, std::vector<std::byte>& staging) {
+    static std::span<T> host_target(std::span<T> values, Staging& staging) {
       if constexpr (kOnHost) {
         return values;
       } else {
@@ -544,7 +549,7 @@ class ParameterServer {
     std::vector<std::byte> staging_;
     std::vector<std::size_t> offsets_;
     // Host copies of device memory (unused on the host).
-    std::vector<std::byte> gradient_staging_, parameter_staging_, state_staging_;
+    Staging gradient_staging_, parameter_staging_, state_staging_;
     std::function<void()> finish_;
   };
 

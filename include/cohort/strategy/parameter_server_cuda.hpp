@@ -8,10 +8,13 @@
 // visible; a ConfigError naming local_rank before the rendezvous when there is none) on a stream
 // of its own, with one replica (local_replicas = 1). The Trainer places the model there
 // (ModelTraits<M>::replicate, core/model.hpp); a step's gradient fold is copied to the host for
-// the push, and the pulled parameters back to the GPU. Servers work on the host: a ps task needs
-// no GPU. Everything else is ParameterServer<C> (strategy/parameter_server.hpp): the same
-// protocol, consistency models, faults and checkpoints, and under Sync the same bits as Mirrored
-// (given a model whose CUDA forward_backward computes its CPU twin's bits).
+// the push, and the pulled parameters back to the GPU, both through page-locked host memory.
+// Nothing of a step can overlap them: the model hands over its gradients only at the end of its
+// forward_backward, and the next step computes with the pulled parameters. Servers work on the
+// host: a ps task needs no GPU. Everything else is ParameterServer<C>
+// (strategy/parameter_server.hpp): the same protocol, consistency models, faults and checkpoints,
+// and under Sync the same bits as Mirrored (given a model whose CUDA forward_backward computes its
+// CPU twin's bits).
 #pragma once
 
 #include <cstdio>
@@ -27,6 +30,7 @@ namespace detail::ps {
 template <>
 class WorkerPlace<device::Cuda> {
  public:
+  using Staging = device::cuda::PinnedBytes;
   explicit WorkerPlace(const cluster::Spec& spec)
       : stream_(detail::local_gpu(spec, "ParameterServer<C, device::Cuda>")) {
     std::fprintf(stderr, "cohort: worker %d on GPU %d\n", spec.rank, stream_.device());
