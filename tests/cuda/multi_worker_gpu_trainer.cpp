@@ -1,8 +1,9 @@
 // One process of the GPU multi-worker tests (multi_worker_test.cpp): trains the CUDA twin on the
 // GPU at its local rank with MultiWorkerMirrored<device::Cuda>, or (ps) as a worker or server of
 // ParameterServer<Sync, device::Cuda> (COHORT_ROLE says which); the chief writes the final
-// parameters. --timeout-ms bounds every collective's wait (default 60000).
-//   multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N]
+// parameters. --timeout-ms bounds every collective's wait (default 60000); --local-replicas is
+// MultiWorkerMirrored's GPUs per process (default 1).
+//   multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N] [--local-replicas N]
 #include <chrono>
 #include <cohort/strategy/multi_worker_mirrored_cuda.hpp>
 #include <cohort/strategy/parameter_server_cuda.hpp>
@@ -32,18 +33,23 @@ int main(int argc, char** argv) {
   const std::vector<std::string> arguments(argv + 1, argv + argc);
   bool parameter_server = false;
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  std::size_t local_replicas = 1;
   std::vector<std::string> positional;
   for (std::size_t i = 0; i < arguments.size(); ++i) {
     if (arguments[i] == "ps") {
       parameter_server = true;
     } else if (arguments[i] == "--timeout-ms" && i + 1 < arguments.size()) {
       timeout = std::chrono::milliseconds(std::stoll(arguments[++i]));
+    } else if (arguments[i] == "--local-replicas" && i + 1 < arguments.size()) {
+      local_replicas = std::stoul(arguments[++i]);
     } else {
       positional.push_back(arguments[i]);
     }
   }
   if (positional.size() != 2) {
-    std::fprintf(stderr, "usage: multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N]\n");
+    std::fprintf(stderr,
+                 "usage: multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N] "
+                 "[--local-replicas N]\n");
     return 64;
   }
   try {
@@ -61,7 +67,9 @@ int main(int argc, char** argv) {
                    steps, out);
     }
     return train(cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda>(
-                     {.connect_timeout = std::chrono::seconds(30), .timeout = timeout}),
+                     {.connect_timeout = std::chrono::seconds(30),
+                      .timeout = timeout,
+                      .local_replicas = local_replicas}),
                  steps, out);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "error: %s\n", error.what());

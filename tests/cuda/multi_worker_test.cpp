@@ -38,11 +38,11 @@ using cohort::testing::TemporaryDirectory;
 
 constexpr std::uint64_t kSteps = 30;
 
-// The reference: Mirrored<> on the CPU with 2 replicas (which Mirrored on 2 GPUs equals:
-// mirrored_test.cpp).
-std::string mirrored_on_the_cpu() {
+// The reference: Mirrored<> on the CPU with as many replicas (which Mirrored on as many GPUs
+// equals: mirrored_test.cpp).
+std::string mirrored_on_the_cpu(std::size_t replicas) {
   auto cpu = cohort::test::make_twin_trainer<cohort::test::CpuTwin>(
-      cohort::strategy::Mirrored<>({.replicas = 2}),
+      cohort::strategy::Mirrored<>({.replicas = replicas}),
       cohort::testing::test_optimizer<cohort::optimizer::Adam>());
   cpu.fit(cohort::testing::small_task_data(), {.steps = kSteps});
   return bytes_of(cpu.model().host_parameters());
@@ -50,12 +50,13 @@ std::string mirrored_on_the_cpu() {
 
 // Two GPU worker processes of `command` (and, with servers > 0, that many parameter servers of
 // ParameterServer<Sync, device::Cuda>), started by hand with COHORT_* variables as a launcher
-// would.
+// would; each worker drives gpus_per_worker GPUs.
 class GpuJob {
  public:
-  GpuJob(std::vector<std::string> command, int servers)
+  GpuJob(std::vector<std::string> command, int servers, int gpus_per_worker = 1)
       : directory_("cohort-cuda-multi-worker"),
-        shared_gpu_(cohort::device::cuda::device_count() < 2) {
+        shared_gpu_(cohort::device::cuda::device_count() < 2),
+        gpus_per_worker_(gpus_per_worker) {
     const std::string port = std::to_string(cohort::testing::free_port());
     if (servers > 0) command.push_back("ps");
     const auto start = [&](const std::string& role, int rank, int size) {
@@ -87,7 +88,7 @@ class GpuJob {
   Process& process(std::size_t i) { return *processes_[i]; }
   std::string log(std::size_t i) const { return read_file(logs_[i]); }
 
-  // Waits for every process to exit 0 with worker i on GPU i (or 0 when they share one).
+  // Waits for every process to exit 0 with worker i on its GPUs (GPU 0 when they share one).
   void require_success() {
     for (std::size_t i = 0; i < processes_.size(); ++i) {
       CAPTURE(i);
@@ -97,24 +98,34 @@ class GpuJob {
       REQUIRE(exit.has_value());
       CHECK(exit->exited);
       CHECK(exit->code == 0);
-      if (i < 2) {
-        CHECK(text.find("GPU " + std::to_string(shared_gpu_ ? 0 : i)) != std::string::npos);
-      }
+      if (i < 2) CHECK(text.find(gpus_of(static_cast<int>(i))) != std::string::npos);
     }
   }
 
  private:
+  // How worker `worker` names its GPUs in its log.
+  std::string gpus_of(int worker) const {
+    if (shared_gpu_) return "GPU 0";
+    const int first = worker * gpus_per_worker_;
+    if (gpus_per_worker_ == 1) return "GPU " + std::to_string(first);
+    return "GPUs " + std::to_string(first) + " to " + std::to_string(first + gpus_per_worker_ - 1);
+  }
+
   TemporaryDirectory directory_;
   bool shared_gpu_;
+  int gpus_per_worker_;
   std::vector<fs::path> logs_;
   std::vector<std::unique_ptr<Process>> processes_;
 };
 
-// The chief's parameters after kSteps with 2 GPU workers (and `servers` parameter servers).
-std::string train_two_gpu_workers(int servers) {
+// The chief's parameters after kSteps with 2 GPU workers of gpus_per_worker GPUs (and `servers`
+// parameter servers).
+std::string train_two_gpu_workers(int servers, int gpus_per_worker = 1) {
   TemporaryDirectory out("cohort-cuda-multi-worker-out");
   const fs::path parameters = out.path / "parameters.bin";
-  GpuJob job({COHORT_GPU_TRAINER, std::to_string(kSteps), parameters.string()}, servers);
+  GpuJob job({COHORT_GPU_TRAINER, std::to_string(kSteps), parameters.string(), "--local-replicas",
+              std::to_string(gpus_per_worker)},
+             servers, gpus_per_worker);
   job.require_success();
   return read_file(parameters);
 }
@@ -132,14 +143,34 @@ TEST_CASE(
     "MultiWorkerMirrored on 2 processes with a GPU each gives the bits of Mirrored<> on 2 CPU "
     "threads" *
     cohort::test::gpu_only()) {
-  CHECK(train_two_gpu_workers(0) == mirrored_on_the_cpu());
+  CHECK(train_two_gpu_workers(0) == mirrored_on_the_cpu(2));
+}
+
+TEST_CASE(
+    "MultiWorkerMirrored on 2 processes with 2 GPUs each gives the bits of Mirrored<> on 4 CPU "
+    "threads" *
+    cohort::test::gpus_only(4)) {
+  CHECK(train_two_gpu_workers(0, 2) == mirrored_on_the_cpu(4));
+}
+
+TEST_CASE(
+    "MultiWorkerMirrored in one process with 2 GPUs gives the bits of Mirrored<> on 2 CPU threads" *
+    cohort::test::gpus_only(2)) {
+  auto trainer = cohort::test::make_twin_trainer<cohort::test::CudaTwin>(
+      cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda>(
+          {.cluster = {.rank = 0, .size = 1, .master_port = cohort::testing::free_port()},
+           .timeout = cohort::test::kTestTimeout,
+           .local_replicas = 2}),
+      cohort::testing::test_optimizer<cohort::optimizer::Adam>());
+  trainer.fit(cohort::testing::small_task_data(), {.steps = kSteps});
+  CHECK(bytes_of(trainer.model().host_parameters()) == mirrored_on_the_cpu(2));
 }
 
 TEST_CASE(
     "ParameterServer<Sync> with 2 GPU workers and a server on the host gives the bits of "
     "Mirrored<> on 2 CPU threads" *
     cohort::test::gpu_only()) {
-  CHECK(train_two_gpu_workers(1) == mirrored_on_the_cpu());
+  CHECK(train_two_gpu_workers(1) == mirrored_on_the_cpu(2));
 }
 
 TEST_CASE(
@@ -177,6 +208,33 @@ TEST_CASE(
   CHECK(log.find(" #") != std::string::npos);  // the operation's sequence number
   CHECK(log.find("timed out after 10000 ms") != std::string::npos);
   job.process(1).kill(SIGKILL);
+}
+
+TEST_CASE(
+    "MultiWorkerMirrored<device::Cuda> with more local_replicas than GPUs is a ConfigError naming "
+    "local_rank and the GPUs it sees") {
+  const int visible = cohort::device::cuda::device_count();
+  const std::string message = cohort::testing::config_error_message([&] {
+    cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda>(
+        {.cluster = {.rank = 0, .size = 1},
+         .local_replicas = static_cast<std::size_t>(visible) + 2});
+  });
+  CAPTURE(message);
+  CHECK(cohort::testing::contains(message, "local_rank = 0"));
+  CHECK(cohort::testing::contains(message, "has no GPU"));
+  CHECK(cohort::testing::contains(message, std::to_string(visible + 2) + " GPUs (local_replicas)"));
+}
+
+TEST_CASE(
+    "MultiWorkerMirrored<device::Cuda> with more than 64 GPUs in all is a ConfigError naming "
+    "local_replicas") {
+  const std::string message = cohort::testing::config_error_message([&] {
+    cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda>(
+        {.cluster = {.rank = 0, .size = 9}, .local_replicas = 8});
+  });
+  CAPTURE(message);
+  CHECK(cohort::testing::contains(message, "local_replicas = 8"));
+  CHECK(cohort::testing::contains(message, "72 GPUs in all"));
 }
 
 TEST_CASE(

@@ -1,31 +1,38 @@
-// MultiWorkerMirrored<device::Cuda>: one GPU per worker process, synchronous. For cohort::cuda
-// users who also link cohort::tcp.
+// MultiWorkerMirrored<device::Cuda>: synchronous training over worker processes with GPUs, each
+// process driving one GPU or several. For cohort::cuda users who also link cohort::tcp.
 //
 //   cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda> strategy({});
+//   cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda> strategy({.local_replicas = 8});
 //
 // Every process of the job runs the same program (started by any launcher, as for
-// MultiWorkerMirrored<>: cluster/cluster.hpp, docs/launching.md) and drives one GPU: the one at
-// index local_rank among the GPUs that CUDA_VISIBLE_DEVICES leaves visible to it (local_rank comes
-// from LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or COHORT_LOCAL_RANK; it is the rank
-// when none is set). A launcher that gives each process its own CUDA_VISIBLE_DEVICES and no local
-// rank works too: every process then uses its device 0.
+// MultiWorkerMirrored<>: cluster/cluster.hpp, docs/launching.md) and drives local_replicas GPUs,
+// a replica thread each: those at indices local_rank * local_replicas to
+// local_rank * local_replicas + local_replicas - 1 among the GPUs that CUDA_VISIBLE_DEVICES leaves
+// visible to it (local_rank comes from LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or
+// COHORT_LOCAL_RANK; it is the rank when none is set). So one process per GPU (the default,
+// local_replicas = 1, as torchrun starts them) and one process per host with all its GPUs both
+// work; a launcher that gives each process its own CUDA_VISIBLE_DEVICES and no local rank works
+// too: every process then starts at its device 0.
 //
-// Construction checks the GPU (a ConfigError naming local_rank when this process has no GPU at
-// that index), makes the replica's stream, and does the TCP rendezvous of MultiWorkerMirrored<>.
-// Each fit then makes a NCCL communicator over the processes: rank 0's ncclUniqueId travels over
-// cohort's own TCP communicator (collective::nccl_unique_id), and the gradients are all-reduced by
-// collective::NcclCommunicator in deterministic mode on the replica's stream, ranks in the
-// canonical tree. So N processes give the bits of Mirrored<device::Cuda, collective::Nccl> with N
-// GPUs, and of Mirrored<> on the host with N replicas, for the same seed.
+// Construction checks the GPUs (a ConfigError naming local_rank when this process lacks one of
+// them), makes each replica's stream, and does the TCP rendezvous of MultiWorkerMirrored<>. Each
+// fit then makes one NCCL communicator over every replica of every process (replica
+// rank * local_replicas + i is NCCL rank rank * local_replicas + i): rank 0's ncclUniqueId travels
+// over cohort's own TCP communicator (collective::nccl_unique_id), and the gradients are
+// all-reduced by collective::NcclCommunicator in deterministic mode on each replica's stream,
+// replicas in the canonical tree. So N processes of L GPUs give the bits of
+// Mirrored<device::Cuda, collective::Nccl> with N * L GPUs, and of Mirrored<> on the host with
+// N * L replicas, for the same seed.
 //
 // Options: cluster, bind_address, secret, connect_timeout and timeout, as for
-// MultiWorkerMirrored<> (one replica per process, so no local_replicas and no bucket_bytes);
-// connect_timeout also bounds each fit's NCCL set-up, timeout each collective.
+// MultiWorkerMirrored<> (no bucket_bytes: NCCL carries whole buffers); connect_timeout also bounds
+// each fit's NCCL set-up, timeout each collective. local_replicas: GPUs per process (>= 1).
 // CrossCollective is only the bootstrap's (it carries the unique id).
 //
-// A failing worker aborts its NCCL communicator; the others fail when NCCL reports the lost peer
-// or when their collective's timeout expires (NCCL cannot carry the reason, as the TCP transport
-// does for MultiWorkerMirrored<>).
+// A failing replica aborts its NCCL communicator and releases the other replicas of its process at
+// once, with its reason; the other processes fail when NCCL reports the lost peer or when their
+// collective's timeout expires (NCCL cannot carry the reason, as the TCP transport does for
+// MultiWorkerMirrored<>).
 #pragma once
 
 #include <nccl.h>
@@ -37,6 +44,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "cohort/cluster/cluster.hpp"
 #include "cohort/collective/nccl.hpp"
@@ -67,69 +75,93 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
     std::string secret{};
     std::chrono::milliseconds connect_timeout{std::chrono::minutes(1)};
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    std::size_t local_replicas = 1;
   };
 
   explicit MultiWorkerMirrored(Options options)
-      : options_(std::move(options)),
-        spec_(cluster::resolve(options_.cluster)),
-        stream_(checked_device(options_, spec_)) {
-    std::fprintf(stderr, "cohort: %s, GPU %d\n", cluster::describe(spec_).c_str(),
-                 stream_.device());
+      : options_(std::move(options)), spec_(cluster::resolve(options_.cluster)) {
+    const int first = checked_first_gpu(options_, spec_);
+    const int count = static_cast<int>(options_.local_replicas);
+    for (int gpu = first; gpu < first + count; ++gpu) streams_.emplace_back(gpu);
+    const std::string gpus =
+        count == 1 ? "GPU " + std::to_string(first)
+                   : "GPUs " + std::to_string(first) + " to " + std::to_string(first + count - 1);
+    std::fprintf(stderr, "cohort: %s, %s\n", cluster::describe(spec_).c_str(), gpus.c_str());
     cross_ = std::make_unique<Cross>(
         transport::tcp::Tcp(detail::tcp_options(spec_, spec_.rank, spec_.size, options_)));
   }
 
-  std::size_t replicas() const { return static_cast<std::size_t>(spec_.size); }
-  std::size_t local_replicas() const { return 1; }
-  std::size_t first_local_replica() const { return static_cast<std::size_t>(spec_.rank); }
+  std::size_t replicas() const { return static_cast<std::size_t>(spec_.size) * local_replicas(); }
+  std::size_t local_replicas() const { return streams_.size(); }
+  std::size_t first_local_replica() const {
+    return static_cast<std::size_t>(spec_.rank) * local_replicas();
+  }
   bool is_chief() const { return spec_.rank == 0; }
   const cluster::Spec& cluster() const { return spec_; }
   const Options& options() const { return options_; }
 
-  // This process's one replica: its GPU and stream.
-  device::cuda::Place place(std::size_t /*local_index*/) const { return stream_.place(); }
+  // Local replica local_index's GPU and stream.
+  device::cuda::Place place(std::size_t local_index) const {
+    return streams_.at(local_index).place();
+  }
 
   template <class Body>
   void run(Body&& body) {
     // A fresh NCCL group per run (a communicator that saw a failure stays aborted); every process
     // calls run once per fit, so the ids pair up.
     const ncclUniqueId id = collective::nccl_unique_id(*cross_);
+    // This process's replicas fail together, at once, as Mirrored's do.
+    const auto failure = std::make_shared<collective::nccl::GroupFailure>();
     detail::run_replica_threads(
-        1,
-        [&](std::size_t) {
-          const device::cuda::Place where = place(0);
-          device::cuda::use(where.device);
-          return Replica(first_local_replica(),
-                         Communicator(id, spec_.rank, spec_.size,
-                                      {.device = where.device,
-                                       .stream = where.stream,
-                                       .timeout = options_.timeout,
-                                       .setup_timeout = options_.connect_timeout,
-                                       .deterministic = true}),
-                         where);
+        local_replicas(),
+        [&](std::size_t local_index) {
+          const std::size_t index = first_local_replica() + local_index;
+          try {
+            const device::cuda::Place where = place(local_index);
+            device::cuda::use(where.device);  // this thread drives that GPU from here on
+            return Replica(index,
+                           Communicator(id, static_cast<int>(index), static_cast<int>(replicas()),
+                                        {.device = where.device,
+                                         .stream = where.stream,
+                                         .timeout = options_.timeout,
+                                         .setup_timeout = options_.connect_timeout,
+                                         .deterministic = true,
+                                         .group = failure}),
+                           where);
+          } catch (...) {
+            // The other replicas of this process wait in the group's set-up: release them.
+            failure->raise("rank " + std::to_string(index) +
+                           " aborted: " + detail::describe(std::current_exception()));
+            throw;
+          }
         },
         body);
   }
 
  private:
-  // Validates the options and the cluster description, and answers this process's GPU. The GPU
-  // comes before the rendezvous: a process without one fails at once.
-  static int checked_device(const Options& given, const cluster::Spec& spec) {
+  // Validates the options and the cluster description, and answers this process's first GPU. The
+  // GPUs come before the rendezvous: a process without them fails at once.
+  static int checked_first_gpu(const Options& given, const cluster::Spec& spec) {
     options::require_positive("timeout", given.timeout.count());
+    options::require_positive("local_replicas", given.local_replicas);
     if (spec.role != "worker" && spec.role != "chief") {
       options::reject("role", spec.role,
                       "MultiWorkerMirrored runs workers and a chief only (" + spec.source + ")");
     }
-    if (spec.size > static_cast<int>(cuda::kMaxTreeInputs)) {
-      options::reject("size", spec.size,
-                      "deterministic NCCL combines at most 64 GPUs (cuda::kMaxTreeInputs)");
+    const std::size_t total = static_cast<std::size_t>(spec.size) * given.local_replicas;
+    if (total > cuda::kMaxTreeInputs) {
+      options::reject("local_replicas", given.local_replicas,
+                      "gives " + std::to_string(total) +
+                          " GPUs in all; deterministic NCCL combines at most 64 "
+                          "(cuda::kMaxTreeInputs)");
     }
-    return detail::local_gpu(spec, "MultiWorkerMirrored<device::Cuda>");
+    return detail::local_gpu(spec, "MultiWorkerMirrored<device::Cuda>",
+                             static_cast<int>(given.local_replicas));
   }
 
   Options options_;
   cluster::Spec spec_;
-  device::cuda::Stream stream_;  // this process's GPU's, for the replica
+  std::vector<device::cuda::Stream> streams_;  // local replica i's, on GPU first + i
   std::unique_ptr<Cross> cross_;
 };
 
