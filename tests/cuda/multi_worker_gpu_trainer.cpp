@@ -1,9 +1,11 @@
 // One process of the GPU multi-worker tests (multi_worker_test.cpp): trains the CUDA twin on the
 // GPU at its local rank with MultiWorkerMirrored<device::Cuda>, or (ps) as a worker or server of
 // ParameterServer<Sync, device::Cuda> (COHORT_ROLE says which); the chief writes the final
-// parameters. --timeout-ms bounds every collective's wait (default 60000); --local-replicas is
-// MultiWorkerMirrored's GPUs per process (default 1).
-//   multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N] [--local-replicas N]
+// parameters. --timeout-ms bounds every collective's wait (default 60000), --connect-timeout-ms
+// the rendezvous and NCCL's set-up (default 30000); --local-replicas is MultiWorkerMirrored's GPUs
+// per process (default 1).
+//   multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N] [--connect-timeout-ms N]
+//                            [--local-replicas N]
 #include <chrono>
 #include <cohort/strategy/multi_worker_mirrored_cuda.hpp>
 #include <cohort/strategy/parameter_server_cuda.hpp>
@@ -33,6 +35,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> arguments(argv + 1, argv + argc);
   bool parameter_server = false;
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  std::chrono::milliseconds connect_timeout = std::chrono::seconds(30);
   std::size_t local_replicas = 1;
   std::vector<std::string> positional;
   for (std::size_t i = 0; i < arguments.size(); ++i) {
@@ -40,6 +43,8 @@ int main(int argc, char** argv) {
       parameter_server = true;
     } else if (arguments[i] == "--timeout-ms" && i + 1 < arguments.size()) {
       timeout = std::chrono::milliseconds(std::stoll(arguments[++i]));
+    } else if (arguments[i] == "--connect-timeout-ms" && i + 1 < arguments.size()) {
+      connect_timeout = std::chrono::milliseconds(std::stoll(arguments[++i]));
     } else if (arguments[i] == "--local-replicas" && i + 1 < arguments.size()) {
       local_replicas = std::stoul(arguments[++i]);
     } else {
@@ -49,7 +54,7 @@ int main(int argc, char** argv) {
   if (positional.size() != 2) {
     std::fprintf(stderr,
                  "usage: multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N] "
-                 "[--local-replicas N]\n");
+                 "[--connect-timeout-ms N] [--local-replicas N]\n");
     return 64;
   }
   try {
@@ -59,7 +64,7 @@ int main(int argc, char** argv) {
       // Whole 4096-element norm blocks per shard: the test optimizer clips by the global norm.
       return train(cohort::strategy::ParameterServer<cohort::strategy::consistency::Sync,
                                                      cohort::device::Cuda>(
-                       {.connect_timeout = std::chrono::seconds(30),
+                       {.connect_timeout = connect_timeout,
                         .timeout = timeout,
                         .min_shard_bytes = 0,
                         .alignment = 4096,
@@ -67,7 +72,7 @@ int main(int argc, char** argv) {
                    steps, out);
     }
     return train(cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda>(
-                     {.connect_timeout = std::chrono::seconds(30),
+                     {.connect_timeout = connect_timeout,
                       .timeout = timeout,
                       .local_replicas = local_replicas}),
                  steps, out);

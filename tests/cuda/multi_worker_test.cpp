@@ -92,7 +92,7 @@ class GpuJob {
   void require_success() {
     for (std::size_t i = 0; i < processes_.size(); ++i) {
       CAPTURE(i);
-      const auto exit = processes_[i]->wait(180s);
+      const auto exit = processes_[i]->wait(100s);
       const std::string text = log(i);
       CAPTURE(text);
       REQUIRE(exit.has_value());
@@ -177,12 +177,12 @@ TEST_CASE(
     "a stalled GPU worker makes the other fail within its timeout naming the rank, the operation "
     "and its sequence number" *
     cohort::test::gpu_only()) {
-  GpuJob job(
-      {COHORT_GPU_TRAINER, "1000000",
-       (fs::temp_directory_path() / "cohort-never-written.bin").string(), "--timeout-ms", "10000"},
-      0);
-  // Both workers have a GPU and the rendezvous is done; give NCCL's set-up time to finish too
-  // (it runs under the same 10 s timeout).
+  GpuJob job({COHORT_GPU_TRAINER, "1000000",
+              (fs::temp_directory_path() / "cohort-never-written.bin").string(), "--timeout-ms",
+              "10000", "--connect-timeout-ms", "10000"},
+             0);
+  // Both workers have a GPU; give the rendezvous and NCCL's set-up time to finish too (they run
+  // under a 10 s timeout as well, so that whichever wait the stall catches names 10000 ms).
   const auto announced = [&](std::size_t i) {
     return job.log(i).find("GPU ") != std::string::npos;
   };

@@ -431,7 +431,8 @@ inline int run_nccl_rank(const Settings& s, const Context& context, const cluste
                                       options);
     const std::string nccl = "NCCL " + nccl_version();
     const std::string details =
-        options.deterministic
+        spec.size == 1 ? nccl + ", one rank: nothing crosses between GPUs, nothing is reduced"
+        : options.deterministic
             ? nccl + " as transport; floating-point reductions in cohort's fixed order"
             : nccl + "'s own ncclAllReduce and ncclReduceScatter";
     RunInfo run = run_info(s, context, "nccl", algorithm, details, spec.size, launcher_of(spec));

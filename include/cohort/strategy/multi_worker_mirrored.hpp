@@ -11,7 +11,7 @@
 //   cohort::strategy::MultiWorkerMirrored<> strategy({.local_replicas = 2});
 //   cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, cohort::collective::Ring> ring(...);
 //   cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda> gpus({});
-//       // one GPU per process: strategy/multi_worker_mirrored_cuda.hpp (cohort::cuda)
+//       // GPUs, one or several per process: strategy/multi_worker_mirrored_cuda.hpp (cohort::cuda)
 //
 // Template arguments: the device of the replicas (device::Cpu here), and the collective between
 // processes (collective::Deterministic, the default, or collective::Ring: faster on many hosts,
@@ -69,11 +69,11 @@ template <device::Device D = device::Cpu,
           template <class> class CrossCollective = collective::Deterministic>
 class MultiWorkerMirrored {
   static_assert(!std::same_as<D, device::Cuda>,
-                "cohort: MultiWorkerMirrored<device::Cuda> (one GPU per process) is defined in "
+                "cohort: MultiWorkerMirrored<device::Cuda> (replicas on GPUs) is defined in "
                 "cohort/strategy/multi_worker_mirrored_cuda.hpp (cohort::cuda): include it.");
   static_assert(std::same_as<D, device::Cpu> || std::same_as<D, device::Cuda>,
-                "cohort: MultiWorkerMirrored runs host replicas on device::Cpu, or one GPU per "
-                "process on device::Cuda.");
+                "cohort: MultiWorkerMirrored runs host replicas on device::Cpu, or replicas on "
+                "GPUs on device::Cuda.");
 
  public:
   static constexpr std::string_view kName = "multi_worker_mirrored";

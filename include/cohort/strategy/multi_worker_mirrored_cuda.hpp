@@ -11,8 +11,7 @@
 // visible to it (local_rank comes from LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or
 // COHORT_LOCAL_RANK; it is the rank when none is set). So one process per GPU (the default,
 // local_replicas = 1, as torchrun starts them) and one process per host with all its GPUs both
-// work; a launcher that gives each process its own CUDA_VISIBLE_DEVICES and no local rank works
-// too: every process then starts at its device 0.
+// work. Every process drives as many GPUs (a ConfigError otherwise, on every process).
 //
 // Construction checks the GPUs (a ConfigError naming local_rank when this process lacks one of
 // them), makes each replica's stream, and does the TCP rendezvous of MultiWorkerMirrored<>. Each
@@ -39,8 +38,10 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -89,6 +90,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
     std::fprintf(stderr, "cohort: %s, %s\n", cluster::describe(spec_).c_str(), gpus.c_str());
     cross_ = std::make_unique<Cross>(
         transport::tcp::Tcp(detail::tcp_options(spec_, spec_.rank, spec_.size, options_)));
+    require_same_local_replicas();
   }
 
   std::size_t replicas() const { return static_cast<std::size_t>(spec_.size) * local_replicas(); }
@@ -157,6 +159,21 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
     }
     return detail::local_gpu(spec, "MultiWorkerMirrored<device::Cuda>",
                              static_cast<int>(given.local_replicas));
+  }
+
+  // The NCCL group counts every process's GPUs: a process that counted otherwise would wait in
+  // its set-up for ranks that never come.
+  void require_same_local_replicas() {
+    const auto mine = static_cast<std::int64_t>(local_replicas());
+    std::vector<std::int64_t> all(static_cast<std::size_t>(spec_.size));
+    cross_->all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
+    for (std::size_t rank = 0; rank < all.size(); ++rank) {
+      if (all[rank] != mine) {
+        options::reject("local_replicas", local_replicas(),
+                        "but rank " + std::to_string(rank) + " has " + std::to_string(all[rank]) +
+                            ": every process of the job must drive as many GPUs");
+      }
+    }
   }
 
   Options options_;

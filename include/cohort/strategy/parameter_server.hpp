@@ -444,7 +444,9 @@ class ParameterServer {
       const bool chief = index_ == 0;
       // The work is done on host copies (on the host: the spans themselves), landed at the end.
       const std::span<T> parameters = host_copy(at_place, parameter_staging_);
-      const std::span<T> optimizer_state = host_copy(state_at_place, state_staging_);
+      // Only the chief sends the optimizer state, and brings it home at the end.
+      const std::span<T> optimizer_state =
+          chief ? host_copy(state_at_place, state_staging_) : std::span<T>();
       if (chief) {
         staging_.clear();
         offsets_.clear();
@@ -505,8 +507,8 @@ class ParameterServer {
 
     // `values` (memory at the replica's place) as host memory: the span itself on the host, else
     // a copy in `staging`.
-    template <class T>
-    std::span<T> host_copy(std::span<T> values, Staging& staging) {
+    template <class T, class Bytes>
+    std::span<T> host_copy(std::span<T> values, Bytes& staging) {
       if constexpr (kOnHost) {
         return values;
       } else {
@@ -518,8 +520,8 @@ class ParameterServer {
 
     // Where host data meant for `values` is written first: values itself on the host, else
     // `staging`, from which land() copies it to values.
-    template <class T>
-    static std::span<T> host_target(std::span<T> values, Staging& staging) {
+    template <class T, class Bytes>
+    static std::span<T> host_target(std::span<T> values, Bytes& staging) {
       if constexpr (kOnHost) {
         return values;
       } else {
@@ -548,8 +550,10 @@ class ParameterServer {
     detail::ps::Client<Transport> client_;
     std::vector<std::byte> staging_;
     std::vector<std::size_t> offsets_;
-    // Host copies of device memory (unused on the host).
-    Staging gradient_staging_, parameter_staging_, state_staging_;
+    // Host copies of device memory (unused on the host): what crosses every step in the place's
+    // staging memory, the optimizer state (twice a fit, on the chief) in plain memory.
+    Staging gradient_staging_, parameter_staging_;
+    std::vector<std::byte> state_staging_;
     std::function<void()> finish_;
   };
 
