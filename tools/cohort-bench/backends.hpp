@@ -184,21 +184,20 @@ inline void check_root(const Settings& s, int ranks) {
 // measure, and what the nccl backend carries its unique id and its bookkeeping over.
 inline transport::tcp::Options tcp_options(const Settings& s, const cluster::Spec& spec, int rank,
                                            int size) {
-  const auto seconds = [](double s_) {
-    return std::chrono::milliseconds(static_cast<long long>(s_ * 1000));
+  // What a strategy's options give the transport, with --timeout-s as both deadlines.
+  struct Deadlines {
+    std::string bind_address{};
+    std::string secret{};
+    std::chrono::milliseconds connect_timeout, timeout;
   };
-  return {
-      .rank = rank,
-      .size = size,
-      .job_id = spec.job_id.empty() ? "cohort-bench" : spec.job_id,
-      .rendezvous_host = spec.master_address,
-      .rendezvous_port = spec.master_port,
-      .bind_address = environment_or("COHORT_BIND_ADDRESS", "127.0.0.1"),
-      .secret = environment_or("COHORT_SECRET", ""),
-      .connect_timeout = s.timeout_s > 0 ? seconds(s.timeout_s) : std::chrono::seconds(60),
-      .operation_timeout = s.timeout_s > 0 ? seconds(s.timeout_s) : std::chrono::minutes(5),
-      .checksum = s.checksum,
-  };
+  const auto milliseconds = std::chrono::milliseconds(static_cast<long long>(s.timeout_s * 1000));
+  transport::tcp::Options options = strategy::detail::tcp_options(
+      spec, rank, size,
+      Deadlines{.connect_timeout = s.timeout_s > 0 ? milliseconds : std::chrono::seconds(60),
+                .timeout = s.timeout_s > 0 ? milliseconds : std::chrono::minutes(5)});
+  if (spec.job_id.empty()) options.job_id = "cohort-bench";
+  options.checksum = s.checksum;
+  return options;
 }
 
 // A backend of one process per rank (tcp, nccl): checks --algorithm against `algorithms` (the
