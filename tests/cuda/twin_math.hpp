@@ -29,16 +29,21 @@ struct Shape {
   COHORT_HOST_DEVICE std::size_t parameters() const { return b2() + outputs; }
 };
 
+// bias + sum_i weights[i] * values[i], i from 0 to n - 1.
+COHORT_HOST_DEVICE inline float affine(float bias, const float* weights, const float* values,
+                                       std::size_t n) {
+  float sum = bias;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float product = weights[i] * values[i];
+    sum = sum + product;
+  }
+  return sum;
+}
+
 // hidden[e * H + k]: ReLU(b1[k] + sum_i W1[k][i] * x[e][i]).
 COHORT_HOST_DEVICE inline float hidden_unit(const Shape& s, const float* p, const float* x,
                                             std::size_t e, std::size_t k) {
-  const float* weights = p + s.w1() + k * s.inputs;
-  const float* input = x + e * s.inputs;
-  float sum = p[s.b1() + k];
-  for (std::size_t i = 0; i < s.inputs; ++i) {
-    const float product = weights[i] * input[i];
-    sum = sum + product;
-  }
+  const float sum = affine(p[s.b1() + k], p + s.w1() + k * s.inputs, x + e * s.inputs, s.inputs);
   return sum > 0.0f ? sum : 0.0f;
 }
 
@@ -46,13 +51,8 @@ COHORT_HOST_DEVICE inline float hidden_unit(const Shape& s, const float* p, cons
 COHORT_HOST_DEVICE inline float output_error(const Shape& s, const float* p, const float* hidden,
                                              const std::int32_t* labels, std::size_t e,
                                              std::size_t o) {
-  const float* weights = p + s.w2() + o * s.hidden;
-  const float* h = hidden + e * s.hidden;
-  float sum = p[s.b2() + o];
-  for (std::size_t k = 0; k < s.hidden; ++k) {
-    const float product = weights[k] * h[k];
-    sum = sum + product;
-  }
+  const float sum =
+      affine(p[s.b2() + o], p + s.w2() + o * s.hidden, hidden + e * s.hidden, s.hidden);
   const float target = labels[e] == static_cast<std::int32_t>(o) ? 1.0f : 0.0f;
   return sum - target;
 }
