@@ -198,9 +198,9 @@ class Buffer {
 };
 
 // Page-locked host memory, for data that crosses between a GPU and the host every step (a
-// parameter-server worker's gradients and parameters): the copy engines move it at full speed and
-// asynchronously, where pageable memory is first copied through a driver buffer. resize() keeps
-// no contents; it allocates only when the size grows.
+// parameter-server worker's gradients and parameters): the copy engines read and write it
+// directly, where pageable memory is first copied through a driver buffer. resize() keeps no
+// contents; it allocates only when the size grows.
 class PinnedBytes {
  public:
   PinnedBytes() = default;
