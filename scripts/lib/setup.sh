@@ -55,9 +55,9 @@ cohort_install_dependencies() {
 }
 
 # Configures ${COHORT_BUILD_DIR}: Release, with Ninja unless the directory was already configured
-# with another generator (CMake refuses to change it).
+# with another generator (CMake refuses to change it); "$@" are further cmake arguments.
 cohort_configure() {
-  local arguments=(-S "${COHORT_ROOT}" -B "${COHORT_BUILD_DIR}" -DCMAKE_BUILD_TYPE=Release)
+  local arguments=(-S "${COHORT_ROOT}" -B "${COHORT_BUILD_DIR}" -DCMAKE_BUILD_TYPE=Release "$@")
   if [[ ! -f "${COHORT_BUILD_DIR}/CMakeCache.txt" ]]; then
     arguments+=(-G Ninja)
   fi

@@ -1,0 +1,112 @@
+"""PyTorch on the benchmark's MLP: one process, or DistributedDataParallel (gloo over 127.0.0.1).
+
+The model of benchmarks/training/run: an MLP with the given layer sizes, ReLU between layers,
+softmax cross-entropy, Adam, trained on a generated task of Gaussian blobs. Every process uses
+one intra-op thread (torch.set_num_threads(1)), as every cohort replica of the comparison does.
+
+    torch_mlp.py --layers 784,1024,1024,10 --world-size 2 --per-replica-batch 64 --steps 200
+
+prints one line:
+    torch VERSION blas=NAME world_size=N examples_per_second=X parameters=HEX
+where HEX is a SHA-256 prefix of the final parameters' bytes (the order of model.parameters()),
+so two runs can be compared bit for bit. The first --warmup steps are not timed.
+"""
+import argparse
+import hashlib
+import os
+import re
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def make_task(features, classes, examples, seed=1, blobs=8, spread=0.4):
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((classes * blobs, features)).astype(np.float32)
+    blob = rng.integers(0, classes * blobs, examples)
+    x = centres[blob] + spread * rng.standard_normal((examples, features)).astype(np.float32)
+    return torch.from_numpy(x), torch.from_numpy((blob // blobs).astype(np.int64))
+
+
+def fingerprint(parameters):
+    digest = hashlib.sha256()
+    for parameter in parameters:
+        digest.update(parameter.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def blas_name():
+    config = torch.__config__.show()
+    found = re.search(r"BLAS_INFO=(\w+)", config)
+    name = found.group(1) if found else "unknown"
+    if name in ("generic", "open"):  # Debian's build: whatever libblas.so.3 points to
+        name += ":" + os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
+    return name
+
+
+def worker(rank, args, results):
+    torch.set_num_threads(1)
+    world_size = args.world_size
+    if world_size > 1:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(args.port)
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    layers = [int(size) for size in args.layers.split(",")]
+    per_replica = args.per_replica_batch
+    global_batch = per_replica * world_size
+    steps = args.warmup + args.steps
+    x, y = make_task(layers[0], layers[-1], max(global_batch * steps, global_batch))
+    torch.manual_seed(1)
+    modules = []
+    for index in range(len(layers) - 1):
+        modules.append(torch.nn.Linear(layers[index], layers[index + 1]))
+        if index + 2 < len(layers):
+            modules.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*modules)
+    trained = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
+    optimizer = torch.optim.Adam(trained.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    start = None
+    for step in range(steps):
+        if step == args.warmup:
+            if world_size > 1:
+                dist.barrier()
+            start = time.perf_counter()
+        begin = step * global_batch + rank * per_replica
+        optimizer.zero_grad()
+        loss_fn(trained(x[begin:begin + per_replica]), y[begin:begin + per_replica]).backward()
+        optimizer.step()
+    if world_size > 1:
+        dist.barrier()
+    seconds = time.perf_counter() - start
+    if rank == 0:
+        results.put((args.steps * global_batch / seconds, fingerprint(model.parameters())))
+    if world_size > 1:
+        dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", default="784,1024,1024,10")
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--per-replica-batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--port", type=int, default=29610)
+    args = parser.parse_args()
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    if args.world_size == 1:
+        worker(0, args, results)
+    else:
+        mp.spawn(worker, args=(args, results), nprocs=args.world_size)
+    rate, parameters = results.get()
+    print(f"torch {torch.__version__} blas={blas_name()} world_size={args.world_size} "
+          f"examples_per_second={rate:.0f} parameters={parameters}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+// A timeline of training: spans of time per thread, written as a Chrome trace (JSON), which
+// Perfetto (ui.perfetto.dev) and chrome://tracing open.
+//
+//   trace::Recorder recorder("worker 1", 1);      // one per process; the label names its track
+//   trace::Span span(&recorder, trace::Phase::kForwardBackward, {.step = 7, .index = 2});
+//   ...                                            // the span ends when `span` is destroyed
+//   recorder.write("traces/worker-1.json");
+//
+// A Span given a null recorder does nothing beyond one test of the pointer: tracing that is off
+// reads no clock and takes no lock, so it costs nothing measurable (benchmarks/core measures
+// it). Spans of one thread nest (a span opened inside another ends before it), which is what the
+// viewers draw as a stack; spans of different threads are independent tracks.
+//
+// Times are the wall clock of the host (system_clock at the recorder's creation, advanced by the
+// steady clock), so the files of the processes of one host line up when merged (cohort-run
+// merges them: docs/launching.md, "Timeline").
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort::trace {
+
+// What a span measures; its name in the trace, and the category the viewers filter by.
+enum class Phase : std::uint8_t {
+  kStep,             // one training step of a replica, around everything below
+  kForwardBackward,  // the model's forward_backward on one micro-batch (index: the micro-batch)
+  kBucketQueued,     // a gradient bucket waiting for the communication thread (index: bucket)
+  kBucketWire,       // a bucket's all-reduce in progress between processes
+  kBucketWait,       // a replica waiting for a bucket's result
+  kOptimizer,        // clipping and the optimizer step
+  kLossAllReduce,    // the all-reduce of a window of losses
+  kCheckpoint,       // Trainer::save
+  kPush,             // parameter server: a worker's push received and folded
+  kPull,             // parameter server: a pull answered
+  kApply,            // parameter server: the optimizer applied to a shard
+};
+
+constexpr std::string_view name(Phase phase) {
+  switch (phase) {
+    case Phase::kStep:
+      return "step";
+    case Phase::kForwardBackward:
+      return "forward_backward";
+    case Phase::kBucketQueued:
+      return "bucket queued";
+    case Phase::kBucketWire:
+      return "bucket on the wire";
+    case Phase::kBucketWait:
+      return "bucket waited for";
+    case Phase::kOptimizer:
+      return "optimizer";
+    case Phase::kLossAllReduce:
+      return "loss all_reduce";
+    case Phase::kCheckpoint:
+      return "checkpoint";
+    case Phase::kPush:
+      return "push";
+    case Phase::kPull:
+      return "pull";
+    case Phase::kApply:
+      return "apply";
+  }
+  return "unknown";
+}
+
+constexpr std::string_view category(Phase phase) {
+  switch (phase) {
+    case Phase::kStep:
+    case Phase::kForwardBackward:
+    case Phase::kOptimizer:
+      return "compute";
+    case Phase::kCheckpoint:
+      return "io";
+    default:
+      return "communication";
+  }
+}
+
+// What a span is about, written as its args; a field left at its default is not written.
+struct Detail {
+  static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  std::uint64_t step = kNone;   // the training step
+  std::uint64_t index = kNone;  // micro-batch, bucket or worker
+  std::uint64_t bytes = kNone;  // bytes moved
+};
+
+struct Event {
+  Phase phase;
+  std::int64_t start_ns;  // since the recorder's origin
+  std::int64_t duration_ns;
+  std::uint32_t thread;  // index into the recorder's threads, in order of first appearance
+  Detail detail;
+};
+
+// The spans of one process. Thread-safe: every thread of the process records into it.
+class Recorder {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // label: the process's name in the viewer ("worker 1", "ps 0", "process"); process: its pid
+  // there, which orders the tracks of a merged file.
+  Recorder(std::string label, int process)
+      : label_(std::move(label)),
+        process_(process),
+        origin_(Clock::now()),
+        origin_wall_us_(std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count()) {}
+
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  // Names the calling thread's track ("replica 0", "communication"); optional.
+  void name_thread(std::string name) {
+    const std::lock_guard lock(mutex_);
+    thread_names_[thread_index_locked()] = std::move(name);
+  }
+
+  void record(Phase phase, Clock::time_point start, Clock::time_point end, Detail detail = {}) {
+    const std::lock_guard lock(mutex_);
+    events_.push_back({phase, (start - origin_).count(), (end - start).count(),
+                       thread_index_locked(), detail});
+  }
+
+  std::vector<Event> events() const {
+    const std::lock_guard lock(mutex_);
+    return events_;
+  }
+  const std::string& label() const { return label_; }
+
+  // Writes the Chrome trace, creating the file's directory. A file that cannot be written is a
+  // ConfigError naming it: its path came from the options or from COHORT_TRACE.
+  void write(const std::filesystem::path& file) const {
+    std::error_code ignored;
+    if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ignored);
+    std::ofstream out(file, std::ios::trunc);
+    if (!out) throw ConfigError("trace: cannot write " + file.string());
+    const std::lock_guard lock(mutex_);
+    out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+    out << R"({"ph":"M","name":"process_name","pid":)" << process_ << R"(,"args":{"name":")"
+        << escaped(label_) << "\"}}";
+    out << ",\n"
+        << R"({"ph":"M","name":"process_sort_index","pid":)" << process_
+        << R"(,"args":{"sort_index":)" << process_ << "}}";
+    for (const auto& [thread, name] : thread_names_) {
+      out << ",\n"
+          << R"({"ph":"M","name":"thread_name","pid":)" << process_ << ",\"tid\":" << thread
+          << R"(,"args":{"name":")" << escaped(name) << "\"}}";
+    }
+    for (const Event& event : events_) {
+      out << ",\n{\"ph\":\"X\",\"name\":\"" << name(event.phase) << "\",\"cat\":\""
+          << category(event.phase) << "\",\"pid\":" << process_ << ",\"tid\":" << event.thread
+          << ",\"ts\":" << microseconds(origin_wall_us_, event.start_ns)
+          << ",\"dur\":" << microseconds(0, event.duration_ns) << ",\"args\":{";
+      const char* separator = "";
+      for (const auto& [key, value] : {std::pair{"step", event.detail.step},
+                                       std::pair{"index", event.detail.index},
+                                       std::pair{"bytes", event.detail.bytes}}) {
+        if (value == Detail::kNone) continue;
+        out << separator << '"' << key << "\":" << value;
+        separator = ",";
+      }
+      out << "}}";
+    }
+    out << "\n]}\n";
+    if (!out.flush()) throw ConfigError("trace: cannot write " + file.string());
+  }
+
+ private:
+  std::uint32_t thread_index_locked() {
+    const auto id = std::this_thread::get_id();
+    const auto found = std::find(threads_.begin(), threads_.end(), id);
+    if (found != threads_.end()) return static_cast<std::uint32_t>(found - threads_.begin());
+    threads_.push_back(id);
+    return static_cast<std::uint32_t>(threads_.size() - 1);
+  }
+
+  // Microseconds with the nanoseconds as a fraction: the format's unit, at full resolution.
+  static std::string microseconds(std::int64_t base_us, std::int64_t ns) {
+    const std::int64_t whole = base_us + ns / 1000;
+    const std::int64_t fraction = ns % 1000;
+    std::string text = std::to_string(whole) + '.';
+    text += static_cast<char>('0' + fraction / 100);
+    text += static_cast<char>('0' + fraction / 10 % 10);
+    text += static_cast<char>('0' + fraction % 10);
+    return text;
+  }
+
+  // Labels are cohort's own words; escaping keeps the file JSON whatever a caller passes.
+  static std::string escaped(std::string_view text) {
+    std::string out;
+    for (const char c : text) {
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += c;
+      } else if (static_cast<unsigned char>(c) < 0x20) {
+        out += ' ';
+      } else {
+        out += c;
+      }
+    }
+    return out;
+  }
+
+  std::string label_;
+  int process_;
+  Clock::time_point origin_;
+  std::int64_t origin_wall_us_;
+  mutable std::mutex mutex_;
+  std::vector<std::thread::id> threads_;
+  std::map<std::uint32_t, std::string> thread_names_;
+  std::vector<Event> events_;
+};
+
+// A span from construction to destruction on the calling thread; nothing at all without a
+// recorder.
+class Span {
+ public:
+  Span(Recorder* recorder, Phase phase, Detail detail = {})
+      : recorder_(recorder), phase_(phase), detail_(detail) {
+    if (recorder_ != nullptr) start_ = Recorder::Clock::now();
+  }
+  ~Span() {
+    if (recorder_ == nullptr) return;
+    try {
+      recorder_->record(phase_, start_, Recorder::Clock::now(), detail_);
+    } catch (...) {  // out of memory: the span is lost, the training is not
+    }
+  }
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
+
+ private:
+  Recorder* recorder_;
+  Phase phase_;
+  Detail detail_;
+  Recorder::Clock::time_point start_{};
+};
+
+}  // namespace cohort::trace
