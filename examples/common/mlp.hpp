@@ -66,12 +66,24 @@ class Mlp {
 
   // Overwrites the gradients with those of the summed cross-entropy over the batch.
   double forward_backward(const Batch& batch) {
+    return forward_backward(batch, [](std::size_t, std::size_t) {});
+  }
+
+  // The same, and calls ready(begin, end) as each layer's gradients [begin, end) become final
+  // (during the last example's backward pass, last layer first), so that a trainer can start
+  // communicating them while the earlier layers are still computed.
+  template <class Ready>
+  double forward_backward(const Batch& batch, Ready&& ready) {
     std::fill(gradients_.begin(), gradients_.end(), 0.0f);
     double loss = 0.0;
     for (std::size_t example = 0; example < batch.size(); ++example) {
       forward(std::span(batch.inputs).subspan(example * batch.features, batch.features));
-      loss += backward(batch.labels[example]);
+      const bool last = example + 1 == batch.size();
+      loss += backward(batch.labels[example], [&](std::size_t layer) {
+        if (last) ready(weight_offsets_[layer], bias_offsets_[layer] + sizes_[layer + 1]);
+      });
     }
+    if (batch.size() == 0) ready(std::size_t{0}, gradients_.size());
     return loss;
   }
 
@@ -102,8 +114,10 @@ class Mlp {
     }
   }
 
-  // Softmax cross-entropy of the last forward pass against `label`; accumulates gradients.
-  double backward(std::int32_t label) {
+  // Softmax cross-entropy of the last forward pass against `label`; accumulates gradients and
+  // calls layer_done(layer) when a layer's are accumulated.
+  template <class LayerDone>
+  double backward(std::int32_t label, LayerDone&& layer_done) {
     auto& logits = activations_.back();
     auto& delta = deltas_.back();
     const float top = *std::max_element(logits.begin(), logits.end());
@@ -128,6 +142,7 @@ class Mlp {
         for (std::size_t i = 0; i < in; ++i)
           weight_gradients[o * in + i] += output_delta[o] * input[i];
       }
+      layer_done(layer);
       if (layer == 0) break;
       float* input_delta = deltas_[layer].data();
       std::fill(input_delta, input_delta + in, 0.0f);

@@ -12,9 +12,15 @@
 //      micro_batches micro-batches; this replica computes its own whole micro-batches
 //      (core/sharding.hpp), calling forward_backward once per micro-batch.
 //   2. The micro-batch gradients are summed in the canonical tree (core/reduction_tree.hpp) inside
-//      the replica; the strategy (replica.update) continues the same tree across replicas and
-//      applies the optimizer: scaled by 1 / global_batch (and by the clipping factor when
-//      max_gradient_norm is set), on every replica's own copy for the mirrored strategies.
+//      the replica; the strategy continues the same tree across replicas and applies the
+//      optimizer: scaled by 1 / global_batch (and by the clipping factor when max_gradient_norm
+//      is set), on every replica's own copy for the mirrored strategies. The replica hears of the
+//      step in three calls (strategy/strategy.hpp): begin_step, gradients_ready for each range
+//      of the fold that is final, finish_step. For a model with gradient readiness
+//      (core/model.hpp) the ranges of the last micro-batch are folded and handed over while its
+//      backward pass goes on, so the strategy can reduce the first buckets meanwhile; otherwise
+//      the whole fold is one range after the last micro-batch. Either way each element's sum
+//      follows the same tree, so the bits are the same.
 //   3. The summed losses of the steps since the last progress line travel in one all-reduce, in
 //      the same tree, so a step costs one collective.
 // Nothing in this depends on how many replicas there are, so for a fixed seed and micro_batches
@@ -34,19 +40,25 @@
 //   seed           defines every epoch's example order
 //   log_every      steps between progress lines on the chief (0: only at the end of epochs)
 //   progress       Progress::kAuto, kLines or kSilent
+//   trace          a directory for this process's timeline (Chrome trace JSON, core/trace.hpp),
+//                  written at the end of every fit, also of a failed one; or COHORT_TRACE
 //
 // fit(data, until) trains until the run (counted since it began, restored checkpoints included)
 // has done until.steps steps or until.epochs epochs, whichever comes first of those given. If fit
 // throws, the replicas may hold a partially applied step: restore a checkpoint before going on.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/checkpoint/checkpoint.hpp"
@@ -55,8 +67,10 @@
 #include "cohort/core/model.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/progress.hpp"
+#include "cohort/core/readiness.hpp"
 #include "cohort/core/reduction_tree.hpp"
 #include "cohort/core/sharding.hpp"
+#include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/device/device.hpp"
 #include "cohort/optimizer/optimizer.hpp"
@@ -110,6 +124,9 @@ class Trainer {
     std::uint64_t seed = 0;
     std::uint64_t log_every = 100;
     Progress progress = Progress::kAuto;
+    // A directory: each process writes its timeline there as a Chrome trace at the end of every
+    // fit (core/trace.hpp). Empty: COHORT_TRACE, if set; else no timeline, at no cost.
+    std::filesystem::path trace{};
   };
 
   // A process without local replicas (a parameter server) builds no model: `model` only gives the
@@ -126,6 +143,15 @@ class Trainer {
       options::reject("gradients().size()", gradients,
                       "must equal parameters().size() (" + std::to_string(parameter_count_) + ")");
     }
+    if (options_.trace.empty()) {
+      if (const char* directory = std::getenv("COHORT_TRACE"); directory && *directory) {
+        options_.trace = directory;
+      }
+    }
+    if (!options_.trace.empty()) {
+      const auto [label, process] = trace_identity();
+      recorder_ = std::make_unique<trace::Recorder>(label, process);
+    }
     const std::size_t locals = strategy_.local_replicas();
     models_.reserve(locals);
     optimizer_states_.reserve(locals);
@@ -137,43 +163,29 @@ class Trainer {
 
   template <Dataset<batch_type> D>
   Report fit(const D& data, Until until) {
-    if (until.epochs == 0 && until.steps == 0) {
-      options::reject("until", "{}", "give epochs or steps (or both)");
-    }
-    // A strategy with server processes (strategy/parameter_server.hpp): a server serves the
-    // workers' fit and returns when they are done.
-    if constexpr (requires { strategy_.serves(); }) {
-      if (strategy_.serves()) {
-        Report report;
-        const auto start = std::chrono::steady_clock::now();
-        strategy_.template serve<value_type>(parameter_count_, optimizer_);
-        report.seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        return report;
-      }
-    }
-    const sharding::Plan plan(data.size(), options_.global_batch, options_.micro_batches,
-                              strategy_.replicas());
-    if (dataset_size_ != 0 && dataset_size_ != data.size()) {
-      options::reject("data.size()", data.size(),
-                      "differs from the " + std::to_string(dataset_size_) +
-                          " examples this run began with; its data order would change");
-    }
-    dataset_size_ = data.size();
-    std::uint64_t target = std::numeric_limits<std::uint64_t>::max();
-    if (until.epochs != 0) target = until.epochs * plan.steps_per_epoch();
-    if (until.steps != 0) target = std::min(target, until.steps);
-
+    const trace::Installed installed(recorder_.get());
     Report report;
-    const auto start = std::chrono::steady_clock::now();
-    strategy_.run([&](auto& replica) { train_replica(replica, data, plan, target, report); });
-    report.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    report.steps = target > step_ ? target - step_ : 0;
-    report.examples_per_second =
-        static_cast<double>(report.steps * options_.global_batch) / report.seconds;
-    step_ += report.steps;
+    try {
+      report = train(data, until);
+    } catch (...) {
+      // A failed fit leaves its timeline too: it shows where the step stopped.
+      if (recorder_) {
+        try {
+          recorder_->write(trace_file());
+        } catch (const Error&) {
+        }
+      }
+      throw;
+    }
+    if (recorder_) recorder_->write(trace_file());
     return report;
+  }
+
+  // This process's timeline file, when tracing (Options::trace).
+  std::filesystem::path trace_file() const {
+    std::string name = recorder_ ? recorder_->label() : std::string("process");
+    std::replace(name.begin(), name.end(), ' ', '-');
+    return options_.trace / (name + ".json");
   }
 
   // This process's first replica; every replica holds the same parameters between steps. On a
@@ -196,6 +208,7 @@ class Trainer {
   // others return at once, except under a strategy that saves its own way: a parameter server's
   // servers write a shard each and the chief writes the manifest.
   void save(const std::filesystem::path& file) const {
+    const trace::Span span(recorder_.get(), trace::Phase::kCheckpoint, {.step = step_});
     if constexpr (requires { strategy_.save(file, checkpoint_state(false), parameter_count_); }) {
       // The values are the servers' to write: the strategy gets the run's settings and step.
       strategy_.save(file, checkpoint_state(false), parameter_count_);
@@ -235,11 +248,65 @@ class Trainer {
   }
 
  private:
+  template <class D>
+  Report train(const D& data, Until until) {
+    if (until.epochs == 0 && until.steps == 0) {
+      options::reject("until", "{}", "give epochs or steps (or both)");
+    }
+    // A strategy with server processes (strategy/parameter_server.hpp): a server serves the
+    // workers' fit and returns when they are done.
+    if constexpr (requires { strategy_.serves(); }) {
+      if (strategy_.serves()) {
+        Report report;
+        const auto start = std::chrono::steady_clock::now();
+        strategy_.template serve<value_type>(parameter_count_, optimizer_);
+        report.seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return report;
+      }
+    }
+    const sharding::Plan plan(data.size(), options_.global_batch, options_.micro_batches,
+                              strategy_.replicas());
+    if (dataset_size_ != 0 && dataset_size_ != data.size()) {
+      options::reject("data.size()", data.size(),
+                      "differs from the " + std::to_string(dataset_size_) +
+                          " examples this run began with; its data order would change");
+    }
+    dataset_size_ = data.size();
+    std::uint64_t target = std::numeric_limits<std::uint64_t>::max();
+    if (until.epochs != 0) target = until.epochs * plan.steps_per_epoch();
+    if (until.steps != 0) target = std::min(target, until.steps);
+
+    Report report;
+    const auto start = std::chrono::steady_clock::now();
+    strategy_.run([&](auto& replica) { train_replica(replica, data, plan, target, report); });
+    report.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report.steps = target > step_ ? target - step_ : 0;
+    report.examples_per_second =
+        static_cast<double>(report.steps * options_.global_batch) / report.seconds;
+    step_ += report.steps;
+    return report;
+  }
+
   template <class T>
   using Buffer = device::Buffer<Device, T>;
   using Gradient = Buffer<value_type>;
 
   Place place(std::size_t local) const { return strategy::place_of(strategy_, local); }
+
+  // This process's name and track in a timeline: its role and rank where the strategy has a
+  // cluster (processes), else one process.
+  std::pair<std::string, int> trace_identity() const {
+    if constexpr (requires { strategy_.cluster(); }) {
+      const auto& spec = strategy_.cluster();
+      const bool server = spec.role == "ps";
+      return {(server ? "ps " : "worker ") + std::to_string(spec.rank),
+              server ? 10000 + spec.rank : spec.rank};
+    } else {
+      return {"process", 0};
+    }
+  }
 
   // The training state of this process's first replica, on the host, as a checkpoint holds it;
   // without `values` (or without replicas), the run's settings and step only.
@@ -274,7 +341,42 @@ class Trainer {
     [[gnu::noinline]] void operator()(Gradient& left, const Gradient& right) const {
       Device::add_into(place, left.span(), right.span());
     }
+    [[gnu::noinline]] void part(Gradient& left, const Gradient& right, std::size_t begin,
+                                std::size_t count) const {
+      Device::add_into(place, left.span().subspan(begin, count),
+                       std::span<const value_type>(right.span()).subspan(begin, count));
+    }
   };
+
+  // The last micro-batch of a step, with gradient readiness (core/model.hpp): each range the
+  // model reports final is folded at once (the fold's remaining merges, on that range only) and
+  // handed to the replica, which may start reducing it while the backward pass goes on.
+  template <class Replica>
+  double last_micro_batch_with_readiness(M& model, const batch_type& batch,
+                                         std::span<const value_type> gradients,
+                                         tree::StreamingFold<Gradient, AddInto>& gradient_fold,
+                                         const Place& place, Replica& replica,
+                                         strategy::Update<value_type, O>& update) {
+    Gradient& leaf = gradient_fold.begin_last();
+    if (leaf.size() != gradients.size()) leaf = Gradient(gradients.size(), place);
+    update.gradient_sum = gradient_fold.result_slot().span();
+    replica.begin_step(update);
+    ReadinessCheck readiness;
+    readiness.begin(gradients.size());
+    auto ready = [&](std::size_t begin, std::size_t end) {
+      readiness.add(begin, end);
+      const std::size_t count = end - begin;
+      Device::copy(place, gradients.subspan(begin, count), leaf.span().subspan(begin, count));
+      gradient_fold.finish_part([&](Gradient& left, Gradient& right) {
+        AddInto{place}.part(left, right, begin, count);
+      });
+      replica.gradients_ready(update, begin, end);
+    };
+    const double loss = ModelTraits<M>::forward_backward(model, batch, GradientReady(ready));
+    readiness.require_complete();
+    gradient_fold.end_last();
+    return loss;
+  }
 
   template <class Replica, class D>
   void train_replica(Replica& replica, const D& data, const sharding::Plan& plan,
@@ -287,6 +389,8 @@ class Trainer {
     const std::span<const value_type> gradients = ModelTraits<M>::gradients(model);
     const std::span<value_type> optimizer_state = optimizer_states_[local].span();
     const bool reports = replica.index() == 0 && strategy_.is_chief();
+    trace::Recorder* const recorder = recorder_.get();
+    if (recorder != nullptr) recorder->name_thread("replica " + std::to_string(replica.index()));
 
     // Every replica starts from the chief's state (replicas of other processes included).
     replica.start(parameters, optimizer_state, step_);
@@ -313,31 +417,50 @@ class Trainer {
         order_epoch = epoch;
       }
       const auto compute_start = Clock::now();
+      const trace::Span step_span(recorder, trace::Phase::kStep, {.step = step});
       gradient_fold.reset();
       loss_fold.reset();
+      strategy::Update<value_type, O> update{.parameters = parameters,
+                                             .gradient_sum = {},
+                                             .optimizer = optimizer_,
+                                             .optimizer_state = optimizer_state,
+                                             .step = step,
+                                             .inverse_batch = inverse_batch};
       const std::size_t first = plan.first_micro_batch(replica.index());
-      for (std::size_t micro = first; micro < first + plan.micro_batches_per_replica(); ++micro) {
+      const std::size_t end = first + plan.micro_batches_per_replica();
+      for (std::size_t micro = first; micro < end; ++micro) {
         const sharding::Range range = plan.micro_batch(step_in_epoch, micro);
         indices.assign(order.begin() + range.begin, order.begin() + range.end);
-        const double loss = ModelTraits<M>::forward_backward(model, data.batch(indices));
+        const trace::Span span(recorder, trace::Phase::kForwardBackward,
+                               {.step = step, .index = micro});
+        double loss = 0.0;
+        if constexpr (ReportsReadiness<M>) {
+          if (micro + 1 == end) {
+            loss = last_micro_batch_with_readiness(model, data.batch(indices), gradients,
+                                                   gradient_fold, place, replica, update);
+            loss_fold.push([&](double& slot) { slot = loss; });
+            continue;
+          }
+        }
+        loss = ModelTraits<M>::forward_backward(model, data.batch(indices));
         gradient_fold.push([&](Gradient& slot) {
           if (slot.size() != gradients.size()) slot = Gradient(gradients.size(), place);
           Device::copy(place, gradients, slot.span());
         });
         loss_fold.push([&](double& slot) { slot = loss; });
       }
-      strategy::Update<value_type, O> update{.parameters = parameters,
-                                             .gradient_sum = gradient_fold.result().span(),
-                                             .optimizer = optimizer_,
-                                             .optimizer_state = optimizer_state,
-                                             .step = step,
-                                             .inverse_batch = inverse_batch};
-      replica.update(update);
+      if (!ReportsReadiness<M>) {
+        update.gradient_sum = gradient_fold.result().span();
+        replica.begin_step(update);
+        replica.gradients_ready(update, 0, update.gradient_sum.size());
+      }
+      const auto synchronization_start = Clock::now();
+      replica.finish_step(update);
       window_losses.push_back(loss_fold.result());
+      const auto step_end = Clock::now();
       window_times.push_back(
-          {.compute = std::chrono::duration<double>(Clock::now() - compute_start).count() -
-                      update.communication_seconds,
-           .communication = update.communication_seconds});
+          {.compute = std::chrono::duration<double>(synchronization_start - compute_start).count(),
+           .communication = std::chrono::duration<double>(step_end - synchronization_start).count()});
 
       // The losses travel once per progress window, not once per step: every replica keeps its
       // folds and one all-reduce of the window gives each step's sum in the same tree.
@@ -345,6 +468,7 @@ class Trainer {
           options_.log_every != 0 && (step_in_epoch + 1) % options_.log_every == 0;
       const bool epoch_end = step_in_epoch + 1 == plan.steps_per_epoch();
       if (periodic || epoch_end || step + 1 == target) {
+        const trace::Span span(recorder, trace::Phase::kLossAllReduce, {.step = step});
         const auto communication_start = Clock::now();
         if (window_at_place.size() < window_losses.size()) {
           window_at_place = Buffer<double>(window_losses.size(), place);
@@ -379,6 +503,7 @@ class Trainer {
   std::vector<Buffer<value_type>> optimizer_states_;
   std::uint64_t step_ = 0;
   std::size_t dataset_size_ = 0;  // fixed by the first fit or by restore
+  std::unique_ptr<trace::Recorder> recorder_;  // when tracing (Options::trace)
 };
 
 }  // namespace cohort

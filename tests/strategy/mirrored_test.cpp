@@ -39,6 +39,22 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Adam with global-norm clipping (test_optimizer), 30 steps.
+template <class Model>
+std::vector<float> train_adam(Model model, std::size_t replicas) {
+  cohort::Trainer trainer(std::move(model), cohort::strategy::Mirrored<>({.replicas = replicas}),
+                          cohort::testing::test_optimizer<cohort::optimizer::Adam>(),
+                          {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+  trainer.fit(small_task_data(), {.steps = 30});
+  return parameters_of(trainer.model());
+}
+
+std::string refusal(std::vector<std::pair<std::size_t, std::size_t>> ranges) {
+  return cohort::testing::config_error_message([&] {
+    train_adam(cohort::testing::ScriptedReadiness{small_model(), std::move(ranges)}, 1);
+  });
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE(
@@ -147,4 +163,32 @@ TEST_CASE("a replica that stalls past the timeout fails the step with a CommErro
     CHECK(message.find('#') != std::string::npos);
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE("gradient readiness changes no bit: Mirrored 1, 2 and 4 with global-norm clipping") {
+  const std::vector<float> reference =
+      train_adam(cohort::testing::WithoutReadiness{small_model()}, 1);
+  for (std::size_t replicas : {1, 2, 4}) {
+    CAPTURE(replicas);
+    CHECK(same_bits(train_adam(small_model(), replicas), reference));
+    CHECK(same_bits(train_adam(cohort::testing::WithoutReadiness{small_model()}, replicas),
+                    reference));
+  }
+}
+
+TEST_CASE("a model reporting a range twice, out of bounds or never is refused naming the range") {
+  const std::size_t n = parameters_of(small_model()).size();
+  CHECK(refusal({{0, n}, {5, 9}}) ==
+        "forward_backward: gradient range [5, 9) overlaps [0, " + std::to_string(n) +
+            "), reported before");
+  CHECK(refusal({{0, n + 1}}) == "forward_backward: gradient range [0, " + std::to_string(n + 1) +
+                                     ") is out of bounds: the model has " + std::to_string(n) +
+                                     " gradients");
+  CHECK(refusal({{10, n}}) == "forward_backward: gradient range [0, 10) was never reported ready");
+  CHECK(refusal({{0, 10}, {20, n}}) ==
+        "forward_backward: gradient range [10, 20) was never reported ready");
+  CHECK(refusal({}) == "forward_backward: gradient range [0, " + std::to_string(n) +
+                           ") was never reported ready");
+  // In any order and in any pieces, a complete report trains.
+  CHECK(refusal({{100, n}, {0, 3}, {3, 100}}) == "(no error)");
 }

@@ -18,12 +18,17 @@ using cohort::testing::read_file;
 using cohort::testing::TemporaryDirectory;
 using namespace std::chrono_literals;
 
-// The reference: Mirrored with 4 replicas in this process, same model, data, seed and options.
-std::string mirrored_parameters(std::uint64_t steps) {
-  cohort::Trainer trainer(cohort::testing::small_model(),
-                          cohort::strategy::Mirrored<>({.replicas = 4}),
+// The reference: Mirrored in this process, same data, seed and options, and the same model
+// without gradient readiness, so that the workers' overlap is checked against none.
+std::string mirrored_parameters(std::uint64_t steps, std::size_t replicas = 4,
+                                std::size_t micro_batches = 8) {
+  cohort::Trainer trainer(cohort::testing::WithoutReadiness{cohort::testing::small_model()},
+                          cohort::strategy::Mirrored<>({.replicas = replicas}),
                           cohort::optimizer::Adam({.learning_rate = 3e-3}),
-                          {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+                          {.global_batch = 64,
+                           .micro_batches = micro_batches,
+                           .seed = 11,
+                           .progress = cohort::Progress::kSilent});
   trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
   return cohort::testing::bytes_of(cohort::testing::parameters_of(trainer.model()));
 }
@@ -39,7 +44,8 @@ std::pair<cohort::testing::Exit, std::string> run(const std::vector<std::string>
 
 }  // namespace
 
-TEST_CASE("2 workers x 2 replicas, 4 workers x 1 and Mirrored 4 give bit-identical parameters") {
+TEST_CASE(
+    "2 workers x 2 replicas, 4 x 1 and Mirrored 4 give bit-identical parameters, overlap or not") {
   TemporaryDirectory directory("cohort-multi-worker");
   const std::string expected = mirrored_parameters(50);
   REQUIRE(expected.size() ==
@@ -55,6 +61,18 @@ TEST_CASE("2 workers x 2 replicas, 4 workers x 1 and Mirrored 4 give bit-identic
     REQUIRE(exit.code == 0);
     CHECK(read_file(out) == expected);
   }
+}
+
+TEST_CASE("3 workers x 1 replica and Mirrored 3 give bit-identical parameters") {
+  TemporaryDirectory directory("cohort-multi-worker");
+  const fs::path out = directory.path / "parameters.bin";
+  const auto [exit, output] = run(
+      {COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, "1", "30", out, "deterministic", "3"},
+      directory.path / "log.txt");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  CHECK(read_file(out) == mirrored_parameters(30, 3, 3));
 }
 
 TEST_CASE("the ring collective trains across processes too, with its own bits") {

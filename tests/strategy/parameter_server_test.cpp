@@ -25,10 +25,12 @@ using cohort::testing::TemporaryDirectory;
 using namespace std::chrono_literals;
 
 // The reference: Mirrored with 4 replicas in this process, as ps_trainer trains (with --clip:
-// the wide model, clipped by global norm `clip`).
+// the wide model, clipped by global norm `clip`), without the gradient readiness the workers'
+// model reports.
 std::string mirrored_parameters(std::uint64_t steps, double clip = 0.0) {
   cohort::Trainer trainer(
-      clip > 0.0 ? cohort::testing::wide_model() : cohort::testing::small_model(),
+      cohort::testing::WithoutReadiness{clip > 0.0 ? cohort::testing::wide_model()
+                                                   : cohort::testing::small_model()},
       cohort::strategy::Mirrored<>({.replicas = 4}),
       cohort::optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = clip}),
       {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "clusters.hpp"
@@ -65,4 +66,60 @@ inline std::vector<float> parameters_of(const example::Mlp& model) {
   return {parameters.begin(), parameters.end()};
 }
 
+// The examples' MLP without its gradient readiness (core/model.hpp): the reference that overlap
+// must not change by a bit.
+struct WithoutReadiness {
+  example::Mlp model;
+};
+
+// The examples' MLP reporting the ranges it is given instead of its layers, after computing its
+// gradients: for the Trainer's check of what a model reports.
+struct ScriptedReadiness {
+  example::Mlp model;
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+};
+
+inline std::vector<float> parameters_of(const WithoutReadiness& wrapped) {
+  return parameters_of(wrapped.model);
+}
+inline std::vector<float> parameters_of(const ScriptedReadiness& wrapped) {
+  return parameters_of(wrapped.model);
+}
+
 }  // namespace cohort::testing
+
+template <>
+struct cohort::ModelTraits<cohort::testing::WithoutReadiness> {
+  using value_type = float;
+  using batch_type = example::Batch;
+  static std::span<float> parameters(cohort::testing::WithoutReadiness& m) {
+    return m.model.parameters();
+  }
+  static std::span<float> gradients(cohort::testing::WithoutReadiness& m) {
+    return m.model.gradients();
+  }
+  static double forward_backward(cohort::testing::WithoutReadiness& m, const batch_type& batch) {
+    return m.model.forward_backward(batch);
+  }
+};
+
+template <>
+struct cohort::ModelTraits<cohort::testing::ScriptedReadiness> {
+  using value_type = float;
+  using batch_type = example::Batch;
+  static std::span<float> parameters(cohort::testing::ScriptedReadiness& m) {
+    return m.model.parameters();
+  }
+  static std::span<float> gradients(cohort::testing::ScriptedReadiness& m) {
+    return m.model.gradients();
+  }
+  static double forward_backward(cohort::testing::ScriptedReadiness& m, const batch_type& batch) {
+    return m.model.forward_backward(batch);
+  }
+  static double forward_backward(cohort::testing::ScriptedReadiness& m, const batch_type& batch,
+                                 cohort::GradientReady ready) {
+    const double loss = m.model.forward_backward(batch);
+    for (const auto& [begin, end] : m.ranges) ready(begin, end);
+    return loss;
+  }
+};

@@ -19,6 +19,14 @@
 //       CommError naming this rank and the reason. Called by a replica that failed, so that the
 //       others do not wait for it.
 //
+// The one asynchronous verb, for every communicator (below):
+//   Pending pending = start_all_reduce(communicator, buffer, op);  ...  pending.wait();
+//       the all_reduce of buffer, finished by wait(). A communicator that can overlap it with
+//       the caller's work provides the member start_all_reduce(buffer, op) (Hierarchical: its
+//       communication thread reduces across processes meanwhile); for every other, the
+//       all_reduce runs in wait(). Every rank starts the same all-reduces in the same order and
+//       waits for them in that order; the buffer is the communicator's until wait() returns.
+//
 // The summation order is fixed: ranks are combined in the canonical tree of
 // core/reduction_tree.hpp, so the result is bit-identical on every rank and equals the same
 // tree computed anywhere else (for example over micro-batches in one replica).
@@ -31,8 +39,10 @@
 
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
+#include <utility>
 
 #include "cohort/core/reduce_op.hpp"
 
@@ -51,6 +61,30 @@ concept Communicator = requires(C& c, std::span<float> buffer, std::span<const f
   c.barrier();
   c.abort(reason);
 };
+
+// An operation started and not yet finished. wait() finishes it on this rank, rethrowing its
+// failure; a second wait() does nothing.
+class Pending {
+ public:
+  Pending() = default;
+  explicit Pending(std::function<void()> finish) : finish_(std::move(finish)) {}
+
+  void wait() {
+    if (auto finish = std::exchange(finish_, nullptr)) finish();
+  }
+
+ private:
+  std::function<void()> finish_;
+};
+
+template <Communicator C, class T>
+Pending start_all_reduce(C& communicator, std::span<T> buffer, ReduceOp op) {
+  if constexpr (requires { communicator.start_all_reduce(buffer, op); }) {
+    return communicator.start_all_reduce(buffer, op);
+  } else {
+    return Pending([&communicator, buffer, op] { communicator.all_reduce(buffer, op); });
+  }
+}
 
 // The operations a collective can be asked for, as named in errors and benchmark output.
 enum class Operation : std::uint8_t {

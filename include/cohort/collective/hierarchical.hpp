@@ -27,6 +27,7 @@
 
 #include "cohort/collective/collective.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/trace.hpp"
 
 namespace cohort::collective {
 
@@ -40,35 +41,63 @@ class CommunicationThread {
     work_ready_.notify_all();
   }
 
-  void submit(std::function<void()> work) {
+  // Returns the work's ticket, for wait(ticket).
+  std::size_t submit(std::function<void()> work) {
     std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(work));
+    queue_.push_back({std::move(work), trace::Recorder::Clock::now()});
     ++submitted_;
     work_ready_.notify_all();
+    return submitted_;
+  }
+
+  // Waits until the work of `ticket` and everything submitted before it has run; rethrows the
+  // first failure.
+  void wait(std::size_t ticket) {
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return completed_ >= ticket || failure_; });
+    if (failure_) std::rethrow_exception(failure_);
   }
 
   // Waits until everything submitted has run; rethrows the first failure.
   void wait() {
     std::unique_lock lock(mutex_);
-    done_.wait(lock, [&] { return completed_ == submitted_ || failure_; });
-    if (failure_) std::rethrow_exception(failure_);
+    const std::size_t ticket = submitted_;
+    lock.unlock();
+    wait(ticket);
   }
 
  private:
+  struct Work {
+    std::function<void()> run;
+    trace::Recorder::Clock::time_point submitted;
+  };
+
   void serve(std::stop_token stop) {
     while (true) {
-      std::function<void()> work;
+      Work work;
+      std::size_t ticket = 0;
       {
         std::unique_lock lock(mutex_);
         work_ready_.wait(lock, [&] { return stop.stop_requested() || !queue_.empty(); });
         if (stop.stop_requested()) return;
         work = std::move(queue_.front());
         queue_.pop_front();
+        ticket = completed_ + 1;
       }
       std::exception_ptr failure;
       if (!failure_) {  // after a failure, later work is dropped: the group is unusable
+        trace::Recorder* const recorder = trace::current();
+        if (recorder != nullptr && recorder != named_in_) {
+          recorder->name_thread("communication");
+          named_in_ = recorder;
+        }
+        if (recorder != nullptr) {
+          recorder->record(trace::Phase::kBucketQueued, work.submitted,
+                           trace::Recorder::Clock::now(), {.index = ticket});
+        }
         try {
-          work();
+          const trace::Span wire(recorder, trace::Phase::kBucketWire, {.index = ticket});
+          work.run();
         } catch (...) {
           failure = std::current_exception();
         }
@@ -83,10 +112,11 @@ class CommunicationThread {
   std::mutex mutex_;
   std::condition_variable work_ready_;
   std::condition_variable done_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<Work> queue_;
   std::size_t submitted_ = 0;
   std::size_t completed_ = 0;
   std::exception_ptr failure_;
+  trace::Recorder* named_in_ = nullptr;  // the recorder that knows this thread's name
   std::jthread thread_;  // last: started after, and stopped before, the state it uses
 };
 
@@ -116,6 +146,29 @@ class Hierarchical {
     }
     finish_on_leader();
     local_.broadcast(buffer, 0);
+  }
+
+  // The asynchronous all_reduce (collective.hpp): the local all-reduce now, the cross-worker one
+  // on the communication thread while the caller goes on, the local broadcast of the result in
+  // wait(). Across processes the buffer is one piece: callers cut their buckets themselves.
+  template <class E>
+  Pending start_all_reduce(std::span<E> buffer, ReduceOp op) {
+    if (cross_->size() == 1) {
+      return Pending([this, buffer, op] { local_.all_reduce(buffer, op); });
+    }
+    if (buffer.empty()) return Pending();
+    local_.all_reduce(buffer, op);
+    std::size_t ticket = 0;
+    if (local_.rank() == 0) {
+      ticket = thread_->submit([this, buffer, op] { cross_->all_reduce(buffer, op); });
+    }
+    return Pending([this, buffer, ticket] {
+      {
+        const trace::Span waited(trace::current(), trace::Phase::kBucketWait, {.index = ticket});
+        finish_on_leader(ticket);
+      }
+      local_.broadcast(buffer, 0);
+    });
   }
 
   template <class E>
@@ -171,15 +224,21 @@ class Hierarchical {
  private:
   // The local leader waits for the cross-worker work; if it failed, the local group is released
   // before the error goes up, so no local replica waits for a leader that left.
-  void finish_on_leader() {
+  void finish_on_leader(std::size_t ticket = kEverything) {
     if (local_.rank() != 0) return;
     try {
-      thread_->wait();
+      if (ticket == kEverything) {
+        thread_->wait();
+      } else {
+        thread_->wait(ticket);
+      }
     } catch (const std::exception& error) {
       local_.abort(error.what());
       throw;
     }
   }
+
+  static constexpr std::size_t kEverything = ~std::size_t{0};
 
   Local local_;
   Cross* cross_;

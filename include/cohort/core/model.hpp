@@ -30,6 +30,15 @@
 // (device::Cpu) need. A model trained on any other device must provide it: Trainer says so at
 // compile time.
 //
+// Optionally, so that communication overlaps the backward pass (the gradient readiness):
+//   static double forward_backward(M&, const batch_type&, GradientReady ready);
+//     the same pass, which also calls ready(begin, end) as soon as gradients()[begin, end) are
+//     final for this batch, typically once per layer in backward order. Together the ranges
+//     cover every index exactly once; a range reported twice, out of bounds, or an index never
+//     reported is a ConfigError naming the range. The Trainer calls this form on the last
+//     micro-batch of each step (the others need no readiness) and starts reducing each bucket of
+//     the gradient while the pass goes on; the result is the same bits with or without it.
+//
 // Requirements the compiler cannot check:
 //   - M is copyable, and a copy is an independent replica (its spans point into the copy; a copy
 //     of a placed replica lives at the same place);
@@ -45,8 +54,11 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <span>
 #include <type_traits>
+
+#include "cohort/core/readiness.hpp"
 
 namespace cohort {
 
@@ -84,6 +96,13 @@ concept Placeable = requires(const M& prototype, const Place& place) {
   { ModelTraits<M>::replicate(prototype, place) } -> std::same_as<M>;
 };
 
+// Whether ModelTraits<M> has the forward_backward that reports gradient readiness (above).
+template <class M>
+concept ReportsReadiness =
+    requires(M& model, const typename ModelTraits<M>::batch_type& batch, GradientReady ready) {
+  { ModelTraits<M>::forward_backward(model, batch, ready) } -> std::convertible_to<double>;
+};
+
 // A replica of prototype at place: ModelTraits<M>::replicate where given, else a copy.
 template <Model M, class Place>
 M replicate(const M& prototype, const Place& place) {
@@ -104,6 +123,12 @@ struct ModelMembers {
   static std::span<value_type> gradients(M& model) { return model.gradients(); }
   static double forward_backward(M& model, const batch_type& batch) {
     return model.forward_backward(batch);
+  }
+  // Only for a model with a member forward_backward(batch, ready).
+  static double forward_backward(M& model, const batch_type& batch, GradientReady ready)
+    requires requires { model.forward_backward(batch, ready); }
+  {
+    return model.forward_backward(batch, ready);
   }
   // Only for a model with a static member replicate(prototype, place).
   template <class Place>

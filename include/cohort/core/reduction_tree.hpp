@@ -84,6 +84,33 @@ class StreamingFold {
 
   void reset() { depth_ = 0; }
 
+  // The last leaf, arriving in parts (a model that reports gradient readiness), so that each part
+  // of the result is final as soon as that part of the leaf is:
+  //   Value& leaf = fold.begin_last();          // the last leaf's slot
+  //   Value& result = fold.result_slot();       // where the result will be
+  //   for each part: write it into leaf, then fold.finish_part(combine_part);
+  //   fold.end_last();                          // once every part is done
+  // finish_part runs the merges that push() and result() would run, in the same order, on the
+  // part only: combine_part(left, right) sets that part of left to left (+) right. After
+  // end_last() the fold is as after push() and result().
+  Value& begin_last() {
+    if (depth_ == stack_.size()) stack_.emplace_back();
+    return stack_[depth_].value;
+  }
+  Value& result_slot() { return stack_[0].value; }
+  template <class CombinePart>
+  void finish_part(CombinePart&& combine_part) {
+    for (std::size_t top = depth_; top >= 1; --top) {
+      combine_part(stack_[top - 1].value, stack_[top].value);
+    }
+  }
+  void end_last() {
+    std::size_t leaves = 1;
+    for (std::size_t node = 0; node < depth_; ++node) leaves += stack_[node].leaves;
+    stack_[0].leaves = leaves;
+    depth_ = 1;
+  }
+
  private:
   struct Node {
     Value value{};

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -248,6 +249,26 @@ class Span {
   Phase phase_;
   Detail detail_;
   Recorder::Clock::time_point start_{};
+};
+
+// The recorder of this process's fit, or null: what parts deep inside a step (the communication
+// thread, a parameter server) record into. The Trainer installs its recorder for the duration of
+// a fit (Installed); one process, one timeline.
+inline std::atomic<Recorder*>& current_recorder() {
+  static std::atomic<Recorder*> recorder{nullptr};
+  return recorder;
+}
+inline Recorder* current() { return current_recorder().load(std::memory_order_relaxed); }
+
+class Installed {
+ public:
+  explicit Installed(Recorder* recorder) : previous_(current_recorder().exchange(recorder)) {}
+  ~Installed() { current_recorder().store(previous_); }
+  Installed(const Installed&) = delete;
+  Installed& operator=(const Installed&) = delete;
+
+ private:
+  Recorder* previous_;
 };
 
 }  // namespace cohort::trace

@@ -30,7 +30,9 @@
 //   connect_timeout  the rendezvous deadline
 //   timeout          how long any collective may wait; past it, the error names the rank, the
 //                    operation and its sequence number
-//   bucket_bytes     the unit of cross-worker reduction and overlap
+//   bucket_bytes     the unit of cross-worker reduction and of overlap: a bucket of the gradient
+//                    starts its all-reduce as soon as the model has made it final
+//                    (core/model.hpp, gradient readiness), while the backward pass goes on
 //
 // Only the chief (worker 0) prints progress and writes checkpoints. A worker that fails closes
 // its connections, and every other worker's step fails within the timeout naming it.
@@ -126,7 +128,8 @@ class MultiWorkerMirrored {
         [&](std::size_t local_index) {
           return Replica(first_local_replica() + local_index,
                          Communicator(local.communicator(static_cast<int>(local_index)), *cross_,
-                                      thread, options_.bucket_bytes));
+                                      thread, options_.bucket_bytes),
+                         {}, options_.bucket_bytes);
         },
         body);
   }

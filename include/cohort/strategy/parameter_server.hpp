@@ -20,12 +20,12 @@
 // sum and shares the parameters it pulls.
 //
 // One step, on a worker: the Trainer folds the worker's micro-batches (Update::gradient_sum),
-// then replica.update() sends, for every chunk of every shard at once (detail/ps_protocol.hpp has
+// then replica.finish_step() sends, for every chunk of every shard at once (detail/ps_protocol.hpp has
 // the layout and the protocol), the chunk's gradient sum; each reply carries the chunk's new
 // parameters. On a server, per chunk:
 //   Sync (K = 0)     the W pushes of a step are summed in the canonical tree over worker indices
 //                    (core/reduction_tree.hpp), scaled by 1 / global batch and given to the
-//                    optimizer with step = step + 1, as detail/all_reduce_update.hpp does: the
+//                    optimizer with step = step + 1, as detail/mirrored_replica.hpp does: the
 //                    parameters are the same bits as Mirrored and MultiWorkerMirrored with the
 //                    same seed and micro_batches (the optimizer is elementwise, so a chunk updates
 //                    with the bits of the whole vector).
@@ -379,12 +379,17 @@ class ParameterServer {
       local_.broadcast(parameters, 0);
     }
 
-    // One step: the worker's replicas sum their gradients (the canonical tree over them, a
-    // subtree of the tree over all replicas), the first pushes the sum and pulls the new
-    // parameters, and hands them to the others.
+    // One step (strategy/strategy.hpp): the worker's replicas sum their gradients (the canonical
+    // tree over them, a subtree of the tree over all replicas), the first pushes the sum and
+    // pulls the new parameters, and hands them to the others. The push waits for the whole
+    // gradient: begin_step and gradients_ready have nothing to start.
     template <class T, class O>
-    void update(Update<T, O>& update) {
-      const auto start = std::chrono::steady_clock::now();
+    void begin_step(Update<T, O>& /*update*/) {}
+    template <class T, class O>
+    void gradients_ready(Update<T, O>& /*update*/, std::size_t /*begin*/, std::size_t /*end*/) {}
+
+    template <class T, class O>
+    void finish_step(Update<T, O>& update) {
       owner_->template check_optimizer<T>(update.optimizer);
       local_.all_reduce(update.gradient_sum, ReduceOp::kSum);
       if (speaks_for_worker_) {
@@ -414,8 +419,6 @@ class ParameterServer {
         land(parameters, update.parameters);
       }
       local_.broadcast(update.parameters, 0);
-      update.communication_seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
 
     // After the body returned: the chief pulls the optimizer state; every worker says done.

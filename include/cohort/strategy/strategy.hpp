@@ -22,9 +22,27 @@
 //                           once per fit, before the first step: brings this replica to the
 //                           chief's state (mirrored: a broadcast of the parameters; a parameter
 //                           server: the chief initializes the servers, every worker pulls)
-//   replica.update(u)       the synchronization of one step (Update below): turns this replica's
-//                           gradient fold into new parameters. Mirrored strategies all-reduce and
-//                           apply the optimizer locally; a parameter server pushes and pulls.
+//   The synchronization of one step, three calls on the replica's thread, u an Update (below):
+//   replica.begin_step(u)   before any part of u.gradient_sum is final
+//   replica.gradients_ready(u, begin, end)
+//                           u.gradient_sum[begin, end) is final: this replica's fold of its
+//                           micro-batches there. The ranges of a step never overlap and together
+//                           cover the gradient; they arrive while the backward pass of the last
+//                           micro-batch goes on (core/model.hpp, gradient readiness), or as one
+//                           range after it. A strategy may start communicating here.
+//   replica.finish_step(u)  every range was ready: turns this replica's gradient fold into new
+//                           parameters. Mirrored strategies all-reduce (the buckets not already
+//                           reduced) and apply the optimizer locally, clipping included, since
+//                           the norm needs every bucket; a parameter server pushes and pulls.
+//
+// Hooks the Trainer calls where a strategy has them (detected, not required):
+//   s.serves()              true on a process that serves (a parameter server): fit calls
+//   s.serve<T>(parameter_count, optimizer)   instead of running replicas, until the workers
+//                           are done
+//   s.save(file, state, parameter_count)     Trainer::save, where the strategy writes its own
+//                           checkpoint (a parameter server: a shard per server, the manifest last)
+//   s.restored(state)       after Trainer::restore, for a strategy that keeps part of the state
+//                           (a parameter server keeps its shard for the next save)
 //
 // Replicas on a device other than the host (Mirrored<device::Cuda, collective::Nccl>) say where
 // they live; a strategy that says nothing runs on device::Cpu:
@@ -48,16 +66,16 @@
 
 namespace cohort::strategy {
 
-// One step's synchronization, as the Trainer hands it to replica.update().
+// One step's synchronization, as the Trainer hands it to the replica's begin_step,
+// gradients_ready and finish_step.
 template <class T, class O>
 struct Update {
   std::span<T> parameters;    // this replica's model
   std::span<T> gradient_sum;  // this replica's fold of its micro-batches; may be overwritten
   const O& optimizer;
-  std::span<T> optimizer_state;        // this replica's (kStateSlots x parameters values)
-  std::uint64_t step = 0;              // the step's index in the run, from 0
-  double inverse_batch = 1.0;          // 1 / global batch
-  double communication_seconds = 0.0;  // out: time spent synchronizing
+  std::span<T> optimizer_state;  // this replica's (kStateSlots x parameters values)
+  std::uint64_t step = 0;        // the step's index in the run, from 0
+  double inverse_batch = 1.0;    // 1 / global batch
 };
 
 namespace detail {

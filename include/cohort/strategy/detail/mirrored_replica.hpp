@@ -1,26 +1,59 @@
 // The replica that Mirrored and MultiWorkerMirrored hand to the Trainer's step: its global index,
-// its communicator over every replica of the job, its place on its device, and the all-reduce
-// update.
+// its communicator over every replica of the job, its place on its device, and the synchronous
+// update: the gradient's buckets all-reduced as they become final (overlapping the rest of the
+// backward pass where the communicator can), then the optimizer applied to this replica's own
+// copy. Every replica computes the same bits, so the copies never drift apart. The work runs at
+// the replica's place on its device (device/device.hpp): on the host for device::Cpu, on the
+// replica's stream for device::Cuda, where the spans of the update are device memory.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <utility>
+#include <vector>
 
+#include "cohort/collective/collective.hpp"
+#include "cohort/core/reduce_op.hpp"
+#include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
-#include "cohort/strategy/detail/all_reduce_update.hpp"
+#include "cohort/optimizer/optimizer.hpp"
+#include "cohort/strategy/detail/gradient_buckets.hpp"
 #include "cohort/strategy/strategy.hpp"
 
 namespace cohort::strategy::detail {
+
+// Clipping and the optimizer step on a reduced gradient sum, at the replica's place. Out of line
+// on purpose, as the Trainer's fold addition (trainer.hpp, AddInto): inlined into the step's loop
+// it changes how GCC compiles the model's forward_backward inlined there.
+template <device::Device D, class T, class O>
+[[gnu::noinline]] void apply_update(const Update<T, O>& update, const typename D::Place& place) {
+  const trace::Span span(trace::current(), trace::Phase::kOptimizer, {.step = update.step});
+  double scale = update.inverse_batch;
+  if (const double max_norm = update.optimizer.options().max_gradient_norm; max_norm > 0.0) {
+    scale *= optimizer::clipping_factor(
+        D::sum_of_squares(place, std::span<const T>(update.gradient_sum)), update.inverse_batch,
+        max_norm);
+  }
+  D::step(place, update.optimizer, update.parameters, std::span<const T>(update.gradient_sum),
+          update.optimizer_state,
+          optimizer::StepContext{.step = update.step + 1, .gradient_scale = scale});
+}
 
 template <class Communicator, device::Device D = device::Cpu>
 class MirroredReplica {
  public:
   using Place = typename D::Place;
 
-  MirroredReplica(std::size_t index, Communicator communicator, Place place = {})
-      : index_(index), communicator_(std::move(communicator)), place_(place) {}
+  // bucket_bytes: the unit in which the gradient is reduced while the backward pass goes on
+  // (the default, one bucket: the whole gradient once it is final).
+  MirroredReplica(std::size_t index, Communicator communicator, Place place = {},
+                  std::size_t bucket_bytes = std::numeric_limits<std::size_t>::max())
+      : index_(index),
+        communicator_(std::move(communicator)),
+        place_(place),
+        bucket_bytes_(bucket_bytes) {}
 
   std::size_t index() const { return index_; }
   Communicator& communicator() { return communicator_; }
@@ -34,14 +67,33 @@ class MirroredReplica {
   }
 
   template <class T, class O>
-  void update(Update<T, O>& update) {
-    all_reduce_update<D>(communicator_, update, place_);
+  void begin_step(Update<T, O>& update) {
+    buckets_.begin(update.gradient_sum.size(), std::max<std::size_t>(1, bucket_bytes_ / sizeof(T)));
+    pending_.clear();
+  }
+
+  template <class T, class O>
+  void gradients_ready(Update<T, O>& update, std::size_t begin, std::size_t end) {
+    buckets_.ready(begin, end, [&](std::size_t first, std::size_t last) {
+      pending_.push_back(collective::start_all_reduce(
+          communicator_, update.gradient_sum.subspan(first, last - first), ReduceOp::kSum));
+    });
+  }
+
+  template <class T, class O>
+  void finish_step(Update<T, O>& update) {
+    COHORT_ASSERT(buckets_.complete());
+    for (collective::Pending& pending : pending_) pending.wait();
+    apply_update<D>(update, place_);
   }
 
  private:
   std::size_t index_;
   Communicator communicator_;
   [[no_unique_address]] Place place_;
+  std::size_t bucket_bytes_;
+  GradientBuckets buckets_;
+  std::vector<collective::Pending> pending_;
 };
 
 }  // namespace cohort::strategy::detail
