@@ -222,13 +222,15 @@ TEST_CASE("cohort-bench refuses --np that disagrees with its launcher") {
   CHECK(contains(r.output, "--np 4 but this process was started as rank 0 of 2"));
 }
 
-TEST_CASE("cohort-bench step times both strategies against the plain all-reduce") {
+TEST_CASE("cohort-bench step times both strategies, with overlap, against the plain all-reduce") {
   for (const char* strategy : {"mirrored", "multi_worker_mirrored"}) {
     CAPTURE(strategy);
     cohort::testing::TemporaryDirectory directory("cohort-bench-step");
     const fs::path json = directory.path / "step.json";
     const Result r = run_bench({"step", "--strategy", strategy, "--np", "2", "--params", "10K,100K",
-                                "--steps", "2", "--timeout-s", "100", "--json", json.string()});
+                                "--steps", "2", "--backward-us", "2000", "--layers", "4",
+                                "--bucket-bytes", "64K", "--timeout-s", "100", "--json",
+                                json.string()});
     INFO(r.output);
     CHECK(r.code == 0);
     CHECK(contains(r.output, "       10000         40000 "));
@@ -240,6 +242,10 @@ TEST_CASE("cohort-bench step times both strategies against the plain all-reduce"
     REQUIRE(report["results"].size() == 2);
     CHECK(report["results"][1]["sync"]["iterations_us"].size() == 2);
     CHECK(report["results"][1]["plain"]["time_us"].get<double>() > 0.0);
+    CHECK(report["backward_us"] == 2000.0);
+    // The step holds the synthetic backward pass.
+    CHECK(report["results"][1]["step"]["time_us"].get<double>() >= 2000.0);
+    CHECK(report["results"][1].contains("hidden"));
   }
 }
 

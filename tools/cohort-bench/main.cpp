@@ -158,6 +158,15 @@ void add_step_options(CLI::App& app, StepSettings& s) {
       ->check(CLI::Range(0, 1 << 20));
   add_bytes(app, "--bucket-bytes", s.bucket_bytes,
             "multi_worker_mirrored: bytes per cross-worker bucket (default 4M)");
+  app.add_option("--backward-us", s.backward_us,
+                 "a synthetic backward pass of this many microseconds of computation per step, "
+                 "which reports the gradient ready layer by layer: the overlap column says how "
+                 "much synchronization hides behind it")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e8));
+  app.add_option("--layers", s.layers, "the layers of that backward pass, each reported ready")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
   app.add_option("--json", s.json, "also write every figure to this JSON file (rank 0)");
   app.add_option("--timeout-s", s.timeout_s, "stop the run after this many seconds; 0: none")
       ->check(CLI::Range(0.0, 1e6));

@@ -81,6 +81,8 @@ struct StepSettings {
   int steps = 5;
   int warmup_steps = 1;
   std::size_t bucket_bytes = std::size_t{4} << 20;  // multi_worker_mirrored
+  double backward_us = 0;  // the synthetic backward pass that synchronization may hide behind
+  int layers = 8;          // the ranges that backward pass reports ready, last first
   std::string json;
   double timeout_s = 0;
 };

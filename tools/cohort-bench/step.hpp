@@ -1,20 +1,27 @@
 // cohort-bench step: how long one synchronous training step spends synchronizing gradients, per
 // strategy, against one plain all-reduce of the same bytes.
 //
-// The model is synthetic: P float parameters whose forward_backward does nothing but write the
-// gradient (every element 1), so that the step is all synchronization. Each step, on every
-// replica: write the gradient, meet the other replicas at a barrier (so that skew in writing
-// 400 MB does not count as synchronization), then call replica.update() exactly as the Trainer
-// does (strategy.hpp: all-reduce the gradient, then apply the optimizer, plain SGD, locally).
+// The model is synthetic: P float parameters whose gradient is every element 1. Each step, on
+// every replica: write the gradient, meet the other replicas at a barrier (so that skew in
+// writing 400 MB does not count as synchronization), then synchronize exactly as the Trainer does
+// (strategy.hpp: begin_step, gradients_ready, finish_step; the optimizer is plain SGD), twice:
+//   without overlap  the whole gradient is ready at once, then finish_step;
+//   with overlap     a synthetic backward pass of --backward-us microseconds of computation
+//                    (a busy loop, as a model's arithmetic occupies its core) reports the
+//                    gradient ready in --layers ranges, last first, as a model with gradient
+//                    readiness does (core/model.hpp); then finish_step.
 //
-//   sync     Update::communication_seconds, what the Trainer reports as "comm"
-//   update   the whole replica.update() call: sync plus the optimizer step
+//   sync     finish_step without overlap: all of the synchronization and the optimizer step,
+//            what the Trainer reports as "comm" for a model without readiness
+//   exposed  finish_step with overlap: what is left of it after the backward pass
+//   hidden   1 - exposed / sync: the share of the synchronization hidden behind the backward
+//   step     the whole step with overlap (backward + exposed); ideal: max(backward, sync)
 //   plain    one all_reduce of the same P floats on a flat group of the same processes:
 //            collective::Local over the replicas (mirrored), collective::Deterministic over
 //            transport::tcp::Tcp between the workers (multi_worker_mirrored)
 // Each is the slowest replica's per step; columns are means over steps, and p50/p99.
-// sync / plain below 1 is what the strategy's bucketing and overlap save; above 1 is what they
-// cost.
+// sync / plain below 1 is what the strategy's bucketing saves; above 1 is what it and the
+// optimizer cost.
 //
 // Memory per replica: 2 x P floats (parameters, gradient), 800 MB at 100M; the plain all-reduce
 // runs after the strategy has freed them.
@@ -47,8 +54,10 @@ struct StepRow {
   std::size_t parameters = 0;
   std::size_t bytes = 0;
   Measurement sync;
-  Measurement update;
+  Measurement exposed;
+  Measurement step;
   Measurement plain;
+  double hidden() const { return sync.time_us > 0 ? 1.0 - exposed.time_us / sync.time_us : 0.0; }
 };
 
 struct StepRun {
@@ -61,6 +70,8 @@ struct StepRun {
   int steps = 0;
   int warmup_steps = 0;
   std::size_t bucket_bytes = 0;
+  double backward_us = 0;
+  int layers = 1;
   std::string launcher;
   Machine machine;
 };
@@ -74,32 +85,35 @@ inline std::string format_step_header(const StepRun& run) {
   out += "# steps: " + std::to_string(run.steps) + " timed after " +
          std::to_string(run.warmup_steps) + " warm-up" +
          (run.bucket_bytes ? ", bucket_bytes " + std::to_string(run.bucket_bytes) : "") +
-         "; launched by " + run.launcher + "\n";
+         "; synthetic backward " + detail::format("%.0f", run.backward_us) + " us in " +
+         std::to_string(run.layers) + " layers; launched by " + run.launcher + "\n";
   out +=
-      "# sync: Update::communication_seconds; update: the whole replica.update() (sync + "
-      "optimizer); plain: one all_reduce of the same bytes on " +
+      "# sync: finish_step without overlap (all-reduce + optimizer); exposed: finish_step after "
+      "the backward that reports readiness; hidden: 1 - exposed / sync; step: backward + "
+      "exposed; plain: one all_reduce of the same bytes on " +
       run.plain + "\n";
   out += "# machine: host " + run.machine.hostname + ", CPU " + run.machine.cpu_model + ", " +
          std::to_string(run.machine.cores) + " cores\n";
   out += "# times: the slowest replica's per step; columns are means over steps\n#\n";
-  out += detail::format("# %10s  %12s  %9s  %9s  %9s  %6s  %9s  %9s  %9s  %9s  %6s  %10s\n",
-                        "params", "size", "sync", "sync p50", "sync p99", "busbw", "update",
-                        "plain", "plain p50", "plain p99", "busbw", "sync/plain");
-  out += detail::format("# %10s  %12s  %9s  %9s  %9s  %6s  %9s  %9s  %9s  %9s  %6s  %10s\n", "",
-                        "(B)", "(us)", "(us)", "(us)", "(GB/s)", "(us)", "(us)", "(us)", "(us)",
-                        "(GB/s)", "");
+  out += detail::format(
+      "# %10s  %12s  %9s  %9s  %9s  %6s  %9s  %6s  %9s  %9s  %9s  %9s  %6s  %10s\n", "params",
+      "size", "sync", "sync p50", "sync p99", "busbw", "exposed", "hidden", "step", "plain",
+      "plain p50", "plain p99", "busbw", "sync/plain");
+  out += detail::format(
+      "# %10s  %12s  %9s  %9s  %9s  %6s  %9s  %6s  %9s  %9s  %9s  %9s  %6s  %10s\n", "", "(B)",
+      "(us)", "(us)", "(us)", "(GB/s)", "(us)", "(%)", "(us)", "(us)", "(us)", "(us)", "(GB/s)", "");
   return out;
 }
 
 inline std::string format_step_row(const StepRow& row) {
   const auto time = [](double us) { return detail::format("%9.0f", us); };
-  return detail::format("%12zu  %12zu  %9s  %9s  %9s  %6.2f  %9s  %9s  %9s  %9s  %6.2f  %10.2f\n",
-                        row.parameters, row.bytes, time(row.sync.time_us).c_str(),
-                        time(row.sync.p50_us).c_str(), time(row.sync.p99_us).c_str(),
-                        row.sync.busbw, time(row.update.time_us).c_str(),
-                        time(row.plain.time_us).c_str(), time(row.plain.p50_us).c_str(),
-                        time(row.plain.p99_us).c_str(), row.plain.busbw,
-                        row.plain.time_us > 0 ? row.sync.time_us / row.plain.time_us : 0.0);
+  return detail::format(
+      "%12zu  %12zu  %9s  %9s  %9s  %6.2f  %9s  %6.1f  %9s  %9s  %9s  %9s  %6.2f  %10.2f\n",
+      row.parameters, row.bytes, time(row.sync.time_us).c_str(), time(row.sync.p50_us).c_str(),
+      time(row.sync.p99_us).c_str(), row.sync.busbw, time(row.exposed.time_us).c_str(),
+      100.0 * row.hidden(), time(row.step.time_us).c_str(), time(row.plain.time_us).c_str(),
+      time(row.plain.p50_us).c_str(), time(row.plain.p99_us).c_str(), row.plain.busbw,
+      row.plain.time_us > 0 ? row.sync.time_us / row.plain.time_us : 0.0);
 }
 
 inline nlohmann::json to_json(const StepRun& run, const std::vector<StepRow>& rows) {
@@ -115,6 +129,8 @@ inline nlohmann::json to_json(const StepRun& run, const std::vector<StepRow>& ro
   j["steps"] = run.steps;
   j["warmup_steps"] = run.warmup_steps;
   j["bucket_bytes"] = run.bucket_bytes;
+  j["backward_us"] = run.backward_us;
+  j["layers"] = run.layers;
   j["launcher"] = run.launcher;
   j["machine"] = {{"hostname", run.machine.hostname},
                   {"cpu_model", run.machine.cpu_model},
@@ -125,7 +141,9 @@ inline nlohmann::json to_json(const StepRun& run, const std::vector<StepRow>& ro
         {{"parameters", row.parameters},
          {"size_bytes", row.bytes},
          {"sync", to_json(row.sync)},
-         {"update", to_json(row.update)},
+         {"exposed", to_json(row.exposed)},
+         {"hidden", row.hidden()},
+         {"step", to_json(row.step)},
          {"plain", to_json(row.plain)},
          {"sync_over_plain", row.plain.time_us > 0 ? row.sync.time_us / row.plain.time_us : 0.0}});
   }
@@ -146,25 +164,40 @@ inline void keep_max(std::vector<double>& slowest, const std::vector<double>& mi
   for (std::size_t i = 0; i < mine.size(); ++i) slowest[i] = std::max(slowest[i], mine[i]);
 }
 
-// Runs the synthetic steps on every local replica of `strategy`; returns, per timed step, the
-// slowest replica's sync and update times over the whole job (max-reduced through the replicas'
-// own communicator, so across processes too).
+// Busy for `seconds`, as a model's arithmetic occupies its core while it computes.
+inline void compute_for(double seconds) {
+  const auto end = StepClock::now() + std::chrono::duration<double>(seconds);
+  while (StepClock::now() < end) {
+  }
+}
+
+// Per timed step, the slowest replica's times over the whole job (max-reduced through the
+// replicas' own communicator, so across processes too).
+struct StepTimes {
+  std::vector<double> sync;     // finish_step, the whole gradient ready at once
+  std::vector<double> exposed;  // finish_step after the backward that reports readiness
+  std::vector<double> step;     // that backward and finish_step
+};
+
+// Runs the synthetic steps on every local replica of `strategy`, each step without then with
+// overlap (the file's opening comment).
 template <class Strategy>
-void time_strategy_steps(Strategy& strategy, const StepSettings& s, std::size_t parameters,
-                         std::vector<double>& sync, std::vector<double>& update) {
+StepTimes time_strategy_steps(Strategy& strategy, const StepSettings& s,
+                              std::size_t parameters) {
   const optimizer::Sgd sgd({.learning_rate = 1e-6});
   const std::size_t steps = static_cast<std::size_t>(s.steps);
-  sync.assign(steps, 0.0);
-  update.assign(steps, 0.0);
+  StepTimes slowest{std::vector<double>(steps), std::vector<double>(steps),
+                    std::vector<double>(steps)};
   std::mutex mutex;
   const double inverse_batch = 1.0 / static_cast<double>(strategy.replicas());
+  const std::size_t layers = static_cast<std::size_t>(s.layers);
   strategy.run([&](auto& replica) {
     std::vector<float> model(parameters, 0.0f);
     std::vector<float> gradient(parameters, 0.0f);
-    std::vector<double> times(2 * steps, 0.0);  // sync, then update
+    std::vector<double> times(3 * steps, 0.0);  // sync, exposed, step
     const int total = s.warmup_steps + s.steps;
-    for (int step = 0; step < total; ++step) {
-      std::fill(gradient.begin(), gradient.end(), 1.0f);  // the trivial forward_backward
+    const auto one_step = [&](int step, bool overlap) {
+      std::fill(gradient.begin(), gradient.end(), 1.0f);  // the gradient, as forward_backward
       replica.communicator().barrier();
       strategy::Update<float, optimizer::Sgd> u{.parameters = std::span<float>(model),
                                                 .gradient_sum = std::span<float>(gradient),
@@ -173,19 +206,38 @@ void time_strategy_steps(Strategy& strategy, const StepSettings& s, std::size_t 
                                                 .step = static_cast<std::uint64_t>(step),
                                                 .inverse_batch = inverse_batch};
       const auto start = StepClock::now();
-      replica.update(u);
-      const double whole = since(start);
+      replica.begin_step(u);
+      if (overlap) {
+        for (std::size_t layer = layers; layer-- > 0;) {
+          compute_for(s.backward_us * 1e-6 / static_cast<double>(layers));
+          replica.gradients_ready(u, layer * parameters / layers,
+                                  (layer + 1) * parameters / layers);
+        }
+      } else {
+        replica.gradients_ready(u, 0, parameters);
+      }
+      const auto finish = StepClock::now();
+      replica.finish_step(u);
+      return std::pair{since(finish), since(start)};
+    };
+    for (int step = 0; step < total; ++step) {
+      const double sync = one_step(step, false).first;
+      const auto [exposed, whole] = one_step(step, true);
       if (step >= s.warmup_steps) {
         const std::size_t i = static_cast<std::size_t>(step - s.warmup_steps);
-        times[i] = u.communication_seconds;
-        times[steps + i] = whole;
+        times[i] = sync;
+        times[steps + i] = exposed;
+        times[2 * steps + i] = whole;
       }
     }
     replica.communicator().all_reduce(std::span<double>(times), ReduceOp::kMax);
     const std::lock_guard lock(mutex);
-    keep_max(sync, std::vector<double>(times.begin(), times.begin() + steps));
-    keep_max(update, std::vector<double>(times.begin() + steps, times.end()));
+    keep_max(slowest.sync, std::vector<double>(times.begin(), times.begin() + steps));
+    keep_max(slowest.exposed,
+             std::vector<double>(times.begin() + steps, times.begin() + 2 * steps));
+    keep_max(slowest.step, std::vector<double>(times.begin() + 2 * steps, times.end()));
   });
+  return slowest;
 }
 
 // One plain all_reduce of `parameters` floats per step on `comm`; the slowest rank's times.
@@ -206,14 +258,14 @@ std::vector<double> time_plain_all_reduce(C& comm, const StepSettings& s, std::s
 }
 
 inline StepRow step_row(std::size_t parameters, std::size_t replicas, int plain_ranks,
-                        const std::vector<double>& sync, const std::vector<double>& update,
-                        const std::vector<double>& plain) {
+                        const StepTimes& times, const std::vector<double>& plain) {
   StepRow row;
   row.parameters = parameters;
   row.bytes = parameters * sizeof(float);
   const int n = static_cast<int>(replicas);
-  row.sync = measure(Collective::kAllReduce, row.bytes, n, sync, -1, 0);
-  row.update = measure(Collective::kAllReduce, row.bytes, n, update, -1, 0);
+  row.sync = measure(Collective::kAllReduce, row.bytes, n, times.sync, -1, 0);
+  row.exposed = measure(Collective::kAllReduce, row.bytes, n, times.exposed, -1, 0);
+  row.step = measure(Collective::kAllReduce, row.bytes, n, times.step, -1, 0);
   row.plain = measure(Collective::kAllReduce, row.bytes, plain_ranks, plain, -1, 0);
   return row;
 }
@@ -244,15 +296,17 @@ inline int step_mirrored(const StepSettings& s, const Context& context) {
               .steps = s.steps,
               .warmup_steps = s.warmup_steps,
               .bucket_bytes = 0,
+              .backward_us = s.backward_us,
+              .layers = s.layers,
               .launcher = "cohort-bench (threads of one process)",
               .machine = this_machine()};
   print(format_step_header(run));
   std::vector<StepRow> rows;
   for (const std::size_t parameters : s.parameters) {
-    std::vector<double> sync, update;
+    StepTimes times;
     {
       strategy::Mirrored<> mirrored({.replicas = static_cast<std::size_t>(replicas)});
-      time_strategy_steps(mirrored, s, parameters, sync, update);
+      times = time_strategy_steps(mirrored, s, parameters);
     }
     std::vector<double> plain(static_cast<std::size_t>(s.steps), 0.0);
     {
@@ -268,8 +322,7 @@ inline int step_mirrored(const StepSettings& s, const Context& context) {
       threads.clear();  // joins
       plain = each[0];
     }
-    rows.push_back(
-        step_row(parameters, static_cast<std::size_t>(replicas), replicas, sync, update, plain));
+    rows.push_back(step_row(parameters, static_cast<std::size_t>(replicas), replicas, times, plain));
     print(format_step_row(rows.back()));
   }
   return finish_step(s, run, rows);
@@ -299,6 +352,8 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
               .steps = s.steps,
               .warmup_steps = s.warmup_steps,
               .bucket_bytes = s.bucket_bytes,
+              .backward_us = s.backward_us,
+              .layers = s.layers,
               .launcher = launcher_of(spec),
               .machine = this_machine()};
   const auto timeout = std::chrono::milliseconds(
@@ -328,9 +383,8 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
   if (printer) print(format_step_header(run));
   std::vector<StepRow> rows;
   for (std::size_t i = 0; i < s.parameters.size(); ++i) {
-    std::vector<double> sync, update;
-    time_strategy_steps(strategy, s, s.parameters[i], sync, update);
-    rows.push_back(step_row(s.parameters[i], run.replicas, spec.size, sync, update, plain[i]));
+    const StepTimes times = time_strategy_steps(strategy, s, s.parameters[i]);
+    rows.push_back(step_row(s.parameters[i], run.replicas, spec.size, times, plain[i]));
     if (printer) print(format_step_row(rows.back()));
   }
   return printer ? finish_step(s, run, rows) : 0;
