@@ -408,6 +408,7 @@ class Trainer {
     std::vector<double> window_losses;
     Buffer<double> window_at_place;
     std::vector<StepTimes> window_times;
+    StepTimes fit_times;  // this replica's, over the whole fit
 
     for (std::uint64_t step = step_; step < target; ++step) {
       const std::uint64_t epoch = step / plan.steps_per_epoch();
@@ -461,6 +462,7 @@ class Trainer {
       window_times.push_back(
           {.compute = std::chrono::duration<double>(synchronization_start - compute_start).count(),
            .communication = std::chrono::duration<double>(step_end - synchronization_start).count()});
+      fit_times += window_times.back();
 
       // The losses travel once per progress window, not once per step: every replica keeps its
       // folds and one all-reduce of the window gives each step's sum in the same tree.
@@ -493,6 +495,24 @@ class Trainer {
         window_times.clear();
       }
     }
+    if (step_ < target) summarize_fit(replica, place, fit_times, target - step_, reports);
+  }
+
+  // The chief's one line at the end of a fit: the mean time per replica in each phase, and the
+  // straggler, the replica that waited least at synchronization because the others waited for
+  // it. One all-reduce (a gather: each replica fills its own pair) on every replica.
+  template <class Replica>
+  void summarize_fit(Replica& replica, const Place& place, const StepTimes& mine,
+                     std::uint64_t steps, bool reports) {
+    const std::size_t replicas = strategy_.replicas();
+    std::vector<double> all(2 * replicas, 0.0);
+    all[2 * replica.index()] = mine.compute;
+    all[2 * replica.index() + 1] = mine.communication;
+    Buffer<double> at_place(all.size(), place);
+    Device::from_host(place, std::span<const double>(all), at_place.span());
+    replica.communicator().all_reduce(at_place.span(), ReduceOp::kSum);
+    Device::to_host(place, std::span<const double>(at_place.span()), std::span<double>(all));
+    if (reports && options_.progress != Progress::kSilent) print_fit_summary(all, steps);
   }
 
   S strategy_;

@@ -27,6 +27,10 @@
 // cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the kernel
 // (PR_SET_PDEATHSIG).
 //
+// Timeline: with COHORT_TRACE=DIR (which every rank inherits, as every COHORT_* setting that does
+// not describe the rank's place), each rank writes its timeline there and cohort-run merges them
+// into DIR/trace.json at the end, a track per process (core/trace.hpp).
+//
 // Exit status: 0 when every rank exited 0; else the first failed rank's exit status, or 128 + its
 // signal; 128 + signal when stopped by a signal; 124 after --timeout-s; 127 (126) when the program
 // cannot be found (run).
@@ -44,9 +48,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cohort/cluster/environment.hpp>
+#include <cohort/core/trace.hpp>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -102,11 +108,14 @@ std::string make_job_id() {
   return text;
 }
 
+// The variables that describe a rank's place are cohort-run's to set: ours win, and no stale one
+// of another launch survives. Shared settings (COHORT_SECRET, COHORT_TRACE, ...) pass through.
 bool is_replaced(std::string_view entry) {
   const std::string_view name = entry.substr(0, entry.find('='));
-  if (name.starts_with("COHORT_")) return true;  // ours win, and no stale COHORT_* survives
-  return std::find(variable::kOtherLaunchers.begin(), variable::kOtherLaunchers.end(), name) !=
-         variable::kOtherLaunchers.end();
+  const auto among = [name](const auto& names) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  return among(variable::kCohortDescription) || among(variable::kOtherLaunchers);
 }
 
 std::vector<std::string> rank_environment(const Options& options, int rank, std::uint16_t port) {
@@ -241,6 +250,7 @@ class Launch {
         " of '" + options_.command[0] + "', master 127.0.0.1:" + std::to_string(port_) + ", job '" +
         options_.job_id + "'");
     const Clock::time_point start = Clock::now();
+    const auto start_wall = std::filesystem::file_time_type::clock::now();
     for (int rank = 0; rank < options_.processes + options_.servers; ++rank) {
       const Started started =
           start_rank(options_.command, rank_environment(options_, rank, port_), original_mask);
@@ -291,10 +301,37 @@ class Launch {
       }
     }
     signal_all(SIGKILL);  // whatever a rank left behind in its process group
+    merge_timelines(start_wall);
     return exit_code_;
   }
 
  private:
+  // With COHORT_TRACE, each rank wrote its timeline into that directory (core/trace.hpp): one
+  // file of them all, a track per process, beside them. Failed ranks' timelines included.
+  static void merge_timelines(std::filesystem::file_time_type since) {
+    const char* directory = std::getenv("COHORT_TRACE");
+    if (directory == nullptr || *directory == '\0') return;
+    const std::filesystem::path merged = std::filesystem::path(directory) / "trace.json";
+    std::vector<std::filesystem::path> files;
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+      std::error_code ignored;
+      if (entry.path().extension() == ".json" && entry.path() != merged &&
+          entry.last_write_time(ignored) >= since) {
+        files.push_back(entry.path());
+      }
+    }
+    if (files.empty()) return;
+    std::sort(files.begin(), files.end());
+    try {
+      cohort::trace::merge(files, merged);
+      say("timeline of " + std::to_string(files.size()) + " processes: " + merged.string() +
+          " (open it in ui.perfetto.dev or chrome://tracing)");
+    } catch (const cohort::Error& failure) {
+      say(std::string("no merged timeline: ") + failure.what());
+    }
+  }
+
   struct Rank {
     pid_t pid;
     std::optional<int> status;  // set once waited for

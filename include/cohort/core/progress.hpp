@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <vector>
 
 namespace cohort {
 
@@ -19,8 +20,10 @@ enum class Progress {
   kSilent,  // nothing
 };
 
-// Seconds a step spent computing (forward, backward, update) and communicating (collectives,
-// including waiting for the slowest replica).
+// Seconds a step spent computing (forward, backward and the fold of its micro-batches: everything
+// before the replica's finish_step) and communicating (finish_step: the part of the reduction
+// not hidden behind the backward pass, waiting for the slowest replica, and the optimizer step;
+// and the all-reduce of the losses).
 struct StepTimes {
   double compute = 0.0;
   double communication = 0.0;
@@ -31,6 +34,32 @@ struct StepTimes {
     return *this;
   }
 };
+
+// The end of a fit, on the chief: per_replica holds each replica's (compute, communication)
+// seconds over the fit's `steps` steps. The straggler is the replica that waited least at
+// synchronization: the others waited for it.
+inline void print_fit_summary(const std::vector<double>& per_replica, std::uint64_t steps) {
+  const std::size_t replicas = per_replica.size() / 2;
+  if (replicas == 0) return;
+  double compute = 0.0;
+  double communication = 0.0;
+  std::size_t straggler = 0;
+  for (std::size_t r = 0; r < replicas; ++r) {
+    compute += per_replica[2 * r];
+    communication += per_replica[2 * r + 1];
+    if (per_replica[2 * r + 1] < per_replica[2 * straggler + 1]) straggler = r;
+  }
+  const auto n = static_cast<double>(replicas);
+  std::printf("fit: %llu steps on %zu replica(s), per replica: compute %.2f s, synchronization "
+              "%.2f s",
+              static_cast<unsigned long long>(steps), replicas, compute / n, communication / n);
+  if (replicas > 1) {
+    std::printf("; the others waited most for replica %zu (it waited %.2f s)", straggler,
+                per_replica[2 * straggler + 1]);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
 
 class ProgressPrinter {
  public:

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -33,6 +34,12 @@
 #include "cohort/core/error.hpp"
 
 namespace cohort::trace {
+
+namespace detail {
+// How a timeline file opens and closes: Recorder::write writes them, merge() relies on them.
+inline constexpr std::string_view kOpening = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+inline constexpr std::string_view kClosing = "\n]}\n";
+}  // namespace detail
 
 // What a span measures; its name in the trace, and the category the viewers filter by.
 enum class Phase : std::uint8_t {
@@ -150,7 +157,7 @@ class Recorder {
     std::ofstream out(file, std::ios::trunc);
     if (!out) throw ConfigError("trace: cannot write " + file.string());
     const std::lock_guard lock(mutex_);
-    out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+    out << detail::kOpening;
     out << R"({"ph":"M","name":"process_name","pid":)" << process_ << R"(,"args":{"name":")"
         << escaped(label_) << "\"}}";
     out << ",\n"
@@ -176,7 +183,7 @@ class Recorder {
       }
       out << "}}";
     }
-    out << "\n]}\n";
+    out << detail::kClosing;
     if (!out.flush()) throw ConfigError("trace: cannot write " + file.string());
   }
 
@@ -250,6 +257,30 @@ class Span {
   Detail detail_;
   Recorder::Clock::time_point start_{};
 };
+
+// Merges timelines that Recorder::write wrote (one per process) into one file with a track per
+// process, as cohort-run does at the end of a job. Reads only what write() writes: its events
+// array, one event a line. A file of another shape is a ConfigError naming it.
+inline void merge(const std::vector<std::filesystem::path>& files,
+                  const std::filesystem::path& merged) {
+  using detail::kClosing;
+  using detail::kOpening;
+  std::string events;
+  for (const std::filesystem::path& file : files) {
+    std::ifstream in(file, std::ios::binary);
+    const std::string text = in ? std::string(std::istreambuf_iterator<char>(in), {}) : "";
+    if (!text.starts_with(kOpening) || !text.ends_with(kClosing) ||
+        text.size() < kOpening.size() + kClosing.size()) {
+      throw ConfigError("trace: " + file.string() + " is not a timeline cohort wrote");
+    }
+    if (!events.empty()) events += ",\n";
+    events += std::string_view(text).substr(kOpening.size(),
+                                            text.size() - kOpening.size() - kClosing.size());
+  }
+  std::ofstream out(merged, std::ios::trunc);
+  out << kOpening << events << kClosing;
+  if (!out.flush()) throw ConfigError("trace: cannot write " + merged.string());
+}
 
 // The recorder of this process's fit, or null: what parts deep inside a step (the communication
 // thread, a parameter server) record into. The Trainer installs its recorder for the duration of

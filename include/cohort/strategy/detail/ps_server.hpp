@@ -32,6 +32,7 @@
 
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/trace.hpp"
 #include "cohort/core/reduce_op.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/optimizer/optimizer.hpp"
@@ -237,10 +238,15 @@ class Server {
         reply(worker, request, *chunk, {});
         return;
       }
-      case Operation::kPull:
+      case Operation::kPull: {
+        const trace::Span span(trace::current(), trace::Phase::kPull,
+                               {.step = chunk->updates,
+                                .index = static_cast<std::uint64_t>(worker),
+                                .bytes = chunk->parameters.size() * sizeof(T)});
         chunk->pulled[static_cast<std::size_t>(worker)] = chunk->updates;
         reply(worker, request, *chunk, std::as_bytes(std::span(chunk->parameters)));
         return;
+      }
       case Operation::kPullState:
         reply(worker, request, *chunk, std::as_bytes(std::span(chunk->state)));
         return;
@@ -249,10 +255,15 @@ class Server {
         reply(worker, request, State{}, {});
         progress();
         return;
-      case Operation::kPush:
+      case Operation::kPush: {
+        const trace::Span span(trace::current(), trace::Phase::kPush,
+                               {.step = request.step,
+                                .index = static_cast<std::uint64_t>(worker),
+                                .bytes = request.payload_bytes});
         push(worker, request, *chunk);
         progress();
         return;
+      }
     }
   }
 
@@ -413,6 +424,8 @@ class Server {
   }
 
   void apply(State& chunk, double scale) {
+    const trace::Span span(trace::current(), trace::Phase::kApply,
+                           {.step = chunk.updates, .index = chunk.range.index});
     chunk.summed = false;
     ++chunk.updates;
     optimizer_.step(std::span(chunk.parameters), std::span<const T>(chunk.sum),
