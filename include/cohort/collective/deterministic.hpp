@@ -26,6 +26,7 @@
 #include "cohort/collective/collective.hpp"
 #include "cohort/collective/detail/over_transport.hpp"
 #include "cohort/device/cpu.hpp"
+#include "cohort/transport/loopback.hpp"
 #include "cohort/transport/transport.hpp"
 
 namespace cohort::collective {
@@ -148,5 +149,8 @@ class Deterministic : public detail::OverTransport<T> {
     this->transfer(call, sends, receives);
   }
 };
+
+// Checked over the in-process transport; any transport::Transport gives a Communicator the same way.
+static_assert(Communicator<Deterministic<transport::Loopback::Endpoint>>);
 
 }  // namespace cohort::collective

@@ -19,6 +19,7 @@
 #include "cohort/collective/collective.hpp"
 #include "cohort/collective/detail/over_transport.hpp"
 #include "cohort/device/cpu.hpp"
+#include "cohort/transport/loopback.hpp"
 #include "cohort/transport/transport.hpp"
 
 namespace cohort::collective {
@@ -101,5 +102,8 @@ class Ring : public detail::OverTransport<T> {
     }
   }
 };
+
+// Checked over the in-process transport; any transport::Transport gives a Communicator the same way.
+static_assert(Communicator<Ring<transport::Loopback::Endpoint>>);
 
 }  // namespace cohort::collective

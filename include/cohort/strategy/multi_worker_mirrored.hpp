@@ -81,6 +81,7 @@ class MultiWorkerMirrored {
   static constexpr std::string_view kName = "multi_worker_mirrored";
   using Cross = CrossCollective<transport::tcp::Tcp>;
   using Communicator = collective::Hierarchical<collective::LocalCommunicator, Cross>;
+  static_assert(collective::Communicator<Communicator>);
 
   struct Options {
     std::size_t local_replicas = 1;
@@ -139,5 +140,7 @@ class MultiWorkerMirrored {
   cluster::Spec spec_;
   std::unique_ptr<Cross> cross_;
 };
+
+static_assert(Strategy<MultiWorkerMirrored<>>);
 
 }  // namespace cohort::strategy

@@ -242,8 +242,8 @@ class ParameterServer {
   }
 
   // On a server: serves one fit (its shard of the layout of `elements` parameters) and returns
-  // when every worker is done or lost, keeping its shard for save(). What it did is in
-  // last_counts().
+  // when every worker is done or lost, keeping its shard for save(). What it did goes to stderr
+  // in one line.
   template <class T, class O>
   void serve(std::size_t elements, const O& optimizer) {
     check_optimizer<T>(optimizer);
@@ -255,18 +255,18 @@ class ParameterServer {
                                                 .staleness = kStaleness,
                                                 .log_pushes = options_.log_pushes},
                                                optimizer);
-    counts_ = server.serve();
+    const detail::ps::ServerCounts counts = server.serve();
     held_ = server.shard();
     std::string line = "cohort: parameter server " + std::to_string(spec_.rank) + " (" +
                        std::string(C::kName) + ", " +
                        std::to_string(shards.chunks_of(spec_.rank).size()) +
-                       " chunks): pushes applied per worker " + list(counts_.applied);
-    if (options_.backup_workers != 0) line += ", dropped per worker " + list(counts_.dropped);
-    line += ", workers lost " + std::to_string(counts_.lost.size());
+                       " chunks): pushes applied per worker " + list(counts.applied);
+    if (options_.backup_workers != 0) line += ", dropped per worker " + list(counts.dropped);
+    line += ", workers lost " + std::to_string(counts.lost.size());
     if (kStaleness != 0) {
       line += ", staleness {";
       bool first = true;
-      for (const auto& [staleness, count] : counts_.staleness) {
+      for (const auto& [staleness, count] : counts.staleness) {
         line += (first ? "" : ", ") + std::to_string(staleness) + ": " + std::to_string(count);
         first = false;
       }
@@ -274,8 +274,6 @@ class ParameterServer {
     }
     std::fprintf(stderr, "%s\n", line.c_str());
   }
-
-  const detail::ps::ServerCounts& last_counts() const { return counts_; }
 
   // Trainer::restore: a server keeps its shard of the restored state, so that a save before the
   // next fit saves it (the next fit starts from the chief's copy, the same values).
@@ -698,7 +696,6 @@ class ParameterServer {
   std::unique_ptr<Transport> transport_;
   std::optional<detail::ps::WorkerPlace<D>> worker_place_;  // on a worker
   mutable std::optional<detail::ps::Layout> layout_;        // a cache of the layout of the model
-  detail::ps::ServerCounts counts_;
   // A server's shard, from its last fit or restore, for save().
   std::variant<std::monostate, checkpoint::ShardState<float>, checkpoint::ShardState<double>> held_;
 };

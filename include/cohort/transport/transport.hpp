@@ -67,7 +67,6 @@ struct Header {
 namespace message_type {
 inline constexpr std::uint16_t kCollective = 1;
 inline constexpr std::uint16_t kParameterServer = 2;
-inline constexpr std::uint16_t kControl = 3;
 }  // namespace message_type
 
 struct Send {
