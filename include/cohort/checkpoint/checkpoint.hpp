@@ -289,8 +289,18 @@ inline std::uint32_t crc32(std::string_view bytes) {
   return crc.checksum();
 }
 
+// What a refusal names: "checkpoint <file>" or, for a shard read for its manifest,
+// "checkpoint <manifest>: shard <file>".
+inline std::string subject_of(const std::filesystem::path& file) {
+  return "checkpoint " + file.string();
+}
+
+[[noreturn]] inline void refuse_as(const std::string& subject, const std::string& why) {
+  throw CheckpointError(subject + ": " + why);
+}
+
 [[noreturn]] inline void refuse(const std::filesystem::path& file, const std::string& why) {
-  throw CheckpointError("checkpoint " + file.string() + ": " + why);
+  refuse_as(subject_of(file), why);
 }
 
 inline std::filesystem::path directory_of(const std::filesystem::path& file) {
@@ -298,10 +308,11 @@ inline std::filesystem::path directory_of(const std::filesystem::path& file) {
 }
 
 // A checkpoint is a file: refuses a path that names a directory.
-inline void refuse_directory(const std::filesystem::path& file) {
+inline void refuse_directory(const std::filesystem::path& file,
+                             const std::string& subject) {
   std::error_code ignored;  // a path that cannot be examined fails where it is opened
   if (!file.has_filename() || std::filesystem::is_directory(file, ignored)) {
-    refuse(file, "is a directory; a checkpoint is a file");
+    refuse_as(subject, "is a directory; a checkpoint is a file");
   }
 }
 
@@ -347,7 +358,7 @@ Integer extract(std::string_view bytes, std::size_t offset) {
 template <class T, class Payload>
 std::uint32_t write_container(const std::filesystem::path& file, const Magic& magic,
                               const Payload& content) {
-  refuse_directory(file);
+  refuse_directory(file, subject_of(file));
   std::ostringstream payload_stream(std::ios::binary);
   {
     boost::archive::binary_oarchive archive(payload_stream);
@@ -407,17 +418,17 @@ inline Magic magic_of(const std::filesystem::path& file) {
   return magic;
 }
 
-// The bytes of `file`; a CheckpointError naming it for anything that stops the reading.
-inline std::string contents_of(const std::filesystem::path& file) {
-  refuse_directory(file);
+// The bytes of `file`; a CheckpointError naming `subject` for anything that stops the reading.
+inline std::string contents_of(const std::filesystem::path& file, const std::string& subject) {
+  refuse_directory(file, subject);
   // Non-blocking: a FIFO in a checkpoint's place is refused below instead of waited on.
   const Descriptor in{::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
-  if (in.fd < 0) refuse(file, std::string("cannot open it: ") + std::strerror(errno));
+  if (in.fd < 0) refuse_as(subject, std::string("cannot open it: ") + std::strerror(errno));
   struct stat status {};
   if (::fstat(in.fd, &status) != 0) {
-    refuse(file, std::string("cannot read it: ") + std::strerror(errno));
+    refuse_as(subject, std::string("cannot read it: ") + std::strerror(errno));
   }
-  if (!S_ISREG(status.st_mode)) refuse(file, "is not a regular file");
+  if (!S_ISREG(status.st_mode)) refuse_as(subject, "is not a regular file");
   std::string bytes;
   try {
     // The size is a hint: read to the end, in case the file grew since.
@@ -425,27 +436,27 @@ inline std::string contents_of(const std::filesystem::path& file) {
     std::size_t held = 0;
     while (true) {
       const ssize_t got = read_some(in.fd, bytes.data() + held, bytes.size() - held);
-      if (got < 0) refuse(file, std::string("cannot read it: ") + std::strerror(errno));
+      if (got < 0) refuse_as(subject, std::string("cannot read it: ") + std::strerror(errno));
       held += static_cast<std::size_t>(got);
       if (held < bytes.size()) break;
       bytes.resize(bytes.size() * 2);
     }
     bytes.resize(held);
   } catch (const std::bad_alloc&) {
-    refuse(file, "cannot read it: out of memory for its " + std::to_string(status.st_size) +
+    refuse_as(subject, "cannot read it: out of memory for its " + std::to_string(status.st_size) +
                      " bytes");
   }
   return bytes;
 }
 
 // The size of `file`, refused as contents_of refuses it when it cannot be read.
-inline std::uint64_t size_of(const std::filesystem::path& file) {
-  refuse_directory(file);
+inline std::uint64_t size_of(const std::filesystem::path& file, const std::string& subject) {
+  refuse_directory(file, subject);
   struct stat status {};
   if (::stat(file.c_str(), &status) != 0) {
-    refuse(file, std::string("cannot open it: ") + std::strerror(errno));
+    refuse_as(subject, std::string("cannot open it: ") + std::strerror(errno));
   }
-  if (!S_ISREG(status.st_mode)) refuse(file, "is not a regular file");
+  if (!S_ISREG(status.st_mode)) refuse_as(subject, "is not a regular file");
   return static_cast<std::uint64_t>(status.st_size);
 }
 
@@ -468,30 +479,30 @@ inline bool has_magic(std::string_view bytes, const Magic& magic) {
   return bytes.size() >= kHeaderBytes && std::equal(magic.begin(), magic.end(), bytes.begin());
 }
 
-// Checks the container with `magic` that `bytes`, read from `file`, hold and decodes its payload.
+// Checks the container with `magic` that `bytes` hold and decodes its payload; refusals name
+// `subject`.
 template <class T, class Payload>
-Contents<Payload> decode(const std::filesystem::path& file, std::string_view bytes,
-                         const Magic& magic) {
+Contents<Payload> decode(const std::string& subject, std::string_view bytes, const Magic& magic) {
   if (!has_magic(bytes, magic)) {
     if (has_magic(bytes, kShardMagic)) {
-      refuse(file, "is one shard of a sharded checkpoint; restore its manifest instead");
+      refuse_as(subject, "is one shard of a sharded checkpoint; restore its manifest instead");
     }
-    refuse(file, magic == kShardMagic ? "not a cohort checkpoint shard (no COHORTSH header)"
+    refuse_as(subject, magic == kShardMagic ? "not a cohort checkpoint shard (no COHORTSH header)"
                                       : "not a cohort checkpoint (no COHORTCK header)");
   }
   const auto version = extract<std::uint32_t>(bytes, 8);
   if (version != kFormatVersion) {
-    refuse(file, "format version " + std::to_string(version) + ", this build reads " +
+    refuse_as(subject, "format version " + std::to_string(version) + ", this build reads " +
                      std::to_string(kFormatVersion));
   }
   const auto value_bytes = extract<std::uint32_t>(bytes, 12);
   if (value_bytes != sizeof(T)) {
-    refuse(file, std::string("holds ") + std::string(value_type_name(value_bytes)) +
+    refuse_as(subject, std::string("holds ") + std::string(value_type_name(value_bytes)) +
                      " parameters, the model has " + std::string(value_type_name(sizeof(T))));
   }
   const auto length = extract<std::uint64_t>(bytes, 16);
   if (bytes.size() - kHeaderBytes != length) {
-    refuse(file, "truncated or padded: header says " + std::to_string(length) +
+    refuse_as(subject, "truncated or padded: header says " + std::to_string(length) +
                      " payload bytes, file holds " + std::to_string(bytes.size() - kHeaderBytes));
   }
   const std::string_view payload = bytes.substr(kHeaderBytes);
@@ -500,7 +511,7 @@ Contents<Payload> decode(const std::filesystem::path& file, std::string_view byt
     std::ostringstream why;
     why << std::hex << "checksum mismatch: stored 0x" << stored << ", computed 0x" << computed
         << " (the file is corrupted)";
-    refuse(file, why.str());
+    refuse_as(subject, why.str());
   }
   // The archive begins with its signature, a string Boost would allocate for at whatever length
   // the payload declares: checked here, before the archive reads it.
@@ -508,7 +519,7 @@ Contents<Payload> decode(const std::filesystem::path& file, std::string_view byt
   if (payload.size() < sizeof(std::size_t) + signature.size() ||
       extract<std::size_t>(payload, 0) != signature.size() ||
       payload.substr(sizeof(std::size_t), signature.size()) != signature) {
-    refuse(file, "cannot decode the payload: it is not a Boost.Serialization binary archive");
+    refuse_as(subject, "cannot decode the payload: it is not a Boost.Serialization binary archive");
   }
 
   Contents<Payload> contents;
@@ -519,15 +530,21 @@ Contents<Payload> decode(const std::filesystem::path& file, std::string_view byt
     payload_size(archive) = payload.size();
     archive >> contents.payload;
   } catch (const std::exception& failure) {
-    refuse(file, std::string("cannot decode the payload: ") + failure.what());
+    refuse_as(subject, std::string("cannot decode the payload: ") + failure.what());
   }
   return contents;
 }
 
 // Reads and checks a container with `magic` and decodes its payload.
 template <class T, class Payload>
+Contents<Payload> read_container(const std::filesystem::path& file, const Magic& magic,
+                                 const std::string& subject) {
+  return decode<T, Payload>(subject, contents_of(file, subject), magic);
+}
+
+template <class T, class Payload>
 Contents<Payload> read_container(const std::filesystem::path& file, const Magic& magic) {
-  return decode<T, Payload>(file, contents_of(file), magic);
+  return read_container<T, Payload>(file, magic, subject_of(file));
 }
 
 // A manifest names its shards by plain file names in its own directory.
@@ -548,9 +565,12 @@ void assemble(const std::filesystem::path& manifest, TrainingState<T>& state) {
   const std::filesystem::path directory = manifest.parent_path();
   // What the shard files hold bounds the parameter count a shard may declare.
   std::uint64_t shard_bytes = 0;
+  const auto subject = [&](const std::filesystem::path& file) {
+    return subject_of(manifest) + ": shard " + file.string();
+  };
   for (const ShardRecord& record : records) {
     require_plain_name(manifest, record.file);
-    shard_bytes += size_of(directory / record.file);
+    shard_bytes += size_of(directory / record.file, subject(directory / record.file));
   }
   std::uint64_t elements = 0;
   std::uint64_t slots = 0;
@@ -558,7 +578,8 @@ void assemble(const std::filesystem::path& manifest, TrainingState<T>& state) {
   bool first = true;
   for (const ShardRecord& record : records) {
     const std::filesystem::path file = directory / record.file;
-    const auto [shard, checksum] = read_container<T, ShardState<T>>(file, kShardMagic);
+    const auto [shard, checksum] =
+        read_container<T, ShardState<T>>(file, kShardMagic, subject(file));
     const auto mismatch = [&](std::string_view field, auto in_shard, auto in_manifest) {
       refuse(manifest, "shard " + file.string() + ": " + std::string(field) + " is " +
                            std::to_string(in_shard) + " in the shard but " +
@@ -702,7 +723,7 @@ std::uint32_t write(const std::filesystem::path& file, const ShardState<T>& shar
 inline bool saved(const std::filesystem::path& file) {
   std::error_code error;
   if (std::filesystem::exists(file, error)) {
-    detail::refuse_directory(file);
+    detail::refuse_directory(file, detail::subject_of(file));
     return true;
   }
   if (!error) detail::refuse_orphaned_shards(file);
@@ -715,11 +736,13 @@ TrainingState<T> read(const std::filesystem::path& file) {
   if (std::error_code error; !std::filesystem::exists(file, error) && !error) {
     detail::refuse_orphaned_shards(file);
   }
-  const std::string bytes = detail::contents_of(file);
+  const std::string subject = detail::subject_of(file);
+  const std::string bytes = detail::contents_of(file, subject);
   if (!detail::has_magic(bytes, kManifestMagic)) {
-    return detail::decode<T, TrainingState<T>>(file, bytes, kMagic).payload;
+    return detail::decode<T, TrainingState<T>>(subject, bytes, kMagic).payload;
   }
-  TrainingState<T> state = detail::decode<T, TrainingState<T>>(file, bytes, kManifestMagic).payload;
+  TrainingState<T> state =
+      detail::decode<T, TrainingState<T>>(subject, bytes, kManifestMagic).payload;
   try {
     detail::assemble(file, state);
   } catch (const std::bad_alloc&) {
