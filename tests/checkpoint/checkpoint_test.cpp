@@ -341,8 +341,10 @@ TEST_CASE("a manifest naming shards outside its directory is refused and a save 
   }
   CHECK(target.step() == 0);
 
-  manifest.shards = {{.file = "../precious.txt"}, {.file = precious.string()},
-                     {.file = "precious.txt"}, {.file = ".."}};
+  manifest.shards = {{.file = "../precious.txt"},
+                     {.file = precious.string()},
+                     {.file = "precious.txt"},
+                     {.file = ".."}};
   cohort::checkpoint::write(sharded.manifest, manifest);
   CHECK(refusal(target, sharded.manifest).find("which is not a plain file name") !=
         std::string::npos);
@@ -448,8 +450,9 @@ TEST_CASE("a save removes the temporary files that dead saves of the same checkp
   const fs::path checkpoint = directory.path / "run.ckpt";
   const std::string shard = cohort::checkpoint::shard_file_name(checkpoint, 3, 0xab, 0, 2);
   const std::vector<std::string> stale = {"run.ckpt.tmp-12345", shard + ".tmp-999"};
-  const std::vector<std::string> kept = {"other.ckpt.tmp-12345", "run.ckpt.tmp-", "run.ckpt.tmp-x1",
-                                         "run.ckpt.tmp-1.txt", "xrun.ckpt.tmp-12", shard};
+  const std::vector<std::string> kept = {"other.ckpt.tmp-12345", "run.ckpt.tmp-",
+                                         "run.ckpt.tmp-x1",      "run.ckpt.tmp-1.txt",
+                                         "xrun.ckpt.tmp-12",     shard};
   for (const auto& name : stale) overwrite(directory.path / name, "left by a crash");
   for (const auto& name : kept) overwrite(directory.path / name, "not a temporary of run.ckpt");
   auto trainer = make_trainer();

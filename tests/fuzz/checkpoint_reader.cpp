@@ -54,8 +54,8 @@ void read_as(const std::filesystem::path& file, const std::filesystem::path& aga
     require_named(error, file);
   }
   try {
-    const auto shard =
-        checkpoint::detail::read_container<T, checkpoint::ShardState<T>>(file, checkpoint::kShardMagic);
+    const auto shard = checkpoint::detail::read_container<T, checkpoint::ShardState<T>>(
+        file, checkpoint::kShardMagic);
     if (shard.payload.parameters.size() + shard.payload.optimizer_state.size() >
         std::filesystem::file_size(file)) {
       std::abort();  // more values than the file has bytes
@@ -76,12 +76,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
   const bool doubles = (data[0] & 1) != 0;
   const std::uint32_t value_bytes = doubles ? 8 : 4;
-  switch ((data[0] >> 1) % 4) {
-    case 0: write_file(file, rest); break;
-    case 1: write_file(file, container(checkpoint::kMagic, value_bytes, rest)); break;
-    case 2: write_file(file, container(checkpoint::kManifestMagic, value_bytes, rest)); break;
-    case 3: write_file(file, container(checkpoint::kShardMagic, value_bytes, rest)); break;
-  }
+  // 0: the bytes as they are; 1, 2, 3: the payload of a complete checkpoint, manifest, shard.
+  const int framing = (data[0] >> 1) % 4;
+  const checkpoint::Magic magics[] = {checkpoint::kMagic, checkpoint::kManifestMagic,
+                                      checkpoint::kShardMagic};
+  write_file(file,
+             framing == 0 ? std::string(rest) : container(magics[framing - 1], value_bytes, rest));
   if (doubles) {
     read_as<double>(file, again);
   } else {

@@ -2,8 +2,9 @@
 // count, range, step, value counts), and two manifests written one over the other whose records
 // name those files, or any other name, with true or fuzzed ranges and checksums. Then read(),
 // which either assembles a state whose values are the shards' or throws a CheckpointError that
-// begins with the manifest's name. Whatever the manifests name, a file outside the checkpoint's directory is never
-// read or removed (the sentinel), and only shard files of the replaced manifest are removed.
+// begins with the manifest's name. Whatever the manifests name, a file outside the checkpoint's
+// directory is never read or removed (the sentinel), and only shard files of the replaced manifest
+// are removed.
 #include <cohort/checkpoint/checkpoint.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -53,13 +54,23 @@ checkpoint::TrainingState<float> take_manifest(FuzzInput& input, const Directory
     const std::string name =
         checkpoint::shard_file_name(at.manifest, step, input.take<std::uint16_t>(), index, shards);
     const std::uint32_t crc = checkpoint::write(at.work / name, shard);
-    checkpoint::ShardRecord record{.file = name, .begin = shard.begin, .end = shard.end, .crc32 = crc};
+    checkpoint::ShardRecord record{
+        .file = name, .begin = shard.begin, .end = shard.end, .crc32 = crc};
     switch (input.take<std::uint8_t>() % 8) {
-      case 0: record.file = input.take_string(48); break;  // any name, "../sentinel.txt" included
-      case 1: record.begin = take_count(input); break;
-      case 2: record.end = take_count(input); break;
-      case 3: record.crc32 = input.take<std::uint32_t>(); break;
-      default: break;
+      case 0:
+        record.file = input.take_string(48);
+        break;  // any name, "../sentinel.txt" included
+      case 1:
+        record.begin = take_count(input);
+        break;
+      case 2:
+        record.end = take_count(input);
+        break;
+      case 3:
+        record.crc32 = input.take<std::uint32_t>();
+        break;
+      default:
+        break;
     }
     manifest.shards.push_back(record);
   }

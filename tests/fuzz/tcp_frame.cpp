@@ -37,9 +37,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   // Two bytes choose where the streaming checksum cuts the payload.
   const std::size_t first = payload.empty() ? 0 : data[tcp::kHeaderBytes] % (payload.size() + 1);
-  const std::size_t second = payload.size() - first == 0
-                                 ? 0
-                                 : data[tcp::kHeaderBytes + 1] % (payload.size() - first + 1);
+  const std::size_t second =
+      payload.size() - first == 0 ? 0 : data[tcp::kHeaderBytes + 1] % (payload.size() - first + 1);
   tcp::StreamingChecksum streaming;
   streaming.reset(seed);
   streaming.update(payload.subspan(0, first));

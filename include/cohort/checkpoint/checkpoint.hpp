@@ -308,8 +308,7 @@ inline std::filesystem::path directory_of(const std::filesystem::path& file) {
 }
 
 // A checkpoint is a file: refuses a path that names a directory.
-inline void refuse_directory(const std::filesystem::path& file,
-                             const std::string& subject) {
+inline void refuse_directory(const std::filesystem::path& file, const std::string& subject) {
   std::error_code ignored;  // a path that cannot be examined fails where it is opened
   if (!file.has_filename() || std::filesystem::is_directory(file, ignored)) {
     refuse_as(subject, "is a directory; a checkpoint is a file");
@@ -443,8 +442,8 @@ inline std::string contents_of(const std::filesystem::path& file, const std::str
     }
     bytes.resize(held);
   } catch (const std::bad_alloc&) {
-    refuse_as(subject, "cannot read it: out of memory for its " + std::to_string(status.st_size) +
-                     " bytes");
+    refuse_as(subject,
+              "cannot read it: out of memory for its " + std::to_string(status.st_size) + " bytes");
   }
   return bytes;
 }
@@ -488,22 +487,23 @@ Contents<Payload> decode(const std::string& subject, std::string_view bytes, con
       refuse_as(subject, "is one shard of a sharded checkpoint; restore its manifest instead");
     }
     refuse_as(subject, magic == kShardMagic ? "not a cohort checkpoint shard (no COHORTSH header)"
-                                      : "not a cohort checkpoint (no COHORTCK header)");
+                                            : "not a cohort checkpoint (no COHORTCK header)");
   }
   const auto version = extract<std::uint32_t>(bytes, 8);
   if (version != kFormatVersion) {
     refuse_as(subject, "format version " + std::to_string(version) + ", this build reads " +
-                     std::to_string(kFormatVersion));
+                           std::to_string(kFormatVersion));
   }
   const auto value_bytes = extract<std::uint32_t>(bytes, 12);
   if (value_bytes != sizeof(T)) {
     refuse_as(subject, std::string("holds ") + std::string(value_type_name(value_bytes)) +
-                     " parameters, the model has " + std::string(value_type_name(sizeof(T))));
+                           " parameters, the model has " + std::string(value_type_name(sizeof(T))));
   }
   const auto length = extract<std::uint64_t>(bytes, 16);
   if (bytes.size() - kHeaderBytes != length) {
     refuse_as(subject, "truncated or padded: header says " + std::to_string(length) +
-                     " payload bytes, file holds " + std::to_string(bytes.size() - kHeaderBytes));
+                           " payload bytes, file holds " +
+                           std::to_string(bytes.size() - kHeaderBytes));
   }
   const std::string_view payload = bytes.substr(kHeaderBytes);
   const auto stored = extract<std::uint32_t>(bytes, 24);
@@ -674,7 +674,8 @@ inline std::vector<std::filesystem::path> shard_files(const std::filesystem::pat
     try {
       for (const auto& record :
            read_container<T, TrainingState<T>>(file, kManifestMagic).payload.shards) {
-        if (is_shard_file_name(name, record.file)) files.push_back(directory_of(file) / record.file);
+        if (is_shard_file_name(name, record.file))
+          files.push_back(directory_of(file) / record.file);
       }
       return true;
     } catch (const CheckpointError&) {

@@ -72,7 +72,8 @@ inline TfConfig parse_tf_config(std::string_view text, std::string_view name = "
   constexpr int kMaxDepth = 16;
   const auto limit_depth = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
     if (depth > kMaxDepth) {
-      detail::reject_text(name, text, "nested deeper than " + std::to_string(kMaxDepth) + " levels");
+      detail::reject_text(name, text,
+                          "nested deeper than " + std::to_string(kMaxDepth) + " levels");
     }
     return true;
   };
