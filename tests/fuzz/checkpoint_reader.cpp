@@ -7,9 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "checkpoint_dir.hpp"
 
@@ -39,14 +41,21 @@ void require_named(const cohort::CheckpointError& error, const std::filesystem::
   if (std::string_view(error.what()).find(file.string()) == std::string_view::npos) std::abort();
 }
 
+// Equal bit for bit (a NaN read back is the same NaN).
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
 template <class T>
 void read_as(const std::filesystem::path& file, const std::filesystem::path& again) {
   try {
     const auto state = checkpoint::read<T>(file);
     checkpoint::write(again, state);
     const auto reread = checkpoint::read<T>(again);
-    if (reread.optimizer != state.optimizer || reread.parameters != state.parameters ||
-        reread.optimizer_state != state.optimizer_state || reread.step != state.step ||
+    if (reread.optimizer != state.optimizer || !same_bits(reread.parameters, state.parameters) ||
+        !same_bits(reread.optimizer_state, state.optimizer_state) || reread.step != state.step ||
         reread.shards.size() != state.shards.size()) {
       std::abort();
     }

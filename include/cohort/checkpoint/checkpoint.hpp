@@ -62,6 +62,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <new>
 #include <sstream>
 #include <stdexcept>
@@ -93,9 +94,10 @@ namespace detail {
 // but check each declared length against the payload before they allocate: Boost's own would
 // resize to whatever length a damaged or hostile file declares.
 
-// The size of the payload being decoded, kept in the archive's helper slot by decode().
+// The size of the payload being decoded, kept in the archive's helper slot by decode(); an
+// archive opened elsewhere has no bound, as with Boost's own decoders.
 struct PayloadSize {
-  std::uint64_t bytes = 0;
+  std::uint64_t bytes = std::numeric_limits<std::uint64_t>::max();
 };
 inline constexpr char kPayloadSizeSlot = 0;  // its address identifies the slot
 
@@ -383,14 +385,16 @@ std::uint32_t write_container(const std::filesystem::path& file, const Magic& ma
     if (::fsync(fd) != 0) refuse(file, std::string("fsync failed: ") + std::strerror(errno));
   } catch (...) {
     ::close(fd);
-    std::filesystem::remove(temporary);
+    std::error_code ignored;  // the refusal above says what went wrong
+    std::filesystem::remove(temporary, ignored);
     throw;
   }
   ::close(fd);
   std::error_code renamed;
   std::filesystem::rename(temporary, file, renamed);
   if (renamed) {
-    std::filesystem::remove(temporary);
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
     refuse(file, "cannot rename " + temporary.string() + ": " + renamed.message());
   }
   // The rename is durable only once the directory entry is.
@@ -674,8 +678,9 @@ inline std::vector<std::filesystem::path> shard_files(const std::filesystem::pat
     try {
       for (const auto& record :
            read_container<T, TrainingState<T>>(file, kManifestMagic).payload.shards) {
-        if (is_shard_file_name(name, record.file))
+        if (is_shard_file_name(name, record.file)) {
           files.push_back(directory_of(file) / record.file);
+        }
       }
       return true;
     } catch (const CheckpointError&) {
