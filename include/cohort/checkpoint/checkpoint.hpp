@@ -29,8 +29,8 @@
 //
 // read() checks magic, version, length and checksum before it decodes anything and, for a
 // manifest, reads every shard and checks that its checksum is the one the manifest recorded and
-// that the shards tile the parameters; it returns the complete state either way, so a checkpoint
-// of any strategy restores under any other. Decoding costs no more memory than the files hold:
+// that the shards tile the parameters; it returns the complete state either way (no shards), so a
+// checkpoint of any strategy restores under any other. Decoding costs no more memory than the files hold:
 // every length the payload declares is checked against the payload's size, and the parameter
 // count a shard declares against the shard files' sizes, before anything is allocated for it.
 // Every refusal is a CheckpointError naming the file and what did not match, a file that cannot
@@ -736,7 +736,8 @@ inline bool saved(const std::filesystem::path& file) {
   return false;
 }
 
-// The complete state saved in `file`, a checkpoint or a manifest (whose shards it reads).
+// The complete state saved in `file`, a checkpoint or a manifest (whose shards it reads): its
+// values in parameters and optimizer_state, its shards empty.
 template <class T>
 TrainingState<T> read(const std::filesystem::path& file) {
   if (std::error_code error; !std::filesystem::exists(file, error) && !error) {
@@ -745,7 +746,12 @@ TrainingState<T> read(const std::filesystem::path& file) {
   const std::string subject = detail::subject_of(file);
   const std::string bytes = detail::contents_of(file, subject);
   if (!detail::has_magic(bytes, kManifestMagic)) {
-    return detail::decode<T, TrainingState<T>>(subject, bytes, kMagic).payload;
+    TrainingState<T> state = detail::decode<T, TrainingState<T>>(subject, bytes, kMagic).payload;
+    if (!state.shards.empty()) {
+      detail::refuse(file, "a complete checkpoint, but it lists " +
+                               std::to_string(state.shards.size()) + " shard files");
+    }
+    return state;
   }
   TrainingState<T> state =
       detail::decode<T, TrainingState<T>>(subject, bytes, kManifestMagic).payload;
@@ -754,6 +760,7 @@ TrainingState<T> read(const std::filesystem::path& file) {
   } catch (const std::bad_alloc&) {
     detail::refuse(file, "out of memory for the parameters its shards hold");
   }
+  state.shards.clear();  // the values are all in the state now
   return state;
 }
 
