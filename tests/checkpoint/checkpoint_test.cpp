@@ -39,6 +39,11 @@ std::string bytes_of(const fs::path& file) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+template <class T>
+std::string bytes_of_value(T value) {
+  return {reinterpret_cast<const char*>(&value), sizeof value};
+}
+
 void overwrite(const fs::path& file, const std::string& bytes) {
   std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
 }
@@ -276,4 +281,207 @@ TEST_CASE("a damaged sharded checkpoint is refused naming the shard and the mode
   }
   CHECK(parameters_of(target.model()) == before);
   CHECK(target.step() == 0);
+}
+
+namespace {
+
+// `payload` framed as write() frames a payload, with its true checksum: what a file damaged by
+// someone who recomputes the checksum holds.
+std::string container(const cohort::checkpoint::Magic& magic, std::uint32_t value_bytes,
+                      std::string_view payload) {
+  std::string bytes(magic.begin(), magic.end());
+  const auto append = [&](auto value) {
+    bytes.append(reinterpret_cast<const char*>(&value), sizeof value);
+  };
+  append(cohort::checkpoint::kFormatVersion);
+  append(value_bytes);
+  append(static_cast<std::uint64_t>(payload.size()));
+  append(cohort::checkpoint::detail::crc32(payload));
+  bytes += payload;
+  return bytes;
+}
+
+template <class Trainer>
+std::string save_refusal(const Trainer& trainer, const fs::path& file) {
+  try {
+    trainer.save(file);
+  } catch (const cohort::CheckpointError& error) {
+    return error.what();
+  }
+  return "saved";
+}
+
+}  // namespace
+
+TEST_CASE("a manifest naming shards outside its directory is refused and a save deletes nothing") {
+  TemporaryDirectory directory;
+  const auto sharded = write_sharded(directory.path / "run");
+  auto manifest =
+      cohort::checkpoint::detail::read_container<float, cohort::checkpoint::TrainingState<float>>(
+          sharded.manifest, cohort::checkpoint::kManifestMagic)
+          .payload;
+  // The second shard, intact, moved out of the checkpoint's directory, and files a save must not
+  // touch: one outside, one beside the manifest under a name no save of it gives.
+  fs::create_directories(directory.path / "elsewhere");
+  const fs::path moved = directory.path / "elsewhere" / sharded.shards[1].filename();
+  fs::rename(sharded.shards[1], moved);
+  const fs::path precious = directory.path / "precious.txt";
+  const fs::path beside = directory.path / "run" / "precious.txt";
+  overwrite(precious, "keep me");
+  overwrite(beside, "keep me too");
+
+  auto target = make_trainer();
+  for (const std::string& name : {"../elsewhere/" + moved.filename().string(), moved.string()}) {
+    CAPTURE(name);
+    manifest.shards[1].file = name;
+    cohort::checkpoint::write(sharded.manifest, manifest);
+    const std::string message = refusal(target, sharded.manifest);
+    CHECK(message.find("checkpoint " + sharded.manifest.string()) != std::string::npos);
+    CHECK(message.find("names the shard file \"" + name + "\", which is not a plain file name") !=
+          std::string::npos);
+  }
+  CHECK(target.step() == 0);
+
+  manifest.shards = {{.file = "../precious.txt"},
+                     {.file = precious.string()},
+                     {.file = "precious.txt"},
+                     {.file = ".."}};
+  cohort::checkpoint::write(sharded.manifest, manifest);
+  CHECK(refusal(target, sharded.manifest).find("which is not a plain file name") !=
+        std::string::npos);
+  CHECK(save_refusal(target, sharded.manifest) == "saved");
+  CHECK(fs::exists(precious));
+  CHECK(fs::exists(beside));
+  CHECK(fs::exists(moved));
+  CHECK(cohort::checkpoint::read<float>(sharded.manifest).step == 0);
+}
+
+TEST_CASE("a payload declaring more values than it holds is refused before they are allocated") {
+  TemporaryDirectory directory;
+  const fs::path checkpoint = directory.path / "run.ckpt";
+  cohort::checkpoint::TrainingState<float> state;
+  state.optimizer = "sgd";
+  state.parameters = {1.5f, 2.5f, 3.5f};
+  cohort::checkpoint::write(checkpoint, state);
+  const std::string good = bytes_of(checkpoint);
+  std::string payload = good.substr(cohort::checkpoint::kHeaderBytes);
+  // The parameters' length, as Boost writes it: a 64-bit count before the values.
+  std::string length(8, '\0');
+  length[0] = 3;
+  const std::size_t at = payload.find(length + bytes_of_value(1.5f));
+  REQUIRE(at != std::string::npos);
+  auto target = make_trainer();
+
+  for (const std::uint64_t declared : {std::uint64_t{1} << 27, std::uint64_t{1} << 40}) {
+    CAPTURE(declared);
+    std::memcpy(payload.data() + at, &declared, sizeof declared);
+    overwrite(checkpoint, container(cohort::checkpoint::kMagic, 4, payload));
+    const std::string message = refusal(target, checkpoint);
+    CHECK(message.find(checkpoint.string()) != std::string::npos);
+    CHECK(message.find("parameters declares " + std::to_string(declared) + " elements") !=
+          std::string::npos);
+  }
+  // A manifest's record count.
+  cohort::checkpoint::TrainingState<float> manifest;
+  manifest.optimizer = "adam";
+  manifest.shards.assign(3, {.file = "x"});
+  cohort::checkpoint::write(checkpoint, manifest);
+  std::string manifest_payload = bytes_of(checkpoint).substr(cohort::checkpoint::kHeaderBytes);
+  const std::size_t count_at = manifest_payload.find(length);
+  REQUIRE(count_at != std::string::npos);
+  REQUIRE(manifest_payload.find(length, count_at + 1) == std::string::npos);
+  const std::uint64_t records = std::uint64_t{1} << 40;
+  std::memcpy(manifest_payload.data() + count_at, &records, sizeof records);
+  overwrite(checkpoint, container(cohort::checkpoint::kManifestMagic, 4, manifest_payload));
+  CHECK(refusal(target, checkpoint).find("shards declares 1099511627776 elements") !=
+        std::string::npos);
+
+  // A file shorter than the archive's own header, and one whose header declares 2^40 bytes of
+  // signature.
+  overwrite(checkpoint, container(cohort::checkpoint::kMagic, 4, payload.substr(0, 5)));
+  CHECK(refusal(target, checkpoint).find("not a Boost.Serialization") != std::string::npos);
+  payload[5] = 1;
+  overwrite(checkpoint, container(cohort::checkpoint::kMagic, 4, payload));
+  CHECK(refusal(target, checkpoint).find("not a Boost.Serialization") != std::string::npos);
+  CHECK(target.step() == 0);
+}
+
+TEST_CASE("a shard declaring more parameters than the shard files hold is refused") {
+  TemporaryDirectory directory;
+  const fs::path manifest_file = directory.path / "run.ckpt";
+  cohort::checkpoint::ShardState<float> shard;
+  shard.elements = std::uint64_t{1} << 40;
+  shard.begin = 0;
+  shard.end = 2;
+  shard.parameters = {1, 2};
+  const std::string name = cohort::checkpoint::shard_file_name(manifest_file, 0, 1, 0, 1);
+  cohort::checkpoint::TrainingState<float> manifest;
+  manifest.optimizer = "sgd";
+  manifest.shards = {{.file = name,
+                      .begin = 0,
+                      .end = 2,
+                      .crc32 = cohort::checkpoint::write(directory.path / name, shard)}};
+  cohort::checkpoint::write(manifest_file, manifest);
+  std::string message;
+  try {
+    cohort::checkpoint::read<float>(manifest_file);
+  } catch (const cohort::CheckpointError& error) {
+    message = error.what();
+  }
+  CHECK(message.find("checkpoint " + manifest_file.string()) != std::string::npos);
+  CHECK(message.find("declares 1099511627776 parameters") != std::string::npos);
+}
+
+TEST_CASE("a checkpoint path that is a directory is refused naming it, by restore and by save") {
+  TemporaryDirectory directory;
+  auto trainer = make_trainer();
+  trainer.fit(small_task_data(), {.steps = 2});
+  const std::string restore_message = refusal(trainer, directory.path);
+  CHECK(restore_message.find("checkpoint " + directory.path.string()) != std::string::npos);
+  CHECK(restore_message.find("is a directory") != std::string::npos);
+  const std::string save_message = save_refusal(trainer, directory.path);
+  CHECK(save_message.find("checkpoint " + directory.path.string()) != std::string::npos);
+  CHECK(save_message.find("is a directory") != std::string::npos);
+  CHECK_THROWS_AS(cohort::checkpoint::saved(directory.path), cohort::CheckpointError);
+  CHECK(trainer.step() == 2);
+}
+
+TEST_CASE("a save removes the temporary files that dead saves of the same checkpoint left") {
+  TemporaryDirectory directory;
+  const fs::path checkpoint = directory.path / "run.ckpt";
+  const std::string shard = cohort::checkpoint::shard_file_name(checkpoint, 3, 0xab, 0, 2);
+  const std::vector<std::string> stale = {"run.ckpt.tmp-12345", shard + ".tmp-999"};
+  const std::vector<std::string> kept = {"other.ckpt.tmp-12345", "run.ckpt.tmp-",
+                                         "run.ckpt.tmp-x1",      "run.ckpt.tmp-1.txt",
+                                         "xrun.ckpt.tmp-12",     shard};
+  for (const auto& name : stale) overwrite(directory.path / name, "left by a crash");
+  for (const auto& name : kept) overwrite(directory.path / name, "not a temporary of run.ckpt");
+  auto trainer = make_trainer();
+  trainer.fit(small_task_data(), {.steps = 1});
+  trainer.save(checkpoint);
+  for (const auto& name : stale) CHECK_MESSAGE(!fs::exists(directory.path / name), name);
+  for (const auto& name : kept) CHECK_MESSAGE(fs::exists(directory.path / name), name);
+}
+
+TEST_CASE("saved tells a new run from a continued one and reports shards without their manifest") {
+  TemporaryDirectory directory;
+  CHECK_FALSE(cohort::checkpoint::saved(directory.path / "run.ckpt"));
+  CHECK_FALSE(cohort::checkpoint::saved(directory.path / "missing" / "run.ckpt"));
+  const auto sharded = write_sharded(directory.path);
+  CHECK(cohort::checkpoint::saved(sharded.manifest));
+
+  fs::remove(sharded.manifest);
+  std::string message;
+  try {
+    cohort::checkpoint::saved(sharded.manifest);
+  } catch (const cohort::CheckpointError& error) {
+    message = error.what();
+  }
+  CHECK(message.find("checkpoint " + sharded.manifest.string() + ": does not exist, but 2 shard") !=
+        std::string::npos);
+  for (const auto& shard : sharded.shards) CHECK(message.find(shard.string()) != std::string::npos);
+  auto target = make_trainer();
+  CHECK(refusal(target, sharded.manifest) == message);
+  // Another checkpoint's shards are not this one's.
+  CHECK_FALSE(cohort::checkpoint::saved(directory.path / "run"));
 }

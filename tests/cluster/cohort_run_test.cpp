@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "processes.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -305,6 +307,27 @@ TEST_CASE("a program that does not exist makes cohort-run exit 127 and say so") 
   CHECK(exit_status(status) == 127);
   CHECK(contains(errors, "cannot start rank 0"));
   CHECK(contains(errors, "No such file or directory"));
+}
+
+TEST_CASE("a program whose TF_CONFIG holds a number no double holds exits with status 2") {
+  TemporaryDirectory directory;
+  // The environment around the test must not resolve first.
+  std::map<std::string, std::string> environment = {
+      {"TF_CONFIG",
+       R"({"cluster": {"worker": ["127.0.0.1:2222"]}, "task": {"type": "worker"}, "x": 1e999})"}};
+  for (const char* name : {"COHORT_RANK", "COHORT_WORLD_SIZE", "RANK", "WORLD_SIZE",
+                           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}) {
+    environment[name] = "";
+  }
+  const auto finished = cohort::testing::run_to_completion(
+      probe(directory.path), directory.path / "probe.log", environment, kLimit);
+  REQUIRE(finished.has_value());
+  const auto& [exit, output] = *finished;
+  INFO(output);
+  CHECK(exit.exited);
+  CHECK(exit.code == 2);
+  CHECK(contains(output, "error: TF_CONFIG = \"{\"cluster\""));
+  CHECK(contains(output, "number overflow"));
 }
 
 #else

@@ -1,6 +1,7 @@
 // A rank for the cohort-run tests. Writes <dir>/rank-<COHORT_RANK>.txt (NAME=value lines: its
 // COHORT_* variables, the other launchers' variables it still sees, its pid, the resolved
-// describe() line), then behaves as told:
+// describe() line); exits with status 2 if its environment does not resolve, else behaves as
+// told:
 //
 //   cluster_probe DIR [--fail-rank K --exit-code C] [--kill-rank K] [--sleep-s S]
 //                     [--ignore-term] [--grandchild]
@@ -15,6 +16,7 @@
 
 #include <chrono>
 #include <cohort/cluster/cluster.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -98,6 +100,12 @@ int main(int argc, char** argv) {
     out << "describe=" << described << '\n';
   }
   fs::rename(directory / (name + ".partial"), directory / name);  // whole files only
+  // A rank whose environment does not resolve answers as every cohort program does: the reason on
+  // stderr and exit status 2.
+  if (rank < 0) {
+    std::fprintf(stderr, "%s\n", described.c_str());
+    return 2;
+  }
 
   if (rank >= 0 && (rank == fail_rank || rank == kill_rank)) {
     // Fail once every sibling is running and has said so, so that the test knows their pids.

@@ -57,6 +57,31 @@ TEST_CASE("parse_tf_config gives malformed JSON with the parser's message") {
   CHECK(error_of("[1, 2]") == "TF_CONFIG = [1,2]: expected a JSON object");
 }
 
+TEST_CASE("parse_tf_config refuses a number no double holds, even in a key it ignores") {
+  for (const std::string json :
+       {R"({"cluster": {"worker": ["w:1"]}, "task": {"type": "worker"}, "environment": 1e999})",
+        R"({"cluster": {"worker": ["w:1"]}, "task": {"type": "worker", "index": -1e999}})"}) {
+    CAPTURE(json);
+    const std::string message = error_of(json);
+    CHECK(message.starts_with("TF_CONFIG = \"{\"cluster\""));
+    CHECK(contains(message, "cannot be read: [json.exception.out_of_range.406] number overflow"));
+  }
+}
+
+TEST_CASE("parse_tf_config refuses nesting deeper than any TF_CONFIG has, however deep") {
+  const auto nested = [](std::size_t depth) {
+    return std::string(depth, '[') + std::string(depth, ']');
+  };
+  const std::string ignored = R"({"cluster": {"worker": ["w:1"]}, "task": {"type": "worker"},)" +
+                              std::string(R"( "rpc_layer": )") + nested(17) + "}";
+  CHECK(contains(error_of(ignored), ": nested deeper than 16 levels"));
+  // A message quotes a value it refuses: this one would take a million nested calls to print.
+  CHECK(contains(error_of(R"({"cluster": )" + nested(1'000'000) + "}"),
+                 ": nested deeper than 16 levels"));
+  CHECK(error_of(R"({"cluster": )" + nested(15) + "}") ==
+        "TF_CONFIG cluster = " + nested(15) + ": expected an object");
+}
+
 TEST_CASE("parse_tf_config names the JSON path of a wrong shape") {
   CHECK(contains(error_of(R"({"task": {"type": "worker"}})"), "TF_CONFIG cluster: missing"));
   CHECK(error_of(R"({"cluster": [], "task": {}})") == "TF_CONFIG cluster = []: expected an object");

@@ -10,8 +10,9 @@
 // Accepted as TensorFlow accepts them: "master" as the old name of "chief"; an evaluator that is
 // not listed in "cluster" (it then must have index 0); other top-level keys ("environment",
 // "rpc_layer") are ignored. Refused, each with a ConfigError naming the JSON path and the value:
-// text that is not JSON (with the parser's message), a missing or mistyped "cluster" or "task",
-// an unknown task type, an address that is not host:port, more than one chief or evaluator, and a
+// text that is not JSON or holds a number no double holds ("1e999", in any key), with the
+// parser's message; nesting deeper than 16 levels; a missing or mistyped "cluster" or "task", an
+// unknown task type, an address that is not host:port, more than one chief or evaluator, and a
 // task index out of range ("TF_CONFIG task.index = 5: out of range for 3 worker tasks").
 #pragma once
 
@@ -66,10 +67,23 @@ inline std::string_view canonical_task_type(std::string_view type) {
 inline TfConfig parse_tf_config(std::string_view text, std::string_view name = "TF_CONFIG") {
   const std::string prefix(name);
   nlohmann::json root;
+  // The parser is iterative, but printing a value for a message recurses once per level: nesting
+  // deeper than any TF_CONFIG has (3 levels) is refused while parsing.
+  constexpr int kMaxDepth = 16;
+  const auto limit_depth = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > kMaxDepth) {
+      detail::reject_text(name, text,
+                          "nested deeper than " + std::to_string(kMaxDepth) + " levels");
+    }
+    return true;
+  };
   try {
-    root = nlohmann::json::parse(text);
+    root = nlohmann::json::parse(text, limit_depth);
   } catch (const nlohmann::json::parse_error& error) {
     detail::reject_text(name, text, std::string("not valid JSON: ") + error.what());
+  } catch (const nlohmann::json::exception& error) {
+    // out_of_range: a number no double holds ("1e999"), wherever it is, ignored keys included.
+    detail::reject_text(name, text, std::string("cannot be read: ") + error.what());
   }
   if (!root.is_object()) detail::reject_json(prefix, root, "expected a JSON object");
 
