@@ -22,7 +22,7 @@ namespace {
 template <class Consistency>
 int run(const example::DemoSettings& settings, std::size_t local_replicas) {
   const example::DemoData data(settings);
-  // The demo's default model is small (about 12 KiB): without a minimum shard size and with
+  // The demo's default model is small (about 10 KiB): without a minimum shard size and with
   // 1024-element blocks it spreads over both servers, as a large model would by default.
   cohort::strategy::ParameterServer<Consistency> strategy(
       {.local_replicas = local_replicas, .min_shard_bytes = 0, .alignment = 1024});

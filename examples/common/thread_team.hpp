@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -59,6 +60,7 @@ class ThreadTeam {
     state.generation.fetch_add(1, std::memory_order_release);
     state.generation.notify_all();
     task(std::size_t{0});
+    spin_while([&] { return state.pending.load(std::memory_order_acquire) != 0; });
     for (std::uint32_t pending; (pending = state.pending.load(std::memory_order_acquire)) != 0;) {
       state.pending.wait(pending, std::memory_order_acquire);
     }
@@ -74,9 +76,22 @@ class ThreadTeam {
     bool stopping = false;
   };
 
+  // Busy-waits up to kSpin while `waiting()`: a run's threads meet several times per micro-batch,
+  // and waking a thread from a futex costs tens of microseconds.
+  template <class Condition>
+  static void spin_while(const Condition& waiting) {
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    while (waiting() && std::chrono::steady_clock::now() < until) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+
   static void serve(State& state, std::size_t index) noexcept {
     std::uint32_t seen = 0;
     for (;;) {
+      spin_while([&] { return state.generation.load(std::memory_order_acquire) == seen; });
       state.generation.wait(seen, std::memory_order_acquire);
       seen = state.generation.load(std::memory_order_acquire);
       if (state.stopping) return;
@@ -84,6 +99,8 @@ class ThreadTeam {
       if (state.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) state.pending.notify_one();
     }
   }
+
+  static constexpr std::chrono::microseconds kSpin{50};
 
   std::unique_ptr<State> state_;
   std::vector<std::thread> threads_;
