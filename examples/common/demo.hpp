@@ -23,7 +23,7 @@ struct DemoSettings {
   std::uint64_t seed = 1;
   std::size_t examples = 100'000;
   std::vector<std::size_t> layers{8, 128, 10};  // inputs, hidden..., classes
-  std::size_t threads = 1;                       // per replica
+  std::size_t threads = 1;                      // per replica
   double learning_rate = 3e-3;
   bool quiet = false;
   std::string checkpoint;  // continue from it if it exists; save it after every epoch
@@ -94,10 +94,11 @@ struct DemoData {
         held_out(task.sample(20'000, 1)) {}
 
   void print() const {
-    std::printf("task: %zu classes, %zu features, %zu blobs per class; %zu training and %zu "
-                "held-out examples\n",
-                task.options().classes, task.options().features, task.options().blobs_per_class,
-                train.size(), held_out.size());
+    std::printf(
+        "task: %zu classes, %zu features, %zu blobs per class; %zu training and %zu "
+        "held-out examples\n",
+        task.options().classes, task.options().features, task.options().blobs_per_class,
+        train.size(), held_out.size());
   }
 };
 
@@ -120,7 +121,8 @@ struct Outcome {
 template <class Model>
 Outcome evaluate(Model model, const DemoData& data, double examples_per_second) {
   const auto parameters = cohort::ModelTraits<Model>::parameters(model);
-  return {examples_per_second, accuracy(model, data.held_out), {parameters.begin(), parameters.end()}};
+  return {
+      examples_per_second, accuracy(model, data.held_out), {parameters.begin(), parameters.end()}};
 }
 
 // Trains to settings.epochs; returns the examples per second of the epochs trained here. With a
@@ -140,8 +142,7 @@ double fit_with_checkpoints(Trainer& trainer, const Data& data, const DemoSettin
   }
   double seconds = 0.0;
   std::uint64_t steps = 0;
-  for (std::uint64_t epoch = checkpoints ? 1 : settings.epochs; epoch <= settings.epochs;
-       ++epoch) {
+  for (std::uint64_t epoch = checkpoints ? 1 : settings.epochs; epoch <= settings.epochs; ++epoch) {
     const cohort::Report report = trainer.fit(data, {.epochs = epoch});
     seconds += report.seconds;
     steps += report.steps;

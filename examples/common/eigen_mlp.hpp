@@ -130,8 +130,12 @@ class BasicEigenMlp {
 #endif
   }
 
-  std::span<T> parameters() { return {parameters_.data(), static_cast<std::size_t>(parameters_.size())}; }
-  std::span<T> gradients() { return {gradients_.data(), static_cast<std::size_t>(gradients_.size())}; }
+  std::span<T> parameters() {
+    return {parameters_.data(), static_cast<std::size_t>(parameters_.size())};
+  }
+  std::span<T> gradients() {
+    return {gradients_.data(), static_cast<std::size_t>(gradients_.size())};
+  }
   const std::vector<std::size_t>& layers() const { return sizes_; }
   std::size_t threads() const { return team_.size(); }
 
@@ -229,8 +233,8 @@ class BasicEigenMlp {
       }
     }
     activations_.front().leftCols(examples_) =
-        Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic>>(
-            batch.inputs.data(), inputs(0), examples_)
+        Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic>>(batch.inputs.data(),
+                                                                               inputs(0), examples_)
             .template cast<T>();
     for (std::size_t layer = 0; layer < layer_count(); ++layer) {
       run_on_team([&](std::size_t part) { forward_layer(layer, share(outputs(layer), part)); });

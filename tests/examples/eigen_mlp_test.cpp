@@ -64,8 +64,9 @@ std::vector<float> mirrored_parameters(std::size_t replicas, std::size_t threads
 
 }  // namespace
 
-TEST_CASE("the double Eigen MLP's gradients match central differences of its loss, on 1 and 3 "
-          "threads") {
+TEST_CASE(
+    "the double Eigen MLP's gradients match central differences of its loss, on 1 and 3 "
+    "threads") {
   const example::Batch batch = random_batch(5, 6, 3, 21);
   for (std::size_t threads : {1, 3}) {
     CAPTURE(threads);
@@ -109,8 +110,9 @@ TEST_CASE("EigenMlp starts from Mlp's parameters and computes its loss and gradi
   CHECK(worst <= 1e-5f * largest);
 }
 
-TEST_CASE("the float Eigen MLP gives the same bits call after call and copy after copy, on 1 and "
-          "2 threads") {
+TEST_CASE(
+    "the float Eigen MLP gives the same bits call after call and copy after copy, on 1 and "
+    "2 threads") {
   const example::Batch batch = random_batch(13, 8, 4, 5);
   const example::Batch larger = random_batch(29, 8, 4, 6);
   for (std::size_t threads : {1, 2}) {
@@ -128,8 +130,9 @@ TEST_CASE("the float Eigen MLP gives the same bits call after call and copy afte
   }
 }
 
-TEST_CASE("Mirrored with 1, 2 and 4 replicas trains the Eigen MLP to the same bits, on 1 and 2 "
-          "threads per replica") {
+TEST_CASE(
+    "Mirrored with 1, 2 and 4 replicas trains the Eigen MLP to the same bits, on 1 and 2 "
+    "threads per replica") {
   for (std::size_t threads : {1, 2}) {
     CAPTURE(threads);
     const std::vector<float> one = mirrored_parameters(1, threads, 8, 30);
@@ -165,8 +168,9 @@ std::vector<float> launched_parameters(std::vector<std::string> command, const f
 
 }  // namespace
 
-TEST_CASE("MultiWorkerMirrored with 2x1, 2x2 and 3x1 processes trains the Eigen MLP to "
-          "Mirrored's bits") {
+TEST_CASE(
+    "MultiWorkerMirrored with 2x1, 2x2 and 3x1 processes trains the Eigen MLP to "
+    "Mirrored's bits") {
   TemporaryDirectory directory("cohort-eigen-multi-worker");
   struct Job {
     std::size_t workers, local_replicas, threads, micro_batches;
@@ -190,10 +194,10 @@ TEST_CASE("MultiWorkerMirrored with 2x1, 2x2 and 3x1 processes trains the Eigen 
 TEST_CASE("ParameterServer<Sync> with 2 servers trains the Eigen MLP to Mirrored's bits") {
   TemporaryDirectory directory("cohort-eigen-ps");
   const fs::path out = directory.path / "parameters.bin";
-  const auto parameters = launched_parameters(
-      {"--np", "2", "--ps", "2", "--timeout-s", "100", "--", COHORT_PS_TRAINER, "sync", "30",
-       out.string(), "--eigen", "1"},
-      out, directory.path / "log.txt");
+  const auto parameters =
+      launched_parameters({"--np", "2", "--ps", "2", "--timeout-s", "100", "--", COHORT_PS_TRAINER,
+                           "sync", "30", out.string(), "--eigen", "1"},
+                          out, directory.path / "log.txt");
   CHECK(parameters == mirrored_parameters(2, 1, 8, 30));
 }
 
