@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +13,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "eigen_training.hpp"
@@ -63,6 +66,27 @@ std::vector<float> mirrored_parameters(std::size_t replicas, std::size_t threads
 }
 
 }  // namespace
+
+TEST_CASE("a thread team runs every part once per run, on threads of its own, and so does a copy") {
+  example::ThreadTeam team(3);
+  example::ThreadTeam copy = team;
+  for (example::ThreadTeam* runs : {&team, &copy}) {
+    REQUIRE(runs->size() == 3);
+    std::array<std::atomic<int>, 3> calls{};
+    std::array<std::thread::id, 3> threads{};
+    for (int run = 0; run < 1000; ++run) {
+      runs->run([&](std::size_t part) {
+        calls[part].fetch_add(1);
+        threads[part] = std::this_thread::get_id();
+      });
+    }
+    for (const auto& count : calls) CHECK(count.load() == 1000);
+    CHECK(threads[0] == std::this_thread::get_id());
+    CHECK(threads[1] != threads[0]);
+    CHECK(threads[2] != threads[0]);
+    CHECK(threads[2] != threads[1]);
+  }
+}
 
 TEST_CASE(
     "the double Eigen MLP's gradients match central differences of its loss, on 1 and 3 "
