@@ -21,7 +21,7 @@ namespace {
 example::Outcome train_on_gpus(const example::DemoSettings& settings, const example::DemoData& data,
                                std::size_t gpus) {
   using namespace cohort;
-  const std::vector<std::size_t> layers = data.mlp_layers(settings.hidden);
+  const std::vector<std::size_t>& layers = settings.layers;
   example::Mlp initial(layers, settings.seed);  // example 00's initial parameters
   const auto start = ModelTraits<example::Mlp>::parameters(initial);
   Trainer trainer(example::CudaMlp(layers, {start.begin(), start.end()}),
@@ -66,15 +66,12 @@ int main(int argc, char** argv) {
 
   try {
     const example::DemoData data(settings);
-    std::printf(
-        "task: %zu classes, %zu features, %zu blobs per class; %zu training and %zu "
-        "held-out examples; %d visible GPU(s)\n",
-        data.task.options().classes, data.task.options().features,
-        data.task.options().blobs_per_class, data.train.size(), data.held_out.size(), visible);
+    data.print();
+    std::printf("%d visible GPU(s)\n", visible);
     std::vector<example::Outcome> outcomes;
     for (std::size_t gpus : gpu_counts) {
-      std::printf("\nMLP %zu-%zu-%zu, Mirrored<device::Cuda, collective::Nccl> on %zu GPU(s):\n",
-                  data.task.options().features, settings.hidden, data.task.options().classes, gpus);
+      std::printf("\nMLP %s, Mirrored<device::Cuda, collective::Nccl> on %zu GPU(s):\n",
+                  example::describe(settings.layers).c_str(), gpus);
       outcomes.push_back(train_on_gpus(settings, data, gpus));
     }
 

@@ -3,10 +3,14 @@
 //   cohort-run --np 2 -- multi_worker --local-replicas 2
 // With the same settings as examples/00_mirrored_cpu, the chief prints the same parameter
 // fingerprint as Mirrored with (workers x local replicas) replicas in one process.
+#include <cohort/optimizer/adam.hpp>
 #include <cohort/strategy/multi_worker_mirrored.hpp>
+#include <cohort/trainer.hpp>
 #include <cstdio>
+#include <string>
 
 #include "demo.hpp"
+#include "eigen_mlp.hpp"
 
 int main(int argc, char** argv) {
   example::DemoSettings settings;
@@ -14,6 +18,7 @@ int main(int argc, char** argv) {
   CLI::App app{"MultiWorkerMirrored training of an MLP across processes"};
   app.add_option("--local-replicas", local_replicas, "replica threads in each worker process");
   example::add_demo_options(app, settings);
+  example::add_threads_option(app, settings);
   example::add_checkpoint_option(app, settings);
   CLI11_PARSE(app, argc, argv);
 
@@ -21,15 +26,23 @@ int main(int argc, char** argv) {
     const example::DemoData data(settings);
     cohort::strategy::MultiWorkerMirrored<> strategy({.local_replicas = local_replicas});
     const bool chief = strategy.is_chief();
-    const std::size_t replicas = strategy.replicas();
-    const std::size_t workers = replicas / local_replicas;
-    const auto outcome =
-        example::train(settings, data.mlp_layers(settings.hidden), std::move(strategy), data);
+    const std::size_t workers = strategy.replicas() / local_replicas;
+    cohort::Trainer trainer(example::EigenMlp(settings.layers, settings.seed, settings.threads),
+                            std::move(strategy),
+                            cohort::optimizer::Adam({.learning_rate = settings.learning_rate}),
+                            {.global_batch = settings.batch,
+                             .micro_batches = settings.micro_batches,
+                             .seed = settings.seed,
+                             .log_every = 100,
+                             .progress = settings.quiet || !chief ? cohort::Progress::kSilent
+                                                                  : cohort::Progress::kAuto});
+    const double examples_per_second =
+        example::fit_with_checkpoints(trainer, data.train, settings, chief);
     if (chief) {
-      std::printf("\n%zu worker(s) x %zu local replica(s): %.0f examples/s, held-out accuracy "
-                  "%.2f%%, parameters %llx\n",
-                  workers, local_replicas, outcome.examples_per_second, 100.0 * outcome.accuracy,
-                  static_cast<unsigned long long>(example::fingerprint(outcome.parameters)));
+      std::printf("\n");
+      example::evaluate(trainer.model(), data, examples_per_second)
+          .print(std::to_string(workers) + " worker(s) x " + std::to_string(local_replicas) +
+                 " local replica(s)");
     }
     return 0;
   } catch (const cohort::Error& error) {

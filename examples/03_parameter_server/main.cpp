@@ -8,34 +8,46 @@
 //
 // 3 workers: the Trainer gives each worker micro_batches / 3 micro-batches, a power of two, so
 // this example defaults to micro_batches = 12.
+#include <cohort/optimizer/adam.hpp>
 #include <cohort/strategy/parameter_server.hpp>
+#include <cohort/trainer.hpp>
 #include <cstdio>
 #include <string>
 
 #include "demo.hpp"
+#include "eigen_mlp.hpp"
 
 namespace {
 
 template <class Consistency>
 int run(const example::DemoSettings& settings, std::size_t local_replicas) {
   const example::DemoData data(settings);
-  // The demo's model is small (about 12 KiB): without a minimum shard size and with 1024-element
-  // blocks it spreads over both servers, as a large model would by default.
+  // The demo's default model is small (about 10 KiB): without a minimum shard size and with
+  // 1024-element blocks it spreads over both servers, as a large model would by default.
   cohort::strategy::ParameterServer<Consistency> strategy(
       {.local_replicas = local_replicas, .min_shard_bytes = 0, .alignment = 1024});
   const bool chief = strategy.is_chief();
   const bool serves = strategy.serves();
   const int workers = strategy.workers();
   const int servers = strategy.servers();
-  const auto outcome =
-      example::train(settings, data.mlp_layers(settings.hidden), std::move(strategy), data);
+  // A server builds no replica: the model only gives the parameter count.
+  cohort::Trainer trainer(example::EigenMlp(settings.layers, settings.seed, settings.threads),
+                          std::move(strategy),
+                          cohort::optimizer::Adam({.learning_rate = settings.learning_rate}),
+                          {.global_batch = settings.batch,
+                           .micro_batches = settings.micro_batches,
+                           .seed = settings.seed,
+                           .log_every = 100,
+                           .progress = settings.quiet || !chief ? cohort::Progress::kSilent
+                                                                : cohort::Progress::kAuto});
+  const double examples_per_second =
+      example::fit_with_checkpoints(trainer, data.train, settings, chief);
   if (chief && !serves) {
-    std::printf(
-        "\n%s: %d worker(s) x %zu local replica(s), %d server(s): %.0f examples/s, held-out "
-        "accuracy %.2f%%, parameters %llx\n",
-        std::string(Consistency::kName).c_str(), workers, local_replicas, servers,
-        outcome.examples_per_second, 100.0 * outcome.accuracy,
-        static_cast<unsigned long long>(example::fingerprint(outcome.parameters)));
+    std::printf("\n");
+    example::evaluate(trainer.model(), data, examples_per_second)
+        .print(std::string(Consistency::kName) + ": " + std::to_string(workers) +
+               " worker(s) x " + std::to_string(local_replicas) + " local replica(s), " +
+               std::to_string(servers) + " server(s)");
   }
   return 0;
 }
@@ -53,6 +65,7 @@ int main(int argc, char** argv) {
   app.add_option("--local-replicas", local_replicas,
                  "replica threads in each worker process (a power of two)");
   example::add_demo_options(app, settings);
+  example::add_threads_option(app, settings);
   example::add_checkpoint_option(app, settings);
   CLI11_PARSE(app, argc, argv);
 

@@ -4,13 +4,15 @@
 // independent samples of it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <span>
 #include <vector>
 
-#include "mlp.hpp"
+#include "batch.hpp"
 
 namespace example {
 
@@ -88,11 +90,20 @@ class ClusterTask {
   std::vector<float> centres_;
 };
 
-// Fraction of `data` that `model` classifies correctly.
-inline double accuracy(Mlp model, const ClusterData& data) {
+// Fraction of `data` that `model` classifies correctly: any model with
+// `std::vector<std::size_t> predict(const Batch&)`, asked 1024 examples at a time.
+template <class Model>
+double accuracy(Model& model, const ClusterData& data) {
+  constexpr std::size_t kChunk = 1024;
+  std::vector<std::size_t> indices;
   std::size_t correct = 0;
-  for (std::size_t i = 0; i < data.size(); ++i) {
-    correct += model.predict(data.example(i)) == static_cast<std::size_t>(data.label(i));
+  for (std::size_t first = 0; first < data.size(); first += kChunk) {
+    indices.resize(std::min(kChunk, data.size() - first));
+    std::iota(indices.begin(), indices.end(), first);
+    const std::vector<std::size_t> classes = model.predict(data.batch(indices));
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      correct += classes[i] == static_cast<std::size_t>(data.label(indices[i]));
+    }
   }
   return static_cast<double>(correct) / static_cast<double>(data.size());
 }

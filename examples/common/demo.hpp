@@ -1,9 +1,8 @@
-// What the demo programs share: their settings and command line, the task they train on, and one
-// training run with any strategy, evaluated on held-out data.
+// What the demo programs share: their settings and command line, the task they train on, a
+// checkpointed fit, and what they print about a run.
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <cohort/optimizer/adam.hpp>
 #include <cohort/trainer.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -14,7 +13,6 @@
 #include <vector>
 
 #include "clusters.hpp"
-#include "mlp.hpp"
 
 namespace example {
 
@@ -24,7 +22,8 @@ struct DemoSettings {
   std::size_t micro_batches = 8;
   std::uint64_t seed = 1;
   std::size_t examples = 100'000;
-  std::size_t hidden = 128;
+  std::vector<std::size_t> layers{8, 128, 10};  // inputs, hidden..., classes
+  std::size_t threads = 1;                      // per replica
   double learning_rate = 3e-3;
   bool quiet = false;
   std::string checkpoint;  // continue from it if it exists; save it after every epoch
@@ -37,9 +36,21 @@ inline void add_demo_options(CLI::App& app, DemoSettings& settings) {
   app.add_option("--seed", settings.seed,
                  "seed of the task, the initialization and the data order");
   app.add_option("--examples", settings.examples, "training examples");
-  app.add_option("--hidden", settings.hidden, "hidden units");
+  app.add_option("--layers", settings.layers,
+                 "layer sizes, comma-separated: the inputs (the task's features), hidden "
+                 "layers, the classes (the task's), for example 784,1024,1024,10")
+      ->delimiter(',')
+      ->expected(2, 64);
   app.add_option("--learning-rate", settings.learning_rate, "Adam learning rate");
   app.add_flag("--quiet", settings.quiet, "no progress lines");
+}
+
+// For the programs that train the host model (not 01, whose model is on GPUs).
+inline void add_threads_option(CLI::App& app, DemoSettings& settings) {
+  app.add_option("--threads", settings.threads,
+                 "threads of each replica's model (its own; replicas x threads at most the "
+                 "cores: docs/examples.md)")
+      ->check(CLI::PositiveNumber);
 }
 
 // For the programs that train one model once (not 00, which trains several).
@@ -48,6 +59,16 @@ inline void add_checkpoint_option(CLI::App& app, DemoSettings& settings) {
                  "continue from this checkpoint if it exists, and save it after every epoch "
                  "(every process calls save; a parameter-server job writes a shard per server "
                  "and this file, the manifest, last)");
+}
+
+// "784-1024-1024-10"
+inline std::string describe(const std::vector<std::size_t>& layers) {
+  std::string text;
+  for (std::size_t size : layers) {
+    if (!text.empty()) text += '-';
+    text += std::to_string(size);
+  }
+  return text;
 }
 
 // FNV-1a over the bytes: a short name for a parameter vector in the output.
@@ -59,75 +80,75 @@ inline std::uint64_t fingerprint(std::span<const float> values) {
   return hash;
 }
 
+// The task has the model's inputs as features and its classes.
 struct DemoData {
   ClusterTask task;
   ClusterData train;
   ClusterData held_out;
 
   explicit DemoData(const DemoSettings& settings)
-      : task({.seed = settings.seed}),
+      : task({.features = settings.layers.front(),
+              .classes = settings.layers.back(),
+              .seed = settings.seed}),
         train(task.sample(settings.examples, 0)),
         held_out(task.sample(20'000, 1)) {}
 
-  std::vector<std::size_t> mlp_layers(std::size_t hidden) const {
-    return {task.options().features, hidden, task.options().classes};
-  }
-  std::vector<std::size_t> linear_layers() const {
-    return {task.options().features, task.options().classes};
+  void print() const {
+    std::printf(
+        "task: %zu classes, %zu features, %zu blobs per class; %zu training and %zu "
+        "held-out examples\n",
+        task.options().classes, task.options().features, task.options().blobs_per_class,
+        train.size(), held_out.size());
   }
 };
 
+// What a demo prints about a run.
 struct Outcome {
-  double examples_per_second;
-  double accuracy;
+  double examples_per_second = 0.0;
+  double accuracy = 0.0;
   std::vector<float> parameters;
+
+  // "<run>: N examples/s, held-out accuracy A%, parameters HEX" (scripts read this line).
+  void print(const std::string& run) const {
+    std::printf("%s: %.0f examples/s, held-out accuracy %.2f%%, parameters %llx\n", run.c_str(),
+                examples_per_second, 100.0 * accuracy,
+                static_cast<unsigned long long>(fingerprint(parameters)));
+  }
 };
 
-template <class Strategy>
-Outcome train(const DemoSettings& settings, const std::vector<std::size_t>& layers,
-              Strategy strategy, const DemoData& data) {
-  using namespace cohort;
-  const bool chief = strategy.is_chief();
-  const bool serves = [&] {
-    if constexpr (requires { strategy.serves(); }) {
-      return strategy.serves();
-    } else {
-      return false;
-    }
-  }();
-  Trainer trainer(Mlp(layers, settings.seed), std::move(strategy),
-                  optimizer::Adam({.learning_rate = settings.learning_rate}),
-                  {.global_batch = settings.batch,
-                   .micro_batches = settings.micro_batches,
-                   .seed = settings.seed,
-                   .log_every = 100,
-                   .progress = settings.quiet || !chief ? Progress::kSilent : Progress::kAuto});
+// The held-out accuracy and the parameters of a trained model (a copy of it: predicting uses the
+// model's buffers).
+template <class Model>
+Outcome evaluate(Model model, const DemoData& data, double examples_per_second) {
+  const auto parameters = cohort::ModelTraits<Model>::parameters(model);
+  return {
+      examples_per_second, accuracy(model, data.held_out), {parameters.begin(), parameters.end()}};
+}
+
+// Trains to settings.epochs; returns the examples per second of the epochs trained here. With a
+// checkpoint: continues from it if it exists, and fits one epoch at a time, saving after each
+// (fit's targets are absolute, so a restored run goes on where it stopped). Every process calls
+// it, a parameter server too (its fit serves the workers).
+template <class Trainer, class Data>
+double fit_with_checkpoints(Trainer& trainer, const Data& data, const DemoSettings& settings,
+                            bool chief) {
   const bool checkpoints = !settings.checkpoint.empty();
   if (checkpoints && std::filesystem::exists(settings.checkpoint)) {
     trainer.restore(settings.checkpoint);
-    if (chief) std::printf("continuing from %s at step %llu\n", settings.checkpoint.c_str(),
-                           static_cast<unsigned long long>(trainer.step()));
+    if (chief) {
+      std::printf("continuing from %s at step %llu\n", settings.checkpoint.c_str(),
+                  static_cast<unsigned long long>(trainer.step()));
+    }
   }
-  // With checkpoints, one fit per epoch, each followed by a save (fit's targets are absolute,
-  // so a restored run goes on where it stopped); without, one fit.
   double seconds = 0.0;
   std::uint64_t steps = 0;
-  for (std::uint64_t epoch = checkpoints ? 1 : settings.epochs; epoch <= settings.epochs;
-       ++epoch) {
-    const Report report = trainer.fit(data.train, {.epochs = epoch});
+  for (std::uint64_t epoch = checkpoints ? 1 : settings.epochs; epoch <= settings.epochs; ++epoch) {
+    const cohort::Report report = trainer.fit(data, {.epochs = epoch});
     seconds += report.seconds;
     steps += report.steps;
     if (checkpoints) trainer.save(settings.checkpoint);
   }
-  const double examples = static_cast<double>(steps * settings.batch);
-  Outcome outcome{seconds > 0.0 ? examples / seconds : 0.0, 0.0, {}};
-  if (!serves) {  // a parameter server holds no model to evaluate
-    Mlp model = trainer.model();
-    const auto parameters = ModelTraits<Mlp>::parameters(model);
-    outcome.accuracy = accuracy(model, data.held_out);
-    outcome.parameters.assign(parameters.begin(), parameters.end());
-  }
-  return outcome;
+  return seconds > 0.0 ? static_cast<double>(steps * settings.batch) / seconds : 0.0;
 }
 
 }  // namespace example

@@ -9,34 +9,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <span>
 #include <vector>
 
+#include "batch.hpp"
+#include "mlp_layout.hpp"
+
 namespace example {
-
-struct Batch {
-  std::size_t features = 0;
-  std::vector<float> inputs;         // size() x features, row-major
-  std::vector<std::int32_t> labels;  // one per example
-  std::size_t size() const { return labels.size(); }
-};
-
-// The flat parameter layout of an MLP with layer sizes `sizes` (inputs, hidden..., classes):
-// layer l's weights (sizes[l] x sizes[l + 1], row-major) at weight_offsets[l], then its biases at
-// bias_offsets[l]. Returns the number of parameters.
-inline std::size_t lay_out(const std::vector<std::size_t>& sizes,
-                           std::vector<std::size_t>& weight_offsets,
-                           std::vector<std::size_t>& bias_offsets) {
-  std::size_t total = 0;
-  for (std::size_t layer = 0; layer + 1 < sizes.size(); ++layer) {
-    weight_offsets.push_back(total);
-    total += sizes[layer] * sizes[layer + 1];
-    bias_offsets.push_back(total);
-    total += sizes[layer + 1];
-  }
-  return total;
-}
 
 class Mlp {
  public:
@@ -48,15 +27,7 @@ class Mlp {
     const std::size_t total = lay_out(sizes_, weight_offsets_, bias_offsets_);
     parameters_.assign(total, 0.0f);
     gradients_.assign(total, 0.0f);
-    std::mt19937_64 engine(seed);
-    for (std::size_t layer = 0; layer + 1 < sizes_.size(); ++layer) {
-      const double scale = std::sqrt(2.0 / static_cast<double>(sizes_[layer]));
-      std::normal_distribution<double> normal(0.0, scale);
-      float* weights = parameters_.data() + weight_offsets_[layer];
-      for (std::size_t i = 0; i < sizes_[layer] * sizes_[layer + 1]; ++i) {
-        weights[i] = static_cast<float>(normal(engine));
-      }
-    }
+    initialize_he(sizes_, weight_offsets_, seed, std::span<float>(parameters_));
     for (std::size_t size : sizes_) activations_.emplace_back(size);
     deltas_ = activations_;
   }
@@ -87,11 +58,20 @@ class Mlp {
     return loss;
   }
 
+  // The class of highest logit, for one example's features and for each example of a batch.
   std::size_t predict(std::span<const float> features) {
     forward(features);
     const auto& logits = activations_.back();
     return static_cast<std::size_t>(std::max_element(logits.begin(), logits.end()) -
                                     logits.begin());
+  }
+  std::vector<std::size_t> predict(const Batch& batch) {
+    std::vector<std::size_t> classes(batch.size());
+    for (std::size_t example = 0; example < batch.size(); ++example) {
+      classes[example] =
+          predict(std::span(batch.inputs).subspan(example * batch.features, batch.features));
+    }
+    return classes;
   }
 
  private:

@@ -67,7 +67,7 @@ TEST_CASE("3 workers x 1 replica and Mirrored 3 give bit-identical parameters") 
   TemporaryDirectory directory("cohort-multi-worker");
   const fs::path out = directory.path / "parameters.bin";
   const auto [exit, output] = run(
-      {COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, "1", "30", out, "deterministic", "3"},
+      {COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, "1", "30", out, "--micro-batches", "3"},
       directory.path / "log.txt");
   CAPTURE(output);
   REQUIRE(exit.exited);

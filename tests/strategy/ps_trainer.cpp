@@ -5,6 +5,7 @@
 //   ps_trainer sync|async|bounded2 STEPS OUT [--slow-worker W --sleep-ms N] [--log-pushes]
 //              [--segment K --checkpoint FILE] [--restore FILE] [--bad-requests]
 //              [--backup-workers B] [--clip NORM] [--alignment A] [--local-replicas L]
+//              [--eigen THREADS]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
 // --segment K        fit K steps at a time; the chief saves FILE after each
@@ -16,6 +17,8 @@
 // --clip NORM        Adam clips by global norm NORM; the model is the wide one, laid out on the
 //                    norm's blocks (4096-element alignment, 16 KiB chunks: 2 chunks per server)
 // --alignment A      the layout's alignment instead (a wrong one for --clip, say)
+// --eigen THREADS    the examples' Eigen MLP on THREADS threads per replica (eigen_training.hpp)
+//                    instead of the plain-loop Mlp
 // Otherwise the layout is forced small (16-element alignment, no minimum shard, 256-byte chunks),
 // so that the small model spreads over every server in several chunks.
 #include <chrono>
@@ -25,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "training.hpp"
+#include "eigen_training.hpp"
 
 namespace {
 
@@ -47,6 +50,7 @@ struct Settings {
   double clip = 0.0;
   std::size_t local_replicas = 1;
   std::size_t alignment = 0;  // 0: the default of the layout above
+  std::size_t eigen_threads = 0;  // 0: the plain-loop Mlp
 };
 
 // The test data, slowed down on one worker.
@@ -116,8 +120,8 @@ int send_bad_requests(S& strategy, std::size_t parameters) {
   return failures;
 }
 
-template <class C>
-int train(const Settings& settings) {
+template <class C, class Model>
+int train(const Settings& settings, const Model& model) {
   const bool clips = settings.clip > 0.0;
   ParameterServer<C> strategy({.local_replicas = settings.local_replicas,
                                .connect_timeout = std::chrono::seconds(30),
@@ -132,7 +136,6 @@ int train(const Settings& settings) {
   const bool chief = strategy.is_chief();
   const bool serves = strategy.serves();
   const int worker = serves ? -1 : strategy.worker();
-  const auto model = clips ? cohort::testing::wide_model() : cohort::testing::small_model();
   if (settings.bad_requests && worker == 1) {
     const std::size_t parameters = cohort::testing::parameters_of(model).size();
     if (send_bad_requests(strategy, parameters) != 0) return 3;
@@ -156,6 +159,15 @@ int train(const Settings& settings) {
                                       cohort::testing::parameters_of(trainer.model()));
   }
   return 0;
+}
+
+template <class C>
+int train(const Settings& settings) {
+  if (settings.eigen_threads > 0) {
+    return train<C>(settings, cohort::testing::small_eigen_model(settings.eigen_threads));
+  }
+  return train<C>(settings, settings.clip > 0.0 ? cohort::testing::wide_model()
+                                                : cohort::testing::small_model());
 }
 
 }  // namespace
@@ -194,6 +206,8 @@ int main(int argc, char** argv) {
       settings.alignment = std::stoul(next());
     else if (flag == "--local-replicas")
       settings.local_replicas = std::stoul(next());
+    else if (flag == "--eigen")
+      settings.eigen_threads = std::stoul(next());
     else {
       std::fprintf(stderr, "ps_trainer: unknown option %s\n", flag.c_str());
       return 64;

@@ -60,9 +60,10 @@ inline void write_parameters(const std::filesystem::path& file, std::span<const 
   std::ofstream(file, std::ios::binary) << bytes_of(values);
 }
 
-inline std::vector<float> parameters_of(const example::Mlp& model) {
+template <Model M>
+std::vector<float> parameters_of(const M& model) {
   auto copy = model;
-  const auto parameters = ModelTraits<example::Mlp>::parameters(copy);
+  const auto parameters = ModelTraits<M>::parameters(copy);
   return {parameters.begin(), parameters.end()};
 }
 
