@@ -19,7 +19,7 @@
 //   dW = X D^T,  db = the sum of D's columns, example by example,
 //   D below = (W D) where the layer's input was positive, else 0.
 // Each layer's weight and bias gradients are final when its step of the backward pass ends
-// (backward_layer), last layer first.
+// (layer_gradients), last layer first: forward_backward(batch, ready) says so as it goes.
 //
 // Threads: with threads = T, each product is split into T blocks of rows of its result (the
 // forward pass and dW by output unit, D below by input unit; blocks start on multiples of 16
@@ -143,10 +143,32 @@ class BasicEigenMlp {
   // Overwrites the gradients with those of the summed cross-entropy over the batch; returns that
   // summed loss.
   double forward_backward(const Batch& batch) {
-    const FlushDenormals flush;
-    forward(batch);
-    const double loss = softmax_cross_entropy(batch.labels);
-    for (std::size_t layer = layer_count(); layer-- > 0;) backward_layer(layer);
+    return forward_backward(batch, [](std::size_t, std::size_t) {});
+  }
+
+  // The same, and calls ready(begin, end) as soon as each layer's gradients [begin, end) are
+  // final, last layer first, before the backward pass goes on to the layer below: a trainer can
+  // communicate them meanwhile (cohort's gradient readiness, core/model.hpp). ready runs in the
+  // caller's floating-point mode, not the model's: what it computes must not depend on the model.
+  template <class Ready>
+  double forward_backward(const Batch& batch, Ready&& ready) {
+    double loss = 0.0;
+    {
+      const FlushDenormals flush;
+      forward(batch);
+      loss = softmax_cross_entropy(batch.labels);
+    }
+    for (std::size_t layer = layer_count(); layer-- > 0;) {
+      {
+        const FlushDenormals flush;
+        layer_gradients(layer);
+      }
+      ready(weight_offsets_[layer], bias_offsets_[layer] + sizes_[layer + 1]);
+      if (layer > 0) {
+        const FlushDenormals flush;
+        delta_below(layer);
+      }
+    }
     return loss;
   }
 
@@ -286,7 +308,8 @@ class BasicEigenMlp {
 
   // Layer `layer`'s weight and bias gradients from the deltas of its outputs, and the deltas of
   // its inputs (unless it is the first layer); after it, the layer's gradients are final.
-  void backward_layer(std::size_t layer) {
+  // dW and db of `layer` from the deltas of its outputs.
+  void layer_gradients(std::size_t layer) {
     run_on_team([&](std::size_t part) {
       const auto delta = deltas_[layer + 1].leftCols(examples_);
       if (const Rows units = share(outputs(layer), part); units.size > 0) {
@@ -299,7 +322,13 @@ class BasicEigenMlp {
           db += delta.col(example).segment(units.begin, units.size);
         }
       }
-      if (layer == 0) return;
+    });
+  }
+
+  // The deltas of `layer`'s inputs (layer > 0): the layer below's outputs.
+  void delta_below(std::size_t layer) {
+    run_on_team([&](std::size_t part) {
+      const auto delta = deltas_[layer + 1].leftCols(examples_);
       if (const Rows units = share(inputs(layer), part); units.size > 0) {
         auto below = deltas_[layer].block(units.begin, 0, units.size, examples_);
         below.noalias() = weights(parameters_, layer).middleRows(units.begin, units.size) * delta;

@@ -154,6 +154,29 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("the Eigen MLP reports each layer's gradients ready as soon as they are final") {
+  const example::Batch batch = random_batch(13, 8, 4, 5);
+  example::EigenMlp model = small_eigen_model(1);
+  const std::vector<float> expected = gradients_of(model, batch);
+  const std::vector<std::size_t> layers = model.layers();
+  std::vector<float> seen(expected.size(), -1.0f);
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  const auto gradients = model.gradients();
+  model.forward_backward(batch, [&](std::size_t begin, std::size_t end) {
+    ranges.emplace_back(begin, end);
+    // What is reported is final: it equals the complete pass's, and stays so to the end.
+    std::copy(gradients.begin() + static_cast<std::ptrdiff_t>(begin),
+              gradients.begin() + static_cast<std::ptrdiff_t>(end),
+              seen.begin() + static_cast<std::ptrdiff_t>(begin));
+  });
+  CHECK(seen == expected);
+  // One range per layer, last layer first, together the whole gradient.
+  REQUIRE(ranges.size() == layers.size() - 1);
+  CHECK(ranges.front().second == expected.size());
+  CHECK(ranges.back().first == 0);
+  for (std::size_t i = 1; i < ranges.size(); ++i) CHECK(ranges[i].second == ranges[i - 1].first);
+}
+
 TEST_CASE(
     "Mirrored with 1, 2 and 4 replicas trains the Eigen MLP to the same bits, on 1 and 2 "
     "threads per replica") {
