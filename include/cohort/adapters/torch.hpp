@@ -48,7 +48,9 @@
 //                         threads sums in another order when the thread count changes). With R
 //                         replica threads on C cores, C / R may be faster; the bits then hold
 //                         across runs with the same setting. 0 leaves both settings alone.
-//   m.module()    this replica's module (for evaluation, copy the model first: see below)
+//   m.module()    this replica's module. The Trainer trains replicas (copies) of the model it is
+//                 given, so the trained module is trainer.model().module(), not the one passed
+//                 in here; to evaluate it, copy the model first (below).
 //   copy          an independent replica: the module cloned (Cloneable::clone), its
 //                 requires_grad flags carried over, adapted again with the same values
 //   move          keeps the buffers, so the spans stay valid
@@ -84,8 +86,9 @@
 //
 // forward_backward(batch): zeroes the gradient buffer, runs module.forward(batch.inputs), the
 // loss against batch.targets and backward, and returns the loss. Gradients accumulate into the
-// views in place (LibTorch adds to a defined .grad() without replacing it), so they land in the
-// buffer with the bits LibTorch's own backward computes.
+// views in place (LibTorch adds to a defined .grad() without replacing it), so the buffer holds
+// the values LibTorch's own backward computes. cohort calls it from one thread per replica,
+// concurrently on different replicas; LibTorch's CPU autograd runs backward on the calling thread.
 //
 // Requirements the compiler cannot check:
 //   - forward and the loss are deterministic: the same parameters and batch give the same bits
@@ -93,8 +96,6 @@
 //     order the thread schedule decides);
 //   - nothing changes a replica's mode during fit (train() / eval()): evaluate a copy,
 //       auto evaluated = trainer.model();  evaluated.module()->eval();
-//   - forward_backward runs on one thread per replica, concurrently on different replicas
-//     (LibTorch's CPU autograd runs backward on the calling thread).
 //
 // TorchDataset(inputs, targets): a cohort Dataset (core/dataset.hpp) over two tensors whose
 // dimension 0 is the example (the same size); batch(indices) selects those rows of each
@@ -182,6 +183,7 @@ class TorchDataset {
   torch::Tensor targets_;
 };
 
+// TorchModel's options (intra_op_threads: see the top of this file).
 struct TorchModelOptions {
   int intra_op_threads = 1;
 };
