@@ -225,6 +225,32 @@ TEST_CASE("the gradients are LibTorch's own, and each call overwrites them") {
   }
 }
 
+TEST_CASE("each parameter's gradient is reported ready once, final, as backward finishes it") {
+  for (Kind kind : {Kind::kMlp, Kind::kCnn}) {
+    CAPTURE(static_cast<int>(kind));
+    const TorchBatch batch = first_examples(kind, 16);
+    Model model(module_of(kind), SummedCrossEntropy{});
+    model.forward_backward(batch);
+    const std::vector<float> expected(model.gradients().begin(), model.gradients().end());
+    std::vector<float> seen(expected.size(), -1.0f);
+    std::vector<std::pair<std::size_t, std::size_t>> ranges;
+    const auto gradients = model.gradients();
+    auto on_ready = [&](std::size_t begin, std::size_t end) {
+      ranges.emplace_back(begin, end);
+      std::copy(gradients.begin() + static_cast<std::ptrdiff_t>(begin),
+                gradients.begin() + static_cast<std::ptrdiff_t>(end),
+                seen.begin() + static_cast<std::ptrdiff_t>(begin));
+    };
+    model.forward_backward(batch, cohort::GradientReady(on_ready));
+    CHECK(seen == expected);  // what was reported was final
+    std::sort(ranges.begin(), ranges.end());
+    REQUIRE(ranges.size() == model.module()->parameters().size());
+    CHECK(ranges.front().first == 0);
+    CHECK(ranges.back().second == expected.size());
+    for (std::size_t i = 1; i < ranges.size(); ++i) CHECK(ranges[i].first == ranges[i - 1].second);
+  }
+}
+
 TEST_CASE("a gradient set to none is put back into the buffer") {
   Model model(mlp(), SummedCrossEntropy{});
   const TorchBatch batch = first_examples(Kind::kMlp, 8);

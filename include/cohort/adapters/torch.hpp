@@ -103,12 +103,14 @@
 #pragma once
 
 #include <dlfcn.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <sstream>
@@ -274,6 +276,7 @@ class FlatParameters {
       torch::Tensor gradient = gradients_.narrow(0, offset, count).view(tensor.sizes());
       tensor.mutable_grad() = gradient;
       adapted_.push_back({std::move(parameter), std::move(values), std::move(gradient)});
+      ranges_.emplace_back(static_cast<std::size_t>(offset), static_cast<std::size_t>(offset + count));
       offset += count;
     }
   }
@@ -314,6 +317,58 @@ class FlatParameters {
     gradients_.zero_();
   }
 
+  // Runs backward(), calling ready(begin, end) with each parameter's range of the gradient buffer
+  // as soon as autograd has accumulated its gradient there: a post hook on the parameter's
+  // AccumulateGrad node, the node that writes .grad(). Parameters that no gradient reached are
+  // reported after backward (their zeros are final). Call it after the forward pass, which made
+  // the nodes. A failure of ready (a collective's) is rethrown after backward, as itself.
+  template <class Backward>
+  void backward_reporting(GradientReady ready, Backward&& backward) {
+    using torch::autograd::variable_list;
+    std::vector<bool> reported(adapted_.size(), false);
+    std::exception_ptr failure;
+    struct Hook {
+      std::shared_ptr<torch::autograd::Node> node;
+      std::uintptr_t key;
+    };
+    std::vector<Hook> hooks;
+    const auto report = [&](std::size_t i) {
+      reported[i] = true;
+      if (failure) return;
+      try {
+        ready(ranges_[i].first, ranges_[i].second);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    };
+    for (std::size_t i = 0; i < adapted_.size(); ++i) {
+      std::shared_ptr<torch::autograd::Node> node =
+          torch::autograd::impl::grad_accumulator(adapted_[i].parameter.tensor);
+      if (!node) continue;
+      const std::uintptr_t key =
+          node->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+              [&report, i](const variable_list& outputs, const variable_list&) {
+                report(i);
+                return outputs;
+              }));
+      hooks.push_back({std::move(node), key});
+    }
+    const auto remove_hooks = [&] {
+      for (const Hook& hook : hooks) hook.node->del_post_hook(hook.key);
+    };
+    try {
+      backward();
+    } catch (...) {
+      remove_hooks();
+      throw;
+    }
+    remove_hooks();
+    for (std::size_t i = 0; i < adapted_.size(); ++i) {
+      if (!reported[i]) report(i);
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+
  private:
   struct Adapted {
     NamedParameter parameter;
@@ -347,6 +402,7 @@ class FlatParameters {
   }
 
   std::vector<Adapted> adapted_;  // in buffer order
+  std::vector<std::pair<std::size_t, std::size_t>> ranges_;  // each one's [begin, end) in the buffers
   torch::Tensor values_;
   torch::Tensor gradients_;
 };
@@ -469,6 +525,17 @@ class TorchModel {
     const torch::Tensor loss = (*loss_)(module_->forward(batch.inputs), batch.targets);
     detail::check_loss(loss);
     loss.backward();
+    return loss.item<double>();
+  }
+
+  // The same, reporting each parameter's gradient ready as backward finishes it (gradient
+  // readiness, core/model.hpp), so that cohort reduces it while backward goes on.
+  double forward_backward(const TorchBatch& batch, GradientReady ready) {
+    torch::AutoGradMode grad_mode(true);
+    parameters_.prepare_backward(*module_);
+    const torch::Tensor loss = (*loss_)(module_->forward(batch.inputs), batch.targets);
+    detail::check_loss(loss);
+    parameters_.backward_reporting(ready, [&] { loss.backward(); });
     return loss.item<double>();
   }
 
