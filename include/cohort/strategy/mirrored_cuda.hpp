@@ -84,7 +84,10 @@ class Mirrored<device::Cuda, collective::Nccl> {
                       "deterministic NCCL combines at most 64 GPUs (cuda::kMaxTreeInputs)");
     }
     streams_.reserve(count);
-    for (std::size_t r = 0; r < count; ++r) streams_.emplace_back(static_cast<int>(r));
+    // A stream's end waits for its work at most as long as a collective may take.
+    for (std::size_t r = 0; r < count; ++r) {
+      streams_.emplace_back(static_cast<int>(r), options_.timeout);
+    }
   }
 
   std::size_t replicas() const { return streams_.size(); }

@@ -83,7 +83,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
       : options_(std::move(options)), spec_(cluster::resolve(options_.cluster)) {
     const int first = checked_first_gpu(options_, spec_);
     const int count = static_cast<int>(options_.local_replicas);
-    for (int gpu = first; gpu < first + count; ++gpu) streams_.emplace_back(gpu);
+    for (int gpu = first; gpu < first + count; ++gpu) streams_.emplace_back(gpu, options_.timeout);
     const std::string gpus =
         count == 1 ? "GPU " + std::to_string(first)
                    : "GPUs " + std::to_string(first) + " to " + std::to_string(first + count - 1);
