@@ -36,7 +36,8 @@ int train(Strategy strategy, std::uint64_t steps, const char* out) {
 template <class Strategy>
 int check_current_gpu(Strategy& strategy) {
   const cohort::device::cuda::Place place = strategy.place(0);
-  if (cohort::device::cuda::device_count() > 1) cohort::device::cuda::use(place.device == 0 ? 1 : 0);
+  if (cohort::device::cuda::device_count() > 1)
+    cohort::device::cuda::use(place.device == 0 ? 1 : 0);
   const std::size_t count = cohort::test::kTwinShape.parameters();
   int current = -1;
   strategy.run([&](auto& replica) {
@@ -46,7 +47,8 @@ int check_current_gpu(Strategy& strategy) {
     replica.start(parameters.span(), state.span(), 0);
   });
   if (current != place.device) {
-    std::fprintf(stderr, "error: the replica's thread had GPU %d current, not the worker's GPU %d\n",
+    std::fprintf(stderr,
+                 "error: the replica's thread had GPU %d current, not the worker's GPU %d\n",
                  current, place.device);
     return 1;
   }

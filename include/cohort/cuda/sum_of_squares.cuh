@@ -41,8 +41,8 @@ __global__ void block_squares_kernel(const T* x, std::size_t n, double* partial)
   const std::size_t groups = (blocks + kNormLanes - 1) / kNormLanes;
   const std::size_t warps = static_cast<std::size_t>(gridDim.x) * kNormWarps;
   // Warp-uniform loops: every lane of the warp takes each __syncwarp.
-  for (std::size_t group = static_cast<std::size_t>(blockIdx.x) * kNormWarps + warp;
-       group < groups; group += warps) {
+  for (std::size_t group = static_cast<std::size_t>(blockIdx.x) * kNormWarps + warp; group < groups;
+       group += warps) {
     const std::size_t first_block = group * kNormLanes;
     const std::size_t block = first_block + lane;  // the one this lane sums
     const std::size_t begin = block * kNormBlock;

@@ -25,7 +25,8 @@
 //
 // Options: cluster, bind_address, secret, connect_timeout and timeout, as for
 // MultiWorkerMirrored<> (no bucket_bytes: NCCL carries whole buffers); connect_timeout also bounds
-// each fit's NCCL set-up, timeout each collective. local_replicas: GPUs per process (>= 1).
+// each fit's NCCL set-up, timeout each collective and the end of each communicator and stream.
+// local_replicas: GPUs per process (>= 1).
 // CrossCollective is only the bootstrap's (it carries the unique id).
 //
 // A failing replica aborts its NCCL communicator and releases the other replicas of its process at
