@@ -2,8 +2,15 @@
 // device::Cpu, the reference: the same calls on the same values give the same bits.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <span>
+#include <stop_token>
+#include <thread>
 #include <vector>
 
 #include "cohort/device/cpu.hpp"
@@ -92,4 +99,32 @@ TEST_CASE("device::Cuda's add_into, sum_of_squares and step equal device::Cpu's 
     CHECK(same_bits(host_copy(place, d_parameters), parameters));
     CHECK(same_bits(host_copy(place, d_state), state));
   }
+}
+
+TEST_CASE("a Stream whose work never finishes is destroyed within its drain limit" * gpu_only()) {
+  using namespace std::chrono_literals;
+  std::atomic<bool> released{false};
+  // The stream's work ends after 20 s whatever the destructor does, so that the case ends too.
+  std::mutex mutex;
+  std::condition_variable_any woken;
+  std::jthread releaser([&](std::stop_token stop) {
+    std::unique_lock lock(mutex);
+    woken.wait_for(lock, stop, 20s, [] { return false; });
+    released = true;
+  });
+  std::optional<cohort::device::cuda::Stream> stream(std::in_place, 0, 200ms);
+  // Work that waits on the host: the stream stays busy until `released`.
+  COHORT_CUDA_CHECK(cudaLaunchHostFunc(
+      stream->get(),
+      [](void* flag) {
+        while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(1ms);
+      },
+      &released));
+  const auto start = std::chrono::steady_clock::now();
+  stream.reset();
+  const auto destroying = std::chrono::steady_clock::now() - start;
+  releaser.request_stop();
+  releaser.join();
+  COHORT_CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK(destroying < 10s);  // the drain limit, not the 20 s the work takes
 }

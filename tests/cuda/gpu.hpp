@@ -4,10 +4,17 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <random>
+#include <stop_token>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "cohort/device/cuda.hpp"
@@ -28,6 +35,26 @@ inline auto gpus_only(int count) { return doctest::skip(device::cuda::device_cou
 // How long a GPU test's collective may wait: a hang fails in a minute with its CommError, well
 // inside ctest's limit, instead of at the 5-minute default.
 inline constexpr std::chrono::seconds kTestTimeout{60};
+
+// Ends the test program, naming `what`, when the scope that holds it outlives `limit`: a case
+// that would hang fails by name, long before ctest's timeout.
+class HangGuard {
+ public:
+  HangGuard(std::string what, std::chrono::seconds limit)
+      : thread_([what = std::move(what), limit](std::stop_token stop) {
+          std::mutex mutex;
+          std::condition_variable_any woken;
+          std::unique_lock lock(mutex);
+          woken.wait_for(lock, stop, limit, [] { return false; });
+          if (stop.stop_requested()) return;
+          std::fprintf(stderr, "[cohort] %s: still running after %lld s; aborting\n", what.c_str(),
+                       static_cast<long long>(limit.count()));
+          std::abort();
+        }) {}
+
+ private:
+  std::jthread thread_;
+};
 
 // A device buffer of n values of T, freed on destruction.
 template <class T>

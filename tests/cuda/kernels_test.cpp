@@ -324,6 +324,27 @@ TEST_CASE("sum_of_squares equals device::cpu::sum_of_squares bit for bit" * gpu_
   check_sum_of_squares<bfloat16>();
 }
 
+TEST_CASE("sum_of_squares adds each block in index order across warps, CTAs and partial blocks" *
+          gpu_only()) {
+  // Magnitudes over 40 binades: any other order of a block's additions changes low bits.
+  for (const std::size_t n :
+       {std::size_t{32 * 4096 - 1}, std::size_t{32 * 4096}, std::size_t{32 * 4096 + 1},
+        std::size_t{4 * 32 * 4096 + 4097}, std::size_t{600 * 4096 + 31}}) {
+    CAPTURE(n);
+    std::vector<float> x = random_floats(n, 5 + n);
+    for (std::size_t i = 0; i < n; ++i)
+      x[i] = std::ldexp(x[i], static_cast<int>(i * 7919 % 40) - 20);
+    const double expected = cohort::device::cpu::sum_of_squares(std::span<const float>(x));
+    DeviceBuffer<float> dx(x);
+    DeviceBuffer<double> workspace(cohort::cuda::sum_of_squares_workspace(n));
+    DeviceBuffer<double> result(1);
+    cohort::cuda::sum_of_squares(dx.data(), n, workspace.data(), result.data(), nullptr);
+    COHORT_CUDA_CHECK(cudaDeviceSynchronize());
+    const double gpu = result.download()[0];
+    CHECK(std::memcmp(&gpu, &expected, sizeof(double)) == 0);
+  }
+}
+
 TEST_CASE("sum_of_squares is not finite when a float gradient is not" * gpu_only()) {
   std::vector<float> x = random_floats(3 * 4096 + 1, 9);
   x[5000] = std::numeric_limits<float>::infinity();

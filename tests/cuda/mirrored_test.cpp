@@ -14,6 +14,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cohort/strategy/mirrored_cuda.hpp"
@@ -260,4 +261,25 @@ TEST_CASE("on 2 GPUs a replica that throws releases the other at once and fit re
   CHECK_THROWS_WITH_AS(trainer.fit(UnreadableExample{}, {.epochs = 1}), "example 5 is unreadable",
                        std::runtime_error);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));  // not the timeout
+}
+
+TEST_CASE(
+    "on 2 GPUs a replica that throws after the last collective releases the other's teardown at "
+    "once" *
+    gpus_only(2)) {
+  using namespace std::chrono_literals;
+  GpuMirrored strategy({.replicas = 2, .timeout = 30s});
+  const auto start = std::chrono::steady_clock::now();
+  // Replica 0 returns and ends its communicator (NCCL's finalize waits for every rank); replica 1
+  // fails meanwhile, and never finalizes.
+  CHECK_THROWS_WITH_AS(strategy.run([&](GpuMirrored::Replica& replica) {
+    cohort::device::cuda::Buffer<float> values(4099, replica.place());
+    replica.communicator().all_reduce(values.span(), cohort::ReduceOp::kSum);
+    if (replica.index() == 1) {
+      std::this_thread::sleep_for(500ms);
+      throw std::runtime_error("replica 1 failed after the last collective");
+    }
+  }),
+                       "replica 1 failed after the last collective", std::runtime_error);
+  CHECK(std::chrono::steady_clock::now() - start < 15s);  // not the 30 s timeout
 }

@@ -3,9 +3,12 @@
 // ParameterServer<Sync, device::Cuda> (COHORT_ROLE says which); the chief writes the final
 // parameters. --timeout-ms bounds every collective's wait (default 60000), --connect-timeout-ms
 // the rendezvous and NCCL's set-up (default 30000); --local-replicas is MultiWorkerMirrored's GPUs
-// per process (default 1).
+// per process (default 1). --check-current-gpu (ps): a worker checks, instead of training, that
+// its replica's thread has the worker's GPU current when the replica starts, another GPU having
+// been made current on that thread before (as by a program that used another GPU in between);
+// it starts and ends one fit, which the server serves. Exits 1 when the GPU was not current.
 //   multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N] [--connect-timeout-ms N]
-//                            [--local-replicas N]
+//                            [--local-replicas N] [--check-current-gpu]
 #include <chrono>
 #include <cohort/strategy/multi_worker_mirrored_cuda.hpp>
 #include <cohort/strategy/parameter_server_cuda.hpp>
@@ -29,11 +32,36 @@ int train(Strategy strategy, std::uint64_t steps, const char* out) {
   return 0;
 }
 
+// See --check-current-gpu above.
+template <class Strategy>
+int check_current_gpu(Strategy& strategy) {
+  const cohort::device::cuda::Place place = strategy.place(0);
+  if (cohort::device::cuda::device_count() > 1)
+    cohort::device::cuda::use(place.device == 0 ? 1 : 0);
+  const std::size_t count = cohort::test::kTwinShape.parameters();
+  int current = -1;
+  strategy.run([&](auto& replica) {
+    COHORT_CUDA_CHECK(cudaGetDevice(&current));
+    cohort::device::cuda::Buffer<float> parameters(count, place);
+    cohort::device::cuda::Buffer<float> state(cohort::optimizer::Adam::kStateSlots * count, place);
+    replica.start(parameters.span(), state.span(), 0);
+  });
+  if (current != place.device) {
+    std::fprintf(stderr,
+                 "error: the replica's thread had GPU %d current, not the worker's GPU %d\n",
+                 current, place.device);
+    return 1;
+  }
+  std::fprintf(stderr, "the replica's thread had the worker's GPU %d current\n", current);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::vector<std::string> arguments(argv + 1, argv + argc);
   bool parameter_server = false;
+  bool check_gpu = false;
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(30);
   std::size_t local_replicas = 1;
@@ -47,6 +75,8 @@ int main(int argc, char** argv) {
       connect_timeout = std::chrono::milliseconds(std::stoll(arguments[++i]));
     } else if (arguments[i] == "--local-replicas" && i + 1 < arguments.size()) {
       local_replicas = std::stoul(arguments[++i]);
+    } else if (arguments[i] == "--check-current-gpu") {
+      check_gpu = true;
     } else {
       positional.push_back(arguments[i]);
     }
@@ -54,7 +84,7 @@ int main(int argc, char** argv) {
   if (positional.size() != 2) {
     std::fprintf(stderr,
                  "usage: multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N] "
-                 "[--connect-timeout-ms N] [--local-replicas N]\n");
+                 "[--connect-timeout-ms N] [--local-replicas N] [--check-current-gpu]\n");
     return 64;
   }
   try {
@@ -62,14 +92,14 @@ int main(int argc, char** argv) {
     const char* out = positional[1].c_str();
     if (parameter_server) {
       // Whole 4096-element norm blocks per shard: the test optimizer clips by the global norm.
-      return train(cohort::strategy::ParameterServer<cohort::strategy::consistency::Sync,
-                                                     cohort::device::Cuda>(
-                       {.connect_timeout = connect_timeout,
-                        .timeout = timeout,
-                        .min_shard_bytes = 0,
-                        .alignment = 4096,
-                        .chunk_bytes = 16 << 10}),
-                   steps, out);
+      cohort::strategy::ParameterServer<cohort::strategy::consistency::Sync, cohort::device::Cuda>
+          strategy({.connect_timeout = connect_timeout,
+                    .timeout = timeout,
+                    .min_shard_bytes = 0,
+                    .alignment = 4096,
+                    .chunk_bytes = 16 << 10});
+      if (check_gpu && !strategy.serves()) return check_current_gpu(strategy);
+      return train(std::move(strategy), steps, out);
     }
     return train(cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda>(
                      {.connect_timeout = connect_timeout,

@@ -174,6 +174,21 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "ParameterServer with 2 GPU workers makes each worker's GPU current on its replica's thread" *
+    cohort::test::gpus_only(2)) {
+  // Each worker first makes another GPU current on the thread that runs its replica.
+  GpuJob job(
+      {COHORT_GPU_TRAINER, "1", (fs::temp_directory_path() / "cohort-never-written.bin").string(),
+       "--check-current-gpu"},
+      1);
+  job.require_success();
+  for (std::size_t worker = 0; worker < 2; ++worker) {
+    CHECK(job.log(worker).find("the replica's thread had the worker's GPU " +
+                               std::to_string(worker) + " current") != std::string::npos);
+  }
+}
+
+TEST_CASE(
     "a stalled GPU worker makes the other fail within its timeout naming the rank, the operation "
     "and its sequence number" *
     cohort::test::gpu_only()) {

@@ -4,9 +4,14 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <latch>
+#include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -15,12 +20,14 @@
 
 namespace {
 
+using namespace std::chrono_literals;
 using cohort::collective::Nccl;
 using cohort::collective::NcclCommunicator;
 using cohort::test::DeviceBuffer;
 using cohort::test::gpu_only;
 using cohort::test::gpus_only;
 using cohort::test::kTestTimeout;
+using Clock = std::chrono::steady_clock;
 
 // Runs body(rank) on one thread per rank; rethrows the first exception.
 void spawn(int ranks, const std::function<void(int)>& body) {
@@ -63,6 +70,14 @@ void check_all_reduce(bool deterministic) {
     }
     comm.barrier();
   });
+}
+
+// Rank r's element i of the exact-sum tests, and the sum over `ranks` ranks.
+float small_integer(std::size_t i, int rank) { return static_cast<float>((i + rank) % 17); }
+float sum_of_small_integers(std::size_t i, int ranks) {
+  float sum = 0.0f;
+  for (int r = 0; r < ranks; ++r) sum += small_integer(i, r);
+  return sum;
 }
 
 }  // namespace
@@ -146,4 +161,122 @@ TEST_CASE("nccl calls after abort throw CommError naming the reason" * gpu_only(
   NcclCommunicator comm = group.communicator(0);
   comm.abort("test");
   CHECK_THROWS_WITH_AS(comm.barrier(), doctest::Contains("aborted: test"), cohort::CommError);
+}
+
+TEST_CASE("nccl start_all_reduce gives all_reduce's sums with several pending at once" *
+          gpu_only()) {
+  const int ranks = cohort::device::cuda::device_count();
+  for (const bool deterministic : {true, false}) {
+    CAPTURE(deterministic);
+    const Nccl group({.ranks = ranks, .timeout = kTestTimeout, .deterministic = deterministic});
+    spawn(ranks, [&](int rank) {
+      NcclCommunicator comm = group.communicator(rank);
+      cohort::device::cuda::check(cudaSetDevice(rank), "cudaSetDevice");
+      const std::vector<std::size_t> lengths = {7, 4099, std::size_t{1} << 16, 0};
+      std::vector<std::unique_ptr<DeviceBuffer<float>>> buffers;
+      std::vector<cohort::collective::Pending> pending;
+      for (const std::size_t n : lengths) {
+        std::vector<float> values(n);
+        for (std::size_t i = 0; i < n; ++i) values[i] = small_integer(i, rank);
+        buffers.push_back(std::make_unique<DeviceBuffer<float>>(values));
+        pending.push_back(comm.start_all_reduce(std::span<float>(buffers.back()->data(), n),
+                                                cohort::ReduceOp::kSum));
+      }
+      for (cohort::collective::Pending& each : pending) each.wait();
+      for (std::size_t b = 0; b < lengths.size(); ++b) {
+        const std::vector<float> result = buffers[b]->download();
+        std::vector<float> expected(lengths[b]);
+        for (std::size_t i = 0; i < lengths[b]; ++i) expected[i] = sum_of_small_integers(i, ranks);
+        CHECK(result == expected);
+      }
+    });
+  }
+}
+
+TEST_CASE("a moved NcclCommunicator keeps working and the moved-from one owns nothing" *
+          gpu_only()) {
+  const Nccl group({.ranks = 1, .timeout = kTestTimeout});
+  std::optional<NcclCommunicator> first(group.communicator(0));
+  const cudaStream_t stream = first->stream();
+  NcclCommunicator second = std::move(*first);
+  first.reset();  // the moved-from shell ends without touching what second owns
+  CHECK(second.stream() == stream);
+  cohort::device::cuda::check(cudaSetDevice(0), "cudaSetDevice");
+  DeviceBuffer<float> values(std::vector<float>{1.0f, 2.0f, 3.0f});
+  second.all_reduce(std::span<float>(values.data(), values.size()), cohort::ReduceOp::kSum);
+  second.barrier();
+  const Nccl other_group({.ranks = 1, .timeout = kTestTimeout});
+  NcclCommunicator third = other_group.communicator(0);
+  third = std::move(second);  // third's own communicator ends; second's lives on in third
+  third.all_reduce(std::span<float>(values.data(), values.size()), cohort::ReduceOp::kSum);
+  third.barrier();
+  CHECK(values.download() == std::vector<float>{1.0f, 2.0f, 3.0f});
+}
+
+TEST_CASE(
+    "a synchronous set-up failure on one rank fails the other's set-up at once with its reason" *
+    gpu_only()) {
+  ncclUniqueId id{};
+  COHORT_NCCL_CHECK(ncclGetUniqueId(&id));
+  const auto failure = std::make_shared<cohort::collective::nccl::GroupFailure>();
+  // Rank 1 names a GPU that does not exist: its set-up throws before it ever reaches NCCL.
+  const int no_such_gpu = cohort::device::cuda::device_count();
+  std::string waiting_rank_error;
+  const auto start = Clock::now();
+  spawn(2, [&](int rank) {
+    const NcclCommunicator::Options options{.device = rank == 0 ? 0 : no_such_gpu,
+                                            .timeout = kTestTimeout,
+                                            .setup_timeout = kTestTimeout,
+                                            .group = failure};
+    if (rank == 1) {
+      CHECK_THROWS_AS(NcclCommunicator(id, 1, 2, options), cohort::DeviceError);
+      return;
+    }
+    try {
+      NcclCommunicator comm(id, 0, 2, options);
+    } catch (const cohort::CommError& error) {
+      waiting_rank_error = error.what();
+    }
+  });
+  CAPTURE(waiting_rank_error);
+  CHECK(Clock::now() - start < kTestTimeout / 2);  // not the set-up timeout
+  CHECK(waiting_rank_error.find("nccl rank 1 of 2: set-up failed") != std::string::npos);
+  CHECK(waiting_rank_error.find("cudaSetDevice") != std::string::npos);
+}
+
+TEST_CASE(
+    "nccl teardown with an all-reduce its peer never joins aborts within the timeout instead of "
+    "hanging" *
+    gpus_only(2)) {
+  const cohort::test::HangGuard guard("nccl teardown with an unjoined all-reduce", 120s);
+  constexpr auto kTimeout = 3s;
+  const Nccl group({.ranks = 2, .timeout = kTimeout});
+  std::latch rank_0_ended(1);
+  Clock::duration teardown{};
+  spawn(2, [&](int rank) {
+    // Counted down however rank 0's part ends, so that rank 1 never waits for it forever.
+    struct Ended {
+      std::latch& latch;
+      int rank;
+      ~Ended() {
+        if (rank == 0) latch.count_down();
+      }
+    } ended{rank_0_ended, rank};
+    cohort::device::cuda::check(cudaSetDevice(rank), "cudaSetDevice");
+    // Before the communicator: freeing memory that a pending kernel uses would wait for it.
+    DeviceBuffer<float> buffer(std::vector<float>(4099, 1.0f));
+    const std::span<float> values(buffer.data(), buffer.size());
+    std::optional<NcclCommunicator> comm(group.communicator(rank));
+    comm->all_reduce(values, cohort::ReduceOp::kSum);  // both ranks: NCCL's connections are up
+    if (rank == 1) {
+      rank_0_ended.wait();
+      return;
+    }
+    // Enqueued and never waited for: rank 1 does not join, so NCCL can never finalize.
+    (void)comm->start_all_reduce(values, cohort::ReduceOp::kSum);
+    const auto start = Clock::now();
+    comm.reset();
+    teardown = Clock::now() - start;
+  });
+  CHECK(teardown < 10 * kTimeout);
 }

@@ -3,7 +3,9 @@
 
 #include <concepts>
 #include <string>
+#include <type_traits>
 
+#include "cohort/collective/nccl.hpp"
 #include "cohort/cuda/launch.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/device/cuda.hpp"
@@ -61,4 +63,27 @@ TEST_CASE("sum_of_squares_workspace covers both levels of the tree") {
   CHECK(cohort::cuda::sum_of_squares_workspace(1) == 2);
   CHECK(cohort::cuda::sum_of_squares_workspace(4096) == 2);
   CHECK(cohort::cuda::sum_of_squares_workspace(4097) == 4);
+}
+
+TEST_CASE("NcclCommunicator, Stream, Event and Buffer move without throwing and are never copied") {
+  using cohort::collective::NcclCommunicator;
+  using cohort::device::cuda::Buffer;
+  using cohort::device::cuda::Event;
+  using cohort::device::cuda::Stream;
+  CHECK(std::is_nothrow_move_constructible_v<NcclCommunicator>);
+  CHECK(std::is_nothrow_move_assignable_v<NcclCommunicator>);
+  CHECK_FALSE(std::is_copy_constructible_v<NcclCommunicator>);
+  CHECK_FALSE(std::is_copy_assignable_v<NcclCommunicator>);
+  CHECK(std::is_nothrow_move_constructible_v<Stream>);
+  CHECK(std::is_nothrow_move_constructible_v<Event>);
+  CHECK(std::is_nothrow_move_constructible_v<Buffer<std::byte>>);
+  CHECK_FALSE(std::is_copy_constructible_v<Stream>);
+  CHECK_FALSE(std::is_copy_constructible_v<Event>);
+}
+
+TEST_CASE("an empty Event owns nothing, so ending it touches no device") {
+  cohort::device::cuda::Event none;
+  CHECK(none.get() == nullptr);
+  cohort::device::cuda::Event moved = std::move(none);
+  CHECK(moved.get() == nullptr);
 }

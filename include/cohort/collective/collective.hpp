@@ -23,9 +23,10 @@
 //   Pending pending = start_all_reduce(communicator, buffer, op);  ...  pending.wait();
 //       the all_reduce of buffer, finished by wait(). A communicator that can overlap it with
 //       the caller's work provides the member start_all_reduce(buffer, op) (Hierarchical: its
-//       communication thread reduces across processes meanwhile); for every other, the
-//       all_reduce runs in wait(). Every rank starts the same all-reduces in the same order and
-//       waits for them in that order; the buffer is the communicator's until wait() returns.
+//       communication thread reduces across processes meanwhile; NcclCommunicator: enqueued on
+//       the replica's stream at once); for every other, the all_reduce runs in wait(). Every rank
+//       starts the same all-reduces in the same order and waits for them in that order; the buffer
+//       is the communicator's until wait() returns.
 //
 // The summation order is fixed: ranks are combined in the canonical tree of
 // core/reduction_tree.hpp, so the result is bit-identical on every rank and equals the same

@@ -17,7 +17,8 @@
 //   device         the CUDA device of this rank (cudaSetDevice before every call)
 //   stream         the replica's stream; nullptr makes the communicator create its own
 //   timeout        how long a collective may take before it is aborted (ncclCommAbort) and
-//                  reported as a CommError naming the rank, the operation and its sequence number
+//                  reported as a CommError naming the rank, the operation and its sequence number;
+//                  also how long teardown may wait for NCCL to finalize
 //   setup_timeout  how long joining the group may take (every rank must arrive, and NCCL set up
 //                  its connections): a launcher's start-up spread, not a collective's
 //   deterministic  true (default): NCCL is transport only. Floating-point all_reduce and
@@ -31,13 +32,26 @@
 // Point to point (NcclCommunicator only, beside the Communicator operations): send(buffer, peer)
 // and receive(buffer, peer), on the same stream and under the same timeout.
 //
+// Asynchronous all-reduce (collective.hpp's verb): start_all_reduce(buffer, op) enqueues the
+// all_reduce on the stream and returns a collective::Pending; its wait() waits as all_reduce does,
+// under the same timeout and checks. Work enqueued on the stream meanwhile (the rest of the
+// backward pass) runs after the all-reduce in stream order, and the host is free to enqueue it.
+// The communicator must neither move nor end while a Pending of it is not yet waited for.
+//
 // Errors: a failing NCCL or CUDA call is a DeviceError naming the call; an asynchronous
 // communicator error (ncclCommGetAsyncError, polled while waiting) or a timeout aborts the
 // communicator and is a CommError naming the rank, operation and sequence number. After that, or
 // after abort(reason), every call throws CommError. Within one process (collective::Nccl) the
 // failure reaches every rank of the group at once, with its reason (Options::group, polled while
 // waiting), as collective::Local's abort does; across processes NCCL cannot carry the reason, and
-// the other ranks fail when their own collective times out or reports the aborted peer.
+// the other ranks fail when their own collective times out or reports the aborted peer. A rank
+// whose set-up fails tells the group before it aborts, so that the others stop waiting for it.
+//
+// Teardown (the destructor, never throwing): a healthy communicator is finalized
+// (ncclCommFinalize, waited for at most `timeout`) and then destroyed (ncclCommDestroy); when
+// finalizing fails, outlasts the timeout, or another rank of the in-process group fails meanwhile,
+// the communicator is aborted instead (ncclCommAbort: ncclCommDestroy would wait for a quiescence
+// that a lost peer never grants), and the group is told. A failed communicator was aborted at once.
 //
 // Requires the kernels: link cohort::cuda and compile one .cu that includes cuda/instantiate.cuh.
 // Deterministic mode combines at most cuda::kMaxTreeInputs (64) ranks (ConfigError otherwise).
@@ -53,8 +67,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -145,6 +161,66 @@ class GroupFailure {
   std::atomic<bool> raised_{false};
 };
 
+// What an exception says, for the group's reason.
+inline std::string reason(std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& error) {
+    return error.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
+
+// How an owned communicator ends (the deleter of Comm): finalized, then destroyed. NCCL asks for
+// ncclCommAbort where finalizing does not succeed: ncclCommDestroy after an unfinished finalize
+// waits for the communicator to become quiescent, which a lost peer never lets happen. So the
+// communicator is aborted when ncclCommFinalize or its progress reports an error, when it has not
+// finished within `limit`, or when another rank of the in-process group has failed (it will not
+// finalize its side); the group then hears why. Never throws.
+struct Close {
+  int device = 0;
+  int rank = 0;
+  std::chrono::milliseconds limit{};
+  std::shared_ptr<GroupFailure> group;
+
+  void operator()(ncclComm_t comm) const noexcept {
+    (void)cudaSetDevice(device);
+    const std::string failure = finalize(comm);
+    if (failure.empty()) {
+      (void)ncclCommDestroy(comm);
+      return;
+    }
+    if (group) group->raise("nccl rank " + std::to_string(rank) + ": " + failure);
+    (void)ncclCommAbort(comm);
+  }
+
+ private:
+  // "" once the communicator is finalized, else why it is not.
+  std::string finalize(ncclComm_t comm) const {
+    const ncclResult_t started = ncclCommFinalize(comm);
+    if (started != ncclSuccess && started != ncclInProgress) {
+      return describe("ncclCommFinalize", started);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      ncclResult_t state = ncclInProgress;
+      const ncclResult_t code = ncclCommGetAsyncError(comm, &state);
+      if (code != ncclSuccess) return describe("ncclCommGetAsyncError", code);
+      if (state == ncclSuccess) return "";
+      if (state != ncclInProgress) return describe("ncclCommFinalize", state);
+      if (group && group->raised()) return "finalize abandoned: " + group->reason();
+      if (std::chrono::steady_clock::now() > deadline) {
+        return "ncclCommFinalize timed out after " + std::to_string(limit.count()) + " ms";
+      }
+      std::this_thread::yield();
+    }
+  }
+};
+
+// An owned communicator: moves with its owner, ends by Close.
+using Comm = std::unique_ptr<ncclComm, Close>;
+
 }  // namespace nccl
 
 // A fresh ncclUniqueId made by rank 0 of `bootstrap` and broadcast to every rank of it, as 16
@@ -177,52 +253,56 @@ class NcclCommunicator {
   };
 
   // Joins the group `id` as `rank` of `size`; returns once every rank has joined (or throws
-  // CommError after options.setup_timeout). Every rank calls it with the same id and size.
+  // CommError after options.setup_timeout). Every rank calls it with the same id and size. A rank
+  // whose set-up fails raises options.group (when given) with its reason before it aborts.
   NcclCommunicator(const ncclUniqueId& id, int rank, int size, Options options)
-      : rank_(rank), size_(size), options_(options) {
-    cohort::options::require_positive("size", size);
-    if (rank < 0 || rank >= size) cohort::options::reject("rank", rank, "must lie in [0, size)");
-    cohort::options::require_positive("timeout", options.timeout.count());
-    cohort::options::require_positive("setup_timeout", options.setup_timeout.count());
-    if (options.deterministic && static_cast<std::size_t>(size) > cuda::kMaxTreeInputs) {
-      cohort::options::reject(
-          "size", size, "deterministic NCCL combines at most 64 ranks (cuda::kMaxTreeInputs)");
-    }
+      : rank_(rank),
+        size_(size),
+        options_(std::move(options)),
+        comm_(nullptr, nccl::Close{.device = options_.device,
+                                   .rank = rank,
+                                   .limit = options_.timeout,
+                                   .group = options_.group}) {
     try {
+      cohort::options::require_positive("size", size);
+      if (rank < 0 || rank >= size) cohort::options::reject("rank", rank, "must lie in [0, size)");
+      cohort::options::require_positive("timeout", options_.timeout.count());
+      cohort::options::require_positive("setup_timeout", options_.setup_timeout.count());
+      if (options_.deterministic && static_cast<std::size_t>(size) > cuda::kMaxTreeInputs) {
+        cohort::options::reject(
+            "size", size, "deterministic NCCL combines at most 64 ranks (cuda::kMaxTreeInputs)");
+      }
       use_device();
       if (options_.stream == nullptr) {
-        COHORT_CUDA_CHECK(cudaStreamCreateWithFlags(&options_.stream, cudaStreamNonBlocking));
-        owns_stream_ = true;
+        own_stream_.emplace(options_.device, options_.timeout);
+        options_.stream = own_stream_->get();
       }
-      COHORT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+      done_ = device::cuda::Event(options_.device);
       // Non-blocking, so that a wedged peer cannot hang a call inside NCCL: every call returns at
       // once and is waited for here, where the timeout and ncclCommAbort apply.
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
       ncclUniqueId copy = id;
-      COHORT_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, copy, rank_, &config));
+      ncclComm_t comm = nullptr;
+      const ncclResult_t started = ncclCommInitRankConfig(&comm, size_, copy, rank_, &config);
+      comm_.reset(comm);
+      COHORT_NCCL_CHECK(started);
       settle(Operation::kBarrier, "ncclCommInitRankConfig", 0, options_.setup_timeout);
     } catch (...) {
-      // No destructor runs for a constructor that throws: release what was made so far.
-      if (comm_ != nullptr) {
-        failed_ = "set-up failed";
-      }
-      release();
+      // The others wait in their set-up for this rank: tell them first, then abort (which may
+      // take a while), rather than finalizing a communicator that never joined. The members
+      // made so far release themselves.
+      failed_ = "nccl rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+                ": set-up failed: " + nccl::reason(std::current_exception());
+      if (options_.group) options_.group->raise(failed_);
+      abort_comm();
       throw;
     }
   }
 
-  NcclCommunicator(NcclCommunicator&& other) noexcept { swap(other); }
-  NcclCommunicator& operator=(NcclCommunicator&& other) noexcept {
-    NcclCommunicator moved(std::move(other));
-    swap(moved);
-    return *this;
-  }
-  NcclCommunicator(const NcclCommunicator&) = delete;
-  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
-
-  // Never throws: finalizes a healthy communicator, aborts a failed one.
-  ~NcclCommunicator() { release(); }
+  // Moves and teardown come from the members: a moved-from communicator owns nothing, and the
+  // end of one finalizes or aborts its NCCL communicator (nccl::Close) before its memory, event
+  // and stream go. Never throws.
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -231,6 +311,12 @@ class NcclCommunicator {
 
   template <class T>
   void all_reduce(std::span<T> buffer, ReduceOp op) {
+    start_all_reduce(buffer, op).wait();
+  }
+
+  // all_reduce enqueued on the stream; the Pending's wait() waits for it (see the top of the file).
+  template <class T>
+  Pending start_all_reduce(std::span<T> buffer, ReduceOp op) {
     const Call call = begin(Operation::kAllReduce);
     if (deterministic<T>() && size_ > 1 && !buffer.empty()) {
       reduce_chunks<T>(
@@ -242,20 +328,23 @@ class NcclCommunicator {
       for (int peer = 0; peer < size_; ++peer) {
         if (peer == rank_) continue;
         const auto [offset, length] = chunk(buffer.size(), peer);
-        enqueue(ncclSend(buffer.data() + mine, mine_length, nccl::data_type<T>(), peer, comm_,
+        enqueue(ncclSend(buffer.data() + mine, mine_length, nccl::data_type<T>(), peer, comm(),
                          stream()),
                 call, "ncclSend");
         enqueue(
-            ncclRecv(buffer.data() + offset, length, nccl::data_type<T>(), peer, comm_, stream()),
+            ncclRecv(buffer.data() + offset, length, nccl::data_type<T>(), peer, comm(), stream()),
             call, "ncclRecv");
       }
       group_end(call);
     } else if (!buffer.empty()) {
       enqueue(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), nccl::data_type<T>(),
-                            nccl::reduction(op), comm_, stream()),
+                            nccl::reduction(op), comm(), stream()),
               call, "ncclAllReduce");
+      // A non-blocking communicator may still be placing the call on the stream; it takes no
+      // other call until then.
+      settle(call.operation, "ncclAllReduce", call.sequence, options_.timeout);
     }
-    wait(call);
+    return Pending([this, call] { wait(call); });
   }
 
   template <class T>
@@ -264,7 +353,7 @@ class NcclCommunicator {
     if (root < 0 || root >= size_) fail_shape(call, "root " + std::to_string(root));
     if (!buffer.empty()) {
       enqueue(ncclBroadcast(buffer.data(), buffer.data(), buffer.size(), nccl::data_type<T>(), root,
-                            comm_, stream()),
+                            comm(), stream()),
               call, "ncclBroadcast");
     }
     wait(call);
@@ -278,7 +367,7 @@ class NcclCommunicator {
                            std::to_string(input.size()));
     }
     if (!input.empty()) {
-      enqueue(ncclAllGather(input.data(), output.data(), input.size(), nccl::data_type<T>(), comm_,
+      enqueue(ncclAllGather(input.data(), output.data(), input.size(), nccl::data_type<T>(), comm(),
                             stream()),
               call, "ncclAllGather");
     }
@@ -301,7 +390,7 @@ class NcclCommunicator {
             output.data(), op, call);
       } else {
         enqueue(ncclReduceScatter(input.data(), output.data(), count, nccl::data_type<T>(),
-                                  nccl::reduction(op), comm_, stream()),
+                                  nccl::reduction(op), comm(), stream()),
                 call, "ncclReduceScatter");
       }
     }
@@ -317,7 +406,7 @@ class NcclCommunicator {
     const Call call = begin(Operation::kSend);
     require_peer(call, peer);
     if (!buffer.empty()) {
-      enqueue(ncclSend(buffer.data(), buffer.size(), nccl::data_type<T>(), peer, comm_, stream()),
+      enqueue(ncclSend(buffer.data(), buffer.size(), nccl::data_type<T>(), peer, comm(), stream()),
               call, "ncclSend");
     }
     wait(call);
@@ -328,7 +417,7 @@ class NcclCommunicator {
     const Call call = begin(Operation::kReceive);
     require_peer(call, peer);
     if (!buffer.empty()) {
-      enqueue(ncclRecv(buffer.data(), buffer.size(), nccl::data_type<T>(), peer, comm_, stream()),
+      enqueue(ncclRecv(buffer.data(), buffer.size(), nccl::data_type<T>(), peer, comm(), stream()),
               call, "ncclRecv");
     }
     wait(call);
@@ -336,12 +425,10 @@ class NcclCommunicator {
 
   void barrier() {
     const Call call = begin(Operation::kBarrier);
-    if (barrier_word_ == nullptr) {
-      COHORT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&barrier_word_), sizeof(std::int32_t)));
-      COHORT_CUDA_CHECK(cudaMemsetAsync(barrier_word_, 0, sizeof(std::int32_t), stream()));
-    }
-    enqueue(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream()),
-            call, "ncclAllReduce");
+    if (barrier_word_.size() == 0) barrier_word_ = device::cuda::Buffer<std::int32_t>(1, place());
+    std::int32_t* const word = barrier_word_.span().data();
+    enqueue(ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm(), stream()), call,
+            "ncclAllReduce");
     wait(call);
   }
 
@@ -350,9 +437,7 @@ class NcclCommunicator {
     if (!failed_.empty()) return;
     failed_ = "rank " + std::to_string(rank_) + " aborted: " + std::string(reason);
     if (options_.group) options_.group->raise(failed_);
-    (void)cudaSetDevice(options_.device);
-    (void)ncclCommAbort(comm_);
-    comm_ = nullptr;
+    abort_comm();
   }
 
  private:
@@ -361,54 +446,14 @@ class NcclCommunicator {
     std::uint64_t sequence;
   };
 
-  void swap(NcclCommunicator& other) noexcept {
-    std::swap(rank_, other.rank_);
-    std::swap(size_, other.size_);
-    std::swap(options_, other.options_);
-    std::swap(owns_stream_, other.owns_stream_);
-    std::swap(comm_, other.comm_);
-    std::swap(done_, other.done_);
-    std::swap(scratch_, other.scratch_);
-    std::swap(scratch_bytes_, other.scratch_bytes_);
-    std::swap(barrier_word_, other.barrier_word_);
-    std::swap(sequence_, other.sequence_);
-    std::swap(in_group_, other.in_group_);
-    std::swap(failed_, other.failed_);
-  }
+  ncclComm_t comm() const { return comm_.get(); }
+  device::cuda::Place place() const { return {options_.device, stream()}; }
 
-  // The destructor's work, also run when the constructor throws: finalizes a healthy
-  // communicator, aborts a failed one, frees everything owned. Never throws.
-  void release() noexcept {
-    // Only when there is something to release: making a device current creates its context, and
-    // a moved-from communicator names device 0, which may not be this process's.
-    if (comm_ != nullptr || done_ != nullptr || scratch_ != nullptr || barrier_word_ != nullptr ||
-        owns_stream_) {
-      (void)cudaSetDevice(options_.device);
-    }
-    if (comm_ != nullptr) {
-      if (failed_.empty() && ncclCommFinalize(comm_) != ncclSuccess) {
-        ncclResult_t state = ncclInProgress;
-        const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-        while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
-          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
-          std::this_thread::yield();
-        }
-      }
-      if (failed_.empty()) {
-        (void)ncclCommDestroy(comm_);
-      } else {
-        (void)ncclCommAbort(comm_);
-      }
-    }
-    if (done_ != nullptr) (void)cudaEventDestroy(done_);
-    if (scratch_ != nullptr) (void)cudaFree(scratch_);
-    if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
-    if (owns_stream_) (void)cudaStreamDestroy(options_.stream);
-    comm_ = nullptr;
-    done_ = nullptr;
-    scratch_ = nullptr;
-    barrier_word_ = nullptr;
-    owns_stream_ = false;
+  // ncclCommAbort now, for a failed communicator (teardown would try to finalize it).
+  void abort_comm() noexcept {
+    if (!comm_) return;
+    (void)cudaSetDevice(options_.device);
+    (void)ncclCommAbort(comm_.release());
   }
 
   template <class T>
@@ -466,8 +511,7 @@ class NcclCommunicator {
     if (in_group_) (void)ncclGroupEnd();
     in_group_ = false;
     if (options_.group) options_.group->raise(message);
-    if (comm_ != nullptr) (void)ncclCommAbort(comm_);
-    comm_ = nullptr;
+    abort_comm();
     throw CommError(message);
   }
 
@@ -477,7 +521,7 @@ class NcclCommunicator {
   }
 
   std::string last_error() const {
-    const char* text = comm_ != nullptr ? ncclGetLastError(comm_) : nullptr;
+    const char* text = comm_ ? ncclGetLastError(comm()) : nullptr;
     return text != nullptr && *text != '\0' ? std::string(" (") + text + ")" : std::string();
   }
 
@@ -498,7 +542,7 @@ class NcclCommunicator {
     const auto deadline = std::chrono::steady_clock::now() + limit;
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      const ncclResult_t code = ncclCommGetAsyncError(comm_, &state);
+      const ncclResult_t code = ncclCommGetAsyncError(comm(), &state);
       if (code != ncclSuccess) fail(call, nccl::describe("ncclCommGetAsyncError", code));
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) fail(call, nccl::describe(what, state) + last_error());
@@ -510,20 +554,24 @@ class NcclCommunicator {
     }
   }
 
-  // Waits for everything enqueued so far, polling the communicator's asynchronous error.
+  // Waits for everything enqueued so far, polling the communicator's asynchronous error. Also a
+  // Pending's finish: the communicator may have failed since its call was enqueued.
   void wait(const Call& call) {
+    if (!failed_.empty()) {
+      throw CommError(where(call) + " after the communicator failed: " + failed_);
+    }
     settle(call.operation, name(call.operation), call.sequence, options_.timeout);
-    COHORT_CUDA_CHECK(cudaEventRecord(done_, stream()));
+    COHORT_CUDA_CHECK(cudaEventRecord(done_.get(), stream()));
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     for (;;) {
-      const cudaError_t query = cudaEventQuery(done_);
+      const cudaError_t query = cudaEventQuery(done_.get());
       if (query == cudaSuccess) return;
       if (query != cudaErrorNotReady) device::cuda::check(query, "cudaEventQuery");
       // The runtime also keeps "not ready" as this thread's last error, which the next launch's
       // check would take for its own failure.
       (void)cudaGetLastError();
       ncclResult_t state = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess ||
+      if (ncclCommGetAsyncError(comm(), &state) != ncclSuccess ||
           (state != ncclSuccess && state != ncclInProgress)) {
         fail(call, nccl::describe("asynchronous communicator error", state) + last_error());
       }
@@ -535,20 +583,16 @@ class NcclCommunicator {
     }
   }
 
+  // Device memory for `elements` values of T on the stream, kept for the next call (grown, never
+  // shrunk).
   template <class T>
   T* scratch(std::size_t elements) {
     const std::size_t bytes = elements * sizeof(T);
-    if (bytes > scratch_bytes_) {
-      if (scratch_ != nullptr) {
-        COHORT_CUDA_CHECK(cudaStreamSynchronize(stream()));
-        COHORT_CUDA_CHECK(cudaFree(scratch_));
-        scratch_ = nullptr;
-        scratch_bytes_ = 0;
-      }
-      COHORT_CUDA_CHECK(cudaMalloc(&scratch_, bytes));
-      scratch_bytes_ = bytes;
+    if (bytes > scratch_.size()) {
+      scratch_ = device::cuda::Buffer<std::byte>();  // the old memory goes first
+      scratch_ = device::cuda::Buffer<std::byte>(bytes, place());
     }
-    return static_cast<T*>(scratch_);
+    return reinterpret_cast<T*>(scratch_.span().data());
   }
 
   // The deterministic reduce-scatter: chunk r of every rank's `input` (located by chunk_of(r))
@@ -564,9 +608,9 @@ class NcclCommunicator {
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       enqueue(ncclSend(input + chunk_of(peer).first, chunk_of(peer).second, nccl::data_type<T>(),
-                       peer, comm_, stream()),
+                       peer, comm(), stream()),
               call, "ncclSend");
-      enqueue(ncclRecv(slots + peer * widest, mine, nccl::data_type<T>(), peer, comm_, stream()),
+      enqueue(ncclRecv(slots + peer * widest, mine, nccl::data_type<T>(), peer, comm(), stream()),
               call, "ncclRecv");
     }
     group_end(call);
@@ -582,12 +626,12 @@ class NcclCommunicator {
   int rank_ = 0;
   int size_ = 0;
   Options options_{};
-  bool owns_stream_ = false;
-  ncclComm_t comm_ = nullptr;
-  cudaEvent_t done_ = nullptr;
-  void* scratch_ = nullptr;
-  std::size_t scratch_bytes_ = 0;
-  std::int32_t* barrier_word_ = nullptr;
+  std::optional<device::cuda::Stream> own_stream_;  // made when options.stream was nullptr
+  device::cuda::Event done_;                        // recorded by wait()
+  device::cuda::Buffer<std::byte> scratch_;         // the deterministic reduction's chunks
+  device::cuda::Buffer<std::int32_t> barrier_word_;
+  // Declared after what its work uses, so that it ends (finalized or aborted) before they go.
+  nccl::Comm comm_;
   std::uint64_t sequence_ = 0;
   bool in_group_ = false;  // between group_start and group_end
   std::string failed_;     // empty while healthy; else why every later call fails

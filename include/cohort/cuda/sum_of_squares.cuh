@@ -11,26 +11,62 @@
 namespace cohort::cuda {
 namespace detail {
 
+// The block sums' layout: a warp owns kNormLanes consecutive norm blocks, lane l the sum of the
+// l-th; each round stages kNormTile elements of every one of them. A CTA is kNormWarps warps.
+inline constexpr unsigned kNormLanes = 32;
+inline constexpr unsigned kNormTile = 32;
+inline constexpr unsigned kNormWarps = 4;
+static_assert(kNormBlock % kNormTile == 0, "a round reads within its norm blocks");
+
 // Purpose: partial[b] = sum of x[i]^2 over norm block b (kNormBlock elements), in double.
-// Algorithm: one thread per block, adding its elements sequentially from the first, as
-// device::cpu::sum_of_squares does; the square and the sum are separate roundings
-// (-fmad=false). Thread t of a CTA walks addresses kNormBlock elements away from thread t + 1's,
-// so the lines a warp touches stay in L1 across the next iterations.
-// Preconditions: partial holds ceil(n / kNormBlock) doubles.
+// Algorithm: the CPU's order (device::cpu::block_sum_of_squares): each block summed sequentially
+// from its first element, one thread per block, the square and the sum separate roundings
+// (-fmad=false); only the loads are the warp's. Each round, the warp reads the next kNormTile
+// elements of each of its kNormLanes blocks in turn, one element per lane (32 consecutive
+// elements: one coalesced access), squares them in double into a shared tile (row = block), and
+// then every lane adds its own row in index order. So the sum of a block is the same additions of
+// the same squares in the same order as on the CPU, and the blocks go to the tree unchanged.
+// Elements past n are never added.
+// Preconditions: partial holds ceil(n / kNormBlock) doubles; blockDim.x == kNormWarps * 32.
 template <class T>
 __global__ void block_squares_kernel(const T* x, std::size_t n, double* partial) {
   using A = Arithmetic<T>;
+  // One tile per warp; a row is padded by one double, so that the lanes reading their own rows
+  // (addresses kNormTile + 1 doubles apart) fall in different banks.
+  __shared__ double tiles[kNormWarps][kNormLanes][kNormTile + 1];
+  const unsigned warp = threadIdx.x / kNormLanes;
+  const unsigned lane = threadIdx.x % kNormLanes;
+  double(*const tile)[kNormTile + 1] = tiles[warp];
   const std::size_t blocks = (n + kNormBlock - 1) / kNormBlock;
-  for (std::size_t b = first_index(); b < blocks; b += grid_stride()) {
-    const std::size_t begin = b * kNormBlock;
-    const std::size_t end = begin + kNormBlock < n ? begin + kNormBlock : n;
+  const std::size_t groups = (blocks + kNormLanes - 1) / kNormLanes;
+  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * kNormWarps;
+  // Warp-uniform loops: every lane of the warp takes each __syncwarp.
+  for (std::size_t group = static_cast<std::size_t>(blockIdx.x) * kNormWarps + warp; group < groups;
+       group += warps) {
+    const std::size_t first_block = group * kNormLanes;
+    const std::size_t block = first_block + lane;  // the one this lane sums
+    const std::size_t begin = block * kNormBlock;
+    const std::size_t end = begin + kNormBlock < n ? begin + kNormBlock : n;  // if block < blocks
     double sum = 0.0;
-    for (std::size_t i = begin; i < end; ++i) {
-      const double value = static_cast<double>(A::widen(x[i]));
-      const double square = value * value;
-      sum = sum + square;
+    for (std::size_t offset = 0; offset < kNormBlock; offset += kNormTile) {
+      for (unsigned row = 0; row < kNormLanes; ++row) {
+        const std::size_t i = (first_block + row) * kNormBlock + offset + lane;
+        double square = 0.0;
+        if (i < n) {
+          const double value = static_cast<double>(A::widen(x[i]));
+          square = value * value;
+        }
+        tile[row][lane] = square;
+      }
+      __syncwarp();
+      if (block < blocks && begin + offset < end) {
+        const std::size_t left = end - (begin + offset);
+        const unsigned count = left < kNormTile ? static_cast<unsigned>(left) : kNormTile;
+        for (unsigned k = 0; k < count; ++k) sum = sum + tile[lane][k];
+      }
+      __syncwarp();  // the tile is read before the next round overwrites it
     }
-    partial[b] = sum;
+    if (block < blocks) partial[block] = sum;
   }
 }
 
@@ -70,7 +106,11 @@ void sum_of_squares(const T* x, std::size_t n, double* workspace, double* result
                     cudaStream_t stream) {
   const std::size_t blocks = (n + kNormBlock - 1) / kNormBlock;
   if (blocks > 0) {
-    detail::block_squares_kernel<<<detail::blocks_for(blocks), detail::kThreads, 0, stream>>>(
+    // A warp per kNormLanes blocks, a grid-stride loop beyond the cap.
+    const std::size_t warps = (blocks + detail::kNormLanes - 1) / detail::kNormLanes;
+    const std::size_t ctas = (warps + detail::kNormWarps - 1) / detail::kNormWarps;
+    const auto grid = static_cast<unsigned>(ctas < (std::size_t{1} << 16) ? ctas : (1u << 16));
+    detail::block_squares_kernel<<<grid, detail::kNormWarps * detail::kNormLanes, 0, stream>>>(
         x, n, workspace);
     device::cuda::check_launch("cohort::cuda::sum_of_squares (blocks)");
   }

@@ -22,7 +22,11 @@
 //                           and the stream all its work is enqueued on. The strategy owns the
 //                           stream; a model placed there (core/model.hpp, replicate) keeps the
 //                           Place and enqueues its forward_backward on place.stream.
-//   device::cuda::Stream    an owned non-blocking stream on one device
+//   device::cuda::Stream    an owned non-blocking stream on one device; its destructor waits for
+//                           the work enqueued on it at most drain_limit (then gives up waiting,
+//                           says so on stderr, and lets CUDA release the stream when that work
+//                           ends), so that a kernel that never finishes cannot hang teardown
+//   device::cuda::Event     an owned event on one device, for waiting on a stream's progress
 //   device::cuda::Buffer<T> an owned device array, zeroed on place.stream
 //
 // device::Cuda's functions make place.device current on the calling thread, enqueue their work
@@ -32,11 +36,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -116,17 +123,26 @@ struct Place {
 };
 
 // A stream of its own on `device`, non-blocking (it never waits for the legacy default stream).
+// The destructor waits for the work enqueued on it, at most drain_limit: work that outlives the
+// limit (a kernel waiting for a peer that is gone) is left to finish on its own, and CUDA frees
+// the stream then (cudaStreamDestroy does not wait).
 class Stream {
  public:
-  explicit Stream(int device) : device_(device) {
+  static constexpr std::chrono::milliseconds kDrainLimit{std::chrono::minutes(5)};
+
+  explicit Stream(int device, std::chrono::milliseconds drain_limit = kDrainLimit)
+      : device_(device), drain_limit_(drain_limit) {
     use(device_);
     COHORT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   Stream(Stream&& other) noexcept
-      : device_(other.device_), stream_(std::exchange(other.stream_, nullptr)) {}
+      : device_(other.device_),
+        drain_limit_(other.drain_limit_),
+        stream_(std::exchange(other.stream_, nullptr)) {}
   Stream& operator=(Stream&& other) noexcept {
     Stream moved(std::move(other));
     std::swap(device_, moved.device_);
+    std::swap(drain_limit_, moved.drain_limit_);
     std::swap(stream_, moved.stream_);
     return *this;
   }
@@ -135,17 +151,71 @@ class Stream {
   ~Stream() {
     if (stream_ == nullptr) return;
     (void)cudaSetDevice(device_);
-    (void)cudaStreamSynchronize(stream_);  // nothing enqueued outlives its stream
+    if (!drain()) {
+      std::fprintf(stderr,
+                   "cohort: the stream of GPU %d still had work after %lld ms; destroyed without "
+                   "waiting for it\n",
+                   device_, static_cast<long long>(drain_limit_.count()));
+    }
     (void)cudaStreamDestroy(stream_);
   }
 
   int device() const { return device_; }
+  std::chrono::milliseconds drain_limit() const { return drain_limit_; }
   cudaStream_t get() const { return stream_; }
   Place place() const { return {device_, stream_}; }
 
  private:
+  // Whether the stream's work ended (or failed) within drain_limit_.
+  bool drain() const noexcept {
+    const auto deadline = std::chrono::steady_clock::now() + drain_limit_;
+    for (;;) {
+      const cudaError_t state = cudaStreamQuery(stream_);
+      if (state != cudaErrorNotReady) return true;
+      // "Not ready" is also kept as this thread's last error, which the next launch's check would
+      // take for its own.
+      (void)cudaGetLastError();
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::yield();
+    }
+  }
+
   int device_ = 0;
+  std::chrono::milliseconds drain_limit_ = kDrainLimit;
   cudaStream_t stream_ = nullptr;
+};
+
+// An event on `device`, without timing: recorded on a stream, it says when the work enqueued
+// before it has finished. Default-constructed: none (a moved-from Event is none too).
+class Event {
+ public:
+  Event() = default;
+  explicit Event(int device) : device_(device) {
+    use(device_);
+    COHORT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  Event(Event&& other) noexcept
+      : device_(other.device_), event_(std::exchange(other.event_, nullptr)) {}
+  Event& operator=(Event&& other) noexcept {
+    Event moved(std::move(other));
+    std::swap(device_, moved.device_);
+    std::swap(event_, moved.event_);
+    return *this;
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event() {
+    if (event_ == nullptr) return;
+    (void)cudaSetDevice(device_);
+    (void)cudaEventDestroy(event_);
+  }
+
+  int device() const { return device_; }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  int device_ = 0;
+  cudaEvent_t event_ = nullptr;
 };
 
 // n values of T in the memory of place.device, zeroed by a memset enqueued on place.stream (so

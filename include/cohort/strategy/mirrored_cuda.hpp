@@ -22,7 +22,10 @@
 //   timeout        how long a replica waits in a collective, or in the NCCL group's set-up, for
 //                  the others before it fails with a CommError. A replica that fails (its
 //                  forward_backward throws, say) aborts the group: the others fail at once, with
-//                  its reason, as with Mirrored<>.
+//                  its reason, as with Mirrored<>, and so does a replica whose communicator is
+//                  being finalized when the other fails. Also the longest that ending a
+//                  communicator (NCCL's finalize; ncclCommAbort after it) or a replica's stream
+//                  (its last work) may wait.
 //   deterministic  true (default): the all-reduce of collective::NcclCommunicator's deterministic
 //                  mode, the CPU's bits. false: ncclAllReduce, faster on many GPUs, in an order
 //                  NCCL chooses (bits may differ from the CPU and between machines).
@@ -84,7 +87,10 @@ class Mirrored<device::Cuda, collective::Nccl> {
                       "deterministic NCCL combines at most 64 GPUs (cuda::kMaxTreeInputs)");
     }
     streams_.reserve(count);
-    for (std::size_t r = 0; r < count; ++r) streams_.emplace_back(static_cast<int>(r));
+    // A stream's end waits for its work at most as long as a collective may take.
+    for (std::size_t r = 0; r < count; ++r) {
+      streams_.emplace_back(static_cast<int>(r), options_.timeout);
+    }
   }
 
   std::size_t replicas() const { return streams_.size(); }

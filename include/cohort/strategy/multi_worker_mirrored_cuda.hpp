@@ -25,7 +25,8 @@
 //
 // Options: cluster, bind_address, secret, connect_timeout and timeout, as for
 // MultiWorkerMirrored<> (no bucket_bytes: NCCL carries whole buffers); connect_timeout also bounds
-// each fit's NCCL set-up, timeout each collective. local_replicas: GPUs per process (>= 1).
+// each fit's NCCL set-up, timeout each collective and the end of each communicator and stream.
+// local_replicas: GPUs per process (>= 1).
 // CrossCollective is only the bootstrap's (it carries the unique id).
 //
 // A failing replica aborts its NCCL communicator and releases the other replicas of its process at
@@ -83,7 +84,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
       : options_(std::move(options)), spec_(cluster::resolve(options_.cluster)) {
     const int first = checked_first_gpu(options_, spec_);
     const int count = static_cast<int>(options_.local_replicas);
-    for (int gpu = first; gpu < first + count; ++gpu) streams_.emplace_back(gpu);
+    for (int gpu = first; gpu < first + count; ++gpu) streams_.emplace_back(gpu, options_.timeout);
     const std::string gpus =
         count == 1 ? "GPU " + std::to_string(first)
                    : "GPUs " + std::to_string(first) + " to " + std::to_string(first + count - 1);

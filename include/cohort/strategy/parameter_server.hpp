@@ -112,7 +112,9 @@ namespace detail::ps {
 // Where a worker process's replica lives, what owns it there, and the host memory its data is
 // staged through (Staging: resize(bytes), data()): nothing on the host, where nothing is staged;
 // a stream on the worker's GPU and page-locked memory for device::Cuda
-// (strategy/parameter_server_cuda.hpp).
+// (strategy/parameter_server_cuda.hpp). make_current() makes the place the calling thread's own
+// (the worker's GPU, on a replica's thread before anything runs there); timeout bounds how long
+// the place's end waits for its work.
 template <class D>
 class WorkerPlace;
 
@@ -120,8 +122,9 @@ template <>
 class WorkerPlace<device::Cpu> {
  public:
   using Staging = std::vector<std::byte>;
-  explicit WorkerPlace(const cluster::Spec& /*spec*/) {}
+  WorkerPlace(const cluster::Spec& /*spec*/, std::chrono::milliseconds /*timeout*/) {}
   device::Cpu::Place place() const { return {}; }
+  void make_current() const {}
 };
 }  // namespace detail::ps
 
@@ -198,7 +201,7 @@ class ParameterServer {
                       "must be less than the " + std::to_string(workers_) + " workers");
     }
     // A worker's device first: a process without its GPU fails before the rendezvous.
-    if (!serves()) worker_place_.emplace(spec_);
+    if (!serves()) worker_place_.emplace(spec_, options_.timeout);
     const int rank = serves() ? workers_ + spec_.rank : spec_.rank;
     std::fprintf(stderr,
                  "cohort: %s; parameter server job: %d server(s), %d worker(s), %s, rank %d "
@@ -584,6 +587,7 @@ class ParameterServer {
     detail::run_replica_threads(
         options_.local_replicas,
         [&](std::size_t local) {
+          worker_place_->make_current();  // this thread drives the worker's device from here on
           const int rank = static_cast<int>(local);
           const auto on_host = [&] {
             if constexpr (kStaleness == 0) {

@@ -6,7 +6,8 @@
 //
 // Each worker process drives the GPU at its local_rank (among those CUDA_VISIBLE_DEVICES leaves
 // visible; a ConfigError naming local_rank before the rendezvous when there is none) on a stream
-// of its own, with one replica (local_replicas = 1). The Trainer places the model there
+// of its own, with one replica (local_replicas = 1), whose thread makes that GPU current before
+// anything else. The Trainer places the model there
 // (ModelTraits<M>::replicate, core/model.hpp); a step's gradient fold is copied to the host for
 // the push, and the pulled parameters back to the GPU, both through page-locked host memory.
 // Nothing of a step can overlap them: the model hands over its gradients only at the end of its
@@ -17,6 +18,7 @@
 // CPU twin's bits).
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 
 #include "cohort/cluster/cluster.hpp"
@@ -31,11 +33,12 @@ template <>
 class WorkerPlace<device::Cuda> {
  public:
   using Staging = device::cuda::PinnedBytes;
-  explicit WorkerPlace(const cluster::Spec& spec)
-      : stream_(detail::local_gpu(spec, "ParameterServer<C, device::Cuda>")) {
+  WorkerPlace(const cluster::Spec& spec, std::chrono::milliseconds timeout)
+      : stream_(detail::local_gpu(spec, "ParameterServer<C, device::Cuda>"), timeout) {
     std::fprintf(stderr, "cohort: worker %d on GPU %d\n", spec.rank, stream_.device());
   }
   device::cuda::Place place() const { return stream_.place(); }
+  void make_current() const { device::cuda::use(stream_.device()); }
 
  private:
   device::cuda::Stream stream_;
