@@ -40,7 +40,8 @@ inline void add_demo_options(CLI::App& app, DemoSettings& settings) {
                  "layer sizes, comma-separated: the inputs (the task's features), hidden "
                  "layers, the classes (the task's), for example 784,1024,1024,10")
       ->delimiter(',')
-      ->expected(2, 64);
+      ->expected(-2)
+      ->check(CLI::PositiveNumber);
   app.add_option("--learning-rate", settings.learning_rate, "Adam learning rate");
   app.add_flag("--quiet", settings.quiet, "no progress lines");
 }
@@ -49,7 +50,7 @@ inline void add_demo_options(CLI::App& app, DemoSettings& settings) {
 inline void add_threads_option(CLI::App& app, DemoSettings& settings) {
   app.add_option("--threads", settings.threads,
                  "threads of each replica's model (its own; replicas x threads at most the "
-                 "cores: docs/examples.md)")
+                 "cores: examples/README.md)")
       ->check(CLI::PositiveNumber);
 }
 
