@@ -44,8 +44,10 @@
 //                  written at the end of every fit, also of a failed one; or COHORT_TRACE
 //
 // fit(data, until) trains until the run (counted since it began, restored checkpoints included)
-// has done until.steps steps or until.epochs epochs, whichever comes first of those given. If fit
-// throws, the replicas may hold a partially applied step: restore a checkpoint before going on.
+// has done until.steps steps or until.epochs epochs, whichever comes first of those given, and
+// returns a Report: its per-step losses on the chief process only (empty elsewhere; Report below).
+// If fit throws, the replicas may hold a partially applied step: restore a checkpoint before going
+// on.
 #pragma once
 
 #include <algorithm>
@@ -87,13 +89,32 @@ struct Until {
   std::uint64_t steps = 0;
 };
 
+// What one fit did, as this process saw it. The losses are reduced over every replica once per
+// progress window, but only the chief process (strategy().is_chief(): the one that prints progress)
+// keeps them: on every other process `loss` is EMPTY and `times` zero. Read them on the chief, as
+// the examples do. A parameter server's fit (it trains no replica) reports only `seconds`.
 struct Report {
   std::uint64_t steps = 0;   // steps this fit took
-  std::vector<double> loss;  // mean loss per example of each of those steps
+  std::vector<double> loss;  // chief only: mean loss per example of each of those steps
   double seconds = 0.0;      // wall time of the fit
-  StepTimes times;           // of the chief replica
+  StepTimes times;           // chief only: of the chief's first replica
   double examples_per_second = 0.0;
 };
+
+namespace detail {
+// The model's types, as Trainer declares its members with them. For a type that is not a Model
+// they are stand-ins, so that Trainer's static_assert is the one error its user reads.
+template <class M>
+struct TrainerTypes {
+  using value_type = float;
+  struct batch_type {};
+};
+template <Model M>
+struct TrainerTypes<M> {
+  using value_type = ValueType<M>;
+  using batch_type = BatchType<M>;
+};
+}  // namespace detail
 
 template <class M, class S = strategy::Mirrored<>, class O = optimizer::Sgd>
 class Trainer {
@@ -107,8 +128,8 @@ class Trainer {
                 "include/cohort/optimizer/optimizer.hpp.");
 
  public:
-  using value_type = ValueType<M>;
-  using batch_type = BatchType<M>;
+  using value_type = typename detail::TrainerTypes<M>::value_type;
+  using batch_type = typename detail::TrainerTypes<M>::batch_type;
   using Device = strategy::DeviceOf<S>;
   using Place = typename Device::Place;
 
@@ -132,10 +153,67 @@ class Trainer {
   // A process without local replicas (a parameter server) builds no model: `model` only gives the
   // parameter count.
   Trainer(const M& model, S strategy, O optimizer, Options options = {})
-      : strategy_(std::move(strategy)),
-        optimizer_(std::move(optimizer)),
-        options_(options),
-        parameter_count_(ModelTraits<M>::parameters(const_cast<M&>(model)).size()) {
+      : strategy_(std::move(strategy)), optimizer_(std::move(optimizer)), options_(options) {
+    if constexpr (kArgumentsValid) start(model);
+  }
+
+  // data: a Dataset of batch_type (core/dataset.hpp); anything else is told so at compile time.
+  template <class D>
+  Report fit(const D& data, Until until) {
+    static_assert(!Model<M> || Dataset<D, batch_type>, COHORT_DATASET_REQUIREMENT_MESSAGE);
+    if constexpr (kArgumentsValid && Dataset<D, batch_type>) {
+      return traced_fit(data, until);
+    } else {
+      return {};  // never compiled into a program: a static_assert has failed
+    }
+  }
+
+  // This process's first replica; every replica holds the same parameters between steps. On a
+  // device, its parameters() are that device's memory.
+  // Not on a parameter server, which holds no model (ConfigError).
+  const M& model() const {
+    if (models_.empty()) {
+      throw ConfigError(
+          "Trainer::model: this process runs no replica (a parameter server holds only its shard "
+          "of the parameters): ask a worker, for example the chief");
+    }
+    return models_[0];
+  }
+  std::uint64_t step() const { return step_; }
+  const S& strategy() const { return strategy_; }
+  const Options& options() const { return options_; }
+
+  // This process's timeline file, when tracing (Options::trace).
+  std::filesystem::path trace_file() const {
+    std::string name = recorder_ ? recorder_->label() : std::string("process");
+    std::replace(name.begin(), name.end(), ' ', '-');
+    return options_.trace / (name + ".json");
+  }
+
+  // Writes the complete training state (checkpoint/checkpoint.hpp). Every process calls it after
+  // the same fit. Only the chief process writes (every process holds the same state) and the
+  // others return at once, except under a strategy that saves its own way: a parameter server's
+  // servers write a shard each and the chief writes the manifest.
+  void save(const std::filesystem::path& file) const {
+    if constexpr (kArgumentsValid) write_checkpoint(file);
+  }
+
+  // Continues the run saved in `file` (a checkpoint or a sharded checkpoint's manifest), which
+  // every process reads (a shared file system, or a copy on every host). Everything is checked
+  // before anything is changed: on error the trainer and its models are as they were.
+  void restore(const std::filesystem::path& file) {
+    if constexpr (kArgumentsValid) read_checkpoint(file);
+  }
+
+ private:
+  // Whether M, S and O are what the static_asserts above require. Where they are not, the public
+  // members do nothing, so that a failed static_assert is the only error a user reads; the
+  // private members below are used only where they are.
+  static constexpr bool kArgumentsValid =
+      Model<M> && strategy::Strategy<S> && optimizer::Optimizer<O>;
+
+  void start(const M& model) {
+    parameter_count_ = ModelTraits<M>::parameters(const_cast<M&>(model)).size();
     sharding::Plan::validate_split(options_.global_batch, options_.micro_batches,
                                    strategy_.replicas());
     if (const std::size_t gradients = ModelTraits<M>::gradients(const_cast<M&>(model)).size();
@@ -161,14 +239,15 @@ class Trainer {
     }
   }
 
-  template <Dataset<batch_type> D>
-  Report fit(const D& data, Until until) {
+  // A fit with this process's timeline, when tracing: written at the end, also of a failed fit,
+  // where it shows where the step stopped.
+  template <class D>
+  Report traced_fit(const D& data, Until until) {
     const trace::Installed installed(recorder_.get());
     Report report;
     try {
       report = train(data, until);
     } catch (...) {
-      // A failed fit leaves its timeline too: it shows where the step stopped.
       if (recorder_) {
         try {
           recorder_->write(trace_file());
@@ -181,33 +260,7 @@ class Trainer {
     return report;
   }
 
-  // This process's timeline file, when tracing (Options::trace).
-  std::filesystem::path trace_file() const {
-    std::string name = recorder_ ? recorder_->label() : std::string("process");
-    std::replace(name.begin(), name.end(), ' ', '-');
-    return options_.trace / (name + ".json");
-  }
-
-  // This process's first replica; every replica holds the same parameters between steps. On a
-  // device, its parameters() are that device's memory.
-  // Not on a parameter server, which holds no model (ConfigError).
-  const M& model() const {
-    if (models_.empty()) {
-      throw ConfigError(
-          "Trainer::model: this process runs no replica (a parameter server holds only its shard "
-          "of the parameters): ask a worker, for example the chief");
-    }
-    return models_[0];
-  }
-  std::uint64_t step() const { return step_; }
-  const S& strategy() const { return strategy_; }
-  const Options& options() const { return options_; }
-
-  // Writes the complete training state (checkpoint/checkpoint.hpp). Every process calls it after
-  // the same fit. Only the chief process writes (every process holds the same state) and the
-  // others return at once, except under a strategy that saves its own way: a parameter server's
-  // servers write a shard each and the chief writes the manifest.
-  void save(const std::filesystem::path& file) const {
+  void write_checkpoint(const std::filesystem::path& file) const {
     const trace::Span span(recorder_.get(), trace::Phase::kCheckpoint, {.step = step_});
     if constexpr (requires { strategy_.save(file, checkpoint_state(false), parameter_count_); }) {
       // The values are the servers' to write: the strategy gets the run's settings and step.
@@ -217,10 +270,7 @@ class Trainer {
     }
   }
 
-  // Continues the run saved in `file` (a checkpoint or a sharded checkpoint's manifest), which
-  // every process reads (a shared file system, or a copy on every host). Everything is checked
-  // before anything is changed: on error the trainer and its models are as they were.
-  void restore(const std::filesystem::path& file) {
+  void read_checkpoint(const std::filesystem::path& file) {
     const auto state = checkpoint::read<value_type>(file);
     const auto expect = [&](std::string_view field, const auto& in_file, const auto& here) {
       if (in_file == here) return;
@@ -247,7 +297,6 @@ class Trainer {
     dataset_size_ = state.dataset_size;
   }
 
- private:
   template <class D>
   Report train(const D& data, Until until) {
     if (until.epochs == 0 && until.steps == 0) {
@@ -518,7 +567,7 @@ class Trainer {
   S strategy_;
   O optimizer_;
   Options options_;
-  std::size_t parameter_count_;
+  std::size_t parameter_count_ = 0;
   std::vector<M> models_;  // one per local replica, at its place
   std::vector<Buffer<value_type>> optimizer_states_;
   std::uint64_t step_ = 0;

@@ -41,6 +41,17 @@ TEST_CASE_TEMPLATE("every cohort error is a cohort::Error and a std::system_erro
   CHECK(what.find("field x") != std::string::npos);
 }
 
+TEST_CASE_TEMPLATE("what() is the message alone, without the category's text", E,
+                   cohort::ConfigError, cohort::CommError, cohort::DeviceError,
+                   cohort::CheckpointError) {
+  const std::string message = "TF_CONFIG task.index = 5: out of range for 3 worker tasks";
+  const E error(message);
+  CHECK(std::string(error.what()) == message);
+  CHECK(std::string(static_cast<const std::system_error&>(error).what()) == message);
+  CHECK(error.code().message() != "");
+  CHECK(std::string(error.what()).find(error.code().message()) == std::string::npos);
+}
+
 TEST_CASE("each error type carries its own code") {
   CHECK(cohort::ConfigError("x").code() == cohort::Errc::kConfig);
   CHECK(cohort::CommError("x").code() == cohort::Errc::kComm);

@@ -3,7 +3,8 @@
 #
 #   cmake -D SPEC=<compile_fail_<name>.cmake> -D CONFIG=<build type> -P expect_compile_failure.cmake
 #
-# SPEC sets BUILD_DIR (the build tree), TARGET (the object library) and EXPECTED (a regex).
+# SPEC sets BUILD_DIR (the build tree), TARGET (the object library), EXPECTED (a regex) and
+# ERRORS (how many times the output may say "error:"; empty: any number).
 cmake_minimum_required(VERSION 3.21)
 include("${SPEC}")
 
@@ -22,5 +23,14 @@ endif()
 if(NOT output MATCHES "${EXPECTED}")
   message(FATAL_ERROR "${TARGET} failed to compile, but its output does not match "
                       "'${EXPECTED}': it failed for another reason.\n${output}")
+endif()
+if(NOT ERRORS STREQUAL "")
+  # Counted as occurrences, not lines: compiler messages may hold semicolons, CMake's list mark.
+  string(REGEX MATCHALL "error:" errors "${output}")
+  list(LENGTH errors count)
+  if(NOT count EQUAL ERRORS)
+    message(FATAL_ERROR "${TARGET} failed to compile with ${count} errors where ${ERRORS} belong: "
+                        "the sentence must be all the user reads.\n${output}")
+  endif()
 endif()
 message(STATUS "${TARGET} fails to compile, as it must, with output matching '${EXPECTED}'")

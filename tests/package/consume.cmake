@@ -2,7 +2,12 @@
 # one way. Run by ctest (tests/package/CMakeLists.txt):
 #
 #   cmake -D HOW=<find_package|build_tree|add_subdirectory|fetch_content>
+#         [-D NEEDS=<tcp|one_process|cuda>]
 #         -D SETTINGS=<consume_settings.cmake> -D CONFIG=<build type> -P consume.cmake
+#
+# NEEDS is what the consumer uses (consumer/CMakeLists.txt), tcp by default. one_process hides
+# cohort::tcp's dependencies from the consumer's configure: CMAKE_DISABLE_FIND_PACKAGE_<name> makes
+# every find_package of OpenSSL, nlohmann_json and xxHash fail in that project, cohort's included.
 #
 # Fails (exit code 1, with the failing step named) if any step fails: installing, configuring,
 # building or running the consumer, whose checks include finding cohort where it was put.
@@ -15,7 +20,14 @@ foreach(argument IN ITEMS HOW SETTINGS)
 endforeach()
 include("${SETTINGS}")
 
-set(work "${WORK_DIR}/${HOW}")
+if(NOT DEFINED NEEDS)
+  set(NEEDS tcp)
+endif()
+set(name "${HOW}")
+if(NOT NEEDS STREQUAL "tcp")
+  string(APPEND name ".${NEEDS}")
+endif()
+set(work "${WORK_DIR}/${name}")
 file(REMOVE_RECURSE "${work}")
 file(MAKE_DIRECTORY "${work}")
 
@@ -24,7 +36,7 @@ file(MAKE_DIRECTORY "${work}")
 function(step what)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE result COMMAND_ECHO STDOUT)
   if(NOT result EQUAL 0)
-    message(FATAL_ERROR "package.${HOW}: ${what} failed (${result})")
+    message(FATAL_ERROR "package.${name}: ${what} failed (${result})")
   endif()
 endfunction()
 
@@ -44,6 +56,17 @@ function(cache variable value)
   set(initial_cache "${initial_cache}" PARENT_SCOPE)
 endfunction()
 cache(COHORT_CONSUME "${HOW}")
+cache(COHORT_CONSUMER_NEEDS "${NEEDS}")
+if(NEEDS STREQUAL "one_process")
+  foreach(package IN ITEMS OpenSSL nlohmann_json xxHash)
+    cache(CMAKE_DISABLE_FIND_PACKAGE_${package} ON)
+  endforeach()
+endif()
+# The consumer checks that cohort leaves CUDA off unless asked; that means most where nvcc is.
+find_program(nvcc nvcc PATHS /usr/local/cuda/bin)
+if(nvcc)
+  message(STATUS "package.${name}: nvcc is on this machine (${nvcc})")
+endif()
 cache(CMAKE_CXX_COMPILER "${CMAKE_CXX_COMPILER}")
 # Only what this test puts in place may be found, never a package registry entry.
 cache(CMAKE_FIND_USE_PACKAGE_REGISTRY OFF)
@@ -104,16 +127,16 @@ elseif(HOW STREQUAL "fetch_content")
     execute_process(COMMAND "${GIT_EXECUTABLE}" --no-optional-locks -C "${COHORT_SOURCE_DIR}"
                             status --porcelain --untracked-files=no
                     OUTPUT_VARIABLE changes OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-    message(STATUS "package.fetch_content: cloning file://${source_real} at ${git_commit}")
+    message(STATUS "package.${name}: cloning file://${source_real} at ${git_commit}")
     if(changes)
-      message(STATUS "package.fetch_content: note: the working tree has uncommitted changes, "
+      message(STATUS "package.${name}: note: the working tree has uncommitted changes, "
                      "which this test does not see")
     endif()
     cache(COHORT_GIT_REPOSITORY "file://${source_real}")
     cache(COHORT_GIT_TAG "${git_commit}")
     cache(GIT_EXECUTABLE "${GIT_EXECUTABLE}")
   else()
-    message(STATUS "package.fetch_content: not a git checkout's top level (or no git): "
+    message(STATUS "package.${name}: not a git checkout's top level (or no git): "
                    "SOURCE_DIR ${COHORT_SOURCE_DIR}")
     cache(COHORT_SOURCE_DIR "${COHORT_SOURCE_DIR}")
   endif()

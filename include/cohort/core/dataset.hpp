@@ -22,4 +22,12 @@ concept Dataset = requires(const D& data, std::span<const std::size_t> indices) 
   { data.batch(indices) } -> std::convertible_to<Batch>;
 };
 
+// The sentence a user reads when the data set given to Trainer::fit is not a Dataset of the
+// model's batches.
+#define COHORT_DATASET_REQUIREMENT_MESSAGE                                                       \
+  "cohort: the data set given to fit is not a cohort::Dataset of the model's batches. It needs " \
+  "`std::size_t size() const` and `batch(std::span<const std::size_t> indices) const` "          \
+  "returning ModelTraits<YourModel>::batch_type (or a type convertible to it). See "             \
+  "include/cohort/core/dataset.hpp."
+
 }  // namespace cohort

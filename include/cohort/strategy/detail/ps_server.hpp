@@ -564,8 +564,9 @@ class Server {
     progress();
   }
 
-  // Tells every worker waiting on this server why the run cannot go on, then throws.
-  [[noreturn]] void fail(const std::string& why) {
+  // Tells every worker waiting on this server why the run cannot go on, then throws. At most once
+  // per run: compiled for size.
+  [[noreturn, gnu::cold]] void fail(const std::string& why) {
     const std::string message = me() + ": " + why;
     std::vector<Pending> waiting;
     waiting.swap(pending_);

@@ -23,7 +23,9 @@
 // as the straight sequence it is, and redirect_error turns every failure into an error code, so
 // that none unwinds through Asio. Synchronous Asio would need a thread per pending connection to
 // honour the deadline. The io_context serves the setup only; transfers use the sockets directly
-// (tcp.hpp).
+// (tcp.hpp). The setup runs once per process and waits on the network, so its functions are
+// [[gnu::cold]]: compiled for size, which spares every program that uses the transport a good
+// part of its -O3 compile time (benchmarks/build/compile_time).
 #pragma once
 
 // clang-format off
@@ -60,6 +62,22 @@ namespace cohort::transport::tcp {
 
 class Tcp;
 
+namespace detail {
+
+namespace asio = boost::asio;
+
+// The rendezvous runs on one private io_context, so its sockets, timer and coroutines name that
+// context's executor rather than the type-erased asio::any_io_executor: the same operations,
+// without instantiating the type erasure's machinery in every program that uses the transport.
+using Executor = asio::io_context::executor_type;
+using Socket = asio::basic_stream_socket<asio::ip::tcp, Executor>;
+using Acceptor = asio::basic_socket_acceptor<asio::ip::tcp, Executor>;
+template <class T>
+using Awaitable = asio::awaitable<T, Executor>;
+inline constexpr asio::use_awaitable_t<Executor> use_awaitable;
+
+}  // namespace detail
+
 // The first half of a Tcp: validates the options and binds this rank's listener, without waiting
 // for anyone. Tests use it to learn the port rank 0 got when it asked for port 0:
 //
@@ -71,7 +89,7 @@ class Tcp;
 // port), naming address and port. connect_timeout counts from here.
 class Listener {
  public:
-  explicit Listener(Options options)
+  [[gnu::cold]] explicit Listener(Options options)
       : options_(std::move(options)), started_(std::chrono::steady_clock::now()) {
     detail::validate(options_);
     boost::system::error_code ec;
@@ -84,7 +102,7 @@ class Listener {
     if (options_.size == 1) return;  // nobody to meet
     const std::uint16_t port = options_.rank == 0 ? options_.rendezvous_port : 0;
     const boost::asio::ip::tcp::endpoint endpoint(address, port);
-    acceptor_ = std::make_unique<boost::asio::ip::tcp::acceptor>(*io_);
+    acceptor_ = std::make_unique<detail::Acceptor>(*io_);
     const auto refuse = [&](const char* step) {
       throw CommError("rank " + std::to_string(options_.rank) + ": cannot listen on " +
                       endpoint_text(endpoint) +
@@ -129,14 +147,12 @@ class Listener {
   Options options_;
   std::chrono::steady_clock::time_point started_;
   std::unique_ptr<boost::asio::io_context> io_;
-  std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;  // null when size == 1
+  std::unique_ptr<detail::Acceptor> acceptor_;  // null when size == 1
   std::uint16_t port_ = 0;
 };
 
 namespace detail {
 
-namespace asio = boost::asio;
-using Socket = asio::ip::tcp::socket;
 using Clock = std::chrono::steady_clock;
 using ErrorCode = boost::system::error_code;
 
@@ -180,7 +196,7 @@ enum class ReadOutcome {
 
 class Rendezvous {
  public:
-  Rendezvous(const Options& options, asio::io_context& io, asio::ip::tcp::acceptor& listener,
+  Rendezvous(const Options& options, asio::io_context& io, Acceptor& listener,
              std::uint16_t listen_port, Clock::time_point started)
       : options_(options),
         io_(io),
@@ -198,7 +214,7 @@ class Rendezvous {
 
   // The connection to every other rank, indexed by rank (this rank's own entry is a closed
   // socket). Throws CommError naming this rank and what went wrong.
-  std::vector<Socket> run() {
+  [[gnu::cold]] std::vector<Socket> run() {
     if (options_.rank == 0) {
       run_root();
     } else {
@@ -223,7 +239,7 @@ class Rendezvous {
  private:
   // --- the phases, each driven until its goal, a failure or the deadline -----------------------
 
-  void run_root() {
+  [[gnu::cold]] void run_root() {
     spawn(accept_loop(1, size() - 1));
     drive([&] { return established_ == size() - 1; },
           [&] {
@@ -254,7 +270,7 @@ class Rendezvous {
           [&] { return std::string("could not tell every rank that the mesh is complete"); });
   }
 
-  void run_member() {
+  [[gnu::cold]] void run_member() {
     spawn(join_root());
     // Only rank 0 knows who is missing; once connected to it, give it time to say so.
     const auto grace = std::min<Clock::duration>(options_.connect_timeout, std::chrono::seconds(1));
@@ -321,11 +337,11 @@ class Rendezvous {
   // --- coroutines --------------------------------------------------------------------------
 
   // Accepts connections and runs a handshake on each; peers must have ranks in [low, high].
-  asio::awaitable<void> accept_loop(int low, int high) {
+  [[gnu::cold]] Awaitable<void> accept_loop(int low, int high) {
     while (!stopping()) {
       Socket& socket = connections_.emplace_back(io_);
       ErrorCode ec;
-      co_await listener_.async_accept(socket, asio::redirect_error(asio::use_awaitable, ec));
+      co_await listener_.async_accept(socket, asio::redirect_error(use_awaitable, ec));
       if (ec == asio::error::connection_aborted) continue;  // gone before it was accepted
       if (ec) {
         if (!stopping() && listener_.is_open()) fail("cannot accept connections: " + ec.message());
@@ -336,7 +352,7 @@ class Rendezvous {
     }
   }
 
-  asio::awaitable<void> accept_handshake(Socket& socket, int low, int high) {
+  [[gnu::cold]] Awaitable<void> accept_handshake(Socket& socket, int low, int high) {
     ErrorCode ec;
     const auto remote = socket.remote_endpoint(ec);
     const bool know_remote = !ec;
@@ -415,7 +431,7 @@ class Rendezvous {
   }
 
   // Connects and runs the handshake as the connecting side; false when it failed (recorded).
-  asio::awaitable<bool> connect_handshake(Socket& socket, int peer) {
+  [[gnu::cold]] Awaitable<bool> connect_handshake(Socket& socket, int peer) {
     const std::string who = rank_name(peer);
     const std::vector<std::byte> mine = make_frame({setup_type::kHello}, encode_hello(my_hello()));
     const bool introduced = co_await write_message(socket, who, mine);
@@ -445,7 +461,7 @@ class Rendezvous {
     co_return true;
   }
 
-  asio::awaitable<void> join_root() {
+  [[gnu::cold]] Awaitable<void> join_root() {
     Socket& socket = connections_.emplace_back(io_);
     std::vector<asio::ip::tcp::endpoint> endpoints;
     ErrorCode ec;
@@ -453,10 +469,10 @@ class Rendezvous {
     if (!ec) {
       endpoints.emplace_back(address, options_.rendezvous_port);
     } else {
-      asio::ip::tcp::resolver resolver(io_);
+      asio::ip::basic_resolver<asio::ip::tcp, Executor> resolver(io_);
       const std::string service = std::to_string(options_.rendezvous_port);
-      const auto results = co_await resolver.async_resolve(
-          options_.rendezvous_host, service, asio::redirect_error(asio::use_awaitable, ec));
+      const auto results = co_await resolver.async_resolve(options_.rendezvous_host, service,
+                                                           asio::redirect_error(use_awaitable, ec));
       if (ec) {
         fail("cannot resolve rendezvous_host '" + options_.rendezvous_host + "': " + ec.message());
         co_return;
@@ -467,7 +483,7 @@ class Rendezvous {
     auto backoff = std::chrono::milliseconds(5);
     for (bool connected = false; !connected;) {
       for (const auto& endpoint : endpoints) {
-        co_await socket.async_connect(endpoint, asio::redirect_error(asio::use_awaitable, ec));
+        co_await socket.async_connect(endpoint, asio::redirect_error(use_awaitable, ec));
         if (!ec) {
           connected = true;
           break;
@@ -478,7 +494,7 @@ class Rendezvous {
       }
       if (connected) break;
       retry_timer_.expires_after(backoff);
-      co_await retry_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      co_await retry_timer_.async_wait(asio::redirect_error(use_awaitable, ec));
       if (stopping()) co_return;
       backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
     }
@@ -499,7 +515,7 @@ class Rendezvous {
     have_table_ = true;
   }
 
-  asio::awaitable<void> connect_peer(int peer) {
+  [[gnu::cold]] Awaitable<void> connect_peer(int peer) {
     Socket& socket = connections_.emplace_back(io_);
     const Address& address = table_[idx(peer)];
     ErrorCode ec;
@@ -509,7 +525,7 @@ class Rendezvous {
            address.host + "'");
       co_return;
     }
-    co_await socket.async_connect(endpoint, asio::redirect_error(asio::use_awaitable, ec));
+    co_await socket.async_connect(endpoint, asio::redirect_error(use_awaitable, ec));
     if (ec) {
       fail("cannot connect to rank " + std::to_string(peer) + " at " +
            Listener::endpoint_text(endpoint) + ": " + ec.message());
@@ -520,7 +536,7 @@ class Rendezvous {
   }
 
   // Rank 0, for one rank: the table out, that rank's "ready" in.
-  asio::awaitable<void> send_table_await_ready(int peer, std::vector<std::byte> table) {
+  [[gnu::cold]] Awaitable<void> send_table_await_ready(int peer, std::vector<std::byte> table) {
     Socket& socket = *peers_[idx(peer)];
     const std::string who = rank_name(peer);
     const std::vector<std::byte> frame = make_frame({setup_type::kTable}, table);
@@ -533,14 +549,14 @@ class Rendezvous {
     ++ready_count_;
   }
 
-  asio::awaitable<void> send_go(int peer) {
+  [[gnu::cold]] Awaitable<void> send_go(int peer) {
     const std::string who = rank_name(peer);
     const std::vector<std::byte> frame = make_frame({setup_type::kGo}, {});
     const bool told = co_await write_message(*peers_[idx(peer)], who, frame);
     if (told) ++go_sent_;
   }
 
-  asio::awaitable<void> send_ready() {
+  [[gnu::cold]] Awaitable<void> send_ready() {
     const std::string root = "rank 0";
     const std::vector<std::byte> frame = make_frame({setup_type::kReady}, {});
     co_await write_message(*peers_[0], root, frame);
@@ -548,7 +564,7 @@ class Rendezvous {
 
   // Waits for rank 0's "go" during the whole mesh phase, so that an abort from rank 0 (another
   // rank failed) ends this rank's rendezvous at once.
-  asio::awaitable<void> watch_root() {
+  [[gnu::cold]] Awaitable<void> watch_root() {
     SetupMessage go;
     const std::string root = "rank 0";
     const bool told = co_await read_expected(*peers_[0], root, setup_type::kGo, go);
@@ -563,12 +579,12 @@ class Rendezvous {
   };
 
   // Reads one setup message, checking magic, version, size and checksum.
-  asio::awaitable<Read> read_message(Socket& socket, const std::string& who,
-                                     SetupMessage& message) {
+  [[gnu::cold]] Awaitable<Read> read_message(Socket& socket, const std::string& who,
+                                             SetupMessage& message) {
     ErrorCode ec;
     message.bytes.assign(kHeaderBytes, std::byte{0});
     co_await asio::async_read(socket, asio::buffer(message.bytes),
-                              asio::redirect_error(asio::use_awaitable, ec));
+                              asio::redirect_error(use_awaitable, ec));
     if (ec) co_return Read{ReadOutcome::kUnknownPeer, io_error(who, ec)};
     message.frame = decode_header(message.bytes.data());
     if (message.frame.magic != kMagic) {
@@ -580,7 +596,7 @@ class Rendezvous {
           message.frame.length, message.frame.header.type == setup_type::kHello ? 4 : 0));
       message.bytes.resize(kHeaderBytes + head);
       co_await asio::async_read(socket, asio::buffer(message.bytes.data() + kHeaderBytes, head),
-                                asio::redirect_error(asio::use_awaitable, ec));
+                                asio::redirect_error(use_awaitable, ec));
       const auto rank =
           ec ? std::nullopt : rank_of_hello(std::span(message.bytes).subspan(kHeaderBytes));
       co_return Read{ReadOutcome::kFailed,
@@ -598,7 +614,7 @@ class Rendezvous {
     message.bytes.resize(kHeaderBytes + length + kTrailerBytes);
     co_await asio::async_read(
         socket, asio::buffer(message.bytes.data() + kHeaderBytes, length + kTrailerBytes),
-        asio::redirect_error(asio::use_awaitable, ec));
+        asio::redirect_error(use_awaitable, ec));
     if (ec) co_return Read{ReadOutcome::kFailed, io_error(who, ec)};
     const auto sent = load_le<std::uint64_t>(message.bytes.data() + kHeaderBytes + length);
     if (sent != checksum(checksum_seed(message.bytes.data()), message.payload())) {
@@ -610,8 +626,8 @@ class Rendezvous {
 
   // Reads a message of the expected type; an abort becomes this rank's failure, with the
   // sender's reason. False when anything else arrived (recorded).
-  asio::awaitable<bool> read_expected(Socket& socket, const std::string& who, std::uint16_t type,
-                                      SetupMessage& message) {
+  [[gnu::cold]] Awaitable<bool> read_expected(Socket& socket, const std::string& who,
+                                              std::uint16_t type, SetupMessage& message) {
     const Read read = co_await read_message(socket, who, message);
     if (read.outcome != ReadOutcome::kOk) {
       fail(read.error);
@@ -629,11 +645,11 @@ class Rendezvous {
     co_return true;
   }
 
-  asio::awaitable<bool> write_message(Socket& socket, const std::string& who,
-                                      const std::vector<std::byte>& frame) {
+  [[gnu::cold]] Awaitable<bool> write_message(Socket& socket, const std::string& who,
+                                              const std::vector<std::byte>& frame) {
     ErrorCode ec;
     co_await asio::async_write(socket, asio::buffer(frame),
-                               asio::redirect_error(asio::use_awaitable, ec));
+                               asio::redirect_error(use_awaitable, ec));
     if (ec) {
       fail(io_error(who, ec));
       co_return false;
@@ -767,10 +783,10 @@ class Rendezvous {
 
   const Options& options_;
   asio::io_context& io_;
-  asio::ip::tcp::acceptor& listener_;
+  Acceptor& listener_;
   std::uint16_t listen_port_;
   Clock::time_point deadline_;
-  asio::steady_timer retry_timer_;
+  asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, Executor> retry_timer_;
 
   std::list<Socket> connections_;       // every socket opened here; stable addresses
   std::vector<Socket*> peers_;          // by rank: the connection whose handshake succeeded

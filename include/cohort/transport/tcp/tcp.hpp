@@ -62,8 +62,9 @@ class Tcp {
   // Binds, meets the other ranks and connects to all of them: Tcp(Listener(options)).
   explicit Tcp(Options options) : Tcp(Listener(std::move(options))) {}
 
-  // Meets the other ranks through a listener bound beforehand (to learn its port first).
-  explicit Tcp(Listener&& listener)
+  // Meets the other ranks through a listener bound beforehand (to learn its port first). Once per
+  // process, so compiled for size, as the rendezvous is (rendezvous.hpp).
+  [[gnu::cold]] explicit Tcp(Listener&& listener)
       : rendezvous_port_(listener.rendezvous_port()),
         options_(std::move(listener.options_)),
         io_(std::move(listener.io_)) {
@@ -651,28 +652,31 @@ class Tcp {
   // against the receive's.
   std::optional<Failure> check_header(int rank, const Receive& receive, const std::byte* bytes) {
     const FrameHeader frame = decode_header(bytes);
-    const std::string from = "rank " + std::to_string(rank);
-    const std::string during = " during sequence " + std::to_string(receive.expected.sequence);
+    // The message's parts, made only for a refused header: this runs for every frame.
+    const auto from = [&] { return "rank " + std::to_string(rank); };
+    const auto during = [&] {
+      return " during sequence " + std::to_string(receive.expected.sequence);
+    };
     if (frame.magic != kMagic) {
-      return broken(rank, from + " sent bytes that are not a cohort frame" + during +
+      return broken(rank, from() + " sent bytes that are not a cohort frame" + during() +
                               " (the stream is out of step)");
     }
     if (frame.version != kProtocolVersion) {
-      return broken(rank, from + " sent a frame of protocol version " +
-                              std::to_string(frame.version) + during + ", this is version " +
+      return broken(rank, from() + " sent a frame of protocol version " +
+                              std::to_string(frame.version) + during() + ", this is version " +
                               std::to_string(kProtocolVersion));
     }
     if (frame.length > options_.max_frame_bytes) {
-      return broken(
-          rank, from + " announced a frame of " + std::to_string(frame.length) + " bytes" + during +
-                    ", more than max_frame_bytes = " + std::to_string(options_.max_frame_bytes) +
-                    "; refused before reading it");
+      return broken(rank, from() + " announced a frame of " + std::to_string(frame.length) +
+                              " bytes" + during() + ", more than max_frame_bytes = " +
+                              std::to_string(options_.max_frame_bytes) +
+                              "; refused before reading it");
     }
     const std::size_t length = receive.payload.size();
     if (frame.header != receive.expected || frame.length != length) {
-      auto failure = broken(rank, "header mismatch with " + from + ": expected " +
-                                      describe(receive.expected, length) + ", " + from + " sent " +
-                                      describe(frame.header, frame.length));
+      auto failure = broken(rank, "header mismatch with " + from() + ": expected " +
+                                      describe(receive.expected, length) + ", " + from() +
+                                      " sent " + describe(frame.header, frame.length));
       failure.mismatch = Mismatch{rank, receive.expected, length, frame.header,
                                   static_cast<std::size_t>(frame.length)};
       return failure;
@@ -786,8 +790,9 @@ class Tcp {
     return std::nullopt;
   }
 
-  Failure connection_failure(int rank, const detail::ErrorCode& ec, const std::string& doing,
-                             std::uint64_t sequence) {
+  // The failure paths below build messages only when a transfer fails: compiled for size.
+  [[gnu::cold]] Failure connection_failure(int rank, const detail::ErrorCode& ec,
+                                           const std::string& doing, std::uint64_t sequence) {
     if (auto reason = farewell_of(peers_[static_cast<std::size_t>(rank)])) {
       return broken(rank, left(rank, *reason));
     }
@@ -805,12 +810,12 @@ class Tcp {
   }
 
   // A failure that leaves the stream with `rank` out of step: that connection is closed.
-  Failure broken(int rank, const std::string& what) {
+  [[gnu::cold]] Failure broken(int rank, const std::string& what) {
     shut_down(peers_[static_cast<std::size_t>(rank)]);
     return Failure{prefix() + what, std::nullopt};
   }
 
-  Failure record(Failure failure) {
+  [[gnu::cold]] Failure record(Failure failure) {
     // After close() from another thread the sockets report a closed connection; say who closed.
     if (closed_.load()) {
       failure = {
@@ -828,7 +833,7 @@ class Tcp {
     peer.socket.shutdown(boost::asio::socket_base::shutdown_both, ignored);
   }
 
-  static std::string describe(const Header& header, std::uint64_t length) {
+  [[gnu::cold]] static std::string describe(const Header& header, std::uint64_t length) {
     static constexpr char kHex[] = "0123456789abcdef";
     std::string tag = "0x";
     bool leading = true;
@@ -843,7 +848,7 @@ class Tcp {
            " bytes)";
   }
 
-  static std::string receiving(const Peer& peer, const Receive& receive) {
+  [[gnu::cold]] static std::string receiving(const Peer& peer, const Receive& receive) {
     const std::size_t arrived = peer.stage == Stage::kHeader ? 0 : peer.received;
     return "receiving " + describe(receive.expected, receive.payload.size()) + ", " +
            std::to_string(arrived) + " payload bytes arrived";
