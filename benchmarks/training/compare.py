@@ -25,6 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # and the peers' scripts with "examples_per_second=N parameters=HEX".
 COHORT_LINE = re.compile(r": (\d+) examples/s, held-out accuracy [0-9.]+%, parameters ([0-9a-f]+)")
 PEER_LINE = re.compile(r"examples_per_second=(\d+) parameters=([0-9a-f]+)")
+# examples/00_mirrored_cpu's table: "replicas examples/s speedup accuracy parameters".
+TABLE_ROW = re.compile(r"^\s*\d+\s+(\d+)\s+[0-9.]+x\s+[0-9.]+%\s+([0-9a-f]+)\s*$", re.M)
 
 
 class Row:
@@ -41,7 +43,7 @@ def run(command, environment, timeout):
     completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                                env=dict(os.environ, **environment))
     output = completed.stdout + completed.stderr
-    for pattern in (COHORT_LINE, PEER_LINE):
+    for pattern in (COHORT_LINE, PEER_LINE, TABLE_ROW):
         found = pattern.findall(output)
         if found and completed.returncode == 0:
             return int(found[-1][0]), found[-1][1], time.perf_counter() - started
@@ -73,12 +75,13 @@ def cohort_rows(args, model, per_replica, steps, replica_counts, bits):
             batch = per_replica * replicas if per_replica else args.bits_batch
             micro = replicas if per_replica else args.bits_micro_batches
             common = ["--layers", args.layers, "--batch", str(batch), "--micro-batches", str(micro),
-                      "--examples", str(batch * steps), "--epochs", "1", "--threads", "1",
-                      "--quiet"]
+                      "--examples", str(batch * steps), "--epochs", "1", "--quiet"]
             if model == "torch":
-                common += ["--model", "mlp", "--strategy",
+                common += ["--model", "mlp", "--intra-op-threads", "1", "--strategy",
                            {"Mirrored": "mirrored", "MultiWorkerMirrored": "multi_worker",
                             "ParameterServer<Sync>": "parameter_server"}[kind]]
+            else:
+                common += ["--threads", "1"]
             if kind == "Mirrored":
                 command = [mirrored, "--replicas", str(replicas)] + common
             elif kind == "MultiWorkerMirrored":
