@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cohort/adapters/torch.hpp>
 #include <cohort/cohort.hpp>
@@ -111,6 +112,11 @@ torch::nn::Sequential cnn(std::int64_t side, std::int64_t classes) {
                     Linear(32 * pooled * pooled, classes));
 }
 
+torch::nn::Sequential module_of(const Settings& settings) {
+  torch::manual_seed(settings.seed);  // the initialization
+  return settings.model == "cnn" ? cnn(settings.side(), settings.classes()) : mlp(settings.layers);
+}
+
 // cohort wants the loss summed over the batch, not averaged.
 struct SummedCrossEntropy {
   torch::Tensor operator()(const torch::Tensor& outputs, const torch::Tensor& labels) const {
@@ -150,11 +156,9 @@ std::optional<Outcome> train(const Settings& settings, Strategy strategy, const 
   bool serves = false;
   if constexpr (requires { strategy.serves(); }) serves = strategy.serves();
 
-  torch::manual_seed(settings.seed);  // the module's initialization
-  const torch::nn::Sequential module =
-      settings.model == "cnn" ? cnn(settings.side(), settings.classes()) : mlp(settings.layers);
   cohort::Trainer trainer(
-      Model(module, SummedCrossEntropy{}, {.intra_op_threads = settings.intra_op_threads}),
+      Model(module_of(settings), SummedCrossEntropy{},
+            {.intra_op_threads = settings.intra_op_threads}),
       std::move(strategy), cohort::optimizer::Adam({.learning_rate = settings.learning_rate}),
       {.global_batch = settings.batch,
        .micro_batches = settings.micro_batches,
@@ -167,6 +171,41 @@ std::optional<Outcome> train(const Settings& settings, Strategy strategy, const 
   const std::span<const float> parameters = trainer.model().parameters();
   return Outcome{.examples_per_second = report.examples_per_second,
                  .accuracy = accuracy(trainer.model(), data.held_out),
+                 .fingerprint = example::fingerprint(parameters),
+                 .parameters = {parameters.begin(), parameters.end()}};
+}
+
+// The peer of a 1-replica run: the same module, batch and data trained by LibTorch alone, in one
+// loop with torch::optim::Adam (its own order of operations, so other bits).
+Outcome train_without_cohort(const Settings& settings, const Data& data) {
+  cohort::adapters::set_intra_op_threads(settings.intra_op_threads);
+  torch::nn::Sequential module = module_of(settings);
+  torch::optim::Adam adam(module->parameters(), torch::optim::AdamOptions(settings.learning_rate));
+  const auto batch = static_cast<std::int64_t>(settings.batch);
+  const std::int64_t steps_per_epoch = static_cast<std::int64_t>(data.train.size()) / batch;
+  std::int64_t steps = static_cast<std::int64_t>(settings.epochs) * steps_per_epoch;
+  if (settings.steps != 0) steps = std::min(steps, static_cast<std::int64_t>(settings.steps));
+  torch::Generator shuffle = at::detail::createCPUGenerator(settings.seed);
+  torch::Tensor order;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::int64_t step = 0; step < steps; ++step) {
+    if (step % steps_per_epoch == 0) order = torch::randperm(data.train.size(), shuffle);
+    const torch::Tensor rows = order.narrow(0, (step % steps_per_epoch) * batch, batch);
+    adam.zero_grad();
+    const torch::Tensor loss =
+        SummedCrossEntropy{}(module->forward(data.train.inputs().index_select(0, rows)),
+                             data.train.targets().index_select(0, rows)) /
+        static_cast<double>(batch);
+    loss.backward();
+    adam.step();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Adapted once trained, only to be read as the other runs are: its parameters in one buffer.
+  const Model trained(module, SummedCrossEntropy{}, {.intra_op_threads = 0});
+  const std::span<const float> parameters = trained.parameters();
+  return Outcome{.examples_per_second = static_cast<double>(steps * batch) / seconds,
+                 .accuracy = accuracy(trained, data.held_out),
                  .fingerprint = example::fingerprint(parameters),
                  .parameters = {parameters.begin(), parameters.end()}};
 }
@@ -217,8 +256,9 @@ int main(int argc, char** argv) {
       ->expected(2, 64);
   app.add_option("--strategy", settings.strategy,
                  "mirrored (one process), multi_worker or parameter_server (Sync; processes "
-                 "started by a launcher, e.g. cohort-run)")
-      ->check(CLI::IsMember({"mirrored", "multi_worker", "parameter_server"}));
+                 "started by a launcher, e.g. cohort-run), or libtorch: the peer, the same "
+                 "training by LibTorch alone, without cohort")
+      ->check(CLI::IsMember({"mirrored", "multi_worker", "parameter_server", "libtorch"}));
   app.add_option("--replicas", settings.replicas,
                  "Mirrored: replica counts to train with, in turn (e.g. 1,2,4)")
       ->delimiter(',')
@@ -250,6 +290,11 @@ int main(int argc, char** argv) {
           settings,
           cohort::strategy::MultiWorkerMirrored<>({.local_replicas = settings.local_replicas}),
           data, "multi_worker");
+      return 0;
+    }
+    if (settings.strategy == "libtorch") {
+      print(model_label(settings) + ", LibTorch alone (torch::optim::Adam)",
+            train_without_cohort(settings, data));
       return 0;
     }
     if (settings.strategy == "parameter_server") {

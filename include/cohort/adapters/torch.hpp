@@ -48,6 +48,7 @@
 //                         threads sums in another order when the thread count changes). With R
 //                         replica threads on C cores, C / R may be faster; the bits then hold
 //                         across runs with the same setting. 0 leaves both settings alone.
+//                         set_intra_op_threads(n) does the same for code without a TorchModel.
 //   m.module()    this replica's module. The Trainer trains replicas (copies) of the model it is
 //                 given, so the trained module is trainer.model().module(), not the one passed
 //                 in here; to evaluate it, copy the model first (below).
@@ -449,7 +450,12 @@ inline void check_loss(const torch::Tensor& loss) {
   }
 }
 
-// See TorchModelOptions::intra_op_threads at the top of this file.
+}  // namespace detail
+
+// Sets the threads of every LibTorch operation of this process: torch::set_num_threads and, where
+// the process's BLAS is OpenBLAS, openblas_set_num_threads; nothing for threads <= 0. What
+// TorchModel's intra_op_threads does (see the top of this file); for LibTorch code of the same
+// program that runs without cohort.
 inline void set_intra_op_threads(int threads) {
   if (threads <= 0) return;
   torch::set_num_threads(threads);
@@ -460,8 +466,6 @@ inline void set_intra_op_threads(int threads) {
     set_openblas_threads(threads);
   }
 }
-
-}  // namespace detail
 
 template <class Module, class Loss>
 class TorchModel {
@@ -494,7 +498,7 @@ class TorchModel {
       : module_(std::move(module)),
         loss_(std::make_shared<Loss>(std::move(loss))),
         parameters_(*module_) {
-    detail::set_intra_op_threads(options.intra_op_threads);
+    set_intra_op_threads(options.intra_op_threads);
   }
 
   TorchModel(const torch::nn::ModuleHolder<Module>& module, Loss loss, Options options = {})
