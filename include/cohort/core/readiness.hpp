@@ -69,7 +69,12 @@ class ReadinessCheck {
 
  private:
   static std::string text(std::size_t begin, std::size_t end) {
-    return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+    std::string range(1, '[');  // appended piece by piece: GCC 12 warns on "[" + std::string
+    range += std::to_string(begin);
+    range += ", ";
+    range += std::to_string(end);
+    range += ')';
+    return range;
   }
   [[noreturn]] static void refuse(std::size_t begin, std::size_t end, const std::string& why) {
     throw ConfigError("forward_backward: gradient range " + text(begin, end) + " " + why);
