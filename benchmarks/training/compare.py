@@ -92,13 +92,20 @@ def cohort_rows(args, model, per_replica, steps, replica_counts, bits):
     return rows
 
 
-def torch_rows(python, name, args, per_replica, steps, replica_counts):
+def peer_available(python, name, modules):
+    """Whether `python` imports `modules`; says why not when it does not."""
     if not python or not shutil.which(python):
         print(f"skipped: {name} (no interpreter {python})")
-        return []
-    probe = subprocess.run([python, "-c", "import torch, numpy"], capture_output=True)
+        return False
+    probe = subprocess.run([python, "-c", "import " + ", ".join(modules)], capture_output=True)
     if probe.returncode != 0:
-        print(f"skipped: {name} (torch or numpy does not import in {python})")
+        print(f"skipped: {name} ({' or '.join(modules)} does not import in {python})")
+        return False
+    return True
+
+
+def torch_rows(python, name, args, per_replica, steps, replica_counts):
+    if not peer_available(python, name, ["torch", "numpy"]):
         return []
     rows = []
     for replicas in replica_counts:
@@ -112,12 +119,7 @@ def torch_rows(python, name, args, per_replica, steps, replica_counts):
 
 
 def tensorflow_rows(python, args, per_replica, steps):
-    if not python or not shutil.which(python):
-        print(f"skipped: TensorFlow (no interpreter {python})")
-        return []
-    probe = subprocess.run([python, "-c", "import tensorflow, numpy"], capture_output=True)
-    if probe.returncode != 0:
-        print(f"skipped: TensorFlow (tensorflow does not import in {python})")
+    if not peer_available(python, "TensorFlow", ["tensorflow", "numpy"]):
         return []
     rows = []
     for strategy, replicas in (("none", 1), ("mirrored", 2), ("multi_worker", 2)):

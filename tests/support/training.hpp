@@ -89,34 +89,28 @@ inline std::vector<float> parameters_of(const ScriptedReadiness& wrapped) {
 
 }  // namespace cohort::testing
 
-template <>
-struct cohort::ModelTraits<cohort::testing::WithoutReadiness> {
+namespace cohort::testing {
+// What both wrappers forward to the MLP they hold.
+template <class Wrapper>
+struct WrappedMlpTraits {
   using value_type = float;
   using batch_type = example::Batch;
-  static std::span<float> parameters(cohort::testing::WithoutReadiness& m) {
-    return m.model.parameters();
-  }
-  static std::span<float> gradients(cohort::testing::WithoutReadiness& m) {
-    return m.model.gradients();
-  }
-  static double forward_backward(cohort::testing::WithoutReadiness& m, const batch_type& batch) {
+  static std::span<float> parameters(Wrapper& m) { return m.model.parameters(); }
+  static std::span<float> gradients(Wrapper& m) { return m.model.gradients(); }
+  static double forward_backward(Wrapper& m, const batch_type& batch) {
     return m.model.forward_backward(batch);
   }
 };
+}  // namespace cohort::testing
 
 template <>
-struct cohort::ModelTraits<cohort::testing::ScriptedReadiness> {
-  using value_type = float;
-  using batch_type = example::Batch;
-  static std::span<float> parameters(cohort::testing::ScriptedReadiness& m) {
-    return m.model.parameters();
-  }
-  static std::span<float> gradients(cohort::testing::ScriptedReadiness& m) {
-    return m.model.gradients();
-  }
-  static double forward_backward(cohort::testing::ScriptedReadiness& m, const batch_type& batch) {
-    return m.model.forward_backward(batch);
-  }
+struct cohort::ModelTraits<cohort::testing::WithoutReadiness>
+    : cohort::testing::WrappedMlpTraits<cohort::testing::WithoutReadiness> {};
+
+template <>
+struct cohort::ModelTraits<cohort::testing::ScriptedReadiness>
+    : cohort::testing::WrappedMlpTraits<cohort::testing::ScriptedReadiness> {
+  using WrappedMlpTraits::forward_backward;
   static double forward_backward(cohort::testing::ScriptedReadiness& m, const batch_type& batch,
                                  cohort::GradientReady ready) {
     const double loss = m.model.forward_backward(batch);

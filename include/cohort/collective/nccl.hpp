@@ -161,17 +161,6 @@ class GroupFailure {
   std::atomic<bool> raised_{false};
 };
 
-// What an exception says, for the group's reason.
-inline std::string reason(std::exception_ptr failure) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const std::exception& error) {
-    return error.what();
-  } catch (...) {
-    return "an exception not derived from std::exception";
-  }
-}
-
 // How an owned communicator ends (the deleter of Comm): finalized, then destroyed. NCCL asks for
 // ncclCommAbort where finalizing does not succeed: ncclCommDestroy after an unfinished finalize
 // waits for the communicator to become quiescent, which a lost peer never lets happen. So the
@@ -293,7 +282,7 @@ class NcclCommunicator {
       // take a while), rather than finalizing a communicator that never joined. The members
       // made so far release themselves.
       failed_ = "nccl rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
-                ": set-up failed: " + nccl::reason(std::current_exception());
+                ": set-up failed: " + what_of(std::current_exception());
       if (options_.group) options_.group->raise(failed_);
       abort_comm();
       throw;

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -83,6 +84,17 @@ class CheckpointError : public Error {
  public:
   explicit CheckpointError(const std::string& what) : Error(Errc::kCheckpoint, what) {}
 };
+
+// What a captured exception says: its what(), for passing a failure on as a reason.
+inline std::string what_of(std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& error) {
+    return error.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
 
 namespace detail {
 [[noreturn]] inline void assertion_failed(const char* condition, const char* file, int line) {

@@ -119,7 +119,7 @@ class Mirrored<device::Cuda, collective::Nccl> {
             return Replica(index, group.communicator(static_cast<int>(index), where.stream), where);
           } catch (...) {
             // The others are waiting in the group's set-up for this one: release them.
-            group.abort(static_cast<int>(index), detail::describe(std::current_exception()));
+            group.abort(static_cast<int>(index), what_of(std::current_exception()));
             throw;
           }
         },

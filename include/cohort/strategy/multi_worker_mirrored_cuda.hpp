@@ -134,7 +134,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
           } catch (...) {
             // The other replicas of this process wait in the group's set-up: release them.
             failure->raise("rank " + std::to_string(index) +
-                           " aborted: " + detail::describe(std::current_exception()));
+                           " aborted: " + what_of(std::current_exception()));
             throw;
           }
         },

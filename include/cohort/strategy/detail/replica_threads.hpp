@@ -27,16 +27,6 @@ inline void require_local_replicas(std::size_t local_replicas) {
   }
 }
 
-inline std::string describe(std::exception_ptr failure) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const std::exception& error) {
-    return error.what();
-  } catch (...) {
-    return "an exception not derived from std::exception";
-  }
-}
-
 // make_replica(local_index) builds the replica handed to body, on the replica's own thread (a GPU
 // replica sets its device there); the replica has communicator().abort().
 template <class MakeReplica, class Body>
@@ -53,7 +43,7 @@ void run_replica_threads(std::size_t count, MakeReplica&& make_replica, Body& bo
         body(replica);
       } catch (...) {
         record();
-        replica.communicator().abort(describe(std::current_exception()));
+        replica.communicator().abort(what_of(std::current_exception()));
       }
     } catch (...) {
       // The replica could not be built (its device, or its communicator's set-up): it has no
