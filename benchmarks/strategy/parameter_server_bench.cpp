@@ -2,9 +2,10 @@
 // bandwidth of the same transport measured in the same run.
 //
 //   BM_ps_push_pull/<MiB>/<servers>   one worker pushes the whole gradient and pulls the whole
-//                                     parameter vector (one kPush per chunk) per iteration; the
-//                                     servers apply SGD. bytes_per_second counts push + pull
-//                                     bytes; updates_per_second counts whole-model updates.
+//                                     parameter vector (a kPush and a kPull per chunk, in one
+//                                     transfer) per iteration; the servers apply SGD.
+//                                     bytes_per_second counts push + pull bytes; updates_per_second
+//                                     counts whole-model updates.
 //   BM_tcp_loopback/<MiB>             one rank sends, one receives the same bytes: the ceiling.
 // Target: a 64 MiB model on 2 servers at 70% or more of the loopback figure (push and pull
 // travel in opposite directions at once, so a mesh can exceed a one-way transfer).
@@ -12,8 +13,8 @@
 
 #include <chrono>
 #include <cohort/optimizer/sgd.hpp>
-#include <cohort/strategy/detail/ps_client.hpp>
-#include <cohort/strategy/detail/ps_server.hpp>
+#include <cohort/strategy/parameter_server/client.hpp>
+#include <cohort/strategy/parameter_server/server.hpp>
 #include <cohort/transport/tcp/tcp.hpp>
 #include <cstdio>
 #include <future>
@@ -23,7 +24,7 @@
 namespace {
 
 namespace tcp = cohort::transport::tcp;
-namespace ps = cohort::strategy::detail::ps;
+namespace ps = cohort::strategy::ps;
 using namespace std::chrono_literals;
 
 tcp::Options options_for(int rank, int size, std::uint16_t port) {
@@ -72,30 +73,31 @@ void BM_ps_push_pull(benchmark::State& state) {
   run_mesh(
       1 + servers,
       [&](tcp::Tcp& transport) {
-        ps::Client<tcp::Tcp> client(transport, layout, 0, 1);
-        client.exchange(
-            {.operation = ps::Operation::kInit, .element_bytes = sizeof(float), .slots = 0},
-            [&](const ps::Chunk& chunk) {
-              return std::as_bytes(std::span(parameters).subspan(chunk.begin, chunk.size()));
-            },
-            [](const ps::Chunk&) { return std::span<std::byte>(); });
+        ps::Client<tcp::Tcp> client(transport, 0, 1);
+        for (const ps::Chunk& chunk : layout.chunks()) {
+          client.add({.operation = ps::Operation::kInit, .element_bytes = sizeof(float)}, chunk,
+                     std::as_bytes(std::span(parameters).subspan(chunk.begin, chunk.size())));
+        }
+        client.transfer();
         std::uint64_t step = 0;
         for (auto _ : state) {
-          client.exchange(
-              {.operation = ps::Operation::kPush,
-               .step = step++,
-               .inverse_batch = 1.0,
-               .element_bytes = sizeof(float),
-               .slots = 0},
-              [&](const ps::Chunk& chunk) {
-                return std::as_bytes(std::span(gradients).subspan(chunk.begin, chunk.size()));
-              },
-              [&](const ps::Chunk& chunk) {
-                return std::as_writable_bytes(
-                    std::span(parameters).subspan(chunk.begin, chunk.size()));
-              });
+          // Every chunk's push and pull in one transfer: the pull of a chunk is answered once
+          // the server has applied its push.
+          for (const ps::Chunk& chunk : layout.chunks()) {
+            client.add({.operation = ps::Operation::kPush,
+                        .step = step,
+                        .inverse_batch = 1.0,
+                        .element_bytes = sizeof(float)},
+                       chunk,
+                       std::as_bytes(std::span(gradients).subspan(chunk.begin, chunk.size())));
+            client.add(
+                {.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
+                std::as_writable_bytes(std::span(parameters).subspan(chunk.begin, chunk.size())));
+          }
+          client.transfer();
+          ++step;
         }
-        client.done();
+        client.done(servers);
       },
       [&](tcp::Tcp& transport) {
         transport.isolate_peer_failures();

@@ -545,6 +545,9 @@ class Trainer {
       }
     }
     if (step_ < target) summarize_fit(replica, place, fit_times, target - step_, reports);
+    // Every replica ends the fit, as it started it (a parameter server brings the optimizer
+    // state home).
+    replica.finish(parameters, optimizer_state);
   }
 
   // The chief's one line at the end of a fit: the mean time per replica in each phase, and the

@@ -128,7 +128,7 @@ std::vector<PushLine> push_lines(const std::string& log) {
 }  // namespace
 
 TEST_CASE("the layout splits on aligned boundaries, respects the minimum shard and chunks") {
-  namespace ps = cohort::strategy::detail::ps;
+  namespace ps = cohort::strategy::ps;
   const ps::Layout small(1000, 4, 4,
                          {.min_shard_bytes = 256 << 10, .alignment = 4096, .chunk_bytes = 1 << 20});
   REQUIRE(small.chunks().size() == 1);  // a small model stays on one server
@@ -408,7 +408,7 @@ TEST_CASE("malformed requests are refused naming the worker and the field; other
   CAPTURE(output);
   REQUIRE(exit.exited);
   CHECK(exit.code == 0);
-  for (const char* field : {"shard", "chunk", "length", "version", "worker"}) {
+  for (const char* field : {"shard", "chunk", "length", "version", "worker", "push chunk"}) {
     CAPTURE(field);
     CHECK(output.find(std::string("bad request (") + field + "): refused as expected") !=
           std::string::npos);

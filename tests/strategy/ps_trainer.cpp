@@ -11,7 +11,8 @@
 // --segment K        fit K steps at a time; the chief saves FILE after each
 // --restore FILE     every process restores FILE first
 // --bad-requests     worker 1 first sends one malformed request per field and checks that each
-//                    is refused naming itself and the field (exit 3 if not), then trains
+//                    is refused naming itself and the field, a push's in the answer to its next
+//                    pull (exit 3 if not), then trains
 // --backup-workers B ParameterServer's backup_workers (Sync only)
 // --local-replicas L replica threads in each worker
 // --clip NORM        Adam clips by global norm NORM; the model is the wide one, laid out on the
@@ -33,7 +34,7 @@
 namespace {
 
 using namespace cohort::strategy;
-namespace ps = cohort::strategy::detail::ps;
+namespace ps = cohort::strategy::ps;
 
 struct Settings {
   std::string consistency;
@@ -67,8 +68,8 @@ struct Data {
 // One malformed request per field; each must be refused naming worker 1 and the field.
 template <class S>
 int send_bad_requests(S& strategy, std::size_t parameters) {
-  const auto& layout = strategy.layout(parameters, sizeof(float));
-  ps::Client<typename S::Transport> client(strategy.transport(), layout, 1, strategy.workers());
+  const ps::Layout layout = strategy.layout(parameters, sizeof(float));
+  ps::Client<typename S::Transport> client(strategy.transport(), 1, strategy.workers());
   const ps::Chunk& chunk = layout.chunks().front();
   const auto good = [&] {
     ps::Request request;
@@ -83,16 +84,20 @@ int send_bad_requests(S& strategy, std::size_t parameters) {
   };
   std::vector<std::byte> reply(chunk.size() * sizeof(float) * 4);
   int failures = 0;
-  const auto expect = [&](const char* field, const ps::Request& request) {
-    const auto answer =
-        client.send_raw(chunk.server, request, {}, std::span(reply).first(request.reply_bytes));
+  // `label` names the case in the output.
+  const auto refused = [&](const std::string& label, const char* field, const ps::Reply& answer) {
     const std::string message = answer.message;
     const bool ok = answer.status == 1 &&
                     message.find(std::string(field) + " = ") != std::string::npos &&
                     message.find("worker 1") != std::string::npos;
-    std::fprintf(stderr, "bad request (%s): %s: %s\n", field, ok ? "refused as expected" : "WRONG",
-                 message.c_str());
+    std::fprintf(stderr, "bad request (%s): %s: %s\n", label.c_str(),
+                 ok ? "refused as expected" : "WRONG", message.c_str());
     failures += ok ? 0 : 1;
+  };
+  const auto expect = [&](const char* field, const ps::Request& request) {
+    refused(
+        field, field,
+        client.send_raw(chunk.server, request, {}, std::span(reply).first(request.reply_bytes)));
   };
   auto request = good();
   request.shard = 99;
@@ -110,6 +115,15 @@ int send_bad_requests(S& strategy, std::size_t parameters) {
   request = good();
   request.worker = 2;
   expect("worker", request);
+  // A push is not answered: its refusal comes with the next pull, which it replaces.
+  const std::vector<float> gradient(chunk.size());
+  client.add({.operation = ps::Operation::kPush, .element_bytes = sizeof(float)},
+             ps::Chunk{.server = chunk.server, .index = 1000, .begin = 0, .end = chunk.size()},
+             std::as_bytes(std::span(gradient)));
+  client.transfer();
+  refused("push chunk", "chunk",
+          client.send_raw(chunk.server, good(), {},
+                          std::span(reply).first(chunk.size() * sizeof(float))));
   // A well-formed pull still works afterwards.
   const auto answer = client.send_raw(chunk.server, good(), {},
                                       std::span(reply).first(chunk.size() * sizeof(float)));

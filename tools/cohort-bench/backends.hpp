@@ -350,7 +350,7 @@ inline int run_ps(const Settings& s, const Context& context) {
     tcp.isolate_peer_failures();  // a lost worker is reported by the server, by name
     return ps_bench::serve(tcp, s, spec.rank, workers, servers);
   }
-  ps_bench::Workers comm(strategy::detail::ps::WorkerView<transport::tcp::Tcp>(tcp, workers));
+  ps_bench::Workers comm(strategy::ps::WorkerView<transport::tcp::Tcp>(tcp, workers));
   const std::string launcher = launched_by_self()
                                    ? "cohort-bench --np " + std::to_string(workers) + " --ps " +
                                          std::to_string(servers) + " (COHORT_* variables)"

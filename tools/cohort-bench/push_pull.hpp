@@ -1,11 +1,12 @@
 // The ps backend: the parameter server's push_pull (strategy/parameter_server.hpp), measured as a
 // collective. W worker processes and S server processes form one TCP mesh, as ParameterServer
 // builds it (workers are ranks 0 .. W-1, servers W .. W+S-1); the servers run
-// detail::ps::Server with consistency::Sync and SGD, the workers detail::ps::Client.
+// ps::Server with consistency::Sync and SGD, the workers ps::Client.
 //
 // One call = every worker pushes a gradient of `size` bytes (float) and pulls the updated
-// parameters; the reply of each chunk is its new parameters, so that push and pull are one
-// exchange, as in training (ParameterServer::Replica::update).
+// parameters: a push and a pull per chunk, all in one transfer (the pull of a chunk is answered
+// once its step is applied), the wire traffic of a training step of ParameterServer whose
+// pushes all wait for the end of the backward pass.
 //   out-of-place   the gradient and the parameters are separate buffers (what the Trainer does)
 //   in-place       one buffer: it is pushed, and the pulled parameters overwrite it
 //
@@ -40,8 +41,9 @@
 #include "cohort/core/error.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/optimizer/sgd.hpp"
-#include "cohort/strategy/detail/ps_client.hpp"
-#include "cohort/strategy/detail/ps_server.hpp"
+#include "cohort/strategy/parameter_server/client.hpp"
+#include "cohort/strategy/parameter_server/communicators.hpp"
+#include "cohort/strategy/parameter_server/server.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 #include "launch.hpp"
 #include "machine.hpp"
@@ -52,7 +54,7 @@
 
 namespace cohort::bench::ps_bench {
 
-namespace ps = strategy::detail::ps;
+namespace ps = strategy::ps;
 using Tcp = transport::tcp::Tcp;
 using Workers = collective::Deterministic<ps::WorkerView<Tcp>>;
 
@@ -118,15 +120,15 @@ class Worker {
       const std::size_t count = layout.elements();
       gradient_.assign(count, 0.0f);
       parameters_.assign(count, 0.0f);
-      ps::Client<Tcp> client(tcp_, layout, worker_, workers_);
+      ps::Client<Tcp> client(tcp_, worker_, workers_);
+      chunks_ = layout.chunks();
       step_ = 0;
       if (worker_ == 0) {
-        client.exchange(
-            {.operation = ps::Operation::kInit, .element_bytes = sizeof(float), .slots = 0},
-            [&](const ps::Chunk& chunk) {
-              return std::as_bytes(std::span(parameters_).subspan(chunk.begin, chunk.size()));
-            },
-            [](const ps::Chunk&) { return std::span<std::byte>(); });
+        for (const ps::Chunk& chunk : chunks_) {
+          client.add({.operation = ps::Operation::kInit, .element_bytes = sizeof(float)}, chunk,
+                     std::as_bytes(std::span(parameters_).subspan(chunk.begin, chunk.size())));
+        }
+        client.transfer();
       }
       if (fit.warmup) {
         for (int i = 0; i < settings_.warmup_iters; ++i) push_pull(client, false);
@@ -143,7 +145,7 @@ class Worker {
           rows.push_back(row);
         }
       }
-      client.done();
+      client.done(servers);
     }
     return rows;
   }
@@ -154,19 +156,18 @@ class Worker {
   // One push_pull: out-of-place pushes gradient_ and pulls into parameters_; in-place pushes
   // parameters_ and pulls into it.
   void push_pull(ps::Client<Tcp>& client, bool in_place) {
-    std::vector<float>& pushed = in_place ? parameters_ : gradient_;
-    client.exchange(
-        {.operation = ps::Operation::kPush,
-         .step = step_++,
-         .inverse_batch = 1.0,
-         .element_bytes = sizeof(float),
-         .slots = optimizer::Sgd::kStateSlots},
-        [&](const ps::Chunk& chunk) {
-          return std::as_bytes(std::span(pushed).subspan(chunk.begin, chunk.size()));
-        },
-        [&](const ps::Chunk& chunk) {
-          return std::as_writable_bytes(std::span(parameters_).subspan(chunk.begin, chunk.size()));
-        });
+    const std::span<const float> pushed = in_place ? parameters_ : gradient_;
+    for (const ps::Chunk& chunk : chunks_) {
+      client.add({.operation = ps::Operation::kPush,
+                  .step = step_,
+                  .inverse_batch = 1.0,
+                  .element_bytes = sizeof(float)},
+                 chunk, std::as_bytes(pushed.subspan(chunk.begin, chunk.size())));
+      client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
+                 std::as_writable_bytes(std::span(parameters_).subspan(chunk.begin, chunk.size())));
+    }
+    client.transfer();
+    ++step_;
   }
 
   Measurement measure_placement(ps::Client<Tcp>& client, bool in_place, std::size_t count) {
@@ -208,6 +209,7 @@ class Worker {
   const int worker_;
   const int workers_;
   std::uint64_t step_ = 0;
+  std::vector<ps::Chunk> chunks_;  // of this fit's layout
   std::vector<float> gradient_;
   std::vector<float> parameters_;
 };

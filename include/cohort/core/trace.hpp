@@ -51,8 +51,8 @@ enum class Phase : std::uint8_t {
   kOptimizer,        // clipping and the optimizer step
   kLossAllReduce,    // the all-reduce of a window of losses
   kCheckpoint,       // Trainer::save
-  kPush,             // parameter server: a worker's push received and folded
-  kPull,             // parameter server: a pull answered
+  kPush,             // parameter server: chunks pushed by a worker, or one received and folded
+  kPull,             // parameter server: a worker's pull of every chunk, or one answered
   kApply,            // parameter server: the optimizer applied to a shard
 };
 

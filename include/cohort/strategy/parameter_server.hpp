@@ -19,10 +19,14 @@
 // tree over all replicas, as local_replicas is a power of two), and its first replica pushes the
 // sum and shares the parameters it pulls.
 //
-// One step, on a worker: the Trainer folds the worker's micro-batches (Update::gradient_sum),
-// then replica.finish_step() sends, for every chunk of every shard at once (detail/ps_protocol.hpp has
-// the layout and the protocol), the chunk's gradient sum; each reply carries the chunk's new
-// parameters. On a server, per chunk:
+// One step, on a worker: the Trainer folds the worker's micro-batches (Update::gradient_sum). The
+// chunks of the layout (parameter_server/protocol.hpp has the layout and the protocol) are the
+// buckets of the fold, taken from its end: as soon as every element of a chunk is final
+// (replica.gradients_ready, while the model's backward pass goes on when it reports readiness,
+// core/model.hpp), the worker's replicas sum it and the first pushes it, on the worker's
+// communication thread. replica.finish_step() pushes what is left and pulls every chunk, in the
+// order of the pushes; a server answers a pull once the worker's pushes have settled (below).
+// On a server, per chunk:
 //   Sync (K = 0)     the W pushes of a step are summed in the canonical tree over worker indices
 //                    (core/reduction_tree.hpp), scaled by 1 / global batch and given to the
 //                    optimizer with step = step + 1, as detail/mirrored_replica.hpp does: the
@@ -30,25 +34,26 @@
 //                    same seed and micro_batches (the optimizer is elementwise, so a chunk updates
 //                    with the bits of the whole vector).
 //   K >= 1, Async    each push is applied on arrival, exactly once, scaled by 1 / global batch
-//                    (a push is one worker's share of a batch); the reply, a whole version of the
-//                    chunk, waits while its worker is more than K steps ahead of the slowest live
-//                    worker. Adam's step counts the chunk's updates.
+//                    (a push is one worker's share of a batch); the pull's answer, a whole
+//                    version of the chunk, waits while its worker is more than K steps ahead of
+//                    the slowest live worker. Adam's step counts the chunk's updates.
+// A Sync pull waits for the step's aggregate. The bits do not depend on when a chunk was pushed.
 // The optimizer state lives on the servers. At the start of every fit the chief sends its
 // parameters and optimizer state to the servers, and every worker pulls; at its end the chief
 // pulls the optimizer state back (so that the next fit starts from it) and every server keeps its
 // shard. A server runs no replica: its Trainer builds no model, and it needs no device (with
 // ParameterServer<C, device::Cuda>, strategy/parameter_server_cuda.hpp, the workers' replicas are
 // on GPUs and their pushes and pulls are staged through the host). Trainer::save then writes a
-// sharded checkpoint: every server its shard, the
-// chief the manifest last (save() below); Trainer::restore on every process reads the manifest
-// and the shards and continues the run (the same bits, for Sync). A sharded checkpoint restores
-// under any strategy, and any checkpoint restores under ParameterServer.
+// sharded checkpoint: every server its shard, the chief the manifest last
+// (parameter_server/sharded_save.hpp); Trainer::restore on every process reads the manifest and
+// the shards and continues the run (the same bits, for Sync). A sharded checkpoint restores under
+// any strategy, and any checkpoint restores under ParameterServer.
 //
 // Faults. A worker that dies is reported by the servers by name; Async and BoundedStaleness go on
 // without it (the bound counts live workers only); Sync fails with an error naming it unless
-// backup workers cover it (detail/ps_server.hpp has the rule). A server that dies makes every
-// worker's next push or pull fail naming it ("parameter server 1 (rank 5)"), within `timeout` at
-// worst: restart the job from the last checkpoint.
+// backup workers cover it (parameter_server/server.hpp has the rule). A server that dies makes
+// every worker's next push or pull fail naming it ("parameter server 1 (rank 5)"), within
+// `timeout` at worst: restart the job from the last checkpoint.
 //
 // Options:
 //   local_replicas   replica threads in each worker process (a power of two, the same on every
@@ -57,30 +62,31 @@
 //   bind_address     where this process listens (or COHORT_BIND_ADDRESS); loopback by default
 //   secret           shared secret authenticating every connection (or COHORT_SECRET)
 //   connect_timeout  the rendezvous deadline
-//   timeout          how long a worker waits for a reply (a bounded-staleness worker may wait
+//   timeout          how long a worker waits for an answer (a bounded-staleness worker may wait
 //                    for the slowest one) and any transfer may stall
 //   min_shard_bytes  a shard holds at least this many bytes (so a small model uses few servers)
 //   alignment        shard boundaries are multiples of this many elements
-//   chunk_bytes      the unit of a request, so that push, update and pull pipeline
+//   chunk_bytes      the unit of a request, so that push, update and pull pipeline, and of
+//                    a push started during the backward pass
 //   backup_workers   Sync only: a step needs the W - backup_workers lowest-indexed live workers
 //   log_pushes       servers print a line per push applied to their first chunk
 //
 // Global-norm clipping (the optimizer's max_gradient_norm): under Sync the servers clip each
 // step's aggregate by its global norm, the same bits as the mirrored strategies (alignment and
 // chunk_bytes must then keep the norm's 4096-element blocks whole; ConfigError otherwise); under
-// Async and BoundedStaleness each worker clips its own push.
+// Async and BoundedStaleness each worker clips its own push by the push's own norm, which needs
+// the whole gradient: there every push waits for finish_step, nothing overlaps the backward pass.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <optional>
-#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -95,14 +101,19 @@
 #include "cohort/collective/local.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
+#include "cohort/core/reduce_op.hpp"
+#include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/strategy/consistency.hpp"
-#include "cohort/strategy/detail/ps_client.hpp"
-#include "cohort/strategy/detail/ps_protocol.hpp"
-#include "cohort/strategy/detail/ps_server.hpp"
+#include "cohort/strategy/detail/gradient_buckets.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/detail/staged_communicator.hpp"
 #include "cohort/strategy/detail/tcp_options.hpp"
+#include "cohort/strategy/parameter_server/client.hpp"
+#include "cohort/strategy/parameter_server/communicators.hpp"
+#include "cohort/strategy/parameter_server/protocol.hpp"
+#include "cohort/strategy/parameter_server/server.hpp"
+#include "cohort/strategy/parameter_server/sharded_save.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
@@ -141,11 +152,11 @@ class ParameterServer {
   using Transport = transport::tcp::Tcp;
   // Sync: over every replica of every worker, in the canonical tree (the workers' local replicas
   // first, as MultiWorkerMirrored). Otherwise a worker never waits for the others.
-  using Cross = collective::Deterministic<detail::ps::WorkerView<Transport>>;
+  using Cross = collective::Deterministic<ps::WorkerView<Transport>>;
   using HostCommunicator =
       std::conditional_t<kStaleness == 0,
                          collective::Hierarchical<collective::LocalCommunicator, Cross>,
-                         detail::ps::Independent<Transport>>;
+                         ps::Independent<Transport>>;
   // The device of the workers' replicas: their gradients are staged to the host for the push and
   // the parameters copied back after the pull (servers work on the host and need no device).
   using Device = D;
@@ -234,14 +245,10 @@ class ParameterServer {
   const Options& options() const { return options_; }
   Transport& transport() { return *transport_; }
 
-  // The layout of `elements` parameters of `element_bytes` each (detail/ps_protocol.hpp).
-  const detail::ps::Layout& layout(std::size_t elements, std::size_t element_bytes) const {
-    if (!layout_ || layout_->elements() != elements) {
-      layout_.emplace(elements, element_bytes, servers_,
-                      detail::ps::LayoutOptions{options_.min_shard_bytes, options_.alignment,
-                                                options_.chunk_bytes});
-    }
-    return *layout_;
+  // The layout of `elements` parameters of `element_bytes` each (parameter_server/protocol.hpp).
+  ps::Layout layout(std::size_t elements, std::size_t element_bytes) const {
+    return ps::Layout(elements, element_bytes, servers_,
+                      {options_.min_shard_bytes, options_.alignment, options_.chunk_bytes});
   }
 
   // On a server: serves one fit (its shard of the layout of `elements` parameters) and returns
@@ -250,15 +257,15 @@ class ParameterServer {
   template <class T, class O>
   void serve(std::size_t elements, const O& optimizer) {
     check_optimizer<T>(optimizer);
-    const auto& shards = layout(elements, sizeof(T));
-    detail::ps::Server<Transport, T, O> server(*transport_, shards,
-                                               {.server = spec_.rank,
-                                                .workers = workers_,
-                                                .backup_workers = options_.backup_workers,
-                                                .staleness = kStaleness,
-                                                .log_pushes = options_.log_pushes},
-                                               optimizer);
-    const detail::ps::ServerCounts counts = server.serve();
+    const ps::Layout shards = layout(elements, sizeof(T));
+    ps::Server<Transport, T, O> server(*transport_, shards,
+                                       {.server = spec_.rank,
+                                        .workers = workers_,
+                                        .backup_workers = options_.backup_workers,
+                                        .staleness = kStaleness,
+                                        .log_pushes = options_.log_pushes},
+                                       optimizer);
+    const ps::ServerCounts counts = server.serve();
     held_ = server.shard();
     std::string line = "cohort: parameter server " + std::to_string(spec_.rank) + " (" +
                        std::string(C::kName) + ", " +
@@ -283,86 +290,31 @@ class ParameterServer {
   template <class T>
   void restored(const checkpoint::TrainingState<T>& state) {
     if (!serves()) return;
-    const std::size_t elements = state.parameters.size();
-    const auto& chunks = layout(elements, sizeof(T)).chunks_of(spec_.rank);
-    checkpoint::ShardState<T> shard;
-    shard.elements = elements;
-    if (!chunks.empty()) {
-      shard.begin = chunks.front().begin;
-      shard.end = chunks.back().end;
-    }
-    const std::size_t length = shard.end - shard.begin;
-    const auto own = std::span(state.parameters).subspan(shard.begin, length);
-    shard.parameters.assign(own.begin(), own.end());
-    for (std::size_t slot = 0; elements != 0 && slot < state.optimizer_state.size() / elements;
-         ++slot) {
-      const auto values =
-          std::span(state.optimizer_state).subspan(slot * elements + shard.begin, length);
-      shard.optimizer_state.insert(shard.optimizer_state.end(), values.begin(), values.end());
-    }
-    held_ = std::move(shard);
+    held_ = ps::shard_of(state, layout(state.parameters.size(), sizeof(T)), spec_.rank);
   }
 
-  // Trainer::save: a sharded checkpoint (checkpoint/checkpoint.hpp). Every process calls it after
-  // the same fit. The chief orders every server that holds a shard to write it beside `file`,
-  // waits until each has reported its file durable, then writes the manifest `file` (which
-  // removes the shard files of the manifest it replaced). A server writes the shard it holds,
-  // from its last fit or restore. `state` holds the run's settings and step (no values: those
-  // are the servers'), `elements` the model's parameter count. Other workers return at once.
+  // Trainer::save: a sharded checkpoint (parameter_server/sharded_save.hpp). Every process calls
+  // it after the same fit. The chief orders every server to write the shard it holds beside
+  // `file`, waits until each has reported its file durable, then writes the manifest `file` (which
+  // removes the shard files of the manifest it replaced). A server writes the shard of its last
+  // fit or restore. `state` holds the run's settings and step (no values: those are the
+  // servers'), `elements` the model's parameter count. Other workers return at once.
   template <class T>
   void save(const std::filesystem::path& file, const checkpoint::TrainingState<T>& state,
             std::size_t elements) const {
-    namespace ps = detail::ps;
     if (serves()) {
-      save_shard<T>(file);
-      return;
+      const auto* held = std::get_if<checkpoint::ShardState<T>>(&held_);
+      ps::save_shard(*transport_, spec_.rank, held,
+                     held != nullptr ? ps::holders(layout(held->elements, sizeof(T))) : 0, file);
+    } else if (is_chief()) {
+      ps::save_manifest(*transport_, workers_, layout(elements, sizeof(T)), file, state);
     }
-    if (!is_chief()) return;
-    const ps::Layout& shards = layout(elements, sizeof(T));
-    const int holding = holders(elements, sizeof(T));
-    std::random_device entropy;
-    const ps::SaveOrder order{.step = state.step,
-                              .token = std::uint64_t{entropy()} << 32 | entropy()};
-    // Every server is ordered and answers (one beyond the shard count writes nothing), so that no
-    // server waits for an order that never comes.
-    std::vector<ps::SaveReport> reports(static_cast<std::size_t>(servers_));
-    std::vector<transport::Send> sends;
-    std::vector<transport::Receive> receives;
-    for (int server = 0; server < servers_; ++server) {
-      const int peer = workers_ + server;
-      sends.push_back({peer, ps::header(ps::tag::kSaveOrder), std::as_bytes(std::span(&order, 1))});
-      receives.push_back(
-          {peer, ps::header(ps::tag::kSaveReport),
-           std::as_writable_bytes(std::span(&reports[static_cast<std::size_t>(server)], 1))});
-    }
-    try {
-      transport_->transfer(sends, receives);
-    } catch (const CommError& error) {
-      throw CommError(
-          "checkpoint " + file.string() + ": the servers' shards were not all " +
-          "written (every process must call Trainer::save after the same fit): " + error.what());
-    }
-    checkpoint::TrainingState<T> manifest = state;
-    for (int server = 0; server < servers_; ++server) {
-      const ps::SaveReport& report = reports[static_cast<std::size_t>(server)];
-      if (report.status != 0) {
-        throw CheckpointError("checkpoint " + file.string() + ": parameter server " +
-                              std::to_string(server) +
-                              " could not write its shard: " + report.message);
-      }
-      if (server >= holding) continue;
-      const auto& chunks = shards.chunks_of(server);
-      manifest.shards.push_back(
-          {.file = checkpoint::shard_file_name(file, order.step, order.token,
-                                               static_cast<std::size_t>(server),
-                                               static_cast<std::size_t>(holding)),
-           .begin = chunks.front().begin,
-           .end = chunks.back().end,
-           .crc32 = report.crc32});
-    }
-    checkpoint::write(file, manifest);
   }
 
+  // A worker's replica (strategy/strategy.hpp). Its lifecycle in one fit: start, then per step
+  // begin_step, gradients_ready for each final range, finish_step, then finish. Only the worker's
+  // first replica talks to the servers; the others reduce their gradients with it and take the
+  // parameters it pulls.
   class Replica {
     using Staging = typename detail::ps::WorkerPlace<D>::Staging;
 
@@ -376,137 +328,204 @@ class ParameterServer {
     // to the worker's other replicas.
     template <class T>
     void start(std::span<T> parameters, std::span<T> optimizer_state, std::uint64_t step) {
-      if (speaks_for_worker_) begin(parameters, optimizer_state, step);
+      const ps::Layout layout = owner_->layout(parameters.size(), sizeof(T));
+      // The buckets of every step: the layout's chunks (which tile the parameters), the last
+      // first.
+      chunks_.assign(layout.chunks().rbegin(), layout.chunks().rend());
+      edges_.assign(1, parameters.size());
+      for (const ps::Chunk& chunk : chunks_) edges_.push_back(chunk.begin);
+      if (speaks_for_worker_) {
+        const std::span<T> host = host_copy(parameters, parameter_staging_);
+        if (index_ == 0) initialize_servers<T>(host, optimizer_state, step);
+        pull(host, step);
+        land(host, parameters);
+      }
       local_.broadcast(parameters, 0);
     }
 
-    // One step (strategy/strategy.hpp): the worker's replicas sum their gradients (the canonical
-    // tree over them, a subtree of the tree over all replicas), the first pushes the sum and
-    // pulls the new parameters, and hands them to the others. The push waits for the whole
-    // gradient: begin_step and gradients_ready have nothing to start.
+    // One step (strategy/strategy.hpp). Each chunk of the layout is a bucket: once every
+    // element of it is final, the worker's replicas sum it (the canonical tree over them, a
+    // subtree of the tree over all replicas) and the first replica pushes the sum, on the
+    // communication thread, while the backward pass goes on. finish_step pulls every chunk in
+    // the same order, once the servers have settled the pushes, and hands the parameters to the
+    // worker's other replicas. Under Async and BoundedStaleness with clipping, a push is clipped
+    // by its own norm, which needs the whole gradient: then every push waits for finish_step.
     template <class T, class O>
-    void begin_step(Update<T, O>& /*update*/) {}
+    void begin_step(Update<T, O>& update) {
+      owner_->template check_optimizer<T>(update.optimizer);
+      buckets_.begin(std::span<const std::size_t>(edges_));
+      if (speaks_for_worker_) {
+        gradient_ = std::as_writable_bytes(host_target(update.gradient_sum, gradient_staging_));
+      }
+    }
+
     template <class T, class O>
-    void gradients_ready(Update<T, O>& /*update*/, std::size_t /*begin*/, std::size_t /*end*/) {}
+    void gradients_ready(Update<T, O>& update, std::size_t begin, std::size_t end) {
+      if (clips_each_push(update.optimizer)) return;
+      std::size_t first = chunks_.size();
+      std::size_t last = 0;
+      buckets_.ready(begin, end, [&](std::size_t bucket, std::size_t, std::size_t) {
+        first = std::min(first, bucket);
+        last = bucket + 1;
+      });
+      if (first < last) {
+        reduce_locally(update.gradient_sum, first, last);
+        push(update, first, last, update.inverse_batch);
+      }
+    }
 
     template <class T, class O>
     void finish_step(Update<T, O>& update) {
-      owner_->template check_optimizer<T>(update.optimizer);
-      local_.all_reduce(update.gradient_sum, ReduceOp::kSum);
-      if (speaks_for_worker_) {
-        // Sync: the servers clip the step's aggregate. Otherwise every push is applied alone,
-        // so it is clipped here, by its own norm.
-        double scale = update.inverse_batch;
-        if (const double max_norm = update.optimizer.options().max_gradient_norm;
-            kStaleness != 0 && max_norm > 0.0) {
-          scale *= optimizer::clipping_factor(
-              D::sum_of_squares(place_, std::span<const T>(update.gradient_sum)),
-              update.inverse_batch, max_norm);
+      if (clips_each_push(update.optimizer)) {
+        // Every push is applied alone, so it is clipped here, by its own norm.
+        reduce_locally(update.gradient_sum, 0, chunks_.size());
+        if (speaks_for_worker_) {
+          push(update, 0, chunks_.size(),
+               update.inverse_batch *
+                   optimizer::clipping_factor(
+                       D::sum_of_squares(place_, std::span<const T>(update.gradient_sum)),
+                       update.inverse_batch, update.optimizer.options().max_gradient_norm));
         }
-        const std::span<T> gradient = host_copy(update.gradient_sum, gradient_staging_);
+      }
+      COHORT_ASSERT(clips_each_push(update.optimizer) || buckets_.complete());
+      if (speaks_for_worker_) {
+        {
+          const trace::Span waited(trace::current(), trace::Phase::kBucketWait,
+                                   {.step = update.step});
+          thread_->wait();  // every push sent (or its failure rethrown)
+        }
         const std::span<T> parameters = host_target(update.parameters, parameter_staging_);
-        client_.exchange(
-            {.operation = detail::ps::Operation::kPush,
-             .step = update.step,
-             .inverse_batch = scale,
-             .element_bytes = sizeof(T),
-             .slots = O::kStateSlots},
-            [&](const detail::ps::Chunk& chunk) {
-              return std::as_bytes(gradient.subspan(chunk.begin, chunk.size()));
-            },
-            [&](const detail::ps::Chunk& chunk) {
-              return std::as_writable_bytes(parameters.subspan(chunk.begin, chunk.size()));
-            });
+        pull(parameters, update.step);
         land(parameters, update.parameters);
       }
       local_.broadcast(update.parameters, 0);
     }
 
-    // After the body returned: the chief pulls the optimizer state; every worker says done.
-    void finish() {
-      if (finish_) finish_();
+    // The end of a fit (Trainer::train_replica), on every replica: the chief brings the optimizer
+    // state home from the servers (the next fit starts from it), and every worker's first
+    // replica tells the servers that its fit is done.
+    template <class T>
+    void finish(std::span<T> parameters, std::span<T> optimizer_state) {
+      if (!speaks_for_worker_) return;
+      if (index_ == 0 && !parameters.empty() && !optimizer_state.empty()) {
+        const std::span<T> state = host_target(optimizer_state, state_staging_);
+        pull_state(state, optimizer_state.size() / parameters.size());
+        land(state, optimizer_state);
+      }
+      client_.done(owner_->servers_);
     }
 
    private:
     friend class ParameterServer;
     Replica(ParameterServer& owner, std::size_t index, Communicator communicator,
-            collective::LocalCommunicator local)
+            collective::LocalCommunicator local, collective::CommunicationThread& thread)
         : owner_(&owner),
           index_(index),
           place_(owner.place(0)),
           speaks_for_worker_(local.rank() == 0),
           communicator_(std::move(communicator)),
           local_(std::move(local)),
-          client_(*owner.transport_, owner.layout_storage(), owner.worker(), owner.workers_) {}
+          thread_(&thread),
+          client_(*owner.transport_, owner.worker(), owner.workers_) {}
 
-    // The worker's side of the start of a fit (see start()), and what finish() will do.
+    // Under Async and BoundedStaleness with clipping, a push is clipped by its own norm.
+    template <class O>
+    static bool clips_each_push(const O& optimizer) {
+      return kStaleness != 0 && optimizer.options().max_gradient_norm > 0.0;
+    }
+
+    // The chief's kInit: its parameters (host memory) and optimizer state (at its place), chunk
+    // by chunk, each chunk's parameters followed by its state slot-major.
     template <class T>
-    void begin(std::span<T> at_place, std::span<T> state_at_place, std::uint64_t step) {
-      const auto& shards = owner_->layout(at_place.size(), sizeof(T));
-      const std::size_t slots = at_place.empty() ? 0 : state_at_place.size() / at_place.size();
-      const auto none = [](const detail::ps::Chunk&) { return std::span<std::byte>(); };
-      const bool chief = index_ == 0;
-      // The work is done on host copies (on the host: the spans themselves), landed at the end.
-      const std::span<T> parameters = host_copy(at_place, parameter_staging_);
-      // Only the chief sends the optimizer state, and brings it home at the end.
-      const std::span<T> optimizer_state =
-          chief ? host_copy(state_at_place, state_staging_) : std::span<T>();
-      if (chief) {
-        staging_.clear();
-        offsets_.clear();
-        for (const auto& chunk : shards.chunks()) {
-          offsets_.push_back(staging_.size());
-          append<T>(parameters.subspan(chunk.begin, chunk.size()));
-          for (std::size_t slot = 0; slot < slots; ++slot) {
-            append<T>(
-                optimizer_state.subspan(slot * parameters.size() + chunk.begin, chunk.size()));
-          }
+    void initialize_servers(std::span<const T> parameters, std::span<T> state_at_place,
+                            std::uint64_t step) {
+      const std::size_t slots = parameters.empty() ? 0 : state_at_place.size() / parameters.size();
+      const std::span<const T> state = host_copy(state_at_place, state_staging_);
+      staging_.clear();
+      std::vector<std::size_t> offsets;
+      for (const ps::Chunk& chunk : chunks_) {
+        offsets.push_back(staging_.size());
+        append<T>(parameters.subspan(chunk.begin, chunk.size()));
+        for (std::size_t slot = 0; slot < slots; ++slot) {
+          append<T>(state.subspan(slot * parameters.size() + chunk.begin, chunk.size()));
         }
-        std::size_t next = 0;
-        client_.exchange(
-            {.operation = detail::ps::Operation::kInit,
-             .step = step,
-             .element_bytes = sizeof(T),
-             .slots = slots},
-            [&](const detail::ps::Chunk& chunk) {
-              return std::span<const std::byte>(staging_).subspan(
-                  offsets_[next++], (1 + slots) * chunk.size() * sizeof(T));
-            },
-            none);
       }
-      client_.exchange(
-          {.operation = detail::ps::Operation::kPull, .element_bytes = sizeof(T), .slots = slots},
-          [](const detail::ps::Chunk&) { return std::span<const std::byte>(); },
-          [&](const detail::ps::Chunk& chunk) {
-            return std::as_writable_bytes(parameters.subspan(chunk.begin, chunk.size()));
-          });
-      land(parameters, at_place);
-      // At the end of the fit, the chief brings the optimizer state home (the next fit starts
-      // from it).
-      finish_ = [this, parameters, optimizer_state, state_at_place, slots, chief, &shards] {
-        if (chief && slots > 0) {
-          staging_.resize(parameters.size() * slots * sizeof(T));
-          client_.exchange(
-              {.operation = detail::ps::Operation::kPullState,
-               .element_bytes = sizeof(T),
-               .slots = slots},
-              [](const detail::ps::Chunk&) { return std::span<const std::byte>(); },
-              [&](const detail::ps::Chunk& chunk) {
-                return std::span(staging_).subspan(chunk.begin * slots * sizeof(T),
-                                                   chunk.size() * slots * sizeof(T));
-              });
-          const auto* values = reinterpret_cast<const T*>(staging_.data());
-          for (const auto& chunk : shards.chunks()) {
-            for (std::size_t slot = 0; slot < slots; ++slot) {
-              std::copy_n(values + chunk.begin * slots + slot * chunk.size(), chunk.size(),
-                          optimizer_state.begin() +
-                              static_cast<std::ptrdiff_t>(slot * parameters.size() + chunk.begin));
-            }
-          }
-          land(optimizer_state, state_at_place);
+      for (std::size_t i = 0; i < chunks_.size(); ++i) {
+        client_.add({.operation = ps::Operation::kInit, .step = step, .element_bytes = sizeof(T)},
+                    chunks_[i],
+                    std::span<const std::byte>(staging_).subspan(
+                        offsets[i], (1 + slots) * chunks_[i].size() * sizeof(T)));
+      }
+      client_.transfer();
+    }
+
+    // The worker's replicas sum buckets [first, last) of the gradient, one range of it.
+    template <class T>
+    void reduce_locally(std::span<T> gradient, std::size_t first, std::size_t last) {
+      if (first == last) return;
+      const std::size_t begin = chunks_[last - 1].begin;
+      local_.all_reduce(gradient.subspan(begin, chunks_[first].end - begin), ReduceOp::kSum);
+    }
+
+    // The first replica hands buckets [first, last) to the communication thread, which pushes
+    // them from the host while this thread goes on.
+    template <class T, class O>
+    void push(Update<T, O>& update, std::size_t first, std::size_t last, double scale) {
+      if (!speaks_for_worker_ || first == last) return;
+      const std::size_t begin = chunks_[last - 1].begin;
+      const std::size_t length = chunks_[first].end - begin;
+      const std::span<T> host = as_elements<T>(gradient_).subspan(begin, length);
+      if constexpr (!kOnHost) {
+        D::to_host(place_, std::span<const T>(update.gradient_sum.subspan(begin, length)), host);
+      }
+      const std::span<const ps::Chunk> chunks = std::span(chunks_).subspan(first, last - first);
+      thread_->submit([this, chunks, gradient = as_elements<const T>(gradient_), first,
+                       step = update.step, scale, bytes = length * sizeof(T)] {
+        const trace::Span span(trace::current(), trace::Phase::kPush,
+                               {.step = step, .index = first, .bytes = bytes});
+        for (const ps::Chunk& chunk : chunks) {
+          client_.add({.operation = ps::Operation::kPush,
+                       .step = step,
+                       .inverse_batch = scale,
+                       .element_bytes = sizeof(T)},
+                      chunk, std::as_bytes(gradient.subspan(chunk.begin, chunk.size())));
         }
-        client_.done();
-      };
+        client_.transfer();
+      });
+    }
+
+    // Every chunk's parameters into `parameters` (host memory), in the order of the pushes.
+    template <class T>
+    void pull(std::span<T> parameters, std::uint64_t step) {
+      const trace::Span span(trace::current(), trace::Phase::kPull,
+                             {.step = step, .bytes = parameters.size_bytes()});
+      for (const ps::Chunk& chunk : chunks_) {
+        client_.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(T)}, chunk, {},
+                    std::as_writable_bytes(parameters.subspan(chunk.begin, chunk.size())));
+      }
+      client_.transfer();
+    }
+
+    // The chief: the servers' optimizer state into `state` (host memory, slot-major over the
+    // whole vector).
+    template <class T>
+    void pull_state(std::span<T> state, std::size_t slots) {
+      const std::size_t elements = state.size() / slots;
+      staging_.resize(state.size_bytes());
+      for (const ps::Chunk& chunk : chunks_) {
+        client_.add({.operation = ps::Operation::kPullState, .element_bytes = sizeof(T)}, chunk, {},
+                    std::span(staging_).subspan(chunk.begin * slots * sizeof(T),
+                                                chunk.size() * slots * sizeof(T)));
+      }
+      client_.transfer();
+      // Each chunk's answer is slot-major over the chunk.
+      const auto* values = reinterpret_cast<const T*>(staging_.data());
+      for (const ps::Chunk& chunk : chunks_) {
+        for (std::size_t slot = 0; slot < slots; ++slot) {
+          std::copy_n(values + chunk.begin * slots + slot * chunk.size(), chunk.size(),
+                      state.begin() + static_cast<std::ptrdiff_t>(slot * elements + chunk.begin));
+        }
+      }
     }
 
     // `values` (memory at the replica's place) as host memory: the span itself on the host, else
@@ -545,20 +564,32 @@ class ParameterServer {
       staging_.insert(staging_.end(), bytes.begin(), bytes.end());
     }
 
+    template <class T>
+    static std::span<T> as_elements(std::span<std::byte> bytes) {
+      return {reinterpret_cast<T*>(bytes.data()), bytes.size() / sizeof(T)};
+    }
+
     ParameterServer* owner_;
     std::size_t index_;
     typename D::Place place_;
     bool speaks_for_worker_;  // the worker's first replica: the one that talks to the servers
     Communicator communicator_;
     collective::LocalCommunicator local_;  // among this worker's replicas
-    detail::ps::Client<Transport> client_;
-    std::vector<std::byte> staging_;
-    std::vector<std::size_t> offsets_;
+    // The worker's communication thread, where the first replica's pushes run. The first replica
+    // uses the client itself only while the thread is idle (after waiting for it).
+    collective::CommunicationThread* thread_;
+    ps::Client<Transport> client_;
+    // This fit's layout: its chunks in push order (the last first), which are the buckets of
+    // every step, and their edges (GradientBuckets).
+    std::vector<ps::Chunk> chunks_;
+    std::vector<std::size_t> edges_;
+    detail::GradientBuckets buckets_;
+    std::span<std::byte> gradient_;   // this step's gradient sum on the host, as pushed
+    std::vector<std::byte> staging_;  // the chief's kInit and kPullState payloads
     // Host copies of device memory (unused on the host): what crosses every step in the place's
     // staging memory, the optimizer state (twice a fit, on the chief) in plain memory.
     Staging gradient_staging_, parameter_staging_;
     std::vector<std::byte> state_staging_;
-    std::function<void()> finish_;
   };
 
   template <class Body>
@@ -568,22 +599,16 @@ class ParameterServer {
                         std::to_string(spec_.rank) +
                         "; it serves (Trainer::fit calls serve()) and runs no replica");
     }
-    auto finishing_body = [&](Replica& replica) {
-      body(replica);
-      replica.finish();
-    };
     const collective::Local::Options group{.ranks = static_cast<int>(options_.local_replicas),
                                            .timeout = options_.timeout};
     // Two groups of the worker's replicas: the Trainer's collectives and the replicas' steps.
     collective::Local trainer_group(group);
     collective::Local step_group(group);
-    // Sync: the workers' part of the mesh, for the Trainer's collectives over every replica.
+    // Where the worker's traffic between processes runs: its pushes, and under Sync the
+    // Trainer's collectives over the workers' part of the mesh.
+    collective::CommunicationThread thread;
     std::optional<Cross> cross;
-    std::optional<collective::CommunicationThread> thread;
-    if constexpr (kStaleness == 0) {
-      cross.emplace(detail::ps::WorkerView<Transport>(*transport_, workers_));
-      thread.emplace();
-    }
+    if constexpr (kStaleness == 0) cross.emplace(ps::WorkerView<Transport>(*transport_, workers_));
     detail::run_replica_threads(
         options_.local_replicas,
         [&](std::size_t local) {
@@ -591,7 +616,7 @@ class ParameterServer {
           const int rank = static_cast<int>(local);
           const auto on_host = [&] {
             if constexpr (kStaleness == 0) {
-              return HostCommunicator(trainer_group.communicator(rank), *cross, *thread,
+              return HostCommunicator(trainer_group.communicator(rank), *cross, thread,
                                       options_.chunk_bytes);
             } else {
               return HostCommunicator(*transport_, trainer_group.communicator(rank), workers_);
@@ -605,9 +630,9 @@ class ParameterServer {
             }
           };
           return Replica(*this, first_local_replica() + local, communicator(),
-                         step_group.communicator(rank));
+                         step_group.communicator(rank), thread);
         },
-        finishing_body);
+        body);
   }
 
  private:
@@ -621,7 +646,7 @@ class ParameterServer {
   }
 
   // Global-norm clipping under Sync composes the servers' block sums of squares
-  // (detail/ps_server.hpp), so no shard or chunk boundary may split a block.
+  // (parameter_server/server.hpp), so no shard or chunk boundary may split a block.
   template <class T, class O>
   void check_optimizer(const O& optimizer) const {
     if (kStaleness != 0 || optimizer.options().max_gradient_norm <= 0.0) return;
@@ -640,68 +665,13 @@ class ParameterServer {
     }
   }
 
-  // A server's half of save(): waits for the chief's order, writes the shard it holds (a server
-  // beyond the shard count holds none), reports.
-  template <class T>
-  void save_shard(const std::filesystem::path& file) const {
-    namespace ps = detail::ps;
-    ps::SaveOrder order;
-    const transport::Receive receive{0, ps::header(ps::tag::kSaveOrder),
-                                     std::as_writable_bytes(std::span(&order, 1))};
-    transport_->transfer({}, std::span(&receive, 1));
-    const auto* held = std::get_if<checkpoint::ShardState<T>>(&held_);
-    std::string failure;
-    ps::SaveReport report;
-    if (held == nullptr) {
-      failure = "checkpoint " + file.string() + ": parameter server " + std::to_string(spec_.rank) +
-                " holds no shard to save: call Trainer::save after a fit or a restore";
-    } else if (held->begin != held->end) {
-      checkpoint::ShardState<T> shard = *held;
-      shard.step = order.step;
-      try {
-        report.crc32 = checkpoint::write(
-            file.parent_path() / checkpoint::shard_file_name(
-                                     file, order.step, order.token,
-                                     static_cast<std::size_t>(spec_.rank),
-                                     static_cast<std::size_t>(holders(held->elements, sizeof(T)))),
-            shard);
-      } catch (const CheckpointError& error) {
-        failure = error.what();
-      }
-    }
-    if (!failure.empty()) {
-      report.status = 1;
-      ps::set_message(report.message, failure);
-    }
-    const transport::Send send{0, ps::header(ps::tag::kSaveReport),
-                               std::as_bytes(std::span(&report, 1))};
-    transport_->transfer(std::span(&send, 1), {});
-    if (!failure.empty()) throw CheckpointError(failure);
-  }
-
-  // The servers that hold a shard of `elements` parameters: 0 .. holders - 1 (the layout's rule).
-  int holders(std::size_t elements, std::size_t element_bytes) const {
-    const detail::ps::Layout& shards = layout(elements, element_bytes);
-    int count = 0;
-    while (count < servers_ && !shards.chunks_of(count).empty()) ++count;
-    return count;
-  }
-
-  // The Client keeps a reference to the layout, which start() fills in before any request.
-  detail::ps::Layout& layout_storage() {
-    if (!layout_) layout_.emplace(0, 1, servers_, detail::ps::LayoutOptions{0, 1, 1});
-    return *layout_;
-  }
-
   Options options_;
   cluster::Spec spec_;
   int workers_ = 0;
   int servers_ = 0;
   std::unique_ptr<Transport> transport_;
   std::optional<detail::ps::WorkerPlace<D>> worker_place_;  // on a worker
-  mutable std::optional<detail::ps::Layout> layout_;        // a cache of the layout of the model
-  // A server's shard, from its last fit or restore, for save().
-  std::variant<std::monostate, checkpoint::ShardState<float>, checkpoint::ShardState<double>> held_;
+  ps::HeldShard held_;  // a server's shard, from its last fit or restore, for save()
 };
 
 static_assert(Strategy<ParameterServer<>>);

@@ -9,10 +9,11 @@
 // of its own, with one replica (local_replicas = 1), whose thread makes that GPU current before
 // anything else. The Trainer places the model there
 // (ModelTraits<M>::replicate, core/model.hpp); a step's gradient fold is copied to the host for
-// the push, and the pulled parameters back to the GPU, both through page-locked host memory.
-// Nothing of a step can overlap them: the model hands over its gradients only at the end of its
-// forward_backward, and the next step computes with the pulled parameters. Servers work on the
-// host: a ps task needs no GPU. Everything else is ParameterServer<C>
+// the push, chunk by chunk as the chunks become final, and the pulled parameters back to the GPU,
+// both through page-locked host memory. A model that reports gradient readiness (core/model.hpp)
+// has its first chunks copied and pushed while its backward pass goes on; otherwise everything
+// waits for the end of its forward_backward. The next step computes with the pulled parameters.
+// Servers work on the host: a ps task needs no GPU. Everything else is ParameterServer<C>
 // (strategy/parameter_server.hpp): the same protocol, consistency models, faults and checkpoints,
 // and under Sync the same bits as Mirrored (given a model whose CUDA forward_backward computes its
 // CPU twin's bits).

@@ -29,11 +29,19 @@
 //                           micro-batches there. The ranges of a step never overlap and together
 //                           cover the gradient; they arrive while the backward pass of the last
 //                           micro-batch goes on (core/model.hpp, gradient readiness), or as one
-//                           range after it. A strategy may start communicating here.
+//                           range after it. A strategy may start communicating here (the
+//                           mirrored strategies' buckets, a parameter server's chunks).
 //   replica.finish_step(u)  every range was ready: turns this replica's gradient fold into new
 //                           parameters. Mirrored strategies all-reduce (the buckets not already
 //                           reduced) and apply the optimizer locally, clipping included, since
-//                           the norm needs every bucket; a parameter server pushes and pulls.
+//                           the norm needs every bucket; a parameter server pushes what is left
+//                           and pulls every chunk.
+//   replica.finish(parameters, optimizer_state)
+//                           once per fit, after the last step (and the Trainer's last
+//                           collective), on every replica: leaves the fit's final state in the
+//                           spans start() was given (mirrored: nothing to do; a parameter server:
+//                           the chief pulls the optimizer state back from the servers, and every
+//                           worker tells them it is done). Not called when the fit failed.
 //
 // Hooks the Trainer calls where a strategy has them (detected, not required):
 //   s.serves()              true on a process that serves (a parameter server): fit calls

@@ -1,13 +1,16 @@
-// The buckets of a step's gradient, for replicas that reduce it while the backward pass goes on:
-// fixed pieces of bucket_elements, cut from the end of the gradient (a backward pass finishes the
+// The buckets of a step's gradient, for replicas that communicate it while the backward pass goes
+// on: consecutive pieces that tile the gradient, taken from its end (a backward pass finishes the
 // last layers first), each started once every element in it is final and every bucket before it
-// has started. The buckets and their order depend only on the gradient's length and the bucket
-// size, never on the order in which ranges became ready, so every replica starts the same
-// collectives in the same order.
+// has started. The mirrored replicas cut fixed pieces of bucket_elements; a parameter-server
+// worker's buckets are the chunks of its layout. The buckets and their order depend only on how
+// the gradient is cut, never on the order in which ranges became ready, so every replica starts
+// the same buckets in the same order.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "cohort/core/error.hpp"
@@ -16,49 +19,60 @@ namespace cohort::strategy::detail {
 
 class GradientBuckets {
  public:
-  // A new step over `elements` elements, cut into buckets of `bucket_elements` (>= 1).
+  // A new step over `elements` elements, cut into buckets of `bucket_elements` (>= 1) from the
+  // end (the first bucket, the shortest, at 0).
   void begin(std::size_t elements, std::size_t bucket_elements) {
     COHORT_ASSERT(bucket_elements >= 1);
-    elements_ = elements;
-    bucket_elements_ = bucket_elements;
-    covered_.assign((elements + bucket_elements - 1) / bucket_elements, 0);
-    started_ = 0;
+    edges_.clear();
+    for (std::size_t end = elements; end > 0; end -= std::min(end, bucket_elements)) {
+      edges_.push_back(end);
+    }
+    edges_.push_back(0);
+    restart();
+  }
+
+  // A new step over buckets given by their edges: from the gradient's length down to 0, strictly
+  // decreasing; bucket k is [edges[k + 1], edges[k]).
+  void begin(std::span<const std::size_t> edges) {
+    COHORT_ASSERT(!edges.empty() && edges.back() == 0);
+    COHORT_ASSERT(std::adjacent_find(edges.begin(), edges.end(), std::less_equal<>()) ==
+                  edges.end());
+    edges_.assign(edges.begin(), edges.end());
+    restart();
   }
 
   // Elements [begin, end) are final (ranges never overlap: the Trainer checks the model's).
-  // Calls start(bucket_begin, bucket_end) for each bucket that can start now, in order.
+  // Calls start(bucket, bucket_begin, bucket_end) for each bucket that can start now, in order.
   template <class Start>
   void ready(std::size_t begin, std::size_t end, Start&& start) {
     if (begin == end) return;
-    // Bucket k covers [elements - (k + 1) x size, elements - k x size), clipped at 0.
-    const std::size_t first = (elements_ - end) / bucket_elements_;
-    const std::size_t last = (elements_ - begin - 1) / bucket_elements_;
+    // The buckets that overlap [begin, end): from the first whose lower edge is below `end` to
+    // the last whose upper edge is above `begin`.
+    const auto first = static_cast<std::size_t>(
+        std::upper_bound(edges_.begin() + 1, edges_.end(), end, std::greater<>()) - edges_.begin() -
+        1);
+    const auto last = static_cast<std::size_t>(
+        std::lower_bound(edges_.begin(), edges_.end(), begin, std::greater<>()) - edges_.begin() -
+        1);
     for (std::size_t bucket = first; bucket <= last; ++bucket) {
-      const Range range = bounds(bucket);
-      covered_[bucket] += std::min(end, range.end) - std::max(begin, range.begin);
+      covered_[bucket] += std::min(end, edges_[bucket]) - std::max(begin, edges_[bucket + 1]);
     }
-    while (started_ < covered_.size() && covered_[started_] == bounds(started_).size()) {
-      const Range range = bounds(started_++);
-      start(range.begin, range.end);
+    while (started_ < covered_.size() &&
+           covered_[started_] == edges_[started_] - edges_[started_ + 1]) {
+      const std::size_t bucket = started_++;
+      start(bucket, edges_[bucket + 1], edges_[bucket]);
     }
   }
 
   bool complete() const { return started_ == covered_.size(); }
 
  private:
-  struct Range {
-    std::size_t begin;
-    std::size_t end;
-    std::size_t size() const { return end - begin; }
-  };
-
-  Range bounds(std::size_t bucket) const {
-    const std::size_t end = elements_ - bucket * bucket_elements_;
-    return {end - std::min(end, bucket_elements_), end};
+  void restart() {
+    covered_.assign(edges_.size() - 1, 0);
+    started_ = 0;
   }
 
-  std::size_t elements_ = 0;
-  std::size_t bucket_elements_ = 1;
+  std::vector<std::size_t> edges_{0};
   std::vector<std::size_t> covered_;
   std::size_t started_ = 0;
 };

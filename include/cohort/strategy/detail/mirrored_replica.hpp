@@ -74,7 +74,7 @@ class MirroredReplica {
 
   template <class T, class O>
   void gradients_ready(Update<T, O>& update, std::size_t begin, std::size_t end) {
-    buckets_.ready(begin, end, [&](std::size_t first, std::size_t last) {
+    buckets_.ready(begin, end, [&](std::size_t /*bucket*/, std::size_t first, std::size_t last) {
       pending_.push_back(collective::start_all_reduce(
           communicator_, update.gradient_sum.subspan(first, last - first), ReduceOp::kSum));
     });
@@ -86,6 +86,10 @@ class MirroredReplica {
     for (collective::Pending& pending : pending_) pending.wait();
     apply_update<D>(update, place_);
   }
+
+  // The end of a fit: every replica already holds the final state.
+  template <class T>
+  void finish(std::span<T> /*parameters*/, std::span<T> /*optimizer_state*/) {}
 
  private:
   std::size_t index_;

@@ -1,12 +1,13 @@
 // The server side of the parameter server: one thread that takes requests in arrival order
 // (transport wait_any), validates them, applies pushes to its shard and answers pulls, each
-// request at a time, so that a reply always carries a whole version of its chunk.
+// request at a time, so that an answer always carries a whole version of its chunk.
 //
 // Bookkeeping per chunk: the parameters, the optimizer state (slot-major over the chunk), the
-// number of updates applied, and per worker the pushes taken (`done`). A push's reply (the new
-// parameters) waits until its worker is at most K steps ahead of the slowest live worker; with
-// K = 0 (Sync) the pushes of a step are held until the step's aggregate is complete, folded in
-// the canonical tree over worker indices (device::cpu::reduce_tree) and applied once.
+// number of updates applied, and per worker the pushes taken (`done`). A pull waits until its
+// worker's pushes have settled (protocol.hpp): its worker at most K steps ahead of the slowest
+// live worker; with K = 0 (Sync) the pushes of a step are held until the step's aggregate is
+// complete, folded in the canonical tree over worker indices (device::cpu::reduce_tree) and
+// applied once, and the pull waits for that.
 //
 // Global-norm clipping (the optimizer's max_gradient_norm), Sync: a step's chunks are summed as
 // their pushes complete, then the servers exchange the sums of squares of their kNormBlock blocks
@@ -15,8 +16,8 @@
 //
 // Backup workers (Sync only): with backup_workers = B, a step's aggregate is the pushes of the
 // R = W - B lowest-indexed live workers; it is applied as soon as those R have pushed, scaled by
-// inverse_batch x W / R, and every other push of that step is dropped (counted, reported, and
-// answered with the new parameters). With B = 0 every worker is needed: a lost worker ends the
+// inverse_batch x W / R, and every other push of that step is dropped (counted and reported; its
+// worker's pull gets the new parameters). With B = 0 every worker is needed: a lost worker ends the
 // run with an error naming it.
 #pragma once
 
@@ -28,18 +29,19 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/error.hpp"
-#include "cohort/core/trace.hpp"
 #include "cohort/core/reduce_op.hpp"
+#include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/optimizer/optimizer.hpp"
-#include "cohort/strategy/detail/ps_protocol.hpp"
+#include "cohort/strategy/parameter_server/protocol.hpp"
 #include "cohort/transport/transport.hpp"
 
-namespace cohort::strategy::detail::ps {
+namespace cohort::strategy::ps {
 
 struct ServerOptions {
   int server = 0;   // this server's index
@@ -86,6 +88,7 @@ class Server {
   ServerCounts serve() {
     const auto workers = static_cast<std::size_t>(options_.workers);
     finished_.assign(workers, false);
+    refusals_.assign(workers, {});
     counts_ = {};
     counts_.applied.assign(workers, 0);
     counts_.dropped.assign(workers, 0);
@@ -165,10 +168,10 @@ class Server {
     double scale = 1.0;
   };
 
+  // A pull waiting for its worker's pushes to settle.
   struct Pending {
     int worker;
     std::size_t chunk;
-    std::uint64_t step;
     Request request;
   };
 
@@ -221,7 +224,13 @@ class Server {
       const std::string message = me() + ": refused " + std::string(name(operation)) + " from " +
                                   who(worker) + ": " + field;
       std::fprintf(stderr, "cohort: %s\n", message.c_str());
-      reply_error(worker, request, message);
+      if (answered(request)) {
+        reply_error(worker, request, message);
+      } else {
+        // The worker learns it from the answer to its next pull.
+        refusals_[static_cast<std::size_t>(worker)] = message;
+        progress();
+      }
       return;
     }
     switch (operation) {
@@ -238,15 +247,11 @@ class Server {
         reply(worker, request, *chunk, {});
         return;
       }
-      case Operation::kPull: {
-        const trace::Span span(trace::current(), trace::Phase::kPull,
-                               {.step = chunk->updates,
-                                .index = static_cast<std::uint64_t>(worker),
-                                .bytes = chunk->parameters.size() * sizeof(T)});
-        chunk->pulled[static_cast<std::size_t>(worker)] = chunk->updates;
-        reply(worker, request, *chunk, std::as_bytes(std::span(chunk->parameters)));
+      case Operation::kPull:
+        // Answered by progress(), in arrival order, once the worker's pushes have settled.
+        pending_.push_back({worker, request.chunk, request});
+        progress();
         return;
-      }
       case Operation::kPullState:
         reply(worker, request, *chunk, std::as_bytes(std::span(chunk->state)));
         return;
@@ -261,10 +266,17 @@ class Server {
                                 .index = static_cast<std::uint64_t>(worker),
                                 .bytes = request.payload_bytes});
         push(worker, request, *chunk);
-        progress();
+        progress();  // pulls the push let go
         return;
       }
     }
+  }
+
+  // Whether the sender waits for an answer: to every request but a push, and to any request of
+  // another protocol version, so that its sender hears why it is refused.
+  static bool answered(const Request& request) {
+    return request.version != kProtocolVersion ||
+           request.operation != static_cast<std::uint16_t>(Operation::kPush);
   }
 
   // "" when the request is well formed for this server, else "field = value: why".
@@ -341,13 +353,11 @@ class Server {
         // A backup worker's late push: its step was aggregated without it.
         if (chunk.range.index == 0) ++counts_.dropped[w];
         ++chunk.done[w];
-        pending_.push_back({worker, request.chunk, request.step, request});
         return;
       }
       chunk.pushed_step[w] = request.step;
       chunk.inverse_batch = request.inverse_batch;
       ++chunk.done[w];
-      pending_.push_back({worker, request.chunk, request.step, request});
       try_aggregate(chunk);
       return;
     }
@@ -371,7 +381,6 @@ class Server {
         std::span(chunk.parameters), gradient, std::span(chunk.state),
         optimizer::StepContext{.step = chunk.updates, .gradient_scale = request.inverse_batch});
     ++chunk.done[w];
-    pending_.push_back({worker, request.chunk, request.step, request});
   }
 
   // Sync: applies the step in progress once its aggregate is complete.
@@ -483,33 +492,51 @@ class Server {
     return least;
   }
 
-  // Answers every push whose worker may go on.
+  // Whether worker w's pushes to `chunk` have settled, so that its pull may be answered: under
+  // Sync every step it pushed is applied (a late push's step was applied without it); otherwise
+  // it is at most K pushes ahead of the slowest live worker.
+  bool settled(const State& chunk, std::size_t w) const {
+    if (options_.staleness == 0) {
+      return chunk.pushed_step[w] == kNone || chunk.updates > chunk.pushed_step[w];
+    }
+    const std::uint64_t least = slowest(chunk);
+    return least == kNone || chunk.done[w] - std::min(least, chunk.done[w]) <= options_.staleness;
+  }
+
+  // Answers every pull whose worker's pushes have settled, in arrival order: a worker pulls in the
+  // order it pushed, and a later chunk never settles before an earlier one, so its answers leave
+  // in the order it asked.
   void progress() {
     for (std::size_t i = 0; i < pending_.size();) {
       const Pending pending = pending_[i];
       State& chunk = chunks_[pending.chunk];
       const auto w = static_cast<std::size_t>(pending.worker);
-      bool ready = false;
-      if (options_.staleness == 0) {
-        ready = chunk.updates > pending.step;
-      } else {
-        const std::uint64_t least = slowest(chunk);
-        ready =
-            least == kNone || chunk.done[w] - std::min(least, chunk.done[w]) <= options_.staleness;
-      }
       if (lost_[w]) {
         pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
         continue;
       }
-      if (!ready) {
+      if (refusals_[w].empty() && !settled(chunk, w)) {
         ++i;
         continue;
       }
       pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-      chunk.pulled[w] = chunk.updates;
-      reply(pending.worker, pending.request, chunk, std::as_bytes(std::span(chunk.parameters)));
-      i = 0;  // a reply may have lost a worker, which changes who is ready
+      answer_pull(pending, chunk);
+      i = 0;  // an answer may have lost a worker, which changes who is settled
     }
+  }
+
+  // The answer to a pull: the chunk's parameters, or why a push of its worker was refused.
+  void answer_pull(const Pending& pending, State& chunk) {
+    const auto w = static_cast<std::size_t>(pending.worker);
+    if (!refusals_[w].empty()) {
+      reply_error(pending.worker, pending.request, std::exchange(refusals_[w], {}));
+      return;
+    }
+    const trace::Span span(
+        trace::current(), trace::Phase::kPull,
+        {.step = chunk.updates, .index = w, .bytes = chunk.parameters.size() * sizeof(T)});
+    chunk.pulled[w] = chunk.updates;
+    reply(pending.worker, pending.request, chunk, std::as_bytes(std::span(chunk.parameters)));
   }
 
   void reply(int worker, const Request& request, const State& chunk,
@@ -601,7 +628,8 @@ class Server {
         lost_[static_cast<std::size_t>(worker)] = true;
         continue;
       }
-      reply_error(worker, request, message);
+      // A push is not answered; the worker's pull that follows it is.
+      if (answered(request)) reply_error(worker, request, message);
     }
     throw CommError(message);
   }
@@ -611,12 +639,13 @@ class Server {
   ServerOptions options_;
   const O& optimizer_;
   std::vector<State> chunks_;
-  std::vector<bool> lost_;      // for good: a lost worker never comes back
-  std::vector<bool> finished_;  // in this fit
-  std::vector<Pending> pending_;
+  std::vector<bool> lost_;             // for good: a lost worker never comes back
+  std::vector<bool> finished_;         // in this fit
+  std::vector<Pending> pending_;       // pulls, in arrival order
+  std::vector<std::string> refusals_;  // per worker: why a push was refused, until its next pull
   ServerCounts counts_;
   std::vector<std::byte> scratch_;
   std::vector<std::byte> zeros_;
 };
 
-}  // namespace cohort::strategy::detail::ps
+}  // namespace cohort::strategy::ps

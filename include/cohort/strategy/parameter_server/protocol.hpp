@@ -8,24 +8,38 @@
 // [i x blocks / shards, (i + 1) x blocks / shards): even byte ranges, up to one block. Servers
 // beyond the shard count hold nothing (they still serve: every worker tells them when it is done).
 // A shard is cut into chunks of chunk_bytes (the last shorter), the unit of every request, so that
-// a push, the server's update and the reply of successive chunks overlap.
+// the pushes, the server's updates and the answers of successive chunks overlap. The chunks tile
+// the vector in order (shard 0's first); a worker pushes them from the last, as a backward pass
+// makes them final.
 //
 // Protocol, over transport frames of type message_type::kParameterServer (sequence 0; the tag says
 // which frame). A worker sends, per chunk, a Request frame (64 bytes, fixed) and a payload frame
-// of request.payload_bytes; the server answers each with a Reply frame (512 bytes, fixed) and a
-// payload frame of request.reply_bytes, zeros after an error, so that the worker's receive
-// completes whatever happens and the stream stays in step.
+// of request.payload_bytes. The server answers every request but a push with a Reply frame (512
+// bytes, fixed) and a payload frame of request.reply_bytes, zeros after an error, so that the
+// worker's receive completes whatever happens and the stream stays in step.
 //
-//   operation   payload (elements of T)          reply payload
+//   operation   payload (elements of T)          answer's payload
 //   kInit       parameters, then optimizer state  none          chief only, at the start of a fit
 //               (kStateSlots x length, slot-major)
-//   kPush       the gradient sum of one step       parameters    applied or folded, per consistency
-//   kPull       none                               parameters
+//   kPush       the gradient sum of one step       no answer     applied or folded, per consistency
+//   kPull       none                               parameters    once the worker's pushes settled
 //   kPullState  none                               optimizer state (slot-major over the chunk)
 //   kDone       none                               none          this worker's fit has ended
 //
-// After a fit, Trainer::save: the chief sends each server that holds a shard a SaveOrder frame;
-// the server writes its shard file and answers with a SaveReport frame.
+// A pull is answered once every push of its worker has settled: under Sync (K = 0) once the
+// steps it pushed are applied, otherwise once the worker is at most K pushes ahead of the slowest
+// live worker; at once when the worker has pushed nothing in this fit. A worker pulls its chunks
+// in the order it pushed them, and every worker pushes in the same order, so a server's answers
+// to one worker leave in the order asked (the client checks). A refused push is reported in the
+// answer to its worker's next pull.
+//
+// No deadlock, whatever the sizes: a server sends to a worker only the answer to a request, and
+// the worker sends every answered request in a transfer that also receives its answer (a push
+// needs no answer, so a worker may push while the servers still read). A server is never blocked
+// writing to a worker that is busy writing to it.
+//
+// After a fit, Trainer::save: the chief sends every server a SaveOrder frame; the server writes
+// its shard file and answers with a SaveReport frame (sharded_save.hpp).
 #pragma once
 
 #include <algorithm>
@@ -39,9 +53,9 @@
 
 #include "cohort/transport/transport.hpp"
 
-namespace cohort::strategy::detail::ps {
+namespace cohort::strategy::ps {
 
-inline constexpr std::uint32_t kProtocolVersion = 1;
+inline constexpr std::uint32_t kProtocolVersion = 2;  // 2: pushes are not answered
 
 enum class Operation : std::uint16_t { kInit = 1, kPush, kPull, kPullState, kDone };
 
@@ -95,28 +109,13 @@ struct Reply {
 };
 static_assert(sizeof(Reply) == 512 && std::is_trivially_copyable_v<Reply>);
 
-// A sharded checkpoint (checkpoint/checkpoint.hpp), after a fit: the chief orders every server
-// holding a shard to write it, and each reports back before the chief writes the manifest.
-struct SaveOrder {
-  std::uint64_t step = 0;   // the run's step being saved
-  std::uint64_t token = 0;  // identifies this save in the shard files' names
-};
-static_assert(sizeof(SaveOrder) == 16 && std::is_trivially_copyable_v<SaveOrder>);
-
-struct SaveReport {
-  std::uint32_t status = 0;  // 0: the shard file is durable; 1: not written, message says why
-  std::uint32_t crc32 = 0;   // of the shard's payload, recorded in the manifest
-  char message[504] = {};
-};
-static_assert(sizeof(SaveReport) == 512 && std::is_trivially_copyable_v<SaveReport>);
-
 namespace tag {
 inline constexpr std::uint64_t kRequest = 0x5053'0001;
 inline constexpr std::uint64_t kRequestPayload = 0x5053'0002;
 inline constexpr std::uint64_t kReply = 0x5053'0003;
 inline constexpr std::uint64_t kReplyPayload = 0x5053'0004;
-inline constexpr std::uint64_t kSaveOrder = 0x5053'0005;
-inline constexpr std::uint64_t kSaveReport = 0x5053'0006;
+inline constexpr std::uint64_t kSaveOrder = 0x5053'0005;   // sharded_save.hpp
+inline constexpr std::uint64_t kSaveReport = 0x5053'0006;  // sharded_save.hpp
 inline constexpr std::uint64_t kNormBlocks = 0x5053'0007;  // between servers, Sync clipping
 }  // namespace tag
 
@@ -131,7 +130,7 @@ inline std::size_t request_elements(Operation operation, std::size_t length, std
   return 0;
 }
 inline std::size_t reply_elements(Operation operation, std::size_t length, std::size_t slots) {
-  if (operation == Operation::kPush || operation == Operation::kPull) return length;
+  if (operation == Operation::kPull) return length;
   if (operation == Operation::kPullState) return slots * length;
   return 0;
 }
@@ -190,4 +189,4 @@ class Layout {
   std::vector<Chunk> all_;
 };
 
-}  // namespace cohort::strategy::detail::ps
+}  // namespace cohort::strategy::ps

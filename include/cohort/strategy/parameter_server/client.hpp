@@ -1,0 +1,190 @@
+// The worker side of the parameter server's protocol (protocol.hpp): requests about chunks,
+// queued with add() and sent together by transfer(), with the receives of their answers.
+//
+//   client.add({.operation = Operation::kPush, .step = s, .inverse_batch = 1.0 / B,
+//               .element_bytes = sizeof(float)}, chunk, std::as_bytes(gradient_of_chunk));
+//   client.transfer();   // pushes only: returns once they are sent
+//   client.add({.operation = Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
+//              std::as_writable_bytes(parameters_of_chunk));
+//   client.transfer();   // returns with every answer in place
+//
+// Required of the caller: one thread at a time (the transport's rule); the spans stay valid until
+// transfer() returns.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cohort/core/error.hpp"
+#include "cohort/strategy/parameter_server/protocol.hpp"
+#include "cohort/transport/transport.hpp"
+
+namespace cohort::strategy::ps {
+
+// "parameter server 1 (rank 5)" for the first rank of a server named in a transport message.
+inline std::string name_server(std::string_view message, int workers, int self) {
+  for (std::size_t at = message.find("rank "); at != std::string_view::npos;
+       at = message.find("rank ", at + 5)) {
+    std::size_t end = at + 5;
+    int rank = 0;
+    bool digits = false;
+    while (end < message.size() && message[end] >= '0' && message[end] <= '9') {
+      rank = rank * 10 + (message[end] - '0');
+      ++end;
+      digits = true;
+    }
+    if (digits && rank >= workers && rank != self) {
+      return "parameter server " + std::to_string(rank - workers) + " (rank " +
+             std::to_string(rank) + ")";
+    }
+  }
+  return "a parameter server";
+}
+
+template <transport::Transport Tr>
+class Client {
+ public:
+  Client(Tr& transport, int worker, int workers)
+      : transport_(transport), worker_(worker), workers_(workers) {}
+
+  // What a request asks, beyond its chunk.
+  struct Call {
+    Operation operation;
+    std::uint64_t step = 0;         // kPush: the Trainer's step; kInit: the run's step
+    double inverse_batch = 1.0;     // kPush: the scale the server applies to it
+    std::size_t element_bytes = 0;  // sizeof(T)
+  };
+
+  // Queues a request about `chunk` that carries `payload`; the payload of its answer lands in
+  // `reply`. A push is not answered (protocol.hpp): give it no reply.
+  void add(const Call& call, const Chunk& chunk, std::span<const std::byte> payload,
+           std::span<std::byte> reply = {}) {
+    Request request;
+    request.operation = static_cast<std::uint16_t>(call.operation);
+    request.element_bytes = static_cast<std::uint16_t>(call.element_bytes);
+    request.worker = static_cast<std::uint32_t>(worker_);
+    request.shard = static_cast<std::uint32_t>(chunk.server);
+    request.chunk = chunk.index;
+    request.step = call.step;
+    request.length = chunk.size();
+    request.payload_bytes = payload.size();
+    request.reply_bytes = reply.size();
+    request.inverse_batch = call.inverse_batch;
+    queue_.push_back({request, chunk.server, payload, reply});
+  }
+
+  // Sends every queued request and receives every answer, in one transfer (so that the servers
+  // work in parallel and, within a server, the requests pipeline), then empties the queue. A
+  // transfer of pushes only returns once they are sent. Throws CommError naming the server that
+  // is gone, broke the protocol or refused a request.
+  void transfer() {
+    // The queue empties now, so that the next transfer starts empty even after a failure; the
+    // requests stay in in_flight_, which the transfer's spans point into.
+    in_flight_.swap(queue_);
+    queue_.clear();
+    replies_.assign(in_flight_.size(), Reply{});
+    sends_.clear();
+    receives_.clear();
+    for (std::size_t i = 0; i < in_flight_.size(); ++i) {
+      const Queued& queued = in_flight_[i];
+      const int peer = workers_ + queued.server;
+      sends_.push_back({peer, header(tag::kRequest), std::as_bytes(std::span(&queued.request, 1))});
+      sends_.push_back({peer, header(tag::kRequestPayload), queued.payload});
+      if (!answered(queued)) continue;
+      receives_.push_back(
+          {peer, header(tag::kReply), std::as_writable_bytes(std::span(&replies_[i], 1))});
+      receives_.push_back({peer, header(tag::kReplyPayload), queued.reply});
+    }
+    try {
+      transport_.transfer(sends_, receives_);
+    } catch (const CommError& error) {
+      const std::string message =
+          "worker " + std::to_string(worker_) + ": " + describe() +
+          " failed: " + name_server(error.what(), workers_, transport_.rank()) +
+          " is gone or broke the protocol: " + error.what();
+      // Every other process learns the first cause, so that a surviving server's error names
+      // the server that died, not this worker.
+      transport_.leave(message);
+      throw CommError(message);
+    }
+    for (std::size_t i = 0; i < in_flight_.size(); ++i) {
+      if (!answered(in_flight_[i])) continue;
+      const Reply& reply = replies_[i];
+      const Request& request = in_flight_[i].request;
+      const std::string what = "worker " + std::to_string(worker_) + ": " +
+                               std::string(name(static_cast<Operation>(request.operation)));
+      if (reply.status != 0) throw CommError(what + " refused: " + reply.message);
+      if (reply.operation != request.operation || reply.chunk != request.chunk) {
+        throw CommError(what + " of chunk " + std::to_string(request.chunk) + " of shard " +
+                        std::to_string(request.shard) + " was answered for chunk " +
+                        std::to_string(reply.chunk) + " (operation " +
+                        std::to_string(reply.operation) + "): the answers came out of order");
+      }
+    }
+  }
+
+  // Tells each of the job's `servers` servers that this worker's fit has ended.
+  void done(int servers) {
+    for (int server = 0; server < servers; ++server) {
+      add({.operation = Operation::kDone},
+          Chunk{.server = server, .index = 0, .begin = 0, .end = 0}, {});
+    }
+    transfer();
+  }
+
+  // A raw exchange of hand-made requests with one server: the tests of the server's validation.
+  Reply send_raw(int server, const Request& request, std::span<const std::byte> payload,
+                 std::span<std::byte> reply_payload) {
+    Reply reply;
+    const int peer = workers_ + server;
+    const transport::Send sends[] = {
+        {peer, header(tag::kRequest), std::as_bytes(std::span(&request, 1))},
+        {peer, header(tag::kRequestPayload), payload}};
+    const transport::Receive receives[] = {
+        {peer, header(tag::kReply), std::as_writable_bytes(std::span(&reply, 1))},
+        {peer, header(tag::kReplyPayload), reply_payload}};
+    transport_.transfer(sends, receives);
+    return reply;
+  }
+
+ private:
+  struct Queued {
+    Request request;
+    int server;
+    std::span<const std::byte> payload;
+    std::span<std::byte> reply;
+  };
+
+  static bool answered(const Queued& queued) {
+    return queued.request.operation != static_cast<std::uint16_t>(Operation::kPush);
+  }
+
+  // "push", "push and pull": the operations in flight, for errors.
+  std::string describe() const {
+    std::string text;
+    std::uint32_t seen = 0;
+    for (const Queued& queued : in_flight_) {
+      const std::uint32_t bit = 1u << queued.request.operation;
+      if ((seen & bit) != 0) continue;
+      seen |= bit;
+      text += (text.empty() ? "" : " and ") +
+              std::string(name(static_cast<Operation>(queued.request.operation)));
+    }
+    return text.empty() ? "nothing" : text;
+  }
+
+  Tr& transport_;
+  int worker_;
+  int workers_;
+  std::vector<Queued> queue_;
+  std::vector<Queued> in_flight_;
+  std::vector<Reply> replies_;
+  std::vector<transport::Send> sends_;
+  std::vector<transport::Receive> receives_;
+};
+
+}  // namespace cohort::strategy::ps

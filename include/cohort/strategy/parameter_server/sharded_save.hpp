@@ -1,0 +1,168 @@
+// Trainer::save under ParameterServer: a sharded checkpoint (checkpoint/checkpoint.hpp), written
+// after a fit by every process at once.
+//
+//   chief     save_manifest: sends every server a SaveOrder (the step, and a random token that
+//             names this save's shard files), waits for every SaveReport, then writes the
+//             manifest `file` last, listing the shard files with their ranges and checksums.
+//   server    save_shard: waits for the order, writes the shard it holds beside `file`
+//             (atomically: checkpoint::write), and reports its checksum, or why it could not.
+//   others    nothing.
+//
+// Every server is ordered and answers, also one beyond the shard count (it writes nothing), so
+// that no server waits for an order that never comes. The manifest is the commit point: a crash
+// before it leaves the previous checkpoint whole. A server holds the shard of its last fit or
+// restore (HeldShard); shard_of cuts it from a restored state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include "cohort/checkpoint/checkpoint.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/strategy/parameter_server/protocol.hpp"
+#include "cohort/transport/transport.hpp"
+
+namespace cohort::strategy::ps {
+
+// The chief's order to every server (frame tag::kSaveOrder).
+struct SaveOrder {
+  std::uint64_t step = 0;   // the run's step being saved
+  std::uint64_t token = 0;  // identifies this save in the shard files' names
+};
+static_assert(sizeof(SaveOrder) == 16 && std::is_trivially_copyable_v<SaveOrder>);
+
+// A server's answer (frame tag::kSaveReport).
+struct SaveReport {
+  std::uint32_t status = 0;  // 0: the shard file is durable; 1: not written, message says why
+  std::uint32_t crc32 = 0;   // of the shard's payload, recorded in the manifest
+  char message[504] = {};
+};
+static_assert(sizeof(SaveReport) == 512 && std::is_trivially_copyable_v<SaveReport>);
+
+// What a server keeps for the next save: the shard of its last fit or restore, if any.
+using HeldShard =
+    std::variant<std::monostate, checkpoint::ShardState<float>, checkpoint::ShardState<double>>;
+
+// The servers that hold a shard of the layout: 0 .. holders - 1 (the layout's rule).
+inline int holders(const Layout& layout) {
+  int count = 0;
+  while (count < layout.servers() && !layout.chunks_of(count).empty()) ++count;
+  return count;
+}
+
+// Server `server`'s shard of a complete training state: its chunks' parameters, then its
+// optimizer state slot-major over the shard's elements (step left for the save to set).
+template <class T>
+checkpoint::ShardState<T> shard_of(const checkpoint::TrainingState<T>& state, const Layout& layout,
+                                   int server) {
+  const std::size_t elements = state.parameters.size();
+  const auto& chunks = layout.chunks_of(server);
+  checkpoint::ShardState<T> shard;
+  shard.elements = elements;
+  if (!chunks.empty()) {
+    shard.begin = chunks.front().begin;
+    shard.end = chunks.back().end;
+  }
+  const std::size_t length = shard.end - shard.begin;
+  const auto own = std::span(state.parameters).subspan(shard.begin, length);
+  shard.parameters.assign(own.begin(), own.end());
+  for (std::size_t slot = 0; elements != 0 && slot < state.optimizer_state.size() / elements;
+       ++slot) {
+    const auto values =
+        std::span(state.optimizer_state).subspan(slot * elements + shard.begin, length);
+    shard.optimizer_state.insert(shard.optimizer_state.end(), values.begin(), values.end());
+  }
+  return shard;
+}
+
+// The chief's half: `state` holds the run's settings and step (no values: those are the
+// servers'); `layout` is the model's; servers are ranks workers .. workers + servers - 1.
+template <class T, transport::Transport Tr>
+void save_manifest(Tr& transport, int workers, const Layout& layout,
+                   const std::filesystem::path& file, const checkpoint::TrainingState<T>& state) {
+  const int servers = layout.servers();
+  const int holding = holders(layout);
+  std::random_device entropy;
+  const SaveOrder order{.step = state.step, .token = std::uint64_t{entropy()} << 32 | entropy()};
+  std::vector<SaveReport> reports(static_cast<std::size_t>(servers));
+  std::vector<transport::Send> sends;
+  std::vector<transport::Receive> receives;
+  for (int server = 0; server < servers; ++server) {
+    const int peer = workers + server;
+    sends.push_back({peer, header(tag::kSaveOrder), std::as_bytes(std::span(&order, 1))});
+    receives.push_back(
+        {peer, header(tag::kSaveReport),
+         std::as_writable_bytes(std::span(&reports[static_cast<std::size_t>(server)], 1))});
+  }
+  try {
+    transport.transfer(sends, receives);
+  } catch (const CommError& error) {
+    throw CommError(
+        "checkpoint " + file.string() + ": the servers' shards were not all " +
+        "written (every process must call Trainer::save after the same fit): " + error.what());
+  }
+  checkpoint::TrainingState<T> manifest = state;
+  for (int server = 0; server < servers; ++server) {
+    const SaveReport& report = reports[static_cast<std::size_t>(server)];
+    if (report.status != 0) {
+      throw CheckpointError("checkpoint " + file.string() + ": parameter server " +
+                            std::to_string(server) +
+                            " could not write its shard: " + report.message);
+    }
+    if (server >= holding) continue;
+    const auto& chunks = layout.chunks_of(server);
+    manifest.shards.push_back({.file = checkpoint::shard_file_name(
+                                   file, order.step, order.token, static_cast<std::size_t>(server),
+                                   static_cast<std::size_t>(holding)),
+                               .begin = chunks.front().begin,
+                               .end = chunks.back().end,
+                               .crc32 = report.crc32});
+  }
+  checkpoint::write(file, manifest);
+}
+
+// A server's half: `held` is its shard (null: it holds none of this element type), `holding`
+// the number of servers holding a shard of that model (holders of its layout). The chief is
+// rank 0. Throws CheckpointError after reporting a failure.
+template <class T, transport::Transport Tr>
+void save_shard(Tr& transport, int server, const checkpoint::ShardState<T>* held, int holding,
+                const std::filesystem::path& file) {
+  SaveOrder order;
+  const transport::Receive receive{0, header(tag::kSaveOrder),
+                                   std::as_writable_bytes(std::span(&order, 1))};
+  transport.transfer({}, std::span(&receive, 1));
+  std::string failure;
+  SaveReport report;
+  if (held == nullptr) {
+    failure = "checkpoint " + file.string() + ": parameter server " + std::to_string(server) +
+              " holds no shard to save: call Trainer::save after a fit or a restore";
+  } else if (held->begin != held->end) {
+    checkpoint::ShardState<T> shard = *held;
+    shard.step = order.step;
+    try {
+      report.crc32 = checkpoint::write(
+          file.parent_path() / checkpoint::shard_file_name(file, order.step, order.token,
+                                                           static_cast<std::size_t>(server),
+                                                           static_cast<std::size_t>(holding)),
+          shard);
+    } catch (const CheckpointError& error) {
+      failure = error.what();
+    }
+  }
+  if (!failure.empty()) {
+    report.status = 1;
+    set_message(report.message, failure);
+  }
+  const transport::Send send{0, header(tag::kSaveReport), std::as_bytes(std::span(&report, 1))};
+  transport.transfer(std::span(&send, 1), {});
+  if (!failure.empty()) throw CheckpointError(failure);
+}
+
+}  // namespace cohort::strategy::ps
