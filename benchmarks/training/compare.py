@@ -208,7 +208,7 @@ def gemm_rate(args):
     bench = os.path.join(args.build, "benchmarks/examples/bench_examples")
     if not os.access(bench, os.X_OK):
         return None
-    completed = subprocess.run([bench, "--benchmark_filter=gemm", "--benchmark_min_time=1s"],
+    completed = subprocess.run([bench, "--benchmark_filter=gemm", "--benchmark_min_time=1"],
                                capture_output=True, text=True, timeout=300)
     found = re.findall(r"gflops=([0-9.]+)([kMG]?)", completed.stdout)
     if not found:
