@@ -134,7 +134,8 @@ template <class Trainer, class Data>
 double fit_with_checkpoints(Trainer& trainer, const Data& data, const DemoSettings& settings,
                             bool chief) {
   const bool checkpoints = !settings.checkpoint.empty();
-  if (checkpoints && std::filesystem::exists(settings.checkpoint)) {
+  // saved() refuses shards left without their manifest: starting over would discard them.
+  if (checkpoints && cohort::checkpoint::saved(settings.checkpoint)) {
     trainer.restore(settings.checkpoint);
     if (chief) {
       std::printf("continuing from %s at step %llu\n", settings.checkpoint.c_str(),
