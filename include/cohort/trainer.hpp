@@ -416,9 +416,8 @@ class Trainer {
       readiness.add(begin, end);
       const std::size_t count = end - begin;
       Device::copy(place, gradients.subspan(begin, count), leaf.span().subspan(begin, count));
-      gradient_fold.finish_part([&](Gradient& left, Gradient& right) {
-        AddInto{place}.part(left, right, begin, count);
-      });
+      gradient_fold.finish_part(
+          [&](Gradient& left, Gradient& right) { AddInto{place}.part(left, right, begin, count); });
       replica.gradients_ready(update, begin, end);
     };
     const double loss = ModelTraits<M>::forward_backward(model, batch, GradientReady(ready));
@@ -510,7 +509,8 @@ class Trainer {
       const auto step_end = Clock::now();
       window_times.push_back(
           {.compute = std::chrono::duration<double>(synchronization_start - compute_start).count(),
-           .communication = std::chrono::duration<double>(step_end - synchronization_start).count()});
+           .communication =
+               std::chrono::duration<double>(step_end - synchronization_start).count()});
       fit_times += window_times.back();
 
       // The losses travel once per progress window, not once per step: every replica keeps its
@@ -574,7 +574,7 @@ class Trainer {
   std::vector<M> models_;  // one per local replica, at its place
   std::vector<Buffer<value_type>> optimizer_states_;
   std::uint64_t step_ = 0;
-  std::size_t dataset_size_ = 0;  // fixed by the first fit or by restore
+  std::size_t dataset_size_ = 0;               // fixed by the first fit or by restore
   std::unique_ptr<trace::Recorder> recorder_;  // when tracing (Options::trace)
 };
 

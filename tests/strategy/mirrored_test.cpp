@@ -178,17 +178,16 @@ TEST_CASE("gradient readiness changes no bit: Mirrored 1, 2 and 4 with global-no
 
 TEST_CASE("a model reporting a range twice, out of bounds or never is refused naming the range") {
   const std::size_t n = parameters_of(small_model()).size();
-  CHECK(refusal({{0, n}, {5, 9}}) ==
-        "forward_backward: gradient range [5, 9) overlaps [0, " + std::to_string(n) +
-            "), reported before");
+  CHECK(refusal({{0, n}, {5, 9}}) == "forward_backward: gradient range [5, 9) overlaps [0, " +
+                                         std::to_string(n) + "), reported before");
   CHECK(refusal({{0, n + 1}}) == "forward_backward: gradient range [0, " + std::to_string(n + 1) +
                                      ") is out of bounds: the model has " + std::to_string(n) +
                                      " gradients");
   CHECK(refusal({{10, n}}) == "forward_backward: gradient range [0, 10) was never reported ready");
   CHECK(refusal({{0, 10}, {20, n}}) ==
         "forward_backward: gradient range [10, 20) was never reported ready");
-  CHECK(refusal({}) == "forward_backward: gradient range [0, " + std::to_string(n) +
-                           ") was never reported ready");
+  CHECK(refusal({}) ==
+        "forward_backward: gradient range [0, " + std::to_string(n) + ") was never reported ready");
   // In any order and in any pieces, a complete report trains.
   CHECK(refusal({{100, n}, {0, 3}, {3, 100}}) == "(no error)");
 }

@@ -95,13 +95,14 @@ inline std::string format_step_header(const StepRun& run) {
   out += "# machine: host " + run.machine.hostname + ", CPU " + run.machine.cpu_model + ", " +
          std::to_string(run.machine.cores) + " cores\n";
   out += "# times: the slowest replica's per step; columns are means over steps\n#\n";
-  out += detail::format(
-      "# %10s  %12s  %9s  %9s  %9s  %6s  %9s  %6s  %9s  %9s  %9s  %9s  %6s  %10s\n", "params",
-      "size", "sync", "sync p50", "sync p99", "busbw", "exposed", "hidden", "step", "plain",
-      "plain p50", "plain p99", "busbw", "sync/plain");
-  out += detail::format(
-      "# %10s  %12s  %9s  %9s  %9s  %6s  %9s  %6s  %9s  %9s  %9s  %9s  %6s  %10s\n", "", "(B)",
-      "(us)", "(us)", "(us)", "(GB/s)", "(us)", "(%)", "(us)", "(us)", "(us)", "(us)", "(GB/s)", "");
+  out +=
+      detail::format("# %10s  %12s  %9s  %9s  %9s  %6s  %9s  %6s  %9s  %9s  %9s  %9s  %6s  %10s\n",
+                     "params", "size", "sync", "sync p50", "sync p99", "busbw", "exposed", "hidden",
+                     "step", "plain", "plain p50", "plain p99", "busbw", "sync/plain");
+  out +=
+      detail::format("# %10s  %12s  %9s  %9s  %9s  %6s  %9s  %6s  %9s  %9s  %9s  %9s  %6s  %10s\n",
+                     "", "(B)", "(us)", "(us)", "(us)", "(GB/s)", "(us)", "(%)", "(us)", "(us)",
+                     "(us)", "(us)", "(GB/s)", "");
   return out;
 }
 
@@ -182,8 +183,7 @@ struct StepTimes {
 // Runs the synthetic steps on every local replica of `strategy`, each step without then with
 // overlap (the file's opening comment).
 template <class Strategy>
-StepTimes time_strategy_steps(Strategy& strategy, const StepSettings& s,
-                              std::size_t parameters) {
+StepTimes time_strategy_steps(Strategy& strategy, const StepSettings& s, std::size_t parameters) {
   const optimizer::Sgd sgd({.learning_rate = 1e-6});
   const std::size_t steps = static_cast<std::size_t>(s.steps);
   StepTimes slowest{std::vector<double>(steps), std::vector<double>(steps),
@@ -322,7 +322,8 @@ inline int step_mirrored(const StepSettings& s, const Context& context) {
       threads.clear();  // joins
       plain = each[0];
     }
-    rows.push_back(step_row(parameters, static_cast<std::size_t>(replicas), replicas, times, plain));
+    rows.push_back(
+        step_row(parameters, static_cast<std::size_t>(replicas), replicas, times, plain));
     print(format_step_row(rows.back()));
   }
   return finish_step(s, run, rows);

@@ -277,7 +277,8 @@ class FlatParameters {
       torch::Tensor gradient = gradients_.narrow(0, offset, count).view(tensor.sizes());
       tensor.mutable_grad() = gradient;
       adapted_.push_back({std::move(parameter), std::move(values), std::move(gradient)});
-      ranges_.emplace_back(static_cast<std::size_t>(offset), static_cast<std::size_t>(offset + count));
+      ranges_.emplace_back(static_cast<std::size_t>(offset),
+                           static_cast<std::size_t>(offset + count));
       offset += count;
     }
   }
@@ -403,7 +404,8 @@ class FlatParameters {
   }
 
   std::vector<Adapted> adapted_;  // in buffer order
-  std::vector<std::pair<std::size_t, std::size_t>> ranges_;  // each one's [begin, end) in the buffers
+  std::vector<std::pair<std::size_t, std::size_t>>
+      ranges_;  // each one's [begin, end) in the buffers
   torch::Tensor values_;
   torch::Tensor gradients_;
 };

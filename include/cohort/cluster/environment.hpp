@@ -74,9 +74,9 @@ inline constexpr std::string_view kPsCount = "COHORT_PS_COUNT";
 inline constexpr std::string_view kWorkerCount = "COHORT_WORKER_COUNT";
 // The variables above: what describes a rank's place in a job. The other COHORT_* variables
 // (COHORT_SECRET, COHORT_BIND_ADDRESS, COHORT_TRACE) are settings every rank shares.
-inline constexpr std::array kCohortDescription = {kRank,      kWorldSize, kLocalRank, kLocalWorldSize,
-                                                  kMasterAddr, kMasterPort, kJobId,   kRole,
-                                                  kPsCount,    kWorkerCount};
+inline constexpr std::array kCohortDescription = {
+    kRank,       kWorldSize, kLocalRank, kLocalWorldSize, kMasterAddr,
+    kMasterPort, kJobId,     kRole,      kPsCount,        kWorkerCount};
 
 // The variables by which other launchers (torchrun, Open MPI, the TensorFlow training operator)
 // give a rank and a world size. A launcher that defines its children's world itself, as

@@ -50,9 +50,10 @@ inline void print_fit_summary(const std::vector<double>& per_replica, std::uint6
     if (per_replica[2 * r + 1] < per_replica[2 * straggler + 1]) straggler = r;
   }
   const auto n = static_cast<double>(replicas);
-  std::printf("fit: %llu steps on %zu replica(s), per replica: compute %.2f s, synchronization "
-              "%.2f s",
-              static_cast<unsigned long long>(steps), replicas, compute / n, communication / n);
+  std::printf(
+      "fit: %llu steps on %zu replica(s), per replica: compute %.2f s, synchronization "
+      "%.2f s",
+      static_cast<unsigned long long>(steps), replicas, compute / n, communication / n);
   if (replicas > 1) {
     std::printf("; the others waited most for replica %zu (it waited %.2f s)", straggler,
                 per_replica[2 * straggler + 1]);

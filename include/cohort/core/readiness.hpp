@@ -19,8 +19,8 @@ namespace cohort {
 class GradientReady {
  public:
   template <class Handler>
-    requires(!std::same_as<std::remove_cvref_t<Handler>, GradientReady>)
-  explicit GradientReady(Handler& handler)
+  requires(!std::same_as<std::remove_cvref_t<Handler>, GradientReady>) explicit GradientReady(
+      Handler& handler)
       : handler_(&handler), call_([](void* handler, std::size_t begin, std::size_t end) {
           (*static_cast<Handler*>(handler))(begin, end);
         }) {}
@@ -43,8 +43,8 @@ class ReadinessCheck {
 
   void add(std::size_t begin, std::size_t end) {
     if (begin > end || end > elements_) {
-      refuse(begin, end, "is out of bounds: the model has " + std::to_string(elements_) +
-                             " gradients");
+      refuse(begin, end,
+             "is out of bounds: the model has " + std::to_string(elements_) + " gradients");
     }
     for (const auto& [seen_begin, seen_end] : ranges_) {
       if (begin < seen_end && seen_begin < end) {

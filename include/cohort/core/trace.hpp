@@ -139,8 +139,8 @@ class Recorder {
 
   void record(Phase phase, Clock::time_point start, Clock::time_point end, Detail detail = {}) {
     const std::lock_guard lock(mutex_);
-    events_.push_back({phase, (start - origin_).count(), (end - start).count(),
-                       thread_index_locked(), detail});
+    events_.push_back(
+        {phase, (start - origin_).count(), (end - start).count(), thread_index_locked(), detail});
   }
 
   std::vector<Event> events() const {
@@ -174,9 +174,9 @@ class Recorder {
           << ",\"ts\":" << microseconds(origin_wall_us_, event.start_ns)
           << ",\"dur\":" << microseconds(0, event.duration_ns) << ",\"args\":{";
       const char* separator = "";
-      for (const auto& [key, value] : {std::pair{"step", event.detail.step},
-                                       std::pair{"index", event.detail.index},
-                                       std::pair{"bytes", event.detail.bytes}}) {
+      for (const auto& [key, value] :
+           {std::pair{"step", event.detail.step}, std::pair{"index", event.detail.index},
+            std::pair{"bytes", event.detail.bytes}}) {
         if (value == Detail::kNone) continue;
         out << separator << '"' << key << "\":" << value;
         separator = ",";
