@@ -57,8 +57,8 @@
 //   S::Device               the device::Device of its replicas
 //   s.place(local_index)    the S::Device::Place of local replica local_index (its GPU and stream),
 //                           valid while the strategy lives: the Trainer places the replica's
-//                           model, gradient fold and optimizer state there, and the step's three calls
-//                           works there. The communicator's spans are memory at that place.
+//                           model, gradient fold and optimizer state there, and the step's three
+//                           calls work there. The communicator's spans are memory at that place.
 #pragma once
 
 #include <concepts>
