@@ -139,12 +139,13 @@ class Hierarchical {
     }
     if (buffer.empty()) return;  // the same on every rank: nothing to agree on
     const std::size_t bucket = std::max<std::size_t>(1, bucket_bytes_ / sizeof(E));
+    std::size_t last = 0;
     for (std::size_t offset = 0; offset < buffer.size(); offset += bucket) {
       const auto part = buffer.subspan(offset, std::min(bucket, buffer.size() - offset));
       local_.all_reduce(part, op);
-      if (local_.rank() == 0) thread_->submit([this, part, op] { cross_->all_reduce(part, op); });
+      last = on_leader([this, part, op] { cross_->all_reduce(part, op); });
     }
-    finish_on_leader();
+    finish_on_leader(last);
     local_.broadcast(buffer, 0);
   }
 
@@ -158,10 +159,7 @@ class Hierarchical {
     }
     if (buffer.empty()) return Pending();
     local_.all_reduce(buffer, op);
-    std::size_t ticket = 0;
-    if (local_.rank() == 0) {
-      ticket = thread_->submit([this, buffer, op] { cross_->all_reduce(buffer, op); });
-    }
+    const std::size_t ticket = on_leader([this, buffer, op] { cross_->all_reduce(buffer, op); });
     return Pending([this, buffer, ticket] {
       {
         const trace::Span waited(trace::current(), trace::Phase::kBucketWait, {.index = ticket});
@@ -176,9 +174,8 @@ class Hierarchical {
     const int local_size = local_.size();
     const int root_worker = root / local_size;
     if (cross_->rank() == root_worker) local_.broadcast(buffer, root % local_size);
-    if (local_.rank() == 0)
-      thread_->submit([this, buffer, root_worker] { cross_->broadcast(buffer, root_worker); });
-    finish_on_leader();
+    finish_on_leader(
+        on_leader([this, buffer, root_worker] { cross_->broadcast(buffer, root_worker); }));
     local_.broadcast(buffer, 0);
   }
 
@@ -188,13 +185,10 @@ class Hierarchical {
     const auto worker_block =
         output.subspan(static_cast<std::size_t>(cross_->rank()) * block, block);
     local_.all_gather(input, worker_block);
-    if (local_.rank() == 0) {
-      thread_->submit([this, worker_block, output] {
-        const std::vector<E> mine(worker_block.begin(), worker_block.end());
-        cross_->all_gather(std::span<const E>(mine), output);
-      });
-    }
-    finish_on_leader();
+    finish_on_leader(on_leader([this, worker_block, output] {
+      const std::vector<E> mine(worker_block.begin(), worker_block.end());
+      cross_->all_gather(std::span<const E>(mine), output);
+    }));
     local_.broadcast(output, 0);
   }
 
@@ -211,8 +205,7 @@ class Hierarchical {
 
   void barrier() {
     local_.barrier();
-    if (local_.rank() == 0) thread_->submit([this] { cross_->barrier(); });
-    finish_on_leader();
+    finish_on_leader(on_leader([this] { cross_->barrier(); }));
     local_.barrier();
   }
 
@@ -222,23 +215,22 @@ class Hierarchical {
   }
 
  private:
-  // The local leader waits for the cross-worker work; if it failed, the local group is released
-  // before the error goes up, so no local replica waits for a leader that left.
-  void finish_on_leader(std::size_t ticket = kEverything) {
+  // Cross-worker work, submitted by the local leader only: its ticket there, 0 elsewhere.
+  std::size_t on_leader(std::function<void()> work) {
+    return local_.rank() == 0 ? thread_->submit(std::move(work)) : 0;
+  }
+
+  // The local leader waits for the cross-worker work up to `ticket`; if it failed, the local group
+  // is released before the error goes up, so no local replica waits for a leader that left.
+  void finish_on_leader(std::size_t ticket) {
     if (local_.rank() != 0) return;
     try {
-      if (ticket == kEverything) {
-        thread_->wait();
-      } else {
-        thread_->wait(ticket);
-      }
+      thread_->wait(ticket);
     } catch (const std::exception& error) {
       local_.abort(error.what());
       throw;
     }
   }
-
-  static constexpr std::size_t kEverything = ~std::size_t{0};
 
   Local local_;
   Cross* cross_;
