@@ -350,8 +350,10 @@ class Trainer {
     if constexpr (requires { strategy_.cluster(); }) {
       const auto& spec = strategy_.cluster();
       const bool server = spec.role == "ps";
+      // Servers' tracks after every worker's in a merged timeline.
+      constexpr int kFirstServerTrack = 1 << 16;
       return {(server ? "ps " : "worker ") + std::to_string(spec.rank),
-              server ? 10000 + spec.rank : spec.rank};
+              server ? kFirstServerTrack + spec.rank : spec.rank};
     } else {
       return {"process", 0};
     }
@@ -528,8 +530,10 @@ class Trainer {
         Device::from_host(place, std::span<const double>(window_losses), losses);
         replica.communicator().all_reduce(losses, ReduceOp::kSum);
         Device::to_host(place, std::span<const double>(losses), std::span<double>(window_losses));
-        window_times.back().communication +=
+        const double loss_seconds =
             std::chrono::duration<double>(Clock::now() - communication_start).count();
+        window_times.back().communication += loss_seconds;
+        fit_times.communication += loss_seconds;
         if (reports) {
           const std::uint64_t first_step = step + 1 - window_losses.size();
           for (std::size_t i = 0; i < window_losses.size(); ++i) {
