@@ -71,6 +71,7 @@
 #include "cohort/core/progress.hpp"
 #include "cohort/core/readiness.hpp"
 #include "cohort/core/reduction_tree.hpp"
+#include "cohort/core/settings.hpp"
 #include "cohort/core/sharding.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
@@ -99,6 +100,10 @@ struct Report {
   double seconds = 0.0;      // wall time of the fit
   StepTimes times;           // chief only: of the chief's first replica
   double examples_per_second = 0.0;
+  // Steps of this fit whose reduced gradient held an infinity or NaN and that every replica
+  // skipped (Options::on_nonfinite = NonFinite::kSkipStep), on every worker process. They count
+  // in `steps`; their loss is in `loss` as computed (NaN, typically).
+  std::uint64_t skipped_steps = 0;
 };
 
 namespace detail {
@@ -148,6 +153,9 @@ class Trainer {
     // A directory: each process writes its timeline there as a Chrome trace at the end of every
     // fit (core/trace.hpp). Empty: COHORT_TRACE, if set; else no timeline, at no cost.
     std::filesystem::path trace{};
+    // What a step whose reduced gradient holds an infinity or NaN does: NonFinite::kRaise (fit
+    // throws NumericError) or NonFinite::kSkipStep (every replica skips the update).
+    NonFinite on_nonfinite = NonFinite::kRaise;
   };
 
   // A process without local replicas (a parameter server) builds no model: `model` only gives the
@@ -212,7 +220,31 @@ class Trainer {
   static constexpr bool kArgumentsValid =
       Model<M> && strategy::Strategy<S> && optimizer::Optimizer<O>;
 
+  // Whether S's replicas check each step's reduced gradient for infinities and NaN (their
+  // finish_step returns a StepResult: the mirrored strategies). Where they do not (a parameter
+  // server, whose servers hold the reduced gradient), the Trainer checks the parameters after
+  // each step instead, and only NonFinite::kRaise is possible.
+  static constexpr bool checks_gradient() {
+    if constexpr (requires { typename S::Replica; }) {
+      return std::same_as<decltype(std::declval<typename S::Replica&>().finish_step(
+                              std::declval<strategy::Update<value_type, O>&>())),
+                          strategy::StepResult>;
+    } else {
+      return false;
+    }
+  }
+
   void start(const M& model) {
+    if (options_.on_nonfinite != NonFinite::kRaise && options_.on_nonfinite != NonFinite::kSkipStep) {
+      options::reject("on_nonfinite", static_cast<int>(options_.on_nonfinite),
+                      "must be NonFinite::kRaise or NonFinite::kSkipStep");
+    }
+    if (!checks_gradient() && options_.on_nonfinite == NonFinite::kSkipStep) {
+      options::reject("on_nonfinite", name(options_.on_nonfinite),
+                      std::string("is not available under ") + std::string(S::kName) +
+                          ": its servers hold the reduced gradient and would first have to agree "
+                          "to skip a step; use NonFinite::kRaise (the default)");
+    }
     parameter_count_ = ModelTraits<M>::parameters(const_cast<M&>(model)).size();
     sharding::Plan::validate_split(options_.global_batch, options_.micro_batches,
                                    strategy_.replicas());
@@ -266,7 +298,21 @@ class Trainer {
       // The values are the servers' to write: the strategy gets the run's settings and step.
       strategy_.save(file, checkpoint_state(false), parameter_count_);
     } else if (strategy_.is_chief()) {
-      checkpoint::write(file, checkpoint_state());
+      const auto state = checkpoint_state();
+      refuse_nonfinite(state.parameters, NumericError::Where::kParameters, file);
+      refuse_nonfinite(state.optimizer_state, NumericError::Where::kOptimizerState, file);
+      checkpoint::write(file, state);
+    }
+  }
+
+  // A state with an infinity or NaN is never saved: it could only be restored to fail again.
+  void refuse_nonfinite(std::span<const value_type> values, NumericError::Where where,
+                        const std::filesystem::path& file) const {
+    if (const std::size_t first = device::cpu::first_nonfinite(values); first != values.size()) {
+      throw NumericError(where, step_ == 0 ? 0 : step_ - 1, first,
+                         "not written to " + file.string() +
+                             ": a training state with infinities or NaN is never saved; restore "
+                             "an earlier checkpoint, or train with on_nonfinite = skip_step");
     }
   }
 
@@ -442,6 +488,9 @@ class Trainer {
     trace::Recorder* const recorder = recorder_.get();
     if (recorder != nullptr) recorder->name_thread("replica " + std::to_string(replica.index()));
 
+    // Every process of the job runs with the same settings, checked before anything else travels
+    // (the parameters' broadcast below has their count in it).
+    require_same_settings(replica, place);
     // Every replica starts from the chief's state (replicas of other processes included).
     replica.start(parameters, optimizer_state, step_);
 
@@ -476,7 +525,8 @@ class Trainer {
                                              .optimizer = optimizer_,
                                              .optimizer_state = optimizer_state,
                                              .step = step,
-                                             .inverse_batch = inverse_batch};
+                                             .inverse_batch = inverse_batch,
+                                             .on_nonfinite = options_.on_nonfinite};
       const std::size_t first = plan.first_micro_batch(replica.index());
       const std::size_t end = first + plan.micro_batches_per_replica();
       for (std::size_t micro = first; micro < end; ++micro) {
@@ -506,7 +556,7 @@ class Trainer {
         replica.gradients_ready(update, 0, update.gradient_sum.size());
       }
       const auto synchronization_start = Clock::now();
-      replica.finish_step(update);
+      if (finish_step(replica, update, place) && local == 0) ++report.skipped_steps;
       window_losses.push_back(loss_fold.result());
       const auto step_end = Clock::now();
       window_times.push_back(
@@ -552,6 +602,73 @@ class Trainer {
     // Every replica ends the fit, as it started it (a parameter server brings the optimizer
     // state home).
     replica.finish(parameters, optimizer_state);
+  }
+
+  // replica.finish_step(update), and what the step found: false for a step whose reduced gradient
+  // is finite, true for one that every replica skipped (NonFinite::kSkipStep); a NumericError for
+  // one that raises. Where the strategy checks no gradient, the step's parameters are checked.
+  template <class Replica>
+  bool finish_step(Replica& replica, strategy::Update<value_type, O>& update, const Place& place) {
+    if constexpr (checks_gradient()) {
+      const strategy::StepResult result = replica.finish_step(update);
+      if (result.first_nonfinite == strategy::StepResult::kFinite) return false;
+      if (options_.on_nonfinite == NonFinite::kSkipStep) return true;
+      throw NumericError(
+          NumericError::Where::kGradient, update.step, result.first_nonfinite,
+          std::string("fit stopped (on_nonfinite = raise); ") +
+              (result.applied ? "every replica applied the step, so its parameters are no longer "
+                                "finite"
+                              : "no replica applied the step") +
+              ": restore a checkpoint to go on, or train with on_nonfinite = skip_step");
+    } else {
+      replica.finish_step(update);
+      const std::span<const value_type> parameters(update.parameters);
+      if (const std::size_t first = Device::first_nonfinite(place, parameters);
+          first != parameters.size()) {
+        throw NumericError(NumericError::Where::kParameters, update.step, first,
+                           std::string("fit stopped (on_nonfinite = raise): under ") +
+                               std::string(S::kName) +
+                               " the servers apply the reduced gradient, so the worker checks the "
+                               "parameters it receives; restore a checkpoint to go on");
+      }
+      return false;
+    }
+  }
+
+  // The settings every process of the job must share, compared across every replica before the
+  // first step (core/settings.hpp): a difference is a ConfigError on every process naming the
+  // field and both values. One all-reduce of two doubles per field when they agree.
+  template <class Replica>
+  void require_same_settings(Replica& replica, const Place& place) const {
+    const auto text = [](auto value) { return std::to_string(value); };
+    const settings::Fields fields = {
+        {"seed", text(options_.seed)},
+        {"global_batch", text(options_.global_batch)},
+        {"micro_batches", text(options_.micro_batches)},
+        {"on_nonfinite", std::string(name(options_.on_nonfinite))},
+        {"optimizer", std::string(O::kName)},
+        {"optimizer option", optimizer::describe_options(optimizer_)},
+        {"parameter count", text(parameter_count_)},
+        {"value type", std::same_as<value_type, float>    ? std::string("float")
+                       : std::same_as<value_type, double> ? std::string("double")
+                                                          : text(sizeof(value_type)) + "-byte"},
+        {"data-set size", text(dataset_size_)},
+        {"strategy", std::string(S::kName) + " on " + std::string(Device::kName)},
+        {"replicas", text(strategy_.replicas())},
+        {"local_replicas", text(strategy_.local_replicas())},
+        {"step", text(step_)},
+    };
+    std::string who = "replica " + std::to_string(replica.index());
+    if constexpr (requires { strategy_.cluster(); }) {
+      who = "worker " + std::to_string(strategy_.cluster().rank) + " (" + who + ")";
+    }
+    Buffer<double> at_place;
+    settings::require_same(fields, who, replica.index(), [&](std::span<double> values) {
+      if (at_place.size() != values.size()) at_place = Buffer<double>(values.size(), place);
+      Device::from_host(place, std::span<const double>(values), at_place.span());
+      replica.communicator().all_reduce(at_place.span(), ReduceOp::kMax);
+      Device::to_host(place, std::span<const double>(at_place.span()), values);
+    });
   }
 
   // The chief's one line at the end of a fit: the mean time per replica in each phase, and the

@@ -87,3 +87,19 @@ TEST_CASE("COHORT_ASSERT of a true condition does nothing") {
   COHORT_ASSERT(++evaluated == 1);
   CHECK(evaluated == 1);  // the condition is evaluated exactly once, in every build type
 }
+
+TEST_CASE("NumericError carries the step and the first non-finite index as fields") {
+  const cohort::NumericError error(cohort::NumericError::Where::kGradient, 12, 3077,
+                                   "fit stopped (on_nonfinite = raise)");
+  CHECK(error.code() == cohort::Errc::kNumeric);
+  CHECK(error.step() == 12);
+  CHECK(error.index() == 3077);
+  CHECK(error.where() == cohort::NumericError::Where::kGradient);
+  const std::string what = error.what();
+  CHECK(what.find("reduced gradient of step 12") != std::string::npos);
+  CHECK(what.find("index 3077") != std::string::npos);
+  CHECK(what.find("on_nonfinite = raise") != std::string::npos);
+  static_assert(std::is_base_of_v<cohort::Error, cohort::NumericError>);
+  CHECK(cohort::category().message(static_cast<int>(cohort::Errc::kNumeric)) !=
+        cohort::category().message(static_cast<int>(cohort::Errc::kCheckpoint)));
+}

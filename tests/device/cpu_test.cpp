@@ -1,6 +1,10 @@
 #include <doctest/doctest.h>
 
 #include <cohort/device/cpu.hpp>
+#include <cohort/optimizer/adam.hpp>
+#include <cohort/optimizer/momentum.hpp>
+#include <cohort/optimizer/sgd.hpp>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -118,4 +122,62 @@ TEST_CASE("device::Cpu, the step's device interface, computes what the cpu:: loo
   Cpu::Buffer<float> moved = std::move(sum);
   CHECK(moved.size() == 7);
   Cpu::synchronize(place);  // nothing to wait for on the host
+}
+
+TEST_CASE("first_nonfinite finds the first infinity or NaN at any position, or returns the size") {
+  for (const std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4099},
+                                   std::size_t{1} << 20}) {
+    CAPTURE(length);
+    std::vector<float> x(length, 1.5f);
+    CHECK(cpu::first_nonfinite<float>(x) == length);
+    if (length == 0) continue;
+    for (const std::size_t at : {std::size_t{0}, length / 2, cpu::kReduceBlock - 1, length - 1}) {
+      if (at >= length) continue;
+      CAPTURE(at);
+      for (const float bad : {std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN()}) {
+        std::vector<float> y = x;
+        y[at] = bad;
+        if (at + 1 < length) y[length - 1] = bad;  // a later one does not hide the first
+        CHECK(cpu::first_nonfinite<float>(y) == at);
+      }
+    }
+  }
+  const std::vector<double> d{1.0, std::numeric_limits<double>::max(), -0.0,
+                              std::numeric_limits<double>::denorm_min(),
+                              std::numeric_limits<double>::quiet_NaN()};
+  CHECK(cpu::first_nonfinite<double>(d) == 4);
+}
+
+TEST_CASE_TEMPLATE("step_finite applies the optimizer's step with its bits and says whether the "
+                   "gradient was finite",
+                   O, cohort::optimizer::Sgd, cohort::optimizer::Momentum, cohort::optimizer::Adam,
+                   cohort::optimizer::AdamW) {
+  const O optimizer({.learning_rate = 0.01});
+  const std::size_t n = 4099;
+  std::mt19937 engine(5);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> parameters(n), gradients(n), state(O::kStateSlots * n);
+  for (float& value : parameters) value = uniform(engine);
+  for (float& value : gradients) value = uniform(engine);
+  for (float& value : state) value = std::abs(uniform(engine));
+  const cohort::optimizer::StepContext context{.step = 3, .gradient_scale = 0.25};
+
+  std::vector<float> p_step = parameters, s_step = state;
+  optimizer.step(std::span<float>(p_step), std::span<const float>(gradients),
+                 std::span<float>(s_step), context);
+  std::vector<float> p_fused = parameters, s_fused = state;
+  CHECK(cpu::step_finite<O, float>(optimizer, p_fused, gradients, s_fused, context));
+  CHECK(std::memcmp(p_step.data(), p_fused.data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(s_step.data(), s_fused.data(), s_step.size() * sizeof(float)) == 0);
+
+  for (const std::size_t at : {std::size_t{0}, std::size_t{1234}, n - 1}) {
+    std::vector<float> bad = gradients;
+    bad[at] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> p = parameters, s = state;
+    CHECK_FALSE(cpu::step_finite<O, float>(optimizer, p, bad, s, context));
+    CHECK(cohort::device::Cpu::first_nonfinite(cohort::device::Cpu::Place{},
+                                               std::span<const float>(bad)) == at);
+  }
 }

@@ -1,19 +1,26 @@
 // Errors: one hierarchy, so that a user can catch cohort::Error and know it came from cohort.
 //
-//   ConfigError  bad Options, a bad cluster description or environment: names the field and value
-//   CommError    a peer lost, a timeout, a protocol or shape mismatch: names rank, operation,
-//   sequence DeviceError  a CUDA or NCCL failure: names the call, the code and its text
+//   ConfigError      bad Options, a bad cluster description or environment, processes of one job
+//                    with different settings: names the field and the value(s)
+//   CommError        a peer lost, a timeout, a protocol or shape mismatch: names rank, operation,
+//                    sequence
+//   DeviceError      a CUDA or NCCL failure: names the call, the code and its text
 //   CheckpointError  a checkpoint that cannot be read or does not match: names the file and field
+//   NumericError     an infinity or NaN where training needs finite numbers: the step and the first
+//                    non-finite index, as fields (step(), index(), where())
 //
 // Each derives from cohort::Error, a std::system_error whose code lives in cohort::category().
 // Bugs inside cohort are not errors: COHORT_ASSERT aborts with file and line in every build type.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 namespace cohort {
@@ -23,6 +30,7 @@ enum class Errc {
   kComm,
   kDevice,
   kCheckpoint,
+  kNumeric,
 };
 
 class ErrorCategory final : public std::error_category {
@@ -38,6 +46,8 @@ class ErrorCategory final : public std::error_category {
         return "device failure";
       case Errc::kCheckpoint:
         return "checkpoint refused";
+      case Errc::kNumeric:
+        return "non-finite value";
     }
     return "unknown cohort error";
   }
@@ -83,6 +93,66 @@ class DeviceError : public Error {
 class CheckpointError : public Error {
  public:
   explicit CheckpointError(const std::string& what) : Error(Errc::kCheckpoint, what) {}
+};
+
+// What Trainer::Options::on_nonfinite does when a step's reduced gradient holds an infinity or NaN.
+// Every replica sees the same reduced gradient, so every replica decides the same way.
+enum class NonFinite {
+  kRaise,     // fit throws NumericError naming the step and the first non-finite index
+  kSkipStep,  // every replica leaves its parameters and optimizer state as they were; the step
+              // still counts (data order, Adam's bias correction), and Report::skipped_steps
+              // counts it
+};
+
+constexpr std::string_view name(NonFinite policy) {
+  return policy == NonFinite::kRaise ? "raise" : "skip_step";
+}
+
+// An infinity or NaN where training needs finite numbers. The numbers are fields, so that no
+// caller parses them back out of the message:
+//   step()   the step of the run (from 0) whose values were found non-finite
+//   index()  the first non-finite element of them
+//   where()  which values: the step's reduced gradient, or the parameters or optimizer state of
+//            a replica (found after the step, or by a save that refused to write them)
+class NumericError : public Error {
+ public:
+  enum class Where { kGradient, kParameters, kOptimizerState };
+
+  NumericError(Where where, std::uint64_t step, std::size_t index, const std::string& context)
+      : Error(Errc::kNumeric, describe(where, step, index, context)),
+        where_(where),
+        step_(step),
+        index_(index) {}
+
+  Where where() const noexcept { return where_; }
+  std::uint64_t step() const noexcept { return step_; }
+  std::size_t index() const noexcept { return index_; }
+
+  static const char* name(Where where) {
+    switch (where) {
+      case Where::kGradient:
+        return "the reduced gradient";
+      case Where::kParameters:
+        return "the parameters";
+      case Where::kOptimizerState:
+        return "the optimizer state";
+    }
+    return "values";
+  }
+
+ private:
+  static std::string describe(Where where, std::uint64_t step, std::size_t index,
+                              const std::string& context) {
+    std::string message = std::string(name(where)) + " of step " + std::to_string(step) +
+                          " hold a non-finite value (infinity or NaN) at index " +
+                          std::to_string(index);
+    if (!context.empty()) message += ": " + context;
+    return message;
+  }
+
+  Where where_;
+  std::uint64_t step_;
+  std::size_t index_;
 };
 
 // What a captured exception says: its what(), for passing a failure on as a reason.

@@ -1,4 +1,4 @@
-// scale, axpy, combine_into and flag_nonfinite, the elementwise kernels of device/cpu.hpp, and
+// scale, axpy, combine_into, flag_nonfinite and first_nonfinite, the elementwise kernels of device/cpu.hpp, and
 // cast between float and the other floating-point types.
 #pragma once
 
@@ -63,6 +63,22 @@ __global__ void flag_nonfinite_kernel(const T* x, std::size_t n, int* flag) {
   if (bad) *flag = 1;
 }
 
+// Purpose: *first = the least i for which x[i] is infinite or NaN (device::cpu::first_nonfinite),
+// left as it was when there is none.
+// Algorithm: grid-stride loop; each thread keeps the first it finds (its indices grow) and, if
+// any, takes the minimum with *first by one atomicMin. The result does not depend on the schedule.
+// Preconditions: x holds n elements; *first was set to a value >= n by the caller (all ones).
+template <class T>
+__global__ void first_nonfinite_kernel(const T* x, std::size_t n, unsigned long long* first) {
+  using A = Arithmetic<T>;
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
+    if (!is_finite(A::widen(x[i]))) {
+      atomicMin(first, static_cast<unsigned long long>(i));
+      return;
+    }
+  }
+}
+
 // Purpose: out[i] = in[i] converted to To (cuda::cast).
 // Algorithm: grid-stride loop; the value is widened to From's compute type and rounded once to
 // To, to nearest even. One of the two types is float (cast's static_assert), so the conversion
@@ -114,6 +130,14 @@ void flag_nonfinite(const T* x, std::size_t n, int* flag, cudaStream_t stream) {
   if (n == 0) return;
   detail::flag_nonfinite_kernel<<<detail::blocks_for(n), detail::kThreads, 0, stream>>>(x, n, flag);
   device::cuda::check_launch("cohort::cuda::flag_nonfinite");
+}
+
+template <class T>
+void first_nonfinite(const T* x, std::size_t n, unsigned long long* first, cudaStream_t stream) {
+  if (n == 0) return;
+  detail::first_nonfinite_kernel<<<detail::blocks_for(n), detail::kThreads, 0, stream>>>(x, n,
+                                                                                        first);
+  device::cuda::check_launch("cohort::cuda::first_nonfinite");
 }
 
 }  // namespace cohort::cuda

@@ -30,7 +30,9 @@ using AdamWRuleOf = optimizer::AdamRule<P, optimizer::WeightDecay::kDecoupled>;
                                              std::size_t, cudaStream_t);                      \
   template void cohort::cuda::sum_of_squares<T>(const T*, std::size_t, double*, double*,      \
                                                 cudaStream_t);                                \
-  template void cohort::cuda::flag_nonfinite<T>(const T*, std::size_t, int*, cudaStream_t);
+  template void cohort::cuda::flag_nonfinite<T>(const T*, std::size_t, int*, cudaStream_t);     \
+  template void cohort::cuda::first_nonfinite<T>(const T*, std::size_t, unsigned long long*,   \
+                                                 cudaStream_t);
 
 #define COHORT_CUDA_INSTANTIATE_UPDATE(Rule, P, G)                                                 \
   template void cohort::cuda::update<Rule, P, G>(const Rule&, P*, const G*, P*, std::size_t, int*, \

@@ -87,6 +87,12 @@ void cast(const From* in, To* out, std::size_t n, cudaStream_t stream);
 template <class T>
 void flag_nonfinite(const T* x, std::size_t n, int* flag, cudaStream_t stream);
 
+// Sets *first (device) to the least i for which x[i] is infinite or NaN, as
+// device::cpu::first_nonfinite; leaves it unchanged when every element is finite. Set it to all
+// ones first (cudaMemsetAsync(first, 0xff, ...)): then a value >= n means "none".
+template <class T>
+void first_nonfinite(const T* x, std::size_t n, unsigned long long* first, cudaStream_t stream);
+
 // Values of optimizer state per parameter that each rule reads and writes (the optimizer's
 // kStateSlots), slot-major as optimizer/optimizer.hpp lays it out.
 template <class Rule>

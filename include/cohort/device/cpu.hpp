@@ -11,8 +11,10 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -146,6 +148,79 @@ bool all_finite(std::span<const T> x) {
   return std::all_of(x.begin(), x.end(), [](T value) { return std::isfinite(value); });
 }
 
+// Whether value is an infinity or NaN, as a test of its exponent bits for float and double, which
+// compilers vectorize inside a loop (std::isfinite they often do not).
+template <class T>
+inline bool non_finite(T value) {
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr std::uint32_t kExponent = 0x7f80'0000u;
+    return (std::bit_cast<std::uint32_t>(value) & kExponent) == kExponent;
+  } else if constexpr (std::is_same_v<T, double>) {
+    constexpr std::uint64_t kExponent = 0x7ff0'0000'0000'0000u;
+    return (std::bit_cast<std::uint64_t>(value) & kExponent) == kExponent;
+  } else {
+    return !std::isfinite(static_cast<double>(value));
+  }
+}
+
+// The index of the first infinity or NaN in x, or x.size() when every element is finite. Reads x
+// block by block (one vectorized test per block) and looks into a block only when it holds one.
+template <class T>
+std::size_t first_nonfinite(std::span<const T> x) {
+  for (std::size_t begin = 0; begin < x.size(); begin += kReduceBlock) {
+    const std::size_t end = std::min(x.size(), begin + kReduceBlock);
+    bool found = false;
+    for (std::size_t i = begin; i < end; ++i) found |= non_finite(x[i]);
+    if (!found) continue;
+    for (std::size_t i = begin; i < end; ++i) {
+      if (non_finite(x[i])) return i;
+    }
+  }
+  return x.size();
+}
+
+// o.step(parameters, gradients, state, context), and whether every gradient was finite, tested in
+// the update's own loop (the gradient is read once). The update is applied either way, with the
+// same bits as o.step: the loop calls the optimizer's per-element rule (o.rule<T>(context), the
+// rule its step() calls), with the state slot-major as optimizer/optimizer.hpp lays it out. An
+// optimizer without rule<T> gets its own step() and then a pass of first_nonfinite.
+template <class O, class T>
+bool step_finite(const O& o, std::span<T> parameters, std::span<const T> gradients,
+                 std::span<T> state, optimizer::StepContext context) {
+  if constexpr (requires { o.template rule<T>(context); } && O::kStateSlots <= 2) {
+    COHORT_ASSERT(gradients.size() == parameters.size());
+    COHORT_ASSERT(state.size() == O::kStateSlots * parameters.size());
+    const auto rule = o.template rule<T>(context);
+    const std::size_t n = parameters.size();
+    T* const p = parameters.data();
+    const T* const g = gradients.data();
+    bool found = false;
+    if constexpr (O::kStateSlots == 0) {
+      for (std::size_t i = 0; i < n; ++i) {
+        found |= non_finite(g[i]);
+        rule(p[i], g[i]);
+      }
+    } else if constexpr (O::kStateSlots == 1) {
+      T* const s0 = state.data();
+      for (std::size_t i = 0; i < n; ++i) {
+        found |= non_finite(g[i]);
+        rule(p[i], g[i], s0[i]);
+      }
+    } else {
+      T* const s0 = state.data();
+      T* const s1 = state.data() + n;
+      for (std::size_t i = 0; i < n; ++i) {
+        found |= non_finite(g[i]);
+        rule(p[i], g[i], s0[i], s1[i]);
+      }
+    }
+    return !found;
+  } else {
+    o.step(parameters, gradients, state, context);
+    return first_nonfinite(gradients) == gradients.size();
+  }
+}
+
 // A host replica's place: the host has one memory and runs each call to completion.
 struct Place {};
 
@@ -200,6 +275,19 @@ struct Cpu {
                    std::span<const std::type_identity_t<T>> gradients, std::span<T> state,
                    optimizer::StepContext context) {
     o.step(parameters, gradients, state, context);
+  }
+
+  // o.step, and whether every gradient was finite (cpu::step_finite: one pass over the gradient).
+  template <class O, class T>
+  static bool step_finite(const Place& /*place*/, const O& o, std::span<T> parameters,
+                          std::span<const std::type_identity_t<T>> gradients, std::span<T> state,
+                          optimizer::StepContext context) {
+    return cpu::step_finite<O, T>(o, parameters, gradients, state, context);
+  }
+
+  template <class T>
+  static std::size_t first_nonfinite(const Place& /*place*/, std::span<const T> x) {
+    return cpu::first_nonfinite<T>(x);
   }
 
   template <class T>

@@ -392,6 +392,46 @@ struct Cuda {
                          context, place.stream);
   }
 
+  // step, with the update kernel's non-finite flag read back (device::cpu::step_finite): waits
+  // for place.stream, as the decision is the host's.
+  template <class O, class T>
+  static bool step_finite(const Place& place, const O& o, std::span<T> parameters,
+                          std::span<const std::type_identity_t<T>> gradients, std::span<T> state,
+                          optimizer::StepContext context) {
+    COHORT_ASSERT(gradients.size() == parameters.size());
+    COHORT_ASSERT(state.size() == O::kStateSlots * parameters.size());
+    cuda::use(place.device);
+    int flag = 0;
+    {
+      cuda::detail::StreamScratch<int> scratch(1, place.stream);
+      COHORT_CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0, sizeof(int), place.stream));
+      ::cohort::cuda::step(o, parameters.data(), gradients.data(), state.data(), parameters.size(),
+                           context, place.stream, scratch.data());
+      COHORT_CUDA_CHECK(
+          cudaMemcpyAsync(&flag, scratch.data(), sizeof(int), cudaMemcpyDeviceToHost, place.stream));
+      COHORT_CUDA_CHECK(cudaStreamSynchronize(place.stream));
+    }
+    return flag == 0;
+  }
+
+  // Waits for place.stream: the index is needed on the host.
+  template <class T>
+  static std::size_t first_nonfinite(const Place& place, std::span<const T> x) {
+    if (x.empty()) return 0;
+    cuda::use(place.device);
+    unsigned long long first = 0;
+    {
+      cuda::detail::StreamScratch<unsigned long long> scratch(1, place.stream);
+      COHORT_CUDA_CHECK(
+          cudaMemsetAsync(scratch.data(), 0xff, sizeof(unsigned long long), place.stream));
+      ::cohort::cuda::first_nonfinite<T>(x.data(), x.size(), scratch.data(), place.stream);
+      COHORT_CUDA_CHECK(cudaMemcpyAsync(&first, scratch.data(), sizeof first,
+                                        cudaMemcpyDeviceToHost, place.stream));
+      COHORT_CUDA_CHECK(cudaStreamSynchronize(place.stream));
+    }
+    return first < x.size() ? static_cast<std::size_t>(first) : x.size();
+  }
+
   template <class T>
   static void to_host(const Place& place, std::span<const std::type_identity_t<T>> from,
                       std::span<T> host) {

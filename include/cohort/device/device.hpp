@@ -19,6 +19,12 @@
 //   D::sum_of_squares(place, x)              cpu::sum_of_squares(x), returned to the host
 //   D::step(place, o, parameters, gradients, state, context)
 //                                            optimizer o's step (o.step on the CPU)
+//   D::step_finite(place, o, parameters, gradients, state, context)
+//                                            the same step, returning whether every gradient
+//                                            was finite, tested as the update reads it
+//                                            (cpu::step_finite); returns when that is known
+//   D::first_nonfinite(place, x)             cpu::first_nonfinite(x): the index of the first
+//                                            infinity or NaN, x.size() when there is none
 //   D::to_host(place, from, host)            host[i] = from[i]
 //   D::from_host(place, host, to)            to[i] = host[i]
 //   D::synchronize(place)                    waits for everything started at place
@@ -48,6 +54,7 @@ concept Device = requires(const typename D::Place& place, std::span<float> value
   D::copy(place, input, values);
   D::add_into(place, values, input);
   { D::sum_of_squares(place, input) } -> std::same_as<double>;
+  { D::first_nonfinite(place, input) } -> std::same_as<std::size_t>;
   D::to_host(place, input, values);
   D::from_host(place, input, values);
   D::synchronize(place);

@@ -113,6 +113,17 @@ class BasicAdam {
 
   const Options& options() const noexcept { return options_; }
 
+  // Each option's name and value (optimizer::describe_options).
+  template <class Visit>
+  void visit_options(Visit&& visit) const {
+    visit("learning_rate", options_.learning_rate);
+    visit("beta1", options_.beta1);
+    visit("beta2", options_.beta2);
+    visit("epsilon", options_.epsilon);
+    visit("weight_decay", options_.weight_decay);
+    visit("max_gradient_norm", options_.max_gradient_norm);
+  }
+
   // The per-element rule for step context.step (>= 1): bias corrections in double, then every
   // constant rounded once to T.
   template <class T>

@@ -72,6 +72,16 @@ class Momentum {
 
   const Options& options() const noexcept { return options_; }
 
+  // Each option's name and value (optimizer::describe_options); nesterov as 0 or 1.
+  template <class Visit>
+  void visit_options(Visit&& visit) const {
+    visit("learning_rate", options_.learning_rate);
+    visit("momentum", options_.momentum);
+    visit("nesterov", options_.nesterov ? 1.0 : 0.0);
+    visit("weight_decay", options_.weight_decay);
+    visit("max_gradient_norm", options_.max_gradient_norm);
+  }
+
   // The per-element rule for one step, constants rounded once to T.
   template <class T>
   MomentumRule<T> rule(const StepContext& context) const {

@@ -12,6 +12,14 @@
 //       params[i] updated from gradients[i] * context.gradient_scale. The gradients are the raw
 //       reduced sums; scaling is fused into the update so the gradient is read once.
 //
+// Optional, detected where present:
+//   o.rule<T>(StepContext)         the per-element rule step() applies (the CUDA kernels and
+//                                  device::cpu::step_finite call it, so they fuse other work
+//                                  with the update and still compute step()'s bits)
+//   o.visit_options(visit)         calls visit(name, double value) for every option, so that a
+//                                  job's processes can check that they agree (Trainer::fit);
+//                                  without it only max_gradient_norm is compared
+//
 // Every update is elementwise, so a shard of the parameters (a parameter server's) is updated with
 // the same bits as the whole vector.
 #pragma once
@@ -19,8 +27,10 @@
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <charconv>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "cohort/core/options.hpp"
@@ -52,6 +62,27 @@ inline double clipping_factor(double sum_of_squares, double gradient_scale, doub
   if (max_norm <= 0.0) return 1.0;
   const double norm = std::sqrt(sum_of_squares) * gradient_scale;
   return norm > max_norm ? max_norm / norm : 1.0;
+}
+
+// "name=value name=value ...": o's options, each value the shortest text that reads back as the
+// same double, so that two texts are equal exactly when the options are.
+template <Optimizer O>
+std::string describe_options(const O& o) {
+  std::string text;
+  const auto add = [&](std::string_view name, double value) {
+    char digits[32];
+    const auto written = std::to_chars(digits, digits + sizeof digits, value);
+    if (!text.empty()) text += ' ';
+    text += name;
+    text += '=';
+    text.append(digits, written.ptr);
+  };
+  if constexpr (requires { o.visit_options(add); }) {
+    o.visit_options(add);
+  } else {
+    add("max_gradient_norm", o.options().max_gradient_norm);
+  }
+  return text;
 }
 
 }  // namespace cohort::optimizer

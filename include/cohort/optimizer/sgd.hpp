@@ -58,6 +58,14 @@ class Sgd {
 
   const Options& options() const noexcept { return options_; }
 
+  // Each option's name and value (optimizer::describe_options).
+  template <class Visit>
+  void visit_options(Visit&& visit) const {
+    visit("learning_rate", options_.learning_rate);
+    visit("weight_decay", options_.weight_decay);
+    visit("max_gradient_norm", options_.max_gradient_norm);
+  }
+
   // The per-element rule for one step, constants rounded once to T.
   template <class T>
   SgdRule<T> rule(const StepContext& context) const {

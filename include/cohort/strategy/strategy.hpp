@@ -36,6 +36,13 @@
 //                           reduced) and apply the optimizer locally, clipping included, since
 //                           the norm needs every bucket; a parameter server pushes what is left
 //                           and pulls every chunk.
+//                           A strategy that checks the reduced gradient for infinities and NaN
+//                           returns a StepResult (below) and follows u.on_nonfinite: under
+//                           kSkipStep it applies no update to a non-finite gradient. Every replica
+//                           must decide the same way, so the check is of values every replica
+//                           holds alike (the mirrored strategies: the all-reduced gradient). A
+//                           finish_step that returns nothing checks nothing: the Trainer then
+//                           checks the parameters after the step and allows only kRaise.
 //   replica.finish(parameters, optimizer_state)
 //                           once per fit, after the last step (and the Trainer's last
 //                           collective), on every replica: leaves the fit's final state in the
@@ -64,10 +71,12 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string_view>
 
 #include "cohort/collective/collective.hpp"
+#include "cohort/core/error.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/device/device.hpp"
 #include "cohort/optimizer/optimizer.hpp"
@@ -84,6 +93,18 @@ struct Update {
   std::span<T> optimizer_state;  // this replica's (kStateSlots x parameters values)
   std::uint64_t step = 0;        // the step's index in the run, from 0
   double inverse_batch = 1.0;    // 1 / global batch
+  NonFinite on_nonfinite = NonFinite::kRaise;  // Trainer::Options::on_nonfinite
+};
+
+// What finish_step found in the step's reduced gradient.
+struct StepResult {
+  static constexpr std::size_t kFinite = std::numeric_limits<std::size_t>::max();
+  // The first infinity or NaN of the reduced gradient, or kFinite.
+  std::size_t first_nonfinite = kFinite;
+  // Whether the optimizer's update was applied: always for a finite gradient; never under
+  // kSkipStep for a non-finite one; under kRaise the check may be fused with the update, which is
+  // then applied (the Trainer throws; the replica's state is the step's, non-finite).
+  bool applied = true;
 };
 
 namespace detail {

@@ -7,6 +7,7 @@
 // replica's stream for device::Cuda, where the spans of the update are device memory.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -24,21 +25,49 @@
 
 namespace cohort::strategy::detail {
 
-// Clipping and the optimizer step on a reduced gradient sum, at the replica's place. Out of line
-// on purpose, as the Trainer's fold addition (trainer.hpp, AddInto): inlined into the step's loop
-// it changes how GCC compiles the model's forward_backward inlined there.
+// Clipping, the non-finite check and the optimizer step on a reduced gradient sum, at the
+// replica's place. Every replica holds the same reduced gradient, so every replica decides the
+// same way without a word to the others. The check rides on a pass that reads the gradient anyway:
+//   clipping        the sum of squares, finite when every element is (for float, half and
+//                   bfloat16 always; a double gradient whose squares overflow is looked into);
+//                   nothing is applied to a non-finite gradient, under either policy
+//   kRaise          the optimizer's update (D::step_finite), which is applied; the Trainer throws
+//   kSkipStep       one read of the gradient before the update (D::first_nonfinite): the only
+//                   case with a pass of its own, as the decision must precede every write
+// Out of line on purpose, as the Trainer's fold addition (trainer.hpp, AddInto): inlined into the
+// step's loop it changes how GCC compiles the model's forward_backward inlined there.
 template <device::Device D, class T, class O>
-[[gnu::noinline]] void apply_update(const Update<T, O>& update, const typename D::Place& place) {
+[[gnu::noinline]] StepResult apply_update(const Update<T, O>& update,
+                                          const typename D::Place& place) {
   const trace::Span span(trace::current(), trace::Phase::kOptimizer, {.step = update.step});
+  const std::span<const T> gradient(update.gradient_sum);
   double scale = update.inverse_batch;
+  bool checked = false;
   if (const double max_norm = update.optimizer.options().max_gradient_norm; max_norm > 0.0) {
-    scale *= optimizer::clipping_factor(
-        D::sum_of_squares(place, std::span<const T>(update.gradient_sum)), update.inverse_batch,
-        max_norm);
+    const double squares = D::sum_of_squares(place, gradient);
+    if (!std::isfinite(squares)) {
+      if (const std::size_t first = D::first_nonfinite(place, gradient); first != gradient.size()) {
+        return {.first_nonfinite = first, .applied = false};
+      }
+    }
+    checked = true;
+    scale *= optimizer::clipping_factor(squares, update.inverse_batch, max_norm);
+  } else if (update.on_nonfinite == NonFinite::kSkipStep) {
+    if (const std::size_t first = D::first_nonfinite(place, gradient); first != gradient.size()) {
+      return {.first_nonfinite = first, .applied = false};
+    }
+    checked = true;
   }
-  D::step(place, update.optimizer, update.parameters, std::span<const T>(update.gradient_sum),
-          update.optimizer_state,
-          optimizer::StepContext{.step = update.step + 1, .gradient_scale = scale});
+  const optimizer::StepContext context{.step = update.step + 1, .gradient_scale = scale};
+  if (checked) {
+    D::step(place, update.optimizer, update.parameters, gradient, update.optimizer_state, context);
+    return {};
+  }
+  if (D::step_finite(place, update.optimizer, update.parameters, gradient, update.optimizer_state,
+                     context)) {
+    return {};
+  }
+  return {.first_nonfinite = D::first_nonfinite(place, gradient), .applied = true};
 }
 
 template <class Communicator, device::Device D = device::Cpu>
@@ -81,10 +110,10 @@ class MirroredReplica {
   }
 
   template <class T, class O>
-  void finish_step(Update<T, O>& update) {
+  StepResult finish_step(Update<T, O>& update) {
     COHORT_ASSERT(buckets_.complete());
     for (collective::Pending& pending : pending_) pending.wait();
-    apply_update<D>(update, place_);
+    return apply_update<D>(update, place_);
   }
 
   // The end of a fit: every replica already holds the final state.
