@@ -613,6 +613,13 @@ class Trainer {
       const strategy::StepResult result = replica.finish_step(update);
       if (result.first_nonfinite == strategy::StepResult::kFinite) return false;
       if (options_.on_nonfinite == NonFinite::kSkipStep) return true;
+      // Every replica decides alike. The barrier lets each finish this step (its collectives and
+      // its update) before the first error releases the others, so that they all hold the same
+      // state and every process raises this error rather than the release's.
+      try {
+        replica.communicator().barrier();
+      } catch (const CommError&) {
+      }
       throw NumericError(
           NumericError::Where::kGradient, update.step, result.first_nonfinite,
           std::string("fit stopped (on_nonfinite = raise); ") +

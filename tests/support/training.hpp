@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <span>
 #include <string>
 #include <utility>
@@ -48,6 +49,43 @@ inline optimizer::Adam test_optimizer() {
 template <>
 inline optimizer::AdamW test_optimizer() {
   return optimizer::AdamW({.learning_rate = 3e-3, .weight_decay = 0.01});
+}
+
+// small_task_data() with one example poisoned: its first feature is NaN (the NaN tests of
+// on_nonfinite).
+struct PoisonedData {
+  const example::ClusterData* data = &small_task_data();
+  std::size_t poisoned = 0;
+
+  std::size_t size() const { return data->size(); }
+  example::Batch batch(std::span<const std::size_t> indices) const {
+    example::Batch batch = data->batch(indices);
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      if (indices[i] == poisoned) {
+        batch.inputs[i * batch.features] = std::numeric_limits<float>::quiet_NaN();
+      }
+    }
+    return batch;
+  }
+};
+
+// The steps of the first `epochs` epochs whose global batch holds example `index`, for a run with
+// this seed and global batch over small_task_data().
+inline std::vector<std::uint64_t> steps_with_example(std::size_t index, std::uint64_t seed,
+                                                     std::size_t global_batch,
+                                                     std::size_t micro_batches,
+                                                     std::uint64_t epochs) {
+  const sharding::Plan plan(small_task_data().size(), global_batch, micro_batches, 1);
+  std::vector<std::uint64_t> steps;
+  for (std::uint64_t epoch = 0; epoch < epochs; ++epoch) {
+    const std::vector<std::size_t> order = plan.epoch_order(seed, epoch);
+    for (std::size_t position = 0; position < plan.steps_per_epoch() * global_batch; ++position) {
+      if (order[position] == index) {
+        steps.push_back(epoch * plan.steps_per_epoch() + position / global_batch);
+      }
+    }
+  }
+  return steps;
 }
 
 // The bytes of a parameter vector: what the test programs write (write_parameters) and the tests
