@@ -4,6 +4,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -137,4 +139,108 @@ TEST_CASE("a worker killed mid-training makes every other worker exit non-zero n
     CHECK(log.find("rank 1") != std::string::npos);
   }
   CHECK(std::chrono::steady_clock::now() - start < 15s);
+}
+
+namespace {
+
+// Starts one worker process per entry of `extra` (the arguments after LOCAL_REPLICAS STEPS OUT),
+// by hand, each with its own log, and waits for all within 60 s.
+std::vector<std::pair<cohort::testing::Exit, std::string>> run_workers(
+    const TemporaryDirectory& directory, const std::string& local, const std::string& steps,
+    const std::vector<std::vector<std::string>>& extra) {
+  const std::string port = std::to_string(cohort::testing::free_port());
+  const std::string size = std::to_string(extra.size());
+  std::vector<std::unique_ptr<Process>> workers;
+  for (std::size_t rank = 0; rank < extra.size(); ++rank) {
+    std::vector<std::string> command{COHORT_TRAINER, local, steps,
+                                     directory.path / ("parameters-" + std::to_string(rank))};
+    command.insert(command.end(), extra[rank].begin(), extra[rank].end());
+    workers.push_back(std::make_unique<Process>(
+        command,
+        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
+                                           {"COHORT_WORLD_SIZE", size},
+                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                           {"COHORT_MASTER_PORT", port},
+                                           {"COHORT_JOB_ID", "settings-test"}},
+        directory.path / ("rank" + std::to_string(rank) + ".log")));
+  }
+  std::vector<std::pair<cohort::testing::Exit, std::string>> results;
+  for (std::size_t rank = 0; rank < extra.size(); ++rank) {
+    const auto exit = workers[rank]->wait(60s);
+    REQUIRE_MESSAGE(exit.has_value(), "worker " << rank << " still running after 60 s");
+    results.emplace_back(*exit, read_file(directory.path / ("rank" + std::to_string(rank) + ".log")));
+  }
+  return results;
+}
+
+// Mirrored in this process on the poisoned data under skip_step, as multi_worker_trainer trains.
+std::string mirrored_skipping(std::uint64_t steps, std::size_t replicas) {
+  cohort::Trainer trainer(cohort::testing::WithoutReadiness{cohort::testing::small_model()},
+                          cohort::strategy::Mirrored<>({.replicas = replicas}),
+                          cohort::optimizer::Adam({.learning_rate = 3e-3}),
+                          {.global_batch = 64,
+                           .micro_batches = 8,
+                           .seed = 11,
+                           .progress = cohort::Progress::kSilent,
+                           .on_nonfinite = cohort::NonFinite::kSkipStep});
+  const cohort::Report report =
+      trainer.fit(cohort::testing::PoisonedData{.poisoned = 5}, {.steps = steps});
+  CHECK(report.skipped_steps == 1);
+  return cohort::testing::bytes_of(cohort::testing::parameters_of(trainer.model()));
+}
+
+}  // namespace
+
+TEST_CASE("a NaN example under on_nonfinite = raise fails every worker process naming the step") {
+  TemporaryDirectory directory("cohort-multi-worker-nan-raise");
+  const std::uint64_t step = cohort::testing::steps_with_example(5, 11, 64, 8, 1).at(0);
+  const std::vector<std::string> poison{"--poison", "5"};
+  const auto results = run_workers(directory, "2", "31", {poison, poison});
+  for (const auto& [exit, log] : results) {
+    CAPTURE(log);
+    CHECK(exit.exited);
+    CHECK(exit.code == 1);
+    CHECK(log.find("error: a non-finite value (infinity or NaN) in the reduced gradient of step " +
+                   std::to_string(step) + ", first at index") != std::string::npos);
+    CHECK(log.find("on_nonfinite = raise") != std::string::npos);
+  }
+}
+
+TEST_CASE("a NaN example under on_nonfinite = skip_step is skipped by every worker, with "
+          "Mirrored's bits") {
+  TemporaryDirectory directory("cohort-multi-worker-nan-skip");
+  const std::vector<std::string> skip{"--poison", "5", "--on-nonfinite", "skip_step"};
+  const auto results = run_workers(directory, "2", "31", {skip, skip});
+  for (const auto& [exit, log] : results) {
+    CAPTURE(log);
+    CHECK(exit.exited);
+    CHECK(exit.code == 0);
+    CHECK(log.find("skipped 1") != std::string::npos);
+  }
+  CHECK(read_file(directory.path / "parameters-0") == mirrored_skipping(31, 4));
+}
+
+TEST_CASE("processes with different seeds, micro-batch counts or learning rates are refused "
+          "before the first step, every one naming both values") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--seed", "12"}, "seed is 11 on worker 0 (replica 0) but 12 on worker 1 (replica 1)"},
+      {{"--micro-batches", "4"},
+       "micro_batches is 8 on worker 0 (replica 0) but 4 on worker 1 (replica 1)"},
+      {{"--learning-rate", "0.01"},
+       "optimizer option learning_rate is 0.003 on worker 0 (replica 0) but 0.01 on worker 1 "
+       "(replica 1)"},
+  };
+  for (const auto& [different, expected] : cases) {
+    CAPTURE(expected);
+    TemporaryDirectory directory("cohort-multi-worker-settings");
+    const auto results = run_workers(directory, "1", "20", {{}, different});
+    for (const auto& [exit, log] : results) {
+      CAPTURE(log);
+      CHECK(exit.exited);
+      CHECK(exit.code == 1);
+      CHECK(log.find(expected) != std::string::npos);
+      CHECK(log.find("before the first step") != std::string::npos);
+    }
+    CHECK_FALSE(fs::exists(directory.path / "parameters-0"));
+  }
 }

@@ -143,8 +143,8 @@ class NumericError : public Error {
  private:
   static std::string describe(Where where, std::uint64_t step, std::size_t index,
                               const std::string& context) {
-    std::string message = std::string(name(where)) + " of step " + std::to_string(step) +
-                          " hold a non-finite value (infinity or NaN) at index " +
+    std::string message = "a non-finite value (infinity or NaN) in " + std::string(name(where)) +
+                          " of step " + std::to_string(step) + ", first at index " +
                           std::to_string(index);
     if (!context.empty()) message += ": " + context;
     return message;
