@@ -613,13 +613,7 @@ class Trainer {
       const strategy::StepResult result = replica.finish_step(update);
       if (result.first_nonfinite == strategy::StepResult::kFinite) return false;
       if (options_.on_nonfinite == NonFinite::kSkipStep) return true;
-      // Every replica decides alike. The barrier lets each finish this step (its collectives and
-      // its update) before the first error releases the others, so that they all hold the same
-      // state and every process raises this error rather than the release's.
-      try {
-        replica.communicator().barrier();
-      } catch (const CommError&) {
-      }
+      finish_together(replica);
       throw NumericError(
           NumericError::Where::kGradient, update.step, result.first_nonfinite,
           std::string("fit stopped (on_nonfinite = raise); ") +
@@ -632,6 +626,7 @@ class Trainer {
       const std::span<const value_type> parameters(update.parameters);
       if (const std::size_t first = Device::first_nonfinite(place, parameters);
           first != parameters.size()) {
+        finish_together(replica);
         throw NumericError(NumericError::Where::kParameters, update.step, first,
                            std::string("fit stopped (on_nonfinite = raise): under ") +
                                std::string(S::kName) +
@@ -639,6 +634,18 @@ class Trainer {
                                "parameters it receives; restore a checkpoint to go on");
       }
       return false;
+    }
+  }
+
+  // Before a NumericError that every replica raises alike: a barrier, so that each finishes this
+  // step (its collectives, its update, a parameter-server worker's pulls) before the first error
+  // releases the others or its process exits. Then they all hold the same state, and every
+  // process reports this error rather than the release's or a lost peer's.
+  template <class Replica>
+  static void finish_together(Replica& replica) {
+    try {
+      replica.communicator().barrier();
+    } catch (const CommError&) {
     }
   }
 

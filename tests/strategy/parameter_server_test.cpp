@@ -549,3 +549,66 @@ TEST_CASE("an unauthenticated client is refused and the job goes on") {
   CHECK(read_file(log("ps0")).find("pushes applied per worker [20, 20]") != std::string::npos);
   CHECK(fs::exists(out));
 }
+
+namespace {
+
+// Waits for every process of a job (60 s at most each); their exits and logs, workers first.
+std::vector<std::pair<cohort::testing::Exit, std::string>> finish(Job& job) {
+  std::vector<std::pair<cohort::testing::Exit, std::string>> results;
+  for (bool server : {false, true}) {
+    auto& processes = server ? job.servers : job.workers;
+    for (std::size_t i = 0; i < processes.size(); ++i) {
+      const auto exit = processes[i]->wait(60s);
+      REQUIRE_MESSAGE(exit.has_value(), (server ? "server " : "worker ") << i << " still running");
+      results.emplace_back(*exit, read_file(job.log(server, static_cast<int>(i))));
+    }
+  }
+  return results;
+}
+
+}  // namespace
+
+TEST_CASE("a NaN example under on_nonfinite = raise fails every worker naming the step") {
+  TemporaryDirectory directory("cohort-ps-nan");
+  const std::uint64_t step = cohort::testing::steps_with_example(5, 11, 64, 8, 1).at(0);
+  Job job(2, 2, {"sync", "31", directory.path / "out.bin", "--poison", "5"}, directory.path);
+  const auto results = finish(job);
+  for (std::size_t worker = 0; worker < 2; ++worker) {
+    const auto& [exit, log] = results[worker];
+    CAPTURE(log);
+    CHECK(exit.exited);
+    CHECK(exit.code == 1);
+    // The servers apply the reduced gradient: the workers check the parameters they pull.
+    CHECK(log.find("a non-finite value (infinity or NaN) in the parameters of step " +
+                   std::to_string(step) + ", first at index") != std::string::npos);
+  }
+  for (std::size_t server = 2; server < 4; ++server) CHECK(results[server].first.code != 0);
+  CHECK_FALSE(fs::exists(directory.path / "out.bin"));
+}
+
+TEST_CASE("on_nonfinite = skip_step is refused on every process of a parameter-server job") {
+  TemporaryDirectory directory("cohort-ps-skip");
+  Job job(1, 1, {"sync", "5", directory.path / "out.bin", "--on-nonfinite", "skip_step"},
+          directory.path);
+  for (const auto& [exit, log] : finish(job)) {
+    CAPTURE(log);
+    CHECK(exit.code == 1);
+    CHECK(log.find("on_nonfinite = skip_step: is not available under parameter_server") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("sync workers with different seeds are refused before the first step naming both") {
+  TemporaryDirectory directory("cohort-ps-settings");
+  Job job(2, 1, {"sync", "5", directory.path / "out.bin", "--seed-of", "1", "12"},
+          directory.path);
+  const auto results = finish(job);
+  for (std::size_t worker = 0; worker < 2; ++worker) {
+    const auto& [exit, log] = results[worker];
+    CAPTURE(log);
+    CHECK(exit.code == 1);
+    CHECK(log.find("seed is 11 on worker 0 (replica 0) but 12 on worker 1 (replica 1)") !=
+          std::string::npos);
+  }
+  CHECK(results[2].first.code != 0);  // the server: the chief never sent the parameters
+}

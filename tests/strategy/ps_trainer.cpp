@@ -5,7 +5,8 @@
 //   ps_trainer sync|async|bounded2 STEPS OUT [--slow-worker W --sleep-ms N] [--log-pushes]
 //              [--segment K --checkpoint FILE] [--restore FILE] [--bad-requests]
 //              [--backup-workers B] [--clip NORM] [--alignment A] [--local-replicas L]
-//              [--eigen THREADS]
+//              [--eigen THREADS] [--poison INDEX] [--on-nonfinite skip_step]
+//              [--seed-of W S]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
 // --segment K        fit K steps at a time; the chief saves FILE after each
@@ -20,11 +21,15 @@
 // --alignment A      the layout's alignment instead (a wrong one for --clip, say)
 // --eigen THREADS    the examples' Eigen MLP on THREADS threads per replica (eigen_training.hpp)
 //                    instead of the plain-loop Mlp
+// --poison INDEX     example INDEX has a NaN feature (as PoisonedData)
+// --on-nonfinite P   the Trainer's on_nonfinite: raise (default) or skip_step
+// --seed-of W S      worker W trains with seed S instead of 11 (the settings check)
 // Otherwise the layout is forced small (16-element alignment, no minimum shard, 256-byte chunks),
 // so that the small model spreads over every server in several chunks.
 #include <chrono>
 #include <cohort/strategy/parameter_server.hpp>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,15 +57,21 @@ struct Settings {
   std::size_t local_replicas = 1;
   std::size_t alignment = 0;  // 0: the default of the layout above
   std::size_t eigen_threads = 0;  // 0: the plain-loop Mlp
+  std::optional<std::size_t> poison;
+  cohort::NonFinite on_nonfinite = cohort::NonFinite::kRaise;
+  int seed_worker = -1;
+  std::uint64_t seed_of_worker = 11;
 };
 
-// The test data, slowed down on one worker.
+// The test data, slowed down on one worker, or with one example poisoned.
 struct Data {
   const example::ClusterData* data;
   int sleep_ms = 0;
+  std::optional<std::size_t> poison;
   std::size_t size() const { return data->size(); }
   auto batch(std::span<const std::size_t> indices) const {
     if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    if (poison) return cohort::testing::PoisonedData{.data = data, .poisoned = *poison}.batch(indices);
     return data->batch(indices);
   }
 };
@@ -157,10 +168,13 @@ int train(const Settings& settings, const Model& model) {
   cohort::Trainer trainer(
       model, std::move(strategy),
       cohort::optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = settings.clip}),
-      {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+      {.global_batch = 64,
+       .seed = worker == settings.seed_worker ? settings.seed_of_worker : 11,
+       .progress = cohort::Progress::kSilent,
+       .on_nonfinite = settings.on_nonfinite});
   if (!settings.restore.empty()) trainer.restore(settings.restore);
   const Data data{&cohort::testing::small_task_data(),
-                  worker == settings.slow_worker ? settings.sleep_ms : 0};
+                  worker == settings.slow_worker ? settings.sleep_ms : 0, settings.poison};
   const std::uint64_t segment = settings.segment == 0 ? settings.steps : settings.segment;
   // Every process, servers included, fits the same segments (a server's step stays put).
   for (std::uint64_t at = trainer.step(); at < settings.steps;) {
@@ -222,6 +236,15 @@ int main(int argc, char** argv) {
       settings.local_replicas = std::stoul(next());
     else if (flag == "--eigen")
       settings.eigen_threads = std::stoul(next());
+    else if (flag == "--poison")
+      settings.poison = std::stoul(next());
+    else if (flag == "--on-nonfinite")
+      settings.on_nonfinite =
+          next() == "skip_step" ? cohort::NonFinite::kSkipStep : cohort::NonFinite::kRaise;
+    else if (flag == "--seed-of") {
+      settings.seed_worker = std::stoi(next());
+      settings.seed_of_worker = std::stoull(next());
+    }
     else {
       std::fprintf(stderr, "ps_trainer: unknown option %s\n", flag.c_str());
       return 64;

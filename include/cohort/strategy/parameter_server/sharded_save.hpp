@@ -5,7 +5,8 @@
 //             names this save's shard files), waits for every SaveReport, then writes the
 //             manifest `file` last, listing the shard files with their ranges and checksums.
 //   server    save_shard: waits for the order, writes the shard it holds beside `file`
-//             (atomically: checkpoint::write), and reports its checksum, or why it could not.
+//             (atomically: checkpoint::write), and reports its checksum, or why it could not
+//             (a shard with an infinity or NaN is never written: it reports where the first is).
 //   others    nothing.
 //
 // Every server is ordered and answers, also one beyond the shard count (it writes nothing), so
@@ -26,6 +27,7 @@
 
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/device/cpu.hpp"
 #include "cohort/strategy/parameter_server/protocol.hpp"
 #include "cohort/transport/transport.hpp"
 
@@ -128,6 +130,22 @@ void save_manifest(Tr& transport, int workers, const Layout& layout,
   checkpoint::write(file, manifest);
 }
 
+// Where a shard holds its first infinity or NaN ("a non-finite parameter at element E"), or "".
+template <class T>
+std::string nonfinite_in(const checkpoint::ShardState<T>& shard) {
+  const std::span<const T> parameters(shard.parameters);
+  if (const std::size_t first = device::cpu::first_nonfinite(parameters);
+      first != parameters.size()) {
+    return "a non-finite parameter at element " + std::to_string(shard.begin + first);
+  }
+  const std::span<const T> state(shard.optimizer_state);
+  if (const std::size_t first = device::cpu::first_nonfinite(state); first != state.size()) {
+    return "a non-finite optimizer state value at index " + std::to_string(first) +
+           " of its shard";
+  }
+  return "";
+}
+
 // A server's half: `held` is its shard (null: it holds none of this element type), `holding`
 // the number of servers holding a shard of that model (holders of its layout). The chief is
 // rank 0. Throws CheckpointError after reporting a failure.
@@ -143,6 +161,10 @@ void save_shard(Tr& transport, int server, const checkpoint::ShardState<T>* held
   if (held == nullptr) {
     failure = "checkpoint " + file.string() + ": parameter server " + std::to_string(server) +
               " holds no shard to save: call Trainer::save after a fit or a restore";
+  } else if (const std::string values = nonfinite_in(*held); !values.empty()) {
+    // A state with infinities or NaN is never saved (Trainer::save refuses it alike).
+    failure = "checkpoint " + file.string() + ": parameter server " + std::to_string(server) +
+              " holds " + values + ": not written";
   } else if (held->begin != held->end) {
     checkpoint::ShardState<T> shard = *held;
     shard.step = order.step;
