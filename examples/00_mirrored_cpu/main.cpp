@@ -13,9 +13,14 @@
 int main(int argc, char** argv) {
   example::DemoSettings settings;
   std::vector<std::size_t> replica_counts{1, 2, 4};
+  std::string on_nonfinite = "raise";
   CLI::App app{"Mirrored data-parallel training of an MLP on host replicas"};
   app.add_option("--replicas", replica_counts, "replica counts to train with, in turn")
       ->expected(1, 16);
+  app.add_option("--on-nonfinite", on_nonfinite,
+                 "a step whose gradient holds an infinity or NaN: raise (stop with an error) or "
+                 "skip_step")
+      ->check(CLI::IsMember({"raise", "skip_step"}));
   example::add_demo_options(app, settings);
   example::add_threads_option(app, settings);
   CLI11_PARSE(app, argc, argv);
@@ -26,15 +31,17 @@ int main(int argc, char** argv) {
 
     // One training run: the model, the strategy, the optimizer and the schedule.
     const auto train = [&](const std::vector<std::size_t>& layers, std::size_t replicas) {
-      cohort::Trainer trainer(example::EigenMlp(layers, settings.seed, settings.threads),
-                              cohort::strategy::Mirrored<>({.replicas = replicas}),
-                              cohort::optimizer::Adam({.learning_rate = settings.learning_rate}),
-                              {.global_batch = settings.batch,
-                               .micro_batches = settings.micro_batches,
-                               .seed = settings.seed,
-                               .log_every = 100,
-                               .progress = settings.quiet ? cohort::Progress::kSilent
-                                                          : cohort::Progress::kAuto});
+      cohort::Trainer trainer(
+          example::EigenMlp(layers, settings.seed, settings.threads),
+          cohort::strategy::Mirrored<>({.replicas = replicas}),
+          cohort::optimizer::Adam({.learning_rate = settings.learning_rate}),
+          {.global_batch = settings.batch,
+           .micro_batches = settings.micro_batches,
+           .seed = settings.seed,
+           .log_every = 100,
+           .progress = settings.quiet ? cohort::Progress::kSilent : cohort::Progress::kAuto,
+           .on_nonfinite = on_nonfinite == "skip_step" ? cohort::NonFinite::kSkipStep
+                                                       : cohort::NonFinite::kRaise});
       const cohort::Report report = trainer.fit(data.train, {.epochs = settings.epochs});
       return example::evaluate(trainer.model(), data, report.examples_per_second);
     };

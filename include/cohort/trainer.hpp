@@ -42,6 +42,39 @@
 //   progress       Progress::kAuto, kLines or kSilent
 //   trace          a directory for this process's timeline (Chrome trace JSON, core/trace.hpp),
 //                  written at the end of every fit, also of a failed one; or COHORT_TRACE
+//   on_nonfinite   what a step whose reduced gradient holds an infinity or NaN does:
+//                  NonFinite::kRaise (the default) or NonFinite::kSkipStep (below)
+//
+// Non-finite gradients. Every step checks its reduced gradient, which every replica holds alike,
+// so that every replica of every process decides the same way with no message between them. The
+// check rides on a pass that reads the gradient anyway: the optimizer's update under kRaise, or
+// the norm when clipping (max_gradient_norm > 0); only kSkipStep without clipping reads the
+// gradient once more, before the update (docs/benchmarks.md has the cost).
+//   kRaise      fit throws NumericError (core/error.hpp) on every process, after every replica
+//               has finished the step: step() and index() name the step and the first non-finite
+//               element of the reduced gradient. Without clipping the update was applied with the
+//               check, so the replicas hold non-finite parameters: restore a checkpoint.
+//   kSkipStep   every replica leaves its parameters and optimizer state as they were; the step
+//               still counts (the data order, Adam's bias correction), and Report::skipped_steps
+//               counts it.
+// Under ParameterServer the servers hold the reduced gradient, each a shard of it: there every
+// worker checks the parameters it pulls after each step instead (NumericError with where() ==
+// kParameters; under Sync every worker pulls the same ones), and kSkipStep, which would need the
+// servers to agree before they apply a step, is refused with a ConfigError on every process.
+// save() never writes a state holding an infinity or NaN: NumericError naming the first (a
+// parameter server's shard: its server reports the element, and the chief's save throws
+// CheckpointError).
+//
+// One job, one set of settings. Before the first step of every fit, every replica of every process
+// compares (core/settings.hpp; one all-reduce of two doubles per field when all agree): seed,
+// global_batch, micro_batches, on_nonfinite, the optimizer's name and each of its options, the
+// parameter count, the value type, the data-set size, the strategy and its device, replicas,
+// local_replicas and the run's step (processes restored from different checkpoints). A difference
+// is a ConfigError on every process, before anything else travels, that names the field and both
+// values with a process holding each: "micro_batches is 8 on worker 0 (replica 0) but 4 on worker 1
+// (replica 2)". Under ParameterServer, Sync workers compare among themselves; the servers (which
+// take their state from the chief) and Async or BoundedStaleness workers (whose collectives never
+// leave their process) do not.
 //
 // fit(data, until) trains until the run (counted since it began, restored checkpoints included)
 // has done until.steps steps or until.epochs epochs, whichever comes first of those given, and
@@ -235,7 +268,8 @@ class Trainer {
   }
 
   void start(const M& model) {
-    if (options_.on_nonfinite != NonFinite::kRaise && options_.on_nonfinite != NonFinite::kSkipStep) {
+    if (options_.on_nonfinite != NonFinite::kRaise &&
+        options_.on_nonfinite != NonFinite::kSkipStep) {
       options::reject("on_nonfinite", static_cast<int>(options_.on_nonfinite),
                       "must be NonFinite::kRaise or NonFinite::kSkipStep");
     }
@@ -556,7 +590,7 @@ class Trainer {
         replica.gradients_ready(update, 0, update.gradient_sum.size());
       }
       const auto synchronization_start = Clock::now();
-      if (finish_step(replica, update, place) && local == 0) ++report.skipped_steps;
+      if (finish_and_check(replica, update, place) && local == 0) ++report.skipped_steps;
       window_losses.push_back(loss_fold.result());
       const auto step_end = Clock::now();
       window_times.push_back(
@@ -608,7 +642,8 @@ class Trainer {
   // is finite, true for one that every replica skipped (NonFinite::kSkipStep); a NumericError for
   // one that raises. Where the strategy checks no gradient, the step's parameters are checked.
   template <class Replica>
-  bool finish_step(Replica& replica, strategy::Update<value_type, O>& update, const Place& place) {
+  bool finish_and_check(Replica& replica, strategy::Update<value_type, O>& update,
+                        const Place& place) {
     if constexpr (checks_gradient()) {
       const strategy::StepResult result = replica.finish_step(update);
       if (result.first_nonfinite == strategy::StepResult::kFinite) return false;

@@ -22,11 +22,11 @@ std::vector<std::string> exchange(int participants, Fields&& fields) {
     threads.emplace_back([&, rank] {
       auto communicator = group.communicator(rank);
       try {
-        cohort::settings::require_same(
-            fields(rank), "participant " + std::to_string(rank), static_cast<std::size_t>(rank),
-            [&](std::span<double> values) {
-              communicator.all_reduce(values, cohort::ReduceOp::kMax);
-            });
+        cohort::settings::require_same(fields(rank), "participant " + std::to_string(rank),
+                                       static_cast<std::size_t>(rank),
+                                       [&](std::span<double> values) {
+                                         communicator.all_reduce(values, cohort::ReduceOp::kMax);
+                                       });
       } catch (const cohort::ConfigError& error) {
         thrown[static_cast<std::size_t>(rank)] = error.what();
       }
@@ -49,9 +49,8 @@ TEST_CASE("settings that agree pass on every participant") {
 
 TEST_CASE("a setting that differs is refused on every participant, naming it and both values") {
   const auto thrown = exchange(3, [](int rank) {
-    return cohort::settings::Fields{{"seed", "11"},
-                                    {"micro_batches", rank == 2 ? "4" : "8"},
-                                    {"global_batch", "64"}};
+    return cohort::settings::Fields{
+        {"seed", "11"}, {"micro_batches", rank == 2 ? "4" : "8"}, {"global_batch", "64"}};
   });
   for (const auto& what : thrown) {
     CAPTURE(what);
@@ -63,9 +62,9 @@ TEST_CASE("a setting that differs is refused on every participant, naming it and
 
 TEST_CASE("a list of options names the first option that differs") {
   const auto thrown = exchange(2, [](int rank) {
-    return cohort::settings::Fields{
-        {"optimizer option", rank == 0 ? "learning_rate=0.003 beta1=0.9"
-                                       : "learning_rate=0.01 beta1=0.9"}};
+    return cohort::settings::Fields{{"optimizer option", rank == 0
+                                                             ? "learning_rate=0.003 beta1=0.9"
+                                                             : "learning_rate=0.01 beta1=0.9"}};
   });
   for (const auto& what : thrown) {
     CAPTURE(what);

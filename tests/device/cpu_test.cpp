@@ -1,10 +1,10 @@
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cohort/device/cpu.hpp>
 #include <cohort/optimizer/adam.hpp>
 #include <cohort/optimizer/momentum.hpp>
 #include <cohort/optimizer/sgd.hpp>
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -125,8 +125,8 @@ TEST_CASE("device::Cpu, the step's device interface, computes what the cpu:: loo
 }
 
 TEST_CASE("first_nonfinite finds the first infinity or NaN at any position, or returns the size") {
-  for (const std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4099},
-                                   std::size_t{1} << 20}) {
+  for (const std::size_t length :
+       {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4099}, std::size_t{1} << 20}) {
     CAPTURE(length);
     std::vector<float> x(length, 1.5f);
     CHECK(cpu::first_nonfinite<float>(x) == length);
@@ -134,9 +134,9 @@ TEST_CASE("first_nonfinite finds the first infinity or NaN at any position, or r
     for (const std::size_t at : {std::size_t{0}, length / 2, cpu::kReduceBlock - 1, length - 1}) {
       if (at >= length) continue;
       CAPTURE(at);
-      for (const float bad : {std::numeric_limits<float>::infinity(),
-                              -std::numeric_limits<float>::infinity(),
-                              std::numeric_limits<float>::quiet_NaN()}) {
+      for (const float bad :
+           {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+            std::numeric_limits<float>::quiet_NaN()}) {
         std::vector<float> y = x;
         y[at] = bad;
         if (at + 1 < length) y[length - 1] = bad;  // a later one does not hide the first
@@ -150,10 +150,11 @@ TEST_CASE("first_nonfinite finds the first infinity or NaN at any position, or r
   CHECK(cpu::first_nonfinite<double>(d) == 4);
 }
 
-TEST_CASE_TEMPLATE("step_finite applies the optimizer's step with its bits and says whether the "
-                   "gradient was finite",
-                   O, cohort::optimizer::Sgd, cohort::optimizer::Momentum, cohort::optimizer::Adam,
-                   cohort::optimizer::AdamW) {
+TEST_CASE_TEMPLATE(
+    "step_finite applies the optimizer's step with its bits and says whether the "
+    "gradient was finite",
+    O, cohort::optimizer::Sgd, cohort::optimizer::Momentum, cohort::optimizer::Adam,
+    cohort::optimizer::AdamW) {
   const O optimizer({.learning_rate = 0.01});
   const std::size_t n = 4099;
   std::mt19937 engine(5);

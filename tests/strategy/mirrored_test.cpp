@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
-#include <type_traits>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 #include "error_message.hpp"
 #include "processes.hpp"
@@ -262,9 +262,10 @@ TEST_CASE_TEMPLATE("a NaN example under on_nonfinite = raise stops fit naming th
   }
 }
 
-TEST_CASE_TEMPLATE("a NaN example under on_nonfinite = skip_step is skipped by every replica, with "
-                   "the same bits on 1, 2 and 4 replicas",
-                   Optimizer, cohort::optimizer::Sgd, cohort::optimizer::Adam) {
+TEST_CASE_TEMPLATE(
+    "a NaN example under on_nonfinite = skip_step is skipped by every replica, with "
+    "the same bits on 1, 2 and 4 replicas",
+    Optimizer, cohort::optimizer::Sgd, cohort::optimizer::Adam) {
   const std::vector<std::uint64_t> poisoned = cohort::testing::steps_with_example(5, 11, 64, 8, 2);
   REQUIRE(poisoned.size() == 2);
   std::vector<float> reference;

@@ -168,7 +168,8 @@ std::vector<std::pair<cohort::testing::Exit, std::string>> run_workers(
   for (std::size_t rank = 0; rank < extra.size(); ++rank) {
     const auto exit = workers[rank]->wait(60s);
     REQUIRE_MESSAGE(exit.has_value(), "worker " << rank << " still running after 60 s");
-    results.emplace_back(*exit, read_file(directory.path / ("rank" + std::to_string(rank) + ".log")));
+    results.emplace_back(*exit,
+                         read_file(directory.path / ("rank" + std::to_string(rank) + ".log")));
   }
   return results;
 }
@@ -206,8 +207,9 @@ TEST_CASE("a NaN example under on_nonfinite = raise fails every worker process n
   }
 }
 
-TEST_CASE("a NaN example under on_nonfinite = skip_step is skipped by every worker, with "
-          "Mirrored's bits") {
+TEST_CASE(
+    "a NaN example under on_nonfinite = skip_step is skipped by every worker, bit for bit "
+    "as Mirrored") {
   TemporaryDirectory directory("cohort-multi-worker-nan-skip");
   const std::vector<std::string> skip{"--poison", "5", "--on-nonfinite", "skip_step"};
   const auto results = run_workers(directory, "2", "31", {skip, skip});
@@ -220,8 +222,9 @@ TEST_CASE("a NaN example under on_nonfinite = skip_step is skipped by every work
   CHECK(read_file(directory.path / "parameters-0") == mirrored_skipping(31, 4));
 }
 
-TEST_CASE("processes with different seeds, micro-batch counts or learning rates are refused "
-          "before the first step, every one naming both values") {
+TEST_CASE(
+    "processes given different seeds, micro-batches or learning rates are refused before "
+    "the first step, every one naming both values") {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--seed", "12"}, "seed is 11 on worker 0 (replica 0) but 12 on worker 1 (replica 1)"},
       {{"--micro-batches", "4"},

@@ -600,8 +600,7 @@ TEST_CASE("on_nonfinite = skip_step is refused on every process of a parameter-s
 
 TEST_CASE("sync workers with different seeds are refused before the first step naming both") {
   TemporaryDirectory directory("cohort-ps-settings");
-  Job job(2, 1, {"sync", "5", directory.path / "out.bin", "--seed-of", "1", "12"},
-          directory.path);
+  Job job(2, 1, {"sync", "5", directory.path / "out.bin", "--seed-of", "1", "12"}, directory.path);
   const auto results = finish(job);
   for (std::size_t worker = 0; worker < 2; ++worker) {
     const auto& [exit, log] = results[worker];

@@ -71,7 +71,9 @@ struct Data {
   std::size_t size() const { return data->size(); }
   auto batch(std::span<const std::size_t> indices) const {
     if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
-    if (poison) return cohort::testing::PoisonedData{.data = data, .poisoned = *poison}.batch(indices);
+    if (poison) {
+      return cohort::testing::PoisonedData{.data = data, .poisoned = *poison}.batch(indices);
+    }
     return data->batch(indices);
   }
 };
@@ -244,8 +246,7 @@ int main(int argc, char** argv) {
     else if (flag == "--seed-of") {
       settings.seed_worker = std::stoi(next());
       settings.seed_of_worker = std::stoull(next());
-    }
-    else {
+    } else {
       std::fprintf(stderr, "ps_trainer: unknown option %s\n", flag.c_str());
       return 64;
     }

@@ -149,15 +149,14 @@ void require_same(const Fields& mine, std::string_view who, std::size_t index,
   // The lower-indexed participant first.
   const std::size_t first = -writers[0] <= -writers[1] ? 0 : 1;
   const std::size_t second = 1 - first;
-  const detail::Difference differs =
-      detail::difference(mine[field].name, text(first, 0, kValueChars),
-                         text(second, 0, kValueChars));
-  throw ConfigError("the processes of this job run with different settings, refused before the "
-                    "first step: " +
-                    differs.name + " is " + differs.left + " on " +
-                    text(first, kValueChars, kWhoChars) + " but " + differs.right + " on " +
-                    text(second, kValueChars, kWhoChars) +
-                    "; every process of a job must be given the same settings");
+  const detail::Difference differs = detail::difference(
+      mine[field].name, text(first, 0, kValueChars), text(second, 0, kValueChars));
+  throw ConfigError(
+      "the processes of this job run with different settings, refused before the "
+      "first step: " +
+      differs.name + " is " + differs.left + " on " + text(first, kValueChars, kWhoChars) +
+      " but " + differs.right + " on " + text(second, kValueChars, kWhoChars) +
+      "; every process of a job must be given the same settings");
 }
 
 }  // namespace cohort::settings

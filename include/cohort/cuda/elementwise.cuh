@@ -1,5 +1,5 @@
-// scale, axpy, combine_into, flag_nonfinite and first_nonfinite, the elementwise kernels of device/cpu.hpp, and
-// cast between float and the other floating-point types.
+// scale, axpy, combine_into, flag_nonfinite and first_nonfinite, the elementwise kernels of
+// device/cpu.hpp, and cast between float and the other floating-point types.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -136,7 +136,7 @@ template <class T>
 void first_nonfinite(const T* x, std::size_t n, unsigned long long* first, cudaStream_t stream) {
   if (n == 0) return;
   detail::first_nonfinite_kernel<<<detail::blocks_for(n), detail::kThreads, 0, stream>>>(x, n,
-                                                                                        first);
+                                                                                         first);
   device::cuda::check_launch("cohort::cuda::first_nonfinite");
 }
 

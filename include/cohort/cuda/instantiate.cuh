@@ -30,8 +30,8 @@ using AdamWRuleOf = optimizer::AdamRule<P, optimizer::WeightDecay::kDecoupled>;
                                              std::size_t, cudaStream_t);                      \
   template void cohort::cuda::sum_of_squares<T>(const T*, std::size_t, double*, double*,      \
                                                 cudaStream_t);                                \
-  template void cohort::cuda::flag_nonfinite<T>(const T*, std::size_t, int*, cudaStream_t);     \
-  template void cohort::cuda::first_nonfinite<T>(const T*, std::size_t, unsigned long long*,   \
+  template void cohort::cuda::flag_nonfinite<T>(const T*, std::size_t, int*, cudaStream_t);   \
+  template void cohort::cuda::first_nonfinite<T>(const T*, std::size_t, unsigned long long*,  \
                                                  cudaStream_t);
 
 #define COHORT_CUDA_INSTANTIATE_UPDATE(Rule, P, G)                                                 \

@@ -148,19 +148,30 @@ bool all_finite(std::span<const T> x) {
   return std::all_of(x.begin(), x.end(), [](T value) { return std::isfinite(value); });
 }
 
-// Whether value is an infinity or NaN, as a test of its exponent bits for float and double, which
-// compilers vectorize inside a loop (std::isfinite they often do not).
+// An unsigned integer as wide as T whose top bit is set exactly when value is an infinity or NaN:
+// the exponent bits plus one in their lowest place carry into the top bit only when they are all
+// ones. OR-ed over a loop it is a test that compilers vectorize beside the loop's arithmetic, in
+// lanes as wide as T's (a bool reduction, or std::isfinite, kept GCC 12's loops scalar).
+template <class T>
+inline auto nonfinite_mark(T value) {
+  if constexpr (std::is_same_v<T, float>) {
+    return (std::bit_cast<std::uint32_t>(value) & 0x7f80'0000u) + 0x0080'0000u;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return (std::bit_cast<std::uint64_t>(value) & 0x7ff0'0000'0000'0000u) +
+           0x0010'0000'0000'0000u;
+  } else {
+    return std::isfinite(static_cast<double>(value)) ? std::uint32_t{0} : std::uint32_t{1} << 31;
+  }
+}
+
+// The bit of nonfinite_mark<T> that says "infinity or NaN".
+template <class T>
+inline constexpr auto kNonfiniteBit = decltype(nonfinite_mark(T{})){1}
+                                      << (8 * sizeof(decltype(nonfinite_mark(T{}))) - 1);
+
 template <class T>
 inline bool non_finite(T value) {
-  if constexpr (std::is_same_v<T, float>) {
-    constexpr std::uint32_t kExponent = 0x7f80'0000u;
-    return (std::bit_cast<std::uint32_t>(value) & kExponent) == kExponent;
-  } else if constexpr (std::is_same_v<T, double>) {
-    constexpr std::uint64_t kExponent = 0x7ff0'0000'0000'0000u;
-    return (std::bit_cast<std::uint64_t>(value) & kExponent) == kExponent;
-  } else {
-    return !std::isfinite(static_cast<double>(value));
-  }
+  return (nonfinite_mark(value) & kNonfiniteBit<T>) != 0;
 }
 
 // The index of the first infinity or NaN in x, or x.size() when every element is finite. Reads x
@@ -169,9 +180,9 @@ template <class T>
 std::size_t first_nonfinite(std::span<const T> x) {
   for (std::size_t begin = 0; begin < x.size(); begin += kReduceBlock) {
     const std::size_t end = std::min(x.size(), begin + kReduceBlock);
-    bool found = false;
-    for (std::size_t i = begin; i < end; ++i) found |= non_finite(x[i]);
-    if (!found) continue;
+    decltype(nonfinite_mark(T{})) marks = 0;
+    for (std::size_t i = begin; i < end; ++i) marks |= nonfinite_mark(x[i]);
+    if ((marks & kNonfiniteBit<T>) == 0) continue;
     for (std::size_t i = begin; i < end; ++i) {
       if (non_finite(x[i])) return i;
     }
@@ -194,27 +205,27 @@ bool step_finite(const O& o, std::span<T> parameters, std::span<const T> gradien
     const std::size_t n = parameters.size();
     T* const p = parameters.data();
     const T* const g = gradients.data();
-    bool found = false;
+    decltype(nonfinite_mark(T{})) marks = 0;
     if constexpr (O::kStateSlots == 0) {
       for (std::size_t i = 0; i < n; ++i) {
-        found |= non_finite(g[i]);
+        marks |= nonfinite_mark(g[i]);
         rule(p[i], g[i]);
       }
     } else if constexpr (O::kStateSlots == 1) {
       T* const s0 = state.data();
       for (std::size_t i = 0; i < n; ++i) {
-        found |= non_finite(g[i]);
+        marks |= nonfinite_mark(g[i]);
         rule(p[i], g[i], s0[i]);
       }
     } else {
       T* const s0 = state.data();
       T* const s1 = state.data() + n;
       for (std::size_t i = 0; i < n; ++i) {
-        found |= non_finite(g[i]);
+        marks |= nonfinite_mark(g[i]);
         rule(p[i], g[i], s0[i], s1[i]);
       }
     }
-    return !found;
+    return (marks & kNonfiniteBit<T>) == 0;
   } else {
     o.step(parameters, gradients, state, context);
     return first_nonfinite(gradients) == gradients.size();

@@ -407,8 +407,8 @@ struct Cuda {
       COHORT_CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0, sizeof(int), place.stream));
       ::cohort::cuda::step(o, parameters.data(), gradients.data(), state.data(), parameters.size(),
                            context, place.stream, scratch.data());
-      COHORT_CUDA_CHECK(
-          cudaMemcpyAsync(&flag, scratch.data(), sizeof(int), cudaMemcpyDeviceToHost, place.stream));
+      COHORT_CUDA_CHECK(cudaMemcpyAsync(&flag, scratch.data(), sizeof(int), cudaMemcpyDeviceToHost,
+                                        place.stream));
       COHORT_CUDA_CHECK(cudaStreamSynchronize(place.stream));
     }
     return flag == 0;

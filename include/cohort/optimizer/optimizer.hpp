@@ -24,10 +24,10 @@
 // the same bits as the whole vector.
 #pragma once
 
+#include <charconv>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
-#include <charconv>
 #include <cstdint>
 #include <span>
 #include <string>

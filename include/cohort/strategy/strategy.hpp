@@ -93,7 +93,8 @@ struct Update {
   std::span<T> optimizer_state;  // this replica's (kStateSlots x parameters values)
   std::uint64_t step = 0;        // the step's index in the run, from 0
   double inverse_batch = 1.0;    // 1 / global batch
-  NonFinite on_nonfinite = NonFinite::kRaise;  // Trainer::Options::on_nonfinite
+  // Trainer::Options::on_nonfinite: what finish_step does with a non-finite reduced gradient.
+  NonFinite on_nonfinite = NonFinite::kRaise;
 };
 
 // What finish_step found in the step's reduced gradient.

@@ -140,8 +140,7 @@ std::string nonfinite_in(const checkpoint::ShardState<T>& shard) {
   }
   const std::span<const T> state(shard.optimizer_state);
   if (const std::size_t first = device::cpu::first_nonfinite(state); first != state.size()) {
-    return "a non-finite optimizer state value at index " + std::to_string(first) +
-           " of its shard";
+    return "a non-finite optimizer state value at index " + std::to_string(first) + " of its shard";
   }
   return "";
 }
