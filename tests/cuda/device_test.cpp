@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -98,6 +99,41 @@ TEST_CASE("device::Cuda's add_into, sum_of_squares and step equal device::Cpu's 
     }
     CHECK(same_bits(host_copy(place, d_parameters), parameters));
     CHECK(same_bits(host_copy(place, d_state), state));
+  }
+}
+
+TEST_CASE("device::Cuda's step_finite and first_nonfinite decide as device::Cpu's, with its bits" *
+          gpu_only()) {
+  const cohort::device::cuda::Stream stream(0);
+  const auto place = stream.place();
+  const Cpu::Place host{};
+  const cohort::optimizer::Adam adam({.learning_rate = 1e-3});
+  const cohort::optimizer::StepContext context{.step = 1, .gradient_scale = 0.125};
+  for (std::size_t n : cohort::test::odd_lengths()) {
+    CAPTURE(n);
+    for (const bool poisoned : {false, true}) {
+      std::vector<float> gradient = random_floats(n, 40 + n);
+      if (poisoned && n > 0) gradient[n / 2] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> parameters = random_floats(n, 50 + n);
+      std::vector<float> state(cohort::optimizer::Adam::kStateSlots * n, 0.0f);
+      Cuda::Buffer<float> d_gradient(n, place), d_parameters(n, place),
+          d_state(state.size(), place);
+      Cuda::from_host(place, std::span<const float>(gradient), d_gradient.span());
+      Cuda::from_host(place, std::span<const float>(parameters), d_parameters.span());
+
+      const std::span<const float> d_in(d_gradient.span());
+      CHECK(Cuda::first_nonfinite(place, d_in) ==
+            Cpu::first_nonfinite(host, std::span<const float>(gradient)));
+      const bool cpu_finite =
+          Cpu::step_finite(host, adam, std::span<float>(parameters),
+                           std::span<const float>(gradient), std::span<float>(state), context);
+      const bool gpu_finite =
+          Cuda::step_finite(place, adam, d_parameters.span(), d_in, d_state.span(), context);
+      CHECK(cpu_finite == !(poisoned && n > 0));
+      CHECK(gpu_finite == cpu_finite);
+      CHECK(same_bits(host_copy(place, d_parameters), parameters));
+      CHECK(same_bits(host_copy(place, d_state), state));
+    }
   }
 }
 

@@ -212,6 +212,34 @@ void check_flag_nonfinite() {
   }
 }
 
+// first_nonfinite: the least index of an infinity or NaN, as device::cpu::first_nonfinite, with
+// the slot left as it was (all ones) when there is none.
+template <class T>
+void check_first_nonfinite() {
+  for (std::size_t n : odd_lengths()) {
+    CAPTURE(n);
+    if (n == 0) continue;
+    for (std::size_t at : {std::size_t{0}, n / 3, n - 1}) {
+      std::vector<T> x = random_values<T>(n, 9);
+      std::vector<float> widened;
+      x[at] = Host<T>::from(std::numeric_limits<float>::quiet_NaN());
+      x[n - 1] = Host<T>::from(std::numeric_limits<float>::infinity());
+      for (const T value : x) widened.push_back(static_cast<float>(Host<T>::widen(value)));
+      DeviceBuffer<T> dx(x);
+      DeviceBuffer<unsigned long long> first(std::vector<unsigned long long>{~0ull});
+      cohort::cuda::first_nonfinite(dx.data(), n, first.data(), nullptr);
+      COHORT_CUDA_CHECK(cudaDeviceSynchronize());
+      CHECK(first.download()[0] ==
+            cohort::device::cpu::first_nonfinite(std::span<const float>(widened)));
+    }
+    DeviceBuffer<T> finite(random_values<T>(n, 10));
+    DeviceBuffer<unsigned long long> none(std::vector<unsigned long long>{~0ull});
+    cohort::cuda::first_nonfinite(finite.data(), n, none.data(), nullptr);
+    COHORT_CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK(none.download()[0] == ~0ull);
+  }
+}
+
 // What cast must give, computed on the host: the CUDA headers' host conversion to half or
 // bfloat16 (round to nearest even), else a static_cast through the source's float value.
 template <class To, class From>
@@ -370,6 +398,13 @@ TEST_CASE("flag_nonfinite finds one infinity or NaN anywhere" * gpu_only()) {
   check_flag_nonfinite<double>();
   check_flag_nonfinite<half>();
   check_flag_nonfinite<bfloat16>();
+}
+
+TEST_CASE("first_nonfinite finds the least index of an infinity or NaN, as the CPU" * gpu_only()) {
+  check_first_nonfinite<float>();
+  check_first_nonfinite<double>();
+  check_first_nonfinite<half>();
+  check_first_nonfinite<bfloat16>();
 }
 
 TEST_CASE("optimizer steps equal the CPU bit for bit with float gradients" * gpu_only()) {
