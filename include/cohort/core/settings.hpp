@@ -3,7 +3,7 @@
 // fields).
 //
 //   settings::Fields mine = {{"seed", "11"}, {"micro_batches", "8"}, ...};
-//   settings::require_same(mine, "worker 1", replica_index, max_all_reduce);
+//   settings::require_same(mine, "worker 1 (replica 2)", replica_index, max_all_reduce);
 //
 // Every participant (a replica: every replica of every process) calls require_same with fields of
 // the same names in the same order. The happy path is one all-reduce (kMax) of two doubles per
@@ -109,7 +109,7 @@ inline Difference difference(const std::string& field, const std::string& left,
 
 // Throws ConfigError on every participant when some field differs between participants; returns
 // when all agree. `index` identifies this participant (distinct for each: a global replica
-// index); `who` names it in the message ("worker 1, replica 2").
+// index); `who` names it in the message ("worker 1 (replica 2)").
 template <class MaxAllReduce>
 void require_same(const Fields& mine, std::string_view who, std::size_t index,
                   MaxAllReduce&& max_all_reduce) {
@@ -152,8 +152,7 @@ void require_same(const Fields& mine, std::string_view who, std::size_t index,
   const detail::Difference differs = detail::difference(
       mine[field].name, text(first, 0, kValueChars), text(second, 0, kValueChars));
   throw ConfigError(
-      "the processes of this job run with different settings, refused before the "
-      "first step: " +
+      "the processes of this job run with different settings, refused before the first step: " +
       differs.name + " is " + differs.left + " on " + text(first, kValueChars, kWhoChars) +
       " but " + differs.right + " on " + text(second, kValueChars, kWhoChars) +
       "; every process of a job must be given the same settings");
