@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cohort/strategy/parameter_server.hpp>
 #include <cstdio>
 #include <cstring>
@@ -104,6 +105,26 @@ struct Job {
     return directory / ((server ? "ps" : "worker") + std::to_string(index) + ".log");
   }
 };
+
+// When `file` first contains `text`, polled for at most `limit`; nothing if it never did.
+std::optional<std::chrono::steady_clock::time_point> when_logged(const fs::path& file,
+                                                                 const std::string& text,
+                                                                 std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (read_file(file).find(text) != std::string::npos) return std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(10ms);
+  }
+  return std::nullopt;
+}
+
+std::string milliseconds(std::chrono::milliseconds duration) {
+  return std::to_string(duration.count());
+}
+
+double seconds(std::chrono::steady_clock::duration duration) {
+  return std::chrono::duration<double>(duration).count();
+}
 
 // Lines "applied push N of worker W (the slowest live worker has pushed M; ...)" of a log.
 struct PushLine {
@@ -548,4 +569,113 @@ TEST_CASE("an unauthenticated client is refused and the job goes on") {
   CHECK(chief_log.find("claiming to be rank 1: authentication failed") != std::string::npos);
   CHECK(read_file(log("ps0")).find("pushes applied per worker [20, 20]") != std::string::npos);
   CHECK(fs::exists(out));
+}
+
+TEST_CASE("a push stalled in the middle of its frame holds back no other worker") {
+  // Worker 3 writes half of a push's payload frame and stops for good, its connection open. The
+  // server takes a frame only once it is whole: workers 0 to 2 train on and finish long before
+  // the deadline, and the server then counts worker 3 as lost, saying where it stopped.
+  TemporaryDirectory directory("cohort-ps-mid-frame");
+  constexpr auto kTimeout = 12s;
+  Job job(4, 1,
+          {"async", "300", directory.path / "out.bin", "--every-worker-sleep-ms", "3",
+           "--stall-mid-frame", "3", "--stall-after", "20", "--timeout-ms", milliseconds(kTimeout)},
+          directory.path);
+  const auto stalled = when_logged(job.log(false, 3), "ps_trainer: stalled after", 60s);
+  REQUIRE_MESSAGE(stalled.has_value(), read_file(job.log(false, 3)));
+  for (int worker = 0; worker < 3; ++worker) {
+    CAPTURE(worker);
+    const auto exit = job.workers[static_cast<std::size_t>(worker)]->wait(60s);
+    CAPTURE(read_file(job.log(false, worker)));
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code == 0);
+    // They trained on during the stall: the old single-frame server held them for the timeout.
+    const auto finished = std::chrono::steady_clock::now() - *stalled;
+    MESSAGE("worker " << worker << " finished " << seconds(finished) << " s after the stall");
+    CHECK(finished < kTimeout / 2);
+  }
+  const auto exit = job.servers[0]->wait(2 * kTimeout + 10s);
+  const std::string log = read_file(job.log(true, 0));
+  CAPTURE(log);
+  REQUIRE(exit.has_value());
+  CHECK(exit->exited);
+  CHECK(exit->code == 0);
+  CHECK(log.find("lost worker 3 (rank 3): silent") != std::string::npos);
+  CHECK(log.find("its push request of chunk") != std::string::npos);
+  CHECK(log.find("pushes applied per worker [300, 300, 300, ") != std::string::npos);
+  CHECK_FALSE(job.workers[3]->wait(0ms).has_value());  // still stalled: never named as finished
+  CHECK(fs::exists(directory.path / "out.bin"));
+}
+
+TEST_CASE("a SIGSTOPped worker under async training is lost within the deadline; the others finish") {
+  TemporaryDirectory directory("cohort-ps-sigstop-async");
+  constexpr auto kTimeout = 4s;
+  Job job(4, 1,
+          {"async", "400", directory.path / "out.bin", "--every-worker-sleep-ms", "5",
+           "--timeout-ms", milliseconds(kTimeout)},
+          directory.path);
+  std::this_thread::sleep_for(1500ms);  // rendezvous done, training under way
+  for (const auto& worker : job.workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
+  job.workers[3]->kill(SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  const auto lost = when_logged(job.log(true, 0), "lost worker 3 (rank 3): silent", 3 * kTimeout);
+  REQUIRE_MESSAGE(lost.has_value(), read_file(job.log(true, 0)));
+  MESSAGE("worker 3 counted as lost " << seconds(*lost - stopped) << " s after SIGSTOP");
+  CHECK(*lost - stopped >= kTimeout / 2);
+  CHECK(*lost - stopped <= 2 * kTimeout);
+  for (int worker = 0; worker < 3; ++worker) {
+    CAPTURE(worker);
+    const auto exit = job.workers[static_cast<std::size_t>(worker)]->wait(60s);
+    CAPTURE(read_file(job.log(false, worker)));
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code == 0);
+  }
+  const auto exit = job.servers[0]->wait(30s);
+  const std::string log = read_file(job.log(true, 0));
+  CAPTURE(log);
+  REQUIRE(exit.has_value());
+  CHECK(exit->code == 0);
+  CHECK(log.find("pushes applied per worker [400, 400, 400, ") != std::string::npos);
+  CHECK(log.find("workers lost 1") != std::string::npos);
+  CHECK(fs::exists(directory.path / "out.bin"));
+}
+
+TEST_CASE("a SIGSTOPped worker under sync training: the error lands within [T/2, 2T] and names it") {
+  // Worker 1 (slow, so that it is most likely computing when stopped) is stopped; worker 0 waits
+  // in its pull. The server names worker 1 at its deadline and tells worker 0; nobody blames
+  // worker 0 or the server.
+  TemporaryDirectory directory("cohort-ps-sigstop-sync");
+  constexpr auto kTimeout = 5s;
+  Job job(2, 1,
+          {"sync", "1000000", directory.path / "never.bin", "--slow-worker", "1", "--sleep-ms",
+           "20", "--timeout-ms", milliseconds(kTimeout)},
+          directory.path);
+  std::this_thread::sleep_for(2s);  // rendezvous done, training under way
+  for (const auto& worker : job.workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
+  job.workers[1]->kill(SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  const auto chief = job.workers[0]->wait(3 * kTimeout);
+  const auto elapsed = std::chrono::steady_clock::now() - stopped;
+  const std::string chief_log = read_file(job.log(false, 0));
+  CAPTURE(chief_log);
+  REQUIRE(chief.has_value());
+  CHECK_FALSE((chief->exited && chief->code == 0));
+  MESSAGE("the chief failed " << seconds(elapsed) << " s after SIGSTOP");
+  CHECK(elapsed >= kTimeout / 2);
+  CHECK(elapsed <= 2 * kTimeout);
+  CHECK(chief_log.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
+  CHECK(chief_log.find("worker 0 (rank 0) was lost") == std::string::npos);
+  CHECK(chief_log.find("failed at parameter server") == std::string::npos);
+
+  const auto server = job.servers[0]->wait(3 * kTimeout);
+  const std::string server_log = read_file(job.log(true, 0));
+  CAPTURE(server_log);
+  REQUIRE(server.has_value());
+  CHECK_FALSE((server->exited && server->code == 0));
+  CHECK(std::chrono::steady_clock::now() - stopped <= 2 * kTimeout);
+  CHECK(server_log.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
+  CHECK(server_log.find("synchronous training needs 2 of 2 workers") != std::string::npos);
+  CHECK(server_log.find("worker 0 (rank 0) was lost") == std::string::npos);
 }

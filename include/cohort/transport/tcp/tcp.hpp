@@ -118,6 +118,7 @@ class Tcp {
         throw HeaderMismatch(rank(), m.sender, m.expected, m.expected_length, m.received,
                              m.received_length, failure->message);
       }
+      if (failure->peer >= 0) throw PeerFailure(rank(), failure->peer, failure->message);
       throw CommError(failure->message);
     }
   }
@@ -137,40 +138,38 @@ class Tcp {
   // The message of the last transfer that failed through the error_code form.
   const std::string& last_failure() const noexcept { return last_failure_; }
 
-  // transport.hpp (Serving): a peer among `peers` with bytes of its next frame buffered here or
-  // readable on its socket, or whose connection has ended; -1 when none within `timeout`.
-  // Consumes nothing. Starts looking after the peer it returned last, so that every peer is
-  // served in turn.
+  // transport.hpp (Serving): a peer among `peers` whose next frame is whole in its inbox, or
+  // whose next frame cannot be read (a header the receive refuses, an ended connection); -1 when
+  // none within `timeout`. Reads what has arrived from each of them into its own inbox, which
+  // grows to hold one whole frame (at most max_frame_bytes and a header and trailer), so that a
+  // peer stalled in the middle of a frame holds back only itself. Consumes no frame. Starts
+  // looking after the peer it returned last, so that every peer is served in turn.
   int wait_any(std::span<const int> peers, std::chrono::milliseconds timeout) {
     if (peers.empty()) return -1;
     for (const int peer : peers) {
       if (auto failure = check_peer(peer)) throw CommError(failure->message);
     }
-    const auto pick = [&](auto&& is_ready) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
       for (std::size_t i = 0; i < peers.size(); ++i) {
         const std::size_t at = (next_any_ + i) % peers.size();
-        if (is_ready(at)) {
+        if (next_frame_arrived(peers_[static_cast<std::size_t>(peers[at])])) {
           next_any_ = at + 1;
           return peers[at];
         }
       }
-      return -1;
-    };
-    if (const int buffered = pick([&](std::size_t at) {
-          return peers_[static_cast<std::size_t>(peers[at])].inbox.size() > 0;
-        });
-        buffered >= 0) {
-      return buffered;
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return -1;
+      poll_fds_.clear();
+      for (const int peer : peers) {
+        poll_fds_.push_back(
+            {peers_[static_cast<std::size_t>(peer)].socket.native_handle(), POLLIN, 0});
+      }
+      const int ready = ::poll(poll_fds_.data(), poll_fds_.size(),
+                               static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+      if (ready <= 0) return -1;  // timed out or interrupted: the caller looks again
     }
-    poll_fds_.clear();
-    for (const int peer : peers) {
-      poll_fds_.push_back(
-          {peers_[static_cast<std::size_t>(peer)].socket.native_handle(), POLLIN, 0});
-    }
-    const int ready = ::poll(poll_fds_.data(), poll_fds_.size(),
-                             static_cast<int>(std::min<long long>(timeout.count(), 1 << 30)));
-    if (ready <= 0) return -1;  // timed out or interrupted: the caller looks again
-    return pick([&](std::size_t at) { return poll_fds_[at].revents != 0; });
   }
 
   // After this call a failure of one connection (a peer that closes, a malformed or mismatched
@@ -241,12 +240,14 @@ class Tcp {
   struct Failure {
     std::string message;
     std::optional<Mismatch> mismatch;
+    int peer = -1;  // the connection that failed, when it is one (PeerFailure)
   };
 
   enum class Stage { kHeader, kPayload, kTrailer };
 
   struct Inbox {
     std::unique_ptr<std::byte[]> data;
+    std::size_t capacity = 0;  // kInboxBytes, or one whole frame that wait_any gathers
     std::size_t begin = 0;
     std::size_t end = 0;
 
@@ -258,11 +259,24 @@ class Tcp {
     }
     // Moves what is left to the front, so that the free space is as large as it can be.
     void compact() {
-      if (!data) data = std::make_unique<std::byte[]>(kInboxBytes);
+      if (!data) {
+        data = std::make_unique<std::byte[]>(kInboxBytes);
+        capacity = kInboxBytes;
+      }
       if (begin == 0) return;
       std::memmove(data.get(), data.get() + begin, size());
       end -= begin;
       begin = 0;
+    }
+    // Room for `bytes` from the front (wait_any: one whole frame). The inbox keeps its size, as
+    // the next frames of a serving connection are likely as long.
+    void reserve(std::size_t bytes) {
+      compact();
+      if (bytes <= capacity) return;
+      auto grown = std::make_unique<std::byte[]>(bytes);
+      std::memcpy(grown.get(), data.get(), size());
+      data = std::move(grown);
+      capacity = bytes;
     }
   };
 
@@ -532,7 +546,8 @@ class Tcp {
     peer.inbox.compact();
     const std::array<boost::asio::mutable_buffer, 2> pieces{
         boost::asio::buffer(direct.data(), direct.size()),
-        boost::asio::buffer(peer.inbox.data.get() + peer.inbox.end, kInboxBytes - peer.inbox.end)};
+        boost::asio::buffer(peer.inbox.data.get() + peer.inbox.end,
+                            peer.inbox.capacity - peer.inbox.end)};
     const std::size_t read = peer.socket.read_some(pieces, ec);
     if (ec == boost::asio::error::would_block || ec == boost::asio::error::try_again) {
       return Read::kWouldBlock;
@@ -541,6 +556,30 @@ class Tcp {
     into_direct = std::min(read, direct.size());
     peer.inbox.end += read - into_direct;
     return Read::kDone;
+  }
+
+  // wait_any: whether the next frame from `peer` is whole in its inbox, or cannot be read (a
+  // header check_header refuses, whatever its receive expects; an ended connection), after
+  // reading what has arrived.
+  bool next_frame_arrived(Peer& peer) {
+    while (true) {
+      std::size_t whole = kHeaderBytes;
+      if (peer.inbox.size() >= kHeaderBytes) {
+        const FrameHeader frame = decode_header(peer.inbox.front());
+        if (frame.magic != kMagic || frame.version != kProtocolVersion ||
+            frame.length > options_.max_frame_bytes) {
+          return true;
+        }
+        whole = kHeaderBytes + static_cast<std::size_t>(frame.length) + kTrailerBytes;
+        if (peer.inbox.size() >= whole) return true;
+      }
+      peer.inbox.reserve(whole);
+      detail::ErrorCode ec;
+      std::size_t ignored = 0;
+      const Read read = read_some(peer, {}, ignored, ec);
+      if (read == Read::kWouldBlock) return false;
+      if (read == Read::kFailed) return true;
+    }
   }
 
   // Reads this peer's queued frames as far as the bytes that have arrived allow.
@@ -708,11 +747,15 @@ class Tcp {
   Failure timeout(std::span<const Send> sends, std::span<const Receive> receives) {
     std::string waiting;
     std::uint64_t sequence = 0;
+    int waited = -1;  // the first peer waited for, which the failure names
     bool first = true;
     for (const int rank : active_) {
       Peer& peer = peers_[static_cast<std::size_t>(rank)];
       const auto add = [&](const std::string& what, std::uint64_t at) {
-        if (first) sequence = at;
+        if (first) {
+          sequence = at;
+          waited = rank;
+        }
         waiting += (first ? "" : "; ") + what;
         first = false;
       };
@@ -733,7 +776,7 @@ class Tcp {
     return Failure{prefix() + "no progress within " +
                        std::to_string(options_.operation_timeout.count()) + " ms during sequence " +
                        std::to_string(sequence) + ", waiting for: " + waiting,
-                   std::nullopt};
+                   std::nullopt, waited};
   }
 
   // A failure of the connection to `rank`, from Asio's error code.
@@ -812,7 +855,7 @@ class Tcp {
   // A failure that leaves the stream with `rank` out of step: that connection is closed.
   [[gnu::cold]] Failure broken(int rank, const std::string& what) {
     shut_down(peers_[static_cast<std::size_t>(rank)]);
-    return Failure{prefix() + what, std::nullopt};
+    return Failure{prefix() + what, std::nullopt, rank};
   }
 
   [[gnu::cold]] Failure record(Failure failure) {
