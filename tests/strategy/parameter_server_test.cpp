@@ -608,7 +608,8 @@ TEST_CASE("a push stalled in the middle of its frame holds back no other worker"
   CHECK(fs::exists(directory.path / "out.bin"));
 }
 
-TEST_CASE("a SIGSTOPped worker under async training is lost within the deadline; the others finish") {
+TEST_CASE(
+    "a SIGSTOPped worker under async training is lost within the deadline; the others finish") {
   TemporaryDirectory directory("cohort-ps-sigstop-async");
   constexpr auto kTimeout = 4s;
   Job job(4, 1,
@@ -642,7 +643,8 @@ TEST_CASE("a SIGSTOPped worker under async training is lost within the deadline;
   CHECK(fs::exists(directory.path / "out.bin"));
 }
 
-TEST_CASE("a SIGSTOPped worker under sync training: the error lands within [T/2, 2T] and names it") {
+TEST_CASE(
+    "a SIGSTOPped worker under sync training: the error lands within [T/2, 2T] and names it") {
   // Worker 1 (slow, so that it is most likely computing when stopped) is stopped; worker 0 waits
   // in its pull. The server names worker 1 at its deadline and tells worker 0; nobody blames
   // worker 0 or the server.

@@ -67,13 +67,11 @@ extern "C" ssize_t sendmsg(int descriptor, const msghdr* message, int flags) {
     }
     std::size_t written = 0;
     while (written < bytes / 2) {
-      const ssize_t result =
-          ::syscall(SYS_sendto, descriptor, frame.data() + written, bytes / 2 - written, flags,
-                    nullptr, 0);
+      const ssize_t result = ::syscall(SYS_sendto, descriptor, frame.data() + written,
+                                       bytes / 2 - written, flags, nullptr, 0);
       if (result > 0) written += static_cast<std::size_t>(result);
     }
-    std::fprintf(stderr, "ps_trainer: stalled after %zu of %zu bytes of a frame\n", written,
-                 bytes);
+    std::fprintf(stderr, "ps_trainer: stalled after %zu of %zu bytes of a frame\n", written, bytes);
     while (true) ::pause();
   }
   return ::syscall(SYS_sendmsg, descriptor, message, flags);
@@ -99,7 +97,7 @@ struct Settings {
   std::size_t backup_workers = 0;
   double clip = 0.0;
   std::size_t local_replicas = 1;
-  std::size_t alignment = 0;  // 0: the default of the layout above
+  std::size_t alignment = 0;      // 0: the default of the layout above
   std::size_t eigen_threads = 0;  // 0: the plain-loop Mlp
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
   int stall_worker = -1;
@@ -215,10 +213,10 @@ int train(const Settings& settings, const Model& model) {
       cohort::optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = settings.clip}),
       {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
   if (!settings.restore.empty()) trainer.restore(settings.restore);
-  const Data data{&cohort::testing::small_task_data(),
-                  worker == settings.slow_worker ? settings.sleep_ms
-                                                 : settings.every_worker_sleep_ms,
-                  worker == settings.stall_worker ? settings.stall_after : -1};
+  const Data data{
+      &cohort::testing::small_task_data(),
+      worker == settings.slow_worker ? settings.sleep_ms : settings.every_worker_sleep_ms,
+      worker == settings.stall_worker ? settings.stall_after : -1};
   const std::uint64_t segment = settings.segment == 0 ? settings.steps : settings.segment;
   // Every process, servers included, fits the same segments (a server's step stays put).
   for (std::uint64_t at = trainer.step(); at < settings.steps;) {

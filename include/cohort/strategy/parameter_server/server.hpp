@@ -128,7 +128,8 @@ class Server {
       std::fill(chunk.pushed_step.begin(), chunk.pushed_step.end(), kNone);
       chunk.initialized = false;
     }
-    for (Connection& connection : connections_) connection = {.heard = Clock::now(), .request = std::nullopt};
+    for (Connection& connection : connections_)
+      connection = {.heard = Clock::now(), .request = std::nullopt};
     std::vector<int> listening;
     bool was_initialized = false;
     while (true) {
@@ -267,9 +268,11 @@ class Server {
   void take_request(int worker, const Request& request) {
     if (request.payload_bytes > max_payload_) {
       // No buffer is made for it, and the stream cannot be kept in step without reading it.
-      lose(worker, "it announced a payload of payload_bytes = " +
-                       std::to_string(request.payload_bytes) + ", more than any request to this "
-                       "server carries (" + std::to_string(max_payload_) + ")");
+      lose(worker,
+           "it announced a payload of payload_bytes = " + std::to_string(request.payload_bytes) +
+               ", more than any request to this "
+               "server carries (" +
+               std::to_string(max_payload_) + ")");
       return;
     }
     const std::string field = validate(worker, request);
@@ -731,8 +734,7 @@ class Server {
     const auto silent =
         std::chrono::duration_cast<std::chrono::milliseconds>(now - connection.heard).count();
     std::string why = "silent: no whole frame from it for " + std::to_string(silent) +
-                      " ms (worker_timeout = " +
-                      std::to_string(options_.worker_timeout.count()) +
+                      " ms (worker_timeout = " + std::to_string(options_.worker_timeout.count()) +
                       " ms) while this server waited on it";
     if (connection.request) {
       why += "; its " + std::string(name(static_cast<Operation>(connection.request->operation))) +
@@ -785,8 +787,7 @@ class Server {
           continue;
         }
         scratch_.resize(request.payload_bytes);
-        const transport::Receive payload{worker, header(tag::kRequestPayload),
-                                         std::span(scratch_)};
+        const transport::Receive payload{worker, header(tag::kRequestPayload), std::span(scratch_)};
         transport_.transfer({}, std::span(&payload, 1));
         // A push is not answered; the worker's pull that follows it is.
         if (answered(request)) reply_error(worker, request, message);
@@ -805,9 +806,9 @@ class Server {
   std::vector<bool> lost_;             // for good: a lost worker never comes back
   std::vector<std::string> why_lost_;  // per worker, for the Sync failure that names it
   std::vector<Connection> connections_;
-  std::size_t max_payload_ = 0;  // bytes: the longest payload a request to this server carries
-  std::vector<bool> finished_;         // in this fit
-  std::vector<Pending> pending_;       // pulls, in arrival order
+  std::size_t max_payload_ = 0;   // bytes: the longest payload a request to this server carries
+  std::vector<bool> finished_;    // in this fit
+  std::vector<Pending> pending_;  // pulls, in arrival order
   std::vector<std::string> refusals_;  // per worker: why a push was refused, until its next pull
   ServerCounts counts_;
   std::vector<std::byte> scratch_;

@@ -158,8 +158,8 @@ class Tcp {
           return peers[at];
         }
       }
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return -1;
       poll_fds_.clear();
       for (const int peer : peers) {
