@@ -67,10 +67,11 @@
 //   bind_address     where this process listens (or COHORT_BIND_ADDRESS); loopback by default
 //   secret           shared secret authenticating every connection (or COHORT_SECRET)
 //   connect_timeout  the rendezvous deadline
-//   timeout          how long a server waits on a silent worker before it counts it as lost; a
-//                    worker's transfers (its pushes and pulls, where a bounded-staleness worker
-//                    may wait for the slowest one, and under Sync the collectives between
-//                    workers) may stall for 3/2 x timeout
+//   timeout          how long a server waits on a silent worker before it counts it as lost
+//                    (twice that when every worker went quiet at once); a worker's transfers
+//                    (its pushes and pulls, where a bounded-staleness worker may wait for the
+//                    slowest one, and under Sync the collectives between workers) may stall for
+//                    3/2 x timeout
 //   min_shard_bytes  a shard holds at least this many bytes (so a small model uses few servers)
 //   alignment        shard boundaries are multiples of this many elements
 //   chunk_bytes      the unit of a request, so that push, update and pull pipeline, and of

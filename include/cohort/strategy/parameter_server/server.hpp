@@ -14,14 +14,15 @@
 // (transport::Serving's wait_any), so a worker that stops in the middle of a frame holds back no
 // other worker. A worker is silent when no whole frame came from it for worker_timeout while the
 // server waits on it: since its last frame or the server's last answer to it, with no pull of it
-// waiting here (a worker waiting in its pull waits on the server, not the other way round).
-// Async and BoundedStaleness count a silent worker as lost and go on without it (the staleness
-// bound counts live workers only). Sync needs the W - backup_workers lowest-indexed live workers
-// of each step: a silent worker that leaves too few ends the run with a CommError naming it, which
-// every worker waiting on this server receives in the answer to its pull. Under Sync the workers
-// also wait for each other (the Trainer's collectives between workers): while no worker waits on
-// this server, a silent worker may itself be waiting for another, whose collective names it, so
-// the server then allows twice worker_timeout. A server that holds no chunk waits on nobody.
+// waiting here (a worker waiting in its pull waits on the server, not the other way round), and
+// another worker's frame came after its last. When every worker went quiet together, the cause
+// is more likely theirs in common (another server that stopped, under Sync a collective between
+// workers that one of them stalls), which their own transfers name: the server then allows
+// kCommonStallFactor x worker_timeout. Async and BoundedStaleness count a silent worker as lost
+// and go on without it (the staleness bound counts live workers only). Sync needs the
+// W - backup_workers lowest-indexed live workers of each step: a silent worker that leaves too
+// few ends the run with a CommError naming it, which every worker waiting on this server receives
+// in the answer to its pull. A server that holds no chunk waits on nobody.
 //
 // Bookkeeping per chunk: the parameters, the optimizer state (slot-major over the chunk), the
 // number of updates applied, and per worker the pushes taken (`done`). A pull waits until its
@@ -128,8 +129,10 @@ class Server {
       std::fill(chunk.pushed_step.begin(), chunk.pushed_step.end(), kNone);
       chunk.initialized = false;
     }
-    for (Connection& connection : connections_)
-      connection = {.heard = Clock::now(), .request = std::nullopt};
+    last_frame_ = Clock::now();
+    for (Connection& connection : connections_) {
+      connection = {.heard = last_frame_, .request = std::nullopt};
+    }
     std::vector<int> listening;
     bool was_initialized = false;
     while (true) {
@@ -191,6 +194,10 @@ class Server {
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
   // How long one wait for a whole frame lasts before the server looks for silent workers.
   static constexpr std::chrono::milliseconds kPoll{100};
+  // When every worker went quiet together, the server waits this many times worker_timeout:
+  // their common cause (another server, a collective between workers) is theirs to name, and
+  // their transfers give up after 3/2 x timeout (ParameterServer).
+  static constexpr int kCommonStallFactor = 2;
 
   // One worker's connection: what arrived from it last, and the request whose payload frame is
   // awaited (a request is a Request frame, then its payload frame).
@@ -244,11 +251,11 @@ class Server {
       Request request;
       if (!receive(worker, tag::kRequest, std::as_writable_bytes(std::span(&request, 1)))) return;
       connection.request = request;
-      connection.heard = Clock::now();
+      connection.heard = last_frame_ = Clock::now();
       return;
     }
     const Request request = *std::exchange(connection.request, std::nullopt);
-    connection.heard = Clock::now();
+    connection.heard = last_frame_ = Clock::now();
     take_request(worker, request);
   }
 
@@ -700,31 +707,21 @@ class Server {
     });
   }
 
-  // Loses every listened-to worker that has been silent past worker_timeout (the rule at the top
+  // Loses every listened-to worker that has been silent past its deadline (the rule at the top
   // of this file), all at once, so that a Sync failure names every one of them.
   void lose_silent(std::span<const int> listening) {
     if (chunks_.empty()) return;  // this server waits on nobody: only the workers' done arrives
     const auto now = Clock::now();
-    std::vector<int> silent;
-    bool waited_on = false;
-    auto earliest = now;
+    bool any = false;
     for (const int worker : listening) {
       const auto w = static_cast<std::size_t>(worker);
-      if (waits_here(w)) {
-        waited_on = true;
-        continue;
-      }
-      if (now - connections_[w].heard >= options_.worker_timeout) {
-        silent.push_back(worker);
-        earliest = std::min(earliest, connections_[w].heard);
-      }
+      if (waits_here(w)) continue;
+      const auto heard = connections_[w].heard;
+      // Another worker spoke since: this one stalled alone. Otherwise all went quiet together.
+      const auto deadline = last_frame_ > heard ? options_.worker_timeout
+                                                : kCommonStallFactor * options_.worker_timeout;
+      if (now - heard >= deadline) any = mark_lost(worker, silence(worker, now)) || any;
     }
-    if (silent.empty()) return;
-    if constexpr (kSync) {
-      if (!waited_on && now - earliest < 2 * options_.worker_timeout) return;
-    }
-    bool any = false;
-    for (const int worker : silent) any = mark_lost(worker, silence(worker, now)) || any;
     if (any) after_loss();
   }
 
@@ -806,6 +803,7 @@ class Server {
   std::vector<bool> lost_;             // for good: a lost worker never comes back
   std::vector<std::string> why_lost_;  // per worker, for the Sync failure that names it
   std::vector<Connection> connections_;
+  Clock::time_point last_frame_;  // the last whole frame from any worker
   std::size_t max_payload_ = 0;   // bytes: the longest payload a request to this server carries
   std::vector<bool> finished_;    // in this fit
   std::vector<Pending> pending_;  // pulls, in arrival order
