@@ -141,8 +141,9 @@ class Tcp {
   // transport.hpp (Serving): a peer among `peers` whose next frame is whole in its inbox, or
   // whose next frame cannot be read (a header the receive refuses, an ended connection); -1 when
   // none within `timeout`. Reads what has arrived from each of them into its own inbox, which
-  // grows to hold one whole frame (at most max_frame_bytes and a header and trailer), so that a
-  // peer stalled in the middle of a frame holds back only itself. Consumes no frame. Starts
+  // grows, doubling with the bytes that came, to hold one whole frame (at most max_frame_bytes
+  // and a header and trailer), so that a peer stalled in the middle of a frame holds back only
+  // itself. Consumes no frame. Starts
   // looking after the peer it returned last, so that every peer is served in turn.
   int wait_any(std::span<const int> peers, std::chrono::milliseconds timeout) {
     if (peers.empty()) return -1;
@@ -573,7 +574,11 @@ class Tcp {
         whole = kHeaderBytes + static_cast<std::size_t>(frame.length) + kTrailerBytes;
         if (peer.inbox.size() >= whole) return true;
       }
-      peer.inbox.reserve(whole);
+      peer.inbox.compact();
+      if (peer.inbox.size() == peer.inbox.capacity) {
+        // Grows with the bytes that came, not with the length a header announces.
+        peer.inbox.reserve(std::min(whole, 2 * peer.inbox.capacity));
+      }
       detail::ErrorCode ec;
       std::size_t ignored = 0;
       const Read read = read_some(peer, {}, ignored, ec);
