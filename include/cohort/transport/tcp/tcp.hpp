@@ -143,8 +143,8 @@ class Tcp {
   // none within `timeout`. Reads what has arrived from each of them into its own inbox, which
   // grows, doubling with the bytes that came, to hold one whole frame (at most max_frame_bytes
   // and a header and trailer), so that a peer stalled in the middle of a frame holds back only
-  // itself. Consumes no frame. Starts
-  // looking after the peer it returned last, so that every peer is served in turn.
+  // itself. Consumes no frame. Starts looking after the peer it returned last, so that every
+  // peer is served in turn.
   int wait_any(std::span<const int> peers, std::chrono::milliseconds timeout) {
     if (peers.empty()) return -1;
     for (const int peer : peers) {
@@ -248,7 +248,7 @@ class Tcp {
 
   struct Inbox {
     std::unique_ptr<std::byte[]> data;
-    std::size_t capacity = 0;  // kInboxBytes, or one whole frame that wait_any gathers
+    std::size_t capacity = 0;  // kInboxBytes, or more while wait_any gathers a whole frame
     std::size_t begin = 0;
     std::size_t end = 0;
 
