@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cohort/optimizer/sgd.hpp>
 #include <cohort/strategy/parameter_server.hpp>
+#include <cohort/transport/loopback.hpp>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -124,6 +126,76 @@ std::string milliseconds(std::chrono::milliseconds duration) {
 
 double seconds(std::chrono::steady_clock::duration duration) {
   return std::chrono::duration<double>(duration).count();
+}
+
+// A server over Loopback (rank 2) with workers 0 and 1 as threads, on one chunk of 16 floats and
+// SGD: worker 0 initializes, then `steps` times pushes and pulls, `pause` apart, then says it is
+// done; worker 1 pulls once and then stays silent (its endpoint open) until `quiet` has passed.
+// Returns what the server counted, or the error it threw; worker 0's error in `chief_error`.
+template <class C>
+std::pair<cohort::strategy::ps::ServerCounts, std::string> serve_with_a_silent_worker(
+    int steps, std::chrono::milliseconds pause, std::chrono::milliseconds quiet,
+    std::string& chief_error) {
+  namespace ps = cohort::strategy::ps;
+  using Endpoint = cohort::transport::Loopback::Endpoint;
+  cohort::transport::Loopback group({.ranks = 3, .timeout = 5s});
+  const ps::Layout layout(16, sizeof(float), 1,
+                          {.min_shard_bytes = 0, .alignment = 16, .chunk_bytes = 64});
+  const ps::Chunk& chunk = layout.chunks().front();
+  const cohort::optimizer::Sgd sgd({.learning_rate = 1.0});
+  std::pair<ps::ServerCounts, std::string> result;
+  std::thread server_thread([&] {
+    auto endpoint = group.endpoint(2);
+    ps::Server<Endpoint, float, cohort::optimizer::Sgd, C> server(
+        endpoint, layout, {.server = 0, .workers = 2, .worker_timeout = 300ms}, sgd);
+    try {
+      result.first = server.serve();
+    } catch (const cohort::CommError& error) {
+      result.second = error.what();
+    }
+    endpoint.close();
+  });
+  std::thread silent([&] {
+    auto endpoint = group.endpoint(1);
+    ps::Client<Endpoint> client(endpoint, 1, 2);
+    std::vector<float> parameters(16);
+    try {
+      client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
+                 std::as_writable_bytes(std::span(parameters)));
+      client.transfer();
+    } catch (const cohort::CommError&) {
+    }
+    std::this_thread::sleep_for(quiet);
+    endpoint.close();
+  });
+  {
+    auto endpoint = group.endpoint(0);
+    ps::Client<Endpoint> client(endpoint, 0, 2);
+    std::vector<float> parameters(16, 1.0f);
+    const std::vector<float> gradient(16, 1.0f);
+    try {
+      client.add({.operation = ps::Operation::kInit, .element_bytes = sizeof(float)}, chunk,
+                 std::as_bytes(std::span(parameters)));
+      client.transfer();
+      for (int step = 0; step < steps; ++step) {
+        client.add({.operation = ps::Operation::kPush,
+                    .step = static_cast<std::uint64_t>(step),
+                    .element_bytes = sizeof(float)},
+                   chunk, std::as_bytes(std::span(gradient)));
+        client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
+                   std::as_writable_bytes(std::span(parameters)));
+        client.transfer();
+        std::this_thread::sleep_for(pause);
+      }
+      client.done(1);
+    } catch (const cohort::CommError& error) {
+      chief_error = error.what();
+    }
+    endpoint.close();
+  }
+  silent.join();
+  server_thread.join();
+  return result;
 }
 
 // Lines "applied push N of worker W (the slowest live worker has pushed M; ...)" of a log.
@@ -687,4 +759,28 @@ TEST_CASE(
   CHECK(server_log.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
   CHECK(server_log.find("synchronous training needs 2 of 2 workers") != std::string::npos);
   CHECK(server_log.find("worker 0 (rank 0) was lost") == std::string::npos);
+}
+
+TEST_CASE("a server over Loopback counts a silent async worker as lost and serves the other") {
+  std::string chief_error;
+  const auto [counts, error] =
+      serve_with_a_silent_worker<cohort::strategy::consistency::Async>(20, 40ms, 2s, chief_error);
+  CHECK(error.empty());
+  CHECK(chief_error.empty());
+  REQUIRE(counts.lost.size() == 1);
+  CHECK(counts.lost[0].find("lost worker 1 (rank 1): silent") != std::string::npos);
+  CHECK(counts.applied == std::vector<std::uint64_t>{20, 0});
+}
+
+TEST_CASE("a server over Loopback: a silent sync worker ends the run, named to the waiting one") {
+  std::string chief_error;
+  const auto [counts, error] =
+      serve_with_a_silent_worker<cohort::strategy::consistency::Sync>(20, 40ms, 2s, chief_error);
+  CAPTURE(error);
+  CAPTURE(chief_error);
+  CHECK(error.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
+  CHECK(error.find("synchronous training needs 2 of 2 workers") != std::string::npos);
+  CHECK(
+      chief_error.find("worker 0: pull refused: parameter server 0: worker 1 (rank 1) was lost") !=
+      std::string::npos);
 }
