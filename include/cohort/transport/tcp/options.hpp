@@ -29,11 +29,20 @@ struct Options {
   // saw it connect from).
   std::string bind_address = "127.0.0.1";
   // Shared by every rank of the job. Empty: no authentication. Otherwise every connection proves
-  // knowledge of it with HMAC-SHA256 challenge-response (handshake.hpp), and a peer without it is
-  // refused. The secret never travels; traffic is not encrypted.
+  // knowledge of it with HMAC-SHA256 challenge-response, the connecting side first
+  // (handshake.hpp), and a connection that cannot is dropped and logged while the rendezvous goes
+  // on (docs/transport.md, "What an attacker can do"). The secret never travels; traffic is not
+  // encrypted.
   std::string secret{};
   // The rendezvous, start to full mesh, must complete within this; start order does not matter.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  // An accepted connection must complete its handshake within this (and within connect_timeout),
+  // or it is dropped: a silent or slow stranger holds a descriptor this long at most.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  // How many accepted connections may be in their handshake at once; one more drops the oldest of
+  // them, so that a flood of idle connections cannot exhaust this process's descriptors. A real
+  // rank that is dropped this way connects again.
+  int max_pending_connections = 64;
   // A transfer fails when no byte moves in either direction for this long.
   std::chrono::milliseconds operation_timeout{std::chrono::minutes(5)};
   // Whether data frames carry and verify a checksum of their payload (XXH3-64, frame.hpp). It
@@ -73,6 +82,11 @@ inline void validate(const Options& options) {
     options::reject("connect_timeout", std::to_string(options.connect_timeout.count()) + " ms",
                     "must be greater than 0");
   }
+  if (options.handshake_timeout.count() <= 0) {
+    options::reject("handshake_timeout", std::to_string(options.handshake_timeout.count()) + " ms",
+                    "must be greater than 0");
+  }
+  options::require_positive("max_pending_connections", options.max_pending_connections);
   if (options.operation_timeout.count() <= 0) {
     options::reject("operation_timeout", std::to_string(options.operation_timeout.count()) + " ms",
                     "must be greater than 0");
