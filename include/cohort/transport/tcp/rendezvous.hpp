@@ -37,6 +37,11 @@
 // that uses the transport a good part of its -O3 compile time (benchmarks/build/compile_time).
 #pragma once
 
+// clang-format off
+// First: Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
+#include <utility>
+// clang-format on
+
 #include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/read.hpp>
@@ -48,7 +53,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -58,7 +62,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/transport/tcp/frame.hpp"
 #include "cohort/transport/tcp/handshake.hpp"
-#include "cohort/transport/tcp/listener.hpp"  // first: it includes <utility> before Asio
+#include "cohort/transport/tcp/listener.hpp"
 #include "cohort/transport/tcp/options.hpp"
 
 namespace cohort::transport::tcp::detail {
