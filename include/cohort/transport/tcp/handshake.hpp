@@ -35,6 +35,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/transport/tcp/frame.hpp"
+#include "cohort/transport/tcp/frame_mac.hpp"
 
 namespace cohort::transport::tcp {
 
@@ -288,12 +289,12 @@ inline Nonce random_nonce() {
 
 enum class Role { kConnector, kAcceptor };
 
+namespace detail {
+
 // HMAC-SHA256(secret, label || hello frame of the connector || hello frame of the acceptor).
-inline std::array<std::byte, kProofBytes> proof(std::string_view secret, Role role,
-                                                std::span<const std::byte> connector_hello,
-                                                std::span<const std::byte> acceptor_hello) {
-  const std::string_view label =
-      role == Role::kConnector ? "cohort-tcp-2 connector" : "cohort-tcp-2 acceptor";
+inline std::array<std::byte, 32> keyed_digest(std::string_view secret, std::string_view label,
+                                              std::span<const std::byte> connector_hello,
+                                              std::span<const std::byte> acceptor_hello) {
   std::vector<unsigned char> message;
   message.reserve(label.size() + connector_hello.size() + acceptor_hello.size());
   message.insert(message.end(), label.begin(), label.end());
@@ -301,14 +302,37 @@ inline std::array<std::byte, kProofBytes> proof(std::string_view secret, Role ro
     const auto* begin = reinterpret_cast<const unsigned char*>(part.data());
     message.insert(message.end(), begin, begin + part.size());
   }
-  std::array<std::byte, kProofBytes> mac{};
+  std::array<std::byte, 32> mac{};
   unsigned int length = 0;
   if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message.data(),
            message.size(), reinterpret_cast<unsigned char*>(mac.data()), &length) == nullptr ||
-      length != kProofBytes) {
+      length != mac.size()) {
     throw CommError("cannot compute the handshake's HMAC-SHA256 (OpenSSL HMAC failed)");
   }
   return mac;
+}
+
+}  // namespace detail
+
+// The proof of `role`: HMAC-SHA256(secret, its label || both hello frames as they travelled).
+inline std::array<std::byte, kProofBytes> proof(std::string_view secret, Role role,
+                                                std::span<const std::byte> connector_hello,
+                                                std::span<const std::byte> acceptor_hello) {
+  return detail::keyed_digest(
+      secret, role == Role::kConnector ? "cohort-tcp-2 connector" : "cohort-tcp-2 acceptor",
+      connector_hello, acceptor_hello);
+}
+
+// The connection's MAC keys (frame_mac.hpp) as the side of `role` uses them, one per direction,
+// derived like the proofs under labels of their own.
+inline SessionKeys session_keys(std::string_view secret, Role role,
+                                std::span<const std::byte> connector_hello,
+                                std::span<const std::byte> acceptor_hello) {
+  const SessionKey outward = detail::keyed_digest(secret, "cohort-tcp-2 frames from connector",
+                                                  connector_hello, acceptor_hello);
+  const SessionKey inward = detail::keyed_digest(secret, "cohort-tcp-2 frames from acceptor",
+                                                 connector_hello, acceptor_hello);
+  return role == Role::kConnector ? SessionKeys{outward, inward} : SessionKeys{inward, outward};
 }
 
 // Constant time, so that a forger learns nothing from how long a refusal takes.

@@ -67,25 +67,25 @@ class Listener {
     }
     io_ = std::make_unique<boost::asio::io_context>(1);
     if (options_.size == 1) return;  // nobody to meet
-    const std::uint16_t port = options_.rank == 0 ? options_.rendezvous_port : 0;
-    const boost::asio::ip::tcp::endpoint endpoint(address, port);
-    acceptor_ = std::make_unique<detail::Acceptor>(*io_);
-    const auto refuse = [&](const char* step) {
+    // Rank 0 at the rendezvous port; the others at the first free port of their range, if any.
+    const bool ranged = options_.rank != 0 && options_.listen_port_first != 0;
+    const std::uint16_t first = options_.rank == 0 ? options_.rendezvous_port
+                                : ranged           ? options_.listen_port_first
+                                                   : 0;
+    const std::uint16_t last = ranged ? options_.listen_port_last : first;
+    for (std::uint32_t port = first; port <= last; ++port) {
+      const boost::asio::ip::tcp::endpoint endpoint(address, static_cast<std::uint16_t>(port));
+      if (bind(endpoint, ec)) return;
+      const bool busy = ec == boost::asio::error::address_in_use;
+      if (busy && port < last) continue;
+      std::string setting = options_.rank == 0 ? " (bind_address, rendezvous_port)" : "";
+      if (ranged && busy) {
+        setting = " (every port of listen_port_first-listen_port_last, " + std::to_string(first) +
+                  "-" + std::to_string(last) + ", is taken)";
+      }
       throw CommError("rank " + std::to_string(options_.rank) + ": cannot listen on " +
-                      detail::endpoint_text(endpoint) +
-                      (options_.rank == 0 ? " (bind_address, rendezvous_port)" : "") + ": " + step +
-                      " failed: " + ec.message());
-    };
-    if (acceptor_->open(endpoint.protocol(), ec)) refuse("open");
-    // Lets a restarted rank 0 bind its port while connections of the previous run linger in
-    // TIME_WAIT; a port another process listens on stays refused.
-    if (acceptor_->set_option(boost::asio::socket_base::reuse_address(true), ec)) {
-      refuse("setsockopt(SO_REUSEADDR)");
+                      detail::endpoint_text(endpoint) + setting + ": " + ec.message());
     }
-    if (acceptor_->bind(endpoint, ec)) refuse("bind");
-    if (acceptor_->listen(boost::asio::socket_base::max_listen_connections, ec)) refuse("listen");
-    port_ = acceptor_->local_endpoint(ec).port();
-    if (ec) refuse("getsockname");
   }
 
   Listener(Listener&&) noexcept = default;
@@ -104,6 +104,21 @@ class Listener {
 
  private:
   friend class Tcp;
+
+  // Opens, binds and listens at `endpoint`; false with `ec` set when a step failed.
+  bool bind(const boost::asio::ip::tcp::endpoint& endpoint, boost::system::error_code& ec) {
+    acceptor_ = std::make_unique<detail::Acceptor>(*io_);
+    acceptor_->open(endpoint.protocol(), ec);
+    // Lets a restarted rank 0 bind its port while connections of the previous run linger in
+    // TIME_WAIT; a port another process listens on stays refused.
+    if (!ec) acceptor_->set_option(boost::asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_->bind(endpoint, ec);
+    if (!ec) acceptor_->listen(boost::asio::socket_base::max_listen_connections, ec);
+    if (!ec) port_ = acceptor_->local_endpoint(ec).port();
+    if (ec) acceptor_.reset();
+    return !ec;
+  }
+
   Options options_;
   std::chrono::steady_clock::time_point started_;
   std::unique_ptr<boost::asio::io_context> io_;

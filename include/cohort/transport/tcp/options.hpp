@@ -28,6 +28,11 @@ struct Options {
   // sets the interface's address, or "0.0.0.0" (then peers reach this rank at the address rank 0
   // saw it connect from).
   std::string bind_address = "127.0.0.1";
+  // The ports the other ranks' listeners may take, for a firewall that opens a range: the first
+  // free one in [listen_port_first, listen_port_last]. Both 0: any free port the system gives.
+  // Rank 0 listens at rendezvous_port whatever this says.
+  std::uint16_t listen_port_first = 0;
+  std::uint16_t listen_port_last = 0;
   // Shared by every rank of the job. Empty: no authentication. Otherwise every connection proves
   // knowledge of it with HMAC-SHA256 challenge-response, the connecting side first
   // (handshake.hpp), and a connection that cannot is dropped and logged while the rendezvous goes
@@ -77,6 +82,13 @@ inline void validate(const Options& options) {
     options::reject("rendezvous_port", options.rendezvous_port,
                     "only rank 0 may ask for any free port; the other ranks must be given the "
                     "port rank 0 listens on");
+  }
+  if ((options.listen_port_first == 0) != (options.listen_port_last == 0) ||
+      options.listen_port_first > options.listen_port_last) {
+    options::reject(
+        "listen_port_first, listen_port_last",
+        std::to_string(options.listen_port_first) + "-" + std::to_string(options.listen_port_last),
+        "must both be 0 (any port) or a range from low to high");
   }
   if (options.connect_timeout.count() <= 0) {
     options::reject("connect_timeout", std::to_string(options.connect_timeout.count()) + " ms",

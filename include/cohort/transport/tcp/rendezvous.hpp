@@ -153,9 +153,22 @@ struct Connection {
 };
 using ConnectionPtr = std::shared_ptr<Connection>;
 
+// What a completed handshake gives: the peer's hello and, with a secret, the connection's MAC
+// keys.
+struct Introduction {
+  Hello hello;
+  std::optional<SessionKeys> keys;
+};
+
 struct Peer {
   ConnectionPtr connection;
-  Hello hello;
+  Introduction introduction;
+};
+
+// A connection of the finished mesh, as the transport takes it over.
+struct Link {
+  Socket socket;
+  std::optional<SessionKeys> keys;
 };
 
 // The connections this rank dropped during its rendezvous: logged in a burst of kBurst lines,
@@ -218,7 +231,7 @@ class Rendezvous {
 
   // The connection to every other rank, indexed by rank (this rank's own entry is a closed
   // socket). Throws CommError naming this rank and what went wrong.
-  [[gnu::cold]] std::vector<Socket> run() {
+  [[gnu::cold]] std::vector<Link> run() {
     if (options_.rank == 0) {
       run_root();
     } else {
@@ -230,14 +243,18 @@ class Rendezvous {
     }
     finished_ = true;
     close_listener();
-    std::vector<Socket> sockets;
-    sockets.reserve(peers_.size());
-    for (std::size_t rank = 0; rank < peers_.size(); ++rank) {
-      sockets.push_back(peers_[rank] ? std::move(peers_[rank]->connection->socket) : Socket(io_));
+    std::vector<Link> links;
+    links.reserve(peers_.size());
+    for (std::optional<Peer>& peer : peers_) {
+      if (peer) {
+        links.push_back({std::move(peer->connection->socket), peer->introduction.keys});
+      } else {
+        links.push_back({Socket(io_), std::nullopt});
+      }
     }
     for (const ConnectionPtr& connection : connections_) close(connection->socket);  // strays
     drain();
-    return sockets;
+    return links;
   }
 
  private:
@@ -256,12 +273,13 @@ class Rendezvous {
     table[0] = {options_.rendezvous_host, listen_port_};
     for (int r = 1; r < size(); ++r) {
       const Peer& peer = *peers_[idx(r)];
+      const Hello& hello = peer.introduction.hello;
       ErrorCode ec;
-      const auto declared = asio::ip::make_address(peer.hello.listen_address, ec);
+      const auto declared = asio::ip::make_address(hello.listen_address, ec);
       // A rank bound to every interface is reached where rank 0 saw it come from.
-      table[idx(r)] = {ec || declared.is_unspecified() ? peer.connection->remote_address
-                                                       : peer.hello.listen_address,
-                       peer.hello.listen_port};
+      table[idx(r)] = {
+          ec || declared.is_unspecified() ? peer.connection->remote_address : hello.listen_address,
+          hello.listen_port};
     }
     const auto table_payload = encode_table(table);
     for (int r = 1; r < size(); ++r) spawn(send_table_await_ready(r, table_payload));
@@ -334,8 +352,13 @@ class Rendezvous {
     const std::string where =
         options_.rendezvous_host + ":" + std::to_string(options_.rendezvous_port);
     if (!connected_to_root_) {
-      return "rank 0 never answered at " + where +
-             (last_connect_error_.empty() ? "" : " (last attempt: " + last_connect_error_ + ")");
+      std::string text = "rank 0 never answered at " + where;
+      if (!last_connect_error_.empty()) text += " (last attempt: " + last_connect_error_ + ")";
+      if (last_connect_refused_) {
+        text += "; to be reached there, rank 0 must bind " + options_.rendezvous_host +
+                " (its own address in the cluster description, or COHORT_BIND_ADDRESS)";
+      }
+      return text;
     }
     return "rank 0 at " + where + " accepted this rank but sent no address table";
   }
@@ -402,14 +425,14 @@ class Rendezvous {
 
   // One accepted connection: its handshake, and what its outcome means for the rendezvous.
   [[gnu::cold]] Awaitable<void> admit(ConnectionPtr connection, int low, int high) {
-    Expected<Hello> hello = co_await handshake_as_acceptor(*connection, low, high);
+    Expected<Introduction> introduced = co_await handshake_as_acceptor(*connection, low, high);
     connection->deadline.cancel();
-    if (hello) {
-      const int rank = hello->rank;
-      establish(rank, Peer{connection, std::move(*hello)});
+    if (introduced) {
+      const int rank = introduced->hello.rank;
+      establish(rank, Peer{connection, std::move(*introduced)});
       co_return;
     }
-    const Refusal& refusal = hello.refusal();
+    const Refusal& refusal = introduced.refusal();
     using Kind = Refusal::Kind;
     // With a secret only a peer that proved it may fail the rendezvous: it is refused with
     // kMismatch alone, after its proof. Without one, whoever speaks the protocol may.
@@ -431,8 +454,8 @@ class Rendezvous {
 
   // The accepting side of the handshake (handshake.hpp). With a secret, nothing of the peer's
   // hello is believed before its proof has verified.
-  [[gnu::cold]] Awaitable<Expected<Hello>> handshake_as_acceptor(Connection& connection, int low,
-                                                                 int high) {
+  [[gnu::cold]] Awaitable<Expected<Introduction>> handshake_as_acceptor(Connection& connection,
+                                                                        int low, int high) {
     Socket& socket = connection.socket;
     Expected<SetupMessage> hello =
         co_await read_expected(socket, connection.from, setup_type::kHello, kMaxHelloBytes);
@@ -462,7 +485,7 @@ class Rendezvous {
     const auto proof =
         make_frame({setup_type::kConfirm}, proof_or_empty(Role::kAcceptor, hello->bytes, mine));
     if (auto sent = co_await write_setup(socket, who, proof); !sent) co_return sent.refusal();
-    co_return std::move(*theirs);
+    co_return Introduction{std::move(*theirs), keys_or_none(Role::kAcceptor, hello->bytes, mine)};
   }
 
   // A refusal during an accepted connection's handshake, with the handshake's own deadline named
@@ -478,7 +501,7 @@ class Rendezvous {
   // --- connecting --------------------------------------------------------------------------
 
   // The connecting side of the handshake with `peer`, on a connected socket.
-  [[gnu::cold]] Awaitable<Expected<Hello>> handshake_as_connector(Socket& socket, int peer) {
+  [[gnu::cold]] Awaitable<Expected<Introduction>> handshake_as_connector(Socket& socket, int peer) {
     const std::string who = rank_name(peer);
     const std::vector<std::byte> mine = make_frame({setup_type::kHello}, encode_hello(my_hello()));
     if (auto sent = co_await write_setup(socket, who, mine); !sent) co_return sent.refusal();
@@ -510,7 +533,7 @@ class Rendezvous {
           Refusal::Kind::kForged,
           "authentication failed with " + who + " (its proof does not match this rank's secret)"};
     }
-    co_return std::move(*theirs);
+    co_return Introduction{std::move(*theirs), keys_or_none(Role::kConnector, mine, hello->bytes)};
   }
 
   // Connects to `peer` at the first endpoint that answers and runs the handshake. Connection
@@ -528,19 +551,23 @@ class Rendezvous {
                                                   asio::redirect_error(use_awaitable, ec));
         if (!ec) break;
         last_connect_error_ = ec.message();
+        last_connect_refused_ = ec == asio::error::connection_refused;
         close(connection->socket);
       }
       if (stopping()) co_return Refusal{Refusal::Kind::kClosed, "stopped"};
       if (!ec) {
         if (peer == 0) connected_to_root_ = true;
         tune(connection->socket);
-        Expected<Hello> hello = co_await handshake_as_connector(connection->socket, peer);
-        if (hello) {
+        Expected<Introduction> introduced =
+            co_await handshake_as_connector(connection->socket, peer);
+        if (introduced) {
           connection->authenticated = true;
-          co_return Peer{connection, std::move(*hello)};
+          co_return Peer{connection, std::move(*introduced)};
         }
-        if (hello.refusal().kind != Refusal::Kind::kClosed || stopping()) co_return hello.refusal();
-        last_connect_error_ = hello.refusal().reason;
+        const Refusal& refusal = introduced.refusal();
+        if (refusal.kind != Refusal::Kind::kClosed || stopping()) co_return refusal;
+        last_connect_error_ = refusal.reason;
+        last_connect_refused_ = false;
         close(connection->socket);
       }
       Timer pause(io_, backoff);
@@ -773,6 +800,12 @@ class Rendezvous {
     return {mac.begin(), mac.end()};
   }
 
+  std::optional<SessionKeys> keys_or_none(Role role, std::span<const std::byte> connector_hello,
+                                          std::span<const std::byte> acceptor_hello) const {
+    if (!authenticating()) return std::nullopt;
+    return session_keys(options_.secret, role, connector_hello, acceptor_hello);
+  }
+
   void establish(int rank, Peer peer) {
     if (peers_[idx(rank)]) {
       fail(rank_name(rank) + " joined twice");
@@ -864,6 +897,7 @@ class Rendezvous {
   bool connected_to_root_ = false;
   bool go_received_ = false;
   std::string last_connect_error_;
+  bool last_connect_refused_ = false;
   RefusalLog refusals_;
   std::string failure_;
   bool finished_ = false;
