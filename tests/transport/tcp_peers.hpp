@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,8 +15,11 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
@@ -277,6 +281,43 @@ struct RankZero {
   std::uint16_t port = 0;
   std::exception_ptr error;
   std::thread thread;
+};
+
+// Sends this process's stderr to a file while it lives, to count what was logged.
+class CapturedStderr {
+ public:
+  CapturedStderr()
+      : file_(std::filesystem::temp_directory_path() /
+              ("cohort-rendezvous-log-" + std::to_string(::getpid()))) {
+    std::fflush(stderr);
+    saved_ = ::dup(STDERR_FILENO);
+    const int fd = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, STDERR_FILENO);
+    ::close(fd);
+  }
+  CapturedStderr(const CapturedStderr&) = delete;
+  CapturedStderr& operator=(const CapturedStderr&) = delete;
+  ~CapturedStderr() {
+    restore();
+    std::filesystem::remove(file_);
+  }
+  // Restores stderr and returns what was written to it.
+  std::string finish() {
+    restore();
+    std::ifstream in(file_);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+
+ private:
+  void restore() {
+    if (saved_ < 0) return;
+    std::fflush(stderr);
+    ::dup2(saved_, STDERR_FILENO);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  std::filesystem::path file_;
+  int saved_ = -1;
 };
 
 }  // namespace tcp_test

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cohort/transport/tcp/tcp.hpp>
 #include <cstdint>
@@ -315,6 +316,40 @@ TEST_CASE("a peer that sends nothing fails the transfer after operation_timeout,
   const std::string error = message_of(errors[0]);
   CHECK(contains(error, "rank 0: no progress within 300 ms during sequence 17"));
   CHECK(contains(error, "receive from rank 1"));
+}
+
+TEST_CASE("a stalled transfer prints one line naming whom it waits for, long before it fails") {
+  CapturedStderr log;
+  std::promise<void> failed;
+  auto failed_future = failed.get_future().share();
+  const auto errors = run_ranks(
+      2,
+      [&](tcp::Tcp& transport) {
+        if (transport.rank() == 1) {
+          failed_future.wait();  // keeps the connection open, silent
+          return;
+        }
+        std::vector<std::byte> buffer(16);
+        const Receive receive{1, {kCollective, 17, 0}, buffer};
+        try {
+          transport.transfer({}, {&receive, 1});
+        } catch (...) {
+          failed.set_value();
+          throw;
+        }
+        failed.set_value();
+      },
+      [](tcp::Options& options) {
+        options.operation_timeout = milliseconds(1200);
+        options.stall_warning = 0.25;
+      });
+  const std::string logged = log.finish();
+  CAPTURE(logged);
+  CHECK(std::count(logged.begin(), logged.end(), '\n') == 1);
+  CHECK(contains(logged, "cohort: rank 0: no progress for 3"));
+  CHECK(contains(logged, " ms during sequence 17, waiting for: receive from rank 1 "));
+  CHECK(contains(logged, "the transfer fails at operation_timeout = 1200 ms"));
+  CHECK(contains(message_of(errors[0]), "rank 0: no progress within 1200 ms during sequence 17"));
 }
 
 TEST_CASE("a peer that closes is named with the sequence, and the failure is final") {

@@ -50,6 +50,10 @@ struct Options {
   int max_pending_connections = 64;
   // A transfer fails when no byte moves in either direction for this long.
   std::chrono::milliseconds operation_timeout{std::chrono::minutes(5)};
+  // After this fraction of operation_timeout without progress, a transfer prints one line naming
+  // the ranks and frames it waits for, so that a long timeout never means minutes of silence.
+  // 0: no warning. In [0, 1).
+  double stall_warning = 0.25;
   // Whether data frames carry and verify a checksum of their payload (XXH3-64, frame.hpp). It
   // costs CPU time near that of the kernel's own copy on loopback (docs/transport.md); off, the
   // checksum field is sent as zero and not checked. Every rank must agree (the handshake checks).
@@ -102,6 +106,10 @@ inline void validate(const Options& options) {
   if (options.operation_timeout.count() <= 0) {
     options::reject("operation_timeout", std::to_string(options.operation_timeout.count()) + " ms",
                     "must be greater than 0");
+  }
+  if (!(options.stall_warning >= 0 && options.stall_warning < 1)) {
+    options::reject("stall_warning", std::to_string(options.stall_warning),
+                    "must be a fraction of operation_timeout in [0, 1)");
   }
   options::require_positive("max_frame_bytes", options.max_frame_bytes);
   if (options.spin.count() < 0) {

@@ -39,6 +39,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -321,6 +322,9 @@ class Tcp {
     }
     std::size_t pending = sends.size() + receives.size();
     auto last_progress = std::chrono::steady_clock::now();
+    const auto warn_after = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        options_.operation_timeout * options_.stall_warning);
+    bool warned = false;
     while (pending > 0) {
       bool moved = false;
       for (const int rank : active_) {
@@ -346,12 +350,18 @@ class Tcp {
         continue;
       }
       const auto deadline = last_progress + options_.operation_timeout;
+      const bool warning_due = options_.stall_warning > 0 && !warned;
+      if (warning_due && now >= last_progress + warn_after) {
+        warn_stalled(sends, receives, now - last_progress);
+        warned = true;
+      }
       if (now >= deadline) {
         auto failure = timeout(sends, receives);
         clear_queues(sends);
         return record(std::move(failure));
       }
-      if (auto failure = wait(deadline - now)) {
+      const auto wake = warning_due ? std::min(deadline, last_progress + warn_after) : deadline;
+      if (auto failure = wait(std::max(wake - now, std::chrono::steady_clock::duration::zero()))) {
         clear_queues(sends);
         return record(std::move(*failure));
       }
@@ -743,17 +753,22 @@ class Tcp {
     return std::nullopt;  // ready, interrupted or timed out: the caller looks again
   }
 
-  Failure timeout(std::span<const Send> sends, std::span<const Receive> receives) {
-    std::string waiting;
+  // What the transfer in progress still waits for, peer by peer, and the sequence of the first.
+  struct Waiting {
+    std::string text;
     std::uint64_t sequence = 0;
+  };
+  [[gnu::cold]] Waiting waiting_for(std::span<const Send> sends,
+                                    std::span<const Receive> receives) const {
+    Waiting waiting;
     bool first = true;
+    const auto add = [&](const std::string& what, std::uint64_t at) {
+      if (first) waiting.sequence = at;
+      waiting.text += (first ? "" : "; ") + what;
+      first = false;
+    };
     for (const int rank : active_) {
-      Peer& peer = peers_[static_cast<std::size_t>(rank)];
-      const auto add = [&](const std::string& what, std::uint64_t at) {
-        if (first) sequence = at;
-        waiting += (first ? "" : "; ") + what;
-        first = false;
-      };
+      const Peer& peer = peers_[static_cast<std::size_t>(rank)];
       if (peer.receive >= 0) {
         const Receive& receive = receives[static_cast<std::size_t>(peer.receive)];
         add("receive from rank " + std::to_string(rank) + " " + receiving(peer, receive),
@@ -766,11 +781,32 @@ class Tcp {
                 " frame bytes written",
             send.header.sequence);
       }
-      shut_down(peer);  // the frames are half done: the stream is out of step
+    }
+    return waiting;
+  }
+
+  // One line on stderr, long before the deadline, so that a stalled peer is named while there is
+  // time to look at it.
+  [[gnu::cold]] void warn_stalled(std::span<const Send> sends, std::span<const Receive> receives,
+                                  std::chrono::steady_clock::duration quiet) const {
+    const Waiting waiting = waiting_for(sends, receives);
+    const auto quiet_ms = std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count();
+    std::fprintf(stderr,
+                 "cohort: %sno progress for %lld ms during sequence %llu, waiting for: %s; the "
+                 "transfer fails at operation_timeout = %lld ms\n",
+                 prefix().c_str(), static_cast<long long>(quiet_ms),
+                 static_cast<unsigned long long>(waiting.sequence), waiting.text.c_str(),
+                 static_cast<long long>(options_.operation_timeout.count()));
+  }
+
+  [[gnu::cold]] Failure timeout(std::span<const Send> sends, std::span<const Receive> receives) {
+    const Waiting waiting = waiting_for(sends, receives);
+    for (const int rank : active_) {
+      shut_down(peers_[static_cast<std::size_t>(rank)]);  // half-done frames: out of step
     }
     return Failure{prefix() + "no progress within " +
                        std::to_string(options_.operation_timeout.count()) + " ms during sequence " +
-                       std::to_string(sequence) + ", waiting for: " + waiting,
+                       std::to_string(waiting.sequence) + ", waiting for: " + waiting.text,
                    std::nullopt};
   }
 
