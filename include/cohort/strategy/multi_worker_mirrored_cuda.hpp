@@ -94,8 +94,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
     spec_ = detail::learn_local_ranks(*cross_, spec_, tcp.binding, spec_.rank, 0);
     if (streams_.empty()) {
       make_streams();
-      std::fprintf(stderr, "cohort: rank %d is local %d of %d (from the rendezvous), %s\n",
-                   spec_.rank, spec_.local_rank, spec_.local_size, gpus().c_str());
+      std::fprintf(stderr, "cohort: rank %d drives %s\n", spec_.rank, gpus().c_str());
     }
     require_same_local_replicas();
   }

@@ -26,6 +26,7 @@
 #include "cohort/cluster/binding.hpp"
 #include "cohort/cluster/cluster.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/strategy/detail/timeouts.hpp"
 #include "cohort/transport/tcp/options.hpp"
 
 namespace cohort::strategy::detail {
@@ -39,27 +40,6 @@ inline std::string environment_or(const char* variable, const std::string& fallb
 inline std::string given_or_environment(const std::string& given, const char* variable,
                                         const char* fallback) {
   return given.empty() ? environment_or(variable, fallback) : given;
-}
-
-// `options` with COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT applied to the fields the program left
-// at their defaults (a value the program chose wins, as Options::bind_address beats
-// COHORT_BIND_ADDRESS). A malformed or non-positive value is a ConfigError naming the variable,
-// also where the program's value wins. StrategyOptions has timeout and connect_timeout.
-template <class StrategyOptions>
-StrategyOptions with_environment(
-    StrategyOptions options,
-    const cluster::Environment& environment = cluster::process_environment()) {
-  const StrategyOptions defaults{};
-  const auto apply = [&](std::string_view name, std::chrono::milliseconds& field,
-                         std::chrono::milliseconds default_value) {
-    const std::optional<std::string> value = environment(name);
-    if (!value || value->empty()) return;
-    const std::chrono::milliseconds parsed = cluster::parse_duration(name, *value);
-    if (field == default_value) field = parsed;
-  };
-  apply(cluster::variable::kTimeout, options.timeout, defaults.timeout);
-  apply(cluster::variable::kConnectTimeout, options.connect_timeout, defaults.connect_timeout);
-  return options;
 }
 
 // What a strategy's process hands its transport, and where it listens and why.
@@ -110,7 +90,8 @@ inline void announce(const std::string& what, const TcpSetup& setup) {
 // all_gather of std::int64_t). `mesh_rank` is this process's rank in it, `group` its role's
 // number (ranks count their local ranks among the ranks of their group: workers, servers).
 // Ranks that share an own address (binding.own; the host name where it is unknown) share a host.
-// Where spec.local_given is false, the returned Spec takes this rank's place among them; where it
+// Where spec.local_given is false, the returned Spec takes this rank's place among them (and a
+// line on stderr says so); where it
 // is true, the launcher's values stand, and a launcher that disagrees with what the rendezvous
 // saw, for any rank, is a ConfigError on every rank. Loopback clusters are not checked: there
 // several ranks may stand for several hosts on purpose (tests).
@@ -168,6 +149,9 @@ cluster::Spec learn_local_ranks(All& all, cluster::Spec spec, const cluster::Bin
     spec.local_rank = place.rank;
     spec.local_size = place.size;
     spec.local_given = true;
+    const std::string where = "ranks of its role at " + address_of(mesh_rank);
+    std::fprintf(stderr, "cohort: rank %d is local rank %d of %d, from the rendezvous (%s)\n",
+                 spec.rank, spec.local_rank, spec.local_size, where.c_str());
     return spec;
   }
   if (cluster::detail::is_loopback_address(binding.own)) return spec;

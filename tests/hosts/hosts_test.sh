@@ -1,0 +1,361 @@
+#!/usr/bin/env bash
+# Jobs across hosts: 4 network namespaces h1..h4 (10.77.0.1 to 10.77.0.4, names in each one's
+# /etc/hosts) on a bridge, real processes of the example programs in them, no bind variable set
+# anywhere. Needs root and iproute2; skips (exit 77, ctest's SKIP_RETURN_CODE) where namespaces
+# cannot be made.
+#
+#   tests/hosts/hosts_test.sh BUILD_DIR [CASE...]      (ctest runs it with every case)
+#   COHORT_HOSTS_VERBOSE=1 shows every process's output, also of the cases that pass.
+#
+# Cases: launches (MultiWorkerMirrored 4x1 and 2x2 under TF_CONFIG, COHORT_*, MASTER_ADDR-style
+# variables and mpirun, ParameterServer<Sync> on 2 server and 2 worker hosts), each checked for
+# the bits of the single-host run (examples/00_mirrored_cpu with as many replicas); and faults:
+# a partition of one host shorter than the timeout (same bits), one longer than the timeout (a
+# named error on every rank between half and twice the timeout after the fault), a wrong secret
+# on one host.
+set -uo pipefail
+
+build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
+shift
+cases=("$@")
+if ((${#cases[@]} == 0)); then
+  cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host master_addr_2x2 mpirun_4x1
+         parameter_server short_partition long_partition wrong_secret)
+fi
+
+multi_worker="${build}/examples/02_multi_worker/multi_worker"
+parameter_server="${build}/examples/03_parameter_server/parameter_server"
+mirrored="${build}/examples/00_mirrored_cpu/mirrored_cpu"
+# A small job: 16 steps of the demo.
+job=(--examples 4096 --epochs 1 --quiet)
+
+skip() {
+  echo "SKIPPED hosts: $*"
+  exit 77
+}
+[[ "$(id -u)" -eq 0 ]] || skip "network namespaces need root"
+command -v ip >/dev/null || skip "no ip (iproute2)"
+
+# Unique per run, so that runs side by side do not meet: namespaces ch<pid>-<h>, bridge chb<pid>.
+tag="$$"
+bridge="chb${tag}"
+namespace() { echo "ch${tag}-$1"; }
+work="$(mktemp -d)"
+
+cleanup() {
+  local h pids
+  for h in 1 2 3 4; do
+    pids="$(ip netns pids "$(namespace "${h}")" 2>/dev/null)"
+    [[ -n "${pids}" ]] && kill -9 ${pids} 2>/dev/null
+    ip netns del "$(namespace "${h}")" 2>/dev/null
+    rm -rf "/etc/netns/$(namespace "${h}")"
+  done
+  ip link del "${bridge}" 2>/dev/null
+  rm -rf "${work}"
+}
+trap cleanup EXIT
+
+ip netns add "$(namespace 1)" 2>/dev/null || skip "cannot create a network namespace here"
+ip link add "${bridge}" type bridge || skip "cannot create a bridge here"
+ip link set "${bridge}" up
+for h in 1 2 3 4; do
+  ns="$(namespace "${h}")"
+  [[ "${h}" -eq 1 ]] || ip netns add "${ns}"
+  ip link add "chv${tag}-${h}" type veth peer name eth0 netns "${ns}"
+  ip link set "chv${tag}-${h}" master "${bridge}" up
+  ip -n "${ns}" addr add "10.77.0.${h}/24" dev eth0
+  ip -n "${ns}" link set eth0 up
+  ip -n "${ns}" link set lo up
+  # ip netns exec mounts /etc/netns/<ns>/hosts over /etc/hosts: each host knows the others by
+  # name, and its own name as Debian writes it (127.0.1.1).
+  mkdir -p "/etc/netns/${ns}"
+  {
+    echo "127.0.0.1 localhost"
+    for other in 1 2 3 4; do
+      [[ "${other}" -eq "${h}" ]] && echo "127.0.1.1 h${other}" || echo "10.77.0.${other} h${other}"
+    done
+  } >"/etc/netns/${ns}/hosts"
+done
+
+failures=0
+fail() {
+  echo "FAIL ${case_name}: $*"
+  failures=$((failures + 1))
+}
+
+# on HOST VARIABLES... -- PROGRAM ARGS...: runs in the background in host HOST's namespace with
+# exactly the given cohort variables; its output goes to ${work}/<case>.<n>.out, and
+# ${work}/<case>.<n>.end gets "status seconds-since-epoch" when it ends.
+started=()
+on() {
+  local host="$1"
+  shift
+  local variables=()
+  while [[ "$1" != "--" ]]; do
+    variables+=("$1")
+    shift
+  done
+  shift
+  local n="${#started[@]}"
+  local out="${work}/${case_name}.${n}"
+  (
+    env -u COHORT_BIND_ADDRESS -u COHORT_SECRET -u COHORT_TIMEOUT -u COHORT_CONNECT_TIMEOUT \
+      "${variables[@]}" ip netns exec "$(namespace "${host}")" "$@" >"${out}.out" 2>&1
+    echo "$? $(date +%s.%N)" >"${out}.end"
+  ) &
+  started+=("${out}")
+}
+
+# Waits for every process of the case (at most $1 seconds); prints each one's output on failure.
+finish() {
+  local limit="$1" waited=0 out
+  for out in "${started[@]}"; do
+    while [[ ! -f "${out}.end" ]] && ((waited < limit * 10)); do
+      sleep 0.1
+      waited=$((waited + 1))
+    done
+  done
+  wait
+  for out in "${started[@]}"; do
+    [[ -f "${out}.end" ]] || fail "$(basename "${out}") did not end within ${limit} s"
+  done
+}
+
+status_of() { cut -d' ' -f1 "$1.end" 2>/dev/null || echo none; }
+end_of() { cut -d' ' -f2 "$1.end"; }
+
+show() {
+  local out
+  for out in "${started[@]}"; do
+    echo "--- $(basename "${out}") (status $(status_of "${out}"))"
+    cat "${out}.out"
+  done
+}
+
+# The chief's fingerprint, from its "parameters HEX" line.
+fingerprint() { grep -o 'parameters [0-9a-f]*' "${started[0]}.out" | tail -1 | cut -d' ' -f2; }
+
+expect_bits() {
+  local expected="$1" out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  [[ "$(fingerprint)" == "${expected}" ]] || fail "parameters $(fingerprint), expected ${expected}"
+  grep -q "COHORT_BIND_ADDRESS\|0\.0\.0\.0" "${started[@]/%/.out}" &&
+    fail "a rank bound the wildcard or read COHORT_BIND_ADDRESS"
+}
+
+# The single-host bits, Mirrored with 2 and 4 replicas.
+reference() {
+  "${mirrored}" --replicas "$1" "${job[@]}" | awk -v n="$1" '$1 == n { print $5 }'
+}
+bits2="$(reference 2)"
+bits4="$(reference 4)"
+echo "single-host parameters: 2 replicas ${bits2}, 4 replicas ${bits4}"
+[[ -n "${bits2}" && -n "${bits4}" ]] || { echo "FAIL: no single-host fingerprint"; exit 1; }
+
+tf_config() {  # tf_config "\"h1:2222\",..." TYPE INDEX [PS_LIST]
+  local ps=""
+  [[ -n "${4:-}" ]] && ps=",\"ps\":[$4]"
+  echo "{\"cluster\":{\"worker\":[$1]${ps}},\"task\":{\"type\":\"$2\",\"index\":$3}}"
+}
+
+case_tf_config_4x1() {
+  local workers='"10.77.0.1:2222","10.77.0.2:2222","10.77.0.3:2222","10.77.0.4:2222"' h
+  for h in 1 2 3 4; do
+    on "${h}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)))" -- "${multi_worker}" "${job[@]}"
+  done
+  finish 60
+  expect_bits "${bits4}"
+  grep -q "listening on 10.77.0.2 (own address in TF_CONFIG worker\[1\])" "${started[1]}.out" ||
+    fail "rank 1's start-up line does not name its own address"
+  grep -q "warning: listening on 10.77.0.1 without a secret" "${started[0]}.out" ||
+    fail "no warning about the missing secret"
+}
+
+case_tf_config_names_2x2() {
+  local workers='"h1:2222","h2:2222"' h
+  for h in 1 2; do
+    on "${h}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)))" -- \
+      "${multi_worker}" --local-replicas 2 "${job[@]}"
+  done
+  finish 60
+  # Each host's own name is 127.0.1.1 there: it listens on every interface and says why.
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+    grep -q "listening on 0.0.0.0 (every interface: own address in TF_CONFIG worker\[.\] is loopback 127.0.1.1" \
+      "${out}.out" || fail "$(basename "${out}") does not say why it binds every interface"
+  done
+  [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
+}
+
+case_cohort_4x1() {
+  local h
+  for h in 1 2 3 4; do
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 \
+      COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
+  done
+  finish 60
+  expect_bits "${bits4}"
+  grep -q "rank 3 is local rank 0 of 1, from the rendezvous (ranks of its role at 10.77.0.4)" \
+    "${started[3]}.out" || fail "rank 3 did not learn its local rank"
+}
+
+case_cohort_two_per_host() {  # 4 ranks on 2 hosts, no local variables: local ranks learned
+  local rank
+  for rank in 0 1 2 3; do
+    on $((rank / 2 + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 \
+      COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
+  done
+  finish 60
+  expect_bits "${bits4}"
+  grep -q "rank 3 is local rank 1 of 2, from the rendezvous (ranks of its role at 10.77.0.2)" \
+    "${started[3]}.out" || fail "rank 3 did not learn local rank 1 of 2"
+}
+
+case_master_addr_2x2() {
+  local h
+  for h in 1 2; do
+    on "${h}" RANK=$((h - 1)) WORLD_SIZE=2 MASTER_ADDR=h1 MASTER_PORT=29500 -- \
+      "${multi_worker}" --local-replicas 2 "${job[@]}"
+  done
+  finish 60
+  # h1 is 127.0.1.1 on h1 (the master's own name), 10.77.0.1 on h2.
+  grep -q "listening on 10.77.0.2 (own address on the route to the master h1)" "${started[1]}.out" ||
+    fail "rank 1 does not bind its own address"
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
+}
+
+case_mpirun_4x1() {
+  command -v mpirun >/dev/null || {
+    echo "SKIPPED ${case_name}: no mpirun"
+    return
+  }
+  # mpirun starts every rank here; the wrapper moves each into its host and gives it the local
+  # variables a hostfile of 4 hosts with 1 slot each would.
+  cat >"${work}/wrapper" <<EOF
+#!/usr/bin/env bash
+export OMPI_COMM_WORLD_LOCAL_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=1
+exec ip netns exec "ch${tag}-\$((OMPI_COMM_WORLD_RANK + 1))" "\$@"
+EOF
+  chmod +x "${work}/wrapper"
+  local out="${work}/${case_name}.0"
+  started=("${out}")
+  env -u COHORT_BIND_ADDRESS -u COHORT_SECRET \
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 60 \
+    mpirun --oversubscribe -np 4 -x COHORT_MASTER_ADDR=10.77.0.1 -x COHORT_MASTER_PORT=29500 \
+    "${work}/wrapper" "${multi_worker}" "${job[@]}" >"${out}.out" 2>&1
+  echo "$? $(date +%s.%N)" >"${out}.end"
+  expect_bits "${bits4}"
+  grep -q "listening on 10.77.0.3 (own address on the route to the master 10.77.0.1)" "${out}.out" ||
+    fail "rank 2 does not bind its own address"
+}
+
+case_parameter_server() {
+  local workers='"10.77.0.1:2222","10.77.0.2:2222"' ps='"10.77.0.3:2222","10.77.0.4:2222"'
+  on 1 TF_CONFIG="$(tf_config "${workers}" worker 0 "${ps}")" -- "${parameter_server}" --micro-batches 8 "${job[@]}"
+  on 2 TF_CONFIG="$(tf_config "${workers}" worker 1 "${ps}")" -- "${parameter_server}" --micro-batches 8 "${job[@]}"
+  on 3 TF_CONFIG="$(tf_config "${workers}" ps 0 "${ps}")" -- "${parameter_server}" --micro-batches 8 "${job[@]}"
+  on 4 TF_CONFIG="$(tf_config "${workers}" ps 1 "${ps}")" -- "${parameter_server}" --micro-batches 8 "${job[@]}"
+  finish 60
+  expect_bits "${bits2}"
+  grep -q "listening on 10.77.0.4 (own address in TF_CONFIG ps\[1\])" "${started[3]}.out" ||
+    fail "server 1 does not bind its own address"
+}
+
+# A longer job (its 4 ranks run about 10 s here) for the partitions.
+long_job=(--examples 40000 --epochs 1 --quiet)
+
+# Starts the 4x1 COHORT_* job of the partitions with COHORT_TIMEOUT=$1 and waits until every rank
+# has started training.
+start_partition_job() {
+  local h
+  for h in 1 2 3 4; do
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 \
+      COHORT_MASTER_PORT=29500 COHORT_TIMEOUT="$1" -- "${multi_worker}" "${long_job[@]}"
+  done
+  local waited=0
+  while (($(cat "${started[@]/%/.out}" 2>/dev/null | grep -c "listening on") < 4)); do
+    sleep 0.1
+    waited=$((waited + 1))
+    ((waited < 300)) || break
+  done
+  sleep 1
+}
+
+case_short_partition() {
+  local reference_long
+  reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
+  start_partition_job 10
+  ip link set "chv${tag}-4" down
+  sleep 3
+  ip link set "chv${tag}-4" up
+  local healed
+  healed="$(date +%s.%N)"
+  finish 120
+  expect_bits "${reference_long}"
+  # The job was still running when the partition ended, so the partition was within it.
+  awk -v a="$(end_of "${started[0]}")" -v b="${healed}" 'BEGIN { exit !(a > b) }' ||
+    fail "the job ended before the partition did: make long_job longer"
+}
+
+case_long_partition() {
+  local timeout=4
+  start_partition_job "${timeout}"
+  local fault
+  fault="$(date +%s.%N)"
+  ip link set "chv${tag}-4" down
+  finish 60
+  ip link set "chv${tag}-4" up
+  local out after
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" != 0 ]] || fail "$(basename "${out}") succeeded despite the partition"
+    grep -q "error: .*rank [0-9]" "${out}.out" || fail "$(basename "${out}") names no rank"
+    after="$(awk -v a="$(end_of "${out}")" -v f="${fault}" 'BEGIN { printf "%.1f", a - f }')"
+    echo "${case_name}: $(basename "${out}") failed ${after} s after the fault (timeout ${timeout} s)"
+    awk -v t="${after}" -v T="${timeout}" 'BEGIN { exit !(t >= T / 2 && t <= 2 * T) }' ||
+      fail "$(basename "${out}") failed ${after} s after the fault, not within [$((timeout / 2)), $((2 * timeout))] s"
+  done
+}
+
+case_wrong_secret() {
+  local h secret
+  for h in 1 2 3 4; do
+    secret=right
+    [[ "${h}" -eq 4 ]] && secret=wrong
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 \
+      COHORT_MASTER_PORT=29500 COHORT_SECRET="${secret}" COHORT_CONNECT_TIMEOUT=5 -- \
+      "${multi_worker}" "${job[@]}"
+  done
+  finish 30
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" != 0 ]] || fail "$(basename "${out}") succeeded with a wrong secret"
+    grep -q "error: " "${out}.out" || fail "$(basename "${out}") reports no error"
+    grep -q "warning: listening .* without a secret" "${out}.out" &&
+      fail "$(basename "${out}") warns about a secret it has"
+  done
+  grep -qi "secret" "${started[0]}.out" "${started[3]}.out" ||
+    fail "neither rank 0 nor rank 3 mentions the secret"
+}
+
+for case_name in "${cases[@]}"; do
+  started=()
+  before="${failures}"
+  start="$(date +%s.%N)"
+  "case_${case_name}"
+  took="$(awk -v a="${start}" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')"
+  if ((failures > before)); then
+    show
+    echo "FAILED ${case_name} (${took} s)"
+  else
+    [[ -n "${COHORT_HOSTS_VERBOSE:-}" ]] && show
+    echo "ok ${case_name} (${took} s)"
+  fi
+done
+((failures == 0)) || exit 1
