@@ -9,7 +9,9 @@
 #
 # Cases: launches (MultiWorkerMirrored 4x1 and 2x2 under TF_CONFIG, COHORT_*, MASTER_ADDR-style
 # variables and mpirun, ParameterServer<Sync> on 2 server and 2 worker hosts), each checked for
-# the bits of the single-host run (examples/00_mirrored_cpu with as many replicas); and faults:
+# the bits of the single-host run (examples/00_mirrored_cpu with as many replicas); local ranks
+# learned at the rendezvous (2 ranks on each of 2 hosts), and local variables that contradict it
+# (a ConfigError on every rank); and faults:
 # a partition of one host shorter than the timeout (same bits), one longer than the timeout (a
 # named error on every rank between half and twice the timeout after the fault), a wrong secret
 # on one host.
@@ -19,8 +21,8 @@ build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
 shift
 cases=("$@")
 if ((${#cases[@]} == 0)); then
-  cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host master_addr_2x2 mpirun_4x1
-         parameter_server short_partition long_partition wrong_secret)
+  cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host local_conflict
+         master_addr_2x2 mpirun_4x1 parameter_server short_partition long_partition wrong_secret)
 fi
 
 multi_worker="${build}/examples/02_multi_worker/multi_worker"
@@ -214,6 +216,22 @@ case_cohort_two_per_host() {  # 4 ranks on 2 hosts, no local variables: local ra
     "${started[3]}.out" || fail "rank 3 did not learn local rank 1 of 2"
 }
 
+case_local_conflict() {  # local variables that say one host, for ranks on four
+  local h
+  for h in 1 2 3 4; do
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_LOCAL_RANK=$((h - 1)) \
+      COHORT_LOCAL_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 COHORT_MASTER_PORT=29500 -- \
+      "${multi_worker}" "${job[@]}"
+  done
+  finish 60
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 2 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+    grep -q "error: local ranks: mesh rank 0 was given local rank 0 of 4 (COHORT_\* variables), but at the rendezvous 1 rank(s) of its role share its address 10.77.0.1" \
+      "${out}.out" || fail "$(basename "${out}") does not name the conflict"
+  done
+}
+
 case_master_addr_2x2() {
   local h
   for h in 1 2; do
@@ -268,16 +286,18 @@ case_parameter_server() {
     fail "server 1 does not bind its own address"
 }
 
-# A longer job (its 4 ranks run about 10 s here) for the partitions.
-long_job=(--examples 40000 --epochs 1 --quiet)
+# A longer job for the short partition (its 4 ranks run about 8 s on 2 cores), and one that
+# would run for minutes, for the long partition.
+long_job=(--layers 8,512,512,10 --examples 32768 --epochs 6 --quiet)
+endless_job=(--layers 8,512,512,10 --examples 32768 --epochs 1000 --quiet)
 
-# Starts the 4x1 COHORT_* job of the partitions with COHORT_TIMEOUT=$1 and waits until every rank
-# has started training.
+# Starts the 4x1 COHORT_* job of the partitions with COHORT_TIMEOUT=$1 and the demo settings
+# ${@:2}, and waits until every rank has started training.
 start_partition_job() {
   local h
   for h in 1 2 3 4; do
     on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 \
-      COHORT_MASTER_PORT=29500 COHORT_TIMEOUT="$1" -- "${multi_worker}" "${long_job[@]}"
+      COHORT_MASTER_PORT=29500 COHORT_TIMEOUT="$1" -- "${multi_worker}" "${@:2}"
   done
   local waited=0
   while (($(cat "${started[@]/%/.out}" 2>/dev/null | grep -c "listening on") < 4)); do
@@ -291,7 +311,7 @@ start_partition_job() {
 case_short_partition() {
   local reference_long
   reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
-  start_partition_job 10
+  start_partition_job 10 "${long_job[@]}"
   ip link set "chv${tag}-4" down
   sleep 3
   ip link set "chv${tag}-4" up
@@ -306,7 +326,7 @@ case_short_partition() {
 
 case_long_partition() {
   local timeout=4
-  start_partition_job "${timeout}"
+  start_partition_job "${timeout}" "${endless_job[@]}"
   local fault
   fault="$(date +%s.%N)"
   ip link set "chv${tag}-4" down
