@@ -14,7 +14,7 @@
 # (a ConfigError on every rank); and faults:
 # a partition of one host shorter than the timeout (same bits), one longer than the timeout (a
 # named error on every rank between half and twice the timeout after the fault), a wrong secret
-# on one host.
+# on one host; no rank 0 at the master address.
 set -uo pipefail
 
 build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
@@ -22,7 +22,7 @@ shift
 cases=("$@")
 if ((${#cases[@]} == 0)); then
   cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host local_conflict
-         master_addr_2x2 mpirun_4x1 parameter_server short_partition long_partition wrong_secret)
+         master_addr_2x2 mpirun_4x1 parameter_server short_partition long_partition no_master wrong_secret)
 fi
 
 multi_worker="${build}/examples/02_multi_worker/multi_worker"
@@ -340,6 +340,20 @@ case_long_partition() {
     echo "${case_name}: $(basename "${out}") failed ${after} s after the fault (timeout ${timeout} s)"
     awk -v t="${after}" -v T="${timeout}" 'BEGIN { exit !(t >= T / 2 && t <= 2 * T) }' ||
       fail "$(basename "${out}") failed ${after} s after the fault, not within [$((timeout / 2)), $((2 * timeout))] s"
+  done
+}
+
+case_no_master() {  # ranks 1 to 3 with no rank 0: each names what it could not reach
+  local h
+  for h in 2 3 4; do
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 \
+      COHORT_MASTER_PORT=29500 COHORT_CONNECT_TIMEOUT=2 -- "${multi_worker}" "${job[@]}"
+  done
+  finish 30
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 2 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+    grep -q "error: .*10.77.0.1:29500" "${out}.out" || fail "$(basename "${out}") names no address"
   done
 }
 
