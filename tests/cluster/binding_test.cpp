@@ -18,10 +18,9 @@ namespace {
 // interface address.
 struct FakeHost {
   std::set<std::string> interfaces{"127.0.0.1", "10.77.0.2"};
-  std::map<std::string, std::string> names{{"localhost", "127.0.0.1"}, {"w0", "10.77.0.1"},
-                                           {"w1", "10.77.0.2"}, {"me", "127.0.1.1"}};
-  std::map<std::string, std::string> routes{{"127.0.0.1", "127.0.0.1"},
-                                            {"10.77.0.1", "10.77.0.2"}};
+  std::map<std::string, std::string> names{
+      {"localhost", "127.0.0.1"}, {"w0", "10.77.0.1"}, {"w1", "10.77.0.2"}, {"me", "127.0.1.1"}};
+  std::map<std::string, std::string> routes{{"127.0.0.1", "127.0.0.1"}, {"10.77.0.1", "10.77.0.2"}};
 
   Probe probe() const {
     Probe probe;
@@ -30,8 +29,7 @@ struct FakeHost {
       if (host.find_first_not_of("0123456789.:") == std::string::npos) return host;
       return std::nullopt;
     };
-    probe.route = [this](const std::string& address,
-                         std::uint16_t) -> std::optional<std::string> {
+    probe.route = [this](const std::string& address, std::uint16_t) -> std::optional<std::string> {
       if (const auto found = routes.find(address); found != routes.end()) return found->second;
       return std::nullopt;
     };
@@ -40,8 +38,7 @@ struct FakeHost {
   }
 };
 
-Binding decide(const Variables& variables, const FakeHost& host = {},
-               std::string_view given = "") {
+Binding decide(const Variables& variables, const FakeHost& host = {}, std::string_view given = "") {
   const Environment environment = environment_from(variables);
   return decide_binding(resolve({}, environment), given, "Options::bind_address", environment,
                         host.probe());
@@ -159,8 +156,9 @@ TEST_CASE("COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT replace the defaults the pr
   CHECK(chosen.connect_timeout == 1500ms);
   CHECK(config_error_message([] {
           with_environment(Options{}, environment_from({{"COHORT_TIMEOUT", "soon"}}));
-        }) == "COHORT_TIMEOUT = \"soon\": expected a duration: seconds (30, 2.5) or 500ms, 30s, "
-              "5min");
+        }) ==
+        "COHORT_TIMEOUT = \"soon\": expected a duration: seconds (30, 2.5) or 500ms, 30s, "
+        "5min");
   CHECK(config_error_message([] {
           with_environment(Options{.timeout = 1s},
                            environment_from({{"COHORT_CONNECT_TIMEOUT", "0"}}));

@@ -153,8 +153,7 @@ inline Probe system_probe() {
     ::freeaddrinfo(result);
     return text;
   };
-  probe.route = [](const std::string& address,
-                   std::uint16_t port) -> std::optional<std::string> {
+  probe.route = [](const std::string& address, std::uint16_t port) -> std::optional<std::string> {
     sockaddr_storage target{};
     socklen_t length = 0;
     auto* v4 = reinterpret_cast<sockaddr_in*>(&target);
@@ -199,9 +198,8 @@ inline Probe system_probe() {
 
 // The rules at the top of this file. `given` is the program's choice ("" for none) and
 // `given_name` what to call it in the origin.
-inline Binding decide_binding(const Spec& spec, std::string_view given,
-                              std::string_view given_name, const Environment& environment,
-                              const Probe& probe) {
+inline Binding decide_binding(const Spec& spec, std::string_view given, std::string_view given_name,
+                              const Environment& environment, const Probe& probe) {
   Binding binding;
   // The own address first: local ranks use it whatever decides the binding.
   std::optional<std::string> own;

@@ -519,8 +519,8 @@ inline int worker_count(const Spec& spec) {
 // One line for the log: "rank 1 of 4 (local 1 of 4), role worker, master 127.0.0.1:29500,
 // job 'abc', from torchrun variables".
 inline std::string describe(const Spec& spec) {
-  const std::string local = spec.local_given ? "local " + std::to_string(spec.local_rank) +
-                                                   " of " + std::to_string(spec.local_size)
+  const std::string local = spec.local_given ? "local " + std::to_string(spec.local_rank) + " of " +
+                                                   std::to_string(spec.local_size)
                                              : std::string("local from the rendezvous");
   std::string line = "rank " + std::to_string(spec.rank) + " of " + std::to_string(spec.size) +
                      " (" + local + "), role " + spec.role + ", master " +

@@ -175,9 +175,8 @@ inline std::chrono::milliseconds parse_duration(std::string_view name, std::stri
   constexpr std::string_view kForm = "expected a duration: seconds (30, 2.5) or 500ms, 30s, 5min";
   std::string_view number = value;
   double scale = 1000.0;  // milliseconds per unit
-  for (const auto& [suffix, unit] : {std::pair<std::string_view, double>{"ms", 1.0},
-                                     {"min", 60'000.0},
-                                     {"s", 1000.0}}) {
+  for (const auto& [suffix, unit] :
+       {std::pair<std::string_view, double>{"ms", 1.0}, {"min", 60'000.0}, {"s", 1000.0}}) {
     if (number.ends_with(suffix)) {
       number.remove_suffix(suffix.size());
       scale = unit;
@@ -186,8 +185,7 @@ inline std::chrono::milliseconds parse_duration(std::string_view name, std::stri
   }
   while (!number.empty() && number.back() == ' ') number.remove_suffix(1);
   double parsed = 0.0;
-  const auto [end, error] =
-      std::from_chars(number.data(), number.data() + number.size(), parsed);
+  const auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), parsed);
   if (number.empty() || error != std::errc{} || end != number.data() + number.size() ||
       !(parsed == parsed)) {
     detail::reject_text(name, value, kForm);

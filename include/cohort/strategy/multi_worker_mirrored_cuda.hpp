@@ -9,9 +9,10 @@
 // a replica thread each: those at indices local_rank * local_replicas to
 // local_rank * local_replicas + local_replicas - 1 among the GPUs that CUDA_VISIBLE_DEVICES leaves
 // visible to it (local_rank comes from LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or
-// COHORT_LOCAL_RANK; where none is set, from the rendezvous: the ranks sharing an address). So one process per GPU (the default,
-// local_replicas = 1, as torchrun starts them) and one process per host with all its GPUs both
-// work. Every process drives as many GPUs (a ConfigError otherwise, on every process).
+// COHORT_LOCAL_RANK; where none is set, from the rendezvous: the ranks sharing an address). So one
+// process per GPU (the default, local_replicas = 1, as torchrun starts them) and one process per
+// host with all its GPUs both work. Every process drives as many GPUs (a ConfigError otherwise, on
+// every process).
 //
 // Construction checks the GPUs (a ConfigError naming local_rank when this process lacks one of
 // them), makes each replica's stream, and does the TCP rendezvous of MultiWorkerMirrored<> (the
@@ -175,8 +176,9 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
   std::string gpus() const {
     const int first = streams_.front().place().device;
     const int count = static_cast<int>(streams_.size());
-    return count == 1 ? "GPU " + std::to_string(first)
-                      : "GPUs " + std::to_string(first) + " to " + std::to_string(first + count - 1);
+    return count == 1
+               ? "GPU " + std::to_string(first)
+               : "GPUs " + std::to_string(first) + " to " + std::to_string(first + count - 1);
   }
 
   // The NCCL group counts every process's GPUs: a process that counted otherwise would wait in

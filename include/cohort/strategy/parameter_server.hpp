@@ -220,10 +220,10 @@ class ParameterServer {
     if (!serves() && spec_.local_given) worker_place_.emplace(spec_, options_.timeout);
     const int rank = serves() ? workers_ + spec_.rank : spec_.rank;
     const detail::TcpSetup tcp = detail::tcp_setup(spec_, rank, workers_ + servers_, options_);
-    detail::announce(cluster::describe(spec_) + "; parameter server job: " +
-                         std::to_string(servers_) + " server(s), " + std::to_string(workers_) +
-                         " worker(s), " + std::string(C::kName) + ", rank " +
-                         std::to_string(rank) + " of the mesh",
+    detail::announce(cluster::describe(spec_) +
+                         "; parameter server job: " + std::to_string(servers_) + " server(s), " +
+                         std::to_string(workers_) + " worker(s), " + std::string(C::kName) +
+                         ", rank " + std::to_string(rank) + " of the mesh",
                      tcp);
     transport_ = std::make_unique<Transport>(tcp.options);
     {

@@ -112,8 +112,8 @@ cluster::Spec learn_local_ranks(All& all, cluster::Spec spec, const cluster::Bin
   std::vector<std::int64_t> mine(kWords, 0);
   std::memcpy(mine.data(), key.data(), key.size());
   mine[kKeyWords] = group;
-  mine[kKeyWords + 1] = spec.local_given ? (std::int64_t{spec.local_rank} << 32) | spec.local_size
-                                         : -1;
+  mine[kKeyWords + 1] =
+      spec.local_given ? (std::int64_t{spec.local_rank} << 32) | spec.local_size : -1;
   std::vector<std::int64_t> everyone(kWords * static_cast<std::size_t>(size));
   all.template all_gather<std::int64_t>(std::span<const std::int64_t>(mine), everyone);
 

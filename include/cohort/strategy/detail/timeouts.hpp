@@ -17,9 +17,8 @@ namespace cohort::strategy::detail {
 // also where the program's value wins. StrategyOptions has timeout, and connect_timeout where
 // the strategy connects processes.
 template <class StrategyOptions>
-StrategyOptions with_environment(
-    StrategyOptions options,
-    const cluster::Environment& environment = cluster::process_environment()) {
+StrategyOptions with_environment(StrategyOptions options, const cluster::Environment& environment =
+                                                              cluster::process_environment()) {
   const StrategyOptions defaults{};
   const auto apply = [&](std::string_view name, std::chrono::milliseconds& field,
                          std::chrono::milliseconds default_value) {
