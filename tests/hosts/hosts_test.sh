@@ -8,7 +8,7 @@
 #   COHORT_HOSTS_VERBOSE=1 shows every process's output, also of the cases that pass.
 #
 # Cases: launches (MultiWorkerMirrored 4x1 and 2x2 under TF_CONFIG, COHORT_*, MASTER_ADDR-style
-# variables and mpirun, ParameterServer<Sync> on 2 server and 2 worker hosts), each checked for
+# variables, Slurm's and mpirun, ParameterServer<Sync> on 2 server and 2 worker hosts), each checked for
 # the bits of the single-host run (examples/00_mirrored_cpu with as many replicas); local ranks
 # learned at the rendezvous (2 ranks on each of 2 hosts), and local variables that contradict it
 # (a ConfigError on every rank); and faults:
@@ -22,7 +22,7 @@ shift
 cases=("$@")
 if ((${#cases[@]} == 0)); then
   cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host local_conflict
-         master_addr_2x2 mpirun_4x1 parameter_server short_partition long_partition no_master wrong_secret)
+         master_addr_2x2 slurm_4x1 mpirun_4x1 parameter_server short_partition long_partition no_master wrong_secret)
 fi
 
 multi_worker="${build}/examples/02_multi_worker/multi_worker"
@@ -247,6 +247,23 @@ case_master_addr_2x2() {
     [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
   done
   [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
+}
+
+case_slurm_4x1() {  # the variables srun gives each task of a 4-node, 1-task-per-node step
+  local h
+  for h in 1 2 3 4; do
+    on "${h}" SLURM_PROCID=$((h - 1)) SLURM_NTASKS=4 SLURM_LOCALID=0 SLURM_NODEID=$((h - 1)) \
+      SLURM_STEP_TASKS_PER_NODE='1(x4)' SLURM_STEP_NODELIST='h[1-4]' SLURM_JOB_ID=77 -- \
+      "${multi_worker}" "${job[@]}"
+  done
+  finish 60
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
+  grep -q "listening on 10.77.0.4 (own address on the route to the master h1)" "${started[3]}.out" ||
+    fail "rank 3 does not bind its own address"
 }
 
 case_mpirun_4x1() {
