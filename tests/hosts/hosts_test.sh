@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Jobs across hosts: 4 network namespaces h1..h4 (10.77.0.1 to 10.77.0.4, names in each one's
+# Jobs across hosts: 4 network namespaces h1..h4 (10.77.N.1 to 10.77.N.4, names in each one's
 # /etc/hosts) on a bridge, real processes of the example programs in them, no bind variable set
 # anywhere. Needs root and iproute2; skips (exit 77, ctest's SKIP_RETURN_CODE) where namespaces
 # cannot be made.
@@ -8,13 +8,13 @@
 #   COHORT_HOSTS_VERBOSE=1 shows every process's output, also of the cases that pass.
 #
 # Cases: launches (MultiWorkerMirrored 4x1 and 2x2 under TF_CONFIG, COHORT_*, MASTER_ADDR-style
-# variables, Slurm's and mpirun, ParameterServer<Sync> on 2 server and 2 worker hosts), each checked for
-# the bits of the single-host run (examples/00_mirrored_cpu with as many replicas); local ranks
-# learned at the rendezvous (2 ranks on each of 2 hosts), and local variables that contradict it
-# (a ConfigError on every rank); and faults:
-# a partition of one host shorter than the timeout (same bits), one longer than the timeout (a
-# named error on every rank between half and twice the timeout after the fault), a wrong secret
-# on one host; no rank 0 at the master address.
+# variables, Slurm's and mpirun with a hostfile, ParameterServer<Sync> on 2 server and 2 worker
+# hosts), each checked for the bits of the single-host run (examples/00_mirrored_cpu with as
+# many replicas); local ranks learned at the rendezvous (2 ranks on each of 2 hosts), and local
+# variables that contradict it (a ConfigError on every rank); and faults: a partition of one host
+# shorter than the timeout (same bits), one longer than the timeout (a named error on every rank
+# between half and twice the timeout after the fault), a wrong secret on one host, no rank 0 at
+# the master address.
 set -uo pipefail
 
 build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
@@ -22,7 +22,8 @@ shift
 cases=("$@")
 if ((${#cases[@]} == 0)); then
   cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host local_conflict
-         master_addr_2x2 slurm_4x1 mpirun_4x1 parameter_server short_partition long_partition no_master wrong_secret)
+         master_addr_2x2 slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
+         short_partition long_partition no_master wrong_secret)
 fi
 
 multi_worker="${build}/examples/02_multi_worker/multi_worker"
@@ -38,8 +39,10 @@ skip() {
 [[ "$(id -u)" -eq 0 ]] || skip "network namespaces need root"
 command -v ip >/dev/null || skip "no ip (iproute2)"
 
-# Unique per run, so that runs side by side do not meet: namespaces ch<pid>-<h>, bridge chb<pid>.
+# Unique per run, so that runs side by side do not meet: namespaces ch<pid>-<h>, bridge chb<pid>,
+# subnet 10.77.N.0/24 with N from the pid (the bridge has an address of it while mpirun runs).
 tag="$$"
+net="10.77.$((tag % 250))"
 bridge="chb${tag}"
 namespace() { echo "ch${tag}-$1"; }
 work="$(mktemp -d)"
@@ -48,6 +51,7 @@ cleanup() {
   local h pids
   for h in 1 2 3 4; do
     pids="$(ip netns pids "$(namespace "${h}")" 2>/dev/null)"
+    # shellcheck disable=SC2086 # one pid per word
     [[ -n "${pids}" ]] && kill -9 ${pids} 2>/dev/null
     ip netns del "$(namespace "${h}")" 2>/dev/null
     rm -rf "/etc/netns/$(namespace "${h}")"
@@ -65,7 +69,7 @@ for h in 1 2 3 4; do
   [[ "${h}" -eq 1 ]] || ip netns add "${ns}"
   ip link add "chv${tag}-${h}" type veth peer name eth0 netns "${ns}"
   ip link set "chv${tag}-${h}" master "${bridge}" up
-  ip -n "${ns}" addr add "10.77.0.${h}/24" dev eth0
+  ip -n "${ns}" addr add "${net}.${h}/24" dev eth0
   ip -n "${ns}" link set eth0 up
   ip -n "${ns}" link set lo up
   # ip netns exec mounts /etc/netns/<ns>/hosts over /etc/hosts: each host knows the others by
@@ -74,7 +78,7 @@ for h in 1 2 3 4; do
   {
     echo "127.0.0.1 localhost"
     for other in 1 2 3 4; do
-      [[ "${other}" -eq "${h}" ]] && echo "127.0.1.1 h${other}" || echo "10.77.0.${other} h${other}"
+      [[ "${other}" -eq "${h}" ]] && echo "127.0.1.1 h${other}" || echo "${net}.${other} h${other}"
     done
   } >"/etc/netns/${ns}/hosts"
 done
@@ -163,15 +167,16 @@ tf_config() {  # tf_config "\"h1:2222\",..." TYPE INDEX [PS_LIST]
 }
 
 case_tf_config_4x1() {
-  local workers='"10.77.0.1:2222","10.77.0.2:2222","10.77.0.3:2222","10.77.0.4:2222"' h
+  local workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\"" h
   for h in 1 2 3 4; do
-    on "${h}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)))" -- "${multi_worker}" "${job[@]}"
+    on "${h}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)))" -- \
+      "${multi_worker}" "${job[@]}"
   done
   finish 60
   expect_bits "${bits4}"
-  grep -q "listening on 10.77.0.2 (own address in TF_CONFIG worker\[1\])" "${started[1]}.out" ||
+  grep -q "listening on ${net}.2 (own address in TF_CONFIG worker\[1\])" "${started[1]}.out" ||
     fail "rank 1's start-up line does not name its own address"
-  grep -q "warning: listening on 10.77.0.1 without a secret" "${started[0]}.out" ||
+  grep -q "warning: listening on ${net}.1 without a secret" "${started[0]}.out" ||
     fail "no warning about the missing secret"
 }
 
@@ -186,7 +191,7 @@ case_tf_config_names_2x2() {
   local out
   for out in "${started[@]}"; do
     [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
-    grep -q "listening on 0.0.0.0 (every interface: own address in TF_CONFIG worker\[.\] is loopback 127.0.1.1" \
+    grep -q "listening on 0.0.0.0 (every interface: own address in TF_CONFIG worker\[.\] is" \
       "${out}.out" || fail "$(basename "${out}") does not say why it binds every interface"
   done
   [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
@@ -195,24 +200,24 @@ case_tf_config_names_2x2() {
 case_cohort_4x1() {
   local h
   for h in 1 2 3 4; do
-    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 \
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
       COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
   done
   finish 60
   expect_bits "${bits4}"
-  grep -q "rank 3 is local rank 0 of 1, from the rendezvous (ranks of its role at 10.77.0.4)" \
+  grep -q "rank 3 is local rank 0 of 1, from the rendezvous (ranks of its role at ${net}.4)" \
     "${started[3]}.out" || fail "rank 3 did not learn its local rank"
 }
 
 case_cohort_two_per_host() {  # 4 ranks on 2 hosts, no local variables: local ranks learned
   local rank
   for rank in 0 1 2 3; do
-    on $((rank / 2 + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 \
+    on $((rank / 2 + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
       COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
   done
   finish 60
   expect_bits "${bits4}"
-  grep -q "rank 3 is local rank 1 of 2, from the rendezvous (ranks of its role at 10.77.0.2)" \
+  grep -q "rank 3 is local rank 1 of 2, from the rendezvous (ranks of its role at ${net}.2)" \
     "${started[3]}.out" || fail "rank 3 did not learn local rank 1 of 2"
 }
 
@@ -220,14 +225,15 @@ case_local_conflict() {  # local variables that say one host, for ranks on four
   local h
   for h in 1 2 3 4; do
     on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_LOCAL_RANK=$((h - 1)) \
-      COHORT_LOCAL_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 COHORT_MASTER_PORT=29500 -- \
+      COHORT_LOCAL_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 COHORT_MASTER_PORT=29500 -- \
       "${multi_worker}" "${job[@]}"
   done
   finish 60
   local out
   for out in "${started[@]}"; do
     [[ "$(status_of "${out}")" == 2 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
-    grep -q "error: local ranks: mesh rank 0 was given local rank 0 of 4 (COHORT_\* variables), but at the rendezvous 1 rank(s) of its role share its address 10.77.0.1" \
+    grep -q "error: local ranks: mesh rank 0 was given local rank 0 of 4 (COHORT_\* variables), \
+but at the rendezvous 1 rank(s) of its role share its address ${net}.1" \
       "${out}.out" || fail "$(basename "${out}") does not name the conflict"
   done
 }
@@ -239,8 +245,8 @@ case_master_addr_2x2() {
       "${multi_worker}" --local-replicas 2 "${job[@]}"
   done
   finish 60
-  # h1 is 127.0.1.1 on h1 (the master's own name), 10.77.0.1 on h2.
-  grep -q "listening on 10.77.0.2 (own address on the route to the master h1)" "${started[1]}.out" ||
+  # h1 is 127.0.1.1 on h1 (the master's own name), h1's address on h2.
+  grep -q "listening on ${net}.2 (own address on the route to the master h1)" "${started[1]}.out" ||
     fail "rank 1 does not bind its own address"
   local out
   for out in "${started[@]}"; do
@@ -262,58 +268,81 @@ case_slurm_4x1() {  # the variables srun gives each task of a 4-node, 1-task-per
     [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
   done
   [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
-  grep -q "listening on 10.77.0.4 (own address on the route to the master h1)" "${started[3]}.out" ||
+  grep -q "listening on ${net}.4 (own address on the route to the master h1)" "${started[3]}.out" ||
     fail "rank 3 does not bind its own address"
 }
 
-case_mpirun_4x1() {
+# mpirun with a hostfile of the hosts' addresses, as on a cluster: Open MPI's ssh is replaced by
+# an agent that runs the remote command (its daemon, orted) in the host's namespace, and mpirun
+# reaches the daemons through an address of the bridge. $1: slots per host, $2: hosts.
+mpirun_hostfile() {
+  local slots="$1" hosts="$2" h
   command -v mpirun >/dev/null || {
     echo "SKIPPED ${case_name}: no mpirun"
-    return
+    return 1
   }
-  # mpirun starts every rank here; the wrapper moves each into its host and gives it the local
-  # variables a hostfile of 4 hosts with 1 slot each would.
-  cat >"${work}/wrapper" <<EOF
+  cat >"${work}/agent" <<EOF
 #!/usr/bin/env bash
-export OMPI_COMM_WORLD_LOCAL_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=1
-exec ip netns exec "ch${tag}-\$((OMPI_COMM_WORLD_RANK + 1))" "\$@"
+# plm_rsh_agent: agent [ssh options] HOST COMMAND...
+while [[ "\$1" == -* ]]; do shift; done
+host="\$1"
+shift
+exec ip netns exec "ch${tag}-\${host##*.}" /bin/sh -c "\$*"
 EOF
-  chmod +x "${work}/wrapper"
+  chmod +x "${work}/agent"
+  : >"${work}/hostfile"
+  for ((h = 1; h <= hosts; ++h)); do echo "${net}.${h} slots=${slots}" >>"${work}/hostfile"; done
+  ip addr add "${net}.254/24" dev "${bridge}"
   local out="${work}/${case_name}.0"
   started=("${out}")
   env -u COHORT_BIND_ADDRESS -u COHORT_SECRET \
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 60 \
-    mpirun --oversubscribe -np 4 -x COHORT_MASTER_ADDR=10.77.0.1 -x COHORT_MASTER_PORT=29500 \
-    "${work}/wrapper" "${multi_worker}" "${job[@]}" >"${out}.out" 2>&1
+    mpirun --hostfile "${work}/hostfile" -np $((slots * hosts)) \
+    --mca plm_rsh_agent "${work}/agent" --mca oob_tcp_if_include "${net}.0/24" \
+    -x COHORT_MASTER_ADDR="${net}.1" -x COHORT_MASTER_PORT=29500 \
+    "${multi_worker}" "${job[@]}" >"${out}.out" 2>&1
   echo "$? $(date +%s.%N)" >"${out}.end"
+  ip addr del "${net}.254/24" dev "${bridge}"
+}
+
+case_mpirun_4x1() {
+  mpirun_hostfile 1 4 || return
   expect_bits "${bits4}"
-  grep -q "listening on 10.77.0.3 (own address on the route to the master 10.77.0.1)" "${out}.out" ||
-    fail "rank 2 does not bind its own address"
+  grep -q "rank 2 of 4 (local 0 of 1).*listening on ${net}.3 (own address on the route to the" \
+    "${started[0]}.out" || fail "rank 2 does not bind its own address"
+}
+
+case_mpirun_two_per_host() {  # Open MPI's local ranks, 2 per host, agree with the rendezvous
+  mpirun_hostfile 2 2 || return
+  expect_bits "${bits4}"
+  grep -q "rank 3 of 4 (local 1 of 2).*listening on ${net}.2" "${started[0]}.out" ||
+    fail "rank 3 is not local rank 1 of 2 on host 2"
 }
 
 case_parameter_server() {
-  local workers='"10.77.0.1:2222","10.77.0.2:2222"' ps='"10.77.0.3:2222","10.77.0.4:2222"'
-  on 1 TF_CONFIG="$(tf_config "${workers}" worker 0 "${ps}")" -- "${parameter_server}" --micro-batches 8 "${job[@]}"
-  on 2 TF_CONFIG="$(tf_config "${workers}" worker 1 "${ps}")" -- "${parameter_server}" --micro-batches 8 "${job[@]}"
-  on 3 TF_CONFIG="$(tf_config "${workers}" ps 0 "${ps}")" -- "${parameter_server}" --micro-batches 8 "${job[@]}"
-  on 4 TF_CONFIG="$(tf_config "${workers}" ps 1 "${ps}")" -- "${parameter_server}" --micro-batches 8 "${job[@]}"
+  local workers="\"${net}.1:2222\",\"${net}.2:2222\"" ps="\"${net}.3:2222\",\"${net}.4:2222\""
+  local program=("${parameter_server}" --micro-batches 8 "${job[@]}")
+  on 1 TF_CONFIG="$(tf_config "${workers}" worker 0 "${ps}")" -- "${program[@]}"
+  on 2 TF_CONFIG="$(tf_config "${workers}" worker 1 "${ps}")" -- "${program[@]}"
+  on 3 TF_CONFIG="$(tf_config "${workers}" ps 0 "${ps}")" -- "${program[@]}"
+  on 4 TF_CONFIG="$(tf_config "${workers}" ps 1 "${ps}")" -- "${program[@]}"
   finish 60
   expect_bits "${bits2}"
-  grep -q "listening on 10.77.0.4 (own address in TF_CONFIG ps\[1\])" "${started[3]}.out" ||
+  grep -q "listening on ${net}.4 (own address in TF_CONFIG ps\[1\])" "${started[3]}.out" ||
     fail "server 1 does not bind its own address"
 }
 
 # A longer job for the short partition (its 4 ranks run about 8 s on 2 cores), and one that
 # would run for minutes, for the long partition.
-long_job=(--layers 8,512,512,10 --examples 32768 --epochs 6 --quiet)
-endless_job=(--layers 8,512,512,10 --examples 32768 --epochs 1000 --quiet)
+long_job=(--layers "8,512,512,10" --examples 32768 --epochs 6 --quiet)
+endless_job=(--layers "8,512,512,10" --examples 32768 --epochs 1000 --quiet)
 
 # Starts the 4x1 COHORT_* job of the partitions with COHORT_TIMEOUT=$1 and the demo settings
 # ${@:2}, and waits until every rank has started training.
 start_partition_job() {
   local h
   for h in 1 2 3 4; do
-    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 \
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
       COHORT_MASTER_PORT=29500 COHORT_TIMEOUT="$1" -- "${multi_worker}" "${@:2}"
   done
   local waited=0
@@ -351,26 +380,29 @@ case_long_partition() {
   ip link set "chv${tag}-4" up
   local out after
   for out in "${started[@]}"; do
-    [[ "$(status_of "${out}")" != 0 ]] || fail "$(basename "${out}") succeeded despite the partition"
+    [[ "$(status_of "${out}")" != 0 ]] ||
+      fail "$(basename "${out}") succeeded despite the partition"
     grep -q "error: .*rank [0-9]" "${out}.out" || fail "$(basename "${out}") names no rank"
     after="$(awk -v a="$(end_of "${out}")" -v f="${fault}" 'BEGIN { printf "%.1f", a - f }')"
-    echo "${case_name}: $(basename "${out}") failed ${after} s after the fault (timeout ${timeout} s)"
+    echo "${case_name}: $(basename "${out}") failed ${after} s after the fault" \
+      "(timeout ${timeout} s)"
     awk -v t="${after}" -v T="${timeout}" 'BEGIN { exit !(t >= T / 2 && t <= 2 * T) }' ||
-      fail "$(basename "${out}") failed ${after} s after the fault, not within [$((timeout / 2)), $((2 * timeout))] s"
+      fail "$(basename "${out}") failed ${after} s after the fault, not within" \
+        "[$((timeout / 2)), $((2 * timeout))] s"
   done
 }
 
 case_no_master() {  # ranks 1 to 3 with no rank 0: each names what it could not reach
   local h
   for h in 2 3 4; do
-    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 \
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
       COHORT_MASTER_PORT=29500 COHORT_CONNECT_TIMEOUT=2 -- "${multi_worker}" "${job[@]}"
   done
   finish 30
   local out
   for out in "${started[@]}"; do
     [[ "$(status_of "${out}")" == 2 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
-    grep -q "error: .*10.77.0.1:29500" "${out}.out" || fail "$(basename "${out}") names no address"
+    grep -q "error: .*${net}.1:29500" "${out}.out" || fail "$(basename "${out}") names no address"
   done
 }
 
@@ -379,7 +411,7 @@ case_wrong_secret() {
   for h in 1 2 3 4; do
     secret=right
     [[ "${h}" -eq 4 ]] && secret=wrong
-    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=10.77.0.1 \
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
       COHORT_MASTER_PORT=29500 COHORT_SECRET="${secret}" COHORT_CONNECT_TIMEOUT=5 -- \
       "${multi_worker}" "${job[@]}"
   done
