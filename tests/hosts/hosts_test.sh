@@ -287,6 +287,10 @@ mpirun_hostfile() {
 while [[ "\$1" == -* ]]; do shift; done
 host="\$1"
 shift
+# Every host has its own /tmp on a cluster; here they share one, and Open MPI's session
+# directories are named after the host name, which the namespaces share too.
+export TMPDIR="${work}/tmp-\${host}"
+mkdir -p "\${TMPDIR}"
 exec ip netns exec "ch${tag}-\${host##*.}" /bin/sh -c "\$*"
 EOF
   chmod +x "${work}/agent"
