@@ -36,52 +36,18 @@ skip() {
   echo "SKIPPED hosts: $*"
   exit 77
 }
-[[ "$(id -u)" -eq 0 ]] || skip "network namespaces need root"
-command -v ip >/dev/null || skip "no ip (iproute2)"
-
-# Unique per run, so that runs side by side do not meet: namespaces ch<pid>-<h>, bridge chb<pid>,
-# subnet 10.77.N.0/24 with N from the pid (the bridge has an address of it while mpirun runs).
-tag="$$"
-net="10.77.$((tag % 250))"
-bridge="chb${tag}"
-namespace() { echo "ch${tag}-$1"; }
+# shellcheck source-path=SCRIPTDIR source=../../scripts/lib/hosts.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/hosts.sh"
+net="${HOSTS_NET}"
+namespace() { hosts_namespace "$1"; }
 work="$(mktemp -d)"
 
 cleanup() {
-  local h pids
-  for h in 1 2 3 4; do
-    pids="$(ip netns pids "$(namespace "${h}")" 2>/dev/null)"
-    # shellcheck disable=SC2086 # one pid per word
-    [[ -n "${pids}" ]] && kill -9 ${pids} 2>/dev/null
-    ip netns del "$(namespace "${h}")" 2>/dev/null
-    rm -rf "/etc/netns/$(namespace "${h}")"
-  done
-  ip link del "${bridge}" 2>/dev/null
+  hosts_destroy
   rm -rf "${work}"
 }
 trap cleanup EXIT
-
-ip netns add "$(namespace 1)" 2>/dev/null || skip "cannot create a network namespace here"
-ip link add "${bridge}" type bridge || skip "cannot create a bridge here"
-ip link set "${bridge}" up
-for h in 1 2 3 4; do
-  ns="$(namespace "${h}")"
-  [[ "${h}" -eq 1 ]] || ip netns add "${ns}"
-  ip link add "chv${tag}-${h}" type veth peer name eth0 netns "${ns}"
-  ip link set "chv${tag}-${h}" master "${bridge}" up
-  ip -n "${ns}" addr add "${net}.${h}/24" dev eth0
-  ip -n "${ns}" link set eth0 up
-  ip -n "${ns}" link set lo up
-  # ip netns exec mounts /etc/netns/<ns>/hosts over /etc/hosts: each host knows the others by
-  # name, and its own name as Debian writes it (127.0.1.1).
-  mkdir -p "/etc/netns/${ns}"
-  {
-    echo "127.0.0.1 localhost"
-    for other in 1 2 3 4; do
-      [[ "${other}" -eq "${h}" ]] && echo "127.0.1.1 h${other}" || echo "${net}.${other} h${other}"
-    done
-  } >"/etc/netns/${ns}/hosts"
-done
+hosts_create 4 || skip "${HOSTS_PROBLEM}"
 
 failures=0
 fail() {
@@ -281,22 +247,10 @@ mpirun_hostfile() {
     echo "SKIPPED ${case_name}: no mpirun"
     return 1
   }
-  cat >"${work}/agent" <<EOF
-#!/usr/bin/env bash
-# plm_rsh_agent: agent [ssh options] HOST COMMAND...
-while [[ "\$1" == -* ]]; do shift; done
-host="\$1"
-shift
-# Every host has its own /tmp on a cluster; here they share one, and Open MPI's session
-# directories are named after the host name, which the namespaces share too.
-export TMPDIR="${work}/tmp-\${host}"
-mkdir -p "\${TMPDIR}"
-exec ip netns exec "ch${tag}-\${host##*.}" /bin/sh -c "\$*"
-EOF
-  chmod +x "${work}/agent"
+  hosts_mpirun_agent "${work}"
   : >"${work}/hostfile"
   for ((h = 1; h <= hosts; ++h)); do echo "${net}.${h} slots=${slots}" >>"${work}/hostfile"; done
-  ip addr add "${net}.254/24" dev "${bridge}"
+  hosts_bridge_address on
   local out="${work}/${case_name}.0"
   started=("${out}")
   env -u COHORT_BIND_ADDRESS -u COHORT_SECRET \
@@ -306,7 +260,7 @@ EOF
     -x COHORT_MASTER_ADDR="${net}.1" -x COHORT_MASTER_PORT=29500 \
     "${multi_worker}" "${job[@]}" >"${out}.out" 2>&1
   echo "$? $(date +%s.%N)" >"${out}.end"
-  ip addr del "${net}.254/24" dev "${bridge}"
+  hosts_bridge_address off
 }
 
 case_mpirun_4x1() {
@@ -362,9 +316,9 @@ case_short_partition() {
   local reference_long
   reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
   start_partition_job 10 "${long_job[@]}"
-  ip link set "chv${tag}-4" down
+  ip link set "$(hosts_link 4)" down
   sleep 3
-  ip link set "chv${tag}-4" up
+  ip link set "$(hosts_link 4)" up
   local healed
   healed="$(date +%s.%N)"
   finish 120
@@ -379,9 +333,9 @@ case_long_partition() {
   start_partition_job "${timeout}" "${endless_job[@]}"
   local fault
   fault="$(date +%s.%N)"
-  ip link set "chv${tag}-4" down
+  ip link set "$(hosts_link 4)" down
   finish 60
-  ip link set "chv${tag}-4" up
+  ip link set "$(hosts_link 4)" up
   local out after
   for out in "${started[@]}"; do
     [[ "$(status_of "${out}")" != 0 ]] ||
