@@ -21,6 +21,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/cluster/binding.hpp"
