@@ -4,7 +4,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cohort/optimizer/sgd.hpp>
 #include <cohort/strategy/parameter_server.hpp>
+#include <cohort/transport/loopback.hpp>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -104,6 +107,96 @@ struct Job {
     return directory / ((server ? "ps" : "worker") + std::to_string(index) + ".log");
   }
 };
+
+// When `file` first contains `text`, polled for at most `limit`; nothing if it never did.
+std::optional<std::chrono::steady_clock::time_point> when_logged(const fs::path& file,
+                                                                 const std::string& text,
+                                                                 std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (read_file(file).find(text) != std::string::npos) return std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(10ms);
+  }
+  return std::nullopt;
+}
+
+std::string milliseconds(std::chrono::milliseconds duration) {
+  return std::to_string(duration.count());
+}
+
+double seconds(std::chrono::steady_clock::duration duration) {
+  return std::chrono::duration<double>(duration).count();
+}
+
+// A server over Loopback (rank 2) with workers 0 and 1 as threads, on one chunk of 16 floats and
+// SGD: worker 0 initializes, then `steps` times pushes and pulls, `pause` apart, then says it is
+// done; worker 1 pulls once and then stays silent (its endpoint open) until `quiet` has passed.
+// Returns what the server counted, or the error it threw; worker 0's error in `chief_error`.
+template <class C>
+std::pair<cohort::strategy::ps::ServerCounts, std::string> serve_with_a_silent_worker(
+    int steps, std::chrono::milliseconds pause, std::chrono::milliseconds quiet,
+    std::string& chief_error) {
+  namespace ps = cohort::strategy::ps;
+  using Endpoint = cohort::transport::Loopback::Endpoint;
+  cohort::transport::Loopback group({.ranks = 3, .timeout = 5s});
+  const ps::Layout layout(16, sizeof(float), 1,
+                          {.min_shard_bytes = 0, .alignment = 16, .chunk_bytes = 64});
+  const ps::Chunk& chunk = layout.chunks().front();
+  const cohort::optimizer::Sgd sgd({.learning_rate = 1.0});
+  std::pair<ps::ServerCounts, std::string> result;
+  std::thread server_thread([&] {
+    auto endpoint = group.endpoint(2);
+    ps::Server<Endpoint, float, cohort::optimizer::Sgd, C> server(
+        endpoint, layout, {.server = 0, .workers = 2, .worker_timeout = 300ms}, sgd);
+    try {
+      result.first = server.serve();
+    } catch (const cohort::CommError& error) {
+      result.second = error.what();
+    }
+    endpoint.close();
+  });
+  std::thread silent([&] {
+    auto endpoint = group.endpoint(1);
+    ps::Client<Endpoint> client(endpoint, 1, 2);
+    std::vector<float> parameters(16);
+    try {
+      client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
+                 std::as_writable_bytes(std::span(parameters)));
+      client.transfer();
+    } catch (const cohort::CommError&) {
+    }
+    std::this_thread::sleep_for(quiet);
+    endpoint.close();
+  });
+  {
+    auto endpoint = group.endpoint(0);
+    ps::Client<Endpoint> client(endpoint, 0, 2);
+    std::vector<float> parameters(16, 1.0f);
+    const std::vector<float> gradient(16, 1.0f);
+    try {
+      client.add({.operation = ps::Operation::kInit, .element_bytes = sizeof(float)}, chunk,
+                 std::as_bytes(std::span(parameters)));
+      client.transfer();
+      for (int step = 0; step < steps; ++step) {
+        client.add({.operation = ps::Operation::kPush,
+                    .step = static_cast<std::uint64_t>(step),
+                    .element_bytes = sizeof(float)},
+                   chunk, std::as_bytes(std::span(gradient)));
+        client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
+                   std::as_writable_bytes(std::span(parameters)));
+        client.transfer();
+        std::this_thread::sleep_for(pause);
+      }
+      client.done(1);
+    } catch (const cohort::CommError& error) {
+      chief_error = error.what();
+    }
+    endpoint.close();
+  }
+  silent.join();
+  server_thread.join();
+  return result;
+}
 
 // Lines "applied push N of worker W (the slowest live worker has pushed M; ...)" of a log.
 struct PushLine {
@@ -548,4 +641,146 @@ TEST_CASE("an unauthenticated client is refused and the job goes on") {
   CHECK(chief_log.find("claiming to be rank 1: authentication failed") != std::string::npos);
   CHECK(read_file(log("ps0")).find("pushes applied per worker [20, 20]") != std::string::npos);
   CHECK(fs::exists(out));
+}
+
+TEST_CASE("a push stalled in the middle of its frame holds back no other worker") {
+  // Worker 3 writes half of a push's payload frame and stops for good, its connection open. The
+  // server takes a frame only once it is whole: workers 0 to 2 train on and finish long before
+  // the deadline, and the server then counts worker 3 as lost, saying where it stopped.
+  TemporaryDirectory directory("cohort-ps-mid-frame");
+  constexpr auto kTimeout = 12s;
+  Job job(4, 1,
+          {"async", "300", directory.path / "out.bin", "--every-worker-sleep-ms", "3",
+           "--stall-mid-frame", "3", "--stall-after", "20", "--timeout-ms", milliseconds(kTimeout)},
+          directory.path);
+  const auto stalled = when_logged(job.log(false, 3), "ps_trainer: stalled after", 60s);
+  REQUIRE_MESSAGE(stalled.has_value(), read_file(job.log(false, 3)));
+  for (int worker = 0; worker < 3; ++worker) {
+    CAPTURE(worker);
+    const auto exit = job.workers[static_cast<std::size_t>(worker)]->wait(60s);
+    CAPTURE(read_file(job.log(false, worker)));
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code == 0);
+    // They trained on during the stall: the old single-frame server held them for the timeout.
+    const auto finished = std::chrono::steady_clock::now() - *stalled;
+    MESSAGE("worker " << worker << " finished " << seconds(finished) << " s after the stall");
+    CHECK(finished < kTimeout / 2);
+  }
+  const auto exit = job.servers[0]->wait(2 * kTimeout + 10s);
+  const std::string log = read_file(job.log(true, 0));
+  CAPTURE(log);
+  REQUIRE(exit.has_value());
+  CHECK(exit->exited);
+  CHECK(exit->code == 0);
+  CHECK(log.find("lost worker 3 (rank 3): silent") != std::string::npos);
+  CHECK(log.find("its push request of chunk") != std::string::npos);
+  CHECK(log.find("pushes applied per worker [300, 300, 300, ") != std::string::npos);
+  CHECK_FALSE(job.workers[3]->wait(0ms).has_value());  // still stalled: never named as finished
+  CHECK(fs::exists(directory.path / "out.bin"));
+}
+
+TEST_CASE(
+    "a SIGSTOPped worker under async and bounded staleness is lost within the deadline; the "
+    "others finish") {
+  // Under bounded staleness the others wait for it in their pulls until it is lost; then the
+  // bound counts the live workers only.
+  constexpr auto kTimeout = 4s;
+  for (const std::string consistency : {"async", "bounded2"}) {
+    CAPTURE(consistency);
+    TemporaryDirectory directory("cohort-ps-sigstop-" + consistency);
+    Job job(4, 1,
+            {consistency, "400", directory.path / "out.bin", "--every-worker-sleep-ms", "5",
+             "--timeout-ms", milliseconds(kTimeout)},
+            directory.path);
+    std::this_thread::sleep_for(1500ms);  // rendezvous done, training under way
+    for (const auto& worker : job.workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
+    job.workers[3]->kill(SIGSTOP);
+    const auto stopped = std::chrono::steady_clock::now();
+    const auto lost = when_logged(job.log(true, 0), "lost worker 3 (rank 3): silent", 3 * kTimeout);
+    REQUIRE_MESSAGE(lost.has_value(), read_file(job.log(true, 0)));
+    MESSAGE(consistency << ": worker 3 counted as lost " << seconds(*lost - stopped)
+                        << " s after SIGSTOP");
+    CHECK(*lost - stopped >= kTimeout / 2);
+    CHECK(*lost - stopped <= 2 * kTimeout);
+    for (int worker = 0; worker < 3; ++worker) {
+      CAPTURE(worker);
+      const auto exit = job.workers[static_cast<std::size_t>(worker)]->wait(60s);
+      CAPTURE(read_file(job.log(false, worker)));
+      REQUIRE(exit.has_value());
+      CHECK(exit->exited);
+      CHECK(exit->code == 0);
+    }
+    const auto exit = job.servers[0]->wait(30s);
+    const std::string log = read_file(job.log(true, 0));
+    CAPTURE(log);
+    REQUIRE(exit.has_value());
+    CHECK(exit->code == 0);
+    CHECK(log.find("pushes applied per worker [400, 400, 400, ") != std::string::npos);
+    CHECK(log.find("workers lost 1") != std::string::npos);
+    CHECK(fs::exists(directory.path / "out.bin"));
+  }
+}
+
+TEST_CASE(
+    "a SIGSTOPped worker under sync training: the error lands within [T/2, 2T] and names it") {
+  // Worker 1 (slow, so that it is most likely computing when stopped) is stopped; worker 0 waits
+  // in its pull. The server names worker 1 at its deadline and tells worker 0; nobody blames
+  // worker 0 or the server.
+  TemporaryDirectory directory("cohort-ps-sigstop-sync");
+  constexpr auto kTimeout = 5s;
+  Job job(2, 1,
+          {"sync", "1000000", directory.path / "never.bin", "--slow-worker", "1", "--sleep-ms",
+           "20", "--timeout-ms", milliseconds(kTimeout)},
+          directory.path);
+  std::this_thread::sleep_for(2s);  // rendezvous done, training under way
+  for (const auto& worker : job.workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
+  job.workers[1]->kill(SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  const auto chief = job.workers[0]->wait(3 * kTimeout);
+  const auto elapsed = std::chrono::steady_clock::now() - stopped;
+  const std::string chief_log = read_file(job.log(false, 0));
+  CAPTURE(chief_log);
+  REQUIRE(chief.has_value());
+  CHECK_FALSE((chief->exited && chief->code == 0));
+  MESSAGE("the chief failed " << seconds(elapsed) << " s after SIGSTOP");
+  CHECK(elapsed >= kTimeout / 2);
+  CHECK(elapsed <= 2 * kTimeout);
+  CHECK(chief_log.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
+  CHECK(chief_log.find("worker 0 (rank 0) was lost") == std::string::npos);
+  CHECK(chief_log.find("failed at parameter server") == std::string::npos);
+
+  const auto server = job.servers[0]->wait(3 * kTimeout);
+  const std::string server_log = read_file(job.log(true, 0));
+  CAPTURE(server_log);
+  REQUIRE(server.has_value());
+  CHECK_FALSE((server->exited && server->code == 0));
+  CHECK(std::chrono::steady_clock::now() - stopped <= 2 * kTimeout);
+  CHECK(server_log.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
+  CHECK(server_log.find("synchronous training needs 2 of 2 workers") != std::string::npos);
+  CHECK(server_log.find("worker 0 (rank 0) was lost") == std::string::npos);
+}
+
+TEST_CASE("a server over Loopback counts a silent async worker as lost and serves the other") {
+  std::string chief_error;
+  const auto [counts, error] =
+      serve_with_a_silent_worker<cohort::strategy::consistency::Async>(20, 40ms, 2s, chief_error);
+  CHECK(error.empty());
+  CHECK(chief_error.empty());
+  REQUIRE(counts.lost.size() == 1);
+  CHECK(counts.lost[0].find("lost worker 1 (rank 1): silent") != std::string::npos);
+  CHECK(counts.applied == std::vector<std::uint64_t>{20, 0});
+}
+
+TEST_CASE("a server over Loopback: a silent sync worker ends the run, named to the waiting one") {
+  std::string chief_error;
+  const auto [counts, error] =
+      serve_with_a_silent_worker<cohort::strategy::consistency::Sync>(20, 40ms, 2s, chief_error);
+  CAPTURE(error);
+  CAPTURE(chief_error);
+  CHECK(error.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
+  CHECK(error.find("synchronous training needs 2 of 2 workers") != std::string::npos);
+  CHECK(
+      chief_error.find("worker 0: pull refused: parameter server 0: worker 1 (rank 1) was lost") !=
+      std::string::npos);
 }

@@ -2,12 +2,14 @@
 // --ps or by hand): trains the small test model with ParameterServer; the chief writes the final
 // parameters to OUT.
 //
-//   ps_trainer sync|async|bounded2 STEPS OUT [--slow-worker W --sleep-ms N] [--log-pushes]
+//   ps_trainer sync|async|bounded2 STEPS OUT [--slow-worker W --sleep-ms N]
+//              [--every-worker-sleep-ms N] [--log-pushes]
 //              [--segment K --checkpoint FILE] [--restore FILE] [--bad-requests]
 //              [--backup-workers B] [--clip NORM] [--alignment A] [--local-replicas L]
-//              [--eigen THREADS]
+//              [--eigen THREADS] [--timeout-ms T] [--stall-mid-frame W --stall-after N]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
+// --every-worker-sleep-ms N  every worker sleeps N ms in every micro-batch (so that a run lasts)
 // --segment K        fit K steps at a time; the chief saves FILE after each
 // --restore FILE     every process restores FILE first
 // --bad-requests     worker 1 first sends one malformed request per field and checks that each
@@ -20,16 +22,60 @@
 // --alignment A      the layout's alignment instead (a wrong one for --clip, say)
 // --eigen THREADS    the examples' Eigen MLP on THREADS threads per replica (eigen_training.hpp)
 //                    instead of the plain-loop Mlp
+// --timeout-ms T     ParameterServer's timeout (default 30 s)
+// --stall-mid-frame W  worker W, after N micro-batches, writes the first half of its next push's
+//                    payload frame and stops there for good, its connections open (it says so on
+//                    stderr: "ps_trainer: stalled after B of F bytes of a frame")
 // Otherwise the layout is forced small (16-element alignment, no minimum shard, 256-byte chunks),
 // so that the small model spreads over every server in several chunks.
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <cohort/strategy/parameter_server.hpp>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "eigen_training.hpp"
+
+namespace {
+
+// --stall-mid-frame: armed by the data after N micro-batches; the next frame written that is at
+// least this long (a push's payload frame: the small layout's requests and pulls are shorter) is
+// cut in half.
+std::atomic<bool> stall_armed{false};
+constexpr std::size_t kStallFrameBytes = 200;
+
+}  // namespace
+
+// The program's own sendmsg, which every socket write of the transport goes through (a gathering
+// write of header, payload and trailer): the system call, or, once armed, half of the frame and
+// then a stop that never ends (the thread, and with it the worker, stalls mid-frame).
+extern "C" ssize_t sendmsg(int descriptor, const msghdr* message, int flags) {
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < message->msg_iovlen; ++i) bytes += message->msg_iov[i].iov_len;
+  if (bytes >= kStallFrameBytes && stall_armed.exchange(false)) {
+    std::vector<char> frame;
+    for (std::size_t i = 0; i < message->msg_iovlen; ++i) {
+      const auto* base = static_cast<const char*>(message->msg_iov[i].iov_base);
+      frame.insert(frame.end(), base, base + message->msg_iov[i].iov_len);
+    }
+    std::size_t written = 0;
+    while (written < bytes / 2) {
+      const ssize_t result = ::syscall(SYS_sendto, descriptor, frame.data() + written,
+                                       bytes / 2 - written, flags, nullptr, 0);
+      if (result > 0) written += static_cast<std::size_t>(result);
+    }
+    std::fprintf(stderr, "ps_trainer: stalled after %zu of %zu bytes of a frame\n", written, bytes);
+    while (true) ::pause();
+  }
+  return ::syscall(SYS_sendmsg, descriptor, message, flags);
+}
 
 namespace {
 
@@ -42,6 +88,7 @@ struct Settings {
   std::string out;
   int slow_worker = -1;
   int sleep_ms = 0;
+  int every_worker_sleep_ms = 0;
   bool log_pushes = false;
   std::uint64_t segment = 0;
   std::string checkpoint;
@@ -50,19 +97,26 @@ struct Settings {
   std::size_t backup_workers = 0;
   double clip = 0.0;
   std::size_t local_replicas = 1;
-  std::size_t alignment = 0;  // 0: the default of the layout above
+  std::size_t alignment = 0;      // 0: the default of the layout above
   std::size_t eigen_threads = 0;  // 0: the plain-loop Mlp
+  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  int stall_worker = -1;
+  int stall_after = 0;
 };
 
-// The test data, slowed down on one worker.
+// The test data, slowed down on one worker; on the stalling worker, it arms the stall after
+// `stall_after` micro-batches.
 struct Data {
   const example::ClusterData* data;
   int sleep_ms = 0;
+  int stall_after = -1;
   std::size_t size() const { return data->size(); }
   auto batch(std::span<const std::size_t> indices) const {
     if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    if (stall_after >= 0 && batches_.fetch_add(1) == stall_after) stall_armed = true;
     return data->batch(indices);
   }
+  mutable std::atomic<int> batches_{0};
 };
 
 // One malformed request per field; each must be refused naming worker 1 and the field.
@@ -139,7 +193,7 @@ int train(const Settings& settings, const Model& model) {
   const bool clips = settings.clip > 0.0;
   ParameterServer<C> strategy({.local_replicas = settings.local_replicas,
                                .connect_timeout = std::chrono::seconds(30),
-                               .timeout = std::chrono::seconds(30),
+                               .timeout = settings.timeout,
                                .min_shard_bytes = 0,
                                .alignment = settings.alignment != 0 ? settings.alignment
                                             : clips ? cohort::device::cpu::kNormBlock
@@ -159,8 +213,10 @@ int train(const Settings& settings, const Model& model) {
       cohort::optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = settings.clip}),
       {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
   if (!settings.restore.empty()) trainer.restore(settings.restore);
-  const Data data{&cohort::testing::small_task_data(),
-                  worker == settings.slow_worker ? settings.sleep_ms : 0};
+  const Data data{
+      &cohort::testing::small_task_data(),
+      worker == settings.slow_worker ? settings.sleep_ms : settings.every_worker_sleep_ms,
+      worker == settings.stall_worker ? settings.stall_after : -1};
   const std::uint64_t segment = settings.segment == 0 ? settings.steps : settings.segment;
   // Every process, servers included, fits the same segments (a server's step stays put).
   for (std::uint64_t at = trainer.step(); at < settings.steps;) {
@@ -222,6 +278,14 @@ int main(int argc, char** argv) {
       settings.local_replicas = std::stoul(next());
     else if (flag == "--eigen")
       settings.eigen_threads = std::stoul(next());
+    else if (flag == "--every-worker-sleep-ms")
+      settings.every_worker_sleep_ms = std::stoi(next());
+    else if (flag == "--timeout-ms")
+      settings.timeout = std::chrono::milliseconds(std::stoll(next()));
+    else if (flag == "--stall-mid-frame")
+      settings.stall_worker = std::stoi(next());
+    else if (flag == "--stall-after")
+      settings.stall_after = std::stoi(next());
     else {
       std::fprintf(stderr, "ps_trainer: unknown option %s\n", flag.c_str());
       return 64;

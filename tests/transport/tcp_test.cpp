@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cohort/transport/tcp/tcp.hpp>
 #include <cstdint>
@@ -28,264 +29,9 @@
 
 extern char** environ;
 
-namespace {
+#include "tcp_peers.hpp"
 
-namespace tcp = cohort::transport::tcp;
-namespace setup_type = cohort::transport::tcp::setup_type;
-using cohort::transport::Header;
-using cohort::transport::HeaderMismatch;
-using cohort::transport::Receive;
-using cohort::transport::Send;
-using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
-
-constexpr std::uint16_t kCollective = cohort::transport::message_type::kCollective;
-
-// Options every test starts from: short timeouts, so that a broken test fails instead of hanging.
-tcp::Options options_for(int rank, int size) {
-  return {.rank = rank,
-          .size = size,
-          .job_id = "tcp-test",
-          .rendezvous_port = 0,  // rank 0 takes any free port; run_ranks tells the others
-          .connect_timeout = std::chrono::seconds(10),
-          .operation_timeout = std::chrono::seconds(10)};
-}
-
-std::string message_of(const std::exception_ptr& error) {
-  if (!error) return "";
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& exception) {
-    return exception.what();
-  }
-  return "unknown exception";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// Runs body(transport) on `size` ranks, each a thread constructing its own Tcp with
-// configure(options) applied; rank 0 binds any free port and hands it to the others. Returns
-// what each rank threw (null when nothing).
-std::vector<std::exception_ptr> run_ranks(
-    int size, const std::function<void(tcp::Tcp&)>& body,
-    const std::function<void(tcp::Options&)>& configure = [](tcp::Options&) {},
-    std::vector<int> ranks = {}) {
-  if (ranks.empty()) {
-    for (int rank = 0; rank < size; ++rank) ranks.push_back(rank);
-  }
-  std::promise<std::uint16_t> port_promise;
-  std::shared_future<std::uint16_t> port = port_promise.get_future().share();
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (const int rank : ranks) {
-    threads.emplace_back([&, rank] {
-      try {
-        tcp::Options options = options_for(rank, size);
-        configure(options);
-        if (rank == 0) {
-          std::optional<tcp::Listener> listener;
-          try {
-            listener.emplace(options);
-          } catch (...) {
-            port_promise.set_exception(std::current_exception());
-            throw;
-          }
-          port_promise.set_value(listener->rendezvous_port());
-          tcp::Tcp transport(std::move(*listener));
-          body(transport);
-        } else {
-          options.rendezvous_port = port.get();
-          tcp::Tcp transport(options);
-          body(transport);
-        }
-      } catch (...) {
-        errors[static_cast<std::size_t>(rank)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  return errors;
-}
-
-void require_no_errors(const std::vector<std::exception_ptr>& errors) {
-  for (std::size_t rank = 0; rank < errors.size(); ++rank) {
-    CAPTURE(rank);
-    REQUIRE(message_of(errors[rank]) == "");
-  }
-}
-
-std::byte pattern(int sender, std::uint64_t round, std::size_t length, std::size_t index) {
-  return static_cast<std::byte>((sender * 131 + static_cast<int>(round) * 17 +
-                                 static_cast<int>(length) + static_cast<int>(index) * 7) &
-                                0xff);
-}
-
-std::vector<std::byte> filled(int sender, std::uint64_t round, std::size_t length) {
-  std::vector<std::byte> bytes(length);
-  for (std::size_t i = 0; i < length; ++i) bytes[i] = pattern(sender, round, length, i);
-  return bytes;
-}
-
-bool holds(const std::vector<std::byte>& bytes, int sender, std::uint64_t round) {
-  for (std::size_t i = 0; i < bytes.size(); ++i) {
-    if (bytes[i] != pattern(sender, round, bytes.size(), i)) return false;
-  }
-  return true;
-}
-
-const std::vector<std::size_t> kLengths = {0, 1, 7, 4099, std::size_t{1} << 22};
-
-// --- a peer speaking the wire format by hand, over a plain POSIX socket ----------------------
-
-class RawSocket {
- public:
-  explicit RawSocket(int fd = -1) : fd_(fd) {}
-  RawSocket(RawSocket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  RawSocket& operator=(RawSocket&&) = delete;
-  ~RawSocket() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int fd() const { return fd_; }
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_;
-};
-
-sockaddr_in loopback(std::uint16_t port) {
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(port);
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return address;
-}
-
-// A connected socket whose reads give up after 5 s, so that a test never hangs on one.
-RawSocket connect_raw(std::uint16_t port) {
-  RawSocket socket(::socket(AF_INET, SOCK_STREAM, 0));
-  REQUIRE(socket.fd() >= 0);
-  const timeval timeout{5, 0};
-  ::setsockopt(socket.fd(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  const sockaddr_in address = loopback(port);
-  REQUIRE(::connect(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
-  return socket;
-}
-
-// A listening socket on 127.0.0.1 at a free port.
-RawSocket listen_raw(std::uint16_t& port) {
-  RawSocket socket(::socket(AF_INET, SOCK_STREAM, 0));
-  REQUIRE(socket.fd() >= 0);
-  sockaddr_in address = loopback(0);
-  REQUIRE(::bind(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
-  REQUIRE(::listen(socket.fd(), 8) == 0);
-  socklen_t length = sizeof address;
-  REQUIRE(::getsockname(socket.fd(), reinterpret_cast<sockaddr*>(&address), &length) == 0);
-  port = ntohs(address.sin_port);
-  return socket;
-}
-
-void write_all(const RawSocket& socket, std::span<const std::byte> bytes) {
-  while (!bytes.empty()) {
-    const ssize_t written = ::send(socket.fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    REQUIRE(written > 0);
-    bytes = bytes.subspan(static_cast<std::size_t>(written));
-  }
-}
-
-// False when the peer closed (or 5 s passed) first.
-bool read_all(const RawSocket& socket, std::span<std::byte> bytes) {
-  while (!bytes.empty()) {
-    const ssize_t got = ::recv(socket.fd(), bytes.data(), bytes.size(), 0);
-    if (got <= 0) return false;
-    bytes = bytes.subspan(static_cast<std::size_t>(got));
-  }
-  return true;
-}
-
-struct RawFrame {
-  tcp::FrameHeader header;
-  std::vector<std::byte> bytes;  // the whole frame
-  std::span<const std::byte> payload() const {
-    return std::span(bytes).subspan(tcp::kHeaderBytes, header.length);
-  }
-};
-
-RawFrame read_frame(const RawSocket& socket) {
-  RawFrame frame;
-  frame.bytes.resize(tcp::kHeaderBytes);
-  REQUIRE(read_all(socket, frame.bytes));
-  frame.header = tcp::decode_header(frame.bytes.data());
-  REQUIRE(frame.header.magic == tcp::kMagic);
-  REQUIRE(frame.header.length < (1u << 20));
-  frame.bytes.resize(tcp::kHeaderBytes + frame.header.length + tcp::kTrailerBytes);
-  REQUIRE(read_all(socket, std::span(frame.bytes).subspan(tcp::kHeaderBytes)));
-  return frame;
-}
-
-tcp::Hello hello_of(int rank, int size) {
-  return {.rank = rank,
-          .size = size,
-          .authenticates = false,
-          .listen_port = 1,
-          .listen_address = "127.0.0.1",
-          .job_id = "tcp-test",
-          .nonce = tcp::random_nonce()};
-}
-
-// Joins a 2-rank job as rank 1 by hand: hello, confirm, table, ready, go. Afterwards the test
-// owns the connection to rank 0 and can write anything on it.
-RawSocket join_as_rank_1(std::uint16_t port) {
-  RawSocket socket = connect_raw(port);
-  write_all(socket, tcp::make_frame({setup_type::kHello}, tcp::encode_hello(hello_of(1, 2))));
-  REQUIRE(read_frame(socket).header.header.type == setup_type::kHello);
-  REQUIRE(read_frame(socket).header.header.type == setup_type::kConfirm);
-  write_all(socket, tcp::make_frame({setup_type::kConfirm}, {}));
-  REQUIRE(read_frame(socket).header.header.type == setup_type::kTable);
-  write_all(socket, tcp::make_frame({setup_type::kReady}, {}));
-  REQUIRE(read_frame(socket).header.header.type == setup_type::kGo);
-  return socket;
-}
-
-// Rank 0 as a thread: binds, reports its port, runs body on its Tcp; returns what it threw.
-struct RankZero {
-  explicit RankZero(
-      int size, std::function<void(tcp::Tcp&)> body,
-      std::function<void(tcp::Options&)> configure = [](tcp::Options&) {}) {
-    std::promise<std::uint16_t> port_promise;
-    auto port_future = port_promise.get_future();
-    thread = std::thread([&, size, body, configure] {
-      bool announced = false;
-      try {
-        tcp::Options options = options_for(0, size);
-        configure(options);
-        tcp::Listener listener(options);
-        port_promise.set_value(listener.rendezvous_port());
-        announced = true;
-        tcp::Tcp transport(std::move(listener));
-        body(transport);
-      } catch (...) {
-        error = std::current_exception();
-        if (!announced) port_promise.set_exception(error);
-      }
-    });
-    port = port_future.get();
-  }
-  std::string finish() {
-    thread.join();
-    return message_of(error);
-  }
-
-  std::uint16_t port = 0;
-  std::exception_ptr error;
-  std::thread thread;
-};
-
-}  // namespace
+using namespace tcp_test;  // NOLINT: the helpers are this file's vocabulary
 
 // --- the wire format and the handshake, without sockets ---------------------------------------
 
@@ -572,6 +318,40 @@ TEST_CASE("a peer that sends nothing fails the transfer after operation_timeout,
   CHECK(contains(error, "receive from rank 1"));
 }
 
+TEST_CASE("a stalled transfer prints one line naming whom it waits for, long before it fails") {
+  CapturedStderr log;
+  std::promise<void> failed;
+  auto failed_future = failed.get_future().share();
+  const auto errors = run_ranks(
+      2,
+      [&](tcp::Tcp& transport) {
+        if (transport.rank() == 1) {
+          failed_future.wait();  // keeps the connection open, silent
+          return;
+        }
+        std::vector<std::byte> buffer(16);
+        const Receive receive{1, {kCollective, 17, 0}, buffer};
+        try {
+          transport.transfer({}, {&receive, 1});
+        } catch (...) {
+          failed.set_value();
+          throw;
+        }
+        failed.set_value();
+      },
+      [](tcp::Options& options) {
+        options.operation_timeout = milliseconds(1200);
+        options.stall_warning = 0.25;
+      });
+  const std::string logged = log.finish();
+  CAPTURE(logged);
+  CHECK(std::count(logged.begin(), logged.end(), '\n') == 1);
+  CHECK(contains(logged, "cohort: rank 0: no progress for 3"));
+  CHECK(contains(logged, " ms during sequence 17, waiting for: receive from rank 1 "));
+  CHECK(contains(logged, "the transfer fails at operation_timeout = 1200 ms"));
+  CHECK(contains(message_of(errors[0]), "rank 0: no progress within 1200 ms during sequence 17"));
+}
+
 TEST_CASE("a peer that closes is named with the sequence, and the failure is final") {
   const auto errors = run_ranks(2, [](tcp::Tcp& transport) {
     if (transport.rank() == 1) return;  // destroying the transport closes the connection
@@ -713,7 +493,7 @@ TEST_CASE("ranks that never join are named by every rank that waits, after conne
   CHECK(elapsed < std::chrono::seconds(4));
   CHECK(contains(message_of(errors[0]),
                  "rank 0: rendezvous timed out after 1000 ms: ranks 2, 3 never joined"));
-  CHECK(contains(message_of(errors[1]), "rank 1: rendezvous aborted; "));
+  CHECK(contains(message_of(errors[1]), "rank 1: rendezvous aborted by rank 0: 'rank 0: "));
   CHECK(contains(message_of(errors[1]), "ranks 2, 3 never joined"));
 }
 
@@ -759,7 +539,7 @@ TEST_CASE("a peer speaking protocol version 99 is refused naming both versions")
   const RawFrame abort = read_frame(socket);  // rank 0 says why before it closes
   CHECK(abort.header.header.type == setup_type::kAbort);
   const std::string why = tcp::decode_text(abort.payload());
-  CHECK(why == "rank 0: rank 1 speaks protocol version 99, this is version 1");
+  CHECK(why == "rank 0: rank 1 speaks protocol version 99, this is version 2");
   CHECK(contains(rank_zero.finish(), why));
 }
 
@@ -784,7 +564,7 @@ TEST_CASE("a rank 0 speaking protocol version 99 is refused by the joining rank"
   options.rendezvous_port = port;
   CHECK_THROWS_WITH_AS(
       tcp::Tcp{options},
-      doctest::Contains("rank 1: rank 0 speaks protocol version 99, this is version 1"),
+      doctest::Contains("rank 1: rank 0 speaks protocol version 99, this is version 2"),
       cohort::CommError);
   fake_root.join();
 }

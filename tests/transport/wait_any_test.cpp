@@ -132,8 +132,10 @@ TEST_CASE("tcp wait_any reports a closed peer; with isolation the other peers go
       bool failed = false;
       try {
         receive_byte(transport, 1);
-      } catch (const cohort::CommError& error) {
+      } catch (const cohort::transport::PeerFailure& error) {
         failed = true;
+        CHECK(error.peer == 1);  // a field, for the layer above to name the process
+        CHECK(error.receiver == 0);
         CHECK(std::string(error.what()).find("rank 1") != std::string::npos);
       }
       CHECK(failed);
@@ -146,4 +148,22 @@ TEST_CASE("tcp wait_any reports a closed peer; with isolation the other peers go
       send_byte(transport, 0, std::byte{10});
     }
   });
+}
+
+TEST_CASE("loopback wait_any reports a closed peer, whose receive is a PeerFailure naming it") {
+  cohort::transport::Loopback group({.ranks = 2, .timeout = 5s});
+  auto server = group.endpoint(0);
+  auto client = group.endpoint(1);
+  client.leave("done here");
+  const int peers[] = {1};
+  CHECK(server.wait_any(peers, 100ms) == 1);
+  bool failed = false;
+  try {
+    receive_byte(server, 1);
+  } catch (const cohort::transport::PeerFailure& error) {
+    failed = true;
+    CHECK(error.peer == 1);
+    CHECK(std::string(error.what()).find("rank 1 left: done here") != std::string::npos);
+  }
+  CHECK(failed);
 }

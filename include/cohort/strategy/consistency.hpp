@@ -12,8 +12,10 @@
 //   consistency::Async                 K unbounded. Each push is applied on arrival, exactly once,
 //                                      and a pull never waits.
 //
-// "Live" excludes workers that were lost or have finished, so one dead worker never blocks the
-// others.
+// "Live" excludes workers that were lost (dead, or silent for the strategy's timeout while a
+// server waited on them) or have finished, so one dead or stopped worker never blocks the others
+// for longer than the timeout. The server takes the model as a template parameter
+// (parameter_server/server.hpp): nothing tests K at run time.
 #pragma once
 
 #include <cstdint>

@@ -49,11 +49,16 @@
 // the shards and continues the run (the same bits, for Sync). A sharded checkpoint restores under
 // any strategy, and any checkpoint restores under ParameterServer.
 //
-// Faults. A worker that dies is reported by the servers by name; Async and BoundedStaleness go on
-// without it (the bound counts live workers only); Sync fails with an error naming it unless
-// backup workers cover it (parameter_server/server.hpp has the rule). A server that dies makes
-// every worker's next push or pull fail naming it ("parameter server 1 (rank 5)"), within
-// `timeout` at worst: restart the job from the last checkpoint.
+// Faults. A worker that dies, or stays silent for `timeout` while a server waits on it (stopped,
+// hung, or stalled in the middle of a request), is reported by the servers by name; Async and
+// BoundedStaleness go on without it (the bound counts live workers only); Sync fails with an
+// error naming it unless backup workers cover it, and every worker waiting on a server receives
+// that error (parameter_server/server.hpp has the rules). A server takes each request only once
+// it has arrived whole, so a worker stalled in the middle of a frame holds back no other worker.
+// A server that dies makes every worker's next push or pull fail naming it ("parameter server 1
+// (rank 5)"); one that stops answering, within 3/2 x `timeout` (a worker waits longer than a
+// server, so that the server names a stalled worker first): restart the job from the last
+// checkpoint.
 //
 // Options:
 //   local_replicas   replica threads in each worker process (a power of two, the same on every
@@ -64,9 +69,11 @@
 //                    loopback cluster
 //   secret           shared secret authenticating every connection (or COHORT_SECRET)
 //   connect_timeout  the rendezvous deadline (left at its default: COHORT_CONNECT_TIMEOUT)
-//   timeout          how long a worker waits for an answer (a bounded-staleness worker may wait
-//                    for the slowest one) and any transfer may stall (left at its default:
-//                    COHORT_TIMEOUT)
+//   timeout          how long a server waits on a silent worker before it counts it as lost
+//                    (twice that when every worker went quiet at once); a worker's transfers
+//                    (its pushes and pulls, where a bounded-staleness worker may wait for the
+//                    slowest one, and under Sync the collectives between workers) may stall for
+//                    3/2 x timeout (left at its default: COHORT_TIMEOUT)
 //   min_shard_bytes  a shard holds at least this many bytes (so a small model uses few servers)
 //   alignment        shard boundaries are multiples of this many elements
 //   chunk_bytes      the unit of a request, so that push, update and pull pipeline, and of
@@ -219,7 +226,10 @@ class ParameterServer {
     // (Where the launcher gives no local rank, the rendezvous does: the device comes after it.)
     if (!serves() && spec_.local_given) worker_place_.emplace(spec_, options_.timeout);
     const int rank = serves() ? workers_ + spec_.rank : spec_.rank;
-    const detail::TcpSetup tcp = detail::tcp_setup(spec_, rank, workers_ + servers_, options_);
+    detail::TcpSetup tcp = detail::tcp_setup(spec_, rank, workers_ + servers_, options_);
+    // A worker waits longer than a server waits on a silent worker, so that the server, which
+    // knows who stalled, speaks first (parameter_server/server.hpp).
+    if (!serves()) tcp.options.operation_timeout = worker_transfer_timeout(options_.timeout);
     detail::announce(cluster::describe(spec_) +
                          "; parameter server job: " + std::to_string(servers_) + " server(s), " +
                          std::to_string(workers_) + " worker(s), " + std::string(C::kName) +
@@ -233,6 +243,12 @@ class ParameterServer {
     }
     if (!serves() && !worker_place_) worker_place_.emplace(spec_, options_.timeout);
     if (serves()) transport_->isolate_peer_failures();
+  }
+
+  // How long a worker's transfers may stall: 3/2 x timeout, the servers' deadline for a silent
+  // worker and the time it takes them to say so.
+  static std::chrono::milliseconds worker_transfer_timeout(std::chrono::milliseconds timeout) {
+    return timeout + timeout / 2;
   }
 
   std::size_t replicas() const {
@@ -269,13 +285,13 @@ class ParameterServer {
   void serve(std::size_t elements, const O& optimizer) {
     check_optimizer<T>(optimizer);
     const ps::Layout shards = layout(elements, sizeof(T));
-    ps::Server<Transport, T, O> server(*transport_, shards,
-                                       {.server = spec_.rank,
-                                        .workers = workers_,
-                                        .backup_workers = options_.backup_workers,
-                                        .staleness = kStaleness,
-                                        .log_pushes = options_.log_pushes},
-                                       optimizer);
+    ps::Server<Transport, T, O, C> server(*transport_, shards,
+                                          {.server = spec_.rank,
+                                           .workers = workers_,
+                                           .backup_workers = options_.backup_workers,
+                                           .worker_timeout = options_.timeout,
+                                           .log_pushes = options_.log_pushes},
+                                          optimizer);
     const ps::ServerCounts counts = server.serve();
     held_ = server.shard();
     std::string line = "cohort: parameter server " + std::to_string(spec_.rank) + " (" +

@@ -3,7 +3,8 @@
 // Same contract as every transport (transport.hpp), so the process collectives can be tested
 // with ranks as threads, quickly and deterministically, before they run over TCP. A send copies
 // its payload into the receiver's mailbox and never blocks; a receive waits for the next frame
-// from its peer, up to the group's timeout.
+// from its peer, up to the group's timeout, and fails with a PeerFailure naming the peer. A frame
+// enters a mailbox whole: wait_any (transport::Serving) never sees a partial one.
 //
 //   transport::Loopback group({.ranks = 4});
 //   auto endpoint = group.endpoint(rank);   // one per thread; satisfies transport::Transport
@@ -52,8 +53,8 @@ class Loopback {
       for (const Receive& receive : receives) group_->take(rank_, receive);
     }
 
-    // transport.hpp (Serving): a peer with a frame waiting in this rank's mailbox, or one that
-    // has closed, or -1 after `timeout`.
+    // transport.hpp (Serving): a peer with a frame waiting in this rank's mailbox (a frame is
+    // posted whole, so it has arrived whole), or one that has closed, or -1 after `timeout`.
     int wait_any(std::span<const int> peers, std::chrono::milliseconds timeout) {
       return group_->wait_any(rank_, peers, timeout, next_any_);
     }
@@ -118,15 +119,17 @@ class Loopback {
     while (frame == frames.end()) {
       if (closed_[static_cast<std::size_t>(receive.peer)]) {
         const std::string& reason = reasons_[static_cast<std::size_t>(receive.peer)];
-        throw CommError(where(receiver, receive) + ": rank " + std::to_string(receive.peer) +
-                        (reason.empty() ? " closed the connection" : " left: " + reason));
+        throw PeerFailure(receiver, receive.peer,
+                          where(receiver, receive) + ": rank " + std::to_string(receive.peer) +
+                              (reason.empty() ? " closed the connection" : " left: " + reason));
       }
       if (arrived_.wait_until(lock, deadline) == std::cv_status::timeout) {
         frame = from_peer();
         if (frame != frames.end()) break;
-        throw CommError(where(receiver, receive) + ": nothing from rank " +
-                        std::to_string(receive.peer) + " within " +
-                        std::to_string(options_.timeout.count()) + " ms");
+        throw PeerFailure(receiver, receive.peer,
+                          where(receiver, receive) + ": nothing from rank " +
+                              std::to_string(receive.peer) + " within " +
+                              std::to_string(options_.timeout.count()) + " ms");
       }
       frame = from_peer();
     }

@@ -17,7 +17,8 @@
 //       exchange with every peer at once without deadlock. Sends and receives with the same peer
 //       complete in list order. Fails with CommError naming the peer rank, the header's type and
 //       sequence, when a peer closes, sends a malformed or mismatched frame, or nothing completes
-//       within the transport's deadline.
+//       within the transport's deadline: a PeerFailure, whose `peer` field names the peer, when
+//       the failure is one connection's (a HeaderMismatch for a mismatched frame).
 //   t.close()
 //       closes every connection now: peers waiting on this rank fail promptly with a CommError
 //       naming it; later transfers throw. Safe from any thread, also during a transfer (a
@@ -33,11 +34,14 @@
 // A transport that serves requests in arrival order (the parameter server) also needs to know
 // which peer to read next. transport::Serving adds:
 //   t.wait_any(std::span<const int> peers, std::chrono::milliseconds timeout)
-//       returns a peer among `peers` whose next frame has begun to arrive (bytes already buffered
-//       by this rank count) or whose connection has ended (so that the next receive from it fails
-//       and names it), or -1 when none did within `timeout`. It consumes nothing: a receive
-//       follows. Successive calls rotate where they start looking, so that a busy peer cannot
-//       starve the others. Only from the thread that runs transfers.
+//       returns a peer among `peers` whose next frame has arrived whole, so that a receive of it
+//       completes without waiting, or whose next frame cannot be read (its connection ended, its
+//       header is malformed: the receive fails and names it); -1 when none within `timeout`. Each
+//       peer's partial frame is kept apart until it is whole, so a peer that stops in the middle
+//       of a frame holds back nothing but itself. It consumes no frame: a receive of the frame
+//       follows (one frame per call; the next frame needs another wait_any). Successive calls
+//       rotate where they start looking, so that a busy peer cannot starve the others. Only from
+//       the thread that runs transfers.
 #pragma once
 
 #include <chrono>
@@ -81,21 +85,31 @@ struct Receive {
   std::span<std::byte> payload;
 };
 
+// The connection to one peer failed: it closed or left, sent a malformed frame, or nothing
+// moved within the deadline. `peer` names it, so that the layer above can say which process that
+// is (a parameter server, a worker) without reading the message.
+class PeerFailure : public CommError {
+ public:
+  PeerFailure(int receiver, int peer, const std::string& what)
+      : CommError(what), receiver(receiver), peer(peer) {}
+
+  int receiver;  // this rank
+  int peer;
+};
+
 // A frame arrived whose header or length is not the one the receiver expected.
-class HeaderMismatch : public CommError {
+class HeaderMismatch : public PeerFailure {
  public:
   HeaderMismatch(int receiver, int sender, Header expected, std::size_t expected_length,
                  Header received, std::size_t received_length, const std::string& what)
-      : CommError(what),
-        receiver(receiver),
+      : PeerFailure(receiver, sender, what),
         sender(sender),
         expected(expected),
         expected_length(expected_length),
         received(received),
         received_length(received_length) {}
 
-  int receiver;
-  int sender;
+  int sender;  // = peer
   Header expected;
   std::size_t expected_length;
   Header received;

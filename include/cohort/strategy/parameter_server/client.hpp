@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "cohort/core/error.hpp"
@@ -24,26 +23,6 @@
 #include "cohort/transport/transport.hpp"
 
 namespace cohort::strategy::ps {
-
-// "parameter server 1 (rank 5)" for the first rank of a server named in a transport message.
-inline std::string name_server(std::string_view message, int workers, int self) {
-  for (std::size_t at = message.find("rank "); at != std::string_view::npos;
-       at = message.find("rank ", at + 5)) {
-    std::size_t end = at + 5;
-    int rank = 0;
-    bool digits = false;
-    while (end < message.size() && message[end] >= '0' && message[end] <= '9') {
-      rank = rank * 10 + (message[end] - '0');
-      ++end;
-      digits = true;
-    }
-    if (digits && rank >= workers && rank != self) {
-      return "parameter server " + std::to_string(rank - workers) + " (rank " +
-             std::to_string(rank) + ")";
-    }
-  }
-  return "a parameter server";
-}
 
 template <transport::Transport Tr>
 class Client {
@@ -79,8 +58,9 @@ class Client {
 
   // Sends every queued request and receives every answer, in one transfer (so that the servers
   // work in parallel and, within a server, the requests pipeline), then empties the queue. A
-  // transfer of pushes only returns once they are sent. Throws CommError naming the server that
-  // is gone, broke the protocol or refused a request.
+  // transfer of pushes only returns once they are sent. Throws CommError naming the server whose
+  // connection failed (the transport's PeerFailure says which) or that refused a request; a
+  // server that ends the run answers with why (a Sync server names the worker that stalled).
   void transfer() {
     // The queue empties now, so that the next transfer starts empty even after a failure; the
     // requests stay in in_flight_, which the transfer's spans point into.
@@ -101,15 +81,10 @@ class Client {
     }
     try {
       transport_.transfer(sends_, receives_);
+    } catch (const transport::PeerFailure& error) {
+      fail(peer_name(error.peer), error.what());
     } catch (const CommError& error) {
-      const std::string message =
-          "worker " + std::to_string(worker_) + ": " + describe() +
-          " failed: " + name_server(error.what(), workers_, transport_.rank()) +
-          " is gone or broke the protocol: " + error.what();
-      // Every other process learns the first cause, so that a surviving server's error names
-      // the server that died, not this worker.
-      transport_.leave(message);
-      throw CommError(message);
+      fail("a parameter server", error.what());
     }
     for (std::size_t i = 0; i < in_flight_.size(); ++i) {
       if (!answered(in_flight_[i])) continue;
@@ -161,6 +136,23 @@ class Client {
 
   static bool answered(const Queued& queued) {
     return queued.request.operation != static_cast<std::uint16_t>(Operation::kPush);
+  }
+
+  // "parameter server 1 (rank 5)": the process at mesh rank `rank` (servers follow the workers).
+  std::string peer_name(int rank) const {
+    if (rank < workers_) return "rank " + std::to_string(rank);
+    return "parameter server " + std::to_string(rank - workers_) + " (rank " +
+           std::to_string(rank) + ")";
+  }
+
+  // A transfer whose connection to `server` failed: every other process learns the first cause
+  // (so that a surviving server's error names the process that failed, not this worker), then
+  // this worker throws it.
+  [[noreturn, gnu::cold]] void fail(const std::string& server, const std::string& what) {
+    const std::string message = "worker " + std::to_string(worker_) + ": " + describe() +
+                                " failed at " + server + ": " + what;
+    transport_.leave(message);
+    throw CommError(message);
   }
 
   // "push", "push and pull": the operations in flight, for errors.

@@ -1,6 +1,28 @@
-// The server side of the parameter server: one thread that takes requests in arrival order
-// (transport wait_any), validates them, applies pushes to its shard and answers pulls, each
-// request at a time, so that an answer always carries a whole version of its chunk.
+// The server side of the parameter server: one thread that takes requests in arrival order,
+// validates them, applies pushes to its shard and answers pulls, each request at a time, so that
+// an answer always carries a whole version of its chunk.
+//
+//   ps::Server<tcp::Tcp, float, optimizer::Adam, consistency::Sync> server(
+//       transport, layout, {.server = s, .workers = W, .worker_timeout = 5min}, adam);
+//   ps::ServerCounts counts = server.serve();   // one fit; throws CommError when Sync cannot go on
+//
+// Consistency (strategy/consistency.hpp) is a template parameter: the Sync bookkeeping below is
+// compiled only into Server<..., Sync>.
+//
+// Each worker's connection has its own receive state: a request is two frames (protocol.hpp),
+// the Request then its payload, and the server takes a frame only once it has arrived whole
+// (transport::Serving's wait_any), so a worker that stops in the middle of a frame holds back no
+// other worker. A worker is silent when no whole frame came from it for worker_timeout while the
+// server waits on it: since its last frame or the server's last answer to it, with no pull of it
+// waiting here (a worker waiting in its pull waits on the server, not the other way round), and
+// another worker's frame came after its last. When every worker went quiet together, the cause
+// is more likely theirs in common (another server that stopped, under Sync a collective between
+// workers that one of them stalls), which their own transfers name: the server then allows
+// kCommonStallFactor x worker_timeout. Async and BoundedStaleness count a silent worker as lost
+// and go on without it (the staleness bound counts live workers only). Sync needs the
+// W - backup_workers lowest-indexed live workers of each step: a silent worker that leaves too
+// few ends the run with a CommError naming it, which every worker waiting on this server receives
+// in the answer to its pull. A server that holds no chunk waits on nobody.
 //
 // Bookkeeping per chunk: the parameters, the optimizer state (slot-major over the chunk), the
 // number of updates applied, and per worker the pushes taken (`done`). A pull waits until its
@@ -21,6 +43,7 @@
 // run with an error naming it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -38,17 +61,19 @@
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/optimizer/optimizer.hpp"
+#include "cohort/strategy/consistency.hpp"
 #include "cohort/strategy/parameter_server/protocol.hpp"
 #include "cohort/transport/transport.hpp"
 
 namespace cohort::strategy::ps {
 
 struct ServerOptions {
-  int server = 0;   // this server's index
-  int workers = 1;  // W; worker w is transport rank w
-  std::size_t backup_workers = 0;
-  std::uint64_t staleness = 0;  // K
-  bool log_pushes = false;      // one line per push applied to this server's first chunk
+  int server = 0;                  // this server's index
+  int workers = 1;                 // W; worker w is transport rank w
+  std::size_t backup_workers = 0;  // Sync only (ParameterServer checks)
+  // How long a worker may stay silent while this server waits on it (the rule at the top).
+  std::chrono::milliseconds worker_timeout{std::chrono::minutes(5)};
+  bool log_pushes = false;  // one line per push applied to this server's first chunk
 };
 
 // What one serve() did, for the end-of-fit summary and the tests.
@@ -60,8 +85,10 @@ struct ServerCounts {
   std::vector<std::string> lost;                     // workers lost, with why
 };
 
-template <transport::Serving Tr, class T, class O>
+template <transport::Serving Tr, class T, class O, consistency::Consistency C = consistency::Sync>
 class Server {
+  static constexpr bool kSync = C::kStaleness == 0;
+
  public:
   Server(Tr& transport, const Layout& layout, ServerOptions options, const O& optimizer)
       : transport_(transport), layout_(layout), options_(options), optimizer_(optimizer) {
@@ -75,12 +102,16 @@ class Server {
       chunk.state.assign(O::kStateSlots * mine[i].size(), T{});
       chunk.done.assign(workers, 0);
       chunk.pulled.assign(workers, 0);
-      if (options_.staleness == 0) {
+      if constexpr (kSync) {
         chunk.contributions.assign(workers, std::vector<T>(mine[i].size()));
         chunk.pushed_step.assign(workers, kNone);
       }
+      // The longest payload a request may carry: an init's (parameters and optimizer state).
+      max_payload_ = std::max(max_payload_, (1 + O::kStateSlots) * mine[i].size() * sizeof(T));
     }
     lost_.assign(workers, false);
+    why_lost_.assign(workers, {});
+    connections_.assign(workers, {});
   }
 
   // Serves one fit: waits for the chief's init, then every worker's requests until each has
@@ -98,11 +129,21 @@ class Server {
       std::fill(chunk.pushed_step.begin(), chunk.pushed_step.end(), kNone);
       chunk.initialized = false;
     }
+    last_frame_ = Clock::now();
+    for (Connection& connection : connections_) {
+      connection = {.heard = last_frame_, .request = std::nullopt};
+    }
     std::vector<int> listening;
+    bool was_initialized = false;
     while (true) {
       listening.clear();
       const bool initialized = std::all_of(chunks_.begin(), chunks_.end(),
                                            [](const State& chunk) { return chunk.initialized; });
+      if (initialized && !was_initialized) {
+        // The other workers are heard from now on: their silence counts from here.
+        was_initialized = true;
+        for (std::size_t w = 1; w < connections_.size(); ++w) connections_[w].heard = Clock::now();
+      }
       for (int worker = 0; worker < options_.workers; ++worker) {
         if (lost_[static_cast<std::size_t>(worker)] ||
             finished_[static_cast<std::size_t>(worker)]) {
@@ -117,8 +158,9 @@ class Server {
         }
         break;
       }
-      const int worker = transport_.wait_any(listening, std::chrono::milliseconds(100));
-      if (worker >= 0) take_request(worker);
+      const int worker = transport_.wait_any(listening, kPoll);
+      if (worker >= 0) take_frame(worker);
+      lose_silent(listening);
     }
     return counts_;
   }
@@ -148,7 +190,21 @@ class Server {
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  // How long one wait for a whole frame lasts before the server looks for silent workers.
+  static constexpr std::chrono::milliseconds kPoll{100};
+  // When every worker went quiet together, the server waits this many times worker_timeout:
+  // their common cause (another server, a collective between workers) is theirs to name, and
+  // their transfers give up after 3/2 x timeout (ParameterServer).
+  static constexpr int kCommonStallFactor = 2;
+
+  // One worker's connection: what arrived from it last, and the request whose payload frame is
+  // awaited (a request is a Request frame, then its payload frame).
+  struct Connection {
+    Clock::time_point heard;  // its last whole frame, or this server's last answer to it
+    std::optional<Request> request;
+  };
 
   struct State {
     Chunk range{};
@@ -187,39 +243,66 @@ class Server {
   }
   std::string me() const { return "parameter server " + std::to_string(options_.server); }
 
-  void take_request(int worker) {
-    Request request;
-    std::string refused;
+  // Takes the next frame from `worker`, which has arrived whole (wait_any): a Request, kept until
+  // its payload frame arrives, or that payload, which completes the request.
+  void take_frame(int worker) {
+    Connection& connection = connections_[static_cast<std::size_t>(worker)];
+    if (!connection.request) {
+      Request request;
+      if (!receive(worker, tag::kRequest, std::as_writable_bytes(std::span(&request, 1)))) return;
+      connection.request = request;
+      connection.heard = last_frame_ = Clock::now();
+      return;
+    }
+    const Request request = *std::exchange(connection.request, std::nullopt);
+    connection.heard = last_frame_ = Clock::now();
+    take_request(worker, request);
+  }
+
+  // One frame from `worker` into `bytes`; false when its connection failed (it is then lost).
+  bool receive(int worker, std::uint64_t frame_tag, std::span<std::byte> bytes) {
     try {
-      transport::Receive receive{worker, header(tag::kRequest),
-                                 std::as_writable_bytes(std::span(&request, 1))};
+      const transport::Receive receive{worker, header(frame_tag), bytes};
       transport_.transfer({}, std::span(&receive, 1));
+      return true;
     } catch (const CommError& error) {
       lose(worker, error.what());
+      return false;
+    }
+  }
+
+  // A request whose payload frame has arrived whole: receives the payload and acts on it.
+  void take_request(int worker, const Request& request) {
+    if (request.payload_bytes > max_payload_) {
+      // No buffer is made for it, and the stream cannot be kept in step without reading it.
+      lose(worker,
+           "it announced a payload of payload_bytes = " + std::to_string(request.payload_bytes) +
+               ", more than any request to this "
+               "server carries (" +
+               std::to_string(max_payload_) + ")");
       return;
     }
     const std::string field = validate(worker, request);
-    // The payload is read whatever the verdict, so that the stream stays in step.
-    std::span<std::byte> payload;
     State* chunk =
         field.empty() && request.operation != static_cast<std::uint16_t>(Operation::kDone)
             ? &chunks_[request.chunk]
             : nullptr;
     const auto operation = static_cast<Operation>(request.operation);
-    if (field.empty() && operation == Operation::kPush && options_.staleness == 0) {
-      payload =
-          std::as_writable_bytes(std::span(chunk->contributions[static_cast<std::size_t>(worker)]));
-    } else {
+    // The payload is read whatever the verdict, so that the stream stays in step: a Sync push
+    // straight into its worker's contribution, anything else into scratch.
+    const bool contribution = kSync && field.empty() && operation == Operation::kPush;
+    std::span<std::byte> payload;
+    if constexpr (kSync) {
+      if (contribution) {
+        payload = std::as_writable_bytes(
+            std::span(chunk->contributions[static_cast<std::size_t>(worker)]));
+      }
+    }
+    if (!contribution) {
       scratch_.resize(request.payload_bytes);
       payload = std::span(scratch_);
     }
-    try {
-      transport::Receive receive{worker, header(tag::kRequestPayload), payload};
-      transport_.transfer({}, std::span(&receive, 1));
-    } catch (const CommError& error) {
-      lose(worker, error.what());
-      return;
-    }
+    if (!receive(worker, tag::kRequestPayload, payload)) return;
     if (!field.empty()) {
       const std::string message = me() + ": refused " + std::string(name(operation)) + " from " +
                                   who(worker) + ": " + field;
@@ -338,17 +421,19 @@ class Server {
     if (operation == Operation::kInit && worker != 0) {
       return is("worker", request.worker, "only the chief (worker 0) initializes");
     }
-    if (operation == Operation::kPush && options_.staleness == 0 && request.step > chunk.updates) {
-      return is("step", request.step,
-                "the step in progress is " + std::to_string(chunk.updates) +
-                    "; synchronous workers cannot run ahead");
+    if constexpr (kSync) {
+      if (operation == Operation::kPush && request.step > chunk.updates) {
+        return is("step", request.step,
+                  "the step in progress is " + std::to_string(chunk.updates) +
+                      "; synchronous workers cannot run ahead");
+      }
     }
     return {};
   }
 
   void push(int worker, const Request& request, State& chunk) {
     const auto w = static_cast<std::size_t>(worker);
-    if (options_.staleness == 0) {
+    if constexpr (kSync) {
       if (request.step < chunk.updates || chunk.summed) {
         // A backup worker's late push: its step was aggregated without it.
         if (chunk.range.index == 0) ++counts_.dropped[w];
@@ -496,11 +581,12 @@ class Server {
   // Sync every step it pushed is applied (a late push's step was applied without it); otherwise
   // it is at most K pushes ahead of the slowest live worker.
   bool settled(const State& chunk, std::size_t w) const {
-    if (options_.staleness == 0) {
+    if constexpr (kSync) {
       return chunk.pushed_step[w] == kNone || chunk.updates > chunk.pushed_step[w];
+    } else {
+      const std::uint64_t least = slowest(chunk);
+      return least == kNone || chunk.done[w] - std::min(least, chunk.done[w]) <= C::kStaleness;
     }
-    const std::uint64_t least = slowest(chunk);
-    return least == kNone || chunk.done[w] - std::min(least, chunk.done[w]) <= options_.staleness;
   }
 
   // Answers every pull whose worker's pushes have settled, in arrival order: a worker pulls in the
@@ -546,6 +632,8 @@ class Server {
     answer.chunk = request.chunk;
     answer.updates = chunk.updates;
     send(worker, answer, payload);
+    // The worker computes from here on: its silence counts from this answer.
+    connections_[static_cast<std::size_t>(worker)].heard = Clock::now();
   }
 
   void reply_error(int worker, const Request& request, const std::string& message) {
@@ -570,25 +658,88 @@ class Server {
   }
 
   void lose(int worker, const std::string& why) {
+    if (mark_lost(worker, why)) after_loss();
+  }
+
+  // Records worker `worker` as lost for good, once; false if it already was.
+  bool mark_lost(int worker, const std::string& why) {
     const auto w = static_cast<std::size_t>(worker);
-    if (lost_[w]) return;
+    if (lost_[w]) return false;
     lost_[w] = true;
+    why_lost_[w] = why;
+    connections_[w].request.reset();
     const std::string message = me() + ": lost " + who(worker) + ": " + why;
     std::fprintf(stderr, "cohort: %s\n", message.c_str());
     counts_.lost.push_back(message);
-    if (options_.staleness == 0 && !finished_[w]) {
+    return true;
+  }
+
+  // What the losses change: Sync fails when too few live workers remain for a step (naming every
+  // lost worker that had not finished) and otherwise aggregates without them; every mode answers
+  // the pulls that no longer wait for them.
+  void after_loss() {
+    if constexpr (kSync) {
       std::size_t live = 0;
-      for (std::size_t v = 0; v < lost_.size(); ++v) live += lost_[v] ? 0 : 1;
+      std::string lost;
+      for (std::size_t w = 0; w < lost_.size(); ++w) {
+        live += lost_[w] ? 0 : 1;
+        if (lost_[w] && !finished_[w]) {
+          lost += who(static_cast<int>(w)) + " was lost (" + why_lost_[w] + "); ";
+        }
+      }
       const std::size_t needed =
           static_cast<std::size_t>(options_.workers) - options_.backup_workers;
-      if (live < needed) {
-        fail(who(worker) + " was lost (" + why + "); synchronous training needs " +
-             std::to_string(needed) + " of " + std::to_string(options_.workers) +
+      if (live < needed && !lost.empty()) {
+        fail(lost + "synchronous training needs " + std::to_string(needed) + " of " +
+             std::to_string(options_.workers) +
              " workers (backup_workers = " + std::to_string(options_.backup_workers) + ")");
       }
       for (State& chunk : chunks_) try_aggregate(chunk);
     }
     progress();
+  }
+
+  // Whether a pull of worker w waits here: then the worker waits on this server, not the other
+  // way round.
+  bool waits_here(std::size_t w) const {
+    return std::any_of(pending_.begin(), pending_.end(), [&](const Pending& pending) {
+      return static_cast<std::size_t>(pending.worker) == w;
+    });
+  }
+
+  // Loses every listened-to worker that has been silent past its deadline (the rule at the top
+  // of this file), all at once, so that a Sync failure names every one of them.
+  void lose_silent(std::span<const int> listening) {
+    if (chunks_.empty()) return;  // this server waits on nobody: only the workers' done arrives
+    const auto now = Clock::now();
+    bool any = false;
+    for (const int worker : listening) {
+      const auto w = static_cast<std::size_t>(worker);
+      if (waits_here(w)) continue;
+      const auto heard = connections_[w].heard;
+      // Another worker spoke since: this one stalled alone. Otherwise all went quiet together.
+      const auto deadline = last_frame_ > heard ? options_.worker_timeout
+                                                : kCommonStallFactor * options_.worker_timeout;
+      if (now - heard >= deadline) any = mark_lost(worker, silence(worker, now)) || any;
+    }
+    if (any) after_loss();
+  }
+
+  // Why a silent worker is lost.
+  std::string silence(int worker, Clock::time_point now) const {
+    const Connection& connection = connections_[static_cast<std::size_t>(worker)];
+    const auto silent =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - connection.heard).count();
+    std::string why = "silent: no whole frame from it for " + std::to_string(silent) +
+                      " ms (worker_timeout = " + std::to_string(options_.worker_timeout.count()) +
+                      " ms) while this server waited on it";
+    if (connection.request) {
+      why += "; its " + std::string(name(static_cast<Operation>(connection.request->operation))) +
+             " request of chunk " + std::to_string(connection.request->chunk) +
+             " came, its payload frame of " + std::to_string(connection.request->payload_bytes) +
+             " bytes did not arrive whole";
+    }
+    return why;
   }
 
   // Tells every worker waiting on this server why the run cannot go on, then throws. At most once
@@ -616,20 +767,30 @@ class Server {
       if (live.empty()) break;
       const int worker = transport_.wait_any(live, std::chrono::milliseconds(50));
       if (worker < 0) continue;
-      Request request;
+      const auto w = static_cast<std::size_t>(worker);
+      Connection& connection = connections_[w];
       try {
-        transport::Receive receive{worker, header(tag::kRequest),
-                                   std::as_writable_bytes(std::span(&request, 1))};
-        transport_.transfer({}, std::span(&receive, 1));
+        if (!connection.request) {
+          Request request;
+          const transport::Receive receive{worker, header(tag::kRequest),
+                                           std::as_writable_bytes(std::span(&request, 1))};
+          transport_.transfer({}, std::span(&receive, 1));
+          connection.request = request;
+          continue;
+        }
+        const Request request = *std::exchange(connection.request, std::nullopt);
+        if (request.payload_bytes > max_payload_) {
+          lost_[w] = true;
+          continue;
+        }
         scratch_.resize(request.payload_bytes);
-        transport::Receive payload{worker, header(tag::kRequestPayload), std::span(scratch_)};
+        const transport::Receive payload{worker, header(tag::kRequestPayload), std::span(scratch_)};
         transport_.transfer({}, std::span(&payload, 1));
+        // A push is not answered; the worker's pull that follows it is.
+        if (answered(request)) reply_error(worker, request, message);
       } catch (const CommError&) {
-        lost_[static_cast<std::size_t>(worker)] = true;
-        continue;
+        lost_[w] = true;
       }
-      // A push is not answered; the worker's pull that follows it is.
-      if (answered(request)) reply_error(worker, request, message);
     }
     throw CommError(message);
   }
@@ -640,8 +801,12 @@ class Server {
   const O& optimizer_;
   std::vector<State> chunks_;
   std::vector<bool> lost_;             // for good: a lost worker never comes back
-  std::vector<bool> finished_;         // in this fit
-  std::vector<Pending> pending_;       // pulls, in arrival order
+  std::vector<std::string> why_lost_;  // per worker, for the Sync failure that names it
+  std::vector<Connection> connections_;
+  Clock::time_point last_frame_;  // the last whole frame from any worker
+  std::size_t max_payload_ = 0;   // bytes: the longest payload a request to this server carries
+  std::vector<bool> finished_;    // in this fit
+  std::vector<Pending> pending_;  // pulls, in arrival order
   std::vector<std::string> refusals_;  // per worker: why a push was refused, until its next pull
   ServerCounts counts_;
   std::vector<std::byte> scratch_;

@@ -5,16 +5,18 @@
 // Every connection, the one to rank 0 and each one of the mesh, starts with the same exchange,
 // the connecting side C first, the accepting side A second:
 //
-//   C -> A  hello    rank, size, job id, listening address, nonce, whether it authenticates
-//   A -> C  hello    (or abort: why C is refused)  followed by  confirm(proof of A)
-//   C -> A  confirm(proof of C)                    (or abort: why A is refused)
+//   C -> A  hello(C)   rank, size, job id, listening address, nonce, whether it authenticates
+//   A -> C  hello(A)   A's own, with A's nonce            (or abort: why C is refused)
+//   C -> A  confirm    proof of C                         (or abort: why A is refused)
+//   A -> C  confirm    proof of A                         (or abort: why C is refused)
 //
 // Each side checks the other's hello field by field and names both values of the first
 // difference. With a secret, a proof is HMAC-SHA256(secret, label || hello of C || hello of A):
 // both hellos carry a fresh 32-byte nonce, so a proof cannot be replayed on another connection,
-// and the label differs by role, so C's proof is not A's. Without a secret the proof is empty. A
-// proof that does not verify fails that side with "authentication failed with rank N"; since
-// each side verifies the other's, a wrong secret fails both.
+// and the label differs by role, so C's proof is not A's. The connecting side proves first: an
+// acceptor answers a stranger's hello with nothing derived from the secret, so that nobody who
+// can reach a listening port obtains material for an offline guess of the secret; and it drops a
+// connection whose proof does not verify without a word. Without a secret the proof is empty.
 #pragma once
 
 #include <openssl/crypto.h>
@@ -33,13 +35,19 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/transport/tcp/frame.hpp"
+#include "cohort/transport/tcp/frame_mac.hpp"
 
 namespace cohort::transport::tcp {
 
 inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kProofBytes = 32;
-// Setup messages are small; anything bigger is refused before it is read.
+// Setup messages are small; anything bigger is refused before it is read. Until a connection has
+// proved the secret it may send only a hello of at most kMaxHelloBytes and a proof, so that an
+// attempt costs a bounded amount of memory.
 inline constexpr std::size_t kMaxSetupPayloadBytes = std::size_t{1} << 20;
+inline constexpr std::size_t kMaxHelloBytes = 1024;
+// Text a peer sends (an abort's reason) enters this rank's errors quoted and cut to this length.
+inline constexpr std::size_t kMaxPeerTextBytes = 240;
 
 using Nonce = std::array<std::byte, kNonceBytes>;
 
@@ -204,6 +212,25 @@ inline std::string decode_text(std::span<const std::byte> payload) {
   return {reinterpret_cast<const char*>(payload.data()), payload.size()};
 }
 
+// Text from the wire as it may appear in an error or a log line: in single quotes, printable
+// ASCII as it is, every other byte (a line break, an escape sequence) as \xNN, cut after
+// kMaxPeerTextBytes with "...", so that a peer can neither forge lines nor flood a log.
+inline std::string quote_peer_text(std::string_view text) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string quoted = "'";
+  for (std::size_t i = 0; i < text.size() && i < kMaxPeerTextBytes; ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte >= 0x20 && byte < 0x7f) {
+      quoted += static_cast<char>(byte);
+    } else {
+      quoted += "\\x";
+      quoted += kDigits[byte >> 4];
+      quoted += kDigits[byte & 15];
+    }
+  }
+  return quoted + (text.size() > kMaxPeerTextBytes ? "'..." : "'");
+}
+
 // What this rank expects of a peer's hello.
 struct Expectation {
   int rank = 0;                  // this rank
@@ -222,8 +249,8 @@ inline std::string rank_name(int rank) { return "rank " + std::to_string(rank); 
 inline std::string check_hello(const Hello& peer, const Expectation& mine) {
   const std::string who = rank_name(peer.rank);
   if (peer.job_id != mine.job_id) {
-    return who + " belongs to another job: job id '" + peer.job_id + "' differs from '" +
-           std::string(mine.job_id) + "'";
+    return who + " belongs to another job: job id " + quote_peer_text(peer.job_id) +
+           " differs from " + quote_peer_text(mine.job_id);
   }
   if (peer.size != mine.size) {
     return who + " was told the job has " + std::to_string(peer.size) + " ranks, " +
@@ -262,12 +289,12 @@ inline Nonce random_nonce() {
 
 enum class Role { kConnector, kAcceptor };
 
+namespace detail {
+
 // HMAC-SHA256(secret, label || hello frame of the connector || hello frame of the acceptor).
-inline std::array<std::byte, kProofBytes> proof(std::string_view secret, Role role,
-                                                std::span<const std::byte> connector_hello,
-                                                std::span<const std::byte> acceptor_hello) {
-  const std::string_view label =
-      role == Role::kConnector ? "cohort-tcp-1 connector" : "cohort-tcp-1 acceptor";
+inline std::array<std::byte, 32> keyed_digest(std::string_view secret, std::string_view label,
+                                              std::span<const std::byte> connector_hello,
+                                              std::span<const std::byte> acceptor_hello) {
   std::vector<unsigned char> message;
   message.reserve(label.size() + connector_hello.size() + acceptor_hello.size());
   message.insert(message.end(), label.begin(), label.end());
@@ -275,14 +302,37 @@ inline std::array<std::byte, kProofBytes> proof(std::string_view secret, Role ro
     const auto* begin = reinterpret_cast<const unsigned char*>(part.data());
     message.insert(message.end(), begin, begin + part.size());
   }
-  std::array<std::byte, kProofBytes> mac{};
+  std::array<std::byte, 32> mac{};
   unsigned int length = 0;
   if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message.data(),
            message.size(), reinterpret_cast<unsigned char*>(mac.data()), &length) == nullptr ||
-      length != kProofBytes) {
+      length != mac.size()) {
     throw CommError("cannot compute the handshake's HMAC-SHA256 (OpenSSL HMAC failed)");
   }
   return mac;
+}
+
+}  // namespace detail
+
+// The proof of `role`: HMAC-SHA256(secret, its label || both hello frames as they travelled).
+inline std::array<std::byte, kProofBytes> proof(std::string_view secret, Role role,
+                                                std::span<const std::byte> connector_hello,
+                                                std::span<const std::byte> acceptor_hello) {
+  return detail::keyed_digest(
+      secret, role == Role::kConnector ? "cohort-tcp-2 connector" : "cohort-tcp-2 acceptor",
+      connector_hello, acceptor_hello);
+}
+
+// The connection's MAC keys (frame_mac.hpp) as the side of `role` uses them, one per direction,
+// derived like the proofs under labels of their own.
+inline SessionKeys session_keys(std::string_view secret, Role role,
+                                std::span<const std::byte> connector_hello,
+                                std::span<const std::byte> acceptor_hello) {
+  const SessionKey outward = detail::keyed_digest(secret, "cohort-tcp-2 frames from connector",
+                                                  connector_hello, acceptor_hello);
+  const SessionKey inward = detail::keyed_digest(secret, "cohort-tcp-2 frames from acceptor",
+                                                 connector_hello, acceptor_hello);
+  return role == Role::kConnector ? SessionKeys{outward, inward} : SessionKeys{inward, outward};
 }
 
 // Constant time, so that a forger learns nothing from how long a refusal takes.

@@ -28,14 +28,32 @@ struct Options {
   // sets the interface's address, or "0.0.0.0" (then peers reach this rank at the address rank 0
   // saw it connect from).
   std::string bind_address = "127.0.0.1";
+  // The ports the other ranks' listeners may take, for a firewall that opens a range: the first
+  // free one in [listen_port_first, listen_port_last]. Both 0: any free port the system gives.
+  // Rank 0 listens at rendezvous_port whatever this says.
+  std::uint16_t listen_port_first = 0;
+  std::uint16_t listen_port_last = 0;
   // Shared by every rank of the job. Empty: no authentication. Otherwise every connection proves
-  // knowledge of it with HMAC-SHA256 challenge-response (handshake.hpp), and a peer without it is
-  // refused. The secret never travels; traffic is not encrypted.
+  // knowledge of it with HMAC-SHA256 challenge-response, the connecting side first
+  // (handshake.hpp), and a connection that cannot is dropped and logged while the rendezvous goes
+  // on (docs/transport.md, "What an attacker can do"). The secret never travels; traffic is not
+  // encrypted.
   std::string secret{};
   // The rendezvous, start to full mesh, must complete within this; start order does not matter.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  // An accepted connection must complete its handshake within this (and within connect_timeout),
+  // or it is dropped: a silent or slow stranger holds a descriptor this long at most.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  // How many accepted connections may be in their handshake at once; one more drops the oldest of
+  // them, so that a flood of idle connections cannot exhaust this process's descriptors. A real
+  // rank that is dropped this way connects again.
+  int max_pending_connections = 64;
   // A transfer fails when no byte moves in either direction for this long.
   std::chrono::milliseconds operation_timeout{std::chrono::minutes(5)};
+  // After this fraction of operation_timeout without progress, a transfer prints one line naming
+  // the ranks and frames it waits for, so that a long timeout never means minutes of silence.
+  // 0: no warning. In [0, 1).
+  double stall_warning = 0.25;
   // Whether data frames carry and verify a checksum of their payload (XXH3-64, frame.hpp). It
   // costs CPU time near that of the kernel's own copy on loopback (docs/transport.md); off, the
   // checksum field is sent as zero and not checked. Every rank must agree (the handshake checks).
@@ -69,13 +87,29 @@ inline void validate(const Options& options) {
                     "only rank 0 may ask for any free port; the other ranks must be given the "
                     "port rank 0 listens on");
   }
+  if ((options.listen_port_first == 0) != (options.listen_port_last == 0) ||
+      options.listen_port_first > options.listen_port_last) {
+    options::reject(
+        "listen_port_first, listen_port_last",
+        std::to_string(options.listen_port_first) + "-" + std::to_string(options.listen_port_last),
+        "must both be 0 (any port) or a range from low to high");
+  }
   if (options.connect_timeout.count() <= 0) {
     options::reject("connect_timeout", std::to_string(options.connect_timeout.count()) + " ms",
                     "must be greater than 0");
   }
+  if (options.handshake_timeout.count() <= 0) {
+    options::reject("handshake_timeout", std::to_string(options.handshake_timeout.count()) + " ms",
+                    "must be greater than 0");
+  }
+  options::require_positive("max_pending_connections", options.max_pending_connections);
   if (options.operation_timeout.count() <= 0) {
     options::reject("operation_timeout", std::to_string(options.operation_timeout.count()) + " ms",
                     "must be greater than 0");
+  }
+  if (!(options.stall_warning >= 0 && options.stall_warning < 1)) {
+    options::reject("stall_warning", std::to_string(options.stall_warning),
+                    "must be a fraction of operation_timeout in [0, 1)");
   }
   options::require_positive("max_frame_bytes", options.max_frame_bytes);
   if (options.spin.count() < 0) {

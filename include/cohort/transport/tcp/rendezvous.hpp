@@ -1,9 +1,9 @@
-// How the ranks of a TCP job find each other and connect: the Listener every rank opens first,
-// and the rendezvous that turns it into one authenticated connection per pair of ranks.
+// How the ranks of a TCP job find each other and connect: the rendezvous that turns every rank's
+// Listener (listener.hpp) into one authenticated connection per pair of ranks.
 //
 //   1. Every rank binds a listener on bind_address (rank 0 at rendezvous_port, the others at a
 //      free port) and every rank but 0 connects to rank 0, retrying until connect_timeout, so
-//      that start order does not matter, and sends its hello (handshake.hpp).
+//      that start order does not matter, and runs the handshake (handshake.hpp).
 //   2. When every rank has joined, rank 0 sends each the table of listening addresses.
 //   3. Every rank connects to each lower rank other than 0 and accepts each higher one, with the
 //      same handshake; the connection to rank 0 from step 1 is kept as the pair's connection.
@@ -11,21 +11,30 @@
 //      means the whole mesh is up.
 //
 // The whole rendezvous runs under one deadline, connect_timeout from the Listener's
-// construction. Whatever fails first is the error: the rank sends it to every connection it has
-// (an abort message) before closing them, so that the others fail at once and with the reason
-// ("rank 1: rendezvous aborted; rank 0: rendezvous timed out after 2000 ms: ranks 2, 3 never
-// joined") instead of timing out on their own. A rank that has reached rank 0 and waits for the
-// table leaves the verdict to rank 0 for a grace period after its own deadline, because only
-// rank 0 knows who is missing.
+// construction. Whatever fails first is the error: the rank sends it to every peer it has
+// authenticated (an abort message) before closing them, so that the others fail at once and
+// with the reason ("rank 1: rendezvous aborted by rank 0: 'rank 0: rendezvous timed out after
+// 2000 ms: ranks 2, 3 never joined'") instead of timing out on their own. A rank that has reached
+// rank 0 and waits for the table leaves the verdict to rank 0 for a grace period after its own
+// deadline, because only rank 0 knows who is missing.
+//
+// What reaches a listening port is not trusted until it has proved the secret. With a secret, a
+// connection that sends anything but a well-formed hello and a valid proof within
+// handshake_timeout is dropped and logged (at a bounded rate), and the rendezvous goes on; at most
+// max_pending_connections wait in their handshake at once, the oldest dropped first, and each
+// holds a bounded buffer. Only an authenticated peer can fail the rendezvous (a wrong job id, a
+// duplicate rank) or send it an abort, whose text enters the error quoted and cut. Without a
+// secret, whoever speaks the cohort protocol is a peer, and a wrong one fails the rendezvous
+// with the reason, on both sides; a connection that does not speak it is dropped.
 //
 // The setup code is Asio C++20 coroutines on a private io_context driven by this thread: the
-// accept loop, every handshake and every connect with retries progress concurrently, each written
-// as the straight sequence it is, and redirect_error turns every failure into an error code, so
-// that none unwinds through Asio. Synchronous Asio would need a thread per pending connection to
-// honour the deadline. The io_context serves the setup only; transfers use the sockets directly
-// (tcp.hpp). The setup runs once per process and waits on the network, so its functions are
-// [[gnu::cold]]: compiled for size, which spares every program that uses the transport a good
-// part of its -O3 compile time (benchmarks/build/compile_time).
+// accept loop, every handshake and every connect with retries progress concurrently. Each step
+// is a small coroutine that returns what it learned (a hello, a peer, or the Refusal that says
+// why not); the phases above decide what a refusal means. redirect_error turns every failure
+// into an error code, so that none unwinds through Asio. The io_context serves the setup only;
+// transfers use the sockets directly (tcp.hpp). The setup runs once per process and waits on the
+// network, so its functions are [[gnu::cold]]: compiled for size, which spares every program
+// that uses the transport a good part of its -O3 compile time (benchmarks/build/compile_time).
 #pragma once
 
 // clang-format off
@@ -35,126 +44,32 @@
 
 #include <algorithm>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/address.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <list>
 #include <memory>
+#include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "cohort/core/error.hpp"
 #include "cohort/transport/tcp/frame.hpp"
 #include "cohort/transport/tcp/handshake.hpp"
+#include "cohort/transport/tcp/listener.hpp"
 #include "cohort/transport/tcp/options.hpp"
 
-namespace cohort::transport::tcp {
-
-class Tcp;
-
-namespace detail {
-
-namespace asio = boost::asio;
-
-// The rendezvous runs on one private io_context, so its sockets, timer and coroutines name that
-// context's executor rather than the type-erased asio::any_io_executor: the same operations,
-// without instantiating the type erasure's machinery in every program that uses the transport.
-using Executor = asio::io_context::executor_type;
-using Socket = asio::basic_stream_socket<asio::ip::tcp, Executor>;
-using Acceptor = asio::basic_socket_acceptor<asio::ip::tcp, Executor>;
-template <class T>
-using Awaitable = asio::awaitable<T, Executor>;
-inline constexpr asio::use_awaitable_t<Executor> use_awaitable;
-
-}  // namespace detail
-
-// The first half of a Tcp: validates the options and binds this rank's listener, without waiting
-// for anyone. Tests use it to learn the port rank 0 got when it asked for port 0:
-//
-//   tcp::Listener listener({.rank = 0, .size = 3, .rendezvous_port = 0});
-//   port.set_value(listener.rendezvous_port());   // hand it to the other ranks
-//   tcp::Tcp transport(std::move(listener));       // the rendezvous
-//
-// Throws ConfigError for a bad option and CommError when the address cannot be bound (a busy
-// port), naming address and port. connect_timeout counts from here.
-class Listener {
- public:
-  [[gnu::cold]] explicit Listener(Options options)
-      : options_(std::move(options)), started_(std::chrono::steady_clock::now()) {
-    detail::validate(options_);
-    boost::system::error_code ec;
-    const auto address = boost::asio::ip::make_address(options_.bind_address, ec);
-    if (ec) {
-      options::reject("bind_address", detail::quoted(options_.bind_address),
-                      "must be a numeric IPv4 or IPv6 address");
-    }
-    io_ = std::make_unique<boost::asio::io_context>(1);
-    if (options_.size == 1) return;  // nobody to meet
-    const std::uint16_t port = options_.rank == 0 ? options_.rendezvous_port : 0;
-    const boost::asio::ip::tcp::endpoint endpoint(address, port);
-    acceptor_ = std::make_unique<detail::Acceptor>(*io_);
-    const auto refuse = [&](const char* step) {
-      throw CommError("rank " + std::to_string(options_.rank) + ": cannot listen on " +
-                      endpoint_text(endpoint) +
-                      (options_.rank == 0 ? " (bind_address, rendezvous_port)" : "") + ": " + step +
-                      " failed: " + ec.message());
-    };
-    if (acceptor_->open(endpoint.protocol(), ec)) refuse("open");
-    // Lets a restarted rank 0 bind its port while connections of the previous run linger in
-    // TIME_WAIT; a port another process listens on stays refused.
-    if (acceptor_->set_option(boost::asio::socket_base::reuse_address(true), ec)) {
-      refuse("setsockopt(SO_REUSEADDR)");
-    }
-    if (acceptor_->bind(endpoint, ec)) refuse("bind");
-    if (acceptor_->listen(boost::asio::socket_base::max_listen_connections, ec)) refuse("listen");
-    port_ = acceptor_->local_endpoint(ec).port();
-    if (ec) refuse("getsockname");
-  }
-
-  Listener(Listener&&) noexcept = default;
-  Listener& operator=(Listener&&) = delete;
-  ~Listener() = default;  // acceptor_ is declared after io_, so it goes first, as it must
-
-  int rank() const noexcept { return options_.rank; }
-  const Options& options() const noexcept { return options_; }
-  // Where rank 0 listens: the port it bound for rank 0 (the real one when it asked for 0), the
-  // configured one for the other ranks.
-  std::uint16_t rendezvous_port() const noexcept {
-    return options_.rank == 0 && acceptor_ ? port_ : options_.rendezvous_port;
-  }
-  // This rank's own listening port (rank 0: the rendezvous port).
-  std::uint16_t port() const noexcept { return port_; }
-
-  static std::string endpoint_text(const boost::asio::ip::tcp::endpoint& endpoint) {
-    const auto address = endpoint.address();
-    const std::string host =
-        address.is_v6() ? "[" + address.to_string() + "]" : address.to_string();
-    return host + ":" + std::to_string(endpoint.port());
-  }
-
- private:
-  friend class Tcp;
-  Options options_;
-  std::chrono::steady_clock::time_point started_;
-  std::unique_ptr<boost::asio::io_context> io_;
-  std::unique_ptr<detail::Acceptor> acceptor_;  // null when size == 1
-  std::uint16_t port_ = 0;
-};
-
-namespace detail {
+namespace cohort::transport::tcp::detail {
 
 using Clock = std::chrono::steady_clock;
 using ErrorCode = boost::system::error_code;
+using Timer = asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, Executor>;
 
 // "rank 2", "ranks 2, 3".
 inline std::string rank_list(const std::vector<int>& ranks) {
@@ -188,10 +103,115 @@ struct SetupMessage {
   }
 };
 
-enum class ReadOutcome {
-  kOk,
-  kUnknownPeer,  // closed or spoke garbage before proving to be a cohort rank
-  kFailed,
+// Why a step of the setup did not give what it should; the phase that asked decides what it
+// means (a stranger to drop, or the rendezvous's failure).
+struct Refusal {
+  enum class Kind {
+    kClosed,    // the connection ended (closed, reset, dropped, timed out) before a whole message
+    kStranger,  // the bytes are no cohort frame: a port scanner, a health check
+    kProtocol,  // a cohort frame that is wrong: version, length, checksum, type, contents
+    kAborted,   // the peer gave up and said why (its text, quoted, is in the reason)
+    kMismatch,  // a well-formed hello that does not fit this job (check_hello's words)
+    kForged,    // a proof that does not verify
+  };
+  Kind kind;
+  std::string reason;
+  std::string peer_text{};  // kAborted: the peer's own words, quoted and cut (quote_peer_text)
+
+  // The reason with the peer's words, for a peer that has authenticated (or where none must).
+  std::string told() const { return peer_text.empty() ? reason : reason + ": " + peer_text; }
+};
+
+// What a setup step returns: the value it was for, or the Refusal that says why not.
+template <class T>
+class Expected {
+ public:
+  Expected(T value) : state_(std::move(value)) {}            // NOLINT: implicit, as co_return reads
+  Expected(Refusal refusal) : state_(std::move(refusal)) {}  // NOLINT
+  explicit operator bool() const noexcept { return state_.index() == 0; }
+  T& operator*() { return std::get<0>(state_); }
+  T* operator->() { return &std::get<0>(state_); }
+  const Refusal& refusal() const { return std::get<1>(state_); }
+
+ private:
+  std::variant<T, Refusal> state_;
+};
+
+struct Done {};
+
+// One connection of the rendezvous, accepted or opened. Shared by the coroutine that runs its
+// handshake and the timer that drops it when the handshake takes too long.
+struct Connection {
+  Connection(asio::io_context& io, bool outbound) : socket(io), deadline(io), outbound(outbound) {}
+  Socket socket;
+  Timer deadline;
+  bool outbound;
+  bool authenticated = false;  // proved the secret (or, without one, completed the handshake)
+  bool timed_out = false;
+  std::string remote_address;  // where an accepted connection came from
+  std::string from = "a peer at an unknown address";
+};
+using ConnectionPtr = std::shared_ptr<Connection>;
+
+// What a completed handshake gives: the peer's hello and, with a secret, the connection's MAC
+// keys.
+struct Introduction {
+  Hello hello;
+  std::optional<SessionKeys> keys;
+};
+
+struct Peer {
+  ConnectionPtr connection;
+  Introduction introduction;
+};
+
+// A connection of the finished mesh, as the transport takes it over.
+struct Link {
+  Socket socket;
+  std::optional<SessionKeys> keys;
+};
+
+// The connections this rank dropped during its rendezvous: logged in a burst of kBurst lines,
+// then at most one a second that counts the ones not logged; the first kKept reasons are kept for
+// the timeout's text. Bounded however many strangers call.
+class RefusalLog {
+ public:
+  void add(const std::string& prefix, const std::string& reason) {
+    ++count_;
+    if (kept_.size() < kKept) kept_.push_back(reason);
+    const auto now = Clock::now();
+    if (logged_ >= kBurst && now - last_logged_ < std::chrono::seconds(1)) {
+      ++unlogged_;
+      return;
+    }
+    std::string line = "cohort: " + prefix + reason;
+    if (unlogged_ > 0) {
+      line += " (" + std::to_string(unlogged_) + " more refused since the last line)";
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+    ++logged_;
+    unlogged_ = 0;
+    last_logged_ = now;
+  }
+
+  // "; refused a peer at ...; refused ... (and 12 more refused)", or nothing.
+  std::string summary() const {
+    std::string text;
+    for (const std::string& reason : kept_) text += "; " + reason;
+    if (count_ > kept_.size()) {
+      text += " (and " + std::to_string(count_ - kept_.size()) + " more refused)";
+    }
+    return text;
+  }
+
+ private:
+  static constexpr std::size_t kBurst = 3;
+  static constexpr std::size_t kKept = 3;
+  std::size_t count_ = 0;
+  std::size_t logged_ = 0;
+  std::size_t unlogged_ = 0;
+  Clock::time_point last_logged_{};
+  std::vector<std::string> kept_;
 };
 
 class Rendezvous {
@@ -203,10 +223,7 @@ class Rendezvous {
         listener_(listener),
         listen_port_(listen_port),
         deadline_(started + options.connect_timeout),
-        retry_timer_(io),
-        peers_(static_cast<std::size_t>(options.size), nullptr),
-        hellos_(static_cast<std::size_t>(options.size)),
-        seen_from_(static_cast<std::size_t>(options.size)),
+        peers_(static_cast<std::size_t>(options.size)),
         ready_(static_cast<std::size_t>(options.size), false) {}
 
   Rendezvous(const Rendezvous&) = delete;
@@ -214,7 +231,7 @@ class Rendezvous {
 
   // The connection to every other rank, indexed by rank (this rank's own entry is a closed
   // socket). Throws CommError naming this rank and what went wrong.
-  [[gnu::cold]] std::vector<Socket> run() {
+  [[gnu::cold]] std::vector<Link> run() {
     if (options_.rank == 0) {
       run_root();
     } else {
@@ -226,14 +243,18 @@ class Rendezvous {
     }
     finished_ = true;
     close_listener();
-    std::vector<Socket> sockets;
-    sockets.reserve(peers_.size());
-    for (std::size_t rank = 0; rank < peers_.size(); ++rank) {
-      sockets.push_back(peers_[rank] ? std::move(*peers_[rank]) : Socket(io_));
+    std::vector<Link> links;
+    links.reserve(peers_.size());
+    for (std::optional<Peer>& peer : peers_) {
+      if (peer) {
+        links.push_back({std::move(peer->connection->socket), peer->introduction.keys});
+      } else {
+        links.push_back({Socket(io_), std::nullopt});
+      }
     }
-    for (Socket& socket : connections_) close(socket);  // strays; moved-from ones are closed
+    for (const ConnectionPtr& connection : connections_) close(connection->socket);  // strays
     drain();
-    return sockets;
+    return links;
   }
 
  private:
@@ -243,19 +264,22 @@ class Rendezvous {
     spawn(accept_loop(1, size() - 1));
     drive([&] { return established_ == size() - 1; },
           [&] {
-            return missing([&](int r) { return !peers_[idx(r)]; }) + " never joined" + refused_;
+            return missing([&](int r) { return !peers_[idx(r)]; }) + " never joined" +
+                   refusals_.summary();
           });
     if (!failure_.empty()) return;
     close_listener();
     std::vector<Address> table(static_cast<std::size_t>(size()));
     table[0] = {options_.rendezvous_host, listen_port_};
     for (int r = 1; r < size(); ++r) {
-      const Hello& hello = hellos_[idx(r)];
+      const Peer& peer = *peers_[idx(r)];
+      const Hello& hello = peer.introduction.hello;
       ErrorCode ec;
       const auto declared = asio::ip::make_address(hello.listen_address, ec);
       // A rank bound to every interface is reached where rank 0 saw it come from.
-      table[idx(r)] = {ec || declared.is_unspecified() ? seen_from_[idx(r)] : hello.listen_address,
-                       hello.listen_port};
+      table[idx(r)] = {
+          ec || declared.is_unspecified() ? peer.connection->remote_address : hello.listen_address,
+          hello.listen_port};
     }
     const auto table_payload = encode_table(table);
     for (int r = 1; r < size(); ++r) spawn(send_table_await_ready(r, table_payload));
@@ -274,7 +298,7 @@ class Rendezvous {
     spawn(join_root());
     // Only rank 0 knows who is missing; once connected to it, give it time to say so.
     const auto grace = std::min<Clock::duration>(options_.connect_timeout, std::chrono::seconds(1));
-    drive([&] { return have_table_; }, [&] { return join_timeout_message(); },
+    drive([&] { return !table_.empty(); }, [&] { return join_timeout_message(); },
           [&] { return connected_to_root_ ? grace : Clock::duration::zero(); });
     if (!failure_.empty()) return;
     spawn(watch_root());
@@ -292,7 +316,7 @@ class Rendezvous {
             if (std::ranges::any_of(ranks(), higher)) {
               text += (text.empty() ? "" : "; ") + missing(higher) + " never connected";
             }
-            return text;
+            return text + refusals_.summary();
           });
     if (!failure_.empty()) return;
     close_listener();
@@ -328,141 +352,232 @@ class Rendezvous {
     const std::string where =
         options_.rendezvous_host + ":" + std::to_string(options_.rendezvous_port);
     if (!connected_to_root_) {
-      return "rank 0 never answered at " + where +
-             (last_connect_error_.empty() ? "" : " (last attempt: " + last_connect_error_ + ")");
+      std::string text = "rank 0 never answered at " + where;
+      if (!last_connect_error_.empty()) text += " (last attempt: " + last_connect_error_ + ")";
+      if (last_connect_refused_) {
+        text += "; to be reached there, rank 0 must bind " + options_.rendezvous_host +
+                " (its own address in the cluster description, or COHORT_BIND_ADDRESS)";
+      }
+      return text;
     }
     return "rank 0 at " + where + " accepted this rank but sent no address table";
   }
 
-  // --- coroutines --------------------------------------------------------------------------
+  // --- accepting ---------------------------------------------------------------------------
 
-  // Accepts connections and runs a handshake on each; peers must have ranks in [low, high].
+  // Accepts connections and admits each; peers must have ranks in [low, high].
   [[gnu::cold]] Awaitable<void> accept_loop(int low, int high) {
     while (!stopping()) {
-      Socket& socket = connections_.emplace_back(io_);
+      auto connection = std::make_shared<Connection>(io_, /*outbound=*/false);
       ErrorCode ec;
-      co_await listener_.async_accept(socket, asio::redirect_error(use_awaitable, ec));
+      co_await listener_.async_accept(connection->socket, asio::redirect_error(use_awaitable, ec));
+      if (stopping()) co_return;
       if (ec == asio::error::connection_aborted) continue;  // gone before it was accepted
+      if (ec == asio::error::no_descriptors) {
+        // Out of descriptors: free the oldest handshake's and let the kernel queue the rest.
+        drop_oldest_pending();
+        Timer pause(io_, std::chrono::milliseconds(10));
+        co_await pause.async_wait(asio::redirect_error(use_awaitable, ec));
+        continue;
+      }
       if (ec) {
-        if (!stopping() && listener_.is_open()) fail("cannot accept connections: " + ec.message());
+        if (listener_.is_open()) fail("cannot accept connections: " + ec.message());
         co_return;
       }
-      tune(socket);
-      spawn(accept_handshake(socket, low, high));
+      tune(connection->socket);
+      const auto remote = connection->socket.remote_endpoint(ec);
+      if (!ec) {
+        connection->remote_address = remote.address().to_string();
+        connection->from = "a peer at " + endpoint_text(remote);
+      }
+      track(connection);
+      spawn(admit(connection, low, high));
     }
   }
 
-  [[gnu::cold]] Awaitable<void> accept_handshake(Socket& socket, int low, int high) {
-    ErrorCode ec;
-    const auto remote = socket.remote_endpoint(ec);
-    const bool know_remote = !ec;
-    const std::string from = "a peer at " + (know_remote ? Listener::endpoint_text(remote)
-                                                         : std::string("an unknown address"));
-    std::string who = from;
-    SetupMessage hello;
-    const Read first = co_await read_message(socket, who, hello);
-    if (first.outcome != ReadOutcome::kOk) {
-      // A connection that closes or speaks garbage before its hello is not a rank (a port
-      // scanner, a health check): drop it and keep waiting. A cohort peer that is wrong fails.
-      if (first.outcome == ReadOutcome::kUnknownPeer) {
-        close(socket);
-      } else {
-        fail(first.error);
+  // Keeps an accepted connection in connections_ (in accept order), forgets the ones that
+  // ended, and drops the oldest handshakes beyond max_pending_connections.
+  void track(const ConnectionPtr& connection) {
+    std::erase_if(connections_,
+                  [](const ConnectionPtr& c) { return !c->socket.is_open() && !c->authenticated; });
+    connections_.push_back(connection);
+    const auto pending = std::ranges::count_if(connections_, [](const ConnectionPtr& c) {
+      return !c->outbound && !c->authenticated && c->socket.is_open();
+    });
+    if (pending > options_.max_pending_connections) drop_oldest_pending();
+    // The handshake's own deadline: a connection that neither proves nor leaves is dropped.
+    connection->deadline.expires_at(std::min(Clock::now() + options_.handshake_timeout, deadline_));
+    connection->deadline.async_wait([connection](const ErrorCode& ec) {
+      if (ec || connection->authenticated) return;
+      connection->timed_out = true;
+      close(connection->socket);
+    });
+  }
+
+  void drop_oldest_pending() {
+    for (const ConnectionPtr& c : connections_) {
+      if (!c->outbound && !c->authenticated && c->socket.is_open()) {
+        close(c->socket);
+        return;
       }
+    }
+  }
+
+  // One accepted connection: its handshake, and what its outcome means for the rendezvous.
+  [[gnu::cold]] Awaitable<void> admit(ConnectionPtr connection, int low, int high) {
+    Expected<Introduction> introduced = co_await handshake_as_acceptor(*connection, low, high);
+    connection->deadline.cancel();
+    if (introduced) {
+      const int rank = introduced->hello.rank;
+      establish(rank, Peer{connection, std::move(*introduced)});
       co_return;
     }
-    if (hello.frame.header.type == setup_type::kAbort) {
-      fail("rendezvous aborted; " + decode_text(hello.payload()));
+    const Refusal& refusal = introduced.refusal();
+    using Kind = Refusal::Kind;
+    // With a secret only a peer that proved it may fail the rendezvous: it is refused with
+    // kMismatch alone, after its proof. Without one, whoever speaks the protocol may.
+    const bool fatal = authenticating()
+                           ? refusal.kind == Kind::kMismatch
+                           : refusal.kind != Kind::kClosed && refusal.kind != Kind::kStranger;
+    if (fatal) {
+      fail(refusal.told());  // abandon() tells this connection why, with the others
       co_return;
     }
-    if (hello.frame.header.type != setup_type::kHello) {
-      fail(who + " sent message type " + std::to_string(hello.frame.header.type) +
-           " where a hello belongs");
-      co_return;
+    if (stopping()) co_return;
+    // A stranger's own words are not repeated: it has proved nothing. Without a secret, what is
+    // dropped spoke no cohort protocol at all, and goes unlogged.
+    if (authenticating()) {
+      refusals_.add(prefix(), "refused a connection: " + refusal.reason);
     }
-    const auto theirs = decode_hello(hello.payload());
-    if (!theirs) {
-      fail(who + " sent a malformed hello");
-      co_return;
-    }
-    who = rank_name(theirs->rank);
-    std::string refusal = check_hello(*theirs, expectation(low, high));
-    if (refusal.empty() && peers_[idx(theirs->rank)]) refusal = who + " joined twice";
-    // Without a secret, whoever reaches the port is a peer, and a wrong one fails the rendezvous.
-    // With one, a connection counts only once it has proved the secret: one that cannot is
-    // refused and dropped, and the rendezvous goes on waiting for the real rank, so that nobody
-    // without the secret can stop a job by connecting to it.
-    const bool authenticating = !options_.secret.empty();
-    if (!refusal.empty() && !authenticating) {
-      fail(refusal);  // abandon() sends it the reason
-      co_return;
-    }
+    close(connection->socket);
+  }
+
+  // The accepting side of the handshake (handshake.hpp). With a secret, nothing of the peer's
+  // hello is believed before its proof has verified.
+  [[gnu::cold]] Awaitable<Expected<Introduction>> handshake_as_acceptor(Connection& connection,
+                                                                        int low, int high) {
+    Socket& socket = connection.socket;
+    Expected<SetupMessage> hello =
+        co_await read_expected(socket, connection.from, setup_type::kHello, kMaxHelloBytes);
+    if (!hello) co_return handshake_refusal(connection, hello.refusal());
+    auto theirs = decode_hello(hello->payload());
+    if (!theirs)
+      co_return Refusal{Refusal::Kind::kProtocol, connection.from + " sent a malformed hello"};
+    const std::string who = authenticating()
+                                ? connection.from + " claiming to be " + rank_name(theirs->rank)
+                                : rank_name(theirs->rank);
+    std::string mismatch = check_hello(*theirs, expectation(low, high));
+    if (mismatch.empty() && peers_[idx(theirs->rank)]) mismatch = who + " joined twice";
+    if (!mismatch.empty() && !authenticating())
+      co_return Refusal{Refusal::Kind::kMismatch, mismatch};
     const std::vector<std::byte> mine = make_frame({setup_type::kHello}, encode_hello(my_hello()));
-    std::vector<std::byte> reply = mine;
-    const auto my_proof = proof_or_empty(Role::kAcceptor, hello.bytes, mine);
-    const auto confirm = make_frame({setup_type::kConfirm}, my_proof);
-    reply.insert(reply.end(), confirm.begin(), confirm.end());
-    const bool replied = co_await write_message(socket, who, reply);
-    if (!replied) co_return;
-    SetupMessage answer;
-    if (authenticating) {
-      const Read confirmed = co_await read_message(socket, who, answer);
-      if (confirmed.outcome != ReadOutcome::kOk ||
-          answer.frame.header.type != setup_type::kConfirm ||
-          !proofs_equal(answer.payload(), proof_or_empty(Role::kConnector, hello.bytes, mine))) {
-        const std::string refused =
-            "refused " + from + " claiming to be " + who + ": authentication failed";
-        std::fprintf(stderr, "cohort: %s%s (its secret does not match)\n", prefix().c_str(),
-                     refused.c_str());
-        refused_ += "; " + refused;
-        close(socket);
-        co_return;
-      }
-      if (!refusal.empty()) {
-        fail(refusal);
-        co_return;
-      }
-    } else {
-      const bool answered = co_await read_expected(socket, who, setup_type::kConfirm, answer);
-      if (!answered || !verify(answer, Role::kConnector, hello.bytes, mine, who)) co_return;
+    if (auto sent = co_await write_setup(socket, who, mine); !sent) {
+      co_return handshake_refusal(connection, sent.refusal());
     }
-    if (know_remote) seen_from_[idx(theirs->rank)] = remote.address().to_string();
-    establish(theirs->rank, socket, *theirs);
+    Expected<SetupMessage> confirm =
+        co_await read_expected(socket, who, setup_type::kConfirm, kProofBytes);
+    if (!confirm) co_return handshake_refusal(connection, confirm.refusal());
+    if (!proofs_equal(confirm->payload(), proof_or_empty(Role::kConnector, hello->bytes, mine))) {
+      co_return Refusal{Refusal::Kind::kForged, who + ": authentication failed"};
+    }
+    connection.authenticated = true;
+    if (!mismatch.empty()) co_return Refusal{Refusal::Kind::kMismatch, mismatch};
+    const auto proof =
+        make_frame({setup_type::kConfirm}, proof_or_empty(Role::kAcceptor, hello->bytes, mine));
+    if (auto sent = co_await write_setup(socket, who, proof); !sent) co_return sent.refusal();
+    co_return Introduction{std::move(*theirs), keys_or_none(Role::kAcceptor, hello->bytes, mine)};
   }
 
-  // Connects and runs the handshake as the connecting side; false when it failed (recorded).
-  [[gnu::cold]] Awaitable<bool> connect_handshake(Socket& socket, int peer) {
+  // A refusal during an accepted connection's handshake, with the handshake's own deadline named
+  // when that is what ended it.
+  Refusal handshake_refusal(const Connection& connection, Refusal refusal) const {
+    if (connection.timed_out) {
+      refusal.reason = connection.from + " did not complete its handshake within " +
+                       std::to_string(options_.handshake_timeout.count()) + " ms";
+    }
+    return refusal;
+  }
+
+  // --- connecting --------------------------------------------------------------------------
+
+  // The connecting side of the handshake with `peer`, on a connected socket.
+  [[gnu::cold]] Awaitable<Expected<Introduction>> handshake_as_connector(Socket& socket, int peer) {
     const std::string who = rank_name(peer);
     const std::vector<std::byte> mine = make_frame({setup_type::kHello}, encode_hello(my_hello()));
-    const bool introduced = co_await write_message(socket, who, mine);
-    if (!introduced) co_return false;
-    SetupMessage hello;
-    const bool heard = co_await read_expected(socket, who, setup_type::kHello, hello);
-    if (!heard) co_return false;
-    const auto theirs = decode_hello(hello.payload());
-    if (!theirs) {
-      fail(who + " sent a malformed hello");
-      co_return false;
+    if (auto sent = co_await write_setup(socket, who, mine); !sent) co_return sent.refusal();
+    Expected<SetupMessage> hello =
+        co_await read_expected(socket, who, setup_type::kHello, kMaxHelloBytes);
+    if (!hello) co_return hello.refusal();
+    auto theirs = decode_hello(hello->payload());
+    if (!theirs) co_return Refusal{Refusal::Kind::kProtocol, who + " sent a malformed hello"};
+    if (std::string mismatch = check_hello(*theirs, expectation(peer, peer)); !mismatch.empty()) {
+      co_return Refusal{Refusal::Kind::kMismatch, mismatch};
     }
-    if (std::string refusal = check_hello(*theirs, expectation(peer, peer)); !refusal.empty()) {
-      fail(refusal);
-      co_return false;
+    const auto proof =
+        make_frame({setup_type::kConfirm}, proof_or_empty(Role::kConnector, mine, hello->bytes));
+    if (auto sent = co_await write_setup(socket, who, proof); !sent) co_return sent.refusal();
+    Expected<SetupMessage> confirm =
+        co_await read_expected(socket, who, setup_type::kConfirm, kProofBytes);
+    if (!confirm) {
+      Refusal refusal = confirm.refusal();
+      // An acceptor drops a connection whose proof does not verify without a word.
+      if (refusal.kind == Refusal::Kind::kClosed && authenticating()) {
+        refusal = {Refusal::Kind::kForged,
+                   "authentication failed with " + who +
+                       " (it closed the connection on this rank's proof: the secrets differ)"};
+      }
+      co_return refusal;
     }
-    // The proof goes out before the peer's is checked, so that a wrong secret fails both sides
-    // with the same words rather than one of them with "aborted".
-    const auto confirm =
-        make_frame({setup_type::kConfirm}, proof_or_empty(Role::kConnector, mine, hello.bytes));
-    const bool confirmed = co_await write_message(socket, who, confirm);
-    if (!confirmed) co_return false;
-    SetupMessage answer;
-    const bool answered = co_await read_expected(socket, who, setup_type::kConfirm, answer);
-    if (!answered || !verify(answer, Role::kAcceptor, mine, hello.bytes, who)) co_return false;
-    establish(peer, socket, *theirs);
-    co_return true;
+    if (!proofs_equal(confirm->payload(), proof_or_empty(Role::kAcceptor, mine, hello->bytes))) {
+      co_return Refusal{
+          Refusal::Kind::kForged,
+          "authentication failed with " + who + " (its proof does not match this rank's secret)"};
+    }
+    co_return Introduction{std::move(*theirs), keys_or_none(Role::kConnector, mine, hello->bytes)};
+  }
+
+  // Connects to `peer` at the first endpoint that answers and runs the handshake. Connection
+  // refused (the peer does not listen yet) and a drop before the peer's hello (its listener was
+  // flooded) are retried, backing off, until the deadline ends the rendezvous.
+  [[gnu::cold]] Awaitable<Expected<Peer>> connect_to(std::vector<asio::ip::tcp::endpoint> endpoints,
+                                                     int peer) {
+    auto backoff = std::chrono::milliseconds(5);
+    for (;;) {
+      auto connection = std::make_shared<Connection>(io_, /*outbound=*/true);
+      connections_.push_back(connection);
+      ErrorCode ec;
+      for (const auto& endpoint : endpoints) {
+        co_await connection->socket.async_connect(endpoint,
+                                                  asio::redirect_error(use_awaitable, ec));
+        if (!ec) break;
+        last_connect_error_ = ec.message();
+        last_connect_refused_ = ec == asio::error::connection_refused;
+        close(connection->socket);
+      }
+      if (stopping()) co_return Refusal{Refusal::Kind::kClosed, "stopped"};
+      if (!ec) {
+        if (peer == 0) connected_to_root_ = true;
+        tune(connection->socket);
+        Expected<Introduction> introduced =
+            co_await handshake_as_connector(connection->socket, peer);
+        if (introduced) {
+          connection->authenticated = true;
+          co_return Peer{connection, std::move(*introduced)};
+        }
+        const Refusal& refusal = introduced.refusal();
+        if (refusal.kind != Refusal::Kind::kClosed || stopping()) co_return refusal;
+        last_connect_error_ = refusal.reason;
+        last_connect_refused_ = false;
+        close(connection->socket);
+      }
+      Timer pause(io_, backoff);
+      co_await pause.async_wait(asio::redirect_error(use_awaitable, ec));
+      if (stopping()) co_return Refusal{Refusal::Kind::kClosed, "stopped"};
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+    }
   }
 
   [[gnu::cold]] Awaitable<void> join_root() {
-    Socket& socket = connections_.emplace_back(io_);
     std::vector<asio::ip::tcp::endpoint> endpoints;
     ErrorCode ec;
     const auto address = asio::ip::make_address(options_.rendezvous_host, ec);
@@ -479,116 +594,104 @@ class Rendezvous {
       }
       for (const auto& entry : results) endpoints.push_back(entry.endpoint());
     }
-    // Rank 0 may not listen yet: retry, backing off, until the deadline ends the rendezvous.
-    auto backoff = std::chrono::milliseconds(5);
-    for (bool connected = false; !connected;) {
-      for (const auto& endpoint : endpoints) {
-        co_await socket.async_connect(endpoint, asio::redirect_error(use_awaitable, ec));
-        if (!ec) {
-          connected = true;
-          break;
-        }
-        last_connect_error_ = ec.message();
-        close(socket);
-        if (stopping()) co_return;
-      }
-      if (connected) break;
-      retry_timer_.expires_after(backoff);
-      co_await retry_timer_.async_wait(asio::redirect_error(use_awaitable, ec));
-      if (stopping()) co_return;
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+    Expected<Peer> root = co_await connect_to(std::move(endpoints), 0);
+    if (!root) {
+      fail(root.refusal().told());
+      co_return;
     }
-    connected_to_root_ = true;
-    tune(socket);
-    const bool joined = co_await connect_handshake(socket, 0);
-    if (!joined) co_return;
-    SetupMessage table;
-    const std::string root = "rank 0";
-    const bool told = co_await read_expected(socket, root, setup_type::kTable, table);
-    if (!told) co_return;
-    auto decoded = decode_table(table.payload(), size());
+    Socket& socket = root->connection->socket;
+    establish(0, std::move(*root));
+    Expected<SetupMessage> table =
+        co_await read_expected(socket, "rank 0", setup_type::kTable, kMaxSetupPayloadBytes);
+    if (!table) {
+      fail(table.refusal().told());
+      co_return;
+    }
+    auto decoded = decode_table(table->payload(), size());
     if (!decoded) {
       fail("rank 0 sent a malformed address table");
       co_return;
     }
     table_ = std::move(*decoded);
-    have_table_ = true;
   }
 
   [[gnu::cold]] Awaitable<void> connect_peer(int peer) {
-    Socket& socket = connections_.emplace_back(io_);
     const Address& address = table_[idx(peer)];
     ErrorCode ec;
     const asio::ip::tcp::endpoint endpoint(asio::ip::make_address(address.host, ec), address.port);
     if (ec) {
-      fail("rank 0 sent an invalid address for rank " + std::to_string(peer) + ": '" +
-           address.host + "'");
+      fail("rank 0 sent an invalid address for rank " + std::to_string(peer) + ": " +
+           quote_peer_text(address.host));
       co_return;
     }
-    co_await socket.async_connect(endpoint, asio::redirect_error(use_awaitable, ec));
-    if (ec) {
-      fail("cannot connect to rank " + std::to_string(peer) + " at " +
-           Listener::endpoint_text(endpoint) + ": " + ec.message());
+    std::vector<asio::ip::tcp::endpoint> endpoints{endpoint};  // GCC 12 takes no braced list here
+    Expected<Peer> connected = co_await connect_to(std::move(endpoints), peer);
+    if (!connected) {
+      fail(connected.refusal().kind == Refusal::Kind::kClosed
+               ? "cannot connect to rank " + std::to_string(peer) + " at " +
+                     endpoint_text(endpoint) + ": " + connected.refusal().reason
+               : connected.refusal().told());
       co_return;
     }
-    tune(socket);
-    co_await connect_handshake(socket, peer);
+    establish(peer, std::move(*connected));
   }
+
+  // --- after the handshakes ----------------------------------------------------------------
 
   // Rank 0, for one rank: the table out, that rank's "ready" in.
   [[gnu::cold]] Awaitable<void> send_table_await_ready(int peer, std::vector<std::byte> table) {
-    Socket& socket = *peers_[idx(peer)];
+    Socket& socket = peers_[idx(peer)]->connection->socket;
     const std::string who = rank_name(peer);
-    const std::vector<std::byte> frame = make_frame({setup_type::kTable}, table);
-    const bool told = co_await write_message(socket, who, frame);
-    if (!told) co_return;
-    SetupMessage ready;
-    const bool answered = co_await read_expected(socket, who, setup_type::kReady, ready);
-    if (!answered) co_return;
+    if (!co_await record(write_setup(socket, who, make_frame({setup_type::kTable}, table)))) {
+      co_return;
+    }
+    if (!co_await record(read_expected(socket, who, setup_type::kReady, 0))) co_return;
     ready_[idx(peer)] = true;
     ++ready_count_;
   }
 
   [[gnu::cold]] Awaitable<void> send_go(int peer) {
-    const std::string who = rank_name(peer);
-    const std::vector<std::byte> frame = make_frame({setup_type::kGo}, {});
-    const bool told = co_await write_message(*peers_[idx(peer)], who, frame);
-    if (told) ++go_sent_;
+    Socket& socket = peers_[idx(peer)]->connection->socket;
+    if (co_await record(write_setup(socket, rank_name(peer), make_frame({setup_type::kGo}, {})))) {
+      ++go_sent_;
+    }
   }
 
   [[gnu::cold]] Awaitable<void> send_ready() {
-    const std::string root = "rank 0";
-    const std::vector<std::byte> frame = make_frame({setup_type::kReady}, {});
-    co_await write_message(*peers_[0], root, frame);
+    Socket& socket = peers_[0]->connection->socket;
+    co_await record(write_setup(socket, "rank 0", make_frame({setup_type::kReady}, {})));
   }
 
   // Waits for rank 0's "go" during the whole mesh phase, so that an abort from rank 0 (another
   // rank failed) ends this rank's rendezvous at once.
   [[gnu::cold]] Awaitable<void> watch_root() {
-    SetupMessage go;
-    const std::string root = "rank 0";
-    const bool told = co_await read_expected(*peers_[0], root, setup_type::kGo, go);
-    if (told) go_received_ = true;
+    Socket& socket = peers_[0]->connection->socket;
+    if (co_await record(read_expected(socket, "rank 0", setup_type::kGo, 0))) go_received_ = true;
+  }
+
+  // A step's outcome on an authenticated connection: a refusal there is the rendezvous's failure.
+  template <class T>
+  Awaitable<bool> record(Awaitable<Expected<T>> step) {
+    Expected<T> outcome = co_await std::move(step);
+    if (!outcome) fail(outcome.refusal().told());
+    co_return static_cast<bool>(outcome);
   }
 
   // --- messages ------------------------------------------------------------------------------
 
-  struct Read {
-    ReadOutcome outcome;
-    std::string error;
-  };
-
-  // Reads one setup message, checking magic, version, size and checksum.
-  [[gnu::cold]] Awaitable<Read> read_message(Socket& socket, const std::string& who,
-                                             SetupMessage& message) {
+  // Reads one setup message of at most `limit` payload bytes, checking magic, version, size and
+  // checksum before anything else of it is used.
+  [[gnu::cold]] Awaitable<Expected<SetupMessage>> read_setup(Socket& socket, const std::string& who,
+                                                             std::size_t limit) {
     ErrorCode ec;
+    SetupMessage message;
     message.bytes.assign(kHeaderBytes, std::byte{0});
     co_await asio::async_read(socket, asio::buffer(message.bytes),
                               asio::redirect_error(use_awaitable, ec));
-    if (ec) co_return Read{ReadOutcome::kUnknownPeer, io_error(who, ec)};
+    if (ec) co_return Refusal{Refusal::Kind::kClosed, io_error(who, ec)};
     message.frame = decode_header(message.bytes.data());
     if (message.frame.magic != kMagic) {
-      co_return Read{ReadOutcome::kUnknownPeer, who + " is not a cohort rank (no cohort magic)"};
+      co_return Refusal{Refusal::Kind::kStranger, who + " is not a cohort rank (no cohort magic)"};
     }
     if (message.frame.version != kProtocolVersion) {
       // The rest of another version's frame cannot be trusted; its hello starts with the rank.
@@ -599,75 +702,80 @@ class Rendezvous {
                                 asio::redirect_error(use_awaitable, ec));
       const auto rank =
           ec ? std::nullopt : rank_of_hello(std::span(message.bytes).subspan(kHeaderBytes));
-      co_return Read{ReadOutcome::kFailed,
-                     (rank ? rank_name(*rank) : who) + " speaks protocol version " +
-                         std::to_string(message.frame.version) + ", this is version " +
-                         std::to_string(kProtocolVersion)};
+      const std::string speaker =
+          rank ? (authenticating() ? who + " claiming to be " : std::string()) + rank_name(*rank)
+               : who;
+      co_return Refusal{Refusal::Kind::kProtocol, speaker + " speaks protocol version " +
+                                                      std::to_string(message.frame.version) +
+                                                      ", this is version " +
+                                                      std::to_string(kProtocolVersion)};
     }
-    if (message.frame.length > kMaxSetupPayloadBytes) {
-      co_return Read{ReadOutcome::kFailed,
-                     who + " sent a setup message of " + std::to_string(message.frame.length) +
-                         " bytes, more than the " + std::to_string(kMaxSetupPayloadBytes) +
-                         " one may have"};
+    // An abort is read whatever the limit, up to the text it may carry.
+    const std::size_t allowed = message.frame.header.type == setup_type::kAbort
+                                    ? std::max(limit, kMaxPeerTextBytes * 4)
+                                    : limit;
+    if (message.frame.length > allowed) {
+      co_return Refusal{Refusal::Kind::kProtocol,
+                        who + " sent a setup message of " + std::to_string(message.frame.length) +
+                            " bytes where at most " + std::to_string(allowed) + " belong"};
     }
     const auto length = static_cast<std::size_t>(message.frame.length);
     message.bytes.resize(kHeaderBytes + length + kTrailerBytes);
     co_await asio::async_read(
         socket, asio::buffer(message.bytes.data() + kHeaderBytes, length + kTrailerBytes),
         asio::redirect_error(use_awaitable, ec));
-    if (ec) co_return Read{ReadOutcome::kFailed, io_error(who, ec)};
+    if (ec) co_return Refusal{Refusal::Kind::kClosed, io_error(who, ec)};
     const auto sent = load_le<std::uint64_t>(message.bytes.data() + kHeaderBytes + length);
     if (sent != checksum(checksum_seed(message.bytes.data()), message.payload())) {
-      co_return Read{ReadOutcome::kFailed,
-                     who + " sent a setup message whose checksum does not match"};
+      co_return Refusal{Refusal::Kind::kProtocol,
+                        who + " sent a setup message whose checksum does not match"};
     }
-    co_return Read{ReadOutcome::kOk, {}};
+    co_return message;
   }
 
-  // Reads a message of the expected type; an abort becomes this rank's failure, with the
-  // sender's reason. False when anything else arrived (recorded).
-  [[gnu::cold]] Awaitable<bool> read_expected(Socket& socket, const std::string& who,
-                                              std::uint16_t type, SetupMessage& message) {
-    const Read read = co_await read_message(socket, who, message);
-    if (read.outcome != ReadOutcome::kOk) {
-      fail(read.error);
-      co_return false;
+  // Reads a message of the expected type; an abort is a refusal carrying the sender's reason.
+  [[gnu::cold]] Awaitable<Expected<SetupMessage>> read_expected(Socket& socket,
+                                                                const std::string& who,
+                                                                std::uint16_t type,
+                                                                std::size_t limit) {
+    Expected<SetupMessage> message = co_await read_setup(socket, who, limit);
+    if (!message) co_return message;
+    if (message->frame.header.type == setup_type::kAbort) {
+      co_return Refusal{Refusal::Kind::kAborted, "rendezvous aborted by " + who,
+                        quote_peer_text(decode_text(message->payload()))};
     }
-    if (message.frame.header.type == setup_type::kAbort) {
-      fail("rendezvous aborted; " + decode_text(message.payload()));
-      co_return false;
+    if (message->frame.header.type != type) {
+      co_return Refusal{Refusal::Kind::kProtocol, who + " sent setup message type " +
+                                                      std::to_string(message->frame.header.type) +
+                                                      " where type " + std::to_string(type) +
+                                                      " belongs"};
     }
-    if (message.frame.header.type != type) {
-      fail(who + " sent setup message type " + std::to_string(message.frame.header.type) +
-           " where type " + std::to_string(type) + " belongs");
-      co_return false;
-    }
-    co_return true;
+    co_return message;
   }
 
-  [[gnu::cold]] Awaitable<bool> write_message(Socket& socket, const std::string& who,
-                                              const std::vector<std::byte>& frame) {
+  [[gnu::cold]] Awaitable<Expected<Done>> write_setup(Socket& socket, const std::string& who,
+                                                      const std::vector<std::byte>& frame) {
     ErrorCode ec;
     co_await asio::async_write(socket, asio::buffer(frame),
                                asio::redirect_error(use_awaitable, ec));
-    if (ec) {
-      fail(io_error(who, ec));
-      co_return false;
-    }
-    co_return true;
+    if (ec) co_return Refusal{Refusal::Kind::kClosed, io_error(who, ec)};
+    co_return Done{};
   }
 
   static std::string io_error(const std::string& who, const ErrorCode& ec) {
     if (is_closed(ec)) return who + " closed the connection during the rendezvous";
+    if (ec == asio::error::operation_aborted) return "the connection to " + who + " was dropped";
     return "the connection to " + who + " failed during the rendezvous: " + ec.message();
   }
 
   // --- handshake helpers -------------------------------------------------------------------
 
+  bool authenticating() const { return !options_.secret.empty(); }
+
   Hello my_hello() const {
     return {.rank = options_.rank,
             .size = options_.size,
-            .authenticates = !options_.secret.empty(),
+            .authenticates = authenticating(),
             .checksums = options_.checksum,
             .listen_port = listen_port_,
             .listen_address = options_.bind_address,
@@ -679,7 +787,7 @@ class Rendezvous {
     return {.rank = options_.rank,
             .size = options_.size,
             .job_id = options_.job_id,
-            .authenticates = !options_.secret.empty(),
+            .authenticates = authenticating(),
             .checksums = options_.checksum,
             .lowest_peer = low,
             .highest_peer = high};
@@ -687,29 +795,24 @@ class Rendezvous {
 
   std::vector<std::byte> proof_or_empty(Role role, std::span<const std::byte> connector_hello,
                                         std::span<const std::byte> acceptor_hello) const {
-    if (options_.secret.empty()) return {};
+    if (!authenticating()) return {};
     const auto mac = proof(options_.secret, role, connector_hello, acceptor_hello);
     return {mac.begin(), mac.end()};
   }
 
-  // Checks the peer's proof in its confirm message; false (recorded) when it does not verify.
-  bool verify(const SetupMessage& confirm, Role role, std::span<const std::byte> connector_hello,
-              std::span<const std::byte> acceptor_hello, const std::string& who) {
-    const auto expected = proof_or_empty(role, connector_hello, acceptor_hello);
-    if (!proofs_equal(confirm.payload(), expected)) {
-      fail("authentication failed with " + who + " (its proof does not match this rank's secret)");
-      return false;
-    }
-    return true;
+  std::optional<SessionKeys> keys_or_none(Role role, std::span<const std::byte> connector_hello,
+                                          std::span<const std::byte> acceptor_hello) const {
+    if (!authenticating()) return std::nullopt;
+    return session_keys(options_.secret, role, connector_hello, acceptor_hello);
   }
 
-  void establish(int peer, Socket& socket, const Hello& hello) {
-    if (peers_[idx(peer)]) {
-      fail(rank_name(peer) + " joined twice");
+  void establish(int rank, Peer peer) {
+    if (peers_[idx(rank)]) {
+      fail(rank_name(rank) + " joined twice");
       return;
     }
-    peers_[idx(peer)] = &socket;
-    hellos_[idx(peer)] = hello;
+    peer.connection->authenticated = true;
+    peers_[idx(rank)] = std::move(peer);
     ++established_;
   }
 
@@ -723,26 +826,23 @@ class Rendezvous {
   template <class Awaitable>
   void spawn(Awaitable awaitable) {
     asio::co_spawn(io_, std::move(awaitable), [this](std::exception_ptr error) {
-      if (!error) return;
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& exception) {
-        fail(exception.what());
-      } catch (...) {
-        fail("unknown exception in the rendezvous");
-      }
+      if (error) fail(what_of(error));
     });
   }
 
-  // Tells every open connection why this rank gives up, closes everything and lets the
-  // coroutines finish on their aborted operations.
+  // Tells every peer that may hear it why this rank gives up (with a secret, the authenticated
+  // ones only: a stranger learns nothing of the job), closes everything and lets the coroutines
+  // finish on their aborted operations.
   void abandon() {
     const auto abort = make_frame({setup_type::kAbort}, encode_text(prefix() + failure_));
-    for (Socket& socket : connections_) {
+    for (const ConnectionPtr& connection : connections_) {
+      Socket& socket = connection->socket;
       if (!socket.is_open()) continue;
-      ErrorCode ignored;
-      socket.non_blocking(true, ignored);  // best effort: never wait for a slow peer here
-      socket.write_some(asio::buffer(abort), ignored);
+      if (connection->authenticated || !authenticating()) {
+        ErrorCode ignored;
+        socket.non_blocking(true, ignored);  // best effort: never wait for a slow peer here
+        socket.write_some(asio::buffer(abort), ignored);
+      }
       close(socket);
     }
     close_listener();
@@ -750,7 +850,7 @@ class Rendezvous {
   }
 
   void drain() {
-    retry_timer_.cancel();
+    for (const ConnectionPtr& connection : connections_) connection->deadline.cancel();
     io_.restart();
     io_.run_for(std::chrono::milliseconds(500));
   }
@@ -786,25 +886,21 @@ class Rendezvous {
   Acceptor& listener_;
   std::uint16_t listen_port_;
   Clock::time_point deadline_;
-  asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, Executor> retry_timer_;
 
-  std::list<Socket> connections_;       // every socket opened here; stable addresses
-  std::vector<Socket*> peers_;          // by rank: the connection whose handshake succeeded
-  std::vector<Hello> hellos_;           // by rank: that peer's hello
-  std::vector<std::string> seen_from_;  // rank 0: the address each rank connected from
-  std::vector<Address> table_;
-  std::vector<bool> ready_;
+  std::vector<ConnectionPtr> connections_;  // open ones, in the order they were made
+  std::vector<std::optional<Peer>> peers_;  // by rank: the peer whose handshake succeeded
+  std::vector<Address> table_;              // a member: where every rank listens
+  std::vector<bool> ready_;                 // rank 0: who reported its mesh complete
   int established_ = 0;
   int ready_count_ = 0;
   int go_sent_ = 0;
   bool connected_to_root_ = false;
-  bool have_table_ = false;
   bool go_received_ = false;
   std::string last_connect_error_;
-  std::string refused_;  // "; refused ..." per unauthenticated connection, for the timeout
+  bool last_connect_refused_ = false;
+  RefusalLog refusals_;
   std::string failure_;
   bool finished_ = false;
 };
 
-}  // namespace detail
-}  // namespace cohort::transport::tcp
+}  // namespace cohort::transport::tcp::detail

@@ -39,6 +39,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -51,6 +52,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/transport/tcp/frame.hpp"
+#include "cohort/transport/tcp/frame_mac.hpp"
 #include "cohort/transport/tcp/options.hpp"
 #include "cohort/transport/tcp/rendezvous.hpp"
 #include "cohort/transport/transport.hpp"
@@ -72,11 +74,16 @@ class Tcp {
     // The acceptor belongs to io_: a local here, destroyed before io_ even when this throws.
     const auto acceptor = std::move(listener.acceptor_);
     detail::Rendezvous rendezvous(options_, *io_, *acceptor, listener.port_, listener.started_);
-    auto sockets = rendezvous.run();
-    peers_.reserve(sockets.size());
+    auto links = rendezvous.run();
+    peers_.reserve(links.size());
     for (int rank = 0; rank < size(); ++rank) {
-      Peer& peer = peers_.emplace_back(std::move(sockets[static_cast<std::size_t>(rank)]));
+      detail::Link& link = links[static_cast<std::size_t>(rank)];
+      Peer& peer = peers_.emplace_back(std::move(link.socket));
       if (rank == this->rank()) continue;
+      if (link.keys) {
+        peer.out_mac.emplace(link.keys->send);
+        peer.in_mac.emplace(link.keys->receive);
+      }
       descriptors_.push_back(peer.socket.native_handle());
       boost::system::error_code ec;
       peer.socket.non_blocking(true, ec);
@@ -118,6 +125,7 @@ class Tcp {
         throw HeaderMismatch(rank(), m.sender, m.expected, m.expected_length, m.received,
                              m.received_length, failure->message);
       }
+      if (failure->peer >= 0) throw PeerFailure(rank(), failure->peer, failure->message);
       throw CommError(failure->message);
     }
   }
@@ -137,40 +145,39 @@ class Tcp {
   // The message of the last transfer that failed through the error_code form.
   const std::string& last_failure() const noexcept { return last_failure_; }
 
-  // transport.hpp (Serving): a peer among `peers` with bytes of its next frame buffered here or
-  // readable on its socket, or whose connection has ended; -1 when none within `timeout`.
-  // Consumes nothing. Starts looking after the peer it returned last, so that every peer is
-  // served in turn.
+  // transport.hpp (Serving): a peer among `peers` whose next frame is whole in its inbox, or
+  // whose next frame cannot be read (a header the receive refuses, an ended connection); -1 when
+  // none within `timeout`. Reads what has arrived from each of them into its own inbox, which
+  // grows, doubling with the bytes that came, to hold one whole frame (at most max_frame_bytes
+  // and a header and trailer), so that a peer stalled in the middle of a frame holds back only
+  // itself. Consumes no frame. Starts looking after the peer it returned last, so that every
+  // peer is served in turn.
   int wait_any(std::span<const int> peers, std::chrono::milliseconds timeout) {
     if (peers.empty()) return -1;
     for (const int peer : peers) {
       if (auto failure = check_peer(peer)) throw CommError(failure->message);
     }
-    const auto pick = [&](auto&& is_ready) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
       for (std::size_t i = 0; i < peers.size(); ++i) {
         const std::size_t at = (next_any_ + i) % peers.size();
-        if (is_ready(at)) {
+        if (next_frame_arrived(peers_[static_cast<std::size_t>(peers[at])])) {
           next_any_ = at + 1;
           return peers[at];
         }
       }
-      return -1;
-    };
-    if (const int buffered = pick([&](std::size_t at) {
-          return peers_[static_cast<std::size_t>(peers[at])].inbox.size() > 0;
-        });
-        buffered >= 0) {
-      return buffered;
+      const auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return -1;
+      poll_fds_.clear();
+      for (const int peer : peers) {
+        poll_fds_.push_back(
+            {peers_[static_cast<std::size_t>(peer)].socket.native_handle(), POLLIN, 0});
+      }
+      const int ready = ::poll(poll_fds_.data(), poll_fds_.size(),
+                               static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+      if (ready <= 0) return -1;  // timed out or interrupted: the caller looks again
     }
-    poll_fds_.clear();
-    for (const int peer : peers) {
-      poll_fds_.push_back(
-          {peers_[static_cast<std::size_t>(peer)].socket.native_handle(), POLLIN, 0});
-    }
-    const int ready = ::poll(poll_fds_.data(), poll_fds_.size(),
-                             static_cast<int>(std::min<long long>(timeout.count(), 1 << 30)));
-    if (ready <= 0) return -1;  // timed out or interrupted: the caller looks again
-    return pick([&](std::size_t at) { return poll_fds_[at].revents != 0; });
   }
 
   // After this call a failure of one connection (a peer that closes, a malformed or mismatched
@@ -241,12 +248,14 @@ class Tcp {
   struct Failure {
     std::string message;
     std::optional<Mismatch> mismatch;
+    int peer = -1;  // the connection that failed, when it is one (PeerFailure)
   };
 
   enum class Stage { kHeader, kPayload, kTrailer };
 
   struct Inbox {
     std::unique_ptr<std::byte[]> data;
+    std::size_t capacity = 0;  // kInboxBytes, or more while wait_any gathers a whole frame
     std::size_t begin = 0;
     std::size_t end = 0;
 
@@ -258,11 +267,24 @@ class Tcp {
     }
     // Moves what is left to the front, so that the free space is as large as it can be.
     void compact() {
-      if (!data) data = std::make_unique<std::byte[]>(kInboxBytes);
+      if (!data) {
+        data = std::make_unique<std::byte[]>(kInboxBytes);
+        capacity = kInboxBytes;
+      }
       if (begin == 0) return;
       std::memmove(data.get(), data.get() + begin, size());
       end -= begin;
       begin = 0;
+    }
+    // Room for `bytes` from the front (wait_any: one whole frame). The inbox keeps its size, as
+    // the next frames of a serving connection are likely as long.
+    void reserve(std::size_t bytes) {
+      compact();
+      if (bytes <= capacity) return;
+      auto grown = std::make_unique<std::byte[]>(bytes);
+      std::memcpy(grown.get(), data.get(), size());
+      data = std::move(grown);
+      capacity = bytes;
     }
   };
 
@@ -284,6 +306,9 @@ class Tcp {
     HeaderBytes out_header{};
     std::array<std::byte, kTrailerBytes> out_trailer{};
     StreamingChecksum out_checksum;
+    // Under a secret, the MAC of each direction takes the checksum's place (frame_mac.hpp).
+    std::optional<FrameMac> out_mac;
+    std::optional<FrameMac> in_mac;
     // Incoming: the receive being read, the last one queued, payload bytes arrived.
     int receive = -1;
     int receive_tail = -1;
@@ -312,6 +337,9 @@ class Tcp {
     }
     std::size_t pending = sends.size() + receives.size();
     auto last_progress = std::chrono::steady_clock::now();
+    const auto warn_after = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        options_.operation_timeout * options_.stall_warning);
+    bool warned = false;
     while (pending > 0) {
       bool moved = false;
       for (const int rank : active_) {
@@ -337,12 +365,18 @@ class Tcp {
         continue;
       }
       const auto deadline = last_progress + options_.operation_timeout;
+      const bool warning_due = options_.stall_warning > 0 && !warned;
+      if (warning_due && now >= last_progress + warn_after) {
+        warn_stalled(sends, receives, now - last_progress);
+        warned = true;
+      }
       if (now >= deadline) {
         auto failure = timeout(sends, receives);
         clear_queues(sends);
         return record(std::move(failure));
       }
-      if (auto failure = wait(deadline - now)) {
+      const auto wake = warning_due ? std::min(deadline, last_progress + warn_after) : deadline;
+      if (auto failure = wait(std::max(wake - now, std::chrono::steady_clock::duration::zero()))) {
         clear_queues(sends);
         return record(std::move(*failure));
       }
@@ -453,6 +487,12 @@ class Tcp {
   void start_send(Peer& peer, const Send& send) const {
     peer.out_header = encode_header(send.header, send.payload.size());
     peer.sent = 0;
+    if (peer.out_mac) {
+      peer.out_mac->begin(peer.out_header);
+      peer.hashed = 0;
+      if (send.payload.size() <= kChecksumAhead) fold_sent(peer, send.payload, send.payload.size());
+      return;
+    }
     if (!options_.checksum) {
       peer.out_trailer = {};
       peer.hashed = send.payload.size();
@@ -468,6 +508,22 @@ class Tcp {
     }
   }
 
+  // Folds the next `piece` of the payload being sent into its checksum or MAC; the trailer is
+  // ready when the whole payload is in.
+  static void fold_sent(Peer& peer, std::span<const std::byte> payload, std::size_t piece) {
+    const auto bytes = payload.subspan(peer.hashed, piece);
+    if (peer.out_mac) {
+      peer.out_mac->update(bytes);
+    } else {
+      peer.out_checksum.update(bytes);
+    }
+    peer.hashed += piece;
+    if (peer.hashed == payload.size()) {
+      detail::store_le(peer.out_trailer.data(),
+                       peer.out_mac ? peer.out_mac->finish() : peer.out_checksum.digest());
+    }
+  }
+
   // Writes as much of this peer's queued frames as its socket takes.
   std::optional<Failure> pump_sends(int rank, std::span<const Send> sends, bool& moved,
                                     std::size_t& pending) {
@@ -478,12 +534,7 @@ class Tcp {
       const std::size_t payload_sent =
           std::min(length, peer.sent > kHeaderBytes ? peer.sent - kHeaderBytes : 0);
       if (peer.hashed < length && peer.hashed - payload_sent < kChecksumAhead / 2) {
-        const std::size_t piece = std::min(length - peer.hashed, kChecksumAhead);
-        peer.out_checksum.update(send.payload.subspan(peer.hashed, piece));
-        peer.hashed += piece;
-        if (peer.hashed == length) {
-          detail::store_le(peer.out_trailer.data(), peer.out_checksum.digest());
-        }
+        fold_sent(peer, send.payload, std::min(length - peer.hashed, kChecksumAhead));
       }
       // Header, payload and trailer from where they are, in one gathering write.
       std::array<boost::asio::const_buffer, 3> pieces;
@@ -532,7 +583,8 @@ class Tcp {
     peer.inbox.compact();
     const std::array<boost::asio::mutable_buffer, 2> pieces{
         boost::asio::buffer(direct.data(), direct.size()),
-        boost::asio::buffer(peer.inbox.data.get() + peer.inbox.end, kInboxBytes - peer.inbox.end)};
+        boost::asio::buffer(peer.inbox.data.get() + peer.inbox.end,
+                            peer.inbox.capacity - peer.inbox.end)};
     const std::size_t read = peer.socket.read_some(pieces, ec);
     if (ec == boost::asio::error::would_block || ec == boost::asio::error::try_again) {
       return Read::kWouldBlock;
@@ -541,6 +593,34 @@ class Tcp {
     into_direct = std::min(read, direct.size());
     peer.inbox.end += read - into_direct;
     return Read::kDone;
+  }
+
+  // wait_any: whether the next frame from `peer` is whole in its inbox, or cannot be read (a
+  // header check_header refuses, whatever its receive expects; an ended connection), after
+  // reading what has arrived.
+  bool next_frame_arrived(Peer& peer) {
+    while (true) {
+      std::size_t whole = kHeaderBytes;
+      if (peer.inbox.size() >= kHeaderBytes) {
+        const FrameHeader frame = decode_header(peer.inbox.front());
+        if (frame.magic != kMagic || frame.version != kProtocolVersion ||
+            frame.length > options_.max_frame_bytes) {
+          return true;
+        }
+        whole = kHeaderBytes + static_cast<std::size_t>(frame.length) + kTrailerBytes;
+        if (peer.inbox.size() >= whole) return true;
+      }
+      peer.inbox.compact();
+      if (peer.inbox.size() == peer.inbox.capacity) {
+        // Grows with the bytes that came, not with the length a header announces.
+        peer.inbox.reserve(std::min(whole, 2 * peer.inbox.capacity));
+      }
+      detail::ErrorCode ec;
+      std::size_t ignored = 0;
+      const Read read = read_some(peer, {}, ignored, ec);
+      if (read == Read::kWouldBlock) return false;
+      if (read == Read::kFailed) return true;
+    }
   }
 
   // Reads this peer's queued frames as far as the bytes that have arrived allow.
@@ -579,6 +659,10 @@ class Tcp {
           }
           if (auto failure = check_header(rank, receive, peer.inbox.front())) return failure;
           peer.in_seed = options_.checksum ? checksum_seed(peer.inbox.front()) : 0;
+          if (peer.in_mac) {
+            peer.in_mac->begin(
+                std::span<const std::byte, kHeaderBytes>(peer.inbox.front(), kHeaderBytes));
+          }
           peer.inbox.consume(kHeaderBytes);
           peer.received = 0;
           peer.in_length = length;
@@ -592,7 +676,9 @@ class Tcp {
           // whole payload, else in pieces.
           const auto arrived = [&](std::size_t bytes) {
             const auto piece = receive.payload.subspan(peer.received, bytes);
-            if (options_.checksum && peer.received == 0 && bytes == length) {
+            if (peer.in_mac) {
+              peer.in_mac->update(piece);
+            } else if (options_.checksum && peer.received == 0 && bytes == length) {
               peer.in_digest = checksum(peer.in_seed, piece);
             } else if (options_.checksum) {
               if (!peer.in_streaming) peer.in_checksum.reset(peer.in_seed);
@@ -629,9 +715,15 @@ class Tcp {
           }
           const auto sent = detail::load_le<std::uint64_t>(peer.inbox.front());
           peer.inbox.consume(kTrailerBytes);
+          if (peer.in_mac && sent != peer.in_mac->finish()) {
+            return broken(rank, "the frame from rank " + std::to_string(rank) + " " +
+                                    describe(receive.expected, length) +
+                                    " fails its MAC: it was changed on the way, or rank " +
+                                    std::to_string(rank) + " did not send it");
+          }
           const std::uint64_t computed =
               peer.in_streaming ? peer.in_checksum.digest() : peer.in_digest;
-          if (options_.checksum && sent != computed) {
+          if (!peer.in_mac && options_.checksum && sent != computed) {
             return broken(rank, "the frame from rank " + std::to_string(rank) + " " +
                                     describe(receive.expected, length) +
                                     " fails its checksum: the payload was corrupted in transit");
@@ -705,15 +797,24 @@ class Tcp {
     return std::nullopt;  // ready, interrupted or timed out: the caller looks again
   }
 
-  Failure timeout(std::span<const Send> sends, std::span<const Receive> receives) {
-    std::string waiting;
+  // What the transfer in progress still waits for, peer by peer, and the sequence of the first.
+  struct Waiting {
+    std::string text;
     std::uint64_t sequence = 0;
+    int waited = -1;  // the first peer waited for, which the failure names
+  };
+  [[gnu::cold]] Waiting waiting_for(std::span<const Send> sends,
+                                    std::span<const Receive> receives) const {
+    Waiting waiting;
     bool first = true;
     for (const int rank : active_) {
-      Peer& peer = peers_[static_cast<std::size_t>(rank)];
+      const Peer& peer = peers_[static_cast<std::size_t>(rank)];
       const auto add = [&](const std::string& what, std::uint64_t at) {
-        if (first) sequence = at;
-        waiting += (first ? "" : "; ") + what;
+        if (first) {
+          waiting.sequence = at;
+          waiting.waited = rank;
+        }
+        waiting.text += (first ? "" : "; ") + what;
         first = false;
       };
       if (peer.receive >= 0) {
@@ -728,12 +829,33 @@ class Tcp {
                 " frame bytes written",
             send.header.sequence);
       }
-      shut_down(peer);  // the frames are half done: the stream is out of step
+    }
+    return waiting;
+  }
+
+  // One line on stderr, long before the deadline, so that a stalled peer is named while there is
+  // time to look at it.
+  [[gnu::cold]] void warn_stalled(std::span<const Send> sends, std::span<const Receive> receives,
+                                  std::chrono::steady_clock::duration quiet) const {
+    const Waiting waiting = waiting_for(sends, receives);
+    const auto quiet_ms = std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count();
+    std::fprintf(stderr,
+                 "cohort: %sno progress for %lld ms during sequence %llu, waiting for: %s; the "
+                 "transfer fails at operation_timeout = %lld ms\n",
+                 prefix().c_str(), static_cast<long long>(quiet_ms),
+                 static_cast<unsigned long long>(waiting.sequence), waiting.text.c_str(),
+                 static_cast<long long>(options_.operation_timeout.count()));
+  }
+
+  [[gnu::cold]] Failure timeout(std::span<const Send> sends, std::span<const Receive> receives) {
+    const Waiting waiting = waiting_for(sends, receives);
+    for (const int rank : active_) {
+      shut_down(peers_[static_cast<std::size_t>(rank)]);  // half-done frames: out of step
     }
     return Failure{prefix() + "no progress within " +
                        std::to_string(options_.operation_timeout.count()) + " ms during sequence " +
-                       std::to_string(sequence) + ", waiting for: " + waiting,
-                   std::nullopt};
+                       std::to_string(waiting.sequence) + ", waiting for: " + waiting.text,
+                   std::nullopt, waiting.waited};
   }
 
   // A failure of the connection to `rank`, from Asio's error code.
@@ -752,7 +874,7 @@ class Tcp {
   }
 
   static std::string left(int rank, const std::string& reason) {
-    return "rank " + std::to_string(rank) + " left: " + reason;
+    return "rank " + std::to_string(rank) + " left: " + quote_peer_text(reason);
   }
 
   // A peer that closed may have said why first (leave()): its message is already in this
@@ -812,7 +934,7 @@ class Tcp {
   // A failure that leaves the stream with `rank` out of step: that connection is closed.
   [[gnu::cold]] Failure broken(int rank, const std::string& what) {
     shut_down(peers_[static_cast<std::size_t>(rank)]);
-    return Failure{prefix() + what, std::nullopt};
+    return Failure{prefix() + what, std::nullopt, rank};
   }
 
   [[gnu::cold]] Failure record(Failure failure) {

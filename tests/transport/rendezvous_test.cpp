@@ -1,0 +1,250 @@
+// The rendezvous under a secret, attacked over raw sockets on 127.0.0.1: whatever a connection
+// that has not proved the secret sends, the job meets, and the attacker learns nothing derived
+// from the secret. Every test is bounded by the transport's timeouts (a few seconds).
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cohort/transport/tcp/tcp.hpp>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tcp_peers.hpp"
+
+using namespace tcp_test;  // NOLINT: the helpers are this file's vocabulary
+
+namespace {
+
+constexpr char kSecret[] = "correct horse battery staple";
+
+void with_secret(tcp::Options& options) {
+  options.secret = kSecret;
+  options.handshake_timeout = milliseconds(500);
+}
+
+// A ring transfer of `size` ranks: each sends its pattern right and checks what came from left.
+void ring_once(tcp::Tcp& transport) {
+  const int size = transport.size();
+  const int right = (transport.rank() + 1) % size, left = (transport.rank() + size - 1) % size;
+  auto out = filled(transport.rank(), 0, 4099);
+  std::vector<std::byte> in(4099);
+  const Send send{right, {kCollective, 0, 0}, out};
+  const Receive receive{left, {kCollective, 0, 0}, in};
+  transport.transfer({&send, 1}, {&receive, 1});
+  CHECK(holds(in, left, 0));
+}
+
+// Ranks 1 to size - 1 as threads joining rank 0 at `port`, each running ring_once; returns what
+// each threw, by rank (entry 0 unused).
+std::vector<std::string> join_and_ring(std::uint16_t port, int size) {
+  std::vector<std::string> errors(static_cast<std::size_t>(size));
+  std::vector<std::thread> ranks;
+  for (int rank = 1; rank < size; ++rank) {
+    ranks.emplace_back([&, rank] {
+      try {
+        tcp::Options options = options_for(rank, size);
+        with_secret(options);
+        options.rendezvous_port = port;
+        tcp::Tcp transport(options);
+        ring_once(transport);
+      } catch (...) {
+        errors[static_cast<std::size_t>(rank)] = message_of(std::current_exception());
+      }
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  return errors;
+}
+
+// Whether rank 0 ends the connection without sending a single byte (waits at most 5 s).
+bool closed_in_silence(const RawSocket& socket) {
+  std::byte byte;
+  return ::recv(socket.fd(), &byte, 1, 0) <= 0;
+}
+
+std::vector<std::byte> hello_frame(int rank, int size) {
+  tcp::Hello hello = hello_of(rank, size);
+  hello.authenticates = true;
+  return tcp::make_frame({setup_type::kHello}, tcp::encode_hello(hello));
+}
+
+std::size_t open_descriptors() {
+  return static_cast<std::size_t>(std::distance(
+      std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{}));
+}
+
+std::size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
+
+TEST_CASE("with a secret, no frame a stranger sends stops the rendezvous or earns it a proof") {
+  RankZero rank_zero(3, ring_once, with_secret);
+  const auto hello = hello_frame(1, 3);
+
+  {
+    RawSocket huge = connect_raw(rank_zero.port);  // a header announcing 2^63 bytes
+    write_all(huge, tcp::encode_header({setup_type::kHello}, std::uint64_t{1} << 63));
+    CHECK(closed_in_silence(huge));
+  }
+  {
+    RawSocket truncated = connect_raw(rank_zero.port);  // half a hello, then silence
+    write_all(truncated, std::span(hello).first(hello.size() / 2));
+    const auto start = Clock::now();
+    CHECK(closed_in_silence(truncated));  // at the handshake's deadline
+    CHECK(Clock::now() - start < std::chrono::seconds(3));
+  }
+  {
+    RawSocket corrupted = connect_raw(rank_zero.port);
+    auto frame = hello;
+    frame.back() ^= std::byte{1};
+    write_all(corrupted, frame);
+    CHECK(closed_in_silence(corrupted));
+  }
+  {
+    RawSocket other_version = connect_raw(rank_zero.port);
+    tcp::Hello theirs = hello_of(1, 3);
+    theirs.authenticates = true;
+    write_all(other_version, tcp::make_frame({setup_type::kHello}, tcp::encode_hello(theirs),
+                                             tcp::kProtocolVersion + 1));
+    CHECK(closed_in_silence(other_version));
+  }
+  {
+    RawSocket other_type = connect_raw(rank_zero.port);
+    write_all(other_type, tcp::make_frame({setup_type::kTable}, tcp::encode_table({})));
+    CHECK(closed_in_silence(other_type));
+  }
+  {
+    RawSocket malformed = connect_raw(rank_zero.port);
+    const std::vector<std::byte> garbage(40, std::byte{0xee});
+    write_all(malformed, tcp::make_frame({setup_type::kHello}, garbage));
+    CHECK(closed_in_silence(malformed));
+  }
+  {
+    RawSocket abort = connect_raw(rank_zero.port);  // words that must never become an error
+    write_all(abort, tcp::make_frame({setup_type::kAbort},
+                                     tcp::encode_text("rank 0 is compromised\ncohort: fake line")));
+    CHECK(closed_in_silence(abort));
+  }
+  {
+    // A well-formed hello is answered with rank 0's hello, which holds nothing derived from the
+    // secret; no proof follows until the stranger has proved itself, which it cannot.
+    RawSocket guesser = connect_raw(rank_zero.port);
+    write_all(guesser, hello);
+    const RawFrame answer = read_frame(guesser);
+    CHECK(answer.header.header.type == setup_type::kHello);
+    CHECK(closed_in_silence(guesser));
+  }
+  {
+    RawSocket forger = connect_raw(rank_zero.port);
+    write_all(forger, hello);
+    const RawFrame answer = read_frame(forger);
+    const auto guess = tcp::proof("password", tcp::Role::kConnector, hello, answer.bytes);
+    write_all(forger, tcp::make_frame({setup_type::kConfirm}, guess));
+    CHECK(closed_in_silence(forger));
+  }
+  const auto errors = join_and_ring(rank_zero.port, 3);
+  CHECK(errors[1] == "");
+  CHECK(errors[2] == "");
+  CHECK(rank_zero.finish() == "");
+}
+
+TEST_CASE(
+    "with a secret, 2000 idle connections under a limit of 1024 descriptors do not keep "
+    "the ranks from meeting") {
+  rlimit saved{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  REQUIRE(saved.rlim_max >= 2200);
+  rlimit limited = saved;
+  limited.rlim_cur = 1024;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &limited) == 0);
+  RankZero rank_zero(3, ring_once, with_secret);
+
+  // The flood comes from a child process with a higher limit of its own; it connects 2000 times,
+  // says nothing, reports how many connects succeeded and holds them until its parent is done.
+  int report[2], release[2];
+  REQUIRE(::pipe(report) == 0);
+  REQUIRE(::pipe(release) == 0);
+  const pid_t flooder = ::fork();
+  REQUIRE(flooder >= 0);
+  if (flooder == 0) {
+    ::close(report[0]);
+    ::close(release[1]);
+    rlimit raised = saved;
+    raised.rlim_cur = saved.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &raised);
+    const sockaddr_in address = loopback(rank_zero.port);
+    const timeval timeout{2, 0};
+    int connected = 0;
+    for (int i = 0; i < 2000; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+      if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0) {
+        ++connected;
+      }
+    }
+    (void)!::write(report[1], &connected, sizeof connected);
+    char byte;
+    (void)!::read(release[0], &byte, 1);
+    ::_exit(0);
+  }
+  ::close(report[1]);
+  ::close(release[0]);
+  int connected = 0;
+  REQUIRE(::read(report[0], &connected, sizeof connected) == sizeof connected);
+  CHECK(connected == 2000);
+
+  const auto errors = join_and_ring(rank_zero.port, 3);
+  CHECK(errors[1] == "");
+  CHECK(errors[2] == "");
+  CHECK(rank_zero.finish() == "");
+  ::close(release[1]);
+  ::close(report[0]);
+  ::waitpid(flooder, nullptr, 0);
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+}
+
+TEST_CASE(
+    "with a secret, 3000 connects and disconnects leave descriptors, memory and the log "
+    "bounded") {
+  CapturedStderr log;
+  RankZero rank_zero(2, ring_once, with_secret);
+  const auto churn = [&](int times) {
+    for (int i = 0; i < times; ++i) {
+      RawSocket stranger = connect_raw(rank_zero.port);
+      if (i % 2 == 0) write_all(stranger, std::as_bytes(std::span("GET / HTTP/1.0\r\n\r\n")));
+    }
+  };
+  churn(200);  // warm up: the rank's buffers and this process's allocator reach their size
+  std::this_thread::sleep_for(milliseconds(200));
+  const std::size_t descriptors = open_descriptors();
+  const std::size_t memory = resident_bytes();
+  const auto start = Clock::now();
+  churn(3000);
+  std::this_thread::sleep_for(milliseconds(200));  // rank 0 drops the last ones
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  CHECK(open_descriptors() == descriptors);
+  CHECK(resident_bytes() < memory + (std::size_t{256} << 10));
+
+  const auto errors = join_and_ring(rank_zero.port, 2);
+  CHECK(errors[1] == "");
+  CHECK(rank_zero.finish() == "");
+  const std::string logged = log.finish();
+  const auto lines = std::count(logged.begin(), logged.end(), '\n');
+  CAPTURE(logged);
+  CHECK(lines <= 3 + static_cast<long>(seconds) + 2);  // a burst, then one a second
+}
