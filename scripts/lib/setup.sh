@@ -15,7 +15,7 @@ COHORT_JOBS="${COHORT_JOBS:-2}"
 # (docs/dependencies.md says what each is for).
 COHORT_PACKAGES=(cmake ninja-build g++ git libboost-dev libboost-serialization-dev libssl-dev
                  libxxhash-dev nlohmann-json3-dev doctest-dev libbenchmark-dev libcli11-dev
-                 openmpi-bin libeigen3-dev libtorch-dev libopenblas0-pthread)
+                 openmpi-bin libeigen3-dev libtorch-dev libopenblas0-pthread iproute2)
 
 cohort_say() { printf '==> %s\n' "$*"; }
 

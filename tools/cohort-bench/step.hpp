@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "backends.hpp"
+#include "cohort/cluster/binding.hpp"
 #include "cohort/cluster/cluster.hpp"
 #include "cohort/collective/deterministic.hpp"
 #include "cohort/collective/local.hpp"
@@ -369,7 +370,7 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
         .job_id = job + "-plain",
         .rendezvous_host = spec.master_address,
         .rendezvous_port = spec.master_port,
-        .bind_address = environment_or("COHORT_BIND_ADDRESS", "127.0.0.1"),
+        .bind_address = cluster::choose_binding(spec, "").address,
         .secret = environment_or("COHORT_SECRET", ""),
         .operation_timeout = timeout,
     }));

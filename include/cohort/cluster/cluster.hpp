@@ -25,7 +25,8 @@
 // A variable set to the empty string counts as not set. Rank and size come as a pair: one
 // without the other is an error, and so is a local rank without a local size. Where a source
 // leaves the local pair out, it is the global pair for sources 1 and 2 (all ranks on one host) and
-// 0 of 1 for 4 and 5 (one process per pod or slot).
+// 0 of 1 for 4 and 5 (one process per pod or slot) until a strategy learns it at the rendezvous
+// (Spec::local_given is then false, and describe() says "local from the rendezvous").
 //
 // Cross-check: every later source among 1 to 5 that is also present is read too, and if it gives
 // a different rank or size, resolve throws a ConfigError naming both sources and their values.
@@ -70,6 +71,11 @@ struct Spec {
   int size = 1;        // chief plus workers for role "chief" and "worker"
   int local_rank = 0;  // among the processes of its role on this host (picks the GPU)
   int local_size = 1;
+  // Whether the source gave the local pair. Where it did not (COHORT_*, torchrun or Open MPI
+  // variables, explicit options without one), the pair above is a stand-in (see the top of this
+  // file) until a strategy learns it at the rendezvous: the ranks of a role that share an own
+  // address share a host (strategy/detail/tcp_options.hpp, learn_local_ranks).
+  bool local_given = true;
   std::string role = "worker";  // "worker", "chief", "ps" or "evaluator"
   int task_index = 0;           // index within its TF_CONFIG task type; else rank
   // "host:port" of every rank, where the source lists them (TF_CONFIG): workers[r] is rank r
@@ -204,7 +210,10 @@ inline Reading make_reading(std::string_view source, const PairNames& names,
   reading.evidence = equals(names.rank, rank) + ", " + equals(names.size, size);
   reading.size_evidence = equals(names.size, size);
   reading.local_evidence = equals(names.local_size, local_size);
-  if (!local) reading.local_evidence += " (not set)";
+  if (!local) {
+    reading.local_evidence += " (not set)";
+    reading.spec.local_given = size == 1;
+  }
   return reading;
 }
 
@@ -510,9 +519,11 @@ inline int worker_count(const Spec& spec) {
 // One line for the log: "rank 1 of 4 (local 1 of 4), role worker, master 127.0.0.1:29500,
 // job 'abc', from torchrun variables".
 inline std::string describe(const Spec& spec) {
+  const std::string local = spec.local_given ? "local " + std::to_string(spec.local_rank) + " of " +
+                                                   std::to_string(spec.local_size)
+                                             : std::string("local from the rendezvous");
   std::string line = "rank " + std::to_string(spec.rank) + " of " + std::to_string(spec.size) +
-                     " (local " + std::to_string(spec.local_rank) + " of " +
-                     std::to_string(spec.local_size) + "), role " + spec.role + ", master " +
+                     " (" + local + "), role " + spec.role + ", master " +
                      format_host_port(spec.master_address, spec.master_port) + ", ";
   line += spec.job_id.empty() ? std::string("no job id") : "job '" + spec.job_id + "'";
   line += ", from " + spec.source;

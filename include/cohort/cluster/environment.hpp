@@ -14,8 +14,11 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -64,6 +67,10 @@ inline constexpr std::string_view kLocalWorldSize = "COHORT_LOCAL_WORLD_SIZE";
 inline constexpr std::string_view kMasterAddr = "COHORT_MASTER_ADDR";
 inline constexpr std::string_view kMasterPort = "COHORT_MASTER_PORT";
 inline constexpr std::string_view kJobId = "COHORT_JOB_ID";
+inline constexpr std::string_view kBindAddress = "COHORT_BIND_ADDRESS";
+inline constexpr std::string_view kSecret = "COHORT_SECRET";
+inline constexpr std::string_view kTimeout = "COHORT_TIMEOUT";
+inline constexpr std::string_view kConnectTimeout = "COHORT_CONNECT_TIMEOUT";
 // Roles of a parameter-server job (strategy/parameter_server.hpp). COHORT_ROLE is "worker" (the
 // default), "chief" or "ps"; COHORT_RANK and COHORT_WORLD_SIZE then count the processes of that
 // role only (chief and workers together), as TF_CONFIG's task index does. A worker learns the
@@ -73,7 +80,12 @@ inline constexpr std::string_view kRole = "COHORT_ROLE";
 inline constexpr std::string_view kPsCount = "COHORT_PS_COUNT";
 inline constexpr std::string_view kWorkerCount = "COHORT_WORKER_COUNT";
 // The variables above: what describes a rank's place in a job. The other COHORT_* variables
-// (COHORT_SECRET, COHORT_BIND_ADDRESS, COHORT_TRACE) are settings every rank shares.
+// are settings every rank shares (and COHORT_TRACE):
+//   COHORT_BIND_ADDRESS     where this process listens (cluster/binding.hpp chooses without it)
+//   COHORT_SECRET           the job's shared secret (transport/tcp/options.hpp)
+//   COHORT_TIMEOUT          a strategy's Options::timeout, where the program leaves its default
+//   COHORT_CONNECT_TIMEOUT  a strategy's Options::connect_timeout, likewise
+// The two timeouts are durations (parse_duration): "30" or "30s", "500ms", "5min".
 inline constexpr std::array kCohortDescription = {
     kRank,       kWorldSize, kLocalRank, kLocalWorldSize, kMasterAddr,
     kMasterPort, kJobId,     kRole,      kPsCount,        kWorkerCount};
@@ -154,6 +166,34 @@ inline std::uint16_t require_port(std::string_view name, long long port) {
 
 inline std::uint16_t parse_port(std::string_view name, std::string_view value) {
   return require_port(name, parse_integer(name, value));
+}
+
+// A duration: a decimal number of seconds ("30", "2.5"), or a number with a unit: "ms", "s",
+// "min" ("500ms", "30s", "5min"). Positive and at most a week; rounded to milliseconds, and at
+// least 1 ms.
+inline std::chrono::milliseconds parse_duration(std::string_view name, std::string_view value) {
+  constexpr std::string_view kForm = "expected a duration: seconds (30, 2.5) or 500ms, 30s, 5min";
+  std::string_view number = value;
+  double scale = 1000.0;  // milliseconds per unit
+  for (const auto& [suffix, unit] :
+       {std::pair<std::string_view, double>{"ms", 1.0}, {"min", 60'000.0}, {"s", 1000.0}}) {
+    if (number.ends_with(suffix)) {
+      number.remove_suffix(suffix.size());
+      scale = unit;
+      break;
+    }
+  }
+  while (!number.empty() && number.back() == ' ') number.remove_suffix(1);
+  double parsed = 0.0;
+  const auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), parsed);
+  if (number.empty() || error != std::errc{} || end != number.data() + number.size() ||
+      !(parsed == parsed)) {
+    detail::reject_text(name, value, kForm);
+  }
+  const double milliseconds = parsed * scale;
+  if (!(milliseconds > 0.0)) detail::reject_text(name, value, "must be greater than 0");
+  if (milliseconds > 7 * 24 * 3600e3) detail::reject_text(name, value, "must be at most a week");
+  return std::chrono::milliseconds(std::max<long long>(1, std::llround(milliseconds)));
 }
 
 namespace detail {

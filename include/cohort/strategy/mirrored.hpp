@@ -15,7 +15,7 @@
 //   replicas   number of replicas (threads), at least 1
 //   timeout    how long a replica waits in a collective for the others before the step fails
 //              with a CommError naming it (a replica stuck in user code is then reported, not
-//              waited for forever)
+//              waited for forever); left at its default, COHORT_TIMEOUT sets it
 #pragma once
 
 #include <chrono>
@@ -28,6 +28,7 @@
 #include "cohort/device/cpu.hpp"
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
+#include "cohort/strategy/detail/timeouts.hpp"
 #include "cohort/strategy/strategy.hpp"
 
 // Declared only, so that the sentences below can name them without a CUDA header: defined in
@@ -68,7 +69,7 @@ class Mirrored {
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   };
 
-  explicit Mirrored(Options options) : options_(options) {
+  explicit Mirrored(Options options) : options_(detail::with_environment(options)) {
     options::require_positive("replicas", options_.replicas);
     options::require_positive("timeout", options_.timeout.count());
   }

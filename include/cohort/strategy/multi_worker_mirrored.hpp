@@ -24,12 +24,13 @@
 // Options:
 //   local_replicas   replica threads in this process (a power of two, the same on every worker)
 //   cluster          explicit overrides of what the launcher says
-//   bind_address     where this process listens; loopback unless set (or COHORT_BIND_ADDRESS):
-//                    a job across hosts sets the interface address or "0.0.0.0"
+//   bind_address     where this process listens; unset (and COHORT_BIND_ADDRESS unset), the
+//                    cluster description decides: this rank's own address in it, loopback for a
+//                    loopback cluster (cluster/binding.hpp); the start-up line says which
 //   secret           shared secret authenticating every connection (or COHORT_SECRET)
-//   connect_timeout  the rendezvous deadline
+//   connect_timeout  the rendezvous deadline (left at its default: COHORT_CONNECT_TIMEOUT)
 //   timeout          how long any collective may wait; past it, the error names the rank, the
-//                    operation and its sequence number
+//                    operation and its sequence number (left at its default: COHORT_TIMEOUT)
 //   bucket_bytes     the unit of cross-worker reduction and of overlap: a bucket of the gradient
 //                    starts its all-reduce as soon as the model has made it final
 //                    (core/model.hpp, gradient readiness), while the backward pass goes on
@@ -94,16 +95,18 @@ class MultiWorkerMirrored {
   };
 
   explicit MultiWorkerMirrored(Options options)
-      : options_(std::move(options)), spec_(cluster::resolve(options_.cluster)) {
+      : options_(detail::with_environment(std::move(options))),
+        spec_(cluster::resolve(options_.cluster)) {
     detail::require_local_replicas(options_.local_replicas);
     options::require_positive("bucket_bytes", options_.bucket_bytes);
     if (spec_.role != "worker" && spec_.role != "chief") {
       options::reject("role", spec_.role,
                       "MultiWorkerMirrored runs workers and a chief only (" + spec_.source + ")");
     }
-    std::fprintf(stderr, "cohort: %s\n", cluster::describe(spec_).c_str());
-    cross_ = std::make_unique<Cross>(
-        transport::tcp::Tcp(detail::tcp_options(spec_, spec_.rank, spec_.size, options_)));
+    const detail::TcpSetup tcp = detail::tcp_setup(spec_, spec_.rank, spec_.size, options_);
+    detail::announce(cluster::describe(spec_), tcp);
+    cross_ = std::make_unique<Cross>(transport::tcp::Tcp(tcp.options));
+    spec_ = detail::learn_local_ranks(*cross_, spec_, tcp.binding, spec_.rank, 0);
   }
 
   std::size_t replicas() const {

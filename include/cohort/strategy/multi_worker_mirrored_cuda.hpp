@@ -9,12 +9,14 @@
 // a replica thread each: those at indices local_rank * local_replicas to
 // local_rank * local_replicas + local_replicas - 1 among the GPUs that CUDA_VISIBLE_DEVICES leaves
 // visible to it (local_rank comes from LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or
-// COHORT_LOCAL_RANK; it is the rank when none is set). So one process per GPU (the default,
-// local_replicas = 1, as torchrun starts them) and one process per host with all its GPUs both
-// work. Every process drives as many GPUs (a ConfigError otherwise, on every process).
+// COHORT_LOCAL_RANK; where none is set, from the rendezvous: the ranks sharing an address). So one
+// process per GPU (the default, local_replicas = 1, as torchrun starts them) and one process per
+// host with all its GPUs both work. Every process drives as many GPUs (a ConfigError otherwise, on
+// every process).
 //
 // Construction checks the GPUs (a ConfigError naming local_rank when this process lacks one of
-// them), makes each replica's stream, and does the TCP rendezvous of MultiWorkerMirrored<>. Each
+// them), makes each replica's stream, and does the TCP rendezvous of MultiWorkerMirrored<> (the
+// GPUs after it where the local rank comes from the rendezvous). Each
 // fit then makes one NCCL communicator over every replica of every process (replica
 // rank * local_replicas + i is NCCL rank rank * local_replicas + i): rank 0's ncclUniqueId travels
 // over cohort's own TCP communicator (collective::nccl_unique_id), and the gradients are
@@ -81,16 +83,20 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
   };
 
   explicit MultiWorkerMirrored(Options options)
-      : options_(std::move(options)), spec_(cluster::resolve(options_.cluster)) {
-    const int first = checked_first_gpu(options_, spec_);
-    const int count = static_cast<int>(options_.local_replicas);
-    for (int gpu = first; gpu < first + count; ++gpu) streams_.emplace_back(gpu, options_.timeout);
-    const std::string gpus =
-        count == 1 ? "GPU " + std::to_string(first)
-                   : "GPUs " + std::to_string(first) + " to " + std::to_string(first + count - 1);
-    std::fprintf(stderr, "cohort: %s, %s\n", cluster::describe(spec_).c_str(), gpus.c_str());
-    cross_ = std::make_unique<Cross>(
-        transport::tcp::Tcp(detail::tcp_options(spec_, spec_.rank, spec_.size, options_)));
+      : options_(detail::with_environment(std::move(options))),
+        spec_(cluster::resolve(options_.cluster)) {
+    check(options_, spec_);
+    // The GPUs before the rendezvous where the launcher gives the local rank, so that a process
+    // without them fails at once; where it gives none, the rendezvous does, and they come after.
+    if (spec_.local_given) make_streams();
+    const detail::TcpSetup tcp = detail::tcp_setup(spec_, spec_.rank, spec_.size, options_);
+    detail::announce(cluster::describe(spec_) + (streams_.empty() ? "" : ", " + gpus()), tcp);
+    cross_ = std::make_unique<Cross>(transport::tcp::Tcp(tcp.options));
+    spec_ = detail::learn_local_ranks(*cross_, spec_, tcp.binding, spec_.rank, 0);
+    if (streams_.empty()) {
+      make_streams();
+      std::fprintf(stderr, "cohort: rank %d drives %s\n", spec_.rank, gpus().c_str());
+    }
     require_same_local_replicas();
   }
 
@@ -142,9 +148,8 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
   }
 
  private:
-  // Validates the options and the cluster description, and answers this process's first GPU. The
-  // GPUs come before the rendezvous: a process without them fails at once.
-  static int checked_first_gpu(const Options& given, const cluster::Spec& spec) {
+  // Validates the options and the cluster description.
+  static void check(const Options& given, const cluster::Spec& spec) {
     options::require_positive("timeout", given.timeout.count());
     options::require_positive("local_replicas", given.local_replicas);
     if (spec.role != "worker" && spec.role != "chief") {
@@ -158,8 +163,22 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
                           " GPUs in all; deterministic NCCL combines at most 64 "
                           "(cuda::kMaxTreeInputs)");
     }
-    return detail::local_gpu(spec, "MultiWorkerMirrored<device::Cuda>",
-                             static_cast<int>(given.local_replicas));
+  }
+
+  // This process's GPUs (from its local rank; a ConfigError naming local_rank where one is
+  // missing) and a stream on each.
+  void make_streams() {
+    const int count = static_cast<int>(options_.local_replicas);
+    const int first = detail::local_gpu(spec_, "MultiWorkerMirrored<device::Cuda>", count);
+    for (int gpu = first; gpu < first + count; ++gpu) streams_.emplace_back(gpu, options_.timeout);
+  }
+
+  std::string gpus() const {
+    const int first = streams_.front().place().device;
+    const int count = static_cast<int>(streams_.size());
+    return count == 1
+               ? "GPU " + std::to_string(first)
+               : "GPUs " + std::to_string(first) + " to " + std::to_string(first + count - 1);
   }
 
   // The NCCL group counts every process's GPUs: a process that counted otherwise would wait in

@@ -64,14 +64,16 @@
 //   local_replicas   replica threads in each worker process (a power of two, the same on every
 //                    worker)
 //   cluster          explicit overrides of what the launcher says
-//   bind_address     where this process listens (or COHORT_BIND_ADDRESS); loopback by default
+//   bind_address     where this process listens (or COHORT_BIND_ADDRESS); unset, the cluster
+//                    description decides (cluster/binding.hpp): the own address, loopback for a
+//                    loopback cluster
 //   secret           shared secret authenticating every connection (or COHORT_SECRET)
-//   connect_timeout  the rendezvous deadline
+//   connect_timeout  the rendezvous deadline (left at its default: COHORT_CONNECT_TIMEOUT)
 //   timeout          how long a server waits on a silent worker before it counts it as lost
 //                    (twice that when every worker went quiet at once); a worker's transfers
 //                    (its pushes and pulls, where a bounded-staleness worker may wait for the
 //                    slowest one, and under Sync the collectives between workers) may stall for
-//                    3/2 x timeout
+//                    3/2 x timeout (left at its default: COHORT_TIMEOUT)
 //   min_shard_bytes  a shard holds at least this many bytes (so a small model uses few servers)
 //   alignment        shard boundaries are multiples of this many elements
 //   chunk_bytes      the unit of a request, so that push, update and pull pipeline, and of
@@ -187,7 +189,8 @@ class ParameterServer {
   };
 
   explicit ParameterServer(Options options)
-      : options_(std::move(options)), spec_(cluster::resolve(options_.cluster)) {
+      : options_(detail::with_environment(std::move(options))),
+        spec_(cluster::resolve(options_.cluster)) {
     workers_ = cluster::worker_count(spec_);
     servers_ = cluster::parameter_server_count(spec_);
     if (spec_.role != "ps" && spec_.role != "worker" && spec_.role != "chief") {
@@ -220,18 +223,25 @@ class ParameterServer {
                       "must be less than the " + std::to_string(workers_) + " workers");
     }
     // A worker's device first: a process without its GPU fails before the rendezvous.
-    if (!serves()) worker_place_.emplace(spec_, options_.timeout);
+    // (Where the launcher gives no local rank, the rendezvous does: the device comes after it.)
+    if (!serves() && spec_.local_given) worker_place_.emplace(spec_, options_.timeout);
     const int rank = serves() ? workers_ + spec_.rank : spec_.rank;
-    std::fprintf(stderr,
-                 "cohort: %s; parameter server job: %d server(s), %d worker(s), %s, rank %d "
-                 "of the mesh\n",
-                 cluster::describe(spec_).c_str(), servers_, workers_,
-                 std::string(C::kName).c_str(), rank);
-    auto transport_options = detail::tcp_options(spec_, rank, workers_ + servers_, options_);
+    detail::TcpSetup tcp = detail::tcp_setup(spec_, rank, workers_ + servers_, options_);
     // A worker waits longer than a server waits on a silent worker, so that the server, which
     // knows who stalled, speaks first (parameter_server/server.hpp).
-    if (!serves()) transport_options.operation_timeout = worker_transfer_timeout(options_.timeout);
-    transport_ = std::make_unique<Transport>(std::move(transport_options));
+    if (!serves()) tcp.options.operation_timeout = worker_transfer_timeout(options_.timeout);
+    detail::announce(cluster::describe(spec_) +
+                         "; parameter server job: " + std::to_string(servers_) + " server(s), " +
+                         std::to_string(workers_) + " worker(s), " + std::string(C::kName) +
+                         ", rank " + std::to_string(rank) + " of the mesh",
+                     tcp);
+    transport_ = std::make_unique<Transport>(tcp.options);
+    {
+      collective::Deterministic<ps::WorkerView<Transport>> everyone(
+          ps::WorkerView<Transport>(*transport_, workers_ + servers_));
+      spec_ = detail::learn_local_ranks(everyone, spec_, tcp.binding, rank, serves() ? 1 : 0);
+    }
+    if (!serves() && !worker_place_) worker_place_.emplace(spec_, options_.timeout);
     if (serves()) transport_->isolate_peer_failures();
   }
 

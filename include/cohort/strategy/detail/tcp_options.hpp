@@ -1,12 +1,33 @@
-// The TCP transport's options for a strategy's process: who it is comes from the cluster
-// description; where it listens and the shared secret from the strategy's options, else from
-// COHORT_BIND_ADDRESS and COHORT_SECRET; its deadlines from the strategy's options.
+// The TCP transport's options for a strategy's process, and what the process learns once the
+// transport is up:
+//   who it is     the cluster description (cluster/cluster.hpp)
+//   where it      the strategy's Options::bind_address, else COHORT_BIND_ADDRESS, else the cluster
+//   listens       description (cluster/binding.hpp: the own address, loopback for a loopback
+//                 cluster, the wildcard where the own address is not this host's)
+//   the secret    the strategy's Options::secret, else COHORT_SECRET
+//   deadlines     the strategy's Options::connect_timeout and timeout; where the program leaves
+//                 them at their defaults, COHORT_CONNECT_TIMEOUT and COHORT_TIMEOUT
+//                 (with_environment, applied by every strategy's constructor)
+//   local ranks   where the launcher gives none, the ranks that share an own address
+//                 (learn_local_ranks, after the rendezvous)
 #pragma once
 
-#include <cstdlib>
-#include <string>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cohort/cluster/binding.hpp"
 #include "cohort/cluster/cluster.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/strategy/detail/timeouts.hpp"
 #include "cohort/transport/tcp/options.hpp"
 
 namespace cohort::strategy::detail {
@@ -22,22 +43,132 @@ inline std::string given_or_environment(const std::string& given, const char* va
   return given.empty() ? environment_or(variable, fallback) : given;
 }
 
+// What a strategy's process hands its transport, and where it listens and why.
+struct TcpSetup {
+  transport::tcp::Options options;
+  cluster::Binding binding;
+};
+
 // StrategyOptions has bind_address, secret, connect_timeout and timeout.
 template <class StrategyOptions>
-transport::tcp::Options tcp_options(const cluster::Spec& spec, int rank, int size,
-                                    const StrategyOptions& options) {
-  return {
+TcpSetup tcp_setup(const cluster::Spec& spec, int rank, int size, const StrategyOptions& options) {
+  cluster::Binding binding = cluster::choose_binding(spec, options.bind_address);
+  transport::tcp::Options tcp{
       .rank = rank,
       .size = size,
       .job_id = spec.job_id.empty() ? "cohort" : spec.job_id,
       .rendezvous_host = spec.master_address,
       .rendezvous_port = spec.master_port,
-      .bind_address =
-          given_or_environment(options.bind_address, "COHORT_BIND_ADDRESS", "127.0.0.1"),
+      .bind_address = binding.address,
       .secret = given_or_environment(options.secret, "COHORT_SECRET", ""),
       .connect_timeout = options.connect_timeout,
       .operation_timeout = options.timeout,
   };
+  return {std::move(tcp), std::move(binding)};
+}
+
+template <class StrategyOptions>
+transport::tcp::Options tcp_options(const cluster::Spec& spec, int rank, int size,
+                                    const StrategyOptions& options) {
+  return tcp_setup(spec, rank, size, options).options;
+}
+
+// The start-up line, "cohort: <what>, listening on <address> (<why>)", on stderr; and one warning
+// line where this process listens beyond loopback without a secret.
+inline void announce(const std::string& what, const TcpSetup& setup) {
+  std::fprintf(stderr, "cohort: %s, %s\n", what.c_str(), cluster::describe(setup.binding).c_str());
+  if (setup.options.size > 1 && !setup.binding.loopback() && setup.options.secret.empty()) {
+    std::fprintf(stderr,
+                 "cohort: warning: listening on %s without a secret: any host that reaches it "
+                 "can join or disturb the job; set COHORT_SECRET to the same value on every rank "
+                 "(docs/launching.md, \"Secret\")\n",
+                 setup.binding.address.c_str());
+  }
+}
+
+// Local ranks from the rendezvous. Every process of the mesh calls this once, right after the
+// rendezvous and before anything else runs over `all` (a collective over the whole mesh, with
+// all_gather of std::int64_t). `mesh_rank` is this process's rank in it, `group` its role's
+// number (ranks count their local ranks among the ranks of their group: workers, servers).
+// Ranks that share an own address (binding.own; the host name where it is unknown) share a host.
+// Where spec.local_given is false, the returned Spec takes this rank's place among them (and a
+// line on stderr says so); where it
+// is true, the launcher's values stand, and a launcher that disagrees with what the rendezvous
+// saw, for any rank, is a ConfigError on every rank. Loopback clusters are not checked: there
+// several ranks may stand for several hosts on purpose (tests).
+template <class All>
+cluster::Spec learn_local_ranks(All& all, cluster::Spec spec, const cluster::Binding& binding,
+                                int mesh_rank, int group) {
+  constexpr std::size_t kKeyWords = 8;  // 64 bytes: an IPv6 address in text fits
+  constexpr std::size_t kWords = kKeyWords + 2;
+  const int size = all.size();
+  if (size == 1) return spec;
+  std::string key = binding.own;
+  if (key.empty()) {
+    char name[256] = {};
+    ::gethostname(name, sizeof name - 1);
+    key = std::string("host ") + name;
+  }
+  key.resize(kKeyWords * sizeof(std::int64_t), '\0');
+  std::vector<std::int64_t> mine(kWords, 0);
+  std::memcpy(mine.data(), key.data(), key.size());
+  mine[kKeyWords] = group;
+  mine[kKeyWords + 1] =
+      spec.local_given ? (std::int64_t{spec.local_rank} << 32) | spec.local_size : -1;
+  std::vector<std::int64_t> everyone(kWords * static_cast<std::size_t>(size));
+  all.template all_gather<std::int64_t>(std::span<const std::int64_t>(mine), everyone);
+
+  const auto word = [&](int rank, std::size_t index) {
+    return everyone[static_cast<std::size_t>(rank) * kWords + index];
+  };
+  const auto same_host = [&](int a, int b) {
+    for (std::size_t i = 0; i <= kKeyWords; ++i) {
+      if (word(a, i) != word(b, i)) return false;
+    }
+    return true;
+  };
+  const auto address_of = [&](int rank) {
+    std::string text(kKeyWords * sizeof(std::int64_t), '\0');
+    std::memcpy(text.data(), &everyone[static_cast<std::size_t>(rank) * kWords], text.size());
+    return std::string(text.c_str());
+  };
+  struct Place {
+    int rank = 0;
+    int size = 0;
+  };
+  const auto learned = [&](int rank) {
+    Place place;
+    for (int other = 0; other < size; ++other) {
+      if (!same_host(rank, other)) continue;
+      if (other < rank) ++place.rank;
+      ++place.size;
+    }
+    return place;
+  };
+  if (!spec.local_given) {
+    const Place place = learned(mesh_rank);
+    spec.local_rank = place.rank;
+    spec.local_size = place.size;
+    spec.local_given = true;
+    const std::string where = "ranks of its role at " + address_of(mesh_rank);
+    std::fprintf(stderr, "cohort: rank %d is local rank %d of %d, from the rendezvous (%s)\n",
+                 spec.rank, spec.local_rank, spec.local_size, where.c_str());
+    return spec;
+  }
+  if (cluster::detail::is_loopback_address(binding.own)) return spec;
+  for (int rank = 0; rank < size; ++rank) {
+    const std::int64_t given = word(rank, kKeyWords + 1);
+    const Place place = learned(rank);
+    if (given < 0 || (given >> 32 == place.rank && (given & 0xffffffff) == place.size)) continue;
+    throw ConfigError("local ranks: mesh rank " + std::to_string(rank) + " was given local rank " +
+                      std::to_string(given >> 32) + " of " + std::to_string(given & 0xffffffff) +
+                      " (" + spec.source + "), but at the rendezvous " +
+                      std::to_string(place.size) + " rank(s) of its role share its address " +
+                      address_of(rank) + ", where it is local rank " + std::to_string(place.rank) +
+                      ". Correct or unset the launcher's local variables (docs/launching.md, "
+                      "\"Local ranks\")");
+  }
+  return spec;
 }
 
 }  // namespace cohort::strategy::detail

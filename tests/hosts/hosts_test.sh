@@ -1,0 +1,402 @@
+#!/usr/bin/env bash
+# Jobs across hosts: 4 network namespaces h1..h4 (10.77.N.1 to 10.77.N.4, names in each one's
+# /etc/hosts) on a bridge, real processes of the example programs in them, no bind variable set
+# anywhere. Needs root and iproute2; skips (exit 77, ctest's SKIP_RETURN_CODE) where namespaces
+# cannot be made.
+#
+#   tests/hosts/hosts_test.sh BUILD_DIR [CASE...]      (ctest runs it with every case)
+#   COHORT_HOSTS_VERBOSE=1 shows every process's output, also of the cases that pass.
+#
+# Cases: launches (MultiWorkerMirrored 4x1 and 2x2 under TF_CONFIG, COHORT_*, MASTER_ADDR-style
+# variables, Slurm's and mpirun with a hostfile, ParameterServer<Sync> on 2 server and 2 worker
+# hosts), each checked for the bits of the single-host run (examples/00_mirrored_cpu with as
+# many replicas); local ranks learned at the rendezvous (2 ranks on each of 2 hosts), and local
+# variables that contradict it (a ConfigError on every rank); and faults: a partition of one host
+# shorter than the timeout (same bits), one longer than the timeout (a named error on every rank
+# between half and twice the timeout after the fault), a wrong secret on one host, no rank 0 at
+# the master address.
+set -uo pipefail
+
+build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
+shift
+cases=("$@")
+if ((${#cases[@]} == 0)); then
+  cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host local_conflict
+         master_addr_2x2 slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
+         short_partition long_partition no_master wrong_secret)
+fi
+
+multi_worker="${build}/examples/02_multi_worker/multi_worker"
+parameter_server="${build}/examples/03_parameter_server/parameter_server"
+mirrored="${build}/examples/00_mirrored_cpu/mirrored_cpu"
+# A small job: 16 steps of the demo.
+job=(--examples 4096 --epochs 1 --quiet)
+
+skip() {
+  echo "SKIPPED hosts: $*"
+  exit 77
+}
+# shellcheck source-path=SCRIPTDIR source=../../scripts/lib/hosts.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/hosts.sh"
+net="${HOSTS_NET}"
+namespace() { hosts_namespace "$1"; }
+work="$(mktemp -d)"
+
+cleanup() {
+  hosts_destroy
+  rm -rf "${work}"
+}
+trap cleanup EXIT
+hosts_create 4 || skip "${HOSTS_PROBLEM}"
+
+failures=0
+fail() {
+  echo "FAIL ${case_name}: $*"
+  failures=$((failures + 1))
+}
+
+# on HOST VARIABLES... -- PROGRAM ARGS...: runs in the background in host HOST's namespace with
+# exactly the given cohort variables; its output goes to ${work}/<case>.<n>.out, and
+# ${work}/<case>.<n>.end gets "status seconds-since-epoch" when it ends.
+started=()
+on() {
+  local host="$1"
+  shift
+  local variables=()
+  while [[ "$1" != "--" ]]; do
+    variables+=("$1")
+    shift
+  done
+  shift
+  local n="${#started[@]}"
+  local out="${work}/${case_name}.${n}"
+  (
+    env -u COHORT_BIND_ADDRESS -u COHORT_SECRET -u COHORT_TIMEOUT -u COHORT_CONNECT_TIMEOUT \
+      "${variables[@]}" ip netns exec "$(namespace "${host}")" "$@" >"${out}.out" 2>&1
+    echo "$? $(date +%s.%N)" >"${out}.end"
+  ) &
+  started+=("${out}")
+}
+
+# Waits for every process of the case (at most $1 seconds); prints each one's output on failure.
+finish() {
+  local limit="$1" waited=0 out
+  for out in "${started[@]}"; do
+    while [[ ! -f "${out}.end" ]] && ((waited < limit * 10)); do
+      sleep 0.1
+      waited=$((waited + 1))
+    done
+  done
+  wait
+  for out in "${started[@]}"; do
+    [[ -f "${out}.end" ]] || fail "$(basename "${out}") did not end within ${limit} s"
+  done
+}
+
+status_of() { cut -d' ' -f1 "$1.end" 2>/dev/null || echo none; }
+end_of() { cut -d' ' -f2 "$1.end"; }
+
+show() {
+  local out
+  for out in "${started[@]}"; do
+    echo "--- $(basename "${out}") (status $(status_of "${out}"))"
+    cat "${out}.out"
+  done
+}
+
+# The chief's fingerprint, from its "parameters HEX" line.
+fingerprint() { grep -o 'parameters [0-9a-f]*' "${started[0]}.out" | tail -1 | cut -d' ' -f2; }
+
+expect_bits() {
+  local expected="$1" out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  [[ "$(fingerprint)" == "${expected}" ]] || fail "parameters $(fingerprint), expected ${expected}"
+  grep -q "COHORT_BIND_ADDRESS\|0\.0\.0\.0" "${started[@]/%/.out}" &&
+    fail "a rank bound the wildcard or read COHORT_BIND_ADDRESS"
+}
+
+# The single-host bits, Mirrored with 2 and 4 replicas.
+reference() {
+  "${mirrored}" --replicas "$1" "${job[@]}" | awk -v n="$1" '$1 == n { print $5 }'
+}
+bits2="$(reference 2)"
+bits4="$(reference 4)"
+echo "single-host parameters: 2 replicas ${bits2}, 4 replicas ${bits4}"
+[[ -n "${bits2}" && -n "${bits4}" ]] || { echo "FAIL: no single-host fingerprint"; exit 1; }
+
+tf_config() {  # tf_config "\"h1:2222\",..." TYPE INDEX [PS_LIST]
+  local ps=""
+  [[ -n "${4:-}" ]] && ps=",\"ps\":[$4]"
+  echo "{\"cluster\":{\"worker\":[$1]${ps}},\"task\":{\"type\":\"$2\",\"index\":$3}}"
+}
+
+case_tf_config_4x1() {
+  local workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\"" h
+  for h in 1 2 3 4; do
+    on "${h}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)))" -- \
+      "${multi_worker}" "${job[@]}"
+  done
+  finish 60
+  expect_bits "${bits4}"
+  grep -q "listening on ${net}.2 (own address in TF_CONFIG worker\[1\])" "${started[1]}.out" ||
+    fail "rank 1's start-up line does not name its own address"
+  grep -q "warning: listening on ${net}.1 without a secret" "${started[0]}.out" ||
+    fail "no warning about the missing secret"
+}
+
+case_tf_config_names_2x2() {
+  local workers='"h1:2222","h2:2222"' h
+  for h in 1 2; do
+    on "${h}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)))" -- \
+      "${multi_worker}" --local-replicas 2 "${job[@]}"
+  done
+  finish 60
+  # Each host's own name is 127.0.1.1 there: it listens on every interface and says why.
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+    grep -q "listening on 0.0.0.0 (every interface: own address in TF_CONFIG worker\[.\] is" \
+      "${out}.out" || fail "$(basename "${out}") does not say why it binds every interface"
+  done
+  [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
+}
+
+case_cohort_4x1() {
+  local h
+  for h in 1 2 3 4; do
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
+      COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
+  done
+  finish 60
+  expect_bits "${bits4}"
+  grep -q "rank 3 is local rank 0 of 1, from the rendezvous (ranks of its role at ${net}.4)" \
+    "${started[3]}.out" || fail "rank 3 did not learn its local rank"
+}
+
+case_cohort_two_per_host() {  # 4 ranks on 2 hosts, no local variables: local ranks learned
+  local rank
+  for rank in 0 1 2 3; do
+    on $((rank / 2 + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
+      COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
+  done
+  finish 60
+  expect_bits "${bits4}"
+  grep -q "rank 3 is local rank 1 of 2, from the rendezvous (ranks of its role at ${net}.2)" \
+    "${started[3]}.out" || fail "rank 3 did not learn local rank 1 of 2"
+}
+
+case_local_conflict() {  # local variables that say one host, for ranks on four
+  local h
+  for h in 1 2 3 4; do
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_LOCAL_RANK=$((h - 1)) \
+      COHORT_LOCAL_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 COHORT_MASTER_PORT=29500 -- \
+      "${multi_worker}" "${job[@]}"
+  done
+  finish 60
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 2 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+    grep -q "error: local ranks: mesh rank 0 was given local rank 0 of 4 (COHORT_\* variables), \
+but at the rendezvous 1 rank(s) of its role share its address ${net}.1" \
+      "${out}.out" || fail "$(basename "${out}") does not name the conflict"
+  done
+}
+
+case_master_addr_2x2() {
+  local h
+  for h in 1 2; do
+    on "${h}" RANK=$((h - 1)) WORLD_SIZE=2 MASTER_ADDR=h1 MASTER_PORT=29500 -- \
+      "${multi_worker}" --local-replicas 2 "${job[@]}"
+  done
+  finish 60
+  # h1 is 127.0.1.1 on h1 (the master's own name), h1's address on h2.
+  grep -q "listening on ${net}.2 (own address on the route to the master h1)" "${started[1]}.out" ||
+    fail "rank 1 does not bind its own address"
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
+}
+
+case_slurm_4x1() {  # the variables srun gives each task of a 4-node, 1-task-per-node step
+  local h
+  for h in 1 2 3 4; do
+    on "${h}" SLURM_PROCID=$((h - 1)) SLURM_NTASKS=4 SLURM_LOCALID=0 SLURM_NODEID=$((h - 1)) \
+      SLURM_STEP_TASKS_PER_NODE='1(x4)' SLURM_STEP_NODELIST='h[1-4]' SLURM_JOB_ID=77 -- \
+      "${multi_worker}" "${job[@]}"
+  done
+  finish 60
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
+  grep -q "listening on ${net}.4 (own address on the route to the master h1)" "${started[3]}.out" ||
+    fail "rank 3 does not bind its own address"
+}
+
+# mpirun with a hostfile of the hosts' addresses, as on a cluster: Open MPI's ssh is replaced by
+# an agent that runs the remote command (its daemon, orted) in the host's namespace, and mpirun
+# reaches the daemons through an address of the bridge. $1: slots per host, $2: hosts.
+mpirun_hostfile() {
+  local slots="$1" hosts="$2" h
+  command -v mpirun >/dev/null || {
+    echo "SKIPPED ${case_name}: no mpirun"
+    return 1
+  }
+  hosts_mpirun_agent "${work}"
+  : >"${work}/hostfile"
+  for ((h = 1; h <= hosts; ++h)); do echo "${net}.${h} slots=${slots}" >>"${work}/hostfile"; done
+  hosts_bridge_address on
+  local out="${work}/${case_name}.0"
+  started=("${out}")
+  env -u COHORT_BIND_ADDRESS -u COHORT_SECRET \
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 60 \
+    mpirun --hostfile "${work}/hostfile" -np $((slots * hosts)) \
+    --mca plm_rsh_agent "${work}/agent" --mca oob_tcp_if_include "${net}.0/24" \
+    -x COHORT_MASTER_ADDR="${net}.1" -x COHORT_MASTER_PORT=29500 \
+    "${multi_worker}" "${job[@]}" >"${out}.out" 2>&1
+  echo "$? $(date +%s.%N)" >"${out}.end"
+  hosts_bridge_address off
+}
+
+case_mpirun_4x1() {
+  mpirun_hostfile 1 4 || return
+  expect_bits "${bits4}"
+  grep -q "rank 2 of 4 (local 0 of 1).*listening on ${net}.3 (own address on the route to the" \
+    "${started[0]}.out" || fail "rank 2 does not bind its own address"
+}
+
+case_mpirun_two_per_host() {  # Open MPI's local ranks, 2 per host, agree with the rendezvous
+  mpirun_hostfile 2 2 || return
+  expect_bits "${bits4}"
+  grep -q "rank 3 of 4 (local 1 of 2).*listening on ${net}.2" "${started[0]}.out" ||
+    fail "rank 3 is not local rank 1 of 2 on host 2"
+}
+
+case_parameter_server() {
+  local workers="\"${net}.1:2222\",\"${net}.2:2222\"" ps="\"${net}.3:2222\",\"${net}.4:2222\""
+  local program=("${parameter_server}" --micro-batches 8 "${job[@]}")
+  on 1 TF_CONFIG="$(tf_config "${workers}" worker 0 "${ps}")" -- "${program[@]}"
+  on 2 TF_CONFIG="$(tf_config "${workers}" worker 1 "${ps}")" -- "${program[@]}"
+  on 3 TF_CONFIG="$(tf_config "${workers}" ps 0 "${ps}")" -- "${program[@]}"
+  on 4 TF_CONFIG="$(tf_config "${workers}" ps 1 "${ps}")" -- "${program[@]}"
+  finish 60
+  expect_bits "${bits2}"
+  grep -q "listening on ${net}.4 (own address in TF_CONFIG ps\[1\])" "${started[3]}.out" ||
+    fail "server 1 does not bind its own address"
+}
+
+# A longer job for the short partition (its 4 ranks run about 8 s on 2 cores), and one that
+# would run for minutes, for the long partition.
+long_job=(--layers "8,512,512,10" --examples 32768 --epochs 6 --quiet)
+endless_job=(--layers "8,512,512,10" --examples 32768 --epochs 1000 --quiet)
+
+# Starts the 4x1 COHORT_* job of the partitions with COHORT_TIMEOUT=$1 and the demo settings
+# ${@:2}, and waits until every rank has started training.
+start_partition_job() {
+  local h
+  for h in 1 2 3 4; do
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
+      COHORT_MASTER_PORT=29500 COHORT_TIMEOUT="$1" -- "${multi_worker}" "${@:2}"
+  done
+  local waited=0
+  while (($(cat "${started[@]/%/.out}" 2>/dev/null | grep -c "listening on") < 4)); do
+    sleep 0.1
+    waited=$((waited + 1))
+    ((waited < 300)) || break
+  done
+  sleep 1
+}
+
+case_short_partition() {
+  local reference_long
+  reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
+  start_partition_job 10 "${long_job[@]}"
+  ip link set "$(hosts_link 4)" down
+  sleep 3
+  ip link set "$(hosts_link 4)" up
+  local healed
+  healed="$(date +%s.%N)"
+  finish 120
+  expect_bits "${reference_long}"
+  # The job was still running when the partition ended, so the partition was within it.
+  awk -v a="$(end_of "${started[0]}")" -v b="${healed}" 'BEGIN { exit !(a > b) }' ||
+    fail "the job ended before the partition did: make long_job longer"
+}
+
+case_long_partition() {
+  local timeout=4
+  start_partition_job "${timeout}" "${endless_job[@]}"
+  local fault
+  fault="$(date +%s.%N)"
+  ip link set "$(hosts_link 4)" down
+  finish 60
+  ip link set "$(hosts_link 4)" up
+  local out after
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" != 0 ]] ||
+      fail "$(basename "${out}") succeeded despite the partition"
+    grep -q "error: .*rank [0-9]" "${out}.out" || fail "$(basename "${out}") names no rank"
+    after="$(awk -v a="$(end_of "${out}")" -v f="${fault}" 'BEGIN { printf "%.1f", a - f }')"
+    echo "${case_name}: $(basename "${out}") failed ${after} s after the fault" \
+      "(timeout ${timeout} s)"
+    awk -v t="${after}" -v T="${timeout}" 'BEGIN { exit !(t >= T / 2 && t <= 2 * T) }' ||
+      fail "$(basename "${out}") failed ${after} s after the fault, not within" \
+        "[$((timeout / 2)), $((2 * timeout))] s"
+  done
+}
+
+case_no_master() {  # ranks 1 to 3 with no rank 0: each names what it could not reach
+  local h
+  for h in 2 3 4; do
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
+      COHORT_MASTER_PORT=29500 COHORT_CONNECT_TIMEOUT=2 -- "${multi_worker}" "${job[@]}"
+  done
+  finish 30
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 2 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+    grep -q "error: .*${net}.1:29500" "${out}.out" || fail "$(basename "${out}") names no address"
+  done
+}
+
+case_wrong_secret() {
+  local h secret
+  for h in 1 2 3 4; do
+    secret=right
+    [[ "${h}" -eq 4 ]] && secret=wrong
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
+      COHORT_MASTER_PORT=29500 COHORT_SECRET="${secret}" COHORT_CONNECT_TIMEOUT=5 -- \
+      "${multi_worker}" "${job[@]}"
+  done
+  finish 30
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" != 0 ]] || fail "$(basename "${out}") succeeded with a wrong secret"
+    grep -q "error: " "${out}.out" || fail "$(basename "${out}") reports no error"
+    grep -q "warning: listening .* without a secret" "${out}.out" &&
+      fail "$(basename "${out}") warns about a secret it has"
+  done
+  grep -qi "secret" "${started[0]}.out" "${started[3]}.out" ||
+    fail "neither rank 0 nor rank 3 mentions the secret"
+}
+
+for case_name in "${cases[@]}"; do
+  started=()
+  before="${failures}"
+  start="$(date +%s.%N)"
+  "case_${case_name}"
+  took="$(awk -v a="${start}" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')"
+  if ((failures > before)); then
+    show
+    echo "FAILED ${case_name} (${took} s)"
+  else
+    [[ -n "${COHORT_HOSTS_VERBOSE:-}" ]] && show
+    echo "ok ${case_name} (${took} s)"
+  fi
+done
+((failures == 0)) || exit 1
