@@ -35,6 +35,19 @@ TEST_CASE("parse_port accepts 1 to 65535") {
         "MASTER_PORT = \"http\": not an integer");
 }
 
+TEST_CASE("parse_port_range takes LOW-HIGH and names the variable for anything else") {
+  const auto range = cohort::cluster::parse_port_range("COHORT_PORT_RANGE", "29510-29599");
+  CHECK(range.first == 29510);
+  CHECK(range.last == 29599);
+  CHECK(cohort::cluster::parse_port_range("COHORT_PORT_RANGE", "7-7").last == 7);
+  for (const char* bad : {"29510", "10-5", "0-10", "1-70000", "a-b", "1-", "-2"}) {
+    CAPTURE(bad);
+    CHECK(config_error_message([&] { cohort::cluster::parse_port_range("COHORT_PORT_RANGE", bad); })
+              .find("COHORT_PORT_RANGE = \"" + std::string(bad) +
+                    "\": expected LOW-HIGH, two ports in [1, 65535], LOW <= HIGH") == 0);
+  }
+}
+
 TEST_CASE("parse_host accepts names, IPv4 and IPv6 addresses, and refuses the rest") {
   CHECK(parse_host("MASTER_ADDR", "node-01.cluster.local") == "node-01.cluster.local");
   CHECK(parse_host("MASTER_ADDR", "10.0.0.7") == "10.0.0.7");

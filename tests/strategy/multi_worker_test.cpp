@@ -246,4 +246,40 @@ TEST_CASE(
     }
     CHECK_FALSE(fs::exists(directory.path / "parameters-0"));
   }
+TEST_CASE("a stopped worker (SIGSTOP) is reported, then fails every other worker between half "
+          "and twice the timeout") {
+  TemporaryDirectory directory("cohort-multi-worker-stop");
+  const std::string port = std::to_string(cohort::testing::free_port());
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int rank = 0; rank < 3; ++rank) {
+    workers.push_back(std::make_unique<Process>(
+        std::vector<std::string>{COHORT_TRAINER, "1", "1000000", directory.path / "never.bin"},
+        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
+                                           {"COHORT_WORLD_SIZE", "3"},
+                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                           {"COHORT_MASTER_PORT", port},
+                                           {"COHORT_JOB_ID", "stop-test"}},
+        directory.path / ("rank" + std::to_string(rank) + ".log")));
+  }
+  std::this_thread::sleep_for(1500ms);  // rendezvous done, training under way
+  for (const auto& worker : workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
+  workers[1]->kill(SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  for (int rank : {0, 2}) {
+    CAPTURE(rank);
+    const auto exit = workers[static_cast<std::size_t>(rank)]->wait(40s);
+    REQUIRE(exit.has_value());
+    const auto after = std::chrono::steady_clock::now() - stopped;
+    CHECK(exit->exited);
+    CHECK(exit->code != 0);
+    CHECK(after > 5s);  // the trainer's timeout is 10 s
+    CHECK(after < 20s);
+  }
+  const std::string log = read_file(directory.path / "rank0.log");
+  CAPTURE(log);
+  // The warning at a quarter of the timeout, then the error, both naming the stopped rank.
+  CHECK(log.find("cohort: rank 0: no progress for ") != std::string::npos);
+  CHECK(log.find("waiting for: receive from rank 1") != std::string::npos);
+  CHECK(log.find("rank 0: no progress within 10000 ms") != std::string::npos);
+  workers[1]->kill(SIGKILL);
 }

@@ -519,6 +519,47 @@ TEST_CASE("a rank whose rank 0 never starts names it and the address after conne
   CHECK(Clock::now() - start < std::chrono::seconds(3));
 }
 
+TEST_CASE(
+    "ranks other than 0 listen in listen_port_first-listen_port_last, and say when it is full") {
+  // Three free ports in a row: one the system gave, if the two after it are free too.
+  const auto bindable = [](std::uint16_t port) {
+    RawSocket socket(::socket(AF_INET, SOCK_STREAM, 0));
+    const sockaddr_in address = loopback(port);
+    return ::bind(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0;
+  };
+  std::uint16_t first = 0;
+  for (int attempt = 0; attempt < 50 && first == 0; ++attempt) {
+    std::uint16_t port = 0;
+    { const RawSocket probe = listen_raw(port); }
+    if (port < 65000 && bindable(port) && bindable(port + 1) && bindable(port + 2)) first = port;
+  }
+  REQUIRE(first != 0);
+  const auto in_range = [&](tcp::Options& options) {
+    options.listen_port_first = first;
+    options.listen_port_last = static_cast<std::uint16_t>(first + 2);
+  };
+  require_no_errors(run_ranks(
+      3, [](tcp::Tcp&) {}, in_range));  // the job meets in the range
+  std::vector<tcp::Listener> taken;
+  tcp::Options options = options_for(1, 2);
+  options.rendezvous_port = 1;
+  in_range(options);
+  for (int i = 0; i < 3; ++i) {
+    taken.emplace_back(options);
+    CHECK(taken.back().port() == first + i);
+  }
+  const std::string expected = "rank 1: cannot listen on 127.0.0.1:" + std::to_string(first + 2) +
+                               " (every port of listen_port_first-listen_port_last, " +
+                               std::to_string(first) + "-" + std::to_string(first + 2) +
+                               ", is taken)";
+  CHECK_THROWS_WITH_AS(tcp::Listener{options}, doctest::Contains(expected.c_str()),
+                       cohort::CommError);
+  options.listen_port_last = 0;
+  CHECK_THROWS_WITH_AS(tcp::Listener{options},
+                       doctest::Contains("listen_port_first, listen_port_last"),
+                       cohort::ConfigError);
+}
+
 TEST_CASE("a busy rendezvous port is refused naming the address and port") {
   std::uint16_t port = 0;
   const RawSocket busy = listen_raw(port);

@@ -188,6 +188,7 @@ inline transport::tcp::Options tcp_options(const Settings& s, const cluster::Spe
   struct Deadlines {
     std::string bind_address{};
     std::string secret{};
+    std::string listen_ports{};
     std::chrono::milliseconds connect_timeout, timeout;
   };
   const auto milliseconds = std::chrono::milliseconds(static_cast<long long>(s.timeout_s * 1000));

@@ -71,6 +71,7 @@ inline constexpr std::string_view kBindAddress = "COHORT_BIND_ADDRESS";
 inline constexpr std::string_view kSecret = "COHORT_SECRET";
 inline constexpr std::string_view kTimeout = "COHORT_TIMEOUT";
 inline constexpr std::string_view kConnectTimeout = "COHORT_CONNECT_TIMEOUT";
+inline constexpr std::string_view kPortRange = "COHORT_PORT_RANGE";
 // Roles of a parameter-server job (strategy/parameter_server.hpp). COHORT_ROLE is "worker" (the
 // default), "chief" or "ps"; COHORT_RANK and COHORT_WORLD_SIZE then count the processes of that
 // role only (chief and workers together), as TF_CONFIG's task index does. A worker learns the
@@ -85,6 +86,8 @@ inline constexpr std::string_view kWorkerCount = "COHORT_WORKER_COUNT";
 //   COHORT_SECRET           the job's shared secret (transport/tcp/options.hpp)
 //   COHORT_TIMEOUT          a strategy's Options::timeout, where the program leaves its default
 //   COHORT_CONNECT_TIMEOUT  a strategy's Options::connect_timeout, likewise
+//   COHORT_PORT_RANGE       LOW-HIGH: the ports the ranks other than 0 and the servers listen in,
+//                           for a firewall (parse_port_range); unset, any free port
 // The two timeouts are durations (parse_duration): "30" or "30s", "500ms", "5min".
 inline constexpr std::array kCohortDescription = {
     kRank,       kWorldSize, kLocalRank, kLocalWorldSize, kMasterAddr,
@@ -194,6 +197,30 @@ inline std::chrono::milliseconds parse_duration(std::string_view name, std::stri
   if (!(milliseconds > 0.0)) detail::reject_text(name, value, "must be greater than 0");
   if (milliseconds > 7 * 24 * 3600e3) detail::reject_text(name, value, "must be at most a week");
   return std::chrono::milliseconds(std::max<long long>(1, std::llround(milliseconds)));
+}
+
+// The ports LOW-HIGH of COHORT_PORT_RANGE (or a strategy's Options::listen_ports), "29510-29599";
+// a ConfigError naming `name` for anything else.
+struct PortRange {
+  std::uint16_t first = 0;
+  std::uint16_t last = 0;
+};
+inline PortRange parse_port_range(std::string_view name, std::string_view value) {
+  constexpr std::string_view kForm = "expected LOW-HIGH, two ports in [1, 65535], LOW <= HIGH";
+  const std::size_t dash = value.find('-');
+  if (dash == std::string_view::npos) detail::reject_text(name, value, kForm);
+  const auto port = [&](std::string_view text) {
+    unsigned number = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
+    if (text.empty() || error != std::errc{} || end != text.data() + text.size() || number == 0 ||
+        number > 65535) {
+      detail::reject_text(name, value, kForm);
+    }
+    return static_cast<std::uint16_t>(number);
+  };
+  const PortRange range{port(value.substr(0, dash)), port(value.substr(dash + 1))};
+  if (range.first > range.last) detail::reject_text(name, value, kForm);
+  return range;
 }
 
 namespace detail {

@@ -28,6 +28,8 @@
 //                    cluster description decides: this rank's own address in it, loopback for a
 //                    loopback cluster (cluster/binding.hpp); the start-up line says which
 //   secret           shared secret authenticating every connection (or COHORT_SECRET)
+//   listen_ports     "LOW-HIGH": the ports the ranks other than 0 listen in, for a firewall (or
+//                    COHORT_PORT_RANGE); empty: any free port
 //   connect_timeout  the rendezvous deadline (left at its default: COHORT_CONNECT_TIMEOUT)
 //   timeout          how long any collective may wait; past it, the error names the rank, the
 //                    operation and its sequence number (left at its default: COHORT_TIMEOUT)
@@ -89,6 +91,7 @@ class MultiWorkerMirrored {
     cluster::Explicit cluster{};
     std::string bind_address{};
     std::string secret{};
+    std::string listen_ports{};  // "LOW-HIGH" (or COHORT_PORT_RANGE); empty: any free port
     std::chrono::milliseconds connect_timeout{std::chrono::minutes(1)};
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
     std::size_t bucket_bytes = std::size_t{4} << 20;

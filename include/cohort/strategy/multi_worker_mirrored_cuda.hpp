@@ -77,6 +77,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
     cluster::Explicit cluster{};
     std::string bind_address{};
     std::string secret{};
+    std::string listen_ports{};  // "LOW-HIGH" (or COHORT_PORT_RANGE); empty: any free port
     std::chrono::milliseconds connect_timeout{std::chrono::minutes(1)};
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
     std::size_t local_replicas = 1;

@@ -68,6 +68,8 @@
 //                    description decides (cluster/binding.hpp): the own address, loopback for a
 //                    loopback cluster
 //   secret           shared secret authenticating every connection (or COHORT_SECRET)
+//   listen_ports     "LOW-HIGH": the ports the ranks other than 0 listen in, for a firewall (or
+//                    COHORT_PORT_RANGE); empty: any free port
 //   connect_timeout  the rendezvous deadline (left at its default: COHORT_CONNECT_TIMEOUT)
 //   timeout          how long a server waits on a silent worker before it counts it as lost
 //                    (twice that when every worker went quiet at once); a worker's transfers
@@ -179,6 +181,7 @@ class ParameterServer {
     cluster::Explicit cluster{};
     std::string bind_address{};
     std::string secret{};
+    std::string listen_ports{};  // "LOW-HIGH" (or COHORT_PORT_RANGE); empty: any free port
     std::chrono::milliseconds connect_timeout{std::chrono::minutes(1)};
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
     std::size_t min_shard_bytes = std::size_t{256} << 10;

@@ -133,7 +133,7 @@ struct DeviceOf {
   using type = device::Cpu;
 };
 template <class S>
-  requires requires { typename S::Device; }
+requires requires { typename S::Device; }
 struct DeviceOf<S> {
   using type = typename S::Device;
 };

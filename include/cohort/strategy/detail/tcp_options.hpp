@@ -5,6 +5,8 @@
 //   listens       description (cluster/binding.hpp: the own address, loopback for a loopback
 //                 cluster, the wildcard where the own address is not this host's)
 //   the secret    the strategy's Options::secret, else COHORT_SECRET
+//   its ports     the strategy's Options::listen_ports, else COHORT_PORT_RANGE (LOW-HIGH), else
+//                 any free port (rank 0 listens at the master port whatever they say)
 //   deadlines     the strategy's Options::connect_timeout and timeout; where the program leaves
 //                 them at their defaults, COHORT_CONNECT_TIMEOUT and COHORT_TIMEOUT
 //                 (with_environment, applied by every strategy's constructor)
@@ -49,10 +51,18 @@ struct TcpSetup {
   cluster::Binding binding;
 };
 
-// StrategyOptions has bind_address, secret, connect_timeout and timeout.
+// StrategyOptions has bind_address, secret, listen_ports, connect_timeout and timeout.
 template <class StrategyOptions>
 TcpSetup tcp_setup(const cluster::Spec& spec, int rank, int size, const StrategyOptions& options) {
   cluster::Binding binding = cluster::choose_binding(spec, options.bind_address);
+  const std::string ports = given_or_environment(
+      options.listen_ports, std::string(cluster::variable::kPortRange).c_str(), "");
+  const cluster::PortRange range =
+      ports.empty()
+          ? cluster::PortRange{}
+          : cluster::parse_port_range(
+                options.listen_ports.empty() ? cluster::variable::kPortRange : "listen_ports",
+                ports);
   transport::tcp::Options tcp{
       .rank = rank,
       .size = size,
@@ -60,6 +70,8 @@ TcpSetup tcp_setup(const cluster::Spec& spec, int rank, int size, const Strategy
       .rendezvous_host = spec.master_address,
       .rendezvous_port = spec.master_port,
       .bind_address = binding.address,
+      .listen_port_first = range.first,
+      .listen_port_last = range.last,
       .secret = given_or_environment(options.secret, "COHORT_SECRET", ""),
       .connect_timeout = options.connect_timeout,
       .operation_timeout = options.timeout,
