@@ -68,9 +68,9 @@ TEST_CASE(
 TEST_CASE("3 workers x 1 replica and Mirrored 3 give bit-identical parameters") {
   TemporaryDirectory directory("cohort-multi-worker");
   const fs::path out = directory.path / "parameters.bin";
-  const auto [exit, output] = run(
-      {COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, "1", "30", out, "--micro-batches", "3"},
-      directory.path / "log.txt");
+  const auto [exit, output] =
+      run({COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, "1", "30", out, "--micro-batches", "3"},
+          directory.path / "log.txt");
   CAPTURE(output);
   REQUIRE(exit.exited);
   REQUIRE(exit.code == 0);
@@ -246,8 +246,11 @@ TEST_CASE(
     }
     CHECK_FALSE(fs::exists(directory.path / "parameters-0"));
   }
-TEST_CASE("a stopped worker (SIGSTOP) is reported, then fails every other worker between half "
-          "and twice the timeout") {
+}
+
+TEST_CASE(
+    "a stopped worker (SIGSTOP) is reported, then fails every other worker between half "
+    "and twice the timeout") {
   TemporaryDirectory directory("cohort-multi-worker-stop");
   const std::string port = std::to_string(cohort::testing::free_port());
   std::vector<std::unique_ptr<Process>> workers;
