@@ -254,11 +254,11 @@ TEST_CASE(
   TemporaryDirectory directory("cohort-multi-worker-stop");
   const std::string port = std::to_string(cohort::testing::free_port());
   std::vector<std::unique_ptr<Process>> workers;
-  for (int rank = 0; rank < 3; ++rank) {
+  for (int rank = 0; rank < 2; ++rank) {
     workers.push_back(std::make_unique<Process>(
         std::vector<std::string>{COHORT_TRAINER, "1", "1000000", directory.path / "never.bin"},
         std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
-                                           {"COHORT_WORLD_SIZE", "3"},
+                                           {"COHORT_WORLD_SIZE", "2"},
                                            {"COHORT_MASTER_ADDR", "127.0.0.1"},
                                            {"COHORT_MASTER_PORT", port},
                                            {"COHORT_JOB_ID", "stop-test"}},
@@ -268,9 +268,8 @@ TEST_CASE(
   for (const auto& worker : workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
   workers[1]->kill(SIGSTOP);
   const auto stopped = std::chrono::steady_clock::now();
-  for (int rank : {0, 2}) {
-    CAPTURE(rank);
-    const auto exit = workers[static_cast<std::size_t>(rank)]->wait(40s);
+  {
+    const auto exit = workers[0]->wait(40s);
     REQUIRE(exit.has_value());
     const auto after = std::chrono::steady_clock::now() - stopped;
     CHECK(exit->exited);
@@ -283,6 +282,7 @@ TEST_CASE(
   // The warning at a quarter of the timeout, then the error, both naming the stopped rank.
   CHECK(log.find("cohort: rank 0: no progress for ") != std::string::npos);
   CHECK(log.find("waiting for: receive from rank 1") != std::string::npos);
-  CHECK(log.find("rank 0: no progress within 10000 ms") != std::string::npos);
+  CHECK(log.find("rank 0: all_reduce(") != std::string::npos);
+  CHECK(log.find("failed: no progress within 10000 ms during sequence") != std::string::npos);
   workers[1]->kill(SIGKILL);
 }
