@@ -2,11 +2,16 @@
 // by mpirun, and by hand for the fault tests.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <cohort/strategy/multi_worker_mirrored.hpp>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <span>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "processes.hpp"
@@ -68,9 +73,9 @@ TEST_CASE(
 TEST_CASE("3 workers x 1 replica and Mirrored 3 give bit-identical parameters") {
   TemporaryDirectory directory("cohort-multi-worker");
   const fs::path out = directory.path / "parameters.bin";
-  const auto [exit, output] = run(
-      {COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, "1", "30", out, "--micro-batches", "3"},
-      directory.path / "log.txt");
+  const auto [exit, output] =
+      run({COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, "1", "30", out, "--micro-batches", "3"},
+          directory.path / "log.txt");
   CAPTURE(output);
   REQUIRE(exit.exited);
   REQUIRE(exit.code == 0);
@@ -246,16 +251,19 @@ TEST_CASE(
     }
     CHECK_FALSE(fs::exists(directory.path / "parameters-0"));
   }
-TEST_CASE("a stopped worker (SIGSTOP) is reported, then fails every other worker between half "
-          "and twice the timeout") {
+}
+
+TEST_CASE(
+    "a stopped worker (SIGSTOP) is reported, then fails every other worker between half "
+    "and twice the timeout") {
   TemporaryDirectory directory("cohort-multi-worker-stop");
   const std::string port = std::to_string(cohort::testing::free_port());
   std::vector<std::unique_ptr<Process>> workers;
-  for (int rank = 0; rank < 3; ++rank) {
+  for (int rank = 0; rank < 2; ++rank) {
     workers.push_back(std::make_unique<Process>(
         std::vector<std::string>{COHORT_TRAINER, "1", "1000000", directory.path / "never.bin"},
         std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
-                                           {"COHORT_WORLD_SIZE", "3"},
+                                           {"COHORT_WORLD_SIZE", "2"},
                                            {"COHORT_MASTER_ADDR", "127.0.0.1"},
                                            {"COHORT_MASTER_PORT", port},
                                            {"COHORT_JOB_ID", "stop-test"}},
@@ -265,9 +273,8 @@ TEST_CASE("a stopped worker (SIGSTOP) is reported, then fails every other worker
   for (const auto& worker : workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
   workers[1]->kill(SIGSTOP);
   const auto stopped = std::chrono::steady_clock::now();
-  for (int rank : {0, 2}) {
-    CAPTURE(rank);
-    const auto exit = workers[static_cast<std::size_t>(rank)]->wait(40s);
+  {
+    const auto exit = workers[0]->wait(40s);
     REQUIRE(exit.has_value());
     const auto after = std::chrono::steady_clock::now() - stopped;
     CHECK(exit->exited);
@@ -280,6 +287,65 @@ TEST_CASE("a stopped worker (SIGSTOP) is reported, then fails every other worker
   // The warning at a quarter of the timeout, then the error, both naming the stopped rank.
   CHECK(log.find("cohort: rank 0: no progress for ") != std::string::npos);
   CHECK(log.find("waiting for: receive from rank 1") != std::string::npos);
-  CHECK(log.find("rank 0: no progress within 10000 ms") != std::string::npos);
+  CHECK(log.find("rank 0: all_reduce(") != std::string::npos);
+  CHECK(log.find("failed: no progress within 10000 ms during sequence") != std::string::npos);
   workers[1]->kill(SIGKILL);
+}
+
+namespace {
+
+// A transport standing in for Tcp, as a shaped or emulated one would: the same, and it counts
+// the payload bytes it sends.
+class CountingTcp : public cohort::transport::tcp::Tcp {
+ public:
+  explicit CountingTcp(cohort::transport::tcp::Options options) : Tcp(std::move(options)) {}
+  using Tcp::transfer;
+  void transfer(std::span<const cohort::transport::Send> sends,
+                std::span<const cohort::transport::Receive> receives) {
+    for (const auto& send : sends) sent += send.payload.size();
+    Tcp::transfer(sends, receives);
+  }
+  static inline std::atomic<std::size_t> sent{0};
+};
+
+}  // namespace
+
+TEST_CASE("a transport of the user's standing in for TCP trains 2 workers to Mirrored's bits") {
+  using Strategy =
+      cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, cohort::collective::Deterministic,
+                                            CountingTcp>;
+  static_assert(cohort::strategy::Strategy<Strategy>);
+  const int port = cohort::testing::free_port();
+  std::vector<std::string> parameters(2), errors(2);
+  std::vector<std::thread> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    workers.emplace_back([&, rank] {
+      try {
+        cohort::Trainer trainer(cohort::testing::small_model(),
+                                Strategy({.cluster = {.rank = rank,
+                                                      .size = 2,
+                                                      .master_address = "127.0.0.1",
+                                                      .master_port = port,
+                                                      .job_id = "counting"},
+                                          .connect_timeout = 30s,
+                                          .timeout = 10s}),
+                                cohort::optimizer::Adam({.learning_rate = 3e-3}),
+                                {.global_batch = 64,
+                                 .micro_batches = 8,
+                                 .seed = 11,
+                                 .progress = cohort::Progress::kSilent});
+        trainer.fit(cohort::testing::small_task_data(), {.steps = 20});
+        parameters[static_cast<std::size_t>(rank)] =
+            cohort::testing::bytes_of(cohort::testing::parameters_of(trainer.model()));
+      } catch (const std::exception& error) {
+        errors[static_cast<std::size_t>(rank)] = error.what();
+      }
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  CHECK(parameters[0] == mirrored_parameters(20, 2));
+  CHECK(parameters[1] == parameters[0]);
+  CHECK(CountingTcp::sent.load() > 0);
 }
