@@ -104,6 +104,7 @@
 #include "cohort/core/progress.hpp"
 #include "cohort/core/readiness.hpp"
 #include "cohort/core/reduction_tree.hpp"
+#include "cohort/core/role.hpp"
 #include "cohort/core/settings.hpp"
 #include "cohort/core/sharding.hpp"
 #include "cohort/core/trace.hpp"
@@ -429,7 +430,7 @@ class Trainer {
   std::pair<std::string, int> trace_identity() const {
     if constexpr (requires { strategy_.cluster(); }) {
       const auto& spec = strategy_.cluster();
-      const bool server = spec.role == "ps";
+      const bool server = spec.role == Role::kParameterServer;
       // Servers' tracks after every worker's in a merged timeline.
       constexpr int kFirstServerTrack = 1 << 16;
       return {(server ? "ps " : "worker ") + std::to_string(spec.rank),

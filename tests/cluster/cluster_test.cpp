@@ -55,7 +55,7 @@ TEST_CASE("no source at all means a single process, rank 0 of 1") {
   CHECK(spec.size == 1);
   CHECK(spec.local_rank == 0);
   CHECK(spec.local_size == 1);
-  CHECK(spec.role == "worker");
+  CHECK(spec.role == cohort::Role::kWorker);
   CHECK(spec.master_address == "127.0.0.1");
   CHECK(spec.master_port == kDefaultMasterPort);
   CHECK(spec.job_id.empty());
@@ -173,7 +173,7 @@ TEST_CASE("TF_CONFIG maps chief to rank 0, workers after it, and ps tasks to the
   const Spec chief = spec_of("chief", 0);
   CHECK(chief.rank == 0);
   CHECK(chief.size == 4);
-  CHECK(chief.role == "chief");
+  CHECK(chief.role == cohort::Role::kChief);
   CHECK(chief.task_index == 0);
   CHECK(chief.workers == workers);
   CHECK(chief.parameter_servers == Tasks{"ps0:2222", "ps1:2222"});
@@ -186,7 +186,7 @@ TEST_CASE("TF_CONFIG maps chief to rank 0, workers after it, and ps tasks to the
     const Spec worker = spec_of("worker", index);
     CHECK(worker.rank == index + 1);
     CHECK(worker.size == 4);
-    CHECK(worker.role == "worker");
+    CHECK(worker.role == cohort::Role::kWorker);
     CHECK(worker.task_index == index);
     CHECK(worker.local_rank == 0);  // one task per host
     CHECK(worker.local_size == 1);
@@ -198,7 +198,7 @@ TEST_CASE("TF_CONFIG maps chief to rank 0, workers after it, and ps tasks to the
   const Spec ps = spec_of("ps", 1);
   CHECK(ps.rank == 1);
   CHECK(ps.size == 2);
-  CHECK(ps.role == "ps");
+  CHECK(ps.role == cohort::Role::kParameterServer);
   CHECK(ps.task_index == 1);
   CHECK(ps.master_address == "chief0");
   CHECK(describe(ps) ==
@@ -219,7 +219,7 @@ TEST_CASE("TF_CONFIG without a chief makes worker 0 the master; tasks on one hos
 
   const Spec evaluator = resolve_from(
       {{"TF_CONFIG", R"({"cluster": {"worker": ["w:1"]}, "task": {"type": "evaluator"}})"}});
-  CHECK(evaluator.role == "evaluator");
+  CHECK(evaluator.role == cohort::Role::kEvaluator);
   CHECK(evaluator.rank == 0);
   CHECK(evaluator.size == 1);
 }

@@ -2,11 +2,16 @@
 // by mpirun, and by hand for the fault tests.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <cohort/strategy/multi_worker_mirrored.hpp>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <span>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "processes.hpp"
@@ -285,4 +290,62 @@ TEST_CASE(
   CHECK(log.find("rank 0: all_reduce(") != std::string::npos);
   CHECK(log.find("failed: no progress within 10000 ms during sequence") != std::string::npos);
   workers[1]->kill(SIGKILL);
+}
+
+namespace {
+
+// A transport standing in for Tcp, as a shaped or emulated one would: the same, and it counts
+// the payload bytes it sends.
+class CountingTcp : public cohort::transport::tcp::Tcp {
+ public:
+  explicit CountingTcp(cohort::transport::tcp::Options options) : Tcp(std::move(options)) {}
+  using Tcp::transfer;
+  void transfer(std::span<const cohort::transport::Send> sends,
+                std::span<const cohort::transport::Receive> receives) {
+    for (const auto& send : sends) sent += send.payload.size();
+    Tcp::transfer(sends, receives);
+  }
+  static inline std::atomic<std::size_t> sent{0};
+};
+
+}  // namespace
+
+TEST_CASE("a transport of the user's standing in for TCP trains 2 workers to Mirrored's bits") {
+  using Strategy =
+      cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, cohort::collective::Deterministic,
+                                            CountingTcp>;
+  static_assert(cohort::strategy::Strategy<Strategy>);
+  const int port = cohort::testing::free_port();
+  std::vector<std::string> parameters(2), errors(2);
+  std::vector<std::thread> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    workers.emplace_back([&, rank] {
+      try {
+        cohort::Trainer trainer(cohort::testing::small_model(),
+                                Strategy({.cluster = {.rank = rank,
+                                                      .size = 2,
+                                                      .master_address = "127.0.0.1",
+                                                      .master_port = port,
+                                                      .job_id = "counting"},
+                                          .connect_timeout = 30s,
+                                          .timeout = 10s}),
+                                cohort::optimizer::Adam({.learning_rate = 3e-3}),
+                                {.global_batch = 64,
+                                 .micro_batches = 8,
+                                 .seed = 11,
+                                 .progress = cohort::Progress::kSilent});
+        trainer.fit(cohort::testing::small_task_data(), {.steps = 20});
+        parameters[static_cast<std::size_t>(rank)] =
+            cohort::testing::bytes_of(cohort::testing::parameters_of(trainer.model()));
+      } catch (const std::exception& error) {
+        errors[static_cast<std::size_t>(rank)] = error.what();
+      }
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  CHECK(parameters[0] == mirrored_parameters(20, 2));
+  CHECK(parameters[1] == parameters[0]);
+  CHECK(CountingTcp::sent.load() > 0);
 }

@@ -326,7 +326,7 @@ inline int run_ps(const Settings& s, const Context& context) {
   }
   const int workers = cluster::worker_count(spec);
   const int servers = cluster::parameter_server_count(spec);
-  if (servers <= 0 || (spec.role != "ps" && spec.role != "worker" && spec.role != "chief")) {
+  if (servers <= 0 || (spec.role == Role::kEvaluator)) {
     throw ConfigError(
         "the ps backend needs a parameter-server job, but this process was started as " +
         cluster::describe(spec) +
@@ -344,7 +344,7 @@ inline int run_ps(const Settings& s, const Context& context) {
                       "launcher");
   }
   const Watchdog watchdog(launched_by_self() ? 0 : s.timeout_s);
-  const bool server = spec.role == "ps";
+  const bool server = spec.role == Role::kParameterServer;
   transport::tcp::Tcp tcp(
       tcp_options(s, spec, server ? workers + spec.rank : spec.rank, workers + servers));
   if (server) {

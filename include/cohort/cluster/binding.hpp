@@ -107,12 +107,12 @@ inline bool names_loopback(std::string_view host) {
 
 // The own entry of a TF_CONFIG cluster ("host", "TF_CONFIG worker[1]"), if the spec lists one.
 inline std::optional<std::pair<std::string, std::string>> listed_own_host(const Spec& spec) {
-  const bool serves = spec.role == "ps";
+  const bool serves = spec.role == Role::kParameterServer;
   const auto& list = serves ? spec.parameter_servers : spec.workers;
   const auto index = static_cast<std::size_t>(spec.rank);
-  if (spec.role == "evaluator" || index >= list.size()) return std::nullopt;
-  const std::string name =
-      spec.source + " " + spec.role + "[" + std::to_string(spec.task_index) + "]";
+  if (spec.role == Role::kEvaluator || index >= list.size()) return std::nullopt;
+  const std::string name = spec.source + " " + std::string(role_name(spec.role)) + "[" +
+                           std::to_string(spec.task_index) + "]";
   return std::pair{parse_host_port(name, list[index]).host, name};
 }
 

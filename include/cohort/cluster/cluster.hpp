@@ -62,6 +62,7 @@
 #include "cohort/cluster/slurm.hpp"
 #include "cohort/cluster/tf_config.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/role.hpp"
 
 namespace cohort::cluster {
 
@@ -76,8 +77,8 @@ struct Spec {
   // file) until a strategy learns it at the rendezvous: the ranks of a role that share an own
   // address share a host (strategy/detail/tcp_options.hpp, learn_local_ranks).
   bool local_given = true;
-  std::string role = "worker";  // "worker", "chief", "ps" or "evaluator"
-  int task_index = 0;           // index within its TF_CONFIG task type; else rank
+  Role role = Role::kWorker;
+  int task_index = 0;  // index within its TF_CONFIG task type; else rank
   // "host:port" of every rank, where the source lists them (TF_CONFIG): workers[r] is rank r
   // (the chief first), parameter_servers[i] is ps task i.
   std::vector<std::string> workers;
@@ -259,10 +260,11 @@ inline std::optional<Reading> read_cohort(const Reader& reader) {
   Reading reading = make_reading(source::kCohort, names, *world, local, *world);
   // The roles of a parameter-server job (environment.hpp, variable::kRole).
   if (const auto role = reader.get(variable::kRole)) {
-    if (*role != "worker" && *role != "chief" && *role != "ps") {
+    const std::optional<Role> named = role_named(*role);
+    if (!named || named == Role::kEvaluator) {
       reject_text(variable::kRole, *role, "must be \"worker\", \"chief\" or \"ps\"");
     }
-    reading.spec.role = *role;
+    reading.spec.role = *named;
   }
   const auto count = [&](std::string_view name) {
     const auto value = reader.integer(name);
@@ -271,7 +273,7 @@ inline std::optional<Reading> read_cohort(const Reader& reader) {
   };
   reading.spec.ps_count = count(variable::kPsCount);
   reading.spec.worker_count = count(variable::kWorkerCount);
-  if (reading.spec.role == "ps") {
+  if (reading.spec.role == Role::kParameterServer) {
     reading.spec.ps_count = reading.spec.size;
     if (reading.spec.worker_count == 0) {
       reject_text(variable::kWorkerCount, "", "must be set (> 0) for COHORT_ROLE = \"ps\"");
@@ -308,7 +310,7 @@ inline std::optional<Reading> read_tf_config(const Reader& reader) {
   Reading reading;
   Spec& spec = reading.spec;
   spec.source = std::string(source::kTfConfig);
-  spec.role = config.task_type;
+  spec.role = *role_named(config.task_type);  // parse_tf_config knows only these names
   spec.task_index = config.task_index;
   spec.workers = config.chief;
   spec.workers.insert(spec.workers.end(), config.worker.begin(), config.worker.end());
@@ -513,7 +515,7 @@ inline int parameter_server_count(const Spec& spec) {
 inline int worker_count(const Spec& spec) {
   if (!spec.workers.empty()) return static_cast<int>(spec.workers.size());
   if (spec.worker_count > 0) return spec.worker_count;
-  return spec.role == "ps" ? 0 : spec.size;
+  return spec.role == Role::kParameterServer ? 0 : spec.size;
 }
 
 // One line for the log: "rank 1 of 4 (local 1 of 4), role worker, master 127.0.0.1:29500,
@@ -523,7 +525,7 @@ inline std::string describe(const Spec& spec) {
                                                    std::to_string(spec.local_size)
                                              : std::string("local from the rendezvous");
   std::string line = "rank " + std::to_string(spec.rank) + " of " + std::to_string(spec.size) +
-                     " (" + local + "), role " + spec.role + ", master " +
+                     " (" + local + "), role " + std::string(role_name(spec.role)) + ", master " +
                      format_host_port(spec.master_address, spec.master_port) + ", ";
   line += spec.job_id.empty() ? std::string("no job id") : "job '" + spec.job_id + "'";
   line += ", from " + spec.source;

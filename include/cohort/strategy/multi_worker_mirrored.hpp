@@ -13,9 +13,10 @@
 //   cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda> gpus({});
 //       // GPUs, one or several per process: strategy/multi_worker_mirrored_cuda.hpp (cohort::cuda)
 //
-// Template arguments: the device of the replicas (device::Cpu here), and the collective between
+// Template arguments: the device of the replicas (device::Cpu here), the collective between
 // processes (collective::Deterministic, the default, or collective::Ring: faster on many hosts,
-// its own bits).
+// its own bits), and the transport under it (transport::tcp::Tcp, the default; any
+// ProcessTransport, such as a shaped or emulated one, can stand in: detail/worker_process.hpp).
 //
 // Who is who comes from the launcher (cluster/cluster.hpp: explicit options, COHORT_*,
 // TF_CONFIG, torchrun, Open MPI, Slurm; docs/launching.md). Construction does the rendezvous: it
@@ -58,6 +59,7 @@
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/detail/tcp_options.hpp"
+#include "cohort/strategy/detail/worker_process.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
@@ -71,7 +73,8 @@ namespace cohort::strategy {
 // Host replicas. MultiWorkerMirrored<device::Cuda, ...> is a specialization of its own
 // (strategy/multi_worker_mirrored_cuda.hpp).
 template <device::Device D = device::Cpu,
-          template <class> class CrossCollective = collective::Deterministic>
+          template <class> class CrossCollective = collective::Deterministic,
+          ProcessTransport Transport = transport::tcp::Tcp>
 class MultiWorkerMirrored {
   static_assert(!std::same_as<D, device::Cuda>,
                 "cohort: MultiWorkerMirrored<device::Cuda> (replicas on GPUs) is defined in "
@@ -82,7 +85,7 @@ class MultiWorkerMirrored {
 
  public:
   static constexpr std::string_view kName = "multi_worker_mirrored";
-  using Cross = CrossCollective<transport::tcp::Tcp>;
+  using Cross = CrossCollective<Transport>;
   using Communicator = collective::Hierarchical<collective::LocalCommunicator, Cross>;
   static_assert(collective::Communicator<Communicator>);
 
@@ -98,52 +101,46 @@ class MultiWorkerMirrored {
   };
 
   explicit MultiWorkerMirrored(Options options)
-      : options_(detail::with_environment(std::move(options))),
-        spec_(cluster::resolve(options_.cluster)) {
-    detail::require_local_replicas(options_.local_replicas);
-    options::require_positive("bucket_bytes", options_.bucket_bytes);
-    if (spec_.role != "worker" && spec_.role != "chief") {
-      options::reject("role", spec_.role,
-                      "MultiWorkerMirrored runs workers and a chief only (" + spec_.source + ")");
-    }
-    const detail::TcpSetup tcp = detail::tcp_setup(spec_, spec_.rank, spec_.size, options_);
-    detail::announce(cluster::describe(spec_), tcp);
-    cross_ = std::make_unique<Cross>(transport::tcp::Tcp(tcp.options));
-    spec_ = detail::learn_local_ranks(*cross_, spec_, tcp.binding, spec_.rank, 0);
+      : process_(std::move(options), {Role::kWorker, Role::kChief}, "MultiWorkerMirrored") {
+    detail::require_local_replicas(this->options().local_replicas);
+    options::require_positive("bucket_bytes", this->options().bucket_bytes);
+    const cluster::Spec& spec = process_.spec();
+    cross_ = std::make_unique<Cross>(
+        process_.template connect<Transport>(spec.rank, spec.size, cluster::describe(spec)));
+    process_.learn_local_ranks(*cross_, spec.rank, 0);
   }
 
   std::size_t replicas() const {
-    return static_cast<std::size_t>(spec_.size) * options_.local_replicas;
+    return static_cast<std::size_t>(cluster().size) * local_replicas();
   }
-  std::size_t local_replicas() const { return options_.local_replicas; }
+  std::size_t local_replicas() const { return options().local_replicas; }
   std::size_t first_local_replica() const {
-    return static_cast<std::size_t>(spec_.rank) * options_.local_replicas;
+    return static_cast<std::size_t>(cluster().rank) * local_replicas();
   }
-  bool is_chief() const { return spec_.rank == 0; }
-  const cluster::Spec& cluster() const { return spec_; }
-  const Options& options() const { return options_; }
+  bool is_chief() const { return cluster().rank == 0; }
+  const cluster::Spec& cluster() const { return process_.spec(); }
+  const Options& options() const { return process_.options(); }
 
   using Replica = detail::MirroredReplica<Communicator>;
 
   template <class Body>
   void run(Body&& body) {
     collective::Local local(
-        {.ranks = static_cast<int>(options_.local_replicas), .timeout = options_.timeout});
+        {.ranks = static_cast<int>(local_replicas()), .timeout = options().timeout});
     collective::CommunicationThread thread;
     detail::run_replica_threads(
-        options_.local_replicas,
+        local_replicas(),
         [&](std::size_t local_index) {
           return Replica(first_local_replica() + local_index,
                          Communicator(local.communicator(static_cast<int>(local_index)), *cross_,
-                                      thread, options_.bucket_bytes),
-                         {}, options_.bucket_bytes);
+                                      thread, options().bucket_bytes),
+                         {}, options().bucket_bytes);
         },
         body);
   }
 
  private:
-  Options options_;
-  cluster::Spec spec_;
+  detail::WorkerProcess<Options> process_;
   std::unique_ptr<Cross> cross_;
 };
 

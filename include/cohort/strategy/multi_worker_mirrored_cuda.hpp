@@ -57,19 +57,19 @@
 #include "cohort/strategy/detail/local_gpu_cuda.hpp"
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
-#include "cohort/strategy/detail/tcp_options.hpp"
+#include "cohort/strategy/detail/worker_process.hpp"
 #include "cohort/strategy/multi_worker_mirrored.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
 namespace cohort::strategy {
 
-template <template <class> class CrossCollective>
-class MultiWorkerMirrored<device::Cuda, CrossCollective> {
+template <template <class> class CrossCollective, ProcessTransport Transport>
+class MultiWorkerMirrored<device::Cuda, CrossCollective, Transport> {
  public:
   static constexpr std::string_view kName = "multi_worker_mirrored";
   using Device = device::Cuda;
-  using Cross = CrossCollective<transport::tcp::Tcp>;
+  using Cross = CrossCollective<Transport>;
   using Communicator = collective::NcclCommunicator;
   using Replica = detail::MirroredReplica<Communicator, device::Cuda>;
 
@@ -84,31 +84,32 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
   };
 
   explicit MultiWorkerMirrored(Options options)
-      : options_(detail::with_environment(std::move(options))),
-        spec_(cluster::resolve(options_.cluster)) {
-    check(options_, spec_);
+      : process_(std::move(options), {Role::kWorker, Role::kChief}, "MultiWorkerMirrored") {
+    check(this->options(), cluster());
     // The GPUs before the rendezvous where the launcher gives the local rank, so that a process
     // without them fails at once; where it gives none, the rendezvous does, and they come after.
-    if (spec_.local_given) make_streams();
-    const detail::TcpSetup tcp = detail::tcp_setup(spec_, spec_.rank, spec_.size, options_);
-    detail::announce(cluster::describe(spec_) + (streams_.empty() ? "" : ", " + gpus()), tcp);
-    cross_ = std::make_unique<Cross>(transport::tcp::Tcp(tcp.options));
-    spec_ = detail::learn_local_ranks(*cross_, spec_, tcp.binding, spec_.rank, 0);
+    if (cluster().local_given) make_streams();
+    const cluster::Spec& spec = cluster();
+    cross_ = std::make_unique<Cross>(process_.template connect<Transport>(
+        spec.rank, spec.size, cluster::describe(spec) + (streams_.empty() ? "" : ", " + gpus())));
+    process_.learn_local_ranks(*cross_, spec.rank, 0);
     if (streams_.empty()) {
       make_streams();
-      std::fprintf(stderr, "cohort: rank %d drives %s\n", spec_.rank, gpus().c_str());
+      std::fprintf(stderr, "cohort: rank %d drives %s\n", cluster().rank, gpus().c_str());
     }
     require_same_local_replicas();
   }
 
-  std::size_t replicas() const { return static_cast<std::size_t>(spec_.size) * local_replicas(); }
+  std::size_t replicas() const {
+    return static_cast<std::size_t>(cluster().size) * local_replicas();
+  }
   std::size_t local_replicas() const { return streams_.size(); }
   std::size_t first_local_replica() const {
-    return static_cast<std::size_t>(spec_.rank) * local_replicas();
+    return static_cast<std::size_t>(cluster().rank) * local_replicas();
   }
-  bool is_chief() const { return spec_.rank == 0; }
-  const cluster::Spec& cluster() const { return spec_; }
-  const Options& options() const { return options_; }
+  bool is_chief() const { return cluster().rank == 0; }
+  const cluster::Spec& cluster() const { return process_.spec(); }
+  const Options& options() const { return process_.options(); }
 
   // Local replica local_index's GPU and stream.
   device::cuda::Place place(std::size_t local_index) const {
@@ -133,8 +134,8 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
                            Communicator(id, static_cast<int>(index), static_cast<int>(replicas()),
                                         {.device = where.device,
                                          .stream = where.stream,
-                                         .timeout = options_.timeout,
-                                         .setup_timeout = options_.connect_timeout,
+                                         .timeout = options().timeout,
+                                         .setup_timeout = options().connect_timeout,
                                          .deterministic = true,
                                          .group = failure}),
                            where);
@@ -153,10 +154,6 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
   static void check(const Options& given, const cluster::Spec& spec) {
     options::require_positive("timeout", given.timeout.count());
     options::require_positive("local_replicas", given.local_replicas);
-    if (spec.role != "worker" && spec.role != "chief") {
-      options::reject("role", spec.role,
-                      "MultiWorkerMirrored runs workers and a chief only (" + spec.source + ")");
-    }
     const std::size_t total = static_cast<std::size_t>(spec.size) * given.local_replicas;
     if (total > cuda::kMaxTreeInputs) {
       options::reject("local_replicas", given.local_replicas,
@@ -169,9 +166,9 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
   // This process's GPUs (from its local rank; a ConfigError naming local_rank where one is
   // missing) and a stream on each.
   void make_streams() {
-    const int count = static_cast<int>(options_.local_replicas);
-    const int first = detail::local_gpu(spec_, "MultiWorkerMirrored<device::Cuda>", count);
-    for (int gpu = first; gpu < first + count; ++gpu) streams_.emplace_back(gpu, options_.timeout);
+    const int count = static_cast<int>(options().local_replicas);
+    const int first = detail::local_gpu(cluster(), "MultiWorkerMirrored<device::Cuda>", count);
+    for (int gpu = first; gpu < first + count; ++gpu) streams_.emplace_back(gpu, options().timeout);
   }
 
   std::string gpus() const {
@@ -186,7 +183,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
   // its set-up for ranks that never come.
   void require_same_local_replicas() {
     const auto mine = static_cast<std::int64_t>(local_replicas());
-    std::vector<std::int64_t> all(static_cast<std::size_t>(spec_.size));
+    std::vector<std::int64_t> all(static_cast<std::size_t>(cluster().size));
     cross_->all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
     for (std::size_t rank = 0; rank < all.size(); ++rank) {
       if (all[rank] != mine) {
@@ -197,8 +194,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective> {
     }
   }
 
-  Options options_;
-  cluster::Spec spec_;
+  detail::WorkerProcess<Options> process_;
   std::vector<device::cuda::Stream> streams_;  // local replica i's, on GPU first + i
   std::unique_ptr<Cross> cross_;
 };

@@ -120,7 +120,7 @@
 #include "cohort/strategy/detail/gradient_buckets.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/detail/staged_communicator.hpp"
-#include "cohort/strategy/detail/tcp_options.hpp"
+#include "cohort/strategy/detail/worker_process.hpp"
 #include "cohort/strategy/parameter_server/client.hpp"
 #include "cohort/strategy/parameter_server/communicators.hpp"
 #include "cohort/strategy/parameter_server/protocol.hpp"
@@ -151,7 +151,8 @@ class WorkerPlace<device::Cpu> {
 };
 }  // namespace detail::ps
 
-template <class C = consistency::Sync, device::Device D = device::Cpu>
+template <class C = consistency::Sync, device::Device D = device::Cpu,
+          ProcessTransport Transport_ = transport::tcp::Tcp>
 class ParameterServer {
   static_assert(consistency::Consistency<C>,
                 "cohort: ParameterServer takes a consistency model: consistency::Sync, "
@@ -161,7 +162,10 @@ class ParameterServer {
  public:
   static constexpr std::string_view kName = "parameter_server";
   static constexpr std::uint64_t kStaleness = C::kStaleness;
-  using Transport = transport::tcp::Tcp;
+  using Transport = Transport_;
+  static_assert(transport::Serving<Transport>,
+                "cohort: ParameterServer's servers take requests in arrival order: its transport "
+                "must model transport::Serving (wait_any), as transport::tcp::Tcp does.");
   // Sync: over every replica of every worker, in the canonical tree (the workers' local replicas
   // first, as MultiWorkerMirrored). Otherwise a worker never waits for the others.
   using Cross = collective::Deterministic<ps::WorkerView<Transport>>;
@@ -192,59 +196,54 @@ class ParameterServer {
   };
 
   explicit ParameterServer(Options options)
-      : options_(detail::with_environment(std::move(options))),
-        spec_(cluster::resolve(options_.cluster)) {
-    workers_ = cluster::worker_count(spec_);
-    servers_ = cluster::parameter_server_count(spec_);
-    if (spec_.role != "ps" && spec_.role != "worker" && spec_.role != "chief") {
-      options::reject("role", spec_.role,
-                      "ParameterServer runs ps, worker and chief tasks (" + spec_.source + ")");
-    }
+      : process_(std::move(options), {Role::kWorker, Role::kChief, Role::kParameterServer},
+                 "ParameterServer") {
+    workers_ = cluster::worker_count(cluster());
+    servers_ = cluster::parameter_server_count(cluster());
     if (servers_ <= 0) {
       options::reject("parameter servers", servers_,
                       "a ParameterServer job needs at least one ps task (TF_CONFIG \"ps\", or "
                       "COHORT_PS_COUNT; cohort-run --ps N) (" +
-                          spec_.source + ")");
+                          cluster().source + ")");
     }
     if (workers_ <= 0) {
       options::reject("workers", workers_, "a ParameterServer job needs at least one worker");
     }
-    detail::require_local_replicas(options_.local_replicas);
-    if (!kOnHost && options_.local_replicas != 1) {
-      options::reject("local_replicas", options_.local_replicas,
+    detail::require_local_replicas(this->options().local_replicas);
+    if (!kOnHost && this->options().local_replicas != 1) {
+      options::reject("local_replicas", this->options().local_replicas,
                       "must be 1 for replicas on a device: a worker process drives the one GPU "
                       "at its local_rank");
     }
-    options::require_positive("chunk_bytes", options_.chunk_bytes);
-    options::require_positive("alignment", options_.alignment);
-    if (kStaleness != 0 && options_.backup_workers != 0) {
-      options::reject("backup_workers", options_.backup_workers,
+    options::require_positive("chunk_bytes", this->options().chunk_bytes);
+    options::require_positive("alignment", this->options().alignment);
+    if (kStaleness != 0 && this->options().backup_workers != 0) {
+      options::reject("backup_workers", this->options().backup_workers,
                       "applies to consistency::Sync only (the others never wait for a step)");
     }
-    if (options_.backup_workers >= static_cast<std::size_t>(workers_)) {
-      options::reject("backup_workers", options_.backup_workers,
+    if (this->options().backup_workers >= static_cast<std::size_t>(workers_)) {
+      options::reject("backup_workers", this->options().backup_workers,
                       "must be less than the " + std::to_string(workers_) + " workers");
     }
     // A worker's device first: a process without its GPU fails before the rendezvous.
     // (Where the launcher gives no local rank, the rendezvous does: the device comes after it.)
-    if (!serves() && spec_.local_given) worker_place_.emplace(spec_, options_.timeout);
-    const int rank = serves() ? workers_ + spec_.rank : spec_.rank;
-    detail::TcpSetup tcp = detail::tcp_setup(spec_, rank, workers_ + servers_, options_);
+    if (!serves() && cluster().local_given)
+      worker_place_.emplace(cluster(), this->options().timeout);
+    const int rank = serves() ? workers_ + cluster().rank : cluster().rank;
     // A worker waits longer than a server waits on a silent worker, so that the server, which
     // knows who stalled, speaks first (parameter_server/server.hpp).
-    if (!serves()) tcp.options.operation_timeout = worker_transfer_timeout(options_.timeout);
-    detail::announce(cluster::describe(spec_) +
-                         "; parameter server job: " + std::to_string(servers_) + " server(s), " +
-                         std::to_string(workers_) + " worker(s), " + std::string(C::kName) +
-                         ", rank " + std::to_string(rank) + " of the mesh",
-                     tcp);
-    transport_ = std::make_unique<Transport>(tcp.options);
+    transport_ = std::make_unique<Transport>(process_.template connect<Transport>(
+        rank, workers_ + servers_,
+        cluster::describe(cluster()) + "; parameter server job: " + std::to_string(servers_) +
+            " server(s), " + std::to_string(workers_) + " worker(s), " + std::string(C::kName) +
+            ", rank " + std::to_string(rank) + " of the mesh",
+        serves() ? std::nullopt : std::optional(worker_transfer_timeout(this->options().timeout))));
     {
       collective::Deterministic<ps::WorkerView<Transport>> everyone(
           ps::WorkerView<Transport>(*transport_, workers_ + servers_));
-      spec_ = detail::learn_local_ranks(everyone, spec_, tcp.binding, rank, serves() ? 1 : 0);
+      process_.learn_local_ranks(everyone, rank, serves() ? 1 : 0);
     }
-    if (!serves() && !worker_place_) worker_place_.emplace(spec_, options_.timeout);
+    if (!serves() && !worker_place_) worker_place_.emplace(cluster(), this->options().timeout);
     if (serves()) transport_->isolate_peer_failures();
   }
 
@@ -255,30 +254,30 @@ class ParameterServer {
   }
 
   std::size_t replicas() const {
-    return static_cast<std::size_t>(workers_) * options_.local_replicas;
+    return static_cast<std::size_t>(workers_) * options().local_replicas;
   }
   // A server runs no replica (Trainer builds no model there; the server needs no device).
-  std::size_t local_replicas() const { return serves() ? 0 : options_.local_replicas; }
+  std::size_t local_replicas() const { return serves() ? 0 : options().local_replicas; }
   std::size_t first_local_replica() const {
-    return serves() ? 0 : static_cast<std::size_t>(spec_.rank) * options_.local_replicas;
+    return serves() ? 0 : static_cast<std::size_t>(cluster().rank) * options().local_replicas;
   }
   // This process's worker index (its mesh rank); meaningless on a server.
-  int worker() const { return spec_.rank; }
+  int worker() const { return cluster().rank; }
   // Where this worker's replicas live (a worker's GPU and stream for device::Cuda).
   typename D::Place place(std::size_t /*local_index*/) const { return worker_place_->place(); }
-  bool is_chief() const { return !serves() && spec_.rank == 0; }
+  bool is_chief() const { return !serves() && cluster().rank == 0; }
   // Whether this process is a server: Trainer::fit then calls serve() instead of training.
-  bool serves() const { return spec_.role == "ps"; }
+  bool serves() const { return cluster().role == Role::kParameterServer; }
   int servers() const { return servers_; }
   int workers() const { return workers_; }
-  const cluster::Spec& cluster() const { return spec_; }
-  const Options& options() const { return options_; }
+  const cluster::Spec& cluster() const { return process_.spec(); }
+  const Options& options() const { return process_.options(); }
   Transport& transport() { return *transport_; }
 
   // The layout of `elements` parameters of `element_bytes` each (parameter_server/protocol.hpp).
   ps::Layout layout(std::size_t elements, std::size_t element_bytes) const {
     return ps::Layout(elements, element_bytes, servers_,
-                      {options_.min_shard_bytes, options_.alignment, options_.chunk_bytes});
+                      {options().min_shard_bytes, options().alignment, options().chunk_bytes});
   }
 
   // On a server: serves one fit (its shard of the layout of `elements` parameters) and returns
@@ -289,19 +288,19 @@ class ParameterServer {
     check_optimizer<T>(optimizer);
     const ps::Layout shards = layout(elements, sizeof(T));
     ps::Server<Transport, T, O, C> server(*transport_, shards,
-                                          {.server = spec_.rank,
+                                          {.server = cluster().rank,
                                            .workers = workers_,
-                                           .backup_workers = options_.backup_workers,
-                                           .worker_timeout = options_.timeout,
-                                           .log_pushes = options_.log_pushes},
+                                           .backup_workers = options().backup_workers,
+                                           .worker_timeout = options().timeout,
+                                           .log_pushes = options().log_pushes},
                                           optimizer);
     const ps::ServerCounts counts = server.serve();
     held_ = server.shard();
-    std::string line = "cohort: parameter server " + std::to_string(spec_.rank) + " (" +
+    std::string line = "cohort: parameter server " + std::to_string(cluster().rank) + " (" +
                        std::string(C::kName) + ", " +
-                       std::to_string(shards.chunks_of(spec_.rank).size()) +
+                       std::to_string(shards.chunks_of(cluster().rank).size()) +
                        " chunks): pushes applied per worker " + list(counts.applied);
-    if (options_.backup_workers != 0) line += ", dropped per worker " + list(counts.dropped);
+    if (options().backup_workers != 0) line += ", dropped per worker " + list(counts.dropped);
     line += ", workers lost " + std::to_string(counts.lost.size());
     if (kStaleness != 0) {
       line += ", staleness {";
@@ -320,7 +319,7 @@ class ParameterServer {
   template <class T>
   void restored(const checkpoint::TrainingState<T>& state) {
     if (!serves()) return;
-    held_ = ps::shard_of(state, layout(state.parameters.size(), sizeof(T)), spec_.rank);
+    held_ = ps::shard_of(state, layout(state.parameters.size(), sizeof(T)), cluster().rank);
   }
 
   // Trainer::save: a sharded checkpoint (parameter_server/sharded_save.hpp). Every process calls
@@ -334,7 +333,7 @@ class ParameterServer {
             std::size_t elements) const {
     if (serves()) {
       const auto* held = std::get_if<checkpoint::ShardState<T>>(&held_);
-      ps::save_shard(*transport_, spec_.rank, held,
+      ps::save_shard(*transport_, cluster().rank, held,
                      held != nullptr ? ps::holders(layout(held->elements, sizeof(T))) : 0, file);
     } else if (is_chief()) {
       ps::save_manifest(*transport_, workers_, layout(elements, sizeof(T)), file, state);
@@ -626,11 +625,11 @@ class ParameterServer {
   void run(Body&& body) {
     if (serves()) {
       throw ConfigError("ParameterServer::run: this process is parameter server " +
-                        std::to_string(spec_.rank) +
+                        std::to_string(cluster().rank) +
                         "; it serves (Trainer::fit calls serve()) and runs no replica");
     }
-    const collective::Local::Options group{.ranks = static_cast<int>(options_.local_replicas),
-                                           .timeout = options_.timeout};
+    const collective::Local::Options group{.ranks = static_cast<int>(options().local_replicas),
+                                           .timeout = options().timeout};
     // Two groups of the worker's replicas: the Trainer's collectives and the replicas' steps.
     collective::Local trainer_group(group);
     collective::Local step_group(group);
@@ -640,14 +639,14 @@ class ParameterServer {
     std::optional<Cross> cross;
     if constexpr (kStaleness == 0) cross.emplace(ps::WorkerView<Transport>(*transport_, workers_));
     detail::run_replica_threads(
-        options_.local_replicas,
+        options().local_replicas,
         [&](std::size_t local) {
           worker_place_->make_current();  // this thread drives the worker's device from here on
           const int rank = static_cast<int>(local);
           const auto on_host = [&] {
             if constexpr (kStaleness == 0) {
               return HostCommunicator(trainer_group.communicator(rank), *cross, thread,
-                                      options_.chunk_bytes);
+                                      options().chunk_bytes);
             } else {
               return HostCommunicator(*transport_, trainer_group.communicator(rank), workers_);
             }
@@ -684,19 +683,18 @@ class ParameterServer {
         " when clipping (max_gradient_norm > 0): shard and chunk boundaries "
         "must fall on the gradient norm's blocks of " +
         std::to_string(device::cpu::kNormBlock) + " elements";
-    if (options_.alignment % device::cpu::kNormBlock != 0) {
-      options::reject("alignment", options_.alignment,
+    if (options().alignment % device::cpu::kNormBlock != 0) {
+      options::reject("alignment", options().alignment,
                       "must be a multiple of " + std::to_string(device::cpu::kNormBlock) + why);
     }
-    if (options_.chunk_bytes % (device::cpu::kNormBlock * sizeof(T)) != 0) {
+    if (options().chunk_bytes % (device::cpu::kNormBlock * sizeof(T)) != 0) {
       options::reject(
-          "chunk_bytes", options_.chunk_bytes,
+          "chunk_bytes", options().chunk_bytes,
           "must be a multiple of " + std::to_string(device::cpu::kNormBlock * sizeof(T)) + why);
     }
   }
 
-  Options options_;
-  cluster::Spec spec_;
+  detail::WorkerProcess<Options> process_;
   int workers_ = 0;
   int servers_ = 0;
   std::unique_ptr<Transport> transport_;

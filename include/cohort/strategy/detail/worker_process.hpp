@@ -1,0 +1,97 @@
+// The part of every multi-process strategy (MultiWorkerMirrored on CPUs and on GPUs,
+// ParameterServer) that makes one process of a job, written once. Its lifecycle is three calls,
+// in this order:
+//
+//   detail::WorkerProcess<Options> process(options, {Role::kWorker, Role::kChief},
+//                                          "MultiWorkerMirrored");
+//       COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT applied to the options (timeouts.hpp), the
+//       cluster resolved (cluster/cluster.hpp), the role checked against the strategy's roles
+//   Transport transport = process.connect<Transport>(mesh_rank, mesh_size, banner);
+//       the transport's options (tcp_options.hpp: bind address, ports, secret, deadlines), the
+//       start-up line, and the rendezvous: the transport is up when this returns
+//   process.learn_local_ranks(all, mesh_rank, group);
+//       where no launcher gave local ranks, this process's place among the ranks of its group
+//       that share its host, over `all`, a collective over the whole mesh
+//
+// Between the calls a strategy does what is its own (a GPU worker binds its device before the
+// rendezvous where it can). The transport is the strategy's template parameter: any
+// transport::Transport constructible from transport::tcp::Options, so that a shaped or emulated
+// transport can stand in for transport::tcp::Tcp (ProcessTransport).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <concepts>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "cohort/cluster/binding.hpp"
+#include "cohort/cluster/cluster.hpp"
+#include "cohort/core/options.hpp"
+#include "cohort/core/role.hpp"
+#include "cohort/strategy/detail/tcp_options.hpp"
+#include "cohort/strategy/detail/timeouts.hpp"
+#include "cohort/transport/tcp/options.hpp"
+#include "cohort/transport/transport.hpp"
+
+namespace cohort::strategy {
+
+// What a multi-process strategy asks of its transport: the transport contract, and construction
+// from the TCP transport's options, which say who the process is and where it meets the others.
+template <class T>
+concept ProcessTransport = transport::Transport<T> &&
+    std::constructible_from<T, transport::tcp::Options> && std::move_constructible<T>;
+
+namespace detail {
+
+template <class StrategyOptions>
+class WorkerProcess {
+ public:
+  // Throws ConfigError naming the role when this process's is not one of `roles`.
+  WorkerProcess(StrategyOptions options, std::initializer_list<Role> roles,
+                std::string_view strategy)
+      : options_(with_environment(std::move(options))), spec_(cluster::resolve(options_.cluster)) {
+    if (std::ranges::find(roles, spec_.role) != roles.end()) return;
+    std::string names;
+    for (const Role role : roles) {
+      names += (names.empty() ? "" : ", ") + std::string(role_name(role));
+    }
+    options::reject(
+        "role", role_name(spec_.role),
+        std::string(strategy) + " runs " + names + " tasks only (" + spec_.source + ")");
+  }
+
+  // Prints the start-up line (`banner`, then where this process listens and why) and meets the
+  // other `mesh_size` - 1 processes as mesh rank `mesh_rank`. transfer_timeout, where given,
+  // replaces the options' timeout as the transport's operation_timeout.
+  template <ProcessTransport Transport>
+  Transport connect(int mesh_rank, int mesh_size, const std::string& banner,
+                    std::optional<std::chrono::milliseconds> transfer_timeout = std::nullopt) {
+    TcpSetup tcp = tcp_setup(spec_, mesh_rank, mesh_size, options_);
+    if (transfer_timeout) tcp.options.operation_timeout = *transfer_timeout;
+    announce(banner, tcp);
+    binding_ = tcp.binding;
+    return Transport(std::move(tcp.options));
+  }
+
+  // After connect: the local ranks from the rendezvous (tcp_options.hpp, learn_local_ranks).
+  template <class All>
+  void learn_local_ranks(All& all, int mesh_rank, int group) {
+    spec_ = detail::learn_local_ranks(all, std::move(spec_), binding_, mesh_rank, group);
+  }
+
+  const StrategyOptions& options() const { return options_; }
+  const cluster::Spec& spec() const { return spec_; }
+
+ private:
+  StrategyOptions options_;
+  cluster::Spec spec_;
+  cluster::Binding binding_{};
+};
+
+}  // namespace detail
+}  // namespace cohort::strategy
