@@ -49,6 +49,27 @@ std::pair<cohort::testing::Exit, std::string> run(const std::vector<std::string>
   return *result;
 }
 
+// `count` workers of 1 replica started by hand with COHORT_* variables, training until stopped;
+// worker r logs to rank<r>.log in `directory`. Returns once they are training (1.5 s).
+std::vector<std::unique_ptr<Process>> start_training_workers(const fs::path& directory, int count,
+                                                             const std::string& job_id) {
+  const std::string port = std::to_string(cohort::testing::free_port());
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int rank = 0; rank < count; ++rank) {
+    workers.push_back(std::make_unique<Process>(
+        std::vector<std::string>{COHORT_TRAINER, "1", "1000000", directory / "never.bin"},
+        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
+                                           {"COHORT_WORLD_SIZE", std::to_string(count)},
+                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                           {"COHORT_MASTER_PORT", port},
+                                           {"COHORT_JOB_ID", job_id}},
+        directory / ("rank" + std::to_string(rank) + ".log")));
+  }
+  std::this_thread::sleep_for(1500ms);  // rendezvous done, training under way
+  for (const auto& worker : workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
+  return workers;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -117,20 +138,7 @@ TEST_CASE("the same binary runs under mpirun and gives the same bits") {
 
 TEST_CASE("a worker killed mid-training makes every other worker exit non-zero naming it") {
   TemporaryDirectory directory("cohort-multi-worker-kill");
-  const std::string port = std::to_string(cohort::testing::free_port());
-  std::vector<std::unique_ptr<Process>> workers;
-  for (int rank = 0; rank < 4; ++rank) {
-    workers.push_back(std::make_unique<Process>(
-        std::vector<std::string>{COHORT_TRAINER, "1", "1000000", directory.path / "never.bin"},
-        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
-                                           {"COHORT_WORLD_SIZE", "4"},
-                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
-                                           {"COHORT_MASTER_PORT", port},
-                                           {"COHORT_JOB_ID", "kill-test"}},
-        directory.path / ("rank" + std::to_string(rank) + ".log")));
-  }
-  std::this_thread::sleep_for(1500ms);  // rendezvous done, training under way
-  for (const auto& worker : workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
+  const auto workers = start_training_workers(directory.path, 4, "kill-test");
   workers[1]->kill(SIGKILL);
   const auto start = std::chrono::steady_clock::now();
   for (int rank : {0, 2, 3}) {
@@ -257,20 +265,7 @@ TEST_CASE(
     "a stopped worker (SIGSTOP) is reported, then fails every other worker between half "
     "and twice the timeout") {
   TemporaryDirectory directory("cohort-multi-worker-stop");
-  const std::string port = std::to_string(cohort::testing::free_port());
-  std::vector<std::unique_ptr<Process>> workers;
-  for (int rank = 0; rank < 2; ++rank) {
-    workers.push_back(std::make_unique<Process>(
-        std::vector<std::string>{COHORT_TRAINER, "1", "1000000", directory.path / "never.bin"},
-        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
-                                           {"COHORT_WORLD_SIZE", "2"},
-                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
-                                           {"COHORT_MASTER_PORT", port},
-                                           {"COHORT_JOB_ID", "stop-test"}},
-        directory.path / ("rank" + std::to_string(rank) + ".log")));
-  }
-  std::this_thread::sleep_for(1500ms);  // rendezvous done, training under way
-  for (const auto& worker : workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
+  const auto workers = start_training_workers(directory.path, 2, "stop-test");
   workers[1]->kill(SIGSTOP);
   const auto stopped = std::chrono::steady_clock::now();
   {
