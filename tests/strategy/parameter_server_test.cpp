@@ -106,6 +106,18 @@ struct Job {
   fs::path log(bool server, int index) const {
     return directory / ((server ? "ps" : "worker") + std::to_string(index) + ".log");
   }
+
+  // Waits for workers 0 to count - 1 and checks that each finished its training (exit 0).
+  void require_trained(int count, std::chrono::seconds timeout) {
+    for (int worker = 0; worker < count; ++worker) {
+      CAPTURE(worker);
+      const auto exit = workers[static_cast<std::size_t>(worker)]->wait(timeout);
+      CAPTURE(read_file(log(false, worker)));
+      REQUIRE(exit.has_value());
+      CHECK(exit->exited);
+      CHECK(exit->code == 0);
+    }
+  }
 };
 
 // When `file` first contains `text`, polled for at most `limit`; nothing if it never did.
@@ -363,14 +375,7 @@ TEST_CASE("a worker killed during async training is reported and the others comp
   std::this_thread::sleep_for(1500ms);
   REQUIRE_FALSE(job.workers[3]->wait(0ms).has_value());
   job.workers[3]->kill(SIGKILL);
-  for (int worker = 0; worker < 3; ++worker) {
-    CAPTURE(worker);
-    const auto exit = job.workers[static_cast<std::size_t>(worker)]->wait(90s);
-    CAPTURE(read_file(job.log(false, worker)));
-    REQUIRE(exit.has_value());
-    CHECK(exit->exited);
-    CHECK(exit->code == 0);
-  }
+  job.require_trained(3, 90s);
   for (int server = 0; server < 2; ++server) {
     const auto exit = job.servers[static_cast<std::size_t>(server)]->wait(30s);
     const std::string log = read_file(job.log(true, server));
@@ -765,14 +770,7 @@ TEST_CASE(
                         << " s after SIGSTOP");
     CHECK(*lost - stopped >= kTimeout / 2);
     CHECK(*lost - stopped <= 2 * kTimeout);
-    for (int worker = 0; worker < 3; ++worker) {
-      CAPTURE(worker);
-      const auto exit = job.workers[static_cast<std::size_t>(worker)]->wait(60s);
-      CAPTURE(read_file(job.log(false, worker)));
-      REQUIRE(exit.has_value());
-      CHECK(exit->exited);
-      CHECK(exit->code == 0);
-    }
+    job.require_trained(3, 60s);
     const auto exit = job.servers[0]->wait(30s);
     const std::string log = read_file(job.log(true, 0));
     CAPTURE(log);
