@@ -13,14 +13,9 @@
 int main(int argc, char** argv) {
   example::DemoSettings settings;
   std::vector<std::size_t> replica_counts{1, 2, 4};
-  std::string on_nonfinite = "raise";
   CLI::App app{"Mirrored data-parallel training of an MLP on host replicas"};
   app.add_option("--replicas", replica_counts, "replica counts to train with, in turn")
       ->expected(1, 16);
-  app.add_option("--on-nonfinite", on_nonfinite,
-                 "a step whose gradient holds an infinity or NaN: raise (stop with an error) or "
-                 "skip_step")
-      ->check(CLI::IsMember({"raise", "skip_step"}));
   example::add_demo_options(app, settings);
   example::add_threads_option(app, settings);
   CLI11_PARSE(app, argc, argv);
@@ -40,8 +35,7 @@ int main(int argc, char** argv) {
            .seed = settings.seed,
            .log_every = 100,
            .progress = settings.quiet ? cohort::Progress::kSilent : cohort::Progress::kAuto,
-           .on_nonfinite = on_nonfinite == "skip_step" ? cohort::NonFinite::kSkipStep
-                                                       : cohort::NonFinite::kRaise});
+           .on_nonfinite = settings.on_nonfinite});
       const cohort::Report report = trainer.fit(data.train, {.epochs = settings.epochs});
       return example::evaluate(trainer.model(), data, report.examples_per_second);
     };
@@ -63,11 +57,10 @@ int main(int argc, char** argv) {
     for (std::size_t run = 0; run < outcomes.size(); ++run) {
       const example::Outcome& outcome = outcomes[run];
       identical = identical && outcome.parameters == outcomes[0].parameters;
-      std::printf("%8zu %14.0f %7.2fx %9.2f%% %18llx\n", replica_counts[run],
-                  outcome.examples_per_second,
-                  outcome.examples_per_second / outcomes[0].examples_per_second,
-                  100.0 * outcome.accuracy,
-                  static_cast<unsigned long long>(example::fingerprint(outcome.parameters)));
+      std::printf(
+          "%8zu %14.0f %7.2fx %9.2f%% %18llx\n", replica_counts[run], outcome.examples_per_second,
+          outcome.examples_per_second / outcomes[0].examples_per_second, 100.0 * outcome.accuracy,
+          static_cast<unsigned long long>(example::fingerprint(outcome.parameters)));
     }
     std::printf("\nlinear baseline accuracy: %.2f%%\n", 100.0 * baseline.accuracy);
     std::printf("final parameters bit-identical across replica counts: %s\n",

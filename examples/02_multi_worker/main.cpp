@@ -27,15 +27,15 @@ int main(int argc, char** argv) {
     cohort::strategy::MultiWorkerMirrored<> strategy({.local_replicas = local_replicas});
     const bool chief = strategy.is_chief();
     const std::size_t workers = strategy.replicas() / local_replicas;
-    cohort::Trainer trainer(example::EigenMlp(settings.layers, settings.seed, settings.threads),
-                            std::move(strategy),
-                            cohort::optimizer::Adam({.learning_rate = settings.learning_rate}),
-                            {.global_batch = settings.batch,
-                             .micro_batches = settings.micro_batches,
-                             .seed = settings.seed,
-                             .log_every = 100,
-                             .progress = settings.quiet || !chief ? cohort::Progress::kSilent
-                                                                  : cohort::Progress::kAuto});
+    cohort::Trainer trainer(
+        example::EigenMlp(settings.layers, settings.seed, settings.threads), std::move(strategy),
+        cohort::optimizer::Adam({.learning_rate = settings.learning_rate}),
+        {.global_batch = settings.batch,
+         .micro_batches = settings.micro_batches,
+         .seed = settings.seed,
+         .log_every = 100,
+         .progress = settings.quiet || !chief ? cohort::Progress::kSilent : cohort::Progress::kAuto,
+         .on_nonfinite = settings.on_nonfinite});
     const double examples_per_second =
         example::fit_with_checkpoints(trainer, data.train, settings, chief);
     if (chief) {

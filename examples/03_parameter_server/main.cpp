@@ -31,23 +31,23 @@ int run(const example::DemoSettings& settings, std::size_t local_replicas) {
   const int workers = strategy.workers();
   const int servers = strategy.servers();
   // A server builds no replica: the model only gives the parameter count.
-  cohort::Trainer trainer(example::EigenMlp(settings.layers, settings.seed, settings.threads),
-                          std::move(strategy),
-                          cohort::optimizer::Adam({.learning_rate = settings.learning_rate}),
-                          {.global_batch = settings.batch,
-                           .micro_batches = settings.micro_batches,
-                           .seed = settings.seed,
-                           .log_every = 100,
-                           .progress = settings.quiet || !chief ? cohort::Progress::kSilent
-                                                                : cohort::Progress::kAuto});
+  cohort::Trainer trainer(
+      example::EigenMlp(settings.layers, settings.seed, settings.threads), std::move(strategy),
+      cohort::optimizer::Adam({.learning_rate = settings.learning_rate}),
+      {.global_batch = settings.batch,
+       .micro_batches = settings.micro_batches,
+       .seed = settings.seed,
+       .log_every = 100,
+       .progress = settings.quiet || !chief ? cohort::Progress::kSilent : cohort::Progress::kAuto,
+       .on_nonfinite = settings.on_nonfinite});
   const double examples_per_second =
       example::fit_with_checkpoints(trainer, data.train, settings, chief);
   if (chief && !serves) {
     std::printf("\n");
     example::evaluate(trainer.model(), data, examples_per_second)
-        .print(std::string(Consistency::kName) + ": " + std::to_string(workers) +
-               " worker(s) x " + std::to_string(local_replicas) + " local replica(s), " +
-               std::to_string(servers) + " server(s)");
+        .print(std::string(Consistency::kName) + ": " + std::to_string(workers) + " worker(s) x " +
+               std::to_string(local_replicas) + " local replica(s), " + std::to_string(servers) +
+               " server(s)");
   }
   return 0;
 }

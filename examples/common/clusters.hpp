@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <span>
@@ -24,6 +25,12 @@ class ClusterData {
     return std::span(inputs_).subspan(index * features_, features_);
   }
   std::int32_t label(std::size_t index) const { return labels_[index]; }
+
+  // Gives example `index` a NaN feature: what a corrupted record does to training (the failure
+  // demo, scripts/failures).
+  void poison(std::size_t index) {
+    inputs_.at(index * features_) = std::numeric_limits<float>::quiet_NaN();
+  }
 
   Batch batch(std::span<const std::size_t> indices) const {
     Batch batch;

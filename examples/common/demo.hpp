@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,6 +29,8 @@ struct DemoSettings {
   double learning_rate = 3e-3;
   bool quiet = false;
   std::string checkpoint;  // continue from it if it exists; save it after every epoch
+  cohort::NonFinite on_nonfinite = cohort::NonFinite::kRaise;
+  std::optional<std::size_t> nan_example;  // a training example given a NaN feature
 };
 
 inline void add_demo_options(CLI::App& app, DemoSettings& settings) {
@@ -44,6 +48,13 @@ inline void add_demo_options(CLI::App& app, DemoSettings& settings) {
       ->check(CLI::PositiveNumber);
   app.add_option("--learning-rate", settings.learning_rate, "Adam learning rate");
   app.add_flag("--quiet", settings.quiet, "no progress lines");
+  app.add_option("--on-nonfinite", settings.on_nonfinite,
+                 "a step whose gradient holds an infinity or NaN: raise (stop with an error) or "
+                 "skip_step")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, cohort::NonFinite>{
+          {"raise", cohort::NonFinite::kRaise}, {"skip_step", cohort::NonFinite::kSkipStep}}));
+  app.add_option("--nan-example", settings.nan_example,
+                 "give training example INDEX a NaN feature, to see what --on-nonfinite does");
 }
 
 // For the programs that train the host model (not 01, whose model is on GPUs).
@@ -92,7 +103,9 @@ struct DemoData {
               .classes = settings.layers.back(),
               .seed = settings.seed}),
         train(task.sample(settings.examples, 0)),
-        held_out(task.sample(20'000, 1)) {}
+        held_out(task.sample(20'000, 1)) {
+    if (settings.nan_example) train.poison(*settings.nan_example);
+  }
 
   void print() const {
     std::printf(
