@@ -588,6 +588,47 @@ TEST_CASE("a rank 0 speaking protocol version 99 is refused by the joining rank"
   fake_root.join();
 }
 
+TEST_CASE("a rank restarted with the same address during the rendezvous takes its own place") {
+  // Rank 1 joins, then dies before the others came (its process crashed; the launcher starts it
+  // again): its new connection replaces the ended one instead of being "rank 1 joined twice".
+  RankZero rank_zero(3, [](tcp::Tcp& transport) {
+    std::vector<std::byte> buffer(3);
+    const Receive receive{1, {kCollective, 0, 0}, buffer};
+    transport.transfer({}, {&receive, 1});
+    CHECK(buffer == std::vector{std::byte{1}, std::byte{2}, std::byte{3}});
+  });
+  {
+    RawSocket first_life = connect_raw(rank_zero.port);
+    write_all(first_life, tcp::make_frame({setup_type::kHello}, tcp::encode_hello(hello_of(1, 3))));
+    REQUIRE(read_frame(first_life).header.header.type == setup_type::kHello);
+    write_all(first_life, tcp::make_frame({setup_type::kConfirm}, {}));
+    REQUIRE(read_frame(first_life).header.header.type == setup_type::kConfirm);
+  }  // closed: the first life ends here
+  std::this_thread::sleep_for(milliseconds(100));
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> ranks;
+  for (const int rank : {1, 2}) {
+    ranks.emplace_back([&, rank] {
+      try {
+        tcp::Options options = options_for(rank, 3);
+        options.rendezvous_port = rank_zero.port;
+        tcp::Tcp transport(options);
+        if (rank == 1) {
+          const std::vector<std::byte> payload = {std::byte{1}, std::byte{2}, std::byte{3}};
+          const Send send{0, {kCollective, 0, 0}, payload};
+          transport.transfer({&send, 1}, {});
+        }
+      } catch (...) {
+        errors[static_cast<std::size_t>(rank)] = message_of(std::current_exception());
+      }
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  CHECK(errors[1] == "");
+  CHECK(errors[2] == "");
+  CHECK(rank_zero.finish() == "");
+}
+
 TEST_CASE("a connection that is not a cohort rank is dropped and the rendezvous goes on") {
   RankZero rank_zero(2, [](tcp::Tcp& transport) {
     std::vector<std::byte> buffer(3);

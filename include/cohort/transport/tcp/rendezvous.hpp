@@ -42,12 +42,15 @@
 #include <utility>
 // clang-format on
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -467,7 +470,7 @@ class Rendezvous {
                                 ? connection.from + " claiming to be " + rank_name(theirs->rank)
                                 : rank_name(theirs->rank);
     std::string mismatch = check_hello(*theirs, expectation(low, high));
-    if (mismatch.empty() && peers_[idx(theirs->rank)]) mismatch = who + " joined twice";
+    if (mismatch.empty() && holds_live(theirs->rank)) mismatch = who + " joined twice";
     if (!mismatch.empty() && !authenticating())
       co_return Refusal{Refusal::Kind::kMismatch, mismatch};
     const std::vector<std::byte> mine = make_frame({setup_type::kHello}, encode_hello(my_hello()));
@@ -806,8 +809,24 @@ class Rendezvous {
     return session_keys(options_.secret, role, connector_hello, acceptor_hello);
   }
 
+  // Whether this rank holds a connection to `rank` whose peer is still there. A rank restarted
+  // with the same address (a launcher that restarts a failed process) finds its earlier
+  // connection ended, and the new one takes its place.
+  bool holds_live(int rank) {
+    if (!peers_[idx(rank)]) return false;
+    Socket& socket = peers_[idx(rank)]->connection->socket;
+    std::byte next{};
+    const ssize_t peeked =
+        ::recv(socket.native_handle(), &next, 1, MSG_PEEK | MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (peeked > 0 || (peeked < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) return true;
+    close(socket);  // ended: closed, reset, or closed here before
+    peers_[idx(rank)].reset();
+    --established_;
+    return false;
+  }
+
   void establish(int rank, Peer peer) {
-    if (peers_[idx(rank)]) {
+    if (holds_live(rank)) {
       fail(rank_name(rank) + " joined twice");
       return;
     }
