@@ -689,7 +689,7 @@ class Trainer {
   // first step (core/settings.hpp): a difference is a ConfigError on every process naming the
   // field and both values. One all-reduce of two doubles per field when they agree.
   template <class Replica>
-  void require_same_settings(Replica& replica, const Place& place) const {
+  [[gnu::cold]] void require_same_settings(Replica& replica, const Place& place) const {
     const auto text = [](auto value) { return std::to_string(value); };
     const settings::Fields fields = {
         {"seed", text(options_.seed)},

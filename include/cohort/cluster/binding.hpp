@@ -131,7 +131,7 @@ inline bool cluster_is_loopback(const Spec& spec) {
 inline bool Binding::loopback() const { return detail::is_loopback_address(address); }
 
 // The system's answers: getaddrinfo, a connected UDP socket's local address, getifaddrs.
-inline Probe system_probe() {
+[[gnu::cold]] inline Probe system_probe() {
   Probe probe;
   probe.resolve = [](const std::string& host) -> std::optional<std::string> {
     addrinfo hints{};
@@ -198,8 +198,9 @@ inline Probe system_probe() {
 
 // The rules at the top of this file. `given` is the program's choice ("" for none) and
 // `given_name` what to call it in the origin.
-inline Binding decide_binding(const Spec& spec, std::string_view given, std::string_view given_name,
-                              const Environment& environment, const Probe& probe) {
+[[gnu::cold]] inline Binding decide_binding(const Spec& spec, std::string_view given,
+                                            std::string_view given_name,
+                                            const Environment& environment, const Probe& probe) {
   Binding binding;
   // The own address first: local ranks use it whatever decides the binding.
   std::optional<std::string> own;
@@ -251,14 +252,14 @@ inline Binding decide_binding(const Spec& spec, std::string_view given, std::str
   return binding;
 }
 
-inline Binding choose_binding(const Spec& spec, std::string_view given,
-                              std::string_view given_name = "Options::bind_address",
-                              const Environment& environment = process_environment()) {
+[[gnu::cold]] inline Binding choose_binding(
+    const Spec& spec, std::string_view given, std::string_view given_name = "Options::bind_address",
+    const Environment& environment = process_environment()) {
   return decide_binding(spec, given, given_name, environment, system_probe());
 }
 
 // "listening on 10.77.0.2 (own address in TF_CONFIG worker[1])", for the start-up line.
-inline std::string describe(const Binding& binding) {
+[[gnu::cold]] inline std::string describe(const Binding& binding) {
   return "listening on " + binding.address + " (" + binding.origin + ")";
 }
 

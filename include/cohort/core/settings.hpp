@@ -111,8 +111,8 @@ inline Difference difference(const std::string& field, const std::string& left,
 // when all agree. `index` identifies this participant (distinct for each: a global replica
 // index); `who` names it in the message ("worker 1 (replica 2)").
 template <class MaxAllReduce>
-void require_same(const Fields& mine, std::string_view who, std::size_t index,
-                  MaxAllReduce&& max_all_reduce) {
+[[gnu::cold]] void require_same(const Fields& mine, std::string_view who, std::size_t index,
+                                MaxAllReduce&& max_all_reduce) {
   std::vector<double> digests(2 * mine.size());
   for (std::size_t f = 0; f < mine.size(); ++f) {
     digests[2 * f] = digest(mine[f].value);

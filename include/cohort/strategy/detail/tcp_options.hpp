@@ -53,7 +53,8 @@ struct TcpSetup {
 
 // StrategyOptions has bind_address, secret, listen_ports, connect_timeout and timeout.
 template <class StrategyOptions>
-TcpSetup tcp_setup(const cluster::Spec& spec, int rank, int size, const StrategyOptions& options) {
+[[gnu::cold]] TcpSetup tcp_setup(const cluster::Spec& spec, int rank, int size,
+                                 const StrategyOptions& options) {
   cluster::Binding binding = cluster::choose_binding(spec, options.bind_address);
   const std::string ports = given_or_environment(
       options.listen_ports, std::string(cluster::variable::kPortRange).c_str(), "");
@@ -87,7 +88,7 @@ transport::tcp::Options tcp_options(const cluster::Spec& spec, int rank, int siz
 
 // The start-up line, "cohort: <what>, listening on <address> (<why>)", on stderr; and one warning
 // line where this process listens beyond loopback without a secret.
-inline void announce(const std::string& what, const TcpSetup& setup) {
+[[gnu::cold]] inline void announce(const std::string& what, const TcpSetup& setup) {
   std::fprintf(stderr, "cohort: %s, %s\n", what.c_str(), cluster::describe(setup.binding).c_str());
   if (setup.options.size > 1 && !setup.binding.loopback() && setup.options.secret.empty()) {
     std::fprintf(stderr,
@@ -109,8 +110,9 @@ inline void announce(const std::string& what, const TcpSetup& setup) {
 // saw, for any rank, is a ConfigError on every rank. Loopback clusters are not checked: there
 // several ranks may stand for several hosts on purpose (tests).
 template <class All>
-cluster::Spec learn_local_ranks(All& all, cluster::Spec spec, const cluster::Binding& binding,
-                                int mesh_rank, int group) {
+[[gnu::cold]] cluster::Spec learn_local_ranks(All& all, cluster::Spec spec,
+                                              const cluster::Binding& binding, int mesh_rank,
+                                              int group) {
   constexpr std::size_t kKeyWords = 8;  // 64 bytes: an IPv6 address in text fits
   constexpr std::size_t kWords = kKeyWords + 2;
   const int size = all.size();

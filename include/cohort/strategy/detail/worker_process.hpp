@@ -52,8 +52,8 @@ template <class StrategyOptions>
 class WorkerProcess {
  public:
   // Throws ConfigError naming the role when this process's is not one of `roles`.
-  WorkerProcess(StrategyOptions options, std::initializer_list<Role> roles,
-                std::string_view strategy)
+  [[gnu::cold]] WorkerProcess(StrategyOptions options, std::initializer_list<Role> roles,
+                              std::string_view strategy)
       : options_(with_environment(std::move(options))), spec_(cluster::resolve(options_.cluster)) {
     if (std::ranges::find(roles, spec_.role) != roles.end()) return;
     std::string names;
@@ -69,8 +69,9 @@ class WorkerProcess {
   // other `mesh_size` - 1 processes as mesh rank `mesh_rank`. transfer_timeout, where given,
   // replaces the options' timeout as the transport's operation_timeout.
   template <ProcessTransport Transport>
-  Transport connect(int mesh_rank, int mesh_size, const std::string& banner,
-                    std::optional<std::chrono::milliseconds> transfer_timeout = std::nullopt) {
+  [[gnu::cold]] Transport connect(
+      int mesh_rank, int mesh_size, const std::string& banner,
+      std::optional<std::chrono::milliseconds> transfer_timeout = std::nullopt) {
     TcpSetup tcp = tcp_setup(spec_, mesh_rank, mesh_size, options_);
     if (transfer_timeout) tcp.options.operation_timeout = *transfer_timeout;
     announce(banner, tcp);
@@ -80,7 +81,7 @@ class WorkerProcess {
 
   // After connect: the local ranks from the rendezvous (tcp_options.hpp, learn_local_ranks).
   template <class All>
-  void learn_local_ranks(All& all, int mesh_rank, int group) {
+  [[gnu::cold]] void learn_local_ranks(All& all, int mesh_rank, int group) {
     spec_ = detail::learn_local_ranks(all, std::move(spec_), binding_, mesh_rank, group);
   }
 
