@@ -791,9 +791,12 @@ TEST_CASE(
   constexpr auto kTimeout = 5s;
   Job job(2, 1,
           {"sync", "1000000", directory.path / "never.bin", "--slow-worker", "1", "--sleep-ms",
-           "20", "--timeout-ms", milliseconds(kTimeout)},
+           "20", "--timeout-ms", milliseconds(kTimeout), "--log-pushes"},
           directory.path);
-  std::this_thread::sleep_for(2s);  // rendezvous done, training under way
+  // Training under way, both workers heard from: a stop before the first step would look to the
+  // server like every worker going quiet together, which it waits out twice as long.
+  REQUIRE_MESSAGE(when_logged(job.log(true, 0), "applied step 3 from 2 workers", 60s).has_value(),
+                  read_file(job.log(true, 0)));
   for (const auto& worker : job.workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
   job.workers[1]->kill(SIGSTOP);
   const auto stopped = std::chrono::steady_clock::now();

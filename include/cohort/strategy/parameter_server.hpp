@@ -49,6 +49,10 @@
 // the shards and continues the run (the same bits, for Sync). A sharded checkpoint restores under
 // any strategy, and any checkpoint restores under ParameterServer.
 //
+// The third template argument is the transport between the processes: transport::tcp::Tcp by
+// default; any strategy::ProcessTransport that also models transport::Serving can stand in
+// (strategy/detail/worker_process.hpp).
+//
 // Faults. A worker that dies, or stays silent for `timeout` while a server waits on it (stopped,
 // hung, or stalled in the middle of a request), is reported by the servers by name; Async and
 // BoundedStaleness go on without it (the bound counts live workers only); Sync fails with an
@@ -152,7 +156,7 @@ class WorkerPlace<device::Cpu> {
 }  // namespace detail::ps
 
 template <class C = consistency::Sync, device::Device D = device::Cpu,
-          ProcessTransport Transport_ = transport::tcp::Tcp>
+          ProcessTransport TransportPolicy = transport::tcp::Tcp>
 class ParameterServer {
   static_assert(consistency::Consistency<C>,
                 "cohort: ParameterServer takes a consistency model: consistency::Sync, "
@@ -162,7 +166,7 @@ class ParameterServer {
  public:
   static constexpr std::string_view kName = "parameter_server";
   static constexpr std::uint64_t kStaleness = C::kStaleness;
-  using Transport = Transport_;
+  using Transport = TransportPolicy;
   static_assert(transport::Serving<Transport>,
                 "cohort: ParameterServer's servers take requests in arrival order: its transport "
                 "must model transport::Serving (wait_any), as transport::tcp::Tcp does.");
