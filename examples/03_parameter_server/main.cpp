@@ -39,12 +39,14 @@ int run(const example::DemoSettings& settings, std::size_t local_replicas) {
        .seed = settings.seed,
        .log_every = 100,
        .progress = settings.quiet || !chief ? cohort::Progress::kSilent : cohort::Progress::kAuto,
-       .on_nonfinite = settings.on_nonfinite});
-  const double examples_per_second =
+       .on_nonfinite = settings.on_nonfinite,
+       .preemption = {.checkpoint = settings.checkpoint}});
+  const example::Fitted fitted =
       example::fit_with_checkpoints(trainer, data.train, settings, chief);
+  if (fitted.preempted) return cohort::kExitPreempted;
   if (chief && !serves) {
     std::printf("\n");
-    example::evaluate(trainer.model(), data, examples_per_second)
+    example::evaluate(trainer.model(), data, fitted.examples_per_second)
         .print(std::string(Consistency::kName) + ": " + std::to_string(workers) + " worker(s) x " +
                std::to_string(local_replicas) + " local replica(s), " + std::to_string(servers) +
                " server(s)");

@@ -69,8 +69,9 @@ inline void add_threads_option(CLI::App& app, DemoSettings& settings) {
 inline void add_checkpoint_option(CLI::App& app, DemoSettings& settings) {
   app.add_option("--checkpoint", settings.checkpoint,
                  "continue from this checkpoint if it exists, and save it after every epoch "
-                 "(every process calls save; a parameter-server job writes a shard per server "
-                 "and this file, the manifest, last)");
+                 "and on SIGTERM or SIGUSR1, which stop the job with exit status 75 (every "
+                 "process calls save; a parameter-server job writes a shard per server and this "
+                 "file, the manifest, last)");
 }
 
 // "784-1024-1024-10"
@@ -139,12 +140,19 @@ Outcome evaluate(Model model, const DemoData& data, double examples_per_second) 
       examples_per_second, accuracy(model, data.held_out), {parameters.begin(), parameters.end()}};
 }
 
-// Trains to settings.epochs; returns the examples per second of the epochs trained here. With a
-// checkpoint: continues from it if it exists, and fits one epoch at a time, saving after each
-// (fit's targets are absolute, so a restored run goes on where it stopped). Every process calls
-// it, a parameter server too (its fit serves the workers).
+// What fit_with_checkpoints did: the examples per second of the epochs trained here, and whether
+// the job stopped for preemption (the program then exits with cohort::kExitPreempted).
+struct Fitted {
+  double examples_per_second = 0.0;
+  bool preempted = false;
+};
+
+// Trains to settings.epochs. With a checkpoint: continues from it if it exists, and fits one
+// epoch at a time, saving after each (fit's targets are absolute, so a restored run goes on where
+// it stopped); on SIGTERM or SIGUSR1 the Trainer saves it (Options::preemption) and the job
+// stops. Every process calls it, a parameter server too (its fit serves the workers).
 template <class Trainer, class Data>
-double fit_with_checkpoints(Trainer& trainer, const Data& data, const DemoSettings& settings,
+Fitted fit_with_checkpoints(Trainer& trainer, const Data& data, const DemoSettings& settings,
                             bool chief) {
   const bool checkpoints = !settings.checkpoint.empty();
   // saved() refuses shards left without their manifest: starting over would discard them.
@@ -157,13 +165,16 @@ double fit_with_checkpoints(Trainer& trainer, const Data& data, const DemoSettin
   }
   double seconds = 0.0;
   std::uint64_t steps = 0;
-  for (std::uint64_t epoch = checkpoints ? 1 : settings.epochs; epoch <= settings.epochs; ++epoch) {
+  bool preempted = false;
+  for (std::uint64_t epoch = checkpoints ? 1 : settings.epochs;
+       epoch <= settings.epochs && !preempted; ++epoch) {
     const cohort::Report report = trainer.fit(data, {.epochs = epoch});
     seconds += report.seconds;
     steps += report.steps;
-    if (checkpoints) trainer.save(settings.checkpoint);
+    preempted = report.preempted;  // saved by the Trainer
+    if (checkpoints && !preempted) trainer.save(settings.checkpoint);
   }
-  return seconds > 0.0 ? static_cast<double>(steps * settings.batch) / seconds : 0.0;
+  return {seconds > 0.0 ? static_cast<double>(steps * settings.batch) / seconds : 0.0, preempted};
 }
 
 }  // namespace example

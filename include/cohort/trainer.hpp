@@ -87,6 +87,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
@@ -101,6 +102,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/model.hpp"
 #include "cohort/core/options.hpp"
+#include "cohort/core/preemption.hpp"
 #include "cohort/core/progress.hpp"
 #include "cohort/core/readiness.hpp"
 #include "cohort/core/reduction_tree.hpp"
@@ -138,6 +140,10 @@ struct Report {
   // skipped (Options::on_nonfinite = NonFinite::kSkipStep), on every worker process. They count
   // in `steps`; their loss is in `loss` as computed (NaN, typically).
   std::uint64_t skipped_steps = 0;
+  // The job stopped for preemption (core/preemption.hpp) before the fit's target, on every
+  // process alike, after the save to Options::preemption.checkpoint when one is given. The
+  // program should end now, with kExitPreempted.
+  bool preempted = false;
 };
 
 namespace detail {
@@ -190,6 +196,9 @@ class Trainer {
     // What a step whose reduced gradient holds an infinity or NaN does: NonFinite::kRaise (fit
     // throws NumericError) or NonFinite::kSkipStep (every replica skips the update).
     NonFinite on_nonfinite = NonFinite::kRaise;
+    // SIGTERM and SIGUSR1: the job stops at a step its processes agree on and saves to
+    // preemption.checkpoint (core/preemption.hpp).
+    Preemption preemption{};
   };
 
   // A process without local replicas (a parameter server) builds no model: `model` only gives the
@@ -280,6 +289,9 @@ class Trainer {
                           ": its servers hold the reduced gradient and would first have to agree "
                           "to skip a step; use NonFinite::kRaise (the default)");
     }
+    options::require_in_range("preemption.grace", options_.preemption.grace.count(),
+                              std::chrono::seconds::rep{1}, std::chrono::seconds::rep{3600});
+    watch_ = std::make_unique<preemption::Watch>(options_.preemption);
     parameter_count_ = ModelTraits<M>::parameters(const_cast<M&>(model)).size();
     sharding::Plan::validate_split(options_.global_batch, options_.micro_batches,
                                    strategy_.replicas());
@@ -389,9 +401,10 @@ class Trainer {
       if (strategy_.serves()) {
         Report report;
         const auto start = std::chrono::steady_clock::now();
-        strategy_.template serve<value_type>(parameter_count_, optimizer_);
+        report.preempted = strategy_.template serve<value_type>(parameter_count_, optimizer_);
         report.seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (report.preempted) save_preempted();
         return report;
       }
     }
@@ -412,10 +425,10 @@ class Trainer {
     strategy_.run([&](auto& replica) { train_replica(replica, data, plan, target, report); });
     report.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    report.steps = target > step_ ? target - step_ : 0;
     report.examples_per_second =
         static_cast<double>(report.steps * options_.global_batch) / report.seconds;
     step_ += report.steps;
+    if (report.preempted) save_preempted();
     return report;
   }
 
@@ -544,7 +557,43 @@ class Trainer {
     std::vector<StepTimes> window_times;
     StepTimes fit_times;  // this replica's, over the whole fit
 
-    for (std::uint64_t step = step_; step < target; ++step) {
+    // The progress window's losses travel once per window, not once per step: every replica keeps
+    // its folds and one all-reduce of the window gives each step's sum in the same tree.
+    const auto report_window = [&](std::uint64_t last_step, bool periodic) {
+      const trace::Span span(recorder, trace::Phase::kLossAllReduce, {.step = last_step});
+      const auto communication_start = Clock::now();
+      if (window_at_place.size() < window_losses.size()) {
+        window_at_place = Buffer<double>(window_losses.size(), place);
+      }
+      const std::span<double> losses = window_at_place.span().first(window_losses.size());
+      Device::from_host(place, std::span<const double>(window_losses), losses);
+      replica.communicator().all_reduce(losses, ReduceOp::kSum);
+      Device::to_host(place, std::span<const double>(losses), std::span<double>(window_losses));
+      const double loss_seconds =
+          std::chrono::duration<double>(Clock::now() - communication_start).count();
+      window_times.back().communication += loss_seconds;
+      fit_times.communication += loss_seconds;
+      if (reports) {
+        const std::uint64_t first_step = last_step + 1 - window_losses.size();
+        for (std::size_t i = 0; i < window_losses.size(); ++i) {
+          const double mean_loss = window_losses[i] * inverse_batch;
+          report.loss.push_back(mean_loss);
+          report.times += window_times[i];
+          progress.report(first_step + i, mean_loss, window_times[i],
+                          periodic && i + 1 == window_losses.size());
+        }
+      }
+      window_losses.clear();
+      window_times.clear();
+    };
+    Buffer<double> stop_vote;
+
+    std::uint64_t step = step_;
+    for (; step < target; ++step) {
+      if (options_.preemption.enabled && agree_to_stop(replica, place, stop_vote)) {
+        if (!window_losses.empty()) report_window(step - 1, false);
+        break;
+      }
       const std::uint64_t epoch = step / plan.steps_per_epoch();
       const std::size_t step_in_epoch = step % plan.steps_per_epoch();
       if (epoch != order_epoch) {
@@ -600,43 +649,20 @@ class Trainer {
                std::chrono::duration<double>(step_end - synchronization_start).count()});
       fit_times += window_times.back();
 
-      // The losses travel once per progress window, not once per step: every replica keeps its
-      // folds and one all-reduce of the window gives each step's sum in the same tree.
       const bool periodic =
           options_.log_every != 0 && (step_in_epoch + 1) % options_.log_every == 0;
       const bool epoch_end = step_in_epoch + 1 == plan.steps_per_epoch();
-      if (periodic || epoch_end || step + 1 == target) {
-        const trace::Span span(recorder, trace::Phase::kLossAllReduce, {.step = step});
-        const auto communication_start = Clock::now();
-        if (window_at_place.size() < window_losses.size()) {
-          window_at_place = Buffer<double>(window_losses.size(), place);
-        }
-        const std::span<double> losses = window_at_place.span().first(window_losses.size());
-        Device::from_host(place, std::span<const double>(window_losses), losses);
-        replica.communicator().all_reduce(losses, ReduceOp::kSum);
-        Device::to_host(place, std::span<const double>(losses), std::span<double>(window_losses));
-        const double loss_seconds =
-            std::chrono::duration<double>(Clock::now() - communication_start).count();
-        window_times.back().communication += loss_seconds;
-        fit_times.communication += loss_seconds;
-        if (reports) {
-          const std::uint64_t first_step = step + 1 - window_losses.size();
-          for (std::size_t i = 0; i < window_losses.size(); ++i) {
-            const double mean_loss = window_losses[i] * inverse_batch;
-            report.loss.push_back(mean_loss);
-            report.times += window_times[i];
-            progress.report(first_step + i, mean_loss, window_times[i],
-                            periodic && i + 1 == window_losses.size());
-          }
-        }
-        window_losses.clear();
-        window_times.clear();
-      }
+      if (periodic || epoch_end || step + 1 == target) report_window(step, periodic);
     }
-    if (step_ < target) summarize_fit(replica, place, fit_times, target - step_, reports);
+    if (local == 0) {
+      report.steps = step - step_;
+      report.preempted = step < target;
+    }
+    if (step > step_) summarize_fit(replica, place, fit_times, step - step_, reports);
     // Every replica ends the fit, as it started it (a parameter server brings the optimizer
     // state home).
-    replica.finish(parameters, optimizer_state);
+    replica.finish(parameters, optimizer_state,
+                   step < target ? strategy::FitEnd::kPreempted : strategy::FitEnd::kReached);
   }
 
   // replica.finish_step(update), and what the step found: false for a step whose reduced gradient
@@ -671,6 +697,36 @@ class Trainer {
       }
       return false;
     }
+  }
+
+  // Whether any process of the job was asked to stop (core/preemption.hpp): one all-reduce of one
+  // number, so that every replica of every process decides the same way. A parameter-server
+  // worker also counts what its servers said (a signalled server marks its answers).
+  template <class Replica>
+  static bool agree_to_stop(Replica& replica, const Place& place, Buffer<double>& vote) {
+    double asked = preemption::requested() != 0 ? 1.0 : 0.0;
+    if constexpr (requires { replica.stop_requested(); }) {
+      if (replica.stop_requested()) asked = 1.0;
+    }
+    if (vote.size() != 1) vote = Buffer<double>(1, place);
+    Device::from_host(place, std::span<const double>(&asked, 1), vote.span());
+    replica.communicator().all_reduce(vote.span(), ReduceOp::kMax);
+    Device::to_host(place, std::span<const double>(vote.span()), std::span<double>(&asked, 1));
+    return asked != 0.0;
+  }
+
+  // After a fit that stopped for preemption, on every process: the save, when a checkpoint is
+  // configured (a parameter server's servers write their shards, the chief the manifest), and
+  // the chief's line about it.
+  void save_preempted() {
+    const std::filesystem::path& file = options_.preemption.checkpoint;
+    if (!file.empty()) write_checkpoint(file);
+    if (!strategy_.is_chief()) return;
+    const std::string saved =
+        file.empty() ? std::string("nothing saved (no Options::preemption.checkpoint)")
+                     : "saved to " + file.string() + ": run again to continue";
+    std::fprintf(stderr, "cohort: preempted: the job stopped before step %llu; %s\n",
+                 static_cast<unsigned long long>(step_), saved.c_str());
   }
 
   // Before a NumericError that every replica raises alike: a barrier, so that each finishes this
@@ -747,6 +803,7 @@ class Trainer {
   std::uint64_t step_ = 0;
   std::size_t dataset_size_ = 0;               // fixed by the first fit or by restore
   std::unique_ptr<trace::Recorder> recorder_;  // when tracing (Options::trace)
+  std::unique_ptr<preemption::Watch> watch_;   // when Options::preemption.enabled
 };
 
 }  // namespace cohort

@@ -19,10 +19,13 @@
 // that N processes never compete for the terminal. Each rank runs in its own process group, so a
 // signal reaches the rank and whatever it started.
 //
-// Lifetime: SIGINT, SIGTERM, SIGHUP and SIGQUIT to cohort-run are forwarded to every rank; a
-// second one sends SIGKILL. When a rank exits non-zero or is killed, cohort-run says which and how
-// ("cohort-run: rank 1 exited with status 3"), sends SIGTERM to the others, SIGKILL to those still
-// running after the grace period, and exits non-zero. When all ranks are done, anything left in
+// Lifetime: SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1 to cohort-run are forwarded to every
+// rank; a second one sends SIGKILL. When a rank exits non-zero or is killed, cohort-run says which
+// and how ("cohort-run: rank 1 exited with status 3"), sends SIGTERM to the others, SIGKILL to
+// those still running after the grace period (30 s: a preempted job's ranks save and end within
+// their own, 20 s by default), and exits non-zero. A rank that exits with cohort::kExitPreempted
+// (75) stopped for preemption (core/preemption.hpp) and is no failure: the others stop at the
+// same step by themselves. When all ranks are done, anything left in
 // their process groups is killed, and every rank has been waited for: no zombie, no orphan. Should
 // cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the kernel
 // (PR_SET_PDEATHSIG).
@@ -31,9 +34,10 @@
 // not describe the rank's place), each rank writes its timeline there and cohort-run merges them
 // into DIR/trace.json at the end, a track per process (core/trace.hpp).
 //
-// Exit status: 0 when every rank exited 0; else the first failed rank's exit status, or 128 + its
-// signal; 128 + signal when stopped by a signal; 124 after --timeout-s; 127 (126) when the program
-// cannot be found (run).
+// Exit status: 0 when every rank exited 0; 75 when every rank exited 0 or 75 and some 75 (the job
+// was preempted and saved: the same command continues it); else the first failed rank's exit
+// status, or 128 + its signal; 128 + signal when stopped by a signal; 124 after --timeout-s; 127
+// (126) when the program cannot be found (run).
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -48,6 +52,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cohort/cluster/environment.hpp>
+#include <cohort/core/preemption.hpp>
 #include <cohort/core/trace.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -72,7 +77,7 @@ struct Options {
   int port = 0;     // 0: pick a free one
   std::string job_id;
   double timeout_s = 0;  // 0: none
-  double grace_s = 5;
+  double grace_s = 30;
   std::vector<std::string> command;
 };
 
@@ -156,7 +161,7 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
   return result;
 }
 
-constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1};
 
 // Starts one rank in its own process group; returns its pid, or the errno of the failed exec.
 struct Started {
@@ -302,6 +307,16 @@ class Launch {
     }
     signal_all(SIGKILL);  // whatever a rank left behind in its process group
     merge_timelines(start_wall);
+    if (preempted_ > 0 && std::all_of(ranks_.begin(), ranks_.end(), [](const Rank& rank) {
+          return rank.status && WIFEXITED(*rank.status) &&
+                 (WEXITSTATUS(*rank.status) == 0 ||
+                  WEXITSTATUS(*rank.status) == cohort::kExitPreempted);
+        })) {
+      say("the job was preempted (" + std::to_string(preempted_) + " of " +
+          std::to_string(ranks_.size()) +
+          " ranks stopped for it): the same command continues it from its checkpoint");
+      exit_code_ = cohort::kExitPreempted;
+    }
     return exit_code_;
   }
 
@@ -398,6 +413,10 @@ class Launch {
         if (ranks_[rank].pid != pid) continue;
         ranks_[rank].status = status;
         const bool success = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (WIFEXITED(status) && WEXITSTATUS(status) == cohort::kExitPreempted) {
+          ++preempted_;
+          continue;
+        }
         if (!success && !stopping_) {
           exit_code_ = std::max(exit_code_of(status), 1);
           say(who(rank) + " " + describe_status(status) + "; stopping " +
@@ -414,6 +433,7 @@ class Launch {
   std::vector<Rank> ranks_;
   bool stopping_ = false;
   int exit_code_ = 0;
+  int preempted_ = 0;  // ranks that exited with cohort::kExitPreempted
   std::optional<Clock::time_point> timeout_at_;
   std::optional<Clock::time_point> kill_at_;
 };

@@ -285,10 +285,10 @@ class ParameterServer {
   }
 
   // On a server: serves one fit (its shard of the layout of `elements` parameters) and returns
-  // when every worker is done or lost, keeping its shard for save(). What it did goes to stderr
-  // in one line.
+  // when every worker is done or lost, keeping its shard for save(): true when the workers'
+  // fit stopped for preemption. What it did goes to stderr in one line.
   template <class T, class O>
-  void serve(std::size_t elements, const O& optimizer) {
+  bool serve(std::size_t elements, const O& optimizer) {
     check_optimizer<T>(optimizer);
     const ps::Layout shards = layout(elements, sizeof(T));
     ps::Server<Transport, T, O, C> server(*transport_, shards,
@@ -315,7 +315,9 @@ class ParameterServer {
       }
       line += "}";
     }
+    if (counts.preempted) line += ", stopped for preemption";
     std::fprintf(stderr, "%s\n", line.c_str());
+    return counts.preempted;
   }
 
   // Trainer::restore: a server keeps its shard of the restored state, so that a save before the
@@ -436,17 +438,22 @@ class ParameterServer {
 
     // The end of a fit (Trainer::train_replica), on every replica: the chief brings the optimizer
     // state home from the servers (the next fit starts from it), and every worker's first
-    // replica tells the servers that its fit is done.
+    // replica tells the servers that its fit is done, and whether it stopped for preemption (the
+    // servers then save too).
     template <class T>
-    void finish(std::span<T> parameters, std::span<T> optimizer_state) {
+    void finish(std::span<T> parameters, std::span<T> optimizer_state, FitEnd end) {
       if (!speaks_for_worker_) return;
       if (index_ == 0 && !parameters.empty() && !optimizer_state.empty()) {
         const std::span<T> state = host_target(optimizer_state, state_staging_);
         pull_state(state, optimizer_state.size() / parameters.size());
         land(state, optimizer_state);
       }
-      client_.done(owner_->servers_);
+      client_.done(owner_->servers_, end == FitEnd::kPreempted);
     }
+
+    // Whether a server said it was signalled (core/preemption.hpp; protocol.hpp): the Trainer
+    // counts it in the job's agreement to stop.
+    bool stop_requested() const { return speaks_for_worker_ && client_.preemption_heard(); }
 
    private:
     friend class ParameterServer;

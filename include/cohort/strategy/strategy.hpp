@@ -43,17 +43,22 @@
 //                           holds alike (the mirrored strategies: the all-reduced gradient). A
 //                           finish_step that returns nothing checks nothing: the Trainer then
 //                           checks the parameters after the step and allows only kRaise.
-//   replica.finish(parameters, optimizer_state)
+//   replica.finish(parameters, optimizer_state, end)
 //                           once per fit, after the last step (and the Trainer's last
 //                           collective), on every replica: leaves the fit's final state in the
 //                           spans start() was given (mirrored: nothing to do; a parameter server:
 //                           the chief pulls the optimizer state back from the servers, and every
-//                           worker tells them it is done). Not called when the fit failed.
+//                           worker tells them it is done). `end` (FitEnd, below) says whether the
+//                           fit reached its target or the job stopped for preemption
+//                           (core/preemption.hpp). Not called when the fit failed.
 //
 // Hooks the Trainer calls where a strategy has them (detected, not required):
 //   s.serves()              true on a process that serves (a parameter server): fit calls
 //   s.serve<T>(parameter_count, optimizer)   instead of running replicas, until the workers
-//                           are done
+//                           are done; it returns whether their fit stopped for preemption
+//   replica.stop_requested()  whether the replica heard that another process of the job was
+//                           signalled to stop (a parameter server's marked answers): the
+//                           Trainer's agreement to stop counts it
 //   s.save(file, state, parameter_count)     Trainer::save, where the strategy writes its own
 //                           checkpoint (a parameter server: a shard per server, the manifest last)
 //   s.restored(state)       after Trainer::restore, for a strategy that keeps part of the state
@@ -95,6 +100,12 @@ struct Update {
   double inverse_batch = 1.0;    // 1 / global batch
   // Trainer::Options::on_nonfinite: what finish_step does with a non-finite reduced gradient.
   NonFinite on_nonfinite = NonFinite::kRaise;
+};
+
+// How a fit ended, for replica.finish.
+enum class FitEnd {
+  kReached,    // its target (Until)
+  kPreempted,  // the job agreed to stop (core/preemption.hpp)
 };
 
 // What finish_step found in the step's reduced gradient.

@@ -118,7 +118,7 @@ class MirroredReplica {
 
   // The end of a fit: every replica already holds the final state.
   template <class T>
-  void finish(std::span<T> /*parameters*/, std::span<T> /*optimizer_state*/) {}
+  void finish(std::span<T> /*parameters*/, std::span<T> /*optimizer_state*/, FitEnd /*end*/) {}
 
  private:
   std::size_t index_;

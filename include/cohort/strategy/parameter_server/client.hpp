@@ -36,6 +36,7 @@ class Client {
     std::uint64_t step = 0;         // kPush: the Trainer's step; kInit: the run's step
     double inverse_batch = 1.0;     // kPush: the scale the server applies to it
     std::size_t element_bytes = 0;  // sizeof(T)
+    std::uint16_t flags = 0;        // kDone: kPreempted
   };
 
   // Queues a request about `chunk` that carries `payload`; the payload of its answer lands in
@@ -53,6 +54,7 @@ class Client {
     request.payload_bytes = payload.size();
     request.reply_bytes = reply.size();
     request.inverse_batch = call.inverse_batch;
+    request.flags = call.flags;
     queue_.push_back({request, chunk.server, payload, reply});
   }
 
@@ -93,6 +95,7 @@ class Client {
       const std::string what = "worker " + std::to_string(worker_) + ": " +
                                std::string(name(static_cast<Operation>(request.operation)));
       if (reply.status != 0) throw CommError(what + " refused: " + reply.message);
+      if ((reply.flags & kPreempted) != 0) preemption_heard_ = true;
       if (reply.operation != request.operation || reply.chunk != request.chunk) {
         throw CommError(what + " of chunk " + std::to_string(request.chunk) + " of shard " +
                         std::to_string(request.shard) + " was answered for chunk " +
@@ -102,14 +105,18 @@ class Client {
     }
   }
 
-  // Tells each of the job's `servers` servers that this worker's fit has ended.
-  void done(int servers) {
+  // Tells each of the job's `servers` servers that this worker's fit has ended, and whether it
+  // stopped for preemption.
+  void done(int servers, bool preempted) {
     for (int server = 0; server < servers; ++server) {
-      add({.operation = Operation::kDone},
+      add({.operation = Operation::kDone, .flags = preempted ? kPreempted : std::uint16_t{0}},
           Chunk{.server = server, .index = 0, .begin = 0, .end = 0}, {});
     }
     transfer();
   }
+
+  // Whether an answer so far said that its server was signalled (protocol.hpp, preemption).
+  bool preemption_heard() const { return preemption_heard_; }
 
   // A raw exchange of hand-made requests with one server: the tests of the server's validation.
   Reply send_raw(int server, const Request& request, std::span<const std::byte> payload,
@@ -177,6 +184,7 @@ class Client {
   std::vector<Reply> replies_;
   std::vector<transport::Send> sends_;
   std::vector<transport::Receive> receives_;
+  bool preemption_heard_ = false;
 };
 
 }  // namespace cohort::strategy::ps

@@ -26,6 +26,11 @@
 //   kPullState  none                               optimizer state (slot-major over the chunk)
 //   kDone       none                               none          this worker's fit has ended
 //
+// Preemption (core/preemption.hpp): a server that was signalled sets kPreempted in every answer
+// from then on, so that the workers that pull from it hear of it; a worker whose fit stopped for
+// preemption sets kPreempted in its kDone, and a server that receives one sets it in its answers
+// too (so that under Async every worker hears of it) and saves like the workers after its fit.
+//
 // A pull is answered once every push of its worker has settled: under Sync (K = 0) once the
 // steps it pushed are applied, otherwise once the worker is at most K pushes ahead of the slowest
 // live worker; at once when the worker has pushed nothing in this fit. A worker pulls its chunks
@@ -55,7 +60,11 @@
 
 namespace cohort::strategy::ps {
 
-inline constexpr std::uint32_t kProtocolVersion = 2;  // 2: pushes are not answered
+// 2: pushes are not answered; 3: flags (preemption)
+inline constexpr std::uint16_t kProtocolVersion = 3;
+
+// Request::flags and Reply::flags.
+inline constexpr std::uint16_t kPreempted = 1;
 
 enum class Operation : std::uint16_t { kInit = 1, kPush, kPull, kPullState, kDone };
 
@@ -76,7 +85,8 @@ inline std::string_view name(Operation operation) {
 }
 
 struct Request {
-  std::uint32_t version = kProtocolVersion;
+  std::uint16_t version = kProtocolVersion;
+  std::uint16_t flags = 0;
   std::uint16_t operation = 0;
   std::uint16_t element_bytes = 0;
   std::uint32_t worker = 0;  // the sender's worker index: must be the connection's
@@ -104,7 +114,7 @@ struct Reply {
   std::uint16_t operation = 0;
   std::uint64_t chunk = 0;
   std::uint64_t updates = 0;  // updates applied to the chunk so far (its version)
-  std::uint64_t reserved = 0;
+  std::uint64_t flags = 0;
   char message[480] = {};
 };
 static_assert(sizeof(Reply) == 512 && std::is_trivially_copyable_v<Reply>);

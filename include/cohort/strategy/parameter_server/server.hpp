@@ -57,6 +57,7 @@
 
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/preemption.hpp"
 #include "cohort/core/reduce_op.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
@@ -83,6 +84,8 @@ struct ServerCounts {
       dropped;  // per worker: pushes dropped by the backup rule (first chunk)
   std::map<std::uint64_t, std::uint64_t> staleness;  // updates between a worker's pull and push
   std::vector<std::string> lost;                     // workers lost, with why
+  // The workers' fit stopped for preemption (protocol.hpp).
+  bool preempted = false;
 };
 
 template <transport::Serving Tr, class T, class O, consistency::Consistency C = consistency::Sync>
@@ -340,6 +343,7 @@ class Server {
         return;
       case Operation::kDone:
         finished_[static_cast<std::size_t>(worker)] = true;
+        if ((request.flags & kPreempted) != 0) counts_.preempted = true;
         reply(worker, request, State{}, {});
         progress();
         return;
@@ -646,7 +650,9 @@ class Server {
     send(worker, answer, zeros_);
   }
 
-  void send(int worker, const Reply& answer, std::span<const std::byte> payload) {
+  void send(int worker, Reply answer, std::span<const std::byte> payload) {
+    // The workers decide when to stop (trainer.hpp); a signalled server only tells them.
+    if (counts_.preempted || preemption::requested() != 0) answer.flags |= kPreempted;
     const transport::Send sends[] = {
         {worker, header(tag::kReply), std::as_bytes(std::span(&answer, 1))},
         {worker, header(tag::kReplyPayload), payload}};
