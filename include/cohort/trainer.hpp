@@ -44,6 +44,17 @@
 //                  written at the end of every fit, also of a failed one; or COHORT_TRACE
 //   on_nonfinite   what a step whose reduced gradient holds an infinity or NaN does:
 //                  NonFinite::kRaise (the default) or NonFinite::kSkipStep (below)
+//   preemption     what SIGTERM and SIGUSR1 do while the Trainer lives (below): enabled, the
+//                  checkpoint to save to, the grace period (core/preemption.hpp)
+//
+// Preemption. With preemption.enabled (the default) the signal is latched, and before every step
+// every replica of every process votes in one all-reduce of one number whether any process was
+// signalled (a parameter-server worker also counts its servers' marked answers). All stop at the
+// same step; a signal between two fits stops the next before its first step. Every process then
+// saves to preemption.checkpoint, when given (Trainer::save: the chief, or a parameter server's
+// shards and manifest), and fit returns with Report::preempted: the program should exit with
+// kExitPreempted (75), and the same command continues the run bit for bit. A process still alive
+// preemption.grace (20 s) after the signal is ended with 128 + the signal.
 //
 // Non-finite gradients. Every step checks its reduced gradient, which every replica holds alike,
 // so that every replica of every process decides the same way with no message between them. The

@@ -2,7 +2,8 @@
 // on the chief, writes the final parameters.
 //   multi_worker_trainer LOCAL_REPLICAS STEPS OUT [ring] [--eigen THREADS] [--micro-batches M]
 //                        [--seed S] [--learning-rate LR] [--poison INDEX]
-//                        [--on-nonfinite raise|skip_step]
+//                        [--on-nonfinite raise|skip_step] [--mirrored]
+//                        [--checkpoint FILE] [--preempt-after N]
 //
 // ring             the ring all-reduce across processes instead of the deterministic one
 // --eigen THREADS  the examples' Eigen MLP on THREADS threads per replica (eigen_training.hpp)
@@ -11,7 +12,11 @@
 // --seed, --learning-rate   the Trainer's seed (default 11) and Adam's learning rate (3e-3)
 // --poison INDEX   example INDEX has a NaN feature (PoisonedData)
 // --on-nonfinite   the Trainer's policy for a non-finite gradient (default raise)
-// Every process prints "skipped N" (Report::skipped_steps) when its fit returns.
+// --mirrored       Mirrored with LOCAL_REPLICAS replicas in this one process instead
+// --checkpoint FILE  continue from FILE if it exists; the Trainer saves it on preemption
+// --preempt-after N  the chief's micro-batch number N sends SIGTERM to the launcher (PreemptAt)
+// Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process whose
+// fit stopped for preemption exits with cohort::kExitPreempted and writes no parameters.
 // Both models report their gradient readiness per layer, and buckets are 64 bytes, so the buckets
 // of a step are reduced across processes while its backward pass goes on.
 #include <chrono>
@@ -36,15 +41,13 @@ struct Settings {
   double learning_rate = 3e-3;
   std::optional<std::size_t> poison;
   cohort::NonFinite on_nonfinite = cohort::NonFinite::kRaise;
+  bool mirrored = false;
+  std::string checkpoint;
+  int preempt_after = -1;
 };
 
-template <template <class> class Cross, class Model>
-int train(const Settings& settings, const Model& model) {
-  cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, Cross> strategy(
-      {.local_replicas = settings.local_replicas,
-       .connect_timeout = std::chrono::seconds(30),
-       .timeout = std::chrono::seconds(10),
-       .bucket_bytes = 64});
+template <class Strategy, class Model>
+int train(const Settings& settings, Strategy strategy, const Model& model) {
   const bool chief = strategy.is_chief();
   cohort::Trainer trainer(model, std::move(strategy),
                           cohort::optimizer::Adam({.learning_rate = settings.learning_rate}),
@@ -52,12 +55,20 @@ int train(const Settings& settings, const Model& model) {
                            .micro_batches = settings.micro_batches,
                            .seed = settings.seed,
                            .progress = cohort::Progress::kSilent,
-                           .on_nonfinite = settings.on_nonfinite});
+                           .on_nonfinite = settings.on_nonfinite,
+                           .preemption = {.checkpoint = settings.checkpoint}});
+  if (!settings.checkpoint.empty() && cohort::checkpoint::saved(settings.checkpoint)) {
+    trainer.restore(settings.checkpoint);
+  }
   const cohort::Report report =
-      settings.poison ? trainer.fit(cohort::testing::PoisonedData{.poisoned = *settings.poison},
-                                    {.steps = settings.steps})
-                      : trainer.fit(cohort::testing::small_task_data(), {.steps = settings.steps});
+      settings.poison
+          ? trainer.fit(cohort::testing::PoisonedData{.poisoned = *settings.poison},
+                        {.steps = settings.steps})
+          : trainer.fit(cohort::testing::PreemptedData{.preempt = cohort::testing::PreemptAt(
+                                                           chief ? settings.preempt_after : -1)},
+                        {.steps = settings.steps});
   std::printf("skipped %llu\n", static_cast<unsigned long long>(report.skipped_steps));
+  if (report.preempted) return cohort::kExitPreempted;
   if (chief) {
     cohort::testing::write_parameters(settings.out,
                                       cohort::testing::parameters_of(trainer.model()));
@@ -65,11 +76,24 @@ int train(const Settings& settings, const Model& model) {
   return 0;
 }
 
+template <class Strategy>
+int train(const Settings& settings, Strategy strategy) {
+  return settings.eigen_threads > 0
+             ? train(settings, std::move(strategy),
+                     cohort::testing::small_eigen_model(settings.eigen_threads))
+             : train(settings, std::move(strategy), cohort::testing::small_model());
+}
+
 template <template <class> class Cross>
 int train(const Settings& settings) {
-  return settings.eigen_threads > 0
-             ? train<Cross>(settings, cohort::testing::small_eigen_model(settings.eigen_threads))
-             : train<Cross>(settings, cohort::testing::small_model());
+  if (settings.mirrored) {
+    return train(settings, cohort::strategy::Mirrored<>({.replicas = settings.local_replicas}));
+  }
+  return train(settings, cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, Cross>(
+                             {.local_replicas = settings.local_replicas,
+                              .connect_timeout = std::chrono::seconds(30),
+                              .timeout = std::chrono::seconds(10),
+                              .bucket_bytes = 64}));
 }
 
 }  // namespace
@@ -79,7 +103,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: multi_worker_trainer LOCAL_REPLICAS STEPS OUT [ring] [--eigen THREADS] "
                  "[--micro-batches M] [--seed S] [--learning-rate LR] [--poison INDEX] "
-                 "[--on-nonfinite raise|skip_step]\n");
+                 "[--on-nonfinite raise|skip_step] [--mirrored] [--checkpoint FILE] "
+                 "[--preempt-after N]\n");
     return 64;
   }
   try {
@@ -102,6 +127,12 @@ int main(int argc, char** argv) {
         settings.learning_rate = std::stod(next());
       } else if (flag == "--poison") {
         settings.poison = std::stoul(next());
+      } else if (flag == "--mirrored") {
+        settings.mirrored = true;
+      } else if (flag == "--checkpoint") {
+        settings.checkpoint = next();
+      } else if (flag == "--preempt-after") {
+        settings.preempt_after = std::stoi(next());
       } else if (flag == "--on-nonfinite") {
         settings.on_nonfinite =
             next() == "skip_step" ? cohort::NonFinite::kSkipStep : cohort::NonFinite::kRaise;

@@ -199,7 +199,7 @@ std::pair<cohort::strategy::ps::ServerCounts, std::string> serve_with_a_silent_w
         client.transfer();
         std::this_thread::sleep_for(pause);
       }
-      client.done(1);
+      client.done(1, false);
     } catch (const cohort::CommError& error) {
       chief_error = error.what();
     }

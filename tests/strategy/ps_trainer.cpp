@@ -8,10 +8,12 @@
 //              [--backup-workers B] [--clip NORM] [--alignment A] [--local-replicas L]
 //              [--eigen THREADS] [--poison INDEX] [--on-nonfinite skip_step]
 //              [--seed-of W S] [--timeout-ms T] [--stall-mid-frame W --stall-after N]
+//              [--preempt-after N]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
 // --every-worker-sleep-ms N  every worker sleeps N ms in every micro-batch (so that a run lasts)
-// --segment K        fit K steps at a time; the chief saves FILE after each
+// --segment K        fit K steps at a time; the chief saves FILE after each (and the Trainer on
+//                    preemption)
 // --restore FILE     every process restores FILE first
 // --bad-requests     worker 1 first sends one malformed request per field and checks that each
 //                    is refused naming itself and the field, a push's in the answer to its next
@@ -30,6 +32,8 @@
 // --stall-mid-frame W  worker W, after N micro-batches, writes the first half of its next push's
 //                    payload frame and stops there for good, its connections open (it says so on
 //                    stderr: "ps_trainer: stalled after B of F bytes of a frame")
+// --preempt-after N  the chief's micro-batch number N sends SIGTERM to the launcher (PreemptAt);
+//                    a process whose fit stopped for preemption exits with kExitPreempted
 // Otherwise the layout is forced small (16-element alignment, no minimum shard, 256-byte chunks),
 // so that the small model spreads over every server in several chunks.
 #include <sys/socket.h>
@@ -111,6 +115,7 @@ struct Settings {
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
   int stall_worker = -1;
   int stall_after = 0;
+  int preempt_after = -1;
 };
 
 // The test data: slowed down on one worker, with one example poisoned, and on the stalling
@@ -120,10 +125,12 @@ struct Data {
   int sleep_ms = 0;
   int stall_after = -1;
   std::optional<std::size_t> poison;
+  cohort::testing::PreemptAt preempt{-1};
   std::size_t size() const { return data->size(); }
   auto batch(std::span<const std::size_t> indices) const {
     if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     if (stall_after >= 0 && batches_.fetch_add(1) == stall_after) stall_armed = true;
+    preempt();
     if (poison) {
       return cohort::testing::PoisonedData{.data = data, .poisoned = *poison}.batch(indices);
     }
@@ -227,17 +234,19 @@ int train(const Settings& settings, const Model& model) {
       {.global_batch = 64,
        .seed = worker == settings.seed_worker ? settings.seed_of_worker : 11,
        .progress = cohort::Progress::kSilent,
-       .on_nonfinite = settings.on_nonfinite});
+       .on_nonfinite = settings.on_nonfinite,
+       .preemption = {.checkpoint = settings.checkpoint}});
   if (!settings.restore.empty()) trainer.restore(settings.restore);
   const Data data{
       &cohort::testing::small_task_data(),
       worker == settings.slow_worker ? settings.sleep_ms : settings.every_worker_sleep_ms,
-      worker == settings.stall_worker ? settings.stall_after : -1, settings.poison};
+      worker == settings.stall_worker ? settings.stall_after : -1, settings.poison,
+      cohort::testing::PreemptAt(chief ? settings.preempt_after : -1)};
   const std::uint64_t segment = settings.segment == 0 ? settings.steps : settings.segment;
   // Every process, servers included, fits the same segments (a server's step stays put).
   for (std::uint64_t at = trainer.step(); at < settings.steps;) {
     at = std::min(settings.steps, at + segment);
-    trainer.fit(data, {.steps = at});
+    if (trainer.fit(data, {.steps = at}).preempted) return cohort::kExitPreempted;
     if (!settings.checkpoint.empty()) trainer.save(settings.checkpoint);
   }
   if (chief) {
@@ -310,6 +319,8 @@ int main(int argc, char** argv) {
       settings.stall_worker = std::stoi(next());
     else if (flag == "--stall-after")
       settings.stall_after = std::stoi(next());
+    else if (flag == "--preempt-after")
+      settings.preempt_after = std::stoi(next());
     else {
       std::fprintf(stderr, "ps_trainer: unknown option %s\n", flag.c_str());
       return 64;

@@ -2,6 +2,10 @@
 // a small generated task.
 #pragma once
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cohort/cohort.hpp>
 #include <cstdint>
 #include <filesystem>
@@ -50,6 +54,33 @@ template <>
 inline optimizer::AdamW test_optimizer() {
   return optimizer::AdamW({.learning_rate = 3e-3, .weight_decay = 0.01});
 }
+
+// A preemption at a known point of a run: the call number `at` (from 0; -1: never) sends SIGTERM
+// to this process's parent, the launcher (cohort-run), which forwards it to every rank as a job
+// controller would. Test programs call it from their data set's batch().
+class PreemptAt {
+ public:
+  explicit PreemptAt(int at) : at_(at) {}
+  void operator()() const {
+    if (at_ >= 0 && calls_.fetch_add(1) == at_) ::kill(::getppid(), SIGTERM);
+  }
+
+ private:
+  int at_;
+  mutable std::atomic<int> calls_{0};
+};
+
+// small_task_data(), preempting the run at its micro-batch number `at` (PreemptAt).
+struct PreemptedData {
+  const example::ClusterData* data = &small_task_data();
+  PreemptAt preempt{-1};
+
+  std::size_t size() const { return data->size(); }
+  example::Batch batch(std::span<const std::size_t> indices) const {
+    preempt();
+    return data->batch(indices);
+  }
+};
 
 // small_task_data() with one example poisoned: its first feature is NaN (the NaN tests of
 // on_nonfinite).
