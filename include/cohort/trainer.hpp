@@ -47,10 +47,12 @@
 //   preemption     what SIGTERM and SIGUSR1 do while the Trainer lives (below): enabled, the
 //                  checkpoint to save to, the grace period (core/preemption.hpp)
 //
-// Preemption. With preemption.enabled (the default) the signal is latched, and before every step
-// every replica of every process votes in one all-reduce of one number whether any process was
+// Preemption. With preemption.enabled (the default) the signal is latched, and before the first step
+// of a fit, then about every 0.1 s (a number of steps computed alike everywhere from the slowest
+// step time), every replica of every process votes in one all-reduce whether any process was
 // signalled (a parameter-server worker also counts its servers' marked answers). All stop at the
-// same step; a signal between two fits stops the next before its first step. Every process then
+// same step, within about 0.1 s plus a step of the signal; a signal between two fits stops the
+// next before its first step. Every process then
 // saves to preemption.checkpoint, when given (Trainer::save: the chief, or a parameter server's
 // shards and manifest), and fit returns with Report::preempted: the program should exit with
 // kExitPreempted (75), and the same command continues the run bit for bit. A process still alive
@@ -597,13 +599,29 @@ class Trainer {
       window_losses.clear();
       window_times.clear();
     };
-    Buffer<double> stop_vote;
+    // The preemption votes: before the first step, then about every kVoteInterval (a whole number
+    // of steps that every replica computes alike from the vote's slowest step time).
+    Buffer<double> vote_at_place;
+    std::uint64_t next_vote = step_;
+    std::uint64_t last_vote = step_;
+    auto last_vote_time = Clock::now();
 
     std::uint64_t step = step_;
     for (; step < target; ++step) {
-      if (options_.preemption.enabled && agree_to_stop(replica, place, stop_vote)) {
-        if (!window_losses.empty()) report_window(step - 1, false);
-        break;
+      if (options_.preemption.enabled && step == next_vote) {
+        const auto now = Clock::now();
+        const double step_seconds =
+            step == last_vote ? 0.0
+                              : std::chrono::duration<double>(now - last_vote_time).count() /
+                                    static_cast<double>(step - last_vote);
+        const Vote vote = vote_to_stop(replica, place, vote_at_place, step_seconds);
+        if (vote.stop) {
+          if (!window_losses.empty()) report_window(step - 1, false);
+          break;
+        }
+        next_vote = step + steps_between_votes(vote.step_seconds);
+        last_vote = step;
+        last_vote_time = now;
       }
       const std::uint64_t epoch = step / plan.steps_per_epoch();
       const std::size_t step_in_epoch = step % plan.steps_per_epoch();
@@ -710,20 +728,37 @@ class Trainer {
     }
   }
 
-  // Whether any process of the job was asked to stop (core/preemption.hpp): one all-reduce of one
-  // number, so that every replica of every process decides the same way. A parameter-server
-  // worker also counts what its servers said (a signalled server marks its answers).
+  // Preemption votes come about this often, so that the job stops within about this time of a
+  // signal and a vote (one all-reduce of two numbers, some microseconds between processes) costs
+  // a small model's fast steps nothing measurable.
+  static constexpr double kVoteInterval = 0.1;  // seconds
+
+  struct Vote {
+    bool stop;            // some process of the job was asked to stop
+    double step_seconds;  // the slowest replica's mean step time since the last vote
+  };
+
+  // Whether any process of the job was asked to stop (core/preemption.hpp), with the slowest step
+  // time: one all-reduce (max) of both, so that every replica of every process decides the same
+  // way and schedules the same next vote. A parameter-server worker also counts what its servers
+  // said (a signalled server marks its answers).
   template <class Replica>
-  static bool agree_to_stop(Replica& replica, const Place& place, Buffer<double>& vote) {
-    double asked = preemption::requested() != 0 ? 1.0 : 0.0;
-    if constexpr (requires { replica.stop_requested(); }) {
-      if (replica.stop_requested()) asked = 1.0;
-    }
-    if (vote.size() != 1) vote = Buffer<double>(1, place);
-    Device::from_host(place, std::span<const double>(&asked, 1), vote.span());
-    replica.communicator().all_reduce(vote.span(), ReduceOp::kMax);
-    Device::to_host(place, std::span<const double>(vote.span()), std::span<double>(&asked, 1));
-    return asked != 0.0;
+  static Vote vote_to_stop(Replica& replica, const Place& place, Buffer<double>& at_place,
+                           double step_seconds) {
+    bool asked = preemption::requested() != 0;
+    if constexpr (requires { replica.stop_requested(); }) asked = asked || replica.stop_requested();
+    double values[2] = {asked ? 1.0 : 0.0, step_seconds};
+    if (at_place.size() != 2) at_place = Buffer<double>(2, place);
+    Device::from_host(place, std::span<const double>(values), at_place.span());
+    replica.communicator().all_reduce(at_place.span(), ReduceOp::kMax);
+    Device::to_host(place, std::span<const double>(at_place.span()), std::span<double>(values));
+    return {values[0] != 0.0, values[1]};
+  }
+
+  // Steps until the next vote: kVoteInterval's worth at the given step time, at least 1.
+  static std::uint64_t steps_between_votes(double step_seconds) {
+    if (!(step_seconds > 0.0)) return 1;
+    return static_cast<std::uint64_t>(std::clamp(kVoteInterval / step_seconds, 1.0, 1e6));
   }
 
   // After a fit that stopped for preemption, on every process: the save, when a checkpoint is

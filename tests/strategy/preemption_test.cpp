@@ -19,7 +19,9 @@ namespace fs = std::filesystem;
 using cohort::testing::read_file;
 using cohort::testing::TemporaryDirectory;
 
-constexpr std::uint64_t kSteps = 600;  // 19 epochs of the small task at 64 examples per step
+// 97 epochs of the small task at 64 examples per step: long enough that the vote after the signal
+// (about 0.1 s later, trainer.hpp) comes before the end.
+constexpr std::uint64_t kSteps = 3000;
 
 struct Job {
   std::vector<std::string> launcher;  // cohort-run and its options, through "--"
