@@ -97,7 +97,7 @@ void BM_ps_push_pull(benchmark::State& state) {
           client.transfer();
           ++step;
         }
-        client.done(servers);
+        client.done(servers, false);
       },
       [&](tcp::Tcp& transport) {
         transport.isolate_peer_failures();

@@ -145,7 +145,7 @@ class Worker {
           rows.push_back(row);
         }
       }
-      client.done(servers);
+      client.done(servers, false);
     }
     return rows;
   }
