@@ -97,8 +97,8 @@ struct CommFailure {
 
 // A peer lost, a timeout, a protocol or shape mismatch. The rank, peer, operation and sequence are
 // fields, and the message is made from them ("rank 0: all_reduce #7: rank 2 closed the connection
-// ..."), so that a layer that passes a failure on builds its own from failure(), never from the
-// text. Copies share the fields and never throw.
+// ..."), so that a layer that passes a failure on builds its own from these fields, never from
+// the text. Copies share the fields and never throw.
 class CommError : public Error {
  public:
   explicit CommError(CommFailure failure)
@@ -110,7 +110,6 @@ class CommError : public Error {
   std::string_view operation() const noexcept { return failure_->operation; }
   std::uint64_t sequence() const noexcept { return failure_->sequence; }
   std::string_view detail() const noexcept { return failure_->detail; }
-  const CommFailure& failure() const noexcept { return *failure_; }
 
   // "rank R: operation #S: detail", each part present when known (the sequence with its
   // operation).
