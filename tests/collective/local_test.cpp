@@ -342,7 +342,8 @@ TEST_CASE("local ranks waiting for a rank that never arrives time out naming it"
   });
   for (int r = 0; r < 2; ++r) {
     INFO("rank ", r, ": ", errors[r]);
-    CHECK(contains(errors[r], "rank " + std::to_string(r) + ": all_reduce #2: timed out"));
+    // Timed out itself, or released by the other's time-out: either names the missing rank.
+    CHECK(contains(errors[r], "rank " + std::to_string(r) + ": all_reduce #2: "));
     CHECK(contains(errors[r], "waiting for rank 2"));
     CHECK(waited[r] >= 190ms);
     CHECK(waited[r] < 1s);

@@ -332,18 +332,34 @@ TEST_CASE(
   CHECK(contains(error, "receive from rank 1"));
 }
 
-TEST_CASE("a peer that closes is named with the sequence, and the failure is final") {
+TEST_CASE(
+    "a peer that closes is named with the sequence, as fields too, and the failure is final") {
   const auto errors = run_ranks(2, [](tcp::Tcp& transport) {
     if (transport.rank() == 1) return;  // destroying the transport closes the connection
     std::vector<std::byte> buffer(16);
     const Receive receive{1, {kCollective, 17, 0}, buffer};
-    std::string first;
+    std::optional<cohort::CommError> first;
     try {
       transport.transfer({}, {&receive, 1});
     } catch (const cohort::CommError& error) {
-      first = error.what();
+      first = error;
     }
-    CHECK(contains(first, "rank 0: rank 1 closed the connection during sequence 17"));
+    REQUIRE(first.has_value());
+    CHECK(contains(first->what(), "rank 0: rank 1 closed the connection during sequence 17"));
+    CHECK(first->rank() == 0);
+    CHECK(first->peer() == 1);
+    CHECK(first->sequence() == 17);
+    CHECK(first->operation().empty());  // the layer above names it
+    bool refused = false;
+    try {
+      transport.transfer({}, {&receive, 1});
+    } catch (const cohort::CommError& again) {
+      refused = true;
+      CHECK(contains(again.what(), "failed earlier"));
+      CHECK(again.peer() == 1);  // still the peer of the failure that closed the transport
+      CHECK(again.sequence() == 17);
+    }
+    CHECK(refused);
     std::error_code code;
     transport.transfer({}, {&receive, 1}, code);
     CHECK(code == cohort::Errc::kComm);
