@@ -4,11 +4,11 @@
 //   collective_rank mismatch            rank 0 calls all_reduce, the others broadcast and wait
 //   collective_rank loop                all-reduces 4 MiB until killed (fault tests)
 // Exits 0 on success, 1 with "error: ..." on stderr otherwise.
+#include <chrono>
 #include <cohort/cluster/cluster.hpp>
 #include <cohort/collective/deterministic.hpp>
 #include <cohort/collective/ring.hpp>
 #include <cohort/transport/tcp/tcp.hpp>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -32,8 +32,8 @@ cohort::transport::tcp::Tcp connect() {
 
 template <class Communicator>
 void exact(Communicator& c) {
-  for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4099},
-                             std::size_t{1} << 22}) {
+  for (std::size_t length :
+       {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4099}, std::size_t{1} << 22}) {
     cohort::testing::check_collectives<float>(c, length);
     cohort::testing::check_collectives<std::int64_t>(c, std::min<std::size_t>(length, 4099));
   }

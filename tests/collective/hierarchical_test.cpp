@@ -1,9 +1,10 @@
+#include <doctest/doctest.h>
+
 #include <cohort/collective/deterministic.hpp>
 #include <cohort/collective/hierarchical.hpp>
 #include <cohort/collective/local.hpp>
 #include <cohort/transport/loopback.hpp>
 #include <cstring>
-#include <doctest/doctest.h>
 #include <random>
 #include <string>
 #include <thread>
@@ -47,8 +48,8 @@ std::vector<std::string> on_workers(int workers, int local_size, std::size_t buc
 }  // namespace
 
 TEST_CASE("hierarchical all-reduce gives the canonical tree's bits over all replicas") {
-  for (auto [workers, local_size] : {std::pair{2, 2}, std::pair{4, 1}, std::pair{2, 4},
-                                     std::pair{1, 4}}) {
+  for (auto [workers, local_size] :
+       {std::pair{2, 2}, std::pair{4, 1}, std::pair{2, 4}, std::pair{1, 4}}) {
     CAPTURE(workers);
     CAPTURE(local_size);
     const int ranks = workers * local_size;
@@ -78,7 +79,8 @@ TEST_CASE("hierarchical all-reduce gives the canonical tree's bits over all repl
       const std::int64_t mine = c.rank();
       c.all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(gathered));
       for (int r = 0; r < ranks; ++r) {
-        if (gathered[static_cast<std::size_t>(r)] != r) throw std::runtime_error("wrong all_gather");
+        if (gathered[static_cast<std::size_t>(r)] != r)
+          throw std::runtime_error("wrong all_gather");
       }
       c.barrier();
     });

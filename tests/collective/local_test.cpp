@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -341,14 +342,14 @@ TEST_CASE("local ranks waiting for a rank that never arrives time out naming it"
   });
   for (int r = 0; r < 2; ++r) {
     INFO("rank ", r, ": ", errors[r]);
-    CHECK(contains(errors[r], "rank " + std::to_string(r) + " "));
-    CHECK(contains(errors[r], "all_reduce #2"));
+    // Timed out itself, or released by the other's time-out: either names the missing rank.
+    CHECK(contains(errors[r], "rank " + std::to_string(r) + ": all_reduce #2: "));
     CHECK(contains(errors[r], "waiting for rank 2"));
     CHECK(waited[r] >= 190ms);
     CHECK(waited[r] < 1s);
   }
   INFO("rank 2: ", errors[2]);
-  CHECK(contains(errors[2], "rank 2 abandoned all_reduce #2 because"));
+  CHECK(contains(errors[2], "rank 2: all_reduce #2: abandoned because"));
   CHECK(contains(errors[2], "waiting for rank 2"));
 }
 
@@ -375,7 +376,7 @@ TEST_CASE("local mismatched collectives fail on every rank naming both calls") {
         contains(errors[r],
                  "rank 1 called broadcast(float, 7, root 0) #2 but rank 0 called all_reduce(float, "
                  "7, sum) #2"));
-    CHECK(contains(later[r], "barrier #3 because rank 1 called broadcast"));
+    CHECK(contains(later[r], "barrier #3: abandoned because rank 1 called broadcast"));
   }
 }
 
@@ -460,7 +461,7 @@ TEST_CASE("local abort from one rank releases the others and keeps failing later
   });
   for (int r = 0; r < 2; ++r) {
     INFO("rank ", r, ": ", errors[r]);
-    CHECK(contains(errors[r], "rank " + std::to_string(r) + " abandoned all_reduce #1"));
+    CHECK(contains(errors[r], "rank " + std::to_string(r) + ": all_reduce #1: abandoned"));
     CHECK(contains(errors[r], "rank 2 aborted: out of memory"));
     CHECK(waited[r] < 1s);
   }
@@ -472,6 +473,63 @@ TEST_CASE("local abort from one rank releases the others and keeps failing later
   }
 }
 
+TEST_CASE("local errors carry rank, peer, operation and sequence as fields") {
+  const Local local({.ranks = 3, .timeout = 5s});
+  std::vector<std::optional<cohort::CommError>> failed(3);
+  std::vector<std::optional<cohort::CommError>> stalled(2);
+  run_ranks(local, [&](LocalCommunicator& comm) {
+    comm.barrier();  // #1
+    std::vector<float> buffer(7, 1.0f);
+    try {
+      if (comm.rank() == 1) {
+        comm.broadcast(std::span(buffer), 0);  // #2
+      } else {
+        comm.all_reduce(std::span(buffer), ReduceOp::kSum);  // #2
+      }
+    } catch (const cohort::CommError& error) {
+      failed[comm.rank()] = error;
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    REQUIRE(failed[r].has_value());
+    INFO("rank ", r, ": ", failed[r]->what());
+    CHECK(failed[r]->rank() == r);
+    CHECK(failed[r]->peer() == (r == 1 ? 0 : 1));  // the rank whose call differs from its own
+    CHECK(failed[r]->operation() == (r == 1 ? "broadcast" : "all_reduce"));
+    CHECK(failed[r]->sequence() == 2);
+  }
+
+  const Local slow({.ranks = 2, .timeout = 200ms});
+  run_ranks(slow, [&](LocalCommunicator& comm) {
+    if (comm.rank() == 1) {
+      std::this_thread::sleep_for(600ms);
+      return;
+    }
+    try {
+      comm.barrier();  // #1
+    } catch (const cohort::CommError& error) {
+      stalled[0] = error;
+    }
+    try {
+      comm.barrier();  // #2: the group failed
+    } catch (const cohort::CommError& error) {
+      stalled[1] = error;
+    }
+  });
+  REQUIRE(stalled[0].has_value());
+  INFO(stalled[0]->what());
+  CHECK(stalled[0]->rank() == 0);
+  CHECK(stalled[0]->peer() == 1);  // the one rank missing
+  CHECK(stalled[0]->operation() == "barrier");
+  CHECK(stalled[0]->sequence() == 1);
+  REQUIRE(stalled[1].has_value());
+  CHECK(stalled[1]->peer() == 1);
+  CHECK(stalled[1]->sequence() == 2);
+  CHECK(contains(stalled[1]->what(),
+                 "rank 0: barrier #2: abandoned because rank 0: barrier #1: "
+                 "timed out after 200 ms waiting for rank 1"));
+}
+
 TEST_CASE("local shape errors fail the caller and release the others") {
   const Local local({.ranks = 3});
   const auto errors = run_ranks(local, [&](LocalCommunicator& comm) {
@@ -480,11 +538,12 @@ TEST_CASE("local shape errors fail the caller and release the others") {
     comm.all_gather(std::span<const float>(in), std::span(out));
   });
   CHECK(contains(errors[1],
-                 "rank 1 called all_gather with 4 input and 10 output elements; the output needs "
-                 "3 x 4 (all_gather #1)"));
+                 "rank 1: all_gather #1: called all_gather with 4 input and 10 output elements; "
+                 "the output needs 3 x 4"));
   for (const int r : {0, 2}) {
     INFO("rank ", r, ": ", errors[r]);
-    CHECK(contains(errors[r], "abandoned all_gather #1 because rank 1 called all_gather"));
+    CHECK(contains(errors[r],
+                   "all_gather #1: abandoned because rank 1: all_gather #1: called all_gather"));
   }
 
   const Local scatter({.ranks = 2});
@@ -493,8 +552,9 @@ TEST_CASE("local shape errors fail the caller and release the others") {
     std::vector<float> out(3);
     comm.reduce_scatter(std::span<const float>(in), std::span(out), ReduceOp::kSum);
   });
-  CHECK(contains(scatter_errors[0], "rank 0 called reduce_scatter with 5 input and 3 output"));
-  CHECK(contains(scatter_errors[1], "because rank 0 called reduce_scatter"));
+  CHECK(contains(scatter_errors[0],
+                 "rank 0: reduce_scatter #1: called reduce_scatter with 5 input and 3 output"));
+  CHECK(contains(scatter_errors[1], "because rank 0: reduce_scatter #1: called reduce_scatter"));
 
   const Local root({.ranks = 2});
   const auto root_errors = run_ranks(root, [&](LocalCommunicator& comm) {

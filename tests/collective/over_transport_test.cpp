@@ -1,12 +1,14 @@
 // The process collectives (Deterministic, Ring) with ranks as threads over the loopback transport.
 // tests/strategy runs them across real processes over TCP.
+#include <doctest/doctest.h>
+
 #include <cohort/collective/deterministic.hpp>
 #include <cohort/collective/ring.hpp>
 #include <cohort/transport/loopback.hpp>
 #include <cstdint>
 #include <cstring>
-#include <doctest/doctest.h>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -149,8 +151,8 @@ TEST_CASE("ranks that call different collectives fail naming both calls") {
       std::chrono::milliseconds(2000));
   CAPTURE(failures[0]);
   CAPTURE(failures[1]);
-  CHECK(failures[0].find("rank 0 called all_reduce(float, 7, sum) #1 but rank 1 called "
-                         "broadcast(float, 7, root 1) #1") != std::string::npos);
+  CHECK(failures[0].find("rank 0: all_reduce #1: called all_reduce(float, 7, sum) but rank 1 "
+                         "called broadcast(float, 7, root 1) #1") != std::string::npos);
   CHECK(failures[1] != "");  // released by rank 0's failure, not left waiting
 }
 
@@ -162,7 +164,7 @@ TEST_CASE("a rank that aborts makes its peers fail naming it, and the group stay
       c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
     } catch (const cohort::CommError& error) {
       const std::string message = error.what();
-      if (message.find("all_reduce(float, 100, sum) #1") == std::string::npos ||
+      if (message.find("all_reduce #1") == std::string::npos ||
           message.find("rank 2") == std::string::npos) {
         throw std::runtime_error("unexpected message: " + message);
       }
@@ -190,7 +192,84 @@ TEST_CASE("a rank that never arrives is reported after the timeout") {
       },
       std::chrono::milliseconds(200));
   CAPTURE(failures[0]);
-  CHECK(failures[0].find("all_reduce(float, 10, sum) #1 failed") != std::string::npos);
-  CHECK(failures[0].find("rank 1") != std::string::npos);
+  CHECK(failures[0].find("rank 0: all_reduce #1: nothing from rank 1 within 200 ms") !=
+        std::string::npos);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+}
+
+TEST_CASE_TEMPLATE(
+    "a collective whose peer closes fails with rank, peer, operation and sequence as "
+    "fields, and so does every later call",
+    Algorithm, cohort::collective::Deterministic<Loopback::Endpoint>,
+    cohort::collective::Ring<Loopback::Endpoint>) {
+  Loopback group({.ranks = 2, .timeout = std::chrono::seconds(20)});
+  std::optional<cohort::CommError> failed;
+  std::optional<cohort::CommError> refused;
+  {
+    std::jthread peer([&] {
+      Algorithm communicator(group.endpoint(1));
+      communicator.barrier();
+      communicator.abort("done");  // closes: rank 0's next collective finds it gone
+    });
+    Algorithm communicator(group.endpoint(0));
+    communicator.barrier();
+    peer.join();
+    std::vector<float> buffer(7, 1.0f);
+    try {
+      communicator.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+    } catch (const cohort::CommError& error) {
+      failed = error;
+    }
+    try {
+      communicator.broadcast(std::span<float>(buffer), 0);
+    } catch (const cohort::CommError& error) {
+      refused = error;
+    }
+  }
+  REQUIRE(failed.has_value());
+  CAPTURE(failed->what());
+  CHECK(failed->rank() == 0);
+  CHECK(failed->peer() == 1);
+  CHECK(failed->operation() == "all_reduce");
+  CHECK(failed->sequence() == 2);  // the barrier was #1
+  CHECK(std::string(failed->what()).starts_with("rank 0: all_reduce #2: rank 1 closed"));
+
+  REQUIRE(refused.has_value());
+  CAPTURE(refused->what());
+  CHECK(refused->rank() == 0);
+  CHECK(refused->peer() == 1);  // the first failure's
+  CHECK(refused->operation() == "broadcast");
+  CHECK(refused->sequence() == 3);
+  CHECK(std::string(refused->detail()).starts_with("refused: the group failed earlier: "));
+}
+
+TEST_CASE("ranks that call different collectives fail with the other rank as peer()") {
+  Loopback group({.ranks = 2, .timeout = std::chrono::seconds(20)});
+  std::optional<cohort::CommError> failed;
+  {
+    std::jthread other([&] {
+      cohort::collective::Deterministic<Loopback::Endpoint> communicator(group.endpoint(1));
+      std::vector<float> buffer(7, 1.0f);
+      try {
+        communicator.broadcast(std::span<float>(buffer), 1);
+      } catch (const cohort::CommError&) {
+        // released by rank 0's failure
+      }
+    });
+    cohort::collective::Deterministic<Loopback::Endpoint> communicator(group.endpoint(0));
+    std::vector<float> buffer(7, 1.0f);
+    try {
+      communicator.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+    } catch (const cohort::CommError& error) {
+      failed = error;
+    }
+  }
+  REQUIRE(failed.has_value());
+  CAPTURE(failed->what());
+  CHECK(failed->rank() == 0);
+  CHECK(failed->peer() == 1);
+  CHECK(failed->operation() == "all_reduce");
+  CHECK(failed->sequence() == 1);
+  CHECK(failed->detail() ==
+        "called all_reduce(float, 7, sum) but rank 1 called broadcast(float, 7, root 1) #1");
 }

@@ -282,8 +282,8 @@ TEST_CASE(
   // The warning at a quarter of the timeout, then the error, both naming the stopped rank.
   CHECK(log.find("cohort: rank 0: no progress for ") != std::string::npos);
   CHECK(log.find("waiting for: receive from rank 1") != std::string::npos);
-  CHECK(log.find("rank 0: all_reduce(") != std::string::npos);
-  CHECK(log.find("failed: no progress within 10000 ms during sequence") != std::string::npos);
+  CHECK(log.find("rank 0: all_reduce #") != std::string::npos);
+  CHECK(log.find(": no progress within 10000 ms during sequence") != std::string::npos);
   workers[1]->kill(SIGKILL);
 }
 

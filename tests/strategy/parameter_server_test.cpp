@@ -844,6 +844,6 @@ TEST_CASE("a server over Loopback: a silent sync worker ends the run, named to t
   CHECK(error.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
   CHECK(error.find("synchronous training needs 2 of 2 workers") != std::string::npos);
   CHECK(
-      chief_error.find("worker 0: pull refused: parameter server 0: worker 1 (rank 1) was lost") !=
+      chief_error.find("rank 0: pull: refused: 'parameter server 0: worker 1 (rank 1) was lost") !=
       std::string::npos);
 }

@@ -257,8 +257,10 @@ TEST_CASE("a header mismatch names both ranks and both headers and holds them") 
     try {
       transport.transfer({}, {&receive, 1});
     } catch (const HeaderMismatch& mismatch) {
-      CHECK(mismatch.receiver == 0);
-      CHECK(mismatch.sender == 1);
+      CHECK(mismatch.rank() == 0);
+      CHECK(mismatch.peer() == 1);
+      CHECK(mismatch.sequence() == 6);      // the one this rank expected
+      CHECK(mismatch.operation().empty());  // the layer above names it
       CHECK(mismatch.expected == Header{kCollective, 6, 0x2a});
       CHECK(mismatch.received == Header{kCollective, 5, 0x2a});
       CHECK(mismatch.expected_length == 64);
@@ -330,18 +332,34 @@ TEST_CASE(
   CHECK(contains(error, "receive from rank 1"));
 }
 
-TEST_CASE("a peer that closes is named with the sequence, and the failure is final") {
+TEST_CASE(
+    "a peer that closes is named with the sequence, as fields too, and the failure is final") {
   const auto errors = run_ranks(2, [](tcp::Tcp& transport) {
     if (transport.rank() == 1) return;  // destroying the transport closes the connection
     std::vector<std::byte> buffer(16);
     const Receive receive{1, {kCollective, 17, 0}, buffer};
-    std::string first;
+    std::optional<cohort::CommError> first;
     try {
       transport.transfer({}, {&receive, 1});
     } catch (const cohort::CommError& error) {
-      first = error.what();
+      first = error;
     }
-    CHECK(contains(first, "rank 0: rank 1 closed the connection during sequence 17"));
+    REQUIRE(first.has_value());
+    CHECK(contains(first->what(), "rank 0: rank 1 closed the connection during sequence 17"));
+    CHECK(first->rank() == 0);
+    CHECK(first->peer() == 1);
+    CHECK(first->sequence() == 17);
+    CHECK(first->operation().empty());  // the layer above names it
+    bool refused = false;
+    try {
+      transport.transfer({}, {&receive, 1});
+    } catch (const cohort::CommError& again) {
+      refused = true;
+      CHECK(contains(again.what(), "failed earlier"));
+      CHECK(again.peer() == 1);  // still the peer of the failure that closed the transport
+      CHECK(again.sequence() == 17);
+    }
+    CHECK(refused);
     std::error_code code;
     transport.transfer({}, {&receive, 1}, code);
     CHECK(code == cohort::Errc::kComm);
@@ -403,7 +421,7 @@ TEST_CASE("a wrong secret is refused on both sides; the right one is accepted") 
       });
   CHECK(contains(message_of(wrong[0]), "rank 1 never joined"));
   CHECK(contains(message_of(wrong[0]), "claiming to be rank 1: authentication failed"));
-  CHECK(contains(message_of(wrong[1]), "rank 1: authentication failed with rank 0"));
+  CHECK(contains(message_of(wrong[1]), "rank 1: rendezvous: authentication failed with rank 0"));
 
   const auto one_sided = run_ranks(
       2, [](tcp::Tcp&) {},
@@ -446,7 +464,7 @@ TEST_CASE("checksums can be turned off, by every rank or by none") {
   const auto errors = run_ranks(
       2, [](tcp::Tcp&) {}, [](tcp::Options& options) { options.checksum = options.rank == 0; });
   CHECK(contains(message_of(errors[0]),
-                 "rank 0: rank 1 has checksum = false, rank 0 has checksum = true"));
+                 "rank 0: rendezvous: rank 1 has checksum = false, rank 0 has checksum = true"));
   CHECK(contains(message_of(errors[1]), "rank 1 has checksum = false"));
 }
 
@@ -455,7 +473,7 @@ TEST_CASE("a rank of another job is refused naming both job ids") {
       2, [](tcp::Tcp&) {},
       [](tcp::Options& options) { options.job_id = std::string(options.rank == 0 ? "a" : "b"); });
   CHECK(contains(message_of(errors[0]),
-                 "rank 0: rank 1 belongs to another job: job id 'b' differs from 'a'"));
+                 "rank 0: rendezvous: rank 1 belongs to another job: job id 'b' differs from 'a'"));
   CHECK(contains(message_of(errors[1]), "job id 'b' differs from 'a'"));
 }
 
@@ -470,8 +488,8 @@ TEST_CASE("ranks that never join are named by every rank that waits, after conne
   CHECK(elapsed >= milliseconds(1000));
   CHECK(elapsed < std::chrono::seconds(4));
   CHECK(contains(message_of(errors[0]),
-                 "rank 0: rendezvous timed out after 1000 ms: ranks 2, 3 never joined"));
-  CHECK(contains(message_of(errors[1]), "rank 1: rendezvous aborted by rank 0: 'rank 0: "));
+                 "rank 0: rendezvous: timed out after 1000 ms: ranks 2, 3 never joined"));
+  CHECK(contains(message_of(errors[1]), "rank 1: rendezvous: aborted by rank 0: 'rank 0: "));
   CHECK(contains(message_of(errors[1]), "ranks 2, 3 never joined"));
 }
 
@@ -491,7 +509,7 @@ TEST_CASE("a rank whose rank 0 never starts names it and the address after conne
   options.connect_timeout = milliseconds(300);
   const auto start = Clock::now();
   const std::string expected =
-      "rank 1: rendezvous timed out after 300 ms: rank 0 never answered at 127.0.0.1:" +
+      "rank 1: rendezvous: timed out after 300 ms: rank 0 never answered at 127.0.0.1:" +
       std::to_string(port) + " (last attempt: Connection refused)";
   CHECK_THROWS_WITH_AS(tcp::Tcp{options}, doctest::Contains(expected.c_str()), cohort::CommError);
   CHECK(Clock::now() - start < std::chrono::seconds(3));
@@ -558,7 +576,7 @@ TEST_CASE("a peer speaking protocol version 99 is refused naming both versions")
   const RawFrame abort = read_frame(socket);  // rank 0 says why before it closes
   CHECK(abort.header.header.type == setup_type::kAbort);
   const std::string why = tcp::decode_text(abort.payload());
-  CHECK(why == "rank 0: rank 1 speaks protocol version 99, this is version 2");
+  CHECK(why == "rank 0: rendezvous: rank 1 speaks protocol version 99, this is version 2");
   CHECK(contains(rank_zero.finish(), why));
 }
 
@@ -583,7 +601,7 @@ TEST_CASE("a rank 0 speaking protocol version 99 is refused by the joining rank"
   options.rendezvous_port = port;
   CHECK_THROWS_WITH_AS(
       tcp::Tcp{options},
-      doctest::Contains("rank 1: rank 0 speaks protocol version 99, this is version 2"),
+      doctest::Contains("rank 1: rendezvous: rank 0 speaks protocol version 99, this is version 2"),
       cohort::CommError);
   fake_root.join();
 }

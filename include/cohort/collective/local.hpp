@@ -170,7 +170,7 @@ class Group {
   // Counts one more call of `rank` and returns where it is; throws if the group is poisoned.
   Site begin(int rank, Operation operation) {
     const Site site{rank, operation, ++rank_[rank].sequence};
-    if (poisoned_.load(std::memory_order_acquire)) throw CommError(abandoned(site));
+    if (poisoned_.load(std::memory_order_acquire)) throw abandoned(site);
     return site;
   }
 
@@ -183,10 +183,10 @@ class Group {
     for (int r = 1; r < ranks_; ++r) {
       const Fingerprint& other = rank_[r].calls[parity(site.sequence)].fingerprint;
       if (other == first) continue;
-      std::string message = "rank " + std::to_string(r) + " called " + describe(other) +
-                            " but rank 0 called " + describe(first);
-      poison(message);
-      throw CommError(message);
+      std::string detail = "rank " + std::to_string(r) + " called " + describe(other) +
+                           " but rank 0 called " + describe(first);
+      poison(detail, r);
+      throw failure(site, site.rank == r ? 0 : r, std::move(detail));
     }
   }
 
@@ -199,19 +199,30 @@ class Group {
   // then throws if the group was poisoned meanwhile (an abort, or a rank whose data phase failed).
   void finish(const Site& site) {
     arrive_and_wait(site, Exit::kWhenAllArrive);
-    if (poisoned_.load(std::memory_order_acquire)) throw CommError(abandoned(site));
+    if (poisoned_.load(std::memory_order_acquire)) throw abandoned(site);
   }
 
-  // Makes every waiting and later call of every rank throw, naming `cause`; the first cause wins.
-  void poison(std::string cause) {
+  // Makes every waiting and later call of every rank throw, naming `cause` and the rank to blame
+  // (`culprit`, -1 when none is); the first cause wins.
+  void poison(std::string cause, int culprit) {
     {
       const std::lock_guard lock(mutex_);
       if (!poisoned_.load(std::memory_order_relaxed)) {
         cause_ = std::move(cause);
+        culprit_ = culprit;
         poisoned_.store(true);
       }
     }
     wake_.notify_all();
+  }
+
+  // A failure of the call at `site`; `peer` is the other rank to blame, -1 when none is.
+  static CommError failure(const Site& site, int peer, std::string detail) {
+    return CommError({.rank = site.rank,
+                      .peer = peer,
+                      .operation = std::string(name(site.operation)),
+                      .sequence = site.sequence,
+                      .detail = std::move(detail)});
   }
 
  private:
@@ -231,27 +242,25 @@ class Group {
   }
   static std::uint64_t arrived(std::uint64_t word) { return word & 0xffffffffu; }
 
-  std::string abandoned(const Site& site) {
+  CommError abandoned(const Site& site) {
     const std::lock_guard lock(mutex_);
-    return "rank " + std::to_string(site.rank) + " abandoned " + std::string(name(site.operation)) +
-           " #" + std::to_string(site.sequence) + " because " + cause_;
+    return failure(site, culprit_ == site.rank ? -1 : culprit_, "abandoned because " + cause_);
   }
 
-  std::string timed_out(const Site& site, std::uint64_t barrier) const {
+  CommError timed_out(const Site& site, std::uint64_t barrier) const {
     std::vector<int> missing;
     for (int r = 0; r < ranks_; ++r) {
       if (rank_[r].barriers.load(std::memory_order_relaxed) < barrier) missing.push_back(r);
     }
     std::ostringstream out;
-    out << "rank " << site.rank << " timed out after " << timeout_.count() << " ms in "
-        << name(site.operation) << " #" << site.sequence << " waiting for ";
+    out << "timed out after " << timeout_.count() << " ms waiting for ";
     if (missing.empty()) out << "the other ranks";
     if (missing.size() == 1) out << "rank " << missing[0];
     if (missing.size() > 1) {
       out << "ranks ";
       for (std::size_t i = 0; i < missing.size(); ++i) out << (i ? ", " : "") << missing[i];
     }
-    return out.str();
+    return failure(site, missing.size() == 1 ? missing[0] : -1, out.str());
   }
 
   // Takes this rank's arrival back if the barrier of generation `gen` has not completed. Returns
@@ -332,10 +341,10 @@ class Group {
       sleepers_.fetch_sub(1);
     }
     if (outcome == Outcome::kPassed || !withdraw(gen)) return;
-    if (outcome == Outcome::kPoisoned) throw CommError(abandoned(site));
-    std::string message = timed_out(site, barrier);
-    poison(message);
-    throw CommError(message);
+    if (outcome == Outcome::kPoisoned) throw abandoned(site);
+    const CommError error = timed_out(site, barrier);
+    poison(error.what(), error.peer());
+    throw error;
   }
 
   const int ranks_;
@@ -349,6 +358,7 @@ class Group {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::string cause_;  // guarded by mutex_
+  int culprit_ = -1;   // guarded by mutex_
 };
 
 // Per-communicator buffers for one element type, sized before a call commits so that the data
@@ -524,9 +534,9 @@ class LocalCommunicator {
   }
 
   // Makes every collective of every rank, waiting now or called later, throw CommError
-  // "rank R aborted: reason". Any thread may call it.
+  // "... abandoned because rank R aborted: reason", whose peer() is R. Any thread may call it.
   void abort(std::string_view reason) {
-    group_->poison("rank " + std::to_string(rank_) + " aborted: " + std::string(reason));
+    group_->poison("rank " + std::to_string(rank_) + " aborted: " + std::string(reason), rank_);
   }
 
  private:
@@ -557,12 +567,10 @@ class LocalCommunicator {
   }
 
   // A failure of this rank alone (a bad argument): poison the group so nobody waits for us.
-  [[noreturn]] void fail(const detail::local::Site& site, const std::string& what) {
-    std::string message = "rank " + std::to_string(rank_) + " " + what + " (" +
-                          std::string(name(site.operation)) + " #" + std::to_string(site.sequence) +
-                          ")";
-    group_->poison(message);
-    throw CommError(message);
+  [[noreturn]] void fail(const detail::local::Site& site, std::string what) {
+    const CommError error = detail::local::Group::failure(site, -1, std::move(what));
+    group_->poison(error.what(), rank_);
+    throw error;
   }
 
   // Runs this rank's share of the data movement, then waits until every rank has finished its
@@ -574,8 +582,9 @@ class LocalCommunicator {
       work();
     } catch (const std::exception& e) {
       group_->poison("rank " + std::to_string(rank_) + " failed in " +
-                     std::string(name(site.operation)) + " #" + std::to_string(site.sequence) +
-                     ": " + e.what());
+                         std::string(name(site.operation)) + " #" + std::to_string(site.sequence) +
+                         ": " + e.what(),
+                     rank_);
     }
     group_->finish(site);
   }

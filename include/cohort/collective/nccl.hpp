@@ -460,15 +460,19 @@ class NcclCommunicator {
     return {first, last - first};
   }
 
-  std::string where(const Call& call) const {
-    return "nccl rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
-           std::string(name(call.operation)) + " #" + std::to_string(call.sequence);
+  // A failure of `call`; `peer` is the other rank involved, -1 when none is.
+  CommError failure(const Call& call, std::string detail, int peer = -1) const {
+    return CommError({.rank = rank_,
+                      .peer = peer,
+                      .operation = std::string(name(call.operation)),
+                      .sequence = call.sequence,
+                      .detail = std::move(detail)});
   }
 
   Call begin(Operation operation) {
     const Call call{operation, ++sequence_};
     if (!failed_.empty())
-      throw CommError(where(call) + " after the communicator failed: " + failed_);
+      throw failure(call, "refused: the communicator failed earlier: " + failed_);
     check_group(call);
     use_device();
     return call;
@@ -481,27 +485,27 @@ class NcclCommunicator {
 
   void require_peer(const Call& call, int peer) const {
     if (peer < 0 || peer >= size_ || peer == rank_) {
-      throw CommError(where(call) + ": peer " + std::to_string(peer) +
-                      " is not another rank of the group");
+      throw failure(call, "peer " + std::to_string(peer) + " is not another rank of the group",
+                    peer);
     }
   }
 
   [[noreturn]] void fail_shape(const Call& call, const std::string& what) {
-    throw CommError(where(call) + ": shape mismatch, " + what);
+    throw failure(call, "shape mismatch, " + what);
   }
 
   void use_device() const { COHORT_CUDA_CHECK(cudaSetDevice(options_.device)); }
 
   [[noreturn]] void fail(const Call& call, const std::string& what) {
-    const std::string message = where(call) + ": " + what + "; communicator aborted";
-    failed_ = message;
+    const CommError error = failure(call, what + "; communicator aborted");
+    failed_ = error.what();
     // NCCL counts group depth per thread: a group left open would swallow this thread's later
     // NCCL calls, those of a fresh communicator too.
     if (in_group_) (void)ncclGroupEnd();
     in_group_ = false;
-    if (options_.group) options_.group->raise(message);
+    if (options_.group) options_.group->raise(failed_);
     abort_comm();
-    throw CommError(message);
+    throw error;
   }
 
   void enqueue(ncclResult_t code, const Call& call, std::string_view what) {
@@ -546,9 +550,8 @@ class NcclCommunicator {
   // Waits for everything enqueued so far, polling the communicator's asynchronous error. Also a
   // Pending's finish: the communicator may have failed since its call was enqueued.
   void wait(const Call& call) {
-    if (!failed_.empty()) {
-      throw CommError(where(call) + " after the communicator failed: " + failed_);
-    }
+    if (!failed_.empty())
+      throw failure(call, "refused: the communicator failed earlier: " + failed_);
     settle(call.operation, name(call.operation), call.sequence, options_.timeout);
     COHORT_CUDA_CHECK(cudaEventRecord(done_.get(), stream()));
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;

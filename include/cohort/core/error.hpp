@@ -2,8 +2,9 @@
 //
 //   ConfigError      bad Options, a bad cluster description or environment, processes of one job
 //                    with different settings: names the field and the value(s)
-//   CommError        a peer lost, a timeout, a protocol or shape mismatch: names rank, operation,
-//                    sequence
+//   CommError        a peer lost, a timeout, a protocol or shape mismatch: the reporting rank, the
+//                    peer, the operation and its sequence number, as fields (rank(), peer(),
+//                    operation(), sequence(), detail())
 //   DeviceError      a CUDA or NCCL failure: names the call, the code and its text
 //   CheckpointError  a checkpoint that cannot be read or does not match: names the file and field
 //   NumericError     an infinity or NaN where training needs finite numbers: the step and the first
@@ -18,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -80,9 +82,50 @@ class ConfigError : public Error {
   explicit ConfigError(const std::string& what) : Error(Errc::kConfig, what) {}
 };
 
+// What a communication failure is, field by field. Every field but detail may be unknown.
+struct CommFailure {
+  int rank = -1;  // the rank that reports the failure; -1 before it has one
+  int peer = -1;  // the other rank involved (the one that closed, stalled or sent a wrong frame);
+                  // -1 when none, or several
+  // What the reporting rank was doing: "all_reduce", "rendezvous", "push". Empty where the
+  // reporter cannot say: a transport moves frames for the layer above, which names the operation
+  // when it passes the failure on.
+  std::string operation{};
+  std::uint64_t sequence = 0;  // the operation's sequence number (frames carry it), from 1; 0 none
+  std::string detail{};        // what happened, in words
+};
+
+// A peer lost, a timeout, a protocol or shape mismatch. The rank, peer, operation and sequence are
+// fields, and the message is made from them ("rank 0: all_reduce #7: rank 2 closed the connection
+// ..."), so that a layer that passes a failure on builds its own from these fields, never from
+// the text. Copies share the fields and never throw.
 class CommError : public Error {
  public:
-  explicit CommError(const std::string& what) : Error(Errc::kComm, what) {}
+  explicit CommError(CommFailure failure)
+      : Error(Errc::kComm, sentence(failure)),
+        failure_(std::make_shared<const CommFailure>(std::move(failure))) {}
+
+  int rank() const noexcept { return failure_->rank; }
+  int peer() const noexcept { return failure_->peer; }
+  std::string_view operation() const noexcept { return failure_->operation; }
+  std::uint64_t sequence() const noexcept { return failure_->sequence; }
+  std::string_view detail() const noexcept { return failure_->detail; }
+
+  // "rank R: operation #S: detail", each part present when known (the sequence with its
+  // operation).
+  static std::string sentence(const CommFailure& failure) {
+    std::string text;
+    if (failure.rank >= 0) text = "rank " + std::to_string(failure.rank) + ": ";
+    if (!failure.operation.empty()) {
+      text += failure.operation;
+      if (failure.sequence != 0) text += " #" + std::to_string(failure.sequence);
+      text += ": ";
+    }
+    return text + failure.detail;
+  }
+
+ private:
+  std::shared_ptr<const CommFailure> failure_;
 };
 
 class DeviceError : public Error {
@@ -154,6 +197,28 @@ class NumericError : public Error {
   std::uint64_t step_;
   std::size_t index_;
 };
+
+// Text that another process sent (a reason for leaving, a refusal), as it may appear in an error
+// or a log line: in single quotes, printable ASCII as it is, every other byte (a line break, an
+// escape sequence) as \xNN, cut after kMaxPeerTextBytes with "...", so that a peer can neither
+// forge lines nor flood a log.
+inline constexpr std::size_t kMaxPeerTextBytes = 240;
+
+inline std::string quote_peer_text(std::string_view text) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string quoted = "'";
+  for (std::size_t i = 0; i < text.size() && i < kMaxPeerTextBytes; ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte >= 0x20 && byte < 0x7f) {
+      quoted += static_cast<char>(byte);
+    } else {
+      quoted += "\\x";
+      quoted += kDigits[byte >> 4];
+      quoted += kDigits[byte & 15];
+    }
+  }
+  return quoted + (text.size() > kMaxPeerTextBytes ? "'..." : "'");
+}
 
 // What a captured exception says: its what(), for passing a failure on as a reason.
 inline std::string what_of(std::exception_ptr failure) {

@@ -3,8 +3,8 @@
 // Same contract as every transport (transport.hpp), so the process collectives can be tested
 // with ranks as threads, quickly and deterministically, before they run over TCP. A send copies
 // its payload into the receiver's mailbox and never blocks; a receive waits for the next frame
-// from its peer, up to the group's timeout, and fails with a PeerFailure naming the peer. A frame
-// enters a mailbox whole: wait_any (transport::Serving) never sees a partial one.
+// from its peer, up to the group's timeout, and fails with a CommError whose peer() names it. A
+// frame enters a mailbox whole: wait_any (transport::Serving) never sees a partial one.
 //
 //   transport::Loopback group({.ranks = 4});
 //   auto endpoint = group.endpoint(rank);   // one per thread; satisfies transport::Transport
@@ -93,8 +93,11 @@ class Loopback {
     check_peer(sender, send.peer);
     std::lock_guard lock(mutex_);
     if (closed_[static_cast<std::size_t>(sender)]) {
-      throw CommError("rank " + std::to_string(sender) +
-                      ": transport closed, cannot send to rank " + std::to_string(send.peer));
+      throw CommError(
+          {.rank = sender,
+           .peer = send.peer,
+           .sequence = send.header.sequence,
+           .detail = "transport closed, cannot send to rank " + std::to_string(send.peer)});
     }
     mailboxes_[static_cast<std::size_t>(send.peer)].frames.push_back(
         {sender, send.header, {send.payload.begin(), send.payload.end()}});
@@ -112,24 +115,24 @@ class Loopback {
     };
     std::unique_lock lock(mutex_);
     if (closed_[static_cast<std::size_t>(receiver)]) {
-      throw CommError(where(receiver, receive) + ": transport closed");
+      throw failure(receiver, receive, -1, "transport closed");
     }
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     auto frame = from_peer();
     while (frame == frames.end()) {
       if (closed_[static_cast<std::size_t>(receive.peer)]) {
         const std::string& reason = reasons_[static_cast<std::size_t>(receive.peer)];
-        throw PeerFailure(receiver, receive.peer,
-                          where(receiver, receive) + ": rank " + std::to_string(receive.peer) +
-                              (reason.empty() ? " closed the connection" : " left: " + reason));
+        throw failure(
+            receiver, receive, receive.peer,
+            "rank " + std::to_string(receive.peer) +
+                (reason.empty() ? " closed the connection" : " left: " + quote_peer_text(reason)));
       }
       if (arrived_.wait_until(lock, deadline) == std::cv_status::timeout) {
         frame = from_peer();
         if (frame != frames.end()) break;
-        throw PeerFailure(receiver, receive.peer,
-                          where(receiver, receive) + ": nothing from rank " +
-                              std::to_string(receive.peer) + " within " +
-                              std::to_string(options_.timeout.count()) + " ms");
+        throw failure(receiver, receive, receive.peer,
+                      "nothing from rank " + std::to_string(receive.peer) + " within " +
+                          std::to_string(options_.timeout.count()) + " ms");
       }
       frame = from_peer();
     }
@@ -138,13 +141,7 @@ class Loopback {
       const std::size_t received_length = frame->payload.size();
       frames.erase(frame);
       throw HeaderMismatch(receiver, receive.peer, receive.expected, receive.payload.size(),
-                           received, received_length,
-                           where(receiver, receive) + ": rank " + std::to_string(receive.peer) +
-                               " sent tag " + std::to_string(received.tag) + " sequence " +
-                               std::to_string(received.sequence) + " (" +
-                               std::to_string(received_length) + " bytes), expected tag " +
-                               std::to_string(receive.expected.tag) + " (" +
-                               std::to_string(receive.payload.size()) + " bytes)");
+                           received, received_length);
     }
     if (!receive.payload.empty()) {
       std::memcpy(receive.payload.data(), frame->payload.data(), receive.payload.size());
@@ -184,14 +181,21 @@ class Loopback {
 
   void check_peer(int rank, int peer) const {
     if (peer < 0 || peer >= options_.ranks || peer == rank) {
-      throw CommError("rank " + std::to_string(rank) + ": no peer rank " + std::to_string(peer) +
-                      " in a group of " + std::to_string(options_.ranks));
+      throw CommError({.rank = rank,
+                       .detail = "no peer rank " + std::to_string(peer) + " in a group of " +
+                                 std::to_string(options_.ranks)});
     }
   }
 
-  static std::string where(int receiver, const Receive& receive) {
-    return "rank " + std::to_string(receiver) + " (type " + std::to_string(receive.expected.type) +
-           " sequence " + std::to_string(receive.expected.sequence) + ")";
+  // A failed receive: `what` happened while it waited for the frame its header describes.
+  static CommError failure(int receiver, const Receive& receive, int peer,
+                           const std::string& what) {
+    return CommError({.rank = receiver,
+                      .peer = peer,
+                      .sequence = receive.expected.sequence,
+                      .detail = what + " during sequence " +
+                                std::to_string(receive.expected.sequence) + " (receiving " +
+                                describe(receive.expected, receive.payload.size()) + ")"});
   }
 
   Options options_;

@@ -7,26 +7,28 @@
 //
 // Every message carries a Header chosen by the sender. The receiver states the Header it expects;
 // any difference (type, sequence, tag or length) is a HeaderMismatch, a CommError that holds both
-// headers so that the layer above can name what each side called. Between one pair of ranks,
-// messages arrive in the order they were sent.
+// headers as fields so that the layer above can name what each side called. Between one pair of
+// ranks, messages arrive in the order they were sent.
 //
 //   t.rank(), t.size()
 //   t.transfer(std::span<const Send> sends, std::span<const Receive> receives)
 //       progresses every send and receive together and returns when all are complete, so that a
 //       rank may send to its right neighbour while receiving from its left one (a ring) or
 //       exchange with every peer at once without deadlock. Sends and receives with the same peer
-//       complete in list order. Fails with CommError naming the peer rank, the header's type and
-//       sequence, when a peer closes, sends a malformed or mismatched frame, or nothing completes
-//       within the transport's deadline: a PeerFailure, whose `peer` field names the peer, when
-//       the failure is one connection's (a HeaderMismatch for a mismatched frame).
+//       complete in list order. Fails with CommError when a peer closes, sends a malformed or
+//       mismatched frame, or nothing completes within the transport's deadline: its rank() is
+//       this rank, its peer() the peer when the failure is one connection's, its sequence() the
+//       frame's; its operation() is empty, for the layer above names that (a HeaderMismatch for
+//       a mismatched frame).
 //   t.close()
 //       closes every connection now: peers waiting on this rank fail promptly with a CommError
 //       naming it; later transfers throw. Safe from any thread, also during a transfer (a
 //       collective's abort from another replica thread).
 //   t.leave(std::string_view reason)
 //       the same, after telling every peer why: a peer that is waiting for this rank fails with
-//       "rank R left: <reason>", so the first cause of a failure reaches every rank, not only
-//       the neighbours of the rank that died. Only from the thread that runs transfers.
+//       "rank R left: '<reason>'" (quoted and cut: quote_peer_text), so the first cause of a
+//       failure reaches every rank, not only the neighbours of the rank that died. Only from the
+//       thread that runs transfers.
 //
 // Required of the caller: payload spans stay valid until transfer returns; a receive's payload
 // has exactly the length of the matching send's.
@@ -85,31 +87,40 @@ struct Receive {
   std::span<std::byte> payload;
 };
 
-// The connection to one peer failed: it closed or left, sent a malformed frame, or nothing
-// moved within the deadline. `peer` names it, so that the layer above can say which process that
-// is (a parameter server, a worker) without reading the message.
-class PeerFailure : public CommError {
- public:
-  PeerFailure(int receiver, int peer, const std::string& what)
-      : CommError(what), receiver(receiver), peer(peer) {}
+// "(type 1, sequence 7, tag 0x100000007, 28 bytes)": a frame's header and length, for errors.
+inline std::string describe(const Header& header, std::uint64_t length) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string tag = "0x";
+  bool leading = true;
+  for (int shift = 60; shift >= 0; shift -= 4) {
+    const auto digit = static_cast<unsigned>((header.tag >> shift) & 0xf);
+    if (leading && digit == 0 && shift > 0) continue;
+    leading = false;
+    tag += kHex[digit];
+  }
+  return "(type " + std::to_string(header.type) + ", sequence " + std::to_string(header.sequence) +
+         ", tag " + tag + ", " + std::to_string(length) + " bytes)";
+}
 
-  int receiver;  // this rank
-  int peer;
-};
-
-// A frame arrived whose header or length is not the one the receiver expected.
-class HeaderMismatch : public PeerFailure {
+// A frame arrived whose header or length is not the one the receiver expected: a CommError whose
+// rank() received it and whose peer() sent it, with both headers as fields, so that the layer
+// above can say what each side called.
+class HeaderMismatch : public CommError {
  public:
   HeaderMismatch(int receiver, int sender, Header expected, std::size_t expected_length,
-                 Header received, std::size_t received_length, const std::string& what)
-      : PeerFailure(receiver, sender, what),
-        sender(sender),
+                 Header received, std::size_t received_length)
+      : CommError({.rank = receiver,
+                   .peer = sender,
+                   .sequence = expected.sequence,
+                   .detail = "header mismatch with rank " + std::to_string(sender) + ": expected " +
+                             describe(expected, expected_length) + ", rank " +
+                             std::to_string(sender) + " sent " +
+                             describe(received, received_length)}),
         expected(expected),
         expected_length(expected_length),
         received(received),
         received_length(received_length) {}
 
-  int sender;  // = peer
   Header expected;
   std::size_t expected_length;
   Header received;

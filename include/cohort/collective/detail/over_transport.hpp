@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -130,10 +131,13 @@ class OverTransport {
   }
 
   Call begin(Fingerprint fingerprint) {
-    if (!failure_.empty()) {
-      throw CommError("rank " + std::to_string(rank()) + ": " + fingerprint.describe() + " #" +
-                      std::to_string(sequence_ + 1) +
-                      " refused: the group failed earlier: " + failure_);
+    if (failure_) {
+      throw CommError(
+          {.rank = rank(),
+           .peer = failure_->peer(),
+           .operation = std::string(name(fingerprint.operation)),
+           .sequence = sequence_ + 1,
+           .detail = "refused: the group failed earlier: " + std::string(failure_->what())});
     }
     ++sequence_;
     return {fingerprint, {transport::message_type::kCollective, sequence_, fingerprint.tag()}};
@@ -150,22 +154,16 @@ class OverTransport {
               ? Fingerprint::from_tag(mismatch.received.tag).describe() + " #" +
                     std::to_string(mismatch.received.sequence)
               : "a message of type " + std::to_string(mismatch.received.type);
-      poison_and_throw("rank " + std::to_string(rank()) + " called " + call.fingerprint.describe() +
-                       " #" + std::to_string(call.header.sequence) + " but rank " +
-                       std::to_string(mismatch.sender) + " called " + theirs);
+      poison_and_throw(call, mismatch.peer(),
+                       "called " + call.fingerprint.describe() + " but rank " +
+                           std::to_string(mismatch.peer()) + " called " + theirs);
     } catch (const CommError& error) {
-      // The transport names this rank too; the message says it once.
-      std::string_view cause = error.what();
-      const std::string self = "rank " + std::to_string(rank()) + ": ";
-      if (cause.starts_with(self)) cause.remove_prefix(self.size());
-      poison_and_throw(self + call.fingerprint.describe() + " #" +
-                       std::to_string(call.header.sequence) + " failed: " + std::string(cause));
+      poison_and_throw(call, error.peer(), std::string(error.detail()));
     }
   }
 
   [[noreturn]] void fail(const Call& call, const std::string& why) {
-    poison_and_throw("rank " + std::to_string(rank()) + ": " + call.fingerprint.describe() + " #" +
-                     std::to_string(call.header.sequence) + ": " + why);
+    poison_and_throw(call, -1, why);
   }
 
   // Cuts a large buffer into segments of size() chunks of at most chunk_bytes each, so that
@@ -192,19 +190,25 @@ class OverTransport {
   }
 
  private:
-  // The first failure leaves the transport with its reason, so that ranks waiting elsewhere
-  // learn the cause and not only that this rank is gone.
-  [[noreturn]] void poison_and_throw(const std::string& what) {
-    if (failure_.empty()) {
-      failure_ = what;
-      transport_.leave(what);
+  // A failure of `call`, `peer` the rank to blame if one is. The first failure leaves the
+  // transport with its message, so that ranks waiting elsewhere learn the cause and not only
+  // that this rank is gone.
+  [[noreturn]] void poison_and_throw(const Call& call, int peer, std::string detail) {
+    const CommError error({.rank = rank(),
+                           .peer = peer,
+                           .operation = std::string(name(call.fingerprint.operation)),
+                           .sequence = call.header.sequence,
+                           .detail = std::move(detail)});
+    if (!failure_) {
+      failure_ = error;
+      transport_.leave(error.what());
     }
-    throw CommError(what);
+    throw error;
   }
 
   T transport_;
   std::uint64_t sequence_ = 0;
-  std::string failure_;
+  std::optional<CommError> failure_;
   std::vector<std::byte> scratch_;  // max_align_t-aligned by operator new
 };
 

@@ -60,9 +60,10 @@ class Client {
 
   // Sends every queued request and receives every answer, in one transfer (so that the servers
   // work in parallel and, within a server, the requests pipeline), then empties the queue. A
-  // transfer of pushes only returns once they are sent. Throws CommError naming the server whose
-  // connection failed (the transport's PeerFailure says which) or that refused a request; a
-  // server that ends the run answers with why (a Sync server names the worker that stalled).
+  // transfer of pushes only returns once they are sent. Throws CommError whose peer() is the
+  // server whose connection failed (the transport's peer()) or that refused a request; a server
+  // that ends the run answers with why (a Sync server names the worker that stalled), which the
+  // error quotes.
   void transfer() {
     // The queue empties now, so that the next transfer starts empty even after a failure; the
     // requests stay in in_flight_, which the transfer's spans point into.
@@ -83,24 +84,27 @@ class Client {
     }
     try {
       transport_.transfer(sends_, receives_);
-    } catch (const transport::PeerFailure& error) {
-      fail(peer_name(error.peer), error.what());
     } catch (const CommError& error) {
-      fail("a parameter server", error.what());
+      fail(error);
     }
     for (std::size_t i = 0; i < in_flight_.size(); ++i) {
       if (!answered(in_flight_[i])) continue;
       const Reply& reply = replies_[i];
       const Request& request = in_flight_[i].request;
-      const std::string what = "worker " + std::to_string(worker_) + ": " +
-                               std::string(name(static_cast<Operation>(request.operation)));
-      if (reply.status != 0) throw CommError(what + " refused: " + reply.message);
+      const auto refusal = [&](std::string detail) {
+        return CommError({.rank = transport_.rank(),
+                          .peer = workers_ + in_flight_[i].server,
+                          .operation = std::string(name(static_cast<Operation>(request.operation))),
+                          .detail = std::move(detail)});
+      };
+      if (reply.status != 0)
+        throw refusal("refused: " + quote_peer_text(message_text(reply.message)));
       if ((reply.flags & kPreempted) != 0) preemption_heard_ = true;
       if (reply.operation != request.operation || reply.chunk != request.chunk) {
-        throw CommError(what + " of chunk " + std::to_string(request.chunk) + " of shard " +
-                        std::to_string(request.shard) + " was answered for chunk " +
-                        std::to_string(reply.chunk) + " (operation " +
-                        std::to_string(reply.operation) + "): the answers came out of order");
+        throw refusal("the request for chunk " + std::to_string(request.chunk) + " of shard " +
+                      std::to_string(request.shard) + " was answered for chunk " +
+                      std::to_string(reply.chunk) + " (operation " +
+                      std::to_string(reply.operation) + "): the answers came out of order");
       }
     }
   }
@@ -152,14 +156,17 @@ class Client {
            std::to_string(rank) + ")";
   }
 
-  // A transfer whose connection to `server` failed: every other process learns the first cause
-  // (so that a surviving server's error names the process that failed, not this worker), then
-  // this worker throws it.
-  [[noreturn, gnu::cold]] void fail(const std::string& server, const std::string& what) {
-    const std::string message = "worker " + std::to_string(worker_) + ": " + describe() +
-                                " failed at " + server + ": " + what;
-    transport_.leave(message);
-    throw CommError(message);
+  // A transfer that failed (at the server that error.peer() names, if one): every other process
+  // learns the first cause (so that a surviving server's error names the process that failed,
+  // not this worker), then this worker throws it.
+  [[noreturn, gnu::cold]] void fail(const CommError& error) {
+    const std::string server = error.peer() >= 0 ? peer_name(error.peer()) : "a parameter server";
+    const CommError failure({.rank = transport_.rank(),
+                             .peer = error.peer(),
+                             .operation = describe(),
+                             .detail = "failed at " + server + ": " + std::string(error.detail())});
+    transport_.leave(failure.what());
+    throw failure;
   }
 
   // "push", "push and pull": the operations in flight, for errors.

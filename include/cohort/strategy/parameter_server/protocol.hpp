@@ -108,6 +108,13 @@ void set_message(char (&message)[N], std::string_view text) {
   message[length] = '\0';
 }
 
+// The text of a fixed message field that came from another process: up to its terminator, and
+// within the field even when the sender left none.
+template <std::size_t N>
+std::string_view message_text(const char (&message)[N]) {
+  return {message, static_cast<std::size_t>(std::find(message, message + N, '\0') - message)};
+}
+
 struct Reply {
   std::uint32_t version = kProtocolVersion;
   std::uint16_t status = 0;  // 0: done; 1: refused, message says why

@@ -798,7 +798,7 @@ class Server {
         lost_[w] = true;
       }
     }
-    throw CommError(message);
+    throw CommError({.rank = transport_.rank(), .detail = message});
   }
 
   Tr& transport_;

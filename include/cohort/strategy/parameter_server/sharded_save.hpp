@@ -106,17 +106,21 @@ void save_manifest(Tr& transport, int workers, const Layout& layout,
   try {
     transport.transfer(sends, receives);
   } catch (const CommError& error) {
-    throw CommError(
-        "checkpoint " + file.string() + ": the servers' shards were not all " +
-        "written (every process must call Trainer::save after the same fit): " + error.what());
+    throw CommError({.rank = transport.rank(),
+                     .peer = error.peer(),
+                     .operation = "save",
+                     .detail = "checkpoint " + file.string() +
+                               ": the servers' shards were not all written (every process must "
+                               "call Trainer::save after the same fit): " +
+                               std::string(error.detail())});
   }
   checkpoint::TrainingState<T> manifest = state;
   for (int server = 0; server < servers; ++server) {
     const SaveReport& report = reports[static_cast<std::size_t>(server)];
     if (report.status != 0) {
-      throw CheckpointError("checkpoint " + file.string() + ": parameter server " +
-                            std::to_string(server) +
-                            " could not write its shard: " + report.message);
+      throw CheckpointError(
+          "checkpoint " + file.string() + ": parameter server " + std::to_string(server) +
+          " could not write its shard: " + quote_peer_text(message_text(report.message)));
     }
     if (server >= holding) continue;
     const auto& chunks = layout.chunks_of(server);

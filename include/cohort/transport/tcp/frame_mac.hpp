@@ -91,7 +91,8 @@ class FrameMac {
 
  private:
   [[noreturn]] static void fail(const char* call) {
-    throw CommError(std::string("cannot compute a frame's MAC (OpenSSL ") + call + " failed)");
+    throw CommError(
+        {.detail = std::string("cannot compute a frame's MAC (OpenSSL ") + call + " failed)"});
   }
   struct Free {
     void operator()(EVP_CIPHER_CTX* context) const { EVP_CIPHER_CTX_free(context); }

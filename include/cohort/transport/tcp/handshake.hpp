@@ -46,8 +46,6 @@ inline constexpr std::size_t kProofBytes = 32;
 // attempt costs a bounded amount of memory.
 inline constexpr std::size_t kMaxSetupPayloadBytes = std::size_t{1} << 20;
 inline constexpr std::size_t kMaxHelloBytes = 1024;
-// Text a peer sends (an abort's reason) enters this rank's errors quoted and cut to this length.
-inline constexpr std::size_t kMaxPeerTextBytes = 240;
 
 using Nonce = std::array<std::byte, kNonceBytes>;
 
@@ -212,25 +210,6 @@ inline std::string decode_text(std::span<const std::byte> payload) {
   return {reinterpret_cast<const char*>(payload.data()), payload.size()};
 }
 
-// Text from the wire as it may appear in an error or a log line: in single quotes, printable
-// ASCII as it is, every other byte (a line break, an escape sequence) as \xNN, cut after
-// kMaxPeerTextBytes with "...", so that a peer can neither forge lines nor flood a log.
-inline std::string quote_peer_text(std::string_view text) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string quoted = "'";
-  for (std::size_t i = 0; i < text.size() && i < kMaxPeerTextBytes; ++i) {
-    const auto byte = static_cast<unsigned char>(text[i]);
-    if (byte >= 0x20 && byte < 0x7f) {
-      quoted += static_cast<char>(byte);
-    } else {
-      quoted += "\\x";
-      quoted += kDigits[byte >> 4];
-      quoted += kDigits[byte & 15];
-    }
-  }
-  return quoted + (text.size() > kMaxPeerTextBytes ? "'..." : "'");
-}
-
 // What this rank expects of a peer's hello.
 struct Expectation {
   int rank = 0;                  // this rank
@@ -282,7 +261,8 @@ inline Nonce random_nonce() {
   Nonce nonce;
   if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) !=
       1) {
-    throw CommError("cannot draw a random nonce for the handshake (OpenSSL RAND_bytes failed)");
+    throw CommError({.operation = "handshake",
+                     .detail = "cannot draw a random nonce (OpenSSL RAND_bytes failed)"});
   }
   return nonce;
 }
@@ -307,7 +287,8 @@ inline std::array<std::byte, 32> keyed_digest(std::string_view secret, std::stri
   if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message.data(),
            message.size(), reinterpret_cast<unsigned char*>(mac.data()), &length) == nullptr ||
       length != mac.size()) {
-    throw CommError("cannot compute the handshake's HMAC-SHA256 (OpenSSL HMAC failed)");
+    throw CommError({.operation = "handshake",
+                     .detail = "cannot compute an HMAC-SHA256 (OpenSSL HMAC failed)"});
   }
   return mac;
 }

@@ -83,8 +83,9 @@ class Listener {
         setting = " (every port of listen_port_first-listen_port_last, " + std::to_string(first) +
                   "-" + std::to_string(last) + ", is taken)";
       }
-      throw CommError("rank " + std::to_string(options_.rank) + ": cannot listen on " +
-                      detail::endpoint_text(endpoint) + setting + ": " + ec.message());
+      throw CommError({.rank = options_.rank,
+                       .detail = "cannot listen on " + detail::endpoint_text(endpoint) + setting +
+                                 ": " + ec.message()});
     }
   }
 

@@ -13,7 +13,7 @@
 // The whole rendezvous runs under one deadline, connect_timeout from the Listener's
 // construction. Whatever fails first is the error: the rank sends it to every peer it has
 // authenticated (an abort message) before closing them, so that the others fail at once and
-// with the reason ("rank 1: rendezvous aborted by rank 0: 'rank 0: rendezvous timed out after
+// with the reason ("rank 1: rendezvous: aborted by rank 0: 'rank 0: rendezvous: timed out after
 // 2000 ms: ranks 2, 3 never joined'") instead of timing out on their own. A rank that has reached
 // rank 0 and waits for the table leaves the verdict to rank 0 for a grace period after its own
 // deadline, because only rank 0 knows who is missing.
@@ -233,7 +233,8 @@ class Rendezvous {
   Rendezvous& operator=(const Rendezvous&) = delete;
 
   // The connection to every other rank, indexed by rank (this rank's own entry is a closed
-  // socket). Throws CommError naming this rank and what went wrong.
+  // socket). Throws CommError naming this rank, the operation "rendezvous", the peer when one
+  // rank is to blame, and what went wrong.
   [[gnu::cold]] std::vector<Link> run() {
     if (options_.rank == 0) {
       run_root();
@@ -242,7 +243,7 @@ class Rendezvous {
     }
     if (!failure_.empty()) {
       abandon();
-      throw CommError(prefix() + failure_);
+      throw CommError(failure());
     }
     finished_ = true;
     close_listener();
@@ -337,7 +338,7 @@ class Rendezvous {
       if (io_.stopped()) io_.restart();
       if (io_.run_one_until(deadline_ + grace()) == 0) {
         if (Clock::now() >= deadline_ + grace()) {
-          fail("rendezvous timed out after " + std::to_string(options_.connect_timeout.count()) +
+          fail("timed out after " + std::to_string(options_.connect_timeout.count()) +
                " ms: " + timeout_text());
           return;
         }
@@ -599,7 +600,7 @@ class Rendezvous {
     }
     Expected<Peer> root = co_await connect_to(std::move(endpoints), 0);
     if (!root) {
-      fail(root.refusal().told());
+      fail(root.refusal().told(), 0);
       co_return;
     }
     Socket& socket = root->connection->socket;
@@ -607,12 +608,12 @@ class Rendezvous {
     Expected<SetupMessage> table =
         co_await read_expected(socket, "rank 0", setup_type::kTable, kMaxSetupPayloadBytes);
     if (!table) {
-      fail(table.refusal().told());
+      fail(table.refusal().told(), 0);
       co_return;
     }
     auto decoded = decode_table(table->payload(), size());
     if (!decoded) {
-      fail("rank 0 sent a malformed address table");
+      fail("rank 0 sent a malformed address table", 0);
       co_return;
     }
     table_ = std::move(*decoded);
@@ -624,7 +625,8 @@ class Rendezvous {
     const asio::ip::tcp::endpoint endpoint(asio::ip::make_address(address.host, ec), address.port);
     if (ec) {
       fail("rank 0 sent an invalid address for rank " + std::to_string(peer) + ": " +
-           quote_peer_text(address.host));
+               quote_peer_text(address.host),
+           0);
       co_return;
     }
     std::vector<asio::ip::tcp::endpoint> endpoints{endpoint};  // GCC 12 takes no braced list here
@@ -633,7 +635,8 @@ class Rendezvous {
       fail(connected.refusal().kind == Refusal::Kind::kClosed
                ? "cannot connect to rank " + std::to_string(peer) + " at " +
                      endpoint_text(endpoint) + ": " + connected.refusal().reason
-               : connected.refusal().told());
+               : connected.refusal().told(),
+           peer);
       co_return;
     }
     establish(peer, std::move(*connected));
@@ -744,7 +747,7 @@ class Rendezvous {
     Expected<SetupMessage> message = co_await read_setup(socket, who, limit);
     if (!message) co_return message;
     if (message->frame.header.type == setup_type::kAbort) {
-      co_return Refusal{Refusal::Kind::kAborted, "rendezvous aborted by " + who,
+      co_return Refusal{Refusal::Kind::kAborted, "aborted by " + who,
                         quote_peer_text(decode_text(message->payload()))};
     }
     if (message->frame.header.type != type) {
@@ -827,7 +830,7 @@ class Rendezvous {
 
   void establish(int rank, Peer peer) {
     if (holds_live(rank)) {
-      fail(rank_name(rank) + " joined twice");
+      fail(rank_name(rank) + " joined twice", rank);
       return;
     }
     peer.connection->authenticated = true;
@@ -837,8 +840,15 @@ class Rendezvous {
 
   // --- bookkeeping ---------------------------------------------------------------------------
 
-  void fail(const std::string& why) {
-    if (failure_.empty() && !finished_) failure_ = why;
+  // The first failure is the rendezvous's; `peer` is the rank to blame, when one is.
+  void fail(const std::string& why, int peer = -1) {
+    if (!failure_.empty() || finished_) return;
+    failure_ = why;
+    failed_peer_ = peer;
+  }
+  CommFailure failure() const {
+    return {
+        .rank = options_.rank, .peer = failed_peer_, .operation = "rendezvous", .detail = failure_};
   }
   bool stopping() const { return !failure_.empty() || finished_; }
 
@@ -853,7 +863,8 @@ class Rendezvous {
   // ones only: a stranger learns nothing of the job), closes everything and lets the coroutines
   // finish on their aborted operations.
   void abandon() {
-    const auto abort = make_frame({setup_type::kAbort}, encode_text(prefix() + failure_));
+    const auto abort =
+        make_frame({setup_type::kAbort}, encode_text(CommError::sentence(failure())));
     for (const ConnectionPtr& connection : connections_) {
       Socket& socket = connection->socket;
       if (!socket.is_open()) continue;
@@ -919,6 +930,7 @@ class Rendezvous {
   bool last_connect_refused_ = false;
   RefusalLog refusals_;
   std::string failure_;
+  int failed_peer_ = -1;
   bool finished_ = false;
 };
 

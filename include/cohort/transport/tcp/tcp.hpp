@@ -88,8 +88,10 @@ class Tcp {
       boost::system::error_code ec;
       peer.socket.non_blocking(true, ec);
       if (ec) {
-        throw CommError(prefix() + "cannot make the connection to rank " + std::to_string(rank) +
-                        " non-blocking: " + ec.message());
+        throw CommError(failed("cannot make the connection to rank " + std::to_string(rank) +
+                                   " non-blocking: " + ec.message(),
+                               rank)
+                            .fields);
       }
     }
   }
@@ -120,13 +122,8 @@ class Tcp {
 
   void transfer(std::span<const Send> sends, std::span<const Receive> receives) {
     if (auto failure = progress(sends, receives)) {
-      if (failure->mismatch) {
-        const Mismatch& m = *failure->mismatch;
-        throw HeaderMismatch(rank(), m.sender, m.expected, m.expected_length, m.received,
-                             m.received_length, failure->message);
-      }
-      if (failure->peer >= 0) throw PeerFailure(rank(), failure->peer, failure->message);
-      throw CommError(failure->message);
+      if (failure->mismatch) throw *failure->mismatch;
+      throw CommError(std::move(failure->fields));
     }
   }
 
@@ -135,7 +132,7 @@ class Tcp {
   void transfer(std::span<const Send> sends, std::span<const Receive> receives,
                 std::error_code& error) {
     if (auto failure = progress(sends, receives)) {
-      last_failure_ = std::move(failure->message);
+      last_failure_ = CommError::sentence(failure->fields);
       error = make_error_code(Errc::kComm);
     } else {
       error.clear();
@@ -155,7 +152,7 @@ class Tcp {
   int wait_any(std::span<const int> peers, std::chrono::milliseconds timeout) {
     if (peers.empty()) return -1;
     for (const int peer : peers) {
-      if (auto failure = check_peer(peer)) throw CommError(failure->message);
+      if (auto failure = check_peer(peer)) throw CommError(std::move(failure->fields));
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
@@ -238,17 +235,9 @@ class Tcp {
   static constexpr std::size_t kLeaveReasonBytes = 4096;
   static constexpr std::chrono::milliseconds kLeaveWait{1000};
 
-  struct Mismatch {
-    int sender;
-    Header expected;
-    std::size_t expected_length;
-    Header received;
-    std::size_t received_length;
-  };
   struct Failure {
-    std::string message;
-    std::optional<Mismatch> mismatch;
-    int peer = -1;  // the connection that failed, when it is one (PeerFailure)
+    CommFailure fields;  // the peer set when the failure is one connection's
+    std::optional<HeaderMismatch> mismatch{};
   };
 
   enum class Stage { kHeader, kPayload, kTrailer };
@@ -325,11 +314,11 @@ class Tcp {
   // --- one transfer ------------------------------------------------------------------------
 
   std::optional<Failure> progress(std::span<const Send> sends, std::span<const Receive> receives) {
-    if (!failure_.empty()) {
-      return Failure{prefix() + "this transport failed earlier and is closed (" + failure_ + ")",
-                     std::nullopt};
+    if (failure_) {
+      return failed("this transport failed earlier and is closed (" + failure_->detail + ")",
+                    failure_->peer, failure_->sequence);
     }
-    if (closed_.load()) return Failure{prefix() + "the transport was closed", std::nullopt};
+    if (closed_.load()) return failed("the transport was closed");
     // A bad list is the caller's mistake, not a broken connection: the transport stays usable.
     if (auto failure = enqueue(sends, receives)) {
       clear_queues();
@@ -393,10 +382,9 @@ class Tcp {
       const Send& send = sends[i];
       if (auto failure = check_peer(send.peer)) return failure;
       if (send.payload.size() > options_.max_frame_bytes) {
-        return Failure{prefix() + "the send to rank " + std::to_string(send.peer) + " " +
-                           describe(send.header, send.payload.size()) +
-                           " exceeds max_frame_bytes = " + std::to_string(options_.max_frame_bytes),
-                       std::nullopt};
+        return failed("the send to rank " + std::to_string(send.peer) + " " +
+                      describe(send.header, send.payload.size()) +
+                      " exceeds max_frame_bytes = " + std::to_string(options_.max_frame_bytes));
       }
       Peer& peer = activate(send.peer);
       const int index = static_cast<int>(i);
@@ -412,10 +400,9 @@ class Tcp {
       const Receive& receive = receives[i];
       if (auto failure = check_peer(receive.peer)) return failure;
       if (receive.payload.size() > options_.max_frame_bytes) {
-        return Failure{prefix() + "the receive from rank " + std::to_string(receive.peer) + " " +
-                           describe(receive.expected, receive.payload.size()) +
-                           " exceeds max_frame_bytes = " + std::to_string(options_.max_frame_bytes),
-                       std::nullopt};
+        return failed("the receive from rank " + std::to_string(receive.peer) + " " +
+                      describe(receive.expected, receive.payload.size()) +
+                      " exceeds max_frame_bytes = " + std::to_string(options_.max_frame_bytes));
       }
       Peer& peer = activate(receive.peer);
       const int index = static_cast<int>(i);
@@ -432,9 +419,8 @@ class Tcp {
 
   std::optional<Failure> check_peer(int peer) const {
     if (peer >= 0 && peer < size() && peer != rank()) return std::nullopt;
-    return Failure{prefix() + "no peer rank " + std::to_string(peer) + " in a job of " +
-                       std::to_string(size()) + " ranks",
-                   std::nullopt};
+    return failed("no peer rank " + std::to_string(peer) + " in a job of " +
+                  std::to_string(size()) + " ranks");
   }
 
   Peer& activate(int rank) {
@@ -652,7 +638,9 @@ class Tcp {
           std::string reason;
           if (const Farewell farewell = read_farewell(peer.inbox, reason);
               farewell != Farewell::kNone) {
-            if (farewell == Farewell::kComplete) return broken(rank, left(rank, reason));
+            if (farewell == Farewell::kComplete) {
+              return broken(rank, left(rank, reason), receive.expected.sequence);
+            }
             std::size_t ignored = 0;
             if (fetch({}, ignored) != Read::kDone) return failure;
             continue;
@@ -716,17 +704,21 @@ class Tcp {
           const auto sent = detail::load_le<std::uint64_t>(peer.inbox.front());
           peer.inbox.consume(kTrailerBytes);
           if (peer.in_mac && sent != peer.in_mac->finish()) {
-            return broken(rank, "the frame from rank " + std::to_string(rank) + " " +
-                                    describe(receive.expected, length) +
-                                    " fails its MAC: it was changed on the way, or rank " +
-                                    std::to_string(rank) + " did not send it");
+            return broken(rank,
+                          "the frame from rank " + std::to_string(rank) + " " +
+                              describe(receive.expected, length) +
+                              " fails its MAC: it was changed on the way, or rank " +
+                              std::to_string(rank) + " did not send it",
+                          receive.expected.sequence);
           }
           const std::uint64_t computed =
               peer.in_streaming ? peer.in_checksum.digest() : peer.in_digest;
           if (!peer.in_mac && options_.checksum && sent != computed) {
-            return broken(rank, "the frame from rank " + std::to_string(rank) + " " +
-                                    describe(receive.expected, length) +
-                                    " fails its checksum: the payload was corrupted in transit");
+            return broken(rank,
+                          "the frame from rank " + std::to_string(rank) + " " +
+                              describe(receive.expected, length) +
+                              " fails its checksum: the payload was corrupted in transit",
+                          receive.expected.sequence);
           }
           --pending;
           moved = true;
@@ -746,31 +738,33 @@ class Tcp {
     const FrameHeader frame = decode_header(bytes);
     // The message's parts, made only for a refused header: this runs for every frame.
     const auto from = [&] { return "rank " + std::to_string(rank); };
-    const auto during = [&] {
-      return " during sequence " + std::to_string(receive.expected.sequence);
-    };
+    const std::uint64_t sequence = receive.expected.sequence;
+    const auto during = [&] { return " during sequence " + std::to_string(sequence); };
     if (frame.magic != kMagic) {
-      return broken(rank, from() + " sent bytes that are not a cohort frame" + during() +
-                              " (the stream is out of step)");
+      return broken(rank,
+                    from() + " sent bytes that are not a cohort frame" + during() +
+                        " (the stream is out of step)",
+                    sequence);
     }
     if (frame.version != kProtocolVersion) {
-      return broken(rank, from() + " sent a frame of protocol version " +
-                              std::to_string(frame.version) + during() + ", this is version " +
-                              std::to_string(kProtocolVersion));
+      return broken(rank,
+                    from() + " sent a frame of protocol version " + std::to_string(frame.version) +
+                        during() + ", this is version " + std::to_string(kProtocolVersion),
+                    sequence);
     }
     if (frame.length > options_.max_frame_bytes) {
-      return broken(rank, from() + " announced a frame of " + std::to_string(frame.length) +
-                              " bytes" + during() + ", more than max_frame_bytes = " +
-                              std::to_string(options_.max_frame_bytes) +
-                              "; refused before reading it");
+      return broken(rank,
+                    from() + " announced a frame of " + std::to_string(frame.length) + " bytes" +
+                        during() + ", more than max_frame_bytes = " +
+                        std::to_string(options_.max_frame_bytes) + "; refused before reading it",
+                    sequence);
     }
     const std::size_t length = receive.payload.size();
     if (frame.header != receive.expected || frame.length != length) {
-      auto failure = broken(rank, "header mismatch with " + from() + ": expected " +
-                                      describe(receive.expected, length) + ", " + from() +
-                                      " sent " + describe(frame.header, frame.length));
-      failure.mismatch = Mismatch{rank, receive.expected, length, frame.header,
-                                  static_cast<std::size_t>(frame.length)};
+      HeaderMismatch mismatch(this->rank(), rank, receive.expected, length, frame.header,
+                              static_cast<std::size_t>(frame.length));
+      auto failure = broken(rank, std::string(mismatch.detail()), sequence);
+      failure.mismatch = std::move(mismatch);
       return failure;
     }
     return std::nullopt;
@@ -792,7 +786,7 @@ class Tcp {
     const int ready = ::poll(poll_fds_.data(), poll_fds_.size(),
                              static_cast<int>(std::min<long long>(milliseconds, 1 << 30)));
     if (ready < 0 && errno != EINTR) {
-      return Failure{prefix() + "poll() failed: " + std::strerror(errno), std::nullopt};
+      return failed(std::string("poll() failed: ") + std::strerror(errno));
     }
     return std::nullopt;  // ready, interrupted or timed out: the caller looks again
   }
@@ -852,10 +846,10 @@ class Tcp {
     for (const int rank : active_) {
       shut_down(peers_[static_cast<std::size_t>(rank)]);  // half-done frames: out of step
     }
-    return Failure{prefix() + "no progress within " +
-                       std::to_string(options_.operation_timeout.count()) + " ms during sequence " +
-                       std::to_string(waiting.sequence) + ", waiting for: " + waiting.text,
-                   std::nullopt, waiting.waited};
+    return failed("no progress within " + std::to_string(options_.operation_timeout.count()) +
+                      " ms during sequence " + std::to_string(waiting.sequence) +
+                      ", waiting for: " + waiting.text,
+                  waiting.waited, waiting.sequence);
   }
 
   // A failure of the connection to `rank`, from Asio's error code.
@@ -916,35 +910,43 @@ class Tcp {
   [[gnu::cold]] Failure connection_failure(int rank, const detail::ErrorCode& ec,
                                            const std::string& doing, std::uint64_t sequence) {
     if (auto reason = farewell_of(peers_[static_cast<std::size_t>(rank)])) {
-      return broken(rank, left(rank, *reason));
+      return broken(rank, left(rank, *reason), sequence);
     }
     const std::string peer = "rank " + std::to_string(rank);
     const std::string during = " during sequence " + std::to_string(sequence);
     if (ec == boost::asio::error::eof) {
-      return broken(rank, peer + " closed the connection" + during + " (" + doing + ")");
+      return broken(rank, peer + " closed the connection" + during + " (" + doing + ")", sequence);
     }
     if (detail::is_closed(ec)) {
-      return broken(rank, peer + " closed the connection" + during + " (" + doing + ": " +
-                              ec.message() + ")");
+      return broken(
+          rank, peer + " closed the connection" + during + " (" + doing + ": " + ec.message() + ")",
+          sequence);
     }
-    return broken(rank, "the connection to " + peer + " failed" + during + " (" + doing +
-                            "): " + ec.message());
+    return broken(
+        rank,
+        "the connection to " + peer + " failed" + during + " (" + doing + "): " + ec.message(),
+        sequence);
   }
 
   // A failure that leaves the stream with `rank` out of step: that connection is closed.
-  [[gnu::cold]] Failure broken(int rank, const std::string& what) {
+  [[gnu::cold]] Failure broken(int rank, std::string what, std::uint64_t sequence) {
     shut_down(peers_[static_cast<std::size_t>(rank)]);
-    return Failure{prefix() + what, std::nullopt, rank};
+    return failed(std::move(what), rank, sequence);
+  }
+
+  // A failure of this rank's, with the peer whose connection failed, if one did.
+  [[gnu::cold]] Failure failed(std::string what, int peer = -1, std::uint64_t sequence = 0) const {
+    return {{.rank = rank(), .peer = peer, .sequence = sequence, .detail = std::move(what)}};
   }
 
   [[gnu::cold]] Failure record(Failure failure) {
     // After close() from another thread the sockets report a closed connection; say who closed.
     if (closed_.load()) {
-      failure = {
-          prefix() + "the transport was closed during the transfer (" + failure.message + ")",
-          std::nullopt};
+      failure =
+          failed("the transport was closed during the transfer (" + failure.fields.detail + ")", -1,
+                 failure.fields.sequence);
     }
-    if (!isolate_peer_failures_ || closed_.load()) failure_ = failure.message;
+    if (!isolate_peer_failures_ || closed_.load()) failure_ = failure.fields;
     return failure;
   }
 
@@ -953,21 +955,6 @@ class Tcp {
   static void shut_down(Peer& peer) noexcept {
     detail::ErrorCode ignored;
     peer.socket.shutdown(boost::asio::socket_base::shutdown_both, ignored);
-  }
-
-  [[gnu::cold]] static std::string describe(const Header& header, std::uint64_t length) {
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string tag = "0x";
-    bool leading = true;
-    for (int shift = 60; shift >= 0; shift -= 4) {
-      const auto digit = static_cast<unsigned>((header.tag >> shift) & 0xf);
-      if (leading && digit == 0 && shift > 0) continue;
-      leading = false;
-      tag += kHex[digit];
-    }
-    return "(type " + std::to_string(header.type) + ", sequence " +
-           std::to_string(header.sequence) + ", tag " + tag + ", " + std::to_string(length) +
-           " bytes)";
   }
 
   [[gnu::cold]] static std::string receiving(const Peer& peer, const Receive& receive) {
@@ -981,9 +968,9 @@ class Tcp {
   std::uint16_t rendezvous_port_ = 0;  // read from the listener before its options move here
   Options options_;
   std::unique_ptr<boost::asio::io_context> io_;
-  std::vector<Peer> peers_;       // by rank; this rank's own entry holds a closed socket
-  std::vector<int> descriptors_;  // of peers_' sockets, fixed at construction, for close()
-  std::string failure_;           // what broke the transport; empty while it works
+  std::vector<Peer> peers_;             // by rank; this rank's own entry holds a closed socket
+  std::vector<int> descriptors_;        // of peers_' sockets, fixed at construction, for close()
+  std::optional<CommFailure> failure_;  // what broke the transport; none while it works
   std::string last_failure_;
   std::atomic<bool> closed_ = false;
   bool isolate_peer_failures_ = false;
