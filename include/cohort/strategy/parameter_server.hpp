@@ -64,6 +64,11 @@
 // server, so that the server names a stalled worker first): restart the job from the last
 // checkpoint.
 //
+// Settings. Before its first step every worker presents the Trainer's settings to every server,
+// which compares them with its own and the chief's (trainer.hpp, "One job, one set of settings";
+// parameter_server/protocol.hpp): a server or a worker of any consistency started with other
+// settings stops the job with a ConfigError that names the field and both values.
+//
 // Options:
 //   local_replicas   replica threads in each worker process (a power of two, the same on every
 //                    worker)
@@ -118,6 +123,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduce_op.hpp"
+#include "cohort/core/settings.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/strategy/consistency.hpp"
@@ -284,11 +290,23 @@ class ParameterServer {
                       {options().min_shard_bytes, options().alignment, options().chunk_bytes});
   }
 
+  // The settings of this strategy that every process of the job, servers included, must share
+  // (Trainer adds them to the ones it compares: trainer.hpp, "One job, one set of settings").
+  settings::Fields settings() const {
+    const auto text = [](std::size_t value) { return std::to_string(value); };
+    return {{"consistency", std::string(C::kName)},
+            {"parameter server option", "backup_workers=" + text(options().backup_workers) +
+                                            " min_shard_bytes=" + text(options().min_shard_bytes) +
+                                            " alignment=" + text(options().alignment) +
+                                            " chunk_bytes=" + text(options().chunk_bytes)}};
+  }
+
   // On a server: serves one fit (its shard of the layout of `elements` parameters) and returns
-  // when every worker is done or lost, keeping its shard for save(). What it did goes to stderr
-  // in one line.
+  // when every worker is done or lost, keeping its shard for save(). Every worker's settings
+  // must match `own` (this server's: Trainer's settings that a server holds too) and the chief's
+  // (parameter_server/protocol.hpp). What it did goes to stderr in one line.
   template <class T, class O>
-  void serve(std::size_t elements, const O& optimizer) {
+  void serve(std::size_t elements, const O& optimizer, const settings::Fields& own) {
     check_optimizer<T>(optimizer);
     const ps::Layout shards = layout(elements, sizeof(T));
     ps::Server<Transport, T, O, C> server(*transport_, shards,
@@ -296,7 +314,8 @@ class ParameterServer {
                                            .workers = workers_,
                                            .backup_workers = options().backup_workers,
                                            .worker_timeout = options().timeout,
-                                           .log_pushes = options().log_pushes},
+                                           .log_pushes = options().log_pushes,
+                                           .settings = own},
                                           optimizer);
     const ps::ServerCounts counts = server.serve();
     held_ = server.shard();
@@ -374,6 +393,13 @@ class ParameterServer {
         land(host, parameters);
       }
       local_.broadcast(parameters, 0);
+    }
+
+    // Before start, every worker's first replica presents the Trainer's settings to every server,
+    // which compare them with theirs and the chief's: ConfigError when one differs
+    // (parameter_server/protocol.hpp).
+    void present_settings(const settings::Fields& fields) {
+      if (speaks_for_worker_) client_.present(settings::encode(fields), owner_->servers_);
     }
 
     // One step (strategy/strategy.hpp). Each chunk of the layout is a bucket: once every

@@ -52,8 +52,14 @@
 //
 // Hooks the Trainer calls where a strategy has them (detected, not required):
 //   s.serves()              true on a process that serves (a parameter server): fit calls
-//   s.serve<T>(parameter_count, optimizer)   instead of running replicas, until the workers
-//                           are done
+//   s.serve<T>(parameter_count, optimizer, settings)   instead of running replicas, until the
+//                           workers are done; `settings` are the Trainer's that a server holds
+//                           too (trainer.hpp, "One job, one set of settings")
+//   s.settings()            the strategy's own settings::Fields, which every process of the job
+//                           must share: the Trainer compares them with its own
+//   replica.present_settings(fields)   after the Trainer's own comparison, before start(): a
+//                           strategy whose collectives do not reach every process of the job
+//                           (a parameter server) has the fields compared where they do
 //   s.save(file, state, parameter_count)     Trainer::save, where the strategy writes its own
 //                           checkpoint (a parameter server: a shard per server, the manifest last)
 //   s.restored(state)       after Trainer::restore, for a strategy that keeps part of the state
