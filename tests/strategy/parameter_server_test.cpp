@@ -747,14 +747,18 @@ TEST_CASE(
 
 TEST_CASE(
     "async workers with different seeds are refused through the servers before the first "
-    "step, on every process") {
+    "step, on every process and every replica at once") {
   for (const std::string consistency : {"async", "bounded2"}) {
     CAPTURE(consistency);
     TemporaryDirectory directory("cohort-ps-async-settings-" + consistency);
+    const auto start = std::chrono::steady_clock::now();
     Job job(2, 2,
-            {consistency, "50", directory.path / "out.bin", "--log-pushes", "--seed-of", "1", "12"},
+            {consistency, "50", directory.path / "out.bin", "--log-pushes", "--seed-of", "1", "12",
+             "--local-replicas", "2"},
             directory.path);
     const auto results = finish(job);
+    // Not after a timeout (30 s): the worker's second replica learns it from the first.
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
     for (const auto& [exit, log] : results) {
       CAPTURE(log);
       CHECK(exit.exited);

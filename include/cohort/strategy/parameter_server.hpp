@@ -105,6 +105,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -386,12 +387,12 @@ class ParameterServer {
       chunks_.assign(layout.chunks().rbegin(), layout.chunks().rend());
       edges_.assign(1, parameters.size());
       for (const ps::Chunk& chunk : chunks_) edges_.push_back(chunk.begin);
-      if (speaks_for_worker_) {
+      with_servers([&] {
         const std::span<T> host = host_copy(parameters, parameter_staging_);
         if (index_ == 0) initialize_servers<T>(host, optimizer_state, step);
         pull(host, step);
         land(host, parameters);
-      }
+      });
       local_.broadcast(parameters, 0);
     }
 
@@ -399,7 +400,7 @@ class ParameterServer {
     // which compare them with theirs and the chief's: ConfigError when one differs
     // (parameter_server/protocol.hpp).
     void present_settings(const settings::Fields& fields) {
-      if (speaks_for_worker_) client_.present(settings::encode(fields), owner_->servers_);
+      with_servers([&] { client_.present(settings::encode(fields), owner_->servers_); });
     }
 
     // One step (strategy/strategy.hpp). Each chunk of the layout is a bucket: once every
@@ -486,6 +487,34 @@ class ParameterServer {
           local_(std::move(local)),
           thread_(&thread),
           client_(*owner.transport_, owner.worker(), owner.workers_) {}
+
+    // The first replica's exchange `talk` with the servers at the start of a fit. A ConfigError or
+    // CommError it throws is thrown by every replica of the worker at once: the others would
+    // otherwise wait for the first in their next local collective until the timeout.
+    template <class Talk>
+    void with_servers(Talk&& talk) {
+      enum : int { kNone, kConfig, kComm };
+      std::vector<double> outcome(1 + sizeof(ps::Reply::message), 0.0);
+      std::exception_ptr failure;
+      if (speaks_for_worker_) {
+        try {
+          talk();
+        } catch (const ConfigError& error) {
+          outcome[0] = kConfig;
+          settings::detail::put(std::span(outcome).subspan(1), error.what());
+          failure = std::current_exception();
+        } catch (const CommError& error) {
+          outcome[0] = kComm;
+          settings::detail::put(std::span(outcome).subspan(1), error.what());
+          failure = std::current_exception();
+        }
+      }
+      local_.broadcast(std::span(outcome), 0);
+      if (failure) std::rethrow_exception(failure);
+      const std::string what = settings::detail::get(std::span(outcome).subspan(1));
+      if (outcome[0] == kConfig) throw ConfigError(what);
+      if (outcome[0] == kComm) throw CommError(what);
+    }
 
     // Under Async and BoundedStaleness with clipping, a push is clipped by its own norm.
     template <class O>

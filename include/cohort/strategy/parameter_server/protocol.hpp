@@ -33,10 +33,10 @@
 // count, the value type, the consistency and the parameter server options), and for the rest the
 // chief's, whose kSettings and kInit it takes before any other worker's request. A difference is
 // refused with status kSettingsDiffer and the sentence that names the field, both values and who
-// holds each; the server then answers every request of the fit with it and throws it as a
-// ConfigError, and every worker throws it as a ConfigError too. No worker gets parameters (its
-// first pull's answer) before every live worker has presented its settings, so a refused job stops
-// before its first step, under every consistency.
+// holds each; the server then answers the requests that wait or arrive within 2 s with it and
+// throws it as a ConfigError, and every worker throws it as a ConfigError too. No worker gets
+// parameters (its first pull's answer) before every live worker has presented its settings, so a
+// refused job stops before its first step, under every consistency.
 //
 // A pull is answered once every push of its worker has settled: under Sync (K = 0) once the
 // steps it pushed are applied, otherwise once the worker is at most K pushes ahead of the slowest
