@@ -60,6 +60,15 @@ TEST_CASE("a setting that differs is refused on every participant, naming it and
   }
 }
 
+TEST_CASE("a value longer than what travels compares equal to itself after the trip") {
+  const cohort::settings::Fields fields = {
+      {"optimizer option", std::string(cohort::settings::kValueChars + 40, 'x')}};
+  cohort::settings::Reference reference(fields, "parameter server 0");
+  const auto sent = cohort::settings::decode(cohort::settings::encode(fields));
+  REQUIRE(sent.has_value());
+  CHECK(reference.compare(*sent, "worker 0") == "");
+}
+
 TEST_CASE("a list of options names the first option that differs") {
   const auto thrown = exchange(2, [](int rank) {
     return cohort::settings::Fields{{"optimizer option", rank == 0
@@ -71,4 +80,48 @@ TEST_CASE("a list of options names the first option that differs") {
     CHECK(what.find("optimizer option learning_rate is 0.003 on participant 0 but 0.01 on "
                     "participant 1") != std::string::npos);
   }
+}
+
+TEST_CASE("fields survive encode and decode; anything else is not a list of fields") {
+  const cohort::settings::Fields fields = {
+      {"seed", "11"}, {"optimizer option", "learning_rate=0.003 beta1=0.9"}, {"empty", ""}};
+  const auto decoded = cohort::settings::decode(cohort::settings::encode(fields));
+  REQUIRE(decoded.has_value());
+  REQUIRE(decoded->size() == fields.size());
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    CHECK((*decoded)[i].name == fields[i].name);
+    CHECK((*decoded)[i].value == fields[i].value);
+  }
+  CHECK(cohort::settings::decode({})->empty());
+  auto bytes = cohort::settings::encode(fields);
+  bytes.pop_back();  // a value without its end
+  CHECK_FALSE(cohort::settings::decode(bytes).has_value());
+  bytes = cohort::settings::encode({{"seed", "11"}});
+  bytes.resize(bytes.size() - 3);  // a name without a value
+  CHECK_FALSE(cohort::settings::decode(bytes).has_value());
+  const std::vector<std::byte> huge(cohort::settings::kMaxEncodedBytes + 2, std::byte{0});
+  CHECK_FALSE(cohort::settings::decode(huge).has_value());
+}
+
+TEST_CASE(
+    "a reference names the first difference with its own fields, then with the first "
+    "participant's") {
+  cohort::settings::Reference reference({{"optimizer option", "learning_rate=0.003 beta1=0.9"}},
+                                        "parameter server 0");
+  const auto worker = [](const char* options, const char* seed) {
+    return cohort::settings::Fields{{"seed", seed}, {"optimizer option", options}};
+  };
+  CHECK(reference.compare(worker("learning_rate=0.003 beta1=0.9", "11"), "worker 0") == "");
+  CHECK(reference.compare(worker("learning_rate=0.003 beta1=0.9", "11"), "worker 1") == "");
+  const std::string options = reference.compare(worker("learning_rate=0.01 beta1=0.9", "11"),
+                                                "worker 2");
+  CHECK(options.find("optimizer option learning_rate is 0.003 on parameter server 0 but 0.01 on "
+                     "worker 2") != std::string::npos);
+  const std::string seed = reference.compare(worker("learning_rate=0.003 beta1=0.9", "12"),
+                                             "worker 3");
+  CHECK(seed.find("seed is 11 on worker 0 but 12 on worker 3") != std::string::npos);
+  CHECK(seed.find("before the first step") != std::string::npos);
+  const std::string missing = reference.compare({{"seed", "11"}}, "worker 4");
+  CHECK(missing.find("optimizer option is learning_rate=0.003 beta1=0.9 on parameter server 0 but "
+                     "not given on worker 4") != std::string::npos);
 }

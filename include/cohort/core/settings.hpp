@@ -216,7 +216,11 @@ class Reference {
  public:
   Reference() = default;
   Reference(const Fields& own, std::string_view holder) {
-    for (const Field& field : own) held_.push_back({field, std::string(holder)});
+    // Cut as encode cuts what the others send, so that the same settings compare equal.
+    for (const Field& field : own) {
+      held_.push_back({{field.name.substr(0, kValueChars), field.value.substr(0, kValueChars)},
+                       std::string(holder)});
+    }
   }
 
   // "" when `theirs`, the fields of `who`, agree with the reference; otherwise the sentence that
