@@ -74,6 +74,7 @@ void BM_ps_push_pull(benchmark::State& state) {
       1 + servers,
       [&](tcp::Tcp& transport) {
         ps::Client<tcp::Tcp> client(transport, 0, 1);
+        client.present({}, servers);  // a fit begins with the settings (none here)
         for (const ps::Chunk& chunk : layout.chunks()) {
           client.add({.operation = ps::Operation::kInit, .element_bytes = sizeof(float)}, chunk,
                      std::as_bytes(std::span(parameters).subspan(chunk.begin, chunk.size())));

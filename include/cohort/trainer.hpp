@@ -85,9 +85,16 @@
 // local_replicas and the run's step (processes restored from different checkpoints). A difference
 // is a ConfigError on every process, before anything else travels, that names the field and both
 // values with a process holding each: "micro_batches is 8 on worker 0 (replica 0) but 4 on worker 1
-// (replica 2)". Under ParameterServer, Sync workers compare among themselves; the servers (which
-// take their state from the chief) and Async or BoundedStaleness workers (whose collectives never
-// leave their process) do not.
+// (replica 2)". Under ParameterServer the strategy's own settings join them (consistency, and the
+// options backup_workers, min_shard_bytes, alignment, chunk_bytes), Sync workers compare among
+// themselves as above, and then every worker, Async and BoundedStaleness included (whose
+// collectives never leave their process), presents its settings to every server
+// (strategy/parameter_server/protocol.hpp). A server compares the ones it holds itself (the
+// optimizer and its options, the parameter count, the value type, the consistency and the parameter
+// server options) with its own, and the others with the chief's: "optimizer option learning_rate is
+// 0.01 on parameter server 1 but 0.003 on worker 0", "seed is 11 on worker 0 but 12 on worker 2".
+// The ConfigError comes on that server and on every worker, before any worker gets its first
+// parameters; a server that agreed learns it when the chief leaves, and its CommError quotes it.
 //
 // fit(data, until) trains until the run (counted since it began, restored checkpoints included)
 // has done until.steps steps or until.epochs epochs, whichever comes first of those given, and
@@ -414,7 +421,8 @@ class Trainer {
       if (strategy_.serves()) {
         Report report;
         const auto start = std::chrono::steady_clock::now();
-        report.preempted = strategy_.template serve<value_type>(parameter_count_, optimizer_);
+        report.preempted =
+            strategy_.template serve<value_type>(parameter_count_, optimizer_, server_settings());
         report.seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (report.preempted) save_preempted();
@@ -787,29 +795,45 @@ class Trainer {
     }
   }
 
+  // The settings that a parameter server holds too (it trains no replica): what its updates
+  // depend on, with the strategy's own.
+  [[gnu::cold]] settings::Fields server_settings() const {
+    settings::Fields fields = {
+        {"optimizer", std::string(O::kName)},
+        {"optimizer option", optimizer::describe_options(optimizer_)},
+        {"parameter count", std::to_string(parameter_count_)},
+        {"value type", std::same_as<value_type, float> ? std::string("float")
+                       : std::same_as<value_type, double>
+                           ? std::string("double")
+                           : std::to_string(sizeof(value_type)) + "-byte"},
+    };
+    if constexpr (requires { strategy_.settings(); }) {
+      for (settings::Field& field : strategy_.settings()) fields.push_back(std::move(field));
+    }
+    return fields;
+  }
+
   // The settings every process of the job must share, compared across every replica before the
   // first step (core/settings.hpp): a difference is a ConfigError on every process naming the
-  // field and both values. One all-reduce of two doubles per field when they agree.
+  // field and both values. One all-reduce of two doubles per field when they agree. A strategy
+  // whose collectives do not reach every process (a parameter server) then has them compared
+  // where they do (its servers).
   template <class Replica>
   [[gnu::cold]] void require_same_settings(Replica& replica, const Place& place) const {
     const auto text = [](auto value) { return std::to_string(value); };
-    const settings::Fields fields = {
+    settings::Fields fields = {
         {"seed", text(options_.seed)},
         {"global_batch", text(options_.global_batch)},
         {"micro_batches", text(options_.micro_batches)},
         {"on_nonfinite", std::string(name(options_.on_nonfinite))},
-        {"optimizer", std::string(O::kName)},
-        {"optimizer option", optimizer::describe_options(optimizer_)},
-        {"parameter count", text(parameter_count_)},
-        {"value type", std::same_as<value_type, float>    ? std::string("float")
-                       : std::same_as<value_type, double> ? std::string("double")
-                                                          : text(sizeof(value_type)) + "-byte"},
-        {"data-set size", text(dataset_size_)},
-        {"strategy", std::string(S::kName) + " on " + std::string(Device::kName)},
-        {"replicas", text(strategy_.replicas())},
-        {"local_replicas", text(strategy_.local_replicas())},
-        {"step", text(step_)},
     };
+    for (settings::Field& field : server_settings()) fields.push_back(std::move(field));
+    fields.insert(fields.end(),
+                  {{"data-set size", text(dataset_size_)},
+                   {"strategy", std::string(S::kName) + " on " + std::string(Device::kName)},
+                   {"replicas", text(strategy_.replicas())},
+                   {"local_replicas", text(strategy_.local_replicas())},
+                   {"step", text(step_)}});
     std::string who = "replica " + std::to_string(replica.index());
     if constexpr (requires { strategy_.cluster(); }) {
       who = "worker " + std::to_string(strategy_.cluster().rank) + " (" + who + ")";
@@ -821,6 +845,7 @@ class Trainer {
       replica.communicator().all_reduce(at_place.span(), ReduceOp::kMax);
       Device::to_host(place, std::span<const double>(at_place.span()), values);
     });
+    if constexpr (requires { replica.present_settings(fields); }) replica.present_settings(fields);
   }
 
   // The chief's one line at the end of a fit: the mean time per replica in each phase, and the

@@ -60,6 +60,15 @@ TEST_CASE("a setting that differs is refused on every participant, naming it and
   }
 }
 
+TEST_CASE("a value longer than what travels compares equal to itself after the trip") {
+  const cohort::settings::Fields fields = {
+      {"optimizer option", std::string(cohort::settings::kValueChars + 40, 'x')}};
+  cohort::settings::Reference reference(fields, "parameter server 0");
+  const auto sent = cohort::settings::decode(cohort::settings::encode(fields));
+  REQUIRE(sent.has_value());
+  CHECK(reference.compare(*sent, "worker 0") == "");
+}
+
 TEST_CASE("a list of options names the first option that differs") {
   const auto thrown = exchange(2, [](int rank) {
     return cohort::settings::Fields{{"optimizer option", rank == 0

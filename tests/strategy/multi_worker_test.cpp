@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "processes.hpp"
+#include "rendezvous_attacks.hpp"
 #include "training.hpp"
 
 namespace {
@@ -259,6 +260,46 @@ TEST_CASE(
     }
     CHECK_FALSE(fs::exists(directory.path / "parameters-0"));
   }
+}
+
+TEST_CASE(
+    "a job under a secret, attacked by strangers during its rendezvous, still trains to "
+    "Mirrored's bits") {
+  // Rank 0 alone first: every attack of tests/transport's rendezvous test is made on it while it
+  // waits for rank 1, and two attackers still hold their connections when rank 1 joins.
+  TemporaryDirectory directory("cohort-multi-worker-attacked");
+  const int port = cohort::testing::free_port();
+  const fs::path out = directory.path / "parameters.bin";
+  const auto start = [&](int rank) {
+    return std::make_unique<Process>(
+        std::vector<std::string>{COHORT_TRAINER, "2", "50", out},
+        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
+                                           {"COHORT_WORLD_SIZE", "2"},
+                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                           {"COHORT_MASTER_PORT", std::to_string(port)},
+                                           {"COHORT_JOB_ID", "attacked"},
+                                           {"COHORT_SECRET", "correct horse battery staple"}},
+        directory.path / ("rank" + std::to_string(rank) + ".log"));
+  };
+  const auto rank_zero = start(0);
+  REQUIRE(cohort::testing::listening(static_cast<std::uint16_t>(port), 30s));
+  const auto open = cohort::testing::attack_rendezvous(static_cast<std::uint16_t>(port));
+  const auto rank_one = start(1);
+  for (Process* rank : {rank_zero.get(), rank_one.get()}) {
+    const auto exit = rank->wait(60s);
+    CAPTURE(read_file(directory.path / "rank0.log"));
+    CAPTURE(read_file(directory.path / "rank1.log"));
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code == 0);
+  }
+  for (const auto& socket : open) CHECK(cohort::testing::closed_in_silence(socket));
+  CHECK(read_file(out) == mirrored_parameters(50));
+  // Rank 0 refused the strangers (its log shows the first few, at a bounded rate), and their
+  // words reach no log.
+  const std::string log = read_file(directory.path / "rank0.log");
+  CHECK(log.find("rank 0: refused a connection: a peer at 127.0.0.1:") != std::string::npos);
+  CHECK(log.find("compromised") == std::string::npos);
 }
 
 TEST_CASE(

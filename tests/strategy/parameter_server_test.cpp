@@ -141,8 +141,9 @@ double seconds(std::chrono::steady_clock::duration duration) {
 }
 
 // A server over Loopback (rank 2) with workers 0 and 1 as threads, on one chunk of 16 floats and
-// SGD: worker 0 initializes, then `steps` times pushes and pulls, `pause` apart, then says it is
-// done; worker 1 pulls once and then stays silent (its endpoint open) until `quiet` has passed.
+// SGD: each worker presents the same settings first; worker 0 initializes, then `steps` times
+// pushes and pulls, `pause` apart, then says it is done; worker 1 pulls once and then stays silent
+// (its endpoint open) until `quiet` has passed.
 // Returns what the server counted, or the error it threw; worker 0's error in `chief_error`.
 template <class C>
 std::pair<cohort::strategy::ps::ServerCounts, std::string> serve_with_a_silent_worker(
@@ -155,11 +156,14 @@ std::pair<cohort::strategy::ps::ServerCounts, std::string> serve_with_a_silent_w
                           {.min_shard_bytes = 0, .alignment = 16, .chunk_bytes = 64});
   const ps::Chunk& chunk = layout.chunks().front();
   const cohort::optimizer::Sgd sgd({.learning_rate = 1.0});
+  const auto settings = cohort::settings::encode({{"optimizer", "sgd"}, {"seed", "11"}});
   std::pair<ps::ServerCounts, std::string> result;
   std::thread server_thread([&] {
     auto endpoint = group.endpoint(2);
     ps::Server<Endpoint, float, cohort::optimizer::Sgd, C> server(
-        endpoint, layout, {.server = 0, .workers = 2, .worker_timeout = 300ms}, sgd);
+        endpoint, layout,
+        {.server = 0, .workers = 2, .worker_timeout = 300ms, .settings = {{"optimizer", "sgd"}}},
+        sgd);
     try {
       result.first = server.serve();
     } catch (const cohort::CommError& error) {
@@ -172,6 +176,7 @@ std::pair<cohort::strategy::ps::ServerCounts, std::string> serve_with_a_silent_w
     ps::Client<Endpoint> client(endpoint, 1, 2);
     std::vector<float> parameters(16);
     try {
+      client.present(settings, 1);
       client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
                  std::as_writable_bytes(std::span(parameters)));
       client.transfer();
@@ -186,6 +191,7 @@ std::pair<cohort::strategy::ps::ServerCounts, std::string> serve_with_a_silent_w
     std::vector<float> parameters(16, 1.0f);
     const std::vector<float> gradient(16, 1.0f);
     try {
+      client.present(settings, 1);
       client.add({.operation = ps::Operation::kInit, .element_bytes = sizeof(float)}, chunk,
                  std::as_bytes(std::span(parameters)));
       client.transfer();
@@ -708,6 +714,62 @@ TEST_CASE("sync workers with different seeds are refused before the first step n
           std::string::npos);
   }
   CHECK(results[2].first.code != 0);  // the server: the chief never sent the parameters
+}
+
+TEST_CASE(
+    "a server started with another learning rate is refused before the first step, on the "
+    "server and every worker, naming both values and who holds each") {
+  TemporaryDirectory directory("cohort-ps-server-settings");
+  Job job(2, 2,
+          {"sync", "5", directory.path / "out.bin", "--log-pushes", "--learning-rate-of-server",
+           "1", "0.01"},
+          directory.path);
+  const auto results = finish(job);
+  const std::string expected =
+      "the processes of this job run with different settings, refused before the first step: "
+      "optimizer option learning_rate is 0.01 on parameter server 1 but 0.003 on worker 0";
+  // Both workers and the server that differs: a ConfigError with the same sentence.
+  for (std::size_t process : {0, 1, 3}) {
+    const auto& [exit, log] = results[process];
+    CAPTURE(process);
+    CAPTURE(log);
+    CHECK(exit.exited);
+    CHECK(exit.code == 1);
+    CHECK(log.find("error: " + expected) != std::string::npos);
+  }
+  // Server 0 agreed with the chief: it learns the cause when the chief leaves.
+  CAPTURE(results[2].second);
+  CHECK(results[2].first.code != 0);
+  CHECK(results[2].second.find(expected) != std::string::npos);
+  for (const auto& [exit, log] : results) CHECK(log.find("applied step") == std::string::npos);
+  CHECK_FALSE(fs::exists(directory.path / "out.bin"));
+}
+
+TEST_CASE(
+    "async workers with different seeds are refused through the servers before the first "
+    "step, on every process and every replica at once") {
+  for (const std::string consistency : {"async", "bounded2"}) {
+    CAPTURE(consistency);
+    TemporaryDirectory directory("cohort-ps-async-settings-" + consistency);
+    const auto start = std::chrono::steady_clock::now();
+    Job job(2, 2,
+            {consistency, "50", directory.path / "out.bin", "--log-pushes", "--seed-of", "1", "12",
+             "--local-replicas", "2"},
+            directory.path);
+    const auto results = finish(job);
+    // Not after a timeout (30 s): the worker's second replica learns it from the first.
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    for (const auto& [exit, log] : results) {
+      CAPTURE(log);
+      CHECK(exit.exited);
+      CHECK(exit.code == 1);
+      CHECK(log.find("error: the processes of this job run with different settings, refused "
+                     "before the first step: seed is 11 on worker 0 but 12 on worker 1") !=
+            std::string::npos);
+      CHECK(log.find("applied push") == std::string::npos);
+    }
+    CHECK_FALSE(fs::exists(directory.path / "out.bin"));
+  }
 }
 
 TEST_CASE("a push stalled in the middle of its frame holds back no other worker") {

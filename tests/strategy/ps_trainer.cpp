@@ -7,8 +7,8 @@
 //              [--segment K --checkpoint FILE] [--restore FILE] [--bad-requests]
 //              [--backup-workers B] [--clip NORM] [--alignment A] [--local-replicas L]
 //              [--eigen THREADS] [--poison INDEX] [--on-nonfinite skip_step]
-//              [--seed-of W S] [--timeout-ms T] [--stall-mid-frame W --stall-after N]
-//              [--preempt-after N]
+//              [--seed-of W S] [--learning-rate-of-server S LR] [--timeout-ms T]
+//              [--stall-mid-frame W --stall-after N] [--preempt-after N]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
 // --every-worker-sleep-ms N  every worker sleeps N ms in every micro-batch (so that a run lasts)
@@ -28,6 +28,7 @@
 // --poison INDEX     example INDEX has a NaN feature (as PoisonedData)
 // --on-nonfinite P   the Trainer's on_nonfinite: raise (default) or skip_step
 // --seed-of W S      worker W trains with seed S instead of 11 (the settings check)
+// --learning-rate-of-server S LR  server S's Adam has learning rate LR instead of 3e-3 (the same)
 // --timeout-ms T     ParameterServer's timeout (default 30 s)
 // --stall-mid-frame W  worker W, after N micro-batches, writes the first half of its next push's
 //                    payload frame and stops there for good, its connections open (it says so on
@@ -112,6 +113,8 @@ struct Settings {
   cohort::NonFinite on_nonfinite = cohort::NonFinite::kRaise;
   int seed_worker = -1;
   std::uint64_t seed_of_worker = 11;
+  int learning_rate_server = -1;
+  double learning_rate_of_server = 3e-3;
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
   int stall_worker = -1;
   int stall_after = 0;
@@ -224,13 +227,17 @@ int train(const Settings& settings, const Model& model) {
   const bool chief = strategy.is_chief();
   const bool serves = strategy.serves();
   const int worker = serves ? -1 : strategy.worker();
+  const int server = serves ? strategy.cluster().rank : -1;
   if (settings.bad_requests && worker == 1) {
     const std::size_t parameters = cohort::testing::parameters_of(model).size();
     if (send_bad_requests(strategy, parameters) != 0) return 3;
   }
   cohort::Trainer trainer(
       model, std::move(strategy),
-      cohort::optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = settings.clip}),
+      cohort::optimizer::Adam({.learning_rate = server == settings.learning_rate_server
+                                                    ? settings.learning_rate_of_server
+                                                    : 3e-3,
+                               .max_gradient_norm = settings.clip}),
       {.global_batch = 64,
        .seed = worker == settings.seed_worker ? settings.seed_of_worker : 11,
        .progress = cohort::Progress::kSilent,
@@ -311,6 +318,9 @@ int main(int argc, char** argv) {
     else if (flag == "--seed-of") {
       settings.seed_worker = std::stoi(next());
       settings.seed_of_worker = std::stoull(next());
+    } else if (flag == "--learning-rate-of-server") {
+      settings.learning_rate_server = std::stoi(next());
+      settings.learning_rate_of_server = std::stod(next());
     } else if (flag == "--every-worker-sleep-ms")
       settings.every_worker_sleep_ms = std::stoi(next());
     else if (flag == "--timeout-ms")

@@ -1,13 +1,10 @@
 // What the TCP transport's tests share: options with short timeouts, ranks as threads of this
-// process (run_ranks, RankZero), payload patterns, and a peer that speaks the wire format by hand
-// over a plain POSIX socket, for malformed and hostile peers.
+// process (run_ranks, RankZero), payload patterns, and the peer that speaks the wire format by
+// hand over a plain POSIX socket, for malformed and hostile peers (rendezvous_attacks.hpp).
 #pragma once
 
-#include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -25,6 +22,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "rendezvous_attacks.hpp"
 
 namespace tcp_test {
 
@@ -136,104 +135,17 @@ inline bool holds(const std::vector<std::byte>& bytes, int sender, std::uint64_t
 inline const std::vector<std::size_t> kLengths = {0, 1, 7, 4099, std::size_t{1} << 22};
 
 // --- a peer speaking the wire format by hand, over a plain POSIX socket ----------------------
+// (rendezvous_attacks.hpp, which the strategy's tests share)
 
-class RawSocket {
- public:
-  explicit RawSocket(int fd = -1) : fd_(fd) {}
-  RawSocket(RawSocket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  RawSocket& operator=(RawSocket&&) = delete;
-  ~RawSocket() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int fd() const { return fd_; }
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_;
-};
-
-inline sockaddr_in loopback(std::uint16_t port) {
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(port);
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return address;
-}
-
-// A connected socket whose reads give up after 5 s, so that a test never hangs on one.
-inline RawSocket connect_raw(std::uint16_t port) {
-  RawSocket socket(::socket(AF_INET, SOCK_STREAM, 0));
-  REQUIRE(socket.fd() >= 0);
-  const timeval timeout{5, 0};
-  ::setsockopt(socket.fd(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  const sockaddr_in address = loopback(port);
-  REQUIRE(::connect(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
-  return socket;
-}
-
-// A listening socket on 127.0.0.1 at a free port.
-inline RawSocket listen_raw(std::uint16_t& port) {
-  RawSocket socket(::socket(AF_INET, SOCK_STREAM, 0));
-  REQUIRE(socket.fd() >= 0);
-  sockaddr_in address = loopback(0);
-  REQUIRE(::bind(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
-  REQUIRE(::listen(socket.fd(), 8) == 0);
-  socklen_t length = sizeof address;
-  REQUIRE(::getsockname(socket.fd(), reinterpret_cast<sockaddr*>(&address), &length) == 0);
-  port = ntohs(address.sin_port);
-  return socket;
-}
-
-inline void write_all(const RawSocket& socket, std::span<const std::byte> bytes) {
-  while (!bytes.empty()) {
-    const ssize_t written = ::send(socket.fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    REQUIRE(written > 0);
-    bytes = bytes.subspan(static_cast<std::size_t>(written));
-  }
-}
-
-// False when the peer closed (or 5 s passed) first.
-inline bool read_all(const RawSocket& socket, std::span<std::byte> bytes) {
-  while (!bytes.empty()) {
-    const ssize_t got = ::recv(socket.fd(), bytes.data(), bytes.size(), 0);
-    if (got <= 0) return false;
-    bytes = bytes.subspan(static_cast<std::size_t>(got));
-  }
-  return true;
-}
-
-struct RawFrame {
-  tcp::FrameHeader header;
-  std::vector<std::byte> bytes;  // the whole frame
-  std::span<const std::byte> payload() const {
-    return std::span(bytes).subspan(tcp::kHeaderBytes, header.length);
-  }
-};
-
-inline RawFrame read_frame(const RawSocket& socket) {
-  RawFrame frame;
-  frame.bytes.resize(tcp::kHeaderBytes);
-  REQUIRE(read_all(socket, frame.bytes));
-  frame.header = tcp::decode_header(frame.bytes.data());
-  REQUIRE(frame.header.magic == tcp::kMagic);
-  REQUIRE(frame.header.length < (1u << 20));
-  frame.bytes.resize(tcp::kHeaderBytes + frame.header.length + tcp::kTrailerBytes);
-  REQUIRE(read_all(socket, std::span(frame.bytes).subspan(tcp::kHeaderBytes)));
-  return frame;
-}
-
-inline tcp::Hello hello_of(int rank, int size) {
-  return {.rank = rank,
-          .size = size,
-          .authenticates = false,
-          .listen_port = 1,
-          .listen_address = "127.0.0.1",
-          .job_id = "tcp-test",
-          .nonce = tcp::random_nonce()};
-}
+using cohort::testing::connect_raw;
+using cohort::testing::hello_of;
+using cohort::testing::listen_raw;
+using cohort::testing::loopback;
+using cohort::testing::RawFrame;
+using cohort::testing::RawSocket;
+using cohort::testing::read_all;
+using cohort::testing::read_frame;
+using cohort::testing::write_all;
 
 // Joins a 2-rank job as rank 1 by hand: hello, hello, confirm, confirm, table, ready, go.
 // Afterwards the test owns the connection to rank 0 and can write anything on it.

@@ -10,7 +10,8 @@
 //   out-of-place   the gradient and the parameters are separate buffers (what the Trainer does)
 //   in-place       one buffer: it is pushed, and the pulled parameters overwrite it
 //
-// Every (size, placement) is one fit of fresh servers: the chief (worker 0) initializes the
+// Every (size, placement) is one fit of fresh servers: every worker presents its settings (none:
+// protocol.hpp's kSettings, which every fit begins with), the chief (worker 0) initializes the
 // parameters to 0, then one untimed call, a barrier of the workers, `iters` timed calls (each
 // worker times its own; the table's time is the slowest worker's per iteration, as sweep.hpp),
 // and the check; then every worker says done and the servers start the next fit. The layout is
@@ -123,6 +124,7 @@ class Worker {
       ps::Client<Tcp> client(tcp_, worker_, workers_);
       chunks_ = layout.chunks();
       step_ = 0;
+      client.present({}, servers);
       if (worker_ == 0) {
         for (const ps::Chunk& chunk : chunks_) {
           client.add({.operation = ps::Operation::kInit, .element_bytes = sizeof(float)}, chunk,

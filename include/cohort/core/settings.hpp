@@ -17,12 +17,17 @@
 //
 // max_all_reduce(std::span<double>) must leave in every participant's buffer the elementwise
 // maximum over all participants (a communicator's all_reduce with ReduceOp::kMax).
+//
+// Where there is no collective over every participant (a parameter server and its workers), the
+// fields travel as a message instead (encode, decode) to a participant that holds a Reference and
+// compares every other one's with it, one at a time, throwing the same sentence.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -105,6 +110,18 @@ inline Difference difference(const std::string& field, const std::string& left,
   return {field, left, right};
 }
 
+// The sentence every participant throws: `field` is `left` on `left_who` but `right` on
+// `right_who`.
+[[gnu::cold]] inline std::string refusal(const std::string& field, const std::string& left,
+                                         std::string_view left_who, const std::string& right,
+                                         std::string_view right_who) {
+  const Difference differs = difference(field, left, right);
+  return "the processes of this job run with different settings, refused before the first step: " +
+         differs.name + " is " + differs.left + " on " + std::string(left_who) + " but " +
+         differs.right + " on " + std::string(right_who) +
+         "; every process of a job must be given the same settings";
+}
+
 }  // namespace detail
 
 // Throws ConfigError on every participant when some field differs between participants; returns
@@ -149,13 +166,91 @@ template <class MaxAllReduce>
   // The lower-indexed participant first.
   const std::size_t first = -writers[0] <= -writers[1] ? 0 : 1;
   const std::size_t second = 1 - first;
-  const detail::Difference differs = detail::difference(
-      mine[field].name, text(first, 0, kValueChars), text(second, 0, kValueChars));
-  throw ConfigError(
-      "the processes of this job run with different settings, refused before the first step: " +
-      differs.name + " is " + differs.left + " on " + text(first, kValueChars, kWhoChars) +
-      " but " + differs.right + " on " + text(second, kValueChars, kWhoChars) +
-      "; every process of a job must be given the same settings");
+  throw ConfigError(detail::refusal(
+      mine[field].name, text(first, 0, kValueChars), text(first, kValueChars, kWhoChars),
+      text(second, 0, kValueChars), text(second, kValueChars, kWhoChars)));
 }
+
+// --- as a message -------------------------------------------------------------------------------
+
+// The longest encoding a participant accepts (decode): far more than any job's fields take.
+inline constexpr std::size_t kMaxEncodedBytes = std::size_t{16} << 10;
+
+// Fields as bytes: each name and each value (cut to kValueChars, as they travel in require_same)
+// followed by a zero byte.
+inline std::vector<std::byte> encode(const Fields& fields) {
+  std::vector<std::byte> bytes;
+  const auto put = [&](std::string_view text) {
+    for (const char c : text.substr(0, kValueChars)) bytes.push_back(static_cast<std::byte>(c));
+    bytes.push_back(std::byte{0});
+  };
+  for (const Field& field : fields) {
+    put(field.name);
+    put(field.value);
+  }
+  return bytes;
+}
+
+// The fields of encode's bytes; nothing when they are not such a list.
+inline std::optional<Fields> decode(std::span<const std::byte> bytes) {
+  if (bytes.size() > kMaxEncodedBytes) return std::nullopt;
+  std::vector<std::string> texts(1);
+  for (const std::byte byte : bytes) {
+    if (byte == std::byte{0}) {
+      texts.emplace_back();
+    } else {
+      texts.back().push_back(static_cast<char>(byte));
+    }
+  }
+  if (!texts.back().empty() || texts.size() % 2 != 1) return std::nullopt;
+  Fields fields;
+  for (std::size_t i = 0; i + 1 < texts.size(); i += 2) fields.push_back({texts[i], texts[i + 1]});
+  return fields;
+}
+
+// What one participant compares every other one's fields with, one at a time: its own fields,
+// named after itself, and for every other field the value of the first participant compared
+// (a parameter server holds the optimizer's settings itself and takes the seed from the chief,
+// whose settings it compares first).
+class Reference {
+ public:
+  Reference() = default;
+  Reference(const Fields& own, std::string_view holder) {
+    // Cut as encode cuts what the others send, so that the same settings compare equal.
+    for (const Field& field : own) {
+      held_.push_back({{field.name.substr(0, kValueChars), field.value.substr(0, kValueChars)},
+                       std::string(holder)});
+    }
+  }
+
+  // "" when `theirs`, the fields of `who`, agree with the reference; otherwise the sentence that
+  // names the first field of the reference that differs (or that `theirs` lacks), both values and
+  // who holds each. Fields the reference lacks join it, held by `who`.
+  [[gnu::cold]] std::string compare(const Fields& theirs, std::string_view who) {
+    for (const Held& held : held_) {
+      const auto found = std::find_if(theirs.begin(), theirs.end(), [&](const Field& field) {
+        return field.name == held.field.name;
+      });
+      const std::string value = found != theirs.end() ? found->value : std::string("not given");
+      if (value != held.field.value) {
+        return detail::refusal(held.field.name, held.field.value, held.holder, value, who);
+      }
+    }
+    for (const Field& field : theirs) {
+      const bool known = std::any_of(held_.begin(), held_.end(), [&](const Held& held) {
+        return held.field.name == field.name;
+      });
+      if (!known) held_.push_back({field, std::string(who)});
+    }
+    return {};
+  }
+
+ private:
+  struct Held {
+    Field field;
+    std::string holder;
+  };
+  std::vector<Held> held_;
+};
 
 }  // namespace cohort::settings

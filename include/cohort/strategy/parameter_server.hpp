@@ -64,6 +64,11 @@
 // server, so that the server names a stalled worker first): restart the job from the last
 // checkpoint.
 //
+// Settings. Before its first step every worker presents the Trainer's settings to every server,
+// which compares them with its own and the chief's (trainer.hpp, "One job, one set of settings";
+// parameter_server/protocol.hpp): a server or a worker of any consistency started with other
+// settings stops the job with a ConfigError that names the field and both values.
+//
 // Options:
 //   local_replicas   replica threads in each worker process (a power of two, the same on every
 //                    worker)
@@ -100,6 +105,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -118,6 +124,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduce_op.hpp"
+#include "cohort/core/settings.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/strategy/consistency.hpp"
@@ -284,11 +291,24 @@ class ParameterServer {
                       {options().min_shard_bytes, options().alignment, options().chunk_bytes});
   }
 
+  // The settings of this strategy that every process of the job, servers included, must share
+  // (Trainer adds them to the ones it compares: trainer.hpp, "One job, one set of settings").
+  settings::Fields settings() const {
+    const auto text = [](std::size_t value) { return std::to_string(value); };
+    return {{"consistency", std::string(C::kName)},
+            {"parameter server option", "backup_workers=" + text(options().backup_workers) +
+                                            " min_shard_bytes=" + text(options().min_shard_bytes) +
+                                            " alignment=" + text(options().alignment) +
+                                            " chunk_bytes=" + text(options().chunk_bytes)}};
+  }
+
   // On a server: serves one fit (its shard of the layout of `elements` parameters) and returns
   // when every worker is done or lost, keeping its shard for save(): true when the workers'
-  // fit stopped for preemption. What it did goes to stderr in one line.
+  // fit stopped for preemption. Every worker's settings must match `own` (this server's: the
+  // Trainer's settings that a server holds too) and the chief's (parameter_server/protocol.hpp).
+  // What it did goes to stderr in one line.
   template <class T, class O>
-  bool serve(std::size_t elements, const O& optimizer) {
+  bool serve(std::size_t elements, const O& optimizer, const settings::Fields& own) {
     check_optimizer<T>(optimizer);
     const ps::Layout shards = layout(elements, sizeof(T));
     ps::Server<Transport, T, O, C> server(*transport_, shards,
@@ -296,7 +316,8 @@ class ParameterServer {
                                            .workers = workers_,
                                            .backup_workers = options().backup_workers,
                                            .worker_timeout = options().timeout,
-                                           .log_pushes = options().log_pushes},
+                                           .log_pushes = options().log_pushes,
+                                           .settings = own},
                                           optimizer);
     const ps::ServerCounts counts = server.serve();
     held_ = server.shard();
@@ -369,13 +390,20 @@ class ParameterServer {
       chunks_.assign(layout.chunks().rbegin(), layout.chunks().rend());
       edges_.assign(1, parameters.size());
       for (const ps::Chunk& chunk : chunks_) edges_.push_back(chunk.begin);
-      if (speaks_for_worker_) {
+      with_servers([&] {
         const std::span<T> host = host_copy(parameters, parameter_staging_);
         if (index_ == 0) initialize_servers<T>(host, optimizer_state, step);
         pull(host, step);
         land(host, parameters);
-      }
+      });
       local_.broadcast(parameters, 0);
+    }
+
+    // Before start, every worker's first replica presents the Trainer's settings to every server,
+    // which compare them with theirs and the chief's: ConfigError when one differs
+    // (parameter_server/protocol.hpp).
+    void present_settings(const settings::Fields& fields) {
+      with_servers([&] { client_.present(settings::encode(fields), owner_->servers_); });
     }
 
     // One step (strategy/strategy.hpp). Each chunk of the layout is a bucket: once every
@@ -467,6 +495,27 @@ class ParameterServer {
           local_(std::move(local)),
           thread_(&thread),
           client_(*owner.transport_, owner.worker(), owner.workers_) {}
+
+    // The first replica's exchange `talk` with the servers at the start of a fit. A ConfigError or
+    // CommError it throws is thrown by every replica of the worker at once: the others would
+    // otherwise wait for the first in their next local collective until the timeout. The error
+    // itself passes through the strategy, which the worker's replicas share; the broadcast says
+    // whether there is one.
+    template <class Talk>
+    void with_servers(Talk&& talk) {
+      double failed = 0.0;
+      if (speaks_for_worker_) {
+        owner_->start_failure_ = nullptr;
+        try {
+          talk();
+        } catch (const Error&) {
+          owner_->start_failure_ = std::current_exception();
+          failed = 1.0;
+        }
+      }
+      local_.broadcast(std::span(&failed, 1), 0);
+      if (failed != 0.0) std::rethrow_exception(owner_->start_failure_);
+    }
 
     // Under Async and BoundedStaleness with clipping, a push is clipped by its own norm.
     template <class O>
@@ -711,6 +760,8 @@ class ParameterServer {
   std::unique_ptr<Transport> transport_;
   std::optional<detail::ps::WorkerPlace<D>> worker_place_;  // on a worker
   ps::HeldShard held_;  // a server's shard, from its last fit or restore, for save()
+  // A worker's failure at the start of a fit, for its other replicas (Replica::with_servers).
+  std::exception_ptr start_failure_;
 };
 
 static_assert(Strategy<ParameterServer<>>);

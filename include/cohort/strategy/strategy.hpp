@@ -54,8 +54,15 @@
 //
 // Hooks the Trainer calls where a strategy has them (detected, not required):
 //   s.serves()              true on a process that serves (a parameter server): fit calls
-//   s.serve<T>(parameter_count, optimizer)   instead of running replicas, until the workers
-//                           are done; it returns whether their fit stopped for preemption
+//   s.serve<T>(parameter_count, optimizer, settings)   instead of running replicas, until the
+//                           workers are done; `settings` are the Trainer's that a server holds
+//                           too (trainer.hpp, "One job, one set of settings"); it returns whether
+//                           the workers' fit stopped for preemption
+//   s.settings()            the strategy's own settings::Fields, which every process of the job
+//                           must share: the Trainer compares them with its own
+//   replica.present_settings(fields)   after the Trainer's own comparison, before start(): a
+//                           strategy whose collectives do not reach every process of the job
+//                           (a parameter server) has the fields compared where they do
 //   replica.stop_requested()  whether the replica heard that another process of the job was
 //                           signalled to stop (a parameter server's marked answers): the
 //                           Trainer's agreement to stop counts it

@@ -12,8 +12,10 @@
 // transfer() returns.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <vector>
@@ -63,7 +65,8 @@ class Client {
   // transfer of pushes only returns once they are sent. Throws CommError whose peer() is the
   // server whose connection failed (the transport's peer()) or that refused a request; a server
   // that ends the run answers with why (a Sync server names the worker that stalled), which the
-  // error quotes.
+  // error quotes. Throws ConfigError, after telling every process, when a server found the job's
+  // settings to differ (protocol.hpp).
   void transfer() {
     // The queue empties now, so that the next transfer starts empty even after a failure; the
     // requests stay in in_flight_, which the transfer's spans point into.
@@ -87,6 +90,12 @@ class Client {
     } catch (const CommError& error) {
       fail(error);
     }
+    // Settings that differ are the cause, whatever else the servers answered.
+    for (std::size_t i = 0; i < in_flight_.size(); ++i) {
+      if (answered(in_flight_[i]) && replies_[i].status == kSettingsDiffer) {
+        differ(replies_[i]);
+      }
+    }
     for (std::size_t i = 0; i < in_flight_.size(); ++i) {
       if (!answered(in_flight_[i])) continue;
       const Reply& reply = replies_[i];
@@ -107,6 +116,16 @@ class Client {
                       std::to_string(reply.operation) + "): the answers came out of order");
       }
     }
+  }
+
+  // Presents this worker's settings (settings::encode's bytes) to each of the job's `servers`
+  // servers: its first request of a fit (protocol.hpp).
+  void present(std::span<const std::byte> settings, int servers) {
+    for (int server = 0; server < servers; ++server) {
+      add({.operation = Operation::kSettings},
+          Chunk{.server = server, .index = 0, .begin = 0, .end = 0}, settings);
+    }
+    transfer();
   }
 
   // Tells each of the job's `servers` servers that this worker's fit has ended, and whether it
@@ -167,6 +186,15 @@ class Client {
                              .detail = "failed at " + server + ": " + std::string(error.detail())});
     transport_.leave(failure.what());
     throw failure;
+  }
+
+  // A server's sentence naming the setting that differs: every other process learns it, then
+  // this worker throws it.
+  [[noreturn, gnu::cold]] void differ(const Reply& reply) {
+    const std::string message(std::begin(reply.message),
+                              std::find(std::begin(reply.message), std::end(reply.message), '\0'));
+    transport_.leave(message);
+    throw ConfigError(message);
   }
 
   // "push", "push and pull": the operations in flight, for errors.

@@ -19,6 +19,7 @@
 // worker's receive completes whatever happens and the stream stays in step.
 //
 //   operation   payload (elements of T)          answer's payload
+//   kSettings   the worker's settings (bytes)     none          every worker, first in a fit
 //   kInit       parameters, then optimizer state  none          chief only, at the start of a fit
 //               (kStateSlots x length, slot-major)
 //   kPush       the gradient sum of one step       no answer     applied or folded, per consistency
@@ -30,6 +31,16 @@
 // from then on, so that the workers that pull from it hear of it; a worker whose fit stopped for
 // preemption sets kPreempted in its kDone, and a server that receives one sets it in its answers
 // too (so that under Async every worker hears of it) and saves like the workers after its fit.
+// One job, one set of settings: every worker's first request of a fit is kSettings, its Trainer's
+// settings (core/settings.hpp's encoding; trainer.hpp lists them), to every server. The server
+// compares them with a settings::Reference: its own (the optimizer and its options, the parameter
+// count, the value type, the consistency and the parameter server options), and for the rest the
+// chief's, whose kSettings and kInit it takes before any other worker's request. A difference is
+// refused with status kSettingsDiffer and the sentence that names the field, both values and who
+// holds each; the server then answers the requests that wait or arrive within 2 s with it and
+// throws it as a ConfigError, and every worker throws it as a ConfigError too. No worker gets
+// parameters (its first pull's answer) before every live worker has presented its settings, so a
+// refused job stops before its first step, under every consistency.
 //
 // A pull is answered once every push of its worker has settled: under Sync (K = 0) once the
 // steps it pushed are applied, otherwise once the worker is at most K pushes ahead of the slowest
@@ -60,13 +71,14 @@
 
 namespace cohort::strategy::ps {
 
-// 2: pushes are not answered; 3: flags (preemption)
-inline constexpr std::uint16_t kProtocolVersion = 3;
+// 2: pushes are not answered; 3: every worker presents its settings first (kSettings); 4: flags
+// (preemption)
+inline constexpr std::uint16_t kProtocolVersion = 4;
 
 // Request::flags and Reply::flags.
 inline constexpr std::uint16_t kPreempted = 1;
 
-enum class Operation : std::uint16_t { kInit = 1, kPush, kPull, kPullState, kDone };
+enum class Operation : std::uint16_t { kInit = 1, kPush, kPull, kPullState, kDone, kSettings };
 
 inline std::string_view name(Operation operation) {
   switch (operation) {
@@ -80,6 +92,8 @@ inline std::string_view name(Operation operation) {
       return "pull_state";
     case Operation::kDone:
       return "done";
+    case Operation::kSettings:
+      return "settings";
   }
   return "unknown";
 }
@@ -114,10 +128,14 @@ template <std::size_t N>
 std::string_view message_text(const char (&message)[N]) {
   return {message, static_cast<std::size_t>(std::find(message, message + N, '\0') - message)};
 }
+// Reply::status: 0 done; kRefused: message says why; kSettingsDiffer: message is the sentence
+// that names the setting that differs (a ConfigError on every process).
+inline constexpr std::uint16_t kRefused = 1;
+inline constexpr std::uint16_t kSettingsDiffer = 2;
 
 struct Reply {
   std::uint32_t version = kProtocolVersion;
-  std::uint16_t status = 0;  // 0: done; 1: refused, message says why
+  std::uint16_t status = 0;
   std::uint16_t operation = 0;
   std::uint64_t chunk = 0;
   std::uint64_t updates = 0;  // updates applied to the chunk so far (its version)

@@ -9,6 +9,11 @@
 // Consistency (strategy/consistency.hpp) is a template parameter: the Sync bookkeeping below is
 // compiled only into Server<..., Sync>.
 //
+// Settings (protocol.hpp): every worker presents its settings first; the server compares them
+// with options.settings (its own) and the chief's, and a difference ends the fit with a
+// ConfigError on this server and, in the answers to their requests, on every worker. A worker's
+// parameters wait until every live worker has presented.
+//
 // Each worker's connection has its own receive state: a request is two frames (protocol.hpp),
 // the Request then its payload, and the server takes a frame only once it has arrived whole
 // (transport::Serving's wait_any), so a worker that stops in the middle of a frame holds back no
@@ -59,6 +64,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/preemption.hpp"
 #include "cohort/core/reduce_op.hpp"
+#include "cohort/core/settings.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/optimizer/optimizer.hpp"
@@ -75,6 +81,9 @@ struct ServerOptions {
   // How long a worker may stay silent while this server waits on it (the rule at the top).
   std::chrono::milliseconds worker_timeout{std::chrono::minutes(5)};
   bool log_pushes = false;  // one line per push applied to this server's first chunk
+  // This server's own settings, which every worker's must match (core/settings.hpp; the Trainer's
+  // settings that a server holds too).
+  settings::Fields settings{};
 };
 
 // What one serve() did, for the end-of-fit summary and the tests.
@@ -112,16 +121,20 @@ class Server {
       // The longest payload a request may carry: an init's (parameters and optimizer state).
       max_payload_ = std::max(max_payload_, (1 + O::kStateSlots) * mine[i].size() * sizeof(T));
     }
+    max_payload_ = std::max(max_payload_, settings::kMaxEncodedBytes);  // a kSettings's
     lost_.assign(workers, false);
     why_lost_.assign(workers, {});
     connections_.assign(workers, {});
   }
 
-  // Serves one fit: waits for the chief's init, then every worker's requests until each has
-  // said it is done or was lost. Throws CommError when synchronous training cannot go on.
+  // Serves one fit: waits for the chief's settings and init, then every worker's requests until
+  // each has said it is done or was lost. Throws CommError when synchronous training cannot go
+  // on, ConfigError when a worker's settings differ (protocol.hpp).
   ServerCounts serve() {
     const auto workers = static_cast<std::size_t>(options_.workers);
     finished_.assign(workers, false);
+    presented_.assign(workers, false);
+    reference_ = settings::Reference(options_.settings, me());
     refusals_.assign(workers, {});
     counts_ = {};
     counts_.applied.assign(workers, 0);
@@ -140,8 +153,10 @@ class Server {
     bool was_initialized = false;
     while (true) {
       listening.clear();
-      const bool initialized = std::all_of(chunks_.begin(), chunks_.end(),
-                                           [](const State& chunk) { return chunk.initialized; });
+      // The chief's settings are the reference for the others', its parameters their start.
+      const bool initialized =
+          presented_[0] && std::all_of(chunks_.begin(), chunks_.end(),
+                                       [](const State& chunk) { return chunk.initialized; });
       if (initialized && !was_initialized) {
         // The other workers are heard from now on: their silence counts from here.
         was_initialized = true;
@@ -157,7 +172,9 @@ class Server {
       }
       if (listening.empty()) {
         if (!initialized && !all_ended()) {
-          fail("the chief (worker 0) was lost before it sent the initial parameters");
+          fail(
+              "the chief (worker 0) was lost before it sent its settings and the initial "
+              "parameters");
         }
         break;
       }
@@ -286,11 +303,8 @@ class Server {
       return;
     }
     const std::string field = validate(worker, request);
-    State* chunk =
-        field.empty() && request.operation != static_cast<std::uint16_t>(Operation::kDone)
-            ? &chunks_[request.chunk]
-            : nullptr;
     const auto operation = static_cast<Operation>(request.operation);
+    State* chunk = field.empty() && about_chunk(operation) ? &chunks_[request.chunk] : nullptr;
     // The payload is read whatever the verdict, so that the stream stays in step: a Sync push
     // straight into its worker's contribution, anything else into scratch.
     const bool contribution = kSync && field.empty() && operation == Operation::kPush;
@@ -347,6 +361,9 @@ class Server {
         reply(worker, request, State{}, {});
         progress();
         return;
+      case Operation::kSettings:
+        take_settings(worker, request);
+        return;
       case Operation::kPush: {
         const trace::Span span(trace::current(), trace::Phase::kPush,
                                {.step = request.step,
@@ -357,6 +374,39 @@ class Server {
         return;
       }
     }
+  }
+
+  static bool about_chunk(Operation operation) {
+    return operation != Operation::kDone && operation != Operation::kSettings;
+  }
+
+  // A worker's settings (protocol.hpp): compared with this server's and the chief's; a
+  // difference ends the fit on every process.
+  void take_settings(int worker, const Request& request) {
+    const auto theirs =
+        settings::decode(std::span<const std::byte>(scratch_).first(request.payload_bytes));
+    if (!theirs) {
+      reply_error(worker, request,
+                  me() + ": refused settings from " + who(worker) + ": not a list of settings");
+      return;
+    }
+    const std::string differs = reference_.compare(*theirs, "worker " + std::to_string(worker));
+    if (!differs.empty()) {
+      reply_error(worker, request, differs, kSettingsDiffer);
+      end_fit(differs, kSettingsDiffer);
+      throw ConfigError(differs);
+    }
+    presented_[static_cast<std::size_t>(worker)] = true;
+    reply(worker, request, State{}, {});
+    progress();  // the pulls that waited for this worker's settings
+  }
+
+  // Whether every live worker has presented its settings.
+  bool all_presented() const {
+    for (std::size_t w = 0; w < lost_.size(); ++w) {
+      if (!lost_[w] && !finished_[w] && !presented_[w]) return false;
+    }
+    return true;
   }
 
   // Whether the sender waits for an answer: to every request but a push, and to any request of
@@ -376,7 +426,7 @@ class Server {
                 "this server speaks protocol version " + std::to_string(kProtocolVersion));
     }
     if (request.operation < static_cast<std::uint16_t>(Operation::kInit) ||
-        request.operation > static_cast<std::uint16_t>(Operation::kDone)) {
+        request.operation > static_cast<std::uint16_t>(Operation::kSettings)) {
       return is("operation", request.operation, "not an operation");
     }
     if (request.worker != static_cast<std::uint32_t>(worker)) {
@@ -384,7 +434,7 @@ class Server {
                 "the connection belongs to worker " + std::to_string(worker));
     }
     const auto operation = static_cast<Operation>(request.operation);
-    if (operation == Operation::kDone) return {};
+    if (!about_chunk(operation)) return {};
     if (request.element_bytes != sizeof(T)) {
       return is("element_bytes", request.element_bytes,
                 "this server holds elements of " + std::to_string(sizeof(T)) + " bytes");
@@ -605,7 +655,9 @@ class Server {
         pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
         continue;
       }
-      if (refusals_[w].empty() && !settled(chunk, w)) {
+      // A worker that presented its settings gets parameters once every live worker has.
+      const bool held = presented_[w] && !all_presented();
+      if (refusals_[w].empty() && (held || !settled(chunk, w))) {
         ++i;
         continue;
       }
@@ -640,9 +692,10 @@ class Server {
     connections_[static_cast<std::size_t>(worker)].heard = Clock::now();
   }
 
-  void reply_error(int worker, const Request& request, const std::string& message) {
+  void reply_error(int worker, const Request& request, const std::string& message,
+                   std::uint16_t status = kRefused) {
     Reply answer;
-    answer.status = 1;
+    answer.status = status;
     answer.operation = request.operation;
     answer.chunk = request.chunk;
     set_message(answer.message, message);
@@ -752,11 +805,18 @@ class Server {
   // per run: compiled for size.
   [[noreturn, gnu::cold]] void fail(const std::string& why) {
     const std::string message = me() + ": " + why;
+    end_fit(message, kRefused);
+    throw CommError({.rank = transport_.rank(), .detail = message});
+  }
+
+  // Answers every waiting pull, and for a short while every request of a live worker, with
+  // `message` and `status`.
+  [[gnu::cold]] void end_fit(const std::string& message, std::uint16_t status) {
     std::vector<Pending> waiting;
     waiting.swap(pending_);
     for (const Pending& pending : waiting) {
       if (!lost_[static_cast<std::size_t>(pending.worker)]) {
-        reply_error(pending.worker, pending.request, message);
+        reply_error(pending.worker, pending.request, message, status);
       }
     }
     // For a short while, every request of a live worker gets the same answer, so that workers
@@ -793,12 +853,11 @@ class Server {
         const transport::Receive payload{worker, header(tag::kRequestPayload), std::span(scratch_)};
         transport_.transfer({}, std::span(&payload, 1));
         // A push is not answered; the worker's pull that follows it is.
-        if (answered(request)) reply_error(worker, request, message);
+        if (answered(request)) reply_error(worker, request, message, status);
       } catch (const CommError&) {
         lost_[w] = true;
       }
     }
-    throw CommError({.rank = transport_.rank(), .detail = message});
   }
 
   Tr& transport_;
@@ -809,10 +868,12 @@ class Server {
   std::vector<bool> lost_;             // for good: a lost worker never comes back
   std::vector<std::string> why_lost_;  // per worker, for the Sync failure that names it
   std::vector<Connection> connections_;
-  Clock::time_point last_frame_;  // the last whole frame from any worker
-  std::size_t max_payload_ = 0;   // bytes: the longest payload a request to this server carries
-  std::vector<bool> finished_;    // in this fit
-  std::vector<Pending> pending_;  // pulls, in arrival order
+  Clock::time_point last_frame_;   // the last whole frame from any worker
+  std::size_t max_payload_ = 0;    // bytes: the longest payload a request to this server carries
+  std::vector<bool> finished_;     // in this fit
+  std::vector<bool> presented_;    // in this fit: the worker's settings agreed
+  settings::Reference reference_;  // this server's settings, then the chief's
+  std::vector<Pending> pending_;   // pulls, in arrival order
   std::vector<std::string> refusals_;  // per worker: why a push was refused, until its next pull
   ServerCounts counts_;
   std::vector<std::byte> scratch_;
