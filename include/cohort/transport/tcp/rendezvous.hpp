@@ -266,7 +266,7 @@ class Rendezvous {
 
   [[gnu::cold]] void run_root() {
     spawn(accept_loop(1, size() - 1));
-    drive([&] { return established_ == size() - 1; },
+    drive([&] { return established_ == size() - 1 && joined_ranks_live(); },
           [&] {
             return missing([&](int r) { return !peers_[idx(r)]; }) + " never joined" +
                    refusals_.summary();
@@ -826,6 +826,15 @@ class Rendezvous {
     peers_[idx(rank)].reset();
     --established_;
     return false;
+  }
+
+  // Whether every rank that joined is still there, once all have: one that ended since (its
+  // process died, and its launcher starts it again) is forgotten before the table goes out, so
+  // that its next life takes its place instead of failing the rendezvous.
+  bool joined_ranks_live() {
+    bool live = true;
+    for (int r = 1; r < size(); ++r) live = holds_live(r) && live;
+    return live;
   }
 
   void establish(int rank, Peer peer) {
