@@ -227,8 +227,10 @@ class Tcp {
 
  private:
   // A payload of at most this many bytes is checksummed in one call before its first byte
-  // leaves; a longer one in pieces of this size just ahead of the kernel's copy, while they are
-  // still in cache.
+  // leaves; a longer one leaves in writes of at most this many bytes, each checksummed right
+  // after the kernel's copy has read it, while it is still in cache (the copy takes the misses
+  // of a payload that is not, as it would anyway). Received pieces are checksummed the same way,
+  // right after the kernel wrote them.
   static constexpr std::size_t kChecksumAhead = std::size_t{256} << 10;
   // Bytes read beyond the frame being received wait here for the next receive; a whole small
   // frame (header, payload, trailer) arrives in one read.
@@ -533,17 +535,17 @@ class Tcp {
       const std::size_t length = send.payload.size();
       const std::size_t payload_sent =
           std::min(length, peer.sent > kHeaderBytes ? peer.sent - kHeaderBytes : 0);
-      if (peer.hashed < length && peer.hashed - payload_sent < kChecksumAhead / 2) {
-        fold_sent(peer, send.payload, std::min(length - peer.hashed, kChecksumAhead));
-      }
+      // A long payload leaves a piece at a time, each folded into the checksum or MAC right
+      // after the kernel's copy has read it (so from cache); the trailer follows the last.
+      const std::size_t payload_end =
+          peer.hashed == length ? length : std::min(length, payload_sent + kChecksumAhead);
       // Header, payload and trailer from where they are, in one gathering write.
       std::array<boost::asio::const_buffer, 3> pieces;
       if (peer.sent < kHeaderBytes) {
         pieces[0] =
             boost::asio::buffer(peer.out_header.data() + peer.sent, kHeaderBytes - peer.sent);
       }
-      pieces[1] =
-          boost::asio::buffer(send.payload.data() + payload_sent, peer.hashed - payload_sent);
+      pieces[1] = boost::asio::buffer(send.payload.data() + payload_sent, payload_end - payload_sent);
       if (peer.hashed == length) {
         const std::size_t trailer_sent =
             peer.sent > kHeaderBytes + length ? peer.sent - kHeaderBytes - length : 0;
@@ -564,6 +566,9 @@ class Tcp {
       }
       moved = true;
       peer.sent += written;
+      const std::size_t now_sent =
+          std::min(length, peer.sent > kHeaderBytes ? peer.sent - kHeaderBytes : 0);
+      if (peer.hashed < now_sent) fold_sent(peer, send.payload, now_sent - peer.hashed);
       if (peer.sent == kHeaderBytes + length + kTrailerBytes) {
         --pending;
         peer.send = next_send_[static_cast<std::size_t>(peer.send)];
