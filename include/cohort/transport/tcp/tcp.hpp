@@ -81,8 +81,9 @@ class Tcp {
       Peer& peer = peers_.emplace_back(std::move(link.socket));
       if (rank == this->rank()) continue;
       if (link.keys) {
-        peer.out_mac.emplace(link.keys->send);
-        peer.in_mac.emplace(link.keys->receive);
+        peer.out_mac.emplace(link.keys->send, FrameMac::Side::kSend, options_.encrypt);
+        peer.in_mac.emplace(link.keys->receive, FrameMac::Side::kReceive, options_.encrypt);
+        if (options_.encrypt) peer.sealed = std::make_unique<std::byte[]>(kChecksumAhead);
       }
       descriptors_.push_back(peer.socket.native_handle());
       boost::system::error_code ec;
@@ -311,6 +312,10 @@ class Tcp {
     // Under a secret, the MAC of each direction takes the checksum's place (frame_mac.hpp).
     std::optional<FrameMac> out_mac;
     std::optional<FrameMac> in_mac;
+    // Encrypting: the ciphertext of payload bytes [sealed_from, hashed) of the send being
+    // written, at most kChecksumAhead of them.
+    std::unique_ptr<std::byte[]> sealed;
+    std::size_t sealed_from = 0;
     // Incoming: the receive being read, the last one queued, payload bytes arrived.
     int receive = -1;
     int receive_tail = -1;
@@ -492,7 +497,11 @@ class Tcp {
     if (peer.out_mac) {
       peer.out_mac->begin(peer.out_header);
       peer.hashed = 0;
-      if (send.payload.size() <= kChecksumAhead) fold_sent(peer, send.payload, send.payload.size());
+      if (peer.out_mac->encrypts()) {
+        seal_next(peer, send.payload);
+      } else if (send.payload.size() <= kChecksumAhead) {
+        fold_sent(peer, send.payload, send.payload.size());
+      }
       return;
     }
     if (!options_.checksum) {
@@ -526,6 +535,18 @@ class Tcp {
     }
   }
 
+  // Encrypting: the next piece of the payload being sent, into `sealed`, once the one before it
+  // has left; the trailer is ready when the whole payload is.
+  static void seal_next(Peer& peer, std::span<const std::byte> payload) {
+    const std::size_t piece = std::min(kChecksumAhead, payload.size() - peer.hashed);
+    peer.out_mac->seal(payload.subspan(peer.hashed, piece), peer.sealed.get());
+    peer.sealed_from = peer.hashed;
+    peer.hashed += piece;
+    if (peer.hashed == payload.size()) {
+      detail::store_le(peer.out_trailer.data(), peer.out_mac->finish());
+    }
+  }
+
   // Writes as much of this peer's queued frames as its socket takes.
   std::optional<Failure> pump_sends(int rank, std::span<const Send> sends, bool& moved,
                                     std::size_t& pending) {
@@ -537,15 +558,22 @@ class Tcp {
           std::min(length, peer.sent > kHeaderBytes ? peer.sent - kHeaderBytes : 0);
       // A long payload leaves a piece at a time, each folded into the checksum or MAC right
       // after the kernel's copy has read it (so from cache); the trailer follows the last.
-      const std::size_t payload_end =
+      // Encrypting, each piece is sealed before it leaves, from `sealed`.
+      const std::byte* source = send.payload.data() + payload_sent;
+      std::size_t payload_end =
           peer.hashed == length ? length : std::min(length, payload_sent + kChecksumAhead);
+      if (peer.sealed) {
+        if (payload_sent == peer.hashed && peer.hashed < length) seal_next(peer, send.payload);
+        source = peer.sealed.get() + (payload_sent - peer.sealed_from);
+        payload_end = peer.hashed;
+      }
       // Header, payload and trailer from where they are, in one gathering write.
       std::array<boost::asio::const_buffer, 3> pieces;
       if (peer.sent < kHeaderBytes) {
         pieces[0] =
             boost::asio::buffer(peer.out_header.data() + peer.sent, kHeaderBytes - peer.sent);
       }
-      pieces[1] = boost::asio::buffer(send.payload.data() + payload_sent, payload_end - payload_sent);
+      pieces[1] = boost::asio::buffer(source, payload_end - payload_sent);
       if (peer.hashed == length) {
         const std::size_t trailer_sent =
             peer.sent > kHeaderBytes + length ? peer.sent - kHeaderBytes - length : 0;
@@ -681,7 +709,9 @@ class Tcp {
           // whole payload, else in pieces.
           const auto arrived = [&](std::size_t bytes) {
             const auto piece = receive.payload.subspan(peer.received, bytes);
-            if (peer.in_mac) {
+            if (peer.in_mac && peer.in_mac->encrypts()) {
+              peer.in_mac->open(piece);
+            } else if (peer.in_mac) {
               peer.in_mac->update(piece);
             } else if (options_.checksum && peer.received == 0 && bytes == length) {
               peer.in_digest = checksum(peer.in_seed, piece);
@@ -720,7 +750,7 @@ class Tcp {
           }
           const auto sent = detail::load_le<std::uint64_t>(peer.inbox.front());
           peer.inbox.consume(kTrailerBytes);
-          if (peer.in_mac && sent != peer.in_mac->finish()) {
+          if (peer.in_mac && !peer.in_mac->verify(sent)) {
             return broken(rank, "the frame from rank " + std::to_string(rank) + " " +
                                     describe(receive.expected, length) +
                                     " fails its MAC: it was changed on the way, or rank " +
