@@ -6,9 +6,12 @@
 #include <doctest/doctest.h>
 #include <sys/socket.h>
 
+#include <openssl/evp.h>
+
 #include <chrono>
 #include <cohort/transport/tcp/tcp.hpp>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -124,7 +127,62 @@ std::size_t same_bytes(const std::vector<std::byte>& a, const std::vector<std::b
   return same;
 }
 
+// GMAC through OpenSSL's EVP as documented: AES-256-GCM, a 12-byte nonce of 4 zero bytes and
+// the frame's index (little-endian), `data` as additional data; the tag's first 8 bytes.
+std::uint64_t reference_gmac(const tcp::SessionKey& key, std::uint64_t frame,
+                             std::span<const std::byte> data) {
+  std::array<unsigned char, 12> nonce{};
+  for (std::size_t i = 0; i < 8; ++i) nonce[4 + i] = static_cast<unsigned char>(frame >> (8 * i));
+  EVP_CIPHER_CTX* context = EVP_CIPHER_CTX_new();
+  REQUIRE(EVP_EncryptInit_ex(context, EVP_aes_256_gcm(), nullptr,
+                             reinterpret_cast<const unsigned char*>(key.data()),
+                             nonce.data()) == 1);
+  int ignored = 0;
+  if (!data.empty()) {
+    REQUIRE(EVP_EncryptUpdate(context, nullptr, &ignored,
+                              reinterpret_cast<const unsigned char*>(data.data()),
+                              static_cast<int>(data.size())) == 1);
+  }
+  std::array<std::byte, 16> tag{};
+  REQUIRE(EVP_EncryptFinal_ex(context, nullptr, &ignored) == 1);
+  REQUIRE(EVP_CIPHER_CTX_ctrl(context, EVP_CTRL_GCM_GET_TAG, 16, tag.data()) == 1);
+  EVP_CIPHER_CTX_free(context);
+  return tcp::detail::load_le<std::uint64_t>(tag.data());
+}
+
 }  // namespace
+
+TEST_CASE("a frame's MAC is GMAC as OpenSSL computes it, whole or in pieces of any length") {
+  std::mt19937_64 random(7);
+  tcp::SessionKey key{};
+  for (auto& byte : key) byte = static_cast<std::byte>(random());
+  tcp::FrameMac sender(key, tcp::FrameMac::Side::kSend, false);
+  tcp::FrameMac receiver(key, tcp::FrameMac::Side::kReceive, false);
+  std::vector<std::size_t> lengths;
+  for (std::size_t length = 0; length <= 1100; ++length) lengths.push_back(length);
+  for (int i = 0; i < 40; ++i) lengths.push_back(random() % 20000);
+  lengths.push_back((std::size_t{1} << 20) + 9);
+  std::uint64_t frame = 0;
+  for (const std::size_t length : lengths) {
+    CAPTURE(length);
+    std::vector<std::byte> data(tcp::kHeaderBytes + length);
+    for (auto& byte : data) byte = static_cast<std::byte>(random());
+    const auto header = std::span<const std::byte, tcp::kHeaderBytes>(data.data(), tcp::kHeaderBytes);
+    const auto payload = std::span<const std::byte>(data).subspan(tcp::kHeaderBytes);
+    const std::uint64_t expected = reference_gmac(key, frame++, data);
+    sender.begin(header);
+    sender.update(payload);
+    CHECK(sender.finish() == expected);
+    // In pieces of random lengths, as reads return them.
+    receiver.begin(header);
+    for (std::size_t at = 0; at < length;) {
+      const std::size_t piece = std::min<std::size_t>(length - at, 1 + random() % 700);
+      receiver.update(payload.subspan(at, piece));
+      at += piece;
+    }
+    CHECK(receiver.verify(expected));
+  }
+}
 
 TEST_CASE(
     "under a secret, a frame changed on the path is refused naming its sender; without "
