@@ -12,8 +12,9 @@
 // size, job id, rendezvous address and secret; start order does not matter.
 //
 // transfer() progresses every send and receive of its lists together on non-blocking sockets
-// (frame.hpp has the layout): a frame leaves in one gathering write of header, caller's payload
-// and checksum; a payload is read straight into the caller's buffer, except the bytes that came
+// (frame.hpp has the layout): a frame of up to 256 KiB leaves in one gathering write of header,
+// caller's payload and checksum, a longer one 256 KiB at a time (encrypted ones from a buffer of
+// the connection); a payload is read straight into the caller's buffer, except the bytes that came
 // in the same read as their header (a small frame arrives whole in one read, then is copied
 // once). It busy-polls for up to `spin` after the last progress, then sleeps in poll() until a
 // socket is ready. It fails with CommError naming this rank, the peer, the frame's type and
