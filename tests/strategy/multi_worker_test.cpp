@@ -103,7 +103,8 @@ TEST_CASE("3 workers x 1 replica and Mirrored 3 give bit-identical parameters") 
   CHECK(read_file(out) == mirrored_parameters(30, 3, 3));
 }
 
-TEST_CASE("encrypted frames, or frames under a MAC, train 2 workers x 2 replicas to the same bits") {
+TEST_CASE(
+    "encrypted frames, or frames under a MAC, train 2 workers x 2 replicas to the same bits") {
   TemporaryDirectory directory("cohort-multi-worker-encrypted");
   const std::string expected = mirrored_parameters(20);
   for (const char* encrypt : {"0", "1"}) {

@@ -4,9 +4,8 @@
 // against corruption, not against an attacker. With encryption the relay sees ciphertext, and a
 // change is caught the same way. Bounded by the transport's timeouts.
 #include <doctest/doctest.h>
-#include <sys/socket.h>
-
 #include <openssl/evp.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cohort/transport/tcp/tcp.hpp>
@@ -167,7 +166,8 @@ TEST_CASE("a frame's MAC is GMAC as OpenSSL computes it, whole or in pieces of a
     CAPTURE(length);
     std::vector<std::byte> data(tcp::kHeaderBytes + length);
     for (auto& byte : data) byte = static_cast<std::byte>(random());
-    const auto header = std::span<const std::byte, tcp::kHeaderBytes>(data.data(), tcp::kHeaderBytes);
+    const auto header =
+        std::span<const std::byte, tcp::kHeaderBytes>(data.data(), tcp::kHeaderBytes);
     const auto payload = std::span<const std::byte>(data).subspan(tcp::kHeaderBytes);
     const std::uint64_t expected = reference_gmac(key, frame++, data);
     sender.begin(header);
@@ -207,8 +207,8 @@ TEST_CASE(
   for (const std::size_t length : {std::size_t{1000}, (std::size_t{1} << 20) + 7}) {
     CAPTURE(length);
     const auto plain = filled(1, 0, length);
-    const Relayed encrypted =
-        send_through_relay({.secret = "s3cret", .encrypt = true, .tamper = false, .length = length});
+    const Relayed encrypted = send_through_relay(
+        {.secret = "s3cret", .encrypt = true, .tamper = false, .length = length});
     CHECK(encrypted.rank_0_error == "");
     CHECK(encrypted.received == plain);
     REQUIRE(encrypted.on_the_wire.size() == length);
@@ -247,11 +247,13 @@ TEST_CASE("encryption requires a secret, and every rank must agree on it") {
 
   // The connecting side finds the difference; it tells no reason to a peer that has not yet
   // proved the secret, so the other side only sees it leave.
-  const auto errors = run_ranks(2, [](tcp::Tcp&) {}, [](tcp::Options& options) {
-    options.secret = "s3cret";
-    options.encrypt = options.rank == 1;
-    options.connect_timeout = std::chrono::seconds(3);
-  });
+  const auto errors = run_ranks(
+      2, [](tcp::Tcp&) {},
+      [](tcp::Options& options) {
+        options.secret = "s3cret";
+        options.encrypt = options.rank == 1;
+        options.connect_timeout = std::chrono::seconds(3);
+      });
   CAPTURE(message_of(errors[0]));
   CHECK(message_of(errors[0]) != "");
   CHECK(contains(message_of(errors[1]),

@@ -290,9 +290,9 @@ int run_tcp_rank(const Settings& s, const Context& context, const cluster::Spec&
                  std::string_view algorithm) {
   Algorithm<transport::tcp::Tcp> comm(
       transport::tcp::Tcp(tcp_options(s, spec, spec.rank, spec.size)));
-  RunInfo run = run_info(s, context, "tcp", std::string(algorithm),
-                         frame_protection(s, comm.transport().options()), spec.size,
-                         launcher_of(spec));
+  RunInfo run =
+      run_info(s, context, "tcp", std::string(algorithm),
+               frame_protection(s, comm.transport().options()), spec.size, launcher_of(spec));
   try {
     return sweep_on_rank(comm, s, std::move(run));
   } catch (...) {

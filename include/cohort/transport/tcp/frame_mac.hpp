@@ -29,6 +29,7 @@
 // no nonce repeats under a key.
 #pragma once
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -98,6 +99,12 @@ class Ghash {
     for (std::size_t k = 1; k < kPowers; ++k) power_[k] = dot(power_[k - 1], power_[0]);
   }
 
+  Ghash() = default;
+  Ghash(const Ghash&) = delete;
+  Ghash& operator=(const Ghash&) = delete;
+  // The key's powers are as good as the key for forging: not left in freed memory.
+  ~Ghash() { OPENSSL_cleanse(power_, sizeof power_); }
+
   void reset() { state_ = _mm_setzero_si128(); }
 
   // Folds whole 16-byte blocks in.
@@ -112,9 +119,9 @@ class Ghash {
       for (std::size_t g = 0; g < kPowers / 4; ++g) {
         const std::size_t top = kPowers - 1 - 4 * g;  // lane 0's power, then down
         keys[g] = _mm512_inserti32x4(
-            _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(power_[top]),
-                                                  power_[top - 1], 1),
-                               power_[top - 2], 2),
+            _mm512_inserti32x4(
+                _mm512_inserti32x4(_mm512_castsi128_si512(power_[top]), power_[top - 1], 1),
+                power_[top - 2], 2),
             power_[top - 3], 3);
       }
       for (; count >= kPowers; count -= kPowers, data += 16 * kPowers) {
@@ -160,8 +167,8 @@ class Ghash {
   __attribute__((__target__("pclmul,sse4.1"))) static __m128i reduce(__m128i low, __m128i high) {
     const __m128i polynomial = _mm_set_epi64x(static_cast<long long>(kPolynomialHigh), 1);
     for (int phase = 0; phase < 2; ++phase) {
-      low = _mm_xor_si128(_mm_shuffle_epi32(low, 0x4e),
-                          _mm_clmulepi64_si128(low, polynomial, 0x10));
+      low =
+          _mm_xor_si128(_mm_shuffle_epi32(low, 0x4e), _mm_clmulepi64_si128(low, polynomial, 0x10));
     }
     return _mm_xor_si128(high, low);
   }
@@ -216,10 +223,9 @@ class FrameMac {
     // The receiving side of an encrypting connection decrypts: GCM then hashes its input, the
     // ciphertext. Authenticating only, both sides compute the tag the same way.
     const int encrypt = encrypts_ && side_ == Side::kReceive ? 0 : 1;
-    if (!context_ ||
-        EVP_CipherInit_ex(context_.get(), EVP_aes_256_gcm(), nullptr,
-                          reinterpret_cast<const unsigned char*>(key.data()), nullptr,
-                          encrypt) != 1) {
+    if (!context_ || EVP_CipherInit_ex(context_.get(), EVP_aes_256_gcm(), nullptr,
+                                       reinterpret_cast<const unsigned char*>(key.data()), nullptr,
+                                       encrypt) != 1) {
       fail("EVP_CipherInit_ex(aes-256-gcm)");
     }
   }
@@ -270,7 +276,9 @@ class FrameMac {
 
   // Sending, encrypting: the next piece of the payload, as ciphertext into `out` (as long as
   // `piece`; it may be the same memory).
-  void seal(std::span<const std::byte> piece, std::byte* out) { cipher(piece.data(), out, piece.size()); }
+  void seal(std::span<const std::byte> piece, std::byte* out) {
+    cipher(piece.data(), out, piece.size());
+  }
 
   // Receiving, encrypting: decrypts the next piece of the payload in place. The plaintext is
   // not yet authenticated: verify() says whether the frame may be used.
@@ -336,7 +344,8 @@ class FrameMac {
     length_ += piece.size();
     if (partial_size_ > 0) {
       const std::size_t take = std::min(partial_.size() - partial_size_, piece.size());
-      std::copy_n(piece.begin(), take, partial_.begin() + static_cast<std::ptrdiff_t>(partial_size_));
+      std::copy_n(piece.begin(), take,
+                  partial_.begin() + static_cast<std::ptrdiff_t>(partial_size_));
       partial_size_ += take;
       piece = piece.subspan(take);
       if (partial_size_ < partial_.size()) return;

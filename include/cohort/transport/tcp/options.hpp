@@ -117,8 +117,9 @@ inline void validate(const Options& options) {
                     "must be a fraction of operation_timeout in [0, 1)");
   }
   if (options.encrypt && options.secret.empty()) {
-    options::reject("encrypt", "true",
-                    "requires a secret: set secret (COHORT_SECRET) to the same value on every rank");
+    options::reject(
+        "encrypt", "true",
+        "requires a secret: set secret (COHORT_SECRET) to the same value on every rank");
   }
   options::require_positive("max_frame_bytes", options.max_frame_bytes);
   if (options.spin.count() < 0) {
