@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -163,6 +164,39 @@ TEST_CASE("COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT replace the defaults the pr
           with_environment(Options{.timeout = 1s},
                            environment_from({{"COHORT_CONNECT_TIMEOUT", "0"}}));
         }) == "COHORT_CONNECT_TIMEOUT = \"0\": must be greater than 0");
+}
+
+TEST_CASE("COHORT_ENCRYPT turns encryption on, takes 0 or 1 and requires the secret") {
+  struct Options {
+    std::string bind_address{};
+    std::string secret{};
+    std::string listen_ports{};
+    std::chrono::milliseconds connect_timeout{std::chrono::minutes(1)};
+    std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  };
+  const Spec spec = resolve({}, environment_from({}));
+  const auto encrypts = [&](const char* value, const std::string& secret) {
+    ::setenv("COHORT_ENCRYPT", value, 1);
+    const auto unset = [] { ::unsetenv("COHORT_ENCRYPT"); };
+    try {
+      const bool on =
+          cohort::strategy::detail::tcp_options(spec, 0, 1, Options{.secret = secret}).encrypt;
+      unset();
+      return on;
+    } catch (...) {
+      unset();
+      throw;
+    }
+  };
+  CHECK(encrypts("1", "s3cret"));
+  CHECK_FALSE(encrypts("0", "s3cret"));
+  CHECK_FALSE(encrypts("", "s3cret"));
+  CHECK(config_error_message([&] { encrypts("yes", "s3cret"); }) ==
+        "COHORT_ENCRYPT = \"yes\": expected 0 or 1");
+  ::unsetenv("COHORT_SECRET");
+  CHECK(config_error_message([&] { encrypts("1", ""); }) ==
+        "COHORT_ENCRYPT = \"1\": requires a secret: set COHORT_SECRET (or the strategy's "
+        "Options::secret) to the same value on every rank");
 }
 
 TEST_CASE("parse_duration reads seconds and the units ms, s and min") {

@@ -104,6 +104,23 @@ TEST_CASE("3 workers x 1 replica and Mirrored 3 give bit-identical parameters") 
   CHECK(read_file(out) == mirrored_parameters(30, 3, 3));
 }
 
+TEST_CASE(
+    "encrypted frames, or frames under a MAC, train 2 workers x 2 replicas to the same bits") {
+  TemporaryDirectory directory("cohort-multi-worker-encrypted");
+  const std::string expected = mirrored_parameters(20);
+  for (const char* encrypt : {"0", "1"}) {
+    CAPTURE(encrypt);
+    const fs::path out = directory.path / ("parameters-" + std::string(encrypt) + ".bin");
+    const auto [exit, output] =
+        run({COHORT_RUN, "--np", "2", "--", COHORT_TRAINER, "2", "20", out},
+            directory.path / "log.txt", {{"COHORT_SECRET", "s3cret"}, {"COHORT_ENCRYPT", encrypt}});
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+    CHECK(read_file(out) == expected);
+  }
+}
+
 TEST_CASE("the ring collective trains across processes too, with its own bits") {
   TemporaryDirectory directory("cohort-multi-worker-ring");
   const fs::path out = directory.path / "ring.bin";

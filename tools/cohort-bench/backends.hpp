@@ -201,6 +201,13 @@ inline transport::tcp::Options tcp_options(const Settings& s, const cluster::Spe
   return options;
 }
 
+// What guards the frames, for the header line: under a secret a MAC takes the checksum's place.
+inline std::string frame_protection(const Settings& s, const transport::tcp::Options& options) {
+  if (options.encrypt) return "frames encrypted (AES-256-GCM, COHORT_ENCRYPT)";
+  if (!options.secret.empty()) return "frame MACs (GMAC, COHORT_SECRET)";
+  return std::string("frame checksums ") + (s.checksum ? "on" : "off");
+}
+
 // A backend of one process per rank (tcp, nccl): checks --algorithm against `algorithms` (the
 // first is the default), then, under no launcher, starts --np copies of this program and returns
 // their exit status; in a rank, returns rank(spec, algorithm), run under the watchdog when another
@@ -283,9 +290,9 @@ int run_tcp_rank(const Settings& s, const Context& context, const cluster::Spec&
                  std::string_view algorithm) {
   Algorithm<transport::tcp::Tcp> comm(
       transport::tcp::Tcp(tcp_options(s, spec, spec.rank, spec.size)));
-  RunInfo run = run_info(s, context, "tcp", std::string(algorithm),
-                         std::string("frame checksums ") + (s.checksum ? "on" : "off"), spec.size,
-                         launcher_of(spec));
+  RunInfo run =
+      run_info(s, context, "tcp", std::string(algorithm),
+               frame_protection(s, comm.transport().options()), spec.size, launcher_of(spec));
   try {
     return sweep_on_rank(comm, s, std::move(run));
   } catch (...) {

@@ -69,6 +69,7 @@ inline constexpr std::string_view kMasterPort = "COHORT_MASTER_PORT";
 inline constexpr std::string_view kJobId = "COHORT_JOB_ID";
 inline constexpr std::string_view kBindAddress = "COHORT_BIND_ADDRESS";
 inline constexpr std::string_view kSecret = "COHORT_SECRET";
+inline constexpr std::string_view kEncrypt = "COHORT_ENCRYPT";
 inline constexpr std::string_view kTimeout = "COHORT_TIMEOUT";
 inline constexpr std::string_view kConnectTimeout = "COHORT_CONNECT_TIMEOUT";
 inline constexpr std::string_view kPortRange = "COHORT_PORT_RANGE";
@@ -84,6 +85,8 @@ inline constexpr std::string_view kWorkerCount = "COHORT_WORKER_COUNT";
 // are settings every rank shares (and COHORT_TRACE):
 //   COHORT_BIND_ADDRESS     where this process listens (cluster/binding.hpp chooses without it)
 //   COHORT_SECRET           the job's shared secret (transport/tcp/options.hpp)
+//   COHORT_ENCRYPT          1: data frames travel encrypted (tcp::Options::encrypt; requires
+//                           the secret); 0 or unset: they do not (parse_switch)
 //   COHORT_TIMEOUT          a strategy's Options::timeout, where the program leaves its default
 //   COHORT_CONNECT_TIMEOUT  a strategy's Options::connect_timeout, likewise
 //   COHORT_PORT_RANGE       LOW-HIGH: the ports the ranks other than 0 and the servers listen in,
@@ -169,6 +172,12 @@ inline std::uint16_t require_port(std::string_view name, long long port) {
 
 inline std::uint16_t parse_port(std::string_view name, std::string_view value) {
   return require_port(name, parse_integer(name, value));
+}
+
+// A switch: "0" (off) or "1" (on).
+inline bool parse_switch(std::string_view name, std::string_view value) {
+  if (value != "0" && value != "1") detail::reject_text(name, value, "expected 0 or 1");
+  return value == "1";
 }
 
 // A duration: a decimal number of seconds ("30", "2.5"), or a number with a unit: "ms", "s",

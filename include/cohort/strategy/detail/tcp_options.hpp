@@ -5,6 +5,7 @@
 //   listens       description (cluster/binding.hpp: the own address, loopback for a loopback
 //                 cluster, the wildcard where the own address is not this host's)
 //   the secret    the strategy's Options::secret, else COHORT_SECRET
+//   encryption    COHORT_ENCRYPT (0 or 1; 1 requires the secret)
 //   its ports     the strategy's Options::listen_ports, else COHORT_PORT_RANGE (LOW-HIGH), else
 //                 any free port (rank 0 listens at the master port whatever they say)
 //   deadlines     the strategy's Options::connect_timeout and timeout; where the program leaves
@@ -28,6 +29,7 @@
 
 #include "cohort/cluster/binding.hpp"
 #include "cohort/cluster/cluster.hpp"
+#include "cohort/cluster/environment.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/strategy/detail/timeouts.hpp"
 #include "cohort/transport/tcp/options.hpp"
@@ -77,6 +79,15 @@ template <class StrategyOptions>
       .connect_timeout = options.connect_timeout,
       .operation_timeout = options.timeout,
   };
+  const std::string encrypt = environment_or(std::string(cluster::variable::kEncrypt).c_str(), "");
+  if (!encrypt.empty()) {
+    tcp.encrypt = cluster::parse_switch(cluster::variable::kEncrypt, encrypt);
+    if (tcp.encrypt && tcp.secret.empty()) {
+      cluster::detail::reject_text(cluster::variable::kEncrypt, encrypt,
+                                   "requires a secret: set COHORT_SECRET (or the strategy's "
+                                   "Options::secret) to the same value on every rank");
+    }
+  }
   return {std::move(tcp), std::move(binding)};
 }
 

@@ -54,6 +54,7 @@ struct Hello {
   int size = 0;
   bool authenticates = false;
   bool checksums = true;
+  bool encrypts = false;
   std::uint16_t listen_port = 0;
   std::string listen_address{};
   std::string job_id{};
@@ -135,13 +136,15 @@ class Reader {
 }  // namespace detail
 
 // Hello payload, version 1: rank u32 (first in every version, frame.hpp), size u32,
-// flags u16 (bit 0: authenticates, bit 1: checksums data frames), listen port u16, nonce,
+// flags u16 (bit 0: authenticates, bit 1: checksums data frames, bit 2: encrypts data frames),
+// listen port u16, nonce,
 // listen address, job id (strings: u16 length, bytes).
 inline std::vector<std::byte> encode_hello(const Hello& hello) {
   detail::Writer out;
   out.put(static_cast<std::uint32_t>(hello.rank));
   out.put(static_cast<std::uint32_t>(hello.size));
-  out.put(static_cast<std::uint16_t>((hello.authenticates ? 1 : 0) | (hello.checksums ? 2 : 0)));
+  out.put(static_cast<std::uint16_t>((hello.authenticates ? 1 : 0) | (hello.checksums ? 2 : 0) |
+                                     (hello.encrypts ? 4 : 0)));
   out.put(hello.listen_port);
   out.put_bytes(hello.nonce);
   out.put_string(hello.listen_address);
@@ -159,13 +162,14 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
   in.get_bytes(hello.nonce);
   hello.listen_address = in.get_string();
   hello.job_id = in.get_string();
-  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~3u) != 0) {
+  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~7u) != 0) {
     return std::nullopt;
   }
   hello.rank = static_cast<int>(rank);
   hello.size = static_cast<int>(size);
   hello.authenticates = (flags & 1u) != 0;
   hello.checksums = (flags & 2u) != 0;
+  hello.encrypts = (flags & 4u) != 0;
   return hello;
 }
 
@@ -217,6 +221,7 @@ struct Expectation {
   std::string_view job_id = {};  // this rank's job id
   bool authenticates = false;    // whether this rank has a secret
   bool checksums = true;         // Options::checksum of this rank
+  bool encrypts = false;         // Options::encrypt of this rank
   int lowest_peer = 0;           // the peer's rank must lie in [lowest_peer, highest_peer]
   int highest_peer = 0;
 };
@@ -253,6 +258,11 @@ inline std::string check_hello(const Hello& peer, const Expectation& mine) {
                                     rank_name(mine.rank) + " has no secret"
                               : who + " has no secret, " + rank_name(mine.rank) +
                                     " requires authentication (it has a secret)";
+  }
+  if (peer.encrypts != mine.encrypts) {
+    const auto setting = [](bool on) { return on ? "encrypt = true" : "encrypt = false"; };
+    return who + " has " + setting(peer.encrypts) + ", " + rank_name(mine.rank) + " has " +
+           setting(mine.encrypts) + "; every rank must agree";
   }
   return {};
 }

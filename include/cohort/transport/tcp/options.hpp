@@ -36,9 +36,14 @@ struct Options {
   // Shared by every rank of the job. Empty: no authentication. Otherwise every connection proves
   // knowledge of it with HMAC-SHA256 challenge-response, the connecting side first
   // (handshake.hpp), and a connection that cannot is dropped and logged while the rendezvous goes
-  // on (docs/transport.md, "What an attacker can do"). The secret never travels; traffic is not
-  // encrypted.
+  // on (docs/transport.md, "What an attacker can do"). The secret never travels, and every data
+  // frame carries a MAC under keys of its connection (frame_mac.hpp).
   std::string secret{};
+  // Whether data frames' payloads travel encrypted (AES-256-GCM under the connection's keys,
+  // frame_mac.hpp); headers stay clear. Requires a secret. It costs CPU time on both ends
+  // (docs/benchmarks.md, "Integrity under a secret"). Every rank must agree (the handshake
+  // checks). Strategies take it from COHORT_ENCRYPT (0 or 1).
+  bool encrypt = false;
   // The rendezvous, start to full mesh, must complete within this; start order does not matter.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   // An accepted connection must complete its handshake within this (and within connect_timeout),
@@ -110,6 +115,11 @@ inline void validate(const Options& options) {
   if (!(options.stall_warning >= 0 && options.stall_warning < 1)) {
     options::reject("stall_warning", std::to_string(options.stall_warning),
                     "must be a fraction of operation_timeout in [0, 1)");
+  }
+  if (options.encrypt && options.secret.empty()) {
+    options::reject(
+        "encrypt", "true",
+        "requires a secret: set secret (COHORT_SECRET) to the same value on every rank");
   }
   options::require_positive("max_frame_bytes", options.max_frame_bytes);
   if (options.spin.count() < 0) {

@@ -783,6 +783,7 @@ class Rendezvous {
             .size = options_.size,
             .authenticates = authenticating(),
             .checksums = options_.checksum,
+            .encrypts = options_.encrypt,
             .listen_port = listen_port_,
             .listen_address = options_.bind_address,
             .job_id = options_.job_id,
@@ -795,6 +796,7 @@ class Rendezvous {
             .job_id = options_.job_id,
             .authenticates = authenticating(),
             .checksums = options_.checksum,
+            .encrypts = options_.encrypt,
             .lowest_peer = low,
             .highest_peer = high};
   }

@@ -12,8 +12,9 @@
 // size, job id, rendezvous address and secret; start order does not matter.
 //
 // transfer() progresses every send and receive of its lists together on non-blocking sockets
-// (frame.hpp has the layout): a frame leaves in one gathering write of header, caller's payload
-// and checksum; a payload is read straight into the caller's buffer, except the bytes that came
+// (frame.hpp has the layout): a frame of up to 256 KiB leaves in one gathering write of header,
+// caller's payload and checksum, a longer one 256 KiB at a time (encrypted ones from a buffer of
+// the connection); a payload is read straight into the caller's buffer, except the bytes that came
 // in the same read as their header (a small frame arrives whole in one read, then is copied
 // once). It busy-polls for up to `spin` after the last progress, then sleeps in poll() until a
 // socket is ready. It fails with CommError naming this rank, the peer, the frame's type and
@@ -81,8 +82,9 @@ class Tcp {
       Peer& peer = peers_.emplace_back(std::move(link.socket));
       if (rank == this->rank()) continue;
       if (link.keys) {
-        peer.out_mac.emplace(link.keys->send);
-        peer.in_mac.emplace(link.keys->receive);
+        peer.out_mac.emplace(link.keys->send, FrameMac::Side::kSend, options_.encrypt);
+        peer.in_mac.emplace(link.keys->receive, FrameMac::Side::kReceive, options_.encrypt);
+        if (options_.encrypt) peer.sealed = std::make_unique<std::byte[]>(kChecksumAhead);
       }
       descriptors_.push_back(peer.socket.native_handle());
       boost::system::error_code ec;
@@ -224,8 +226,10 @@ class Tcp {
 
  private:
   // A payload of at most this many bytes is checksummed in one call before its first byte
-  // leaves; a longer one in pieces of this size just ahead of the kernel's copy, while they are
-  // still in cache.
+  // leaves; a longer one leaves in writes of at most this many bytes, each checksummed right
+  // after the kernel's copy has read it, while it is still in cache (the copy takes the misses
+  // of a payload that is not, as it would anyway). Received pieces are checksummed the same way,
+  // right after the kernel wrote them.
   static constexpr std::size_t kChecksumAhead = std::size_t{256} << 10;
   // Bytes read beyond the frame being received wait here for the next receive; a whole small
   // frame (header, payload, trailer) arrives in one read.
@@ -298,6 +302,10 @@ class Tcp {
     // Under a secret, the MAC of each direction takes the checksum's place (frame_mac.hpp).
     std::optional<FrameMac> out_mac;
     std::optional<FrameMac> in_mac;
+    // Encrypting: the ciphertext of payload bytes [sealed_from, hashed) of the send being
+    // written, at most kChecksumAhead of them.
+    std::unique_ptr<std::byte[]> sealed;
+    std::size_t sealed_from = 0;
     // Incoming: the receive being read, the last one queued, payload bytes arrived.
     int receive = -1;
     int receive_tail = -1;
@@ -476,7 +484,11 @@ class Tcp {
     if (peer.out_mac) {
       peer.out_mac->begin(peer.out_header);
       peer.hashed = 0;
-      if (send.payload.size() <= kChecksumAhead) fold_sent(peer, send.payload, send.payload.size());
+      if (peer.out_mac->encrypts()) {
+        seal_next(peer, send.payload);
+      } else if (send.payload.size() <= kChecksumAhead) {
+        fold_sent(peer, send.payload, send.payload.size());
+      }
       return;
     }
     if (!options_.checksum) {
@@ -510,6 +522,18 @@ class Tcp {
     }
   }
 
+  // Encrypting: the next piece of the payload being sent, into `sealed`, once the one before it
+  // has left; the trailer is ready when the whole payload is.
+  static void seal_next(Peer& peer, std::span<const std::byte> payload) {
+    const std::size_t piece = std::min(kChecksumAhead, payload.size() - peer.hashed);
+    peer.out_mac->seal(payload.subspan(peer.hashed, piece), peer.sealed.get());
+    peer.sealed_from = peer.hashed;
+    peer.hashed += piece;
+    if (peer.hashed == payload.size()) {
+      detail::store_le(peer.out_trailer.data(), peer.out_mac->finish());
+    }
+  }
+
   // Writes as much of this peer's queued frames as its socket takes.
   std::optional<Failure> pump_sends(int rank, std::span<const Send> sends, bool& moved,
                                     std::size_t& pending) {
@@ -519,8 +543,16 @@ class Tcp {
       const std::size_t length = send.payload.size();
       const std::size_t payload_sent =
           std::min(length, peer.sent > kHeaderBytes ? peer.sent - kHeaderBytes : 0);
-      if (peer.hashed < length && peer.hashed - payload_sent < kChecksumAhead / 2) {
-        fold_sent(peer, send.payload, std::min(length - peer.hashed, kChecksumAhead));
+      // A long payload leaves a piece at a time, each folded into the checksum or MAC right
+      // after the kernel's copy has read it (so from cache); the trailer follows the last.
+      // Encrypting, each piece is sealed before it leaves, from `sealed`.
+      const std::byte* source = send.payload.data() + payload_sent;
+      std::size_t payload_end =
+          peer.hashed == length ? length : std::min(length, payload_sent + kChecksumAhead);
+      if (peer.sealed) {
+        if (payload_sent == peer.hashed && peer.hashed < length) seal_next(peer, send.payload);
+        source = peer.sealed.get() + (payload_sent - peer.sealed_from);
+        payload_end = peer.hashed;
       }
       // Header, payload and trailer from where they are, in one gathering write.
       std::array<boost::asio::const_buffer, 3> pieces;
@@ -528,8 +560,7 @@ class Tcp {
         pieces[0] =
             boost::asio::buffer(peer.out_header.data() + peer.sent, kHeaderBytes - peer.sent);
       }
-      pieces[1] =
-          boost::asio::buffer(send.payload.data() + payload_sent, peer.hashed - payload_sent);
+      pieces[1] = boost::asio::buffer(source, payload_end - payload_sent);
       if (peer.hashed == length) {
         const std::size_t trailer_sent =
             peer.sent > kHeaderBytes + length ? peer.sent - kHeaderBytes - length : 0;
@@ -550,6 +581,9 @@ class Tcp {
       }
       moved = true;
       peer.sent += written;
+      const std::size_t now_sent =
+          std::min(length, peer.sent > kHeaderBytes ? peer.sent - kHeaderBytes : 0);
+      if (peer.hashed < now_sent) fold_sent(peer, send.payload, now_sent - peer.hashed);
       if (peer.sent == kHeaderBytes + length + kTrailerBytes) {
         --pending;
         peer.send = next_send_[static_cast<std::size_t>(peer.send)];
@@ -664,7 +698,9 @@ class Tcp {
           // whole payload, else in pieces.
           const auto arrived = [&](std::size_t bytes) {
             const auto piece = receive.payload.subspan(peer.received, bytes);
-            if (peer.in_mac) {
+            if (peer.in_mac && peer.in_mac->encrypts()) {
+              peer.in_mac->open(piece);
+            } else if (peer.in_mac) {
               peer.in_mac->update(piece);
             } else if (options_.checksum && peer.received == 0 && bytes == length) {
               peer.in_digest = checksum(peer.in_seed, piece);
@@ -703,7 +739,7 @@ class Tcp {
           }
           const auto sent = detail::load_le<std::uint64_t>(peer.inbox.front());
           peer.inbox.consume(kTrailerBytes);
-          if (peer.in_mac && sent != peer.in_mac->finish()) {
+          if (peer.in_mac && !peer.in_mac->verify(sent)) {
             return broken(rank,
                           "the frame from rank " + std::to_string(rank) + " " +
                               describe(receive.expected, length) +
