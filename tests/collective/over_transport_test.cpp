@@ -11,6 +11,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -20,6 +21,17 @@ namespace {
 
 using cohort::ReduceOp;
 using cohort::transport::Loopback;
+
+// The fields of an error a collective threw.
+void check_fields(const std::optional<cohort::CommError>& error, int rank, int peer,
+                  std::string_view operation, std::uint64_t sequence) {
+  REQUIRE(error.has_value());
+  CAPTURE(error->what());
+  CHECK(error->rank() == rank);
+  CHECK(error->peer() == peer);
+  CHECK(error->operation() == operation);
+  CHECK(error->sequence() == sequence);
+}
 
 template <template <class> class Algorithm>
 using Communicator = Algorithm<Loopback::Endpoint>;
@@ -226,20 +238,10 @@ TEST_CASE_TEMPLATE(
       refused = error;
     }
   }
-  REQUIRE(failed.has_value());
-  CAPTURE(failed->what());
-  CHECK(failed->rank() == 0);
-  CHECK(failed->peer() == 1);
-  CHECK(failed->operation() == "all_reduce");
-  CHECK(failed->sequence() == 2);  // the barrier was #1
+  check_fields(failed, 0, 1, "all_reduce", 2);  // the barrier was #1
   CHECK(std::string(failed->what()).starts_with("rank 0: all_reduce #2: rank 1 closed"));
 
-  REQUIRE(refused.has_value());
-  CAPTURE(refused->what());
-  CHECK(refused->rank() == 0);
-  CHECK(refused->peer() == 1);  // the first failure's
-  CHECK(refused->operation() == "broadcast");
-  CHECK(refused->sequence() == 3);
+  check_fields(refused, 0, 1, "broadcast", 3);  // the peer: the first failure's
   CHECK(std::string(refused->detail()).starts_with("refused: the group failed earlier: "));
 }
 
@@ -264,12 +266,7 @@ TEST_CASE("ranks that call different collectives fail with the other rank as pee
       failed = error;
     }
   }
-  REQUIRE(failed.has_value());
-  CAPTURE(failed->what());
-  CHECK(failed->rank() == 0);
-  CHECK(failed->peer() == 1);
-  CHECK(failed->operation() == "all_reduce");
-  CHECK(failed->sequence() == 1);
+  check_fields(failed, 0, 1, "all_reduce", 1);
   CHECK(failed->detail() ==
         "called all_reduce(float, 7, sum) but rank 1 called broadcast(float, 7, root 1) #1");
 }

@@ -261,26 +261,11 @@ TEST_CASE("encryption requires a secret, and every rank must agree on it") {
                  "agree"));
 }
 
-TEST_CASE("under a secret, frames of every length pass between 3 ranks with their contents") {
-  require_no_errors(run_ranks(
-      3,
-      [](tcp::Tcp& transport) {
-        const int right = (transport.rank() + 1) % 3, left = (transport.rank() + 2) % 3;
-        for (std::uint64_t round = 0; round < 2; ++round) {
-          for (const std::size_t length : kLengths) {
-            auto out = filled(transport.rank(), round, length);
-            std::vector<std::byte> in(length);
-            const Send send{right, {kCollective, round, length}, out};
-            const Receive receive{left, {kCollective, round, length}, in};
-            transport.transfer({&send, 1}, {&receive, 1});
-            CHECK(holds(in, left, round));
-          }
-        }
-      },
-      [](tcp::Options& options) { options.secret = "s3cret"; }));
-}
+namespace {
 
-TEST_CASE("with encryption, frames of every length pass between 3 ranks with their contents") {
+// Frames of every length around a ring of 3 ranks, twice, under the options `configure` sets:
+// each arrives with its contents, and the caller's payload is left as it was.
+void pass_frames_around(const std::function<void(tcp::Options&)>& configure) {
   require_no_errors(run_ranks(
       3,
       [](tcp::Tcp& transport) {
@@ -294,12 +279,22 @@ TEST_CASE("with encryption, frames of every length pass between 3 ranks with the
             const Receive receive{left, {kCollective, round, length}, in};
             transport.transfer({&send, 1}, {&receive, 1});
             CHECK(holds(in, left, round));
-            CHECK(out == sent);  // the caller's payload is left as it was
+            CHECK(out == sent);
           }
         }
       },
-      [](tcp::Options& options) {
-        options.secret = "s3cret";
-        options.encrypt = true;
-      }));
+      configure));
+}
+
+}  // namespace
+
+TEST_CASE("under a secret, frames of every length pass between 3 ranks with their contents") {
+  pass_frames_around([](tcp::Options& options) { options.secret = "s3cret"; });
+}
+
+TEST_CASE("with encryption, frames of every length pass between 3 ranks with their contents") {
+  pass_frames_around([](tcp::Options& options) {
+    options.secret = "s3cret";
+    options.encrypt = true;
+  });
 }
