@@ -257,8 +257,8 @@ TEST_CASE("encryption requires a secret, and every rank must agree on it") {
   CAPTURE(message_of(errors[0]));
   CHECK(message_of(errors[0]) != "");
   CHECK(contains(message_of(errors[1]),
-                 "rank 1: rank 0 has encrypt = false, rank 1 has encrypt = true; every rank must "
-                 "agree"));
+                 "rank 1: rendezvous: rank 0 has encrypt = false, rank 1 has encrypt = true; "
+                 "every rank must agree"));
 }
 
 namespace {
