@@ -218,7 +218,7 @@ class StreamingChecksum {
 };
 
 // A whole frame in one buffer: what setup messages and tests use. The hot path never builds one;
-// it writes header, payload and trailer from where they are (tcp.hpp).
+// it writes header, payload and trailer from where they are (connection.hpp).
 inline std::vector<std::byte> make_frame(const Header& header, std::span<const std::byte> payload,
                                          std::uint16_t version = kProtocolVersion) {
   std::vector<std::byte> frame(kHeaderBytes + payload.size() + kTrailerBytes);

@@ -10,7 +10,7 @@
 // one chance in 2^64 per frame, and one try: the first frame that fails ends the connection.
 //
 // OpenSSL computes it (EVP, AES-256-GCM), a piece at a time as the frame is written and read, so
-// that each piece is hashed from cache right after the kernel's copy has read it (tcp.hpp).
+// that each piece is hashed from cache right after the kernel's copy has read it (connection.hpp).
 // A faster GHASH (OpenSSL 3.0's is 16 bytes wide; 64 bytes with VPCLMULQDQ measured twice as
 // fast) would be code of the project's own in the one place a mistake costs the job's integrity:
 // the MAC stays OpenSSL's, and its cost is measured in docs/benchmarks.md.
@@ -51,7 +51,6 @@ struct SessionKeys {
   SessionKey send{};
   SessionKey receive{};
 };
-
 
 // One direction of one connection: begin() a frame with its encoded header; then, for its
 // payload in pieces, update() when authenticating only, seal() on the sending side and open()

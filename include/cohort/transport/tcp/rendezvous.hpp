@@ -32,8 +32,8 @@
 // is a small coroutine that returns what it learned (a hello, a peer, or the Refusal that says
 // why not); the phases above decide what a refusal means. redirect_error turns every failure
 // into an error code, so that none unwinds through Asio. The io_context serves the setup only;
-// transfers use the sockets directly (tcp.hpp). The setup runs once per process and waits on the
-// network, so its functions are [[gnu::cold]]: compiled for size, which spares every program
+// transfers use the sockets directly (connection.hpp). The setup runs once per process and waits on
+// the network, so its functions are [[gnu::cold]]: compiled for size, which spares every program
 // that uses the transport a good part of its -O3 compile time (benchmarks/build/compile_time).
 #pragma once
 
