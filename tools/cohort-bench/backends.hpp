@@ -270,7 +270,12 @@ inline int run_local(const Settings& s, const Context& context) {
         } catch (const std::exception& e) {
           comm.abort(e.what());
           const std::lock_guard lock(failure_mutex);
-          if (failure.empty()) failure = "rank " + std::to_string(r) + ": " + e.what();
+          // A CommError names its rank itself; anything else is given the rank here.
+          if (failure.empty()) {
+            failure = dynamic_cast<const CommError*>(&e) != nullptr
+                          ? std::string(e.what())
+                          : "rank " + std::to_string(r) + ": " + e.what();
+          }
           status[static_cast<std::size_t>(r)] = kExitWrong;
         }
       });
