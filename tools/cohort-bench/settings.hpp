@@ -80,7 +80,7 @@ struct StepSettings {
   std::vector<std::size_t> parameters{std::size_t{1} << 20};
   int steps = 5;
   int warmup_steps = 1;
-  std::size_t bucket_bytes = std::size_t{4} << 20;  // multi_worker_mirrored
+  std::size_t bucket_bytes = 0;  // multi_worker_mirrored; 0: the strategy's default
   double backward_us = 0;  // the synthetic backward pass that synchronization may hide behind
   int layers = 8;          // the ranges that backward pass reports ready, last first
   std::string json;

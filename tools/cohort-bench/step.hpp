@@ -344,6 +344,8 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
   const Watchdog watchdog(launched_by_self() ? 0 : s.timeout_s);
   const std::string job = spec.job_id.empty() ? "cohort-bench" : spec.job_id;
   const bool printer = spec.rank == 0;
+  const std::size_t bucket_bytes =
+      s.bucket_bytes != 0 ? s.bucket_bytes : strategy::MultiWorkerMirrored<>::Options{}.bucket_bytes;
   StepRun run{.version = context.version,
               .strategy = "multi_worker_mirrored",
               .plain = "collective::Deterministic over transport::tcp::Tcp between the " +
@@ -353,7 +355,7 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
               .replicas = static_cast<std::size_t>(spec.size) * s.local_replicas,
               .steps = s.steps,
               .warmup_steps = s.warmup_steps,
-              .bucket_bytes = s.bucket_bytes,
+              .bucket_bytes = bucket_bytes,
               .backward_us = s.backward_us,
               .layers = s.layers,
               .launcher = launcher_of(spec),
@@ -381,7 +383,7 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
   strategy::MultiWorkerMirrored<> strategy({.local_replicas = s.local_replicas,
                                             .cluster = {.job_id = job + "-strategy"},
                                             .timeout = timeout,
-                                            .bucket_bytes = s.bucket_bytes});
+                                            .bucket_bytes = bucket_bytes});
   if (printer) print(format_step_header(run));
   std::vector<StepRow> rows;
   for (std::size_t i = 0; i < s.parameters.size(); ++i) {

@@ -37,6 +37,8 @@
 //   bucket_bytes     the unit of cross-worker reduction and of overlap: a bucket of the gradient
 //                    starts its all-reduce as soon as the model has made it final
 //                    (core/model.hpp, gradient readiness), while the backward pass goes on
+//                    (default 256 KiB, measured against 64 KiB to 16 MiB: docs/benchmarks.md,
+//                    "Bucket size")
 //
 // Only the chief (worker 0) prints progress and writes checkpoints. A worker that fails closes
 // its connections, and every other worker's step fails within the timeout naming it.
@@ -97,7 +99,7 @@ class MultiWorkerMirrored {
     std::string listen_ports{};  // "LOW-HIGH" (or COHORT_PORT_RANGE); empty: any free port
     std::chrono::milliseconds connect_timeout{std::chrono::minutes(1)};
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-    std::size_t bucket_bytes = std::size_t{4} << 20;
+    std::size_t bucket_bytes = std::size_t{256} << 10;
   };
 
   explicit MultiWorkerMirrored(Options options)
