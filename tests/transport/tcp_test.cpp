@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -150,6 +151,10 @@ TEST_CASE("bad options are refused naming the field") {
                  "operation_timeout = -1 ms"));
   CHECK(contains(refusal([](auto& o) { o.max_frame_bytes = 0; }), "max_frame_bytes = 0"));
   CHECK(contains(refusal([](auto& o) { o.spin = std::chrono::microseconds(-1); }), "spin = -1 us"));
+  CHECK(contains(refusal([](auto& o) { o.receive_buffer_bytes = std::size_t{1} << 31; }),
+                 "receive_buffer_bytes = 2147483648: must be at most 2147483647"));
+  CHECK(contains(refusal([](auto& o) { o.unsent_limit_bytes = std::size_t{1} << 31; }),
+                 "unsent_limit_bytes = 2147483648"));
 }
 
 // --- ranks as threads -------------------------------------------------------------------------
@@ -227,6 +232,65 @@ TEST_CASE("every pair exchanges at once in one transfer, all to all") {
         }
       }
     }));
+  }
+}
+
+// The receive buffer (SO_RCVBUF, which Linux reports doubled) and the unsent limit
+// (TCP_NOTSENT_LOWAT) of every connected TCP socket of this process.
+struct SocketTuning {
+  int receive_buffer;
+  int unsent_limit;
+};
+std::vector<SocketTuning> connected_socket_tuning() {
+  std::vector<SocketTuning> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int descriptor = std::stoi(entry.path().filename().string());
+    sockaddr_in peer{};
+    socklen_t length = sizeof peer;
+    if (::getpeername(descriptor, reinterpret_cast<sockaddr*>(&peer), &length) != 0 ||
+        peer.sin_family != AF_INET) {
+      continue;
+    }
+    SocketTuning tuning{-1, -1};  // -1: the kernel did not say
+    socklen_t size = sizeof(int);
+    ::getsockopt(descriptor, SOL_SOCKET, SO_RCVBUF, &tuning.receive_buffer, &size);
+    size = sizeof(int);
+    ::getsockopt(descriptor, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &tuning.unsent_limit, &size);
+    found.push_back(tuning);
+  }
+  return found;
+}
+
+TEST_CASE("every connection gets the receive buffer and the unsent limit of its options") {
+  // Below Linux's default net.core.rmem_max (212992), so that every kernel grants it.
+  constexpr std::size_t kReceiveBuffer = 150000;
+  constexpr std::size_t kUnsentLimit = 32768;
+  std::promise<std::vector<SocketTuning>> seen;
+  require_no_errors(run_ranks(
+      3,
+      [&](tcp::Tcp& transport) {
+        // The others wait for rank 0's word, so that every socket is open while it looks.
+        std::byte word{};
+        if (transport.rank() == 0) {
+          seen.set_value(connected_socket_tuning());
+          const std::vector<Send> sends{{1, {kCollective, 0, 0}, {&word, 1}},
+                                        {2, {kCollective, 0, 0}, {&word, 1}}};
+          transport.transfer(sends, {});
+        } else {
+          const Receive receive{0, {kCollective, 0, 0}, {&word, 1}};
+          transport.transfer({}, {&receive, 1});
+        }
+      },
+      [&](tcp::Options& options) {
+        options.receive_buffer_bytes = kReceiveBuffer;
+        options.unsent_limit_bytes = kUnsentLimit;
+      }));
+  // Three ranks as threads of this process: both ends of each of the 3 connections are here.
+  const auto tunings = seen.get_future().get();
+  CHECK(tunings.size() == 6);
+  for (const SocketTuning& tuning : tunings) {
+    CHECK(tuning.receive_buffer == 2 * static_cast<int>(kReceiveBuffer));
+    CHECK(tuning.unsent_limit == static_cast<int>(kUnsentLimit));
   }
 }
 

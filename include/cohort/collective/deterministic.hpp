@@ -8,10 +8,11 @@
 // Algorithm (all-reduce of B bytes over n ranks):
 //   small (n x B <= kDirectBytes): every rank sends its whole buffer to every other and folds all
 //     n locally in tree order: one round of messages, so latency is one hop.
-//   large: the buffer is cut into segments; in each, chunk j belongs to rank j. Every rank sends
-//     chunk j to its owner, the owner folds the n contributions in tree order (reduce_scatter),
-//     then every owner sends its folded chunk to every rank (all_gather). Per rank that is
-//     2 (n-1)/n x B sent and received, as in a ring, in two rounds instead of 2 (n-1).
+//   large: the buffer is cut into segments (over_transport.hpp); in each, chunk j belongs to
+//     rank j. Every rank sends chunk j to its owner, the owner folds the n contributions in tree
+//     order (reduce_scatter), then every owner sends its folded chunk to every rank (all_gather).
+//     Each half exchanges with one peer each way at a time, in n-1 steps. Per rank that is
+//     2 (n-1)/n x B sent and received in 2 (n-1) steps, as in a ring.
 // reduce_scatter is the first half alone. broadcast, all_gather and barrier are direct.
 //
 // Requirements: as for every communicator (collective.hpp). Not thread-safe: one thread per
@@ -39,8 +40,6 @@ class Deterministic : public detail::OverTransport<T> {
  public:
   // Whole buffers go to every rank up to this many bytes over all ranks.
   static constexpr std::size_t kDirectBytes = 64 * 1024;
-  // Bytes of one rank's chunk per segment: bounds the staging memory to (n-1) x this.
-  static constexpr std::size_t kSegmentChunkBytes = 4 * 1024 * 1024;
 
   explicit Deterministic(T transport) : Base(std::move(transport)) {}
 
@@ -53,7 +52,7 @@ class Deterministic : public detail::OverTransport<T> {
       fold_whole_buffers(call, buffer, op);
       return;
     }
-    this->for_each_segment(buffer, kSegmentChunkBytes, [&](std::span<E> part) {
+    this->for_each_segment(buffer, [&](std::span<E> part) {
       const auto mine = detail::chunk(part.size(), ranks, static_cast<std::size_t>(this->rank()));
       fold_owned_chunk(call, std::span<const E>(part), part.subspan(mine.begin, mine.size()), op);
       gather_owned_chunks(call, part);
@@ -91,27 +90,41 @@ class Deterministic : public detail::OverTransport<T> {
   template <class E>
   void fold_owned_chunk(const Call& call, std::span<const E> input, std::span<E> owned,
                         ReduceOp op) {
-    const int ranks = this->size();
-    const std::size_t count = static_cast<std::size_t>(ranks);
+    const std::size_t count = static_cast<std::size_t>(this->size());
     const std::size_t length = owned.size();
     std::span<E> staging = this->template scratch<E>(count * length);
-    std::vector<transport::Send> sends;
-    std::vector<transport::Receive> receives;
+    const auto slot = [&](int peer) { return staging.subspan(this->slot(peer, length), length); };
+    exchange_with_every_peer(
+        call,
+        [&](int peer) {
+          const auto theirs = detail::chunk(input.size(), count, static_cast<std::size_t>(peer));
+          return detail::bytes_of(input.subspan(theirs.begin, theirs.size()));
+        },
+        [&](int peer) { return detail::writable_bytes_of(slot(peer)); });
     std::vector<const E*> inputs(count);
-    for (int peer = 0; peer < ranks; ++peer) {
-      const auto theirs = detail::chunk(input.size(), count, static_cast<std::size_t>(peer));
-      const auto slot = staging.subspan(this->slot(peer, length), length);
-      if (peer == this->rank()) {
-        inputs[static_cast<std::size_t>(peer)] = input.data() + theirs.begin;
-        continue;
-      }
-      inputs[static_cast<std::size_t>(peer)] = slot.data();
-      sends.push_back(
-          {peer, call.header, detail::bytes_of(input.subspan(theirs.begin, theirs.size()))});
-      receives.push_back({peer, call.header, detail::writable_bytes_of(slot)});
+    for (int peer = 0; peer < this->size(); ++peer) {
+      inputs[static_cast<std::size_t>(peer)] = slot(peer).data();
     }
-    this->transfer(call, sends, receives);
+    const auto mine = detail::chunk(input.size(), count, static_cast<std::size_t>(this->rank()));
+    inputs[static_cast<std::size_t>(this->rank())] = input.data() + mine.begin;
     fold_into(op, inputs, owned);
+  }
+
+  // Sends outgoing(peer) to and receives incoming(peer) from every other rank, one peer each way
+  // at a time: at step s to rank + s and from rank - s. Each rank's link then carries one flow
+  // each way, as in a ring, where all at once n-1 senders meet at every receiver: on shaped
+  // links and on few cores that cost up to 40% (docs/benchmarks.md, "Socket tuning and
+  // segments").
+  template <class Outgoing, class Incoming>
+  void exchange_with_every_peer(const Call& call, Outgoing&& outgoing, Incoming&& incoming) {
+    const int ranks = this->size();
+    for (int shift = 1; shift < ranks; ++shift) {
+      const int to = (this->rank() + shift) % ranks;
+      const int from = (this->rank() + ranks - shift) % ranks;
+      const transport::Send send{to, call.header, outgoing(to)};
+      const transport::Receive receive{from, call.header, incoming(from)};
+      this->transfer(call, {&send, 1}, {&receive, 1});
+    }
   }
 
   // out = the canonical-tree fold of inputs, where out may alias one input: folded a cache-sized
@@ -135,22 +148,20 @@ class Deterministic : public detail::OverTransport<T> {
   void gather_owned_chunks(const Call& call, std::span<E> part) {
     const std::size_t count = static_cast<std::size_t>(this->size());
     const auto mine = detail::chunk(part.size(), count, static_cast<std::size_t>(this->rank()));
-    std::vector<transport::Send> sends;
-    std::vector<transport::Receive> receives;
-    for (int peer = 0; peer < this->size(); ++peer) {
-      if (peer == this->rank()) continue;
-      const auto theirs = detail::chunk(part.size(), count, static_cast<std::size_t>(peer));
-      sends.push_back(
-          {peer, call.header,
-           detail::bytes_of(std::span<const E>(part.subspan(mine.begin, mine.size())))});
-      receives.push_back({peer, call.header,
-                          detail::writable_bytes_of(part.subspan(theirs.begin, theirs.size()))});
-    }
-    this->transfer(call, sends, receives);
+    exchange_with_every_peer(
+        call,
+        [&](int) {
+          return detail::bytes_of(std::span<const E>(part.subspan(mine.begin, mine.size())));
+        },
+        [&](int peer) {
+          const auto theirs = detail::chunk(part.size(), count, static_cast<std::size_t>(peer));
+          return detail::writable_bytes_of(part.subspan(theirs.begin, theirs.size()));
+        });
   }
 };
 
-// Checked over the in-process transport; any transport::Transport gives a Communicator the same way.
+// Checked over the in-process transport; any transport::Transport gives a Communicator the same
+// way.
 static_assert(Communicator<Deterministic<transport::Loopback::Endpoint>>);
 
 }  // namespace cohort::collective

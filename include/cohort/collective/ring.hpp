@@ -30,16 +30,13 @@ class Ring : public detail::OverTransport<T> {
   using Call = typename Base::Call;
 
  public:
-  // Bytes of one chunk per segment: bounds the receive staging to this.
-  static constexpr std::size_t kSegmentChunkBytes = 4 * 1024 * 1024;
-
   explicit Ring(T transport) : Base(std::move(transport)) {}
 
   template <class E>
   void all_reduce(std::span<E> buffer, ReduceOp op) {
     const Call call = this->begin_all_reduce(buffer, op);
     if (this->size() == 1 || buffer.empty()) return;
-    this->for_each_segment(buffer, kSegmentChunkBytes, [&](std::span<E> part) {
+    this->for_each_segment(buffer, [&](std::span<E> part) {
       reduce_around(call, part, op);
       gather_around(call, part);
     });

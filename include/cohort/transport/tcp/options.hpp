@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <utility>
 
 #include "cohort/core/options.hpp"
 
@@ -70,6 +72,18 @@ struct Options {
   // poll(): a wake-up from poll costs tens of microseconds, a busy poll a fraction of one. Zero
   // sleeps at once (many more ranks than cores).
   std::chrono::microseconds spin{50};
+  // The kernel receive buffer of every connection (SO_RCVBUF). The kernel's own sizing starts
+  // small and, between ranks that take turns sending and reading, stays small, so that a sender
+  // stops for the reader more often than it must. Where the kernel caps this below the request
+  // (net.core.rmem_max), the kernel's sizing is kept, since a capped fixed buffer is smaller
+  // still. 0: always the kernel's.
+  std::size_t receive_buffer_bytes = std::size_t{4} << 20;
+  // A write completes only once at most about this many bytes of its connection wait unsent in
+  // the kernel (TCP_NOTSENT_LOWAT). Without a limit, a transfer that ends with megabytes still
+  // queued in one connection starts the next on another while they leave, and the two compete
+  // for the link: on shaped links that costs drops and retransmissions. Before a send is done the
+  // loop reads instead. docs/benchmarks.md ("Socket tuning") has the measurements. 0: no limit.
+  std::size_t unsent_limit_bytes = std::size_t{64} << 10;
 };
 
 namespace detail {
@@ -122,6 +136,14 @@ inline void validate(const Options& options) {
         "requires a secret: set secret (COHORT_SECRET) to the same value on every rank");
   }
   options::require_positive("max_frame_bytes", options.max_frame_bytes);
+  for (const auto& [field, bytes] :
+       {std::pair{"receive_buffer_bytes", options.receive_buffer_bytes},
+        std::pair{"unsent_limit_bytes", options.unsent_limit_bytes}}) {
+    if (bytes > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      options::reject(field, bytes,
+                      "must be at most " + std::to_string(std::numeric_limits<int>::max()));
+    }
+  }
   if (options.spin.count() < 0) {
     options::reject("spin", std::to_string(options.spin.count()) + " us", "must not be negative");
   }

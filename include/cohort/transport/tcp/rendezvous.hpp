@@ -42,6 +42,8 @@
 #include <utility>
 // clang-format on
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -89,11 +91,35 @@ inline bool is_closed(const ErrorCode& ec) {
          ec == asio::error::broken_pipe || ec == asio::error::connection_aborted;
 }
 
-// Socket options of every connection: no Nagle delay (a frame's header, payload and trailer
-// leave in one write, and latency is what small messages care about).
-inline void tune(Socket& socket) {
+// Whether the kernel grants a receive buffer of `bytes` rather than capping it (Linux reports
+// twice what it grants, others what they grant), asked on a socket of its own: once a buffer is
+// set, the kernel's own sizing is off for good.
+inline bool kernel_grants_receive_buffer(const Executor& executor, std::size_t bytes) {
+  ErrorCode ec;
+  Socket probe(executor);
+  probe.open(asio::ip::tcp::v4(), ec);
+  if (!ec) probe.set_option(asio::socket_base::receive_buffer_size(static_cast<int>(bytes)), ec);
+  asio::socket_base::receive_buffer_size granted;
+  if (!ec) probe.get_option(granted, ec);
+  return !ec && static_cast<std::size_t>(granted.value()) >= bytes;
+}
+
+// Socket options of every connection (options.hpp says why each): no Nagle delay (a frame's
+// header, payload and trailer leave in one write, and latency is what small messages care
+// about), the receive buffer, and the limit on unsent bytes.
+inline void tune(Socket& socket, const Options& options) {
   ErrorCode ignored;
   socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+  if (options.receive_buffer_bytes > 0 &&
+      kernel_grants_receive_buffer(socket.get_executor(), options.receive_buffer_bytes)) {
+    socket.set_option(
+        asio::socket_base::receive_buffer_size(static_cast<int>(options.receive_buffer_bytes)),
+        ignored);
+  }
+  if (options.unsent_limit_bytes > 0) {  // Boost.Asio names no TCP_NOTSENT_LOWAT option
+    const int limit = static_cast<int>(options.unsent_limit_bytes);
+    ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &limit, sizeof limit);
+  }
 }
 
 // A setup message as read: the frame's bytes, kept whole because the handshake's HMAC covers
@@ -388,7 +414,7 @@ class Rendezvous {
         if (listener_.is_open()) fail("cannot accept connections: " + ec.message());
         co_return;
       }
-      tune(connection->socket);
+      tune(connection->socket, options_);
       const auto remote = connection->socket.remote_endpoint(ec);
       if (!ec) {
         connection->remote_address = remote.address().to_string();
@@ -561,7 +587,7 @@ class Rendezvous {
       if (stopping()) co_return Refusal{Refusal::Kind::kClosed, "stopped"};
       if (!ec) {
         if (peer == 0) connected_to_root_ = true;
-        tune(connection->socket);
+        tune(connection->socket, options_);
         Expected<Introduction> introduced =
             co_await handshake_as_connector(connection->socket, peer);
         if (introduced) {
