@@ -47,11 +47,11 @@
 //   preemption     what SIGTERM and SIGUSR1 do while the Trainer lives (below): enabled, the
 //                  checkpoint to save to, the grace period (core/preemption.hpp)
 //
-// Preemption. With preemption.enabled (the default) the signal is latched, and before the first step
-// of a fit, then about every 0.1 s (a number of steps computed alike everywhere from the slowest
-// step time), every replica of every process votes in one all-reduce whether any process was
-// signalled (a parameter-server worker also counts its servers' marked answers). All stop at the
-// same step, within about 0.1 s plus a step of the signal; a signal between two fits stops the
+// Preemption. With preemption.enabled (the default) the signal is latched, and before the first
+// step of a fit, then about every 0.1 s (a number of steps computed alike everywhere from the
+// slowest step time), every replica of every process votes in one all-reduce whether any process
+// was signalled (a parameter-server worker also counts its servers' marked answers). All stop at
+// the same step, within about 0.1 s plus a step of the signal; a signal between two fits stops the
 // next before its first step. Every process then
 // saves to preemption.checkpoint, when given (Trainer::save: the chief, or a parameter server's
 // shards and manifest), and fit returns with Report::preempted: the program should exit with
@@ -109,11 +109,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -641,43 +643,53 @@ class Trainer {
       const trace::Span step_span(recorder, trace::Phase::kStep, {.step = step});
       gradient_fold.reset();
       loss_fold.reset();
-      strategy::Update<value_type, O> update{.parameters = parameters,
-                                             .gradient_sum = {},
-                                             .optimizer = optimizer_,
-                                             .optimizer_state = optimizer_state,
-                                             .step = step,
-                                             .inverse_batch = inverse_batch,
-                                             .on_nonfinite = options_.on_nonfinite};
-      const std::size_t first = plan.first_micro_batch(replica.index());
-      const std::size_t end = first + plan.micro_batches_per_replica();
-      for (std::size_t micro = first; micro < end; ++micro) {
-        const sharding::Range range = plan.micro_batch(step_in_epoch, micro);
-        indices.assign(order.begin() + range.begin, order.begin() + range.end);
-        const trace::Span span(recorder, trace::Phase::kForwardBackward,
-                               {.step = step, .index = micro});
-        double loss = 0.0;
-        if constexpr (ReportsReadiness<M>) {
-          if (micro + 1 == end) {
-            loss = last_micro_batch_with_readiness(model, data.batch(indices), gradients,
-                                                   gradient_fold, place, replica, update);
-            loss_fold.push([&](double& slot) { slot = loss; });
-            continue;
+      // A step that an exception ends releases the other replicas and waits until no collective
+      // uses its buffers (strategy.hpp, abandon_step) while they, gradient_fold's, still live.
+      Clock::time_point synchronization_start;
+      try {
+        strategy::Update<value_type, O> update{.parameters = parameters,
+                                               .gradient_sum = {},
+                                               .optimizer = optimizer_,
+                                               .optimizer_state = optimizer_state,
+                                               .step = step,
+                                               .inverse_batch = inverse_batch,
+                                               .on_nonfinite = options_.on_nonfinite};
+        const std::size_t first = plan.first_micro_batch(replica.index());
+        const std::size_t end = first + plan.micro_batches_per_replica();
+        for (std::size_t micro = first; micro < end; ++micro) {
+          const sharding::Range range = plan.micro_batch(step_in_epoch, micro);
+          indices.assign(order.begin() + range.begin, order.begin() + range.end);
+          const trace::Span span(recorder, trace::Phase::kForwardBackward,
+                                 {.step = step, .index = micro});
+          double loss = 0.0;
+          if constexpr (ReportsReadiness<M>) {
+            if (micro + 1 == end) {
+              loss = last_micro_batch_with_readiness(model, data.batch(indices), gradients,
+                                                     gradient_fold, place, replica, update);
+              loss_fold.push([&](double& slot) { slot = loss; });
+              continue;
+            }
           }
+          loss = ModelTraits<M>::forward_backward(model, data.batch(indices));
+          gradient_fold.push([&](Gradient& slot) {
+            if (slot.size() != gradients.size()) slot = Gradient(gradients.size(), place);
+            Device::copy(place, gradients, slot.span());
+          });
+          loss_fold.push([&](double& slot) { slot = loss; });
         }
-        loss = ModelTraits<M>::forward_backward(model, data.batch(indices));
-        gradient_fold.push([&](Gradient& slot) {
-          if (slot.size() != gradients.size()) slot = Gradient(gradients.size(), place);
-          Device::copy(place, gradients, slot.span());
-        });
-        loss_fold.push([&](double& slot) { slot = loss; });
+        if (!ReportsReadiness<M>) {
+          update.gradient_sum = gradient_fold.result().span();
+          replica.begin_step(update);
+          replica.gradients_ready(update, 0, update.gradient_sum.size());
+        }
+        synchronization_start = Clock::now();
+        if (finish_and_check(replica, update, place) && local == 0) ++report.skipped_steps;
+      } catch (...) {
+        if constexpr (requires { replica.abandon_step(std::string_view()); }) {
+          replica.abandon_step(what_of(std::current_exception()));
+        }
+        throw;
       }
-      if (!ReportsReadiness<M>) {
-        update.gradient_sum = gradient_fold.result().span();
-        replica.begin_step(update);
-        replica.gradients_ready(update, 0, update.gradient_sum.size());
-      }
-      const auto synchronization_start = Clock::now();
-      if (finish_and_check(replica, update, place) && local == 0) ++report.skipped_steps;
       window_losses.push_back(loss_fold.result());
       const auto step_end = Clock::now();
       window_times.push_back(
@@ -776,9 +788,9 @@ class Trainer {
     const std::filesystem::path& file = options_.preemption.checkpoint;
     if (!file.empty()) write_checkpoint(file);
     if (!strategy_.is_chief()) return;
-    const std::string saved =
-        file.empty() ? std::string("nothing saved (no Options::preemption.checkpoint)")
-                     : "saved to " + file.string() + ": run again to continue";
+    const std::string saved = file.empty()
+                                  ? std::string("nothing saved (no Options::preemption.checkpoint)")
+                                  : "saved to " + file.string() + ": run again to continue";
     std::fprintf(stderr, "cohort: preempted: the job stopped before step %llu; %s\n",
                  static_cast<unsigned long long>(step_), saved.c_str());
   }

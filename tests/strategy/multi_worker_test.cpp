@@ -239,6 +239,31 @@ TEST_CASE("a NaN example under on_nonfinite = raise fails every worker process n
 }
 
 TEST_CASE(
+    "a local replica whose backward pass throws while its buckets are on the wire fails every "
+    "worker promptly, the failing one with the model's error") {
+  // 2 processes x 2 replicas, buckets of 64 bytes: readiness reports 21 to 26 fall in different
+  // steps and layers, some while the communication thread reduces the replica's earlier buckets,
+  // whose buffers the failing step must not free under it.
+  for (const int report : {21, 22, 23, 24, 25, 26}) {
+    CAPTURE(report);
+    TemporaryDirectory directory("cohort-multi-worker-failing-backward");
+    const auto start = std::chrono::steady_clock::now();
+    const auto results =
+        run_workers(directory, "2", "31", {{}, {"--fail-in-backward", std::to_string(report)}});
+    CHECK(std::chrono::steady_clock::now() - start < 5s);  // the timeout is 10 s
+    for (std::size_t rank = 0; rank < results.size(); ++rank) {
+      const auto& [exit, log] = results[rank];
+      CAPTURE(log);
+      CHECK(exit.exited);  // not killed by a signal
+      CHECK(exit.code == 1);
+    }
+    // The model's error, as the process's own or as the reason its other replica was released.
+    CHECK(results[1].second.find("backward failed at readiness report " + std::to_string(report)) !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE(
     "a NaN example under on_nonfinite = skip_step is skipped by every worker, bit for bit "
     "as Mirrored") {
   TemporaryDirectory directory("cohort-multi-worker-nan-skip");

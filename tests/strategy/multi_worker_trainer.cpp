@@ -3,7 +3,7 @@
 //   multi_worker_trainer LOCAL_REPLICAS STEPS OUT [ring] [--eigen THREADS] [--micro-batches M]
 //                        [--seed S] [--learning-rate LR] [--poison INDEX]
 //                        [--on-nonfinite raise|skip_step] [--mirrored]
-//                        [--checkpoint FILE] [--preempt-after N]
+//                        [--checkpoint FILE] [--preempt-after N] [--fail-in-backward N]
 //
 // ring             the ring all-reduce across processes instead of the deterministic one
 // --eigen THREADS  the examples' Eigen MLP on THREADS threads per replica (eigen_training.hpp)
@@ -15,6 +15,7 @@
 // --mirrored       Mirrored with LOCAL_REPLICAS replicas in this one process instead
 // --checkpoint FILE  continue from FILE if it exists; the Trainer saves it on preemption
 // --preempt-after N  the chief's micro-batch number N sends SIGTERM to the launcher (PreemptAt)
+// --fail-in-backward N  this process's model throws at its readiness report N (FailingBackward)
 // Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process whose
 // fit stopped for preemption exits with cohort::kExitPreempted and writes no parameters.
 // Both models report their gradient readiness per layer, and buckets are 64 bytes, so the buckets
@@ -44,6 +45,7 @@ struct Settings {
   bool mirrored = false;
   std::string checkpoint;
   int preempt_after = -1;
+  int fail_in_backward = -1;
 };
 
 template <class Strategy, class Model>
@@ -78,6 +80,11 @@ int train(const Settings& settings, Strategy strategy, const Model& model) {
 
 template <class Strategy>
 int train(const Settings& settings, Strategy strategy) {
+  if (settings.fail_in_backward > 0) {
+    return train(settings, std::move(strategy),
+                 cohort::testing::FailingBackward{.model = cohort::testing::small_model(),
+                                                  .fail_at = settings.fail_in_backward});
+  }
   return settings.eigen_threads > 0
              ? train(settings, std::move(strategy),
                      cohort::testing::small_eigen_model(settings.eigen_threads))
@@ -104,7 +111,7 @@ int main(int argc, char** argv) {
                  "usage: multi_worker_trainer LOCAL_REPLICAS STEPS OUT [ring] [--eigen THREADS] "
                  "[--micro-batches M] [--seed S] [--learning-rate LR] [--poison INDEX] "
                  "[--on-nonfinite raise|skip_step] [--mirrored] [--checkpoint FILE] "
-                 "[--preempt-after N]\n");
+                 "[--preempt-after N] [--fail-in-backward N]\n");
     return 64;
   }
   try {
@@ -133,6 +140,8 @@ int main(int argc, char** argv) {
         settings.checkpoint = next();
       } else if (flag == "--preempt-after") {
         settings.preempt_after = std::stoi(next());
+      } else if (flag == "--fail-in-backward") {
+        settings.fail_in_backward = std::stoi(next());
       } else if (flag == "--on-nonfinite") {
         settings.on_nonfinite =
             next() == "skip_step" ? cohort::NonFinite::kSkipStep : cohort::NonFinite::kRaise;

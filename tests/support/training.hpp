@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,10 +151,22 @@ struct ScriptedReadiness {
   std::vector<std::pair<std::size_t, std::size_t>> ranges;
 };
 
+// The examples' MLP whose backward pass fails at this process's report of readiness number
+// `fail_at` (counted over all its replicas, from 1), after earlier reports have started buckets:
+// a model that throws while its buckets are on the wire.
+struct FailingBackward {
+  example::Mlp model;
+  std::shared_ptr<std::atomic<int>> reports = std::make_shared<std::atomic<int>>(0);
+  int fail_at = -1;
+};
+
 inline std::vector<float> parameters_of(const WithoutReadiness& wrapped) {
   return parameters_of(wrapped.model);
 }
 inline std::vector<float> parameters_of(const ScriptedReadiness& wrapped) {
+  return parameters_of(wrapped.model);
+}
+inline std::vector<float> parameters_of(const FailingBackward& wrapped) {
   return parameters_of(wrapped.model);
 }
 
@@ -185,5 +199,21 @@ struct cohort::ModelTraits<cohort::testing::ScriptedReadiness>
     const double loss = m.model.forward_backward(batch);
     for (const auto& [begin, end] : m.ranges) ready(begin, end);
     return loss;
+  }
+};
+
+template <>
+struct cohort::ModelTraits<cohort::testing::FailingBackward>
+    : cohort::testing::WrappedMlpTraits<cohort::testing::FailingBackward> {
+  using WrappedMlpTraits::forward_backward;
+  static double forward_backward(cohort::testing::FailingBackward& m, const batch_type& batch,
+                                 cohort::GradientReady ready) {
+    return m.model.forward_backward(batch, [&](std::size_t begin, std::size_t end) {
+      if (++*m.reports == m.fail_at) {
+        throw std::runtime_error("backward failed at readiness report " +
+                                 std::to_string(m.fail_at));
+      }
+      ready(begin, end);
+    });
   }
 };

@@ -66,6 +66,12 @@
 //   replica.stop_requested()  whether the replica heard that another process of the job was
 //                           signalled to stop (a parameter server's marked answers): the
 //                           Trainer's agreement to stop counts it
+//   replica.abandon_step(reason)   noexcept; the step ends by an exception (the model's, the
+//                           data's, a failed collective) after begin_step: the strategy releases
+//                           the other replicas (its communicator's abort) and returns only once no
+//                           work it started still uses the step's buffers, which the Trainer frees
+//                           next (the mirrored strategies: the buckets a communication thread may
+//                           be reducing)
 //   s.save(file, state, parameter_count)     Trainer::save, where the strategy writes its own
 //                           checkpoint (a parameter server: a shard per server, the manifest last)
 //   s.restored(state)       after Trainer::restore, for a strategy that keeps part of the state

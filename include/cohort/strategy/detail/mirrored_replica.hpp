@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -114,6 +115,24 @@ class MirroredReplica {
     COHORT_ASSERT(buckets_.complete());
     for (collective::Pending& pending : pending_) pending.wait();
     return apply_update<D>(update, place_);
+  }
+
+  // The step ends by an exception (strategy.hpp): the group is released, and every bucket this
+  // step started has finished, failed as the group fails, before the Trainer frees the buffers it
+  // reduces (a communication thread may still be reducing one).
+  void abandon_step(std::string_view reason) noexcept {
+    // The step's own error is what goes up: the abort's, and the failures it causes, are not.
+    try {
+      communicator_.abort(reason);
+    } catch (...) {
+    }
+    for (collective::Pending& pending : pending_) {
+      try {
+        pending.wait();
+      } catch (...) {
+      }
+    }
+    pending_.clear();
   }
 
   // The end of a fit: every replica already holds the final state.
