@@ -82,7 +82,8 @@ struct Options {
   // the kernel (TCP_NOTSENT_LOWAT). Without a limit, a transfer that ends with megabytes still
   // queued in one connection starts the next on another while they leave, and the two compete
   // for the link: on shaped links that costs drops and retransmissions. Before a send is done the
-  // loop reads instead. docs/benchmarks.md ("Socket tuning") has the measurements. 0: no limit.
+  // loop reads instead. Measured in docs/benchmarks.md, "Socket tuning and segments". 0: no
+  // limit.
   std::size_t unsent_limit_bytes = std::size_t{64} << 10;
 };
 
