@@ -1,0 +1,16 @@
+// The definitions that separate compilation compiles once (core/compilation.hpp says how). The
+// whole of one source file of a program whose every translation unit defines
+// COHORT_SEPARATE_COMPILATION:
+//
+//   // cohort_compiled.cpp
+//   #include <cohort/src.hpp>
+//
+// It needs what cohort::tcp needs (docs/dependencies.md).
+#pragma once
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#error "cohort/src.hpp compiles cohort's definitions once: define COHORT_SEPARATE_COMPILATION for every file of the program"
+#endif
+
+#include "cohort/transport/tcp/impl/listener.ipp"
+#include "cohort/transport/tcp/impl/tcp.ipp"
