@@ -9,7 +9,8 @@
 #pragma once
 
 #if !defined(COHORT_SEPARATE_COMPILATION)
-#error "cohort/src.hpp compiles cohort's definitions once: define COHORT_SEPARATE_COMPILATION for every file of the program"
+#error \
+    "cohort/src.hpp compiles cohort's definitions once: define COHORT_SEPARATE_COMPILATION for every file of the program"
 #endif
 
 #include "cohort/transport/tcp/impl/listener.ipp"

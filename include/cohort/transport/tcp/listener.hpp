@@ -10,88 +10,33 @@
 // port), naming address and port. connect_timeout counts from the construction.
 #pragma once
 
-// clang-format off
-// First: Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
-#include <utility>
-// clang-format on
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/address.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/use_awaitable.hpp>
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <string>
 
-#include "cohort/core/error.hpp"
+#include "cohort/core/compilation.hpp"
 #include "cohort/transport/tcp/options.hpp"
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
 
 namespace cohort::transport::tcp {
 
 class Tcp;
 
 namespace detail {
-
-namespace asio = boost::asio;
-
-// The rendezvous runs on one private io_context, so its sockets, timers and coroutines name that
-// context's executor rather than the type-erased asio::any_io_executor: the same operations,
-// without instantiating the type erasure's machinery in every program that uses the transport.
-using Executor = asio::io_context::executor_type;
-using Socket = asio::basic_stream_socket<asio::ip::tcp, Executor>;
-using Acceptor = asio::basic_socket_acceptor<asio::ip::tcp, Executor>;
-template <class T>
-using Awaitable = asio::awaitable<T, Executor>;
-inline constexpr asio::use_awaitable_t<Executor> use_awaitable;
-
-// "127.0.0.1:29500", "[::1]:29500".
-inline std::string endpoint_text(const asio::ip::tcp::endpoint& endpoint) {
-  const auto address = endpoint.address();
-  const std::string host = address.is_v6() ? "[" + address.to_string() + "]" : address.to_string();
-  return host + ":" + std::to_string(endpoint.port());
-}
-
+struct Acceptor;  // asio.hpp
 }  // namespace detail
 
 class Listener {
  public:
-  [[gnu::cold]] explicit Listener(Options options)
-      : options_(std::move(options)), started_(std::chrono::steady_clock::now()) {
-    detail::validate(options_);
-    boost::system::error_code ec;
-    const auto address = boost::asio::ip::make_address(options_.bind_address, ec);
-    if (ec) {
-      options::reject("bind_address", detail::quoted(options_.bind_address),
-                      "must be a numeric IPv4 or IPv6 address");
-    }
-    io_ = std::make_unique<boost::asio::io_context>(1);
-    if (options_.size == 1) return;  // nobody to meet
-    // Rank 0 at the rendezvous port; the others at the first free port of their range, if any.
-    const bool ranged = options_.rank != 0 && options_.listen_port_first != 0;
-    const std::uint16_t first = options_.rank == 0 ? options_.rendezvous_port
-                                : ranged           ? options_.listen_port_first
-                                                   : 0;
-    const std::uint16_t last = ranged ? options_.listen_port_last : first;
-    for (std::uint32_t port = first; port <= last; ++port) {
-      const boost::asio::ip::tcp::endpoint endpoint(address, static_cast<std::uint16_t>(port));
-      if (bind(endpoint, ec)) return;
-      const bool busy = ec == boost::asio::error::address_in_use;
-      if (busy && port < last) continue;
-      std::string setting = options_.rank == 0 ? " (bind_address, rendezvous_port)" : "";
-      if (ranged && busy) {
-        setting = " (every port of listen_port_first-listen_port_last, " + std::to_string(first) +
-                  "-" + std::to_string(last) + ", is taken)";
-      }
-      throw CommError({.rank = options_.rank,
-                       .detail = "cannot listen on " + detail::endpoint_text(endpoint) + setting +
-                                 ": " + ec.message()});
-    }
-  }
+  // Once per process, so compiled for size, as the rendezvous is (rendezvous.hpp).
+  [[gnu::cold]] COHORT_DECL explicit Listener(Options options);
 
-  Listener(Listener&&) noexcept = default;
+  COHORT_DECL Listener(Listener&&) noexcept;
   Listener& operator=(Listener&&) = delete;
-  ~Listener() = default;  // acceptor_ is declared after io_, so it goes first, as it must
+  COHORT_DECL ~Listener();  // acceptor_ is declared after io_, so it goes first, as it must
 
   int rank() const noexcept { return options_.rank; }
   const Options& options() const noexcept { return options_; }
@@ -106,20 +51,6 @@ class Listener {
  private:
   friend class Tcp;
 
-  // Opens, binds and listens at `endpoint`; false with `ec` set when a step failed.
-  bool bind(const boost::asio::ip::tcp::endpoint& endpoint, boost::system::error_code& ec) {
-    acceptor_ = std::make_unique<detail::Acceptor>(*io_);
-    acceptor_->open(endpoint.protocol(), ec);
-    // Lets a restarted rank 0 bind its port while connections of the previous run linger in
-    // TIME_WAIT; a port another process listens on stays refused.
-    if (!ec) acceptor_->set_option(boost::asio::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor_->bind(endpoint, ec);
-    if (!ec) acceptor_->listen(boost::asio::socket_base::max_listen_connections, ec);
-    if (!ec) port_ = acceptor_->local_endpoint(ec).port();
-    if (ec) acceptor_.reset();
-    return !ec;
-  }
-
   Options options_;
   std::chrono::steady_clock::time_point started_;
   std::unique_ptr<boost::asio::io_context> io_;
@@ -128,3 +59,7 @@ class Listener {
 };
 
 }  // namespace cohort::transport::tcp
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include "cohort/transport/tcp/impl/listener.ipp"
+#endif

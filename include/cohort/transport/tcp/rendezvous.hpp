@@ -67,7 +67,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/transport/tcp/frame.hpp"
 #include "cohort/transport/tcp/handshake.hpp"
-#include "cohort/transport/tcp/listener.hpp"
+#include "cohort/transport/tcp/asio.hpp"
 #include "cohort/transport/tcp/options.hpp"
 
 namespace cohort::transport::tcp::detail {

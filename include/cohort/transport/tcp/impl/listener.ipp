@@ -1,0 +1,71 @@
+// The definitions of listener.hpp (core/compilation.hpp).
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "cohort/core/error.hpp"
+#include "cohort/transport/tcp/asio.hpp"
+#include "cohort/transport/tcp/listener.hpp"
+
+namespace cohort::transport::tcp {
+
+namespace detail {
+
+// Opens, binds and listens at `endpoint`: the acceptor, or null with `ec` set when a step failed.
+COHORT_DECL std::unique_ptr<Acceptor> listen_at(asio::io_context& io,
+                                                const asio::ip::tcp::endpoint& endpoint,
+                                                boost::system::error_code& ec) {
+  auto acceptor = std::make_unique<Acceptor>(io);
+  acceptor->open(endpoint.protocol(), ec);
+  // Lets a restarted rank 0 bind its port while connections of the previous run linger in
+  // TIME_WAIT; a port another process listens on stays refused.
+  if (!ec) acceptor->set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor->bind(endpoint, ec);
+  if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) acceptor.reset();
+  return acceptor;
+}
+
+}  // namespace detail
+
+COHORT_DECL Listener::Listener(Options options)
+    : options_(std::move(options)), started_(std::chrono::steady_clock::now()) {
+  detail::validate(options_);
+  boost::system::error_code ec;
+  const auto address = boost::asio::ip::make_address(options_.bind_address, ec);
+  if (ec) {
+    options::reject("bind_address", detail::quoted(options_.bind_address),
+                    "must be a numeric IPv4 or IPv6 address");
+  }
+  io_ = std::make_unique<boost::asio::io_context>(1);
+  if (options_.size == 1) return;  // nobody to meet
+  // Rank 0 at the rendezvous port; the others at the first free port of their range, if any.
+  const bool ranged = options_.rank != 0 && options_.listen_port_first != 0;
+  const std::uint16_t first = options_.rank == 0 ? options_.rendezvous_port
+                              : ranged           ? options_.listen_port_first
+                                                 : 0;
+  const std::uint16_t last = ranged ? options_.listen_port_last : first;
+  for (std::uint32_t port = first; port <= last; ++port) {
+    const boost::asio::ip::tcp::endpoint endpoint(address, static_cast<std::uint16_t>(port));
+    acceptor_ = detail::listen_at(*io_, endpoint, ec);
+    if (acceptor_) port_ = acceptor_->local_endpoint(ec).port();
+    if (!ec) return;
+    acceptor_.reset();
+    const bool busy = ec == boost::asio::error::address_in_use;
+    if (busy && port < last) continue;
+    std::string setting = options_.rank == 0 ? " (bind_address, rendezvous_port)" : "";
+    if (ranged && busy) {
+      setting = " (every port of listen_port_first-listen_port_last, " + std::to_string(first) +
+                "-" + std::to_string(last) + ", is taken)";
+    }
+    throw CommError({.rank = options_.rank,
+                     .detail = "cannot listen on " + detail::endpoint_text(endpoint) + setting +
+                               ": " + ec.message()});
+  }
+}
+
+COHORT_DECL Listener::Listener(Listener&&) noexcept = default;
+COHORT_DECL Listener::~Listener() = default;
+
+}  // namespace cohort::transport::tcp

@@ -1,0 +1,393 @@
+// The definitions of tcp.hpp (core/compilation.hpp).
+#pragma once
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "cohort/transport/tcp/asio.hpp"
+#include "cohort/transport/tcp/connection.hpp"
+#include "cohort/transport/tcp/frame.hpp"
+#include "cohort/transport/tcp/impl/listener.ipp"
+#include "cohort/transport/tcp/rendezvous.hpp"
+#include "cohort/transport/tcp/tcp.hpp"
+
+namespace cohort::transport::tcp {
+
+COHORT_DECL Tcp::Tcp(Listener&& listener)
+    : rendezvous_port_(listener.rendezvous_port()),
+      options_(std::move(listener.options_)),
+      io_(std::move(listener.io_)) {
+  if (options_.size == 1) return;
+  // The acceptor belongs to io_: a local here, destroyed before io_ even when this throws.
+  const auto acceptor = std::move(listener.acceptor_);
+  detail::Rendezvous rendezvous(options_, *io_, *acceptor, listener.port_, listener.started_);
+  auto links = rendezvous.run();
+  connections_.reserve(links.size());
+  queues_.resize(links.size());
+  for (int rank = 0; rank < size(); ++rank) {
+    detail::Link& link = links[static_cast<std::size_t>(rank)];
+    const bool own = rank == this->rank();
+    Connection& connection = connections_.emplace_back(std::move(link.socket), rank, options_,
+                                                       own ? std::nullopt : link.keys);
+    if (own) continue;
+    descriptors_.push_back(connection.descriptor());
+    boost::system::error_code ec;
+    connection.set_non_blocking(ec);
+    if (ec) {
+      throw CommError(failed("cannot make the connection to rank " + std::to_string(rank) +
+                                 " non-blocking: " + ec.message(),
+                             rank)
+                          .fields);
+    }
+  }
+}
+
+COHORT_DECL Tcp::Tcp(Tcp&& other) noexcept
+    : rendezvous_port_(other.rendezvous_port_),
+      options_(std::move(other.options_)),
+      io_(std::move(other.io_)),
+      connections_(std::move(other.connections_)),
+      queues_(std::move(other.queues_)),
+      descriptors_(std::move(other.descriptors_)),
+      failure_(std::move(other.failure_)),
+      last_failure_(std::move(other.last_failure_)),
+      closed_(other.closed_.load()),
+      isolate_peer_failures_(other.isolate_peer_failures_) {}
+
+COHORT_DECL Tcp::~Tcp() { close(); }
+
+COHORT_DECL void Tcp::transfer(std::span<const Send> sends, std::span<const Receive> receives) {
+  if (auto failure = progress(sends, receives)) {
+    if (failure->mismatch) throw *failure->mismatch;
+    throw CommError(std::move(failure->fields));
+  }
+}
+
+COHORT_DECL void Tcp::transfer(std::span<const Send> sends, std::span<const Receive> receives,
+                               std::error_code& error) {
+  if (auto failure = progress(sends, receives)) {
+    last_failure_ = CommError::sentence(failure->fields);
+    error = make_error_code(Errc::kComm);
+  } else {
+    error.clear();
+  }
+}
+
+COHORT_DECL int Tcp::wait_any(std::span<const int> peers, std::chrono::milliseconds timeout) {
+  if (peers.empty()) return -1;
+  for (const int peer : peers) {
+    if (auto failure = check_peer(peer)) throw CommError(std::move(failure->fields));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    for (std::size_t i = 0; i < peers.size(); ++i) {
+      const std::size_t at = (next_any_ + i) % peers.size();
+      if (connections_[static_cast<std::size_t>(peers[at])].next_frame_arrived()) {
+        next_any_ = at + 1;
+        return peers[at];
+      }
+    }
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return -1;
+    poll_fds_.clear();
+    for (const int peer : peers) {
+      poll_fds_.push_back({connections_[static_cast<std::size_t>(peer)].descriptor(), POLLIN, 0});
+    }
+    const int ready = ::poll(poll_fds_.data(), poll_fds_.size(),
+                             static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+    if (ready <= 0) return -1;  // timed out or interrupted: the caller looks again
+  }
+}
+
+COHORT_DECL void Tcp::close() noexcept {
+  closed_.store(true);
+  for (const int descriptor : descriptors_) ::shutdown(descriptor, SHUT_RDWR);
+}
+
+COHORT_DECL void Tcp::leave(std::string_view reason) noexcept {
+  try {
+    const auto frame = make_frame({setup_type::kAbort},
+                                  encode_text(reason.substr(0, Connection::kLeaveReasonBytes)));
+    const auto deadline = std::chrono::steady_clock::now() + Connection::kLeaveWait;
+    for (Connection& connection : connections_) connection.write_farewell(frame, deadline);
+  } catch (...) {
+    // Leaving is best effort: the close below still tells every peer that this rank is gone.
+  }
+  close();
+}
+
+COHORT_DECL std::optional<Tcp::Failure> Tcp::progress(std::span<const Send> sends,
+                                                      std::span<const Receive> receives) {
+  if (failure_) {
+    return failed("this transport failed earlier and is closed (" + failure_->detail + ")",
+                  failure_->peer, failure_->sequence);
+  }
+  if (closed_.load()) return failed("the transport was closed");
+  // A bad list is the caller's mistake, not a broken connection: the transport stays usable.
+  if (auto failure = enqueue(sends, receives)) {
+    clear_queues();
+    return failure;
+  }
+  std::size_t pending = sends.size() + receives.size();
+  auto last_progress = std::chrono::steady_clock::now();
+  const auto warn_after = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      options_.operation_timeout * options_.stall_warning);
+  bool warned = false;
+  while (pending > 0) {
+    bool moved = false;
+    for (const int rank : active_) {
+      const Queue& queue = queues_[static_cast<std::size_t>(rank)];
+      std::optional<Failure> failure;
+      if (queue.send >= 0) failure = pump_sends(rank, sends, moved, pending);
+      if (!failure && queue.receive >= 0) failure = pump_receives(rank, receives, moved, pending);
+      if (failure) {
+        clear_queues(sends);
+        return record(std::move(*failure));
+      }
+    }
+    if (pending == 0) break;
+    const auto now = std::chrono::steady_clock::now();
+    if (moved) {
+      last_progress = now;
+      continue;
+    }
+    if (now - last_progress < options_.spin) {
+      // Another runnable thread on this core (a peer rank on an oversubscribed machine) gets
+      // the core now rather than at the end of this spin; alone, a yield costs a syscall.
+      std::this_thread::yield();
+      continue;
+    }
+    const auto deadline = last_progress + options_.operation_timeout;
+    const bool warning_due = options_.stall_warning > 0 && !warned;
+    if (warning_due && now >= last_progress + warn_after) {
+      warn_stalled(sends, receives, now - last_progress);
+      warned = true;
+    }
+    if (now >= deadline) {
+      auto failure = timeout(sends, receives);
+      clear_queues(sends);
+      return record(std::move(failure));
+    }
+    const auto wake = warning_due ? std::min(deadline, last_progress + warn_after) : deadline;
+    if (auto failure = wait(std::max(wake - now, std::chrono::steady_clock::duration::zero()))) {
+      clear_queues(sends);
+      return record(std::move(*failure));
+    }
+  }
+  clear_queues();
+  return std::nullopt;
+}
+
+COHORT_DECL std::optional<Tcp::Failure> Tcp::enqueue(std::span<const Send> sends,
+                                                     std::span<const Receive> receives) {
+  next_send_.assign(sends.size(), -1);
+  next_receive_.assign(receives.size(), -1);
+  for (std::size_t i = 0; i < sends.size(); ++i) {
+    const Send& send = sends[i];
+    if (auto failure = check_peer(send.peer)) return failure;
+    if (send.payload.size() > options_.max_frame_bytes) {
+      return failed("the send to rank " + std::to_string(send.peer) + " " +
+                    describe(send.header, send.payload.size()) +
+                    " exceeds max_frame_bytes = " + std::to_string(options_.max_frame_bytes));
+    }
+    Queue& queue = activate(send.peer);
+    const int index = static_cast<int>(i);
+    if (queue.send < 0) {
+      queue.send = index;
+      connections_[static_cast<std::size_t>(send.peer)].start_send(send);
+    } else {
+      next_send_[static_cast<std::size_t>(queue.send_tail)] = index;
+    }
+    queue.send_tail = index;
+  }
+  for (std::size_t i = 0; i < receives.size(); ++i) {
+    const Receive& receive = receives[i];
+    if (auto failure = check_peer(receive.peer)) return failure;
+    if (receive.payload.size() > options_.max_frame_bytes) {
+      return failed("the receive from rank " + std::to_string(receive.peer) + " " +
+                    describe(receive.expected, receive.payload.size()) +
+                    " exceeds max_frame_bytes = " + std::to_string(options_.max_frame_bytes));
+    }
+    Queue& queue = activate(receive.peer);
+    const int index = static_cast<int>(i);
+    if (queue.receive < 0) {
+      queue.receive = index;
+      connections_[static_cast<std::size_t>(receive.peer)].start_receive();
+    } else {
+      next_receive_[static_cast<std::size_t>(queue.receive_tail)] = index;
+    }
+    queue.receive_tail = index;
+  }
+  return std::nullopt;
+}
+
+COHORT_DECL std::optional<Tcp::Failure> Tcp::check_peer(int peer) const {
+  if (peer >= 0 && peer < size() && peer != rank()) return std::nullopt;
+  return failed("no peer rank " + std::to_string(peer) + " in a job of " + std::to_string(size()) +
+                " ranks");
+}
+
+COHORT_DECL Tcp::Queue& Tcp::activate(int rank) {
+  Queue& queue = queues_[static_cast<std::size_t>(rank)];
+  if (queue.send < 0 && queue.receive < 0) active_.push_back(rank);
+  return queue;
+}
+
+COHORT_DECL void Tcp::clear_queues(std::span<const Send> sends) {
+  for (const int rank : active_) {
+    Queue& queue = queues_[static_cast<std::size_t>(rank)];
+    if (queue.send >= 0 && !sends.empty()) {
+      connections_[static_cast<std::size_t>(rank)].cut_off(
+          sends[static_cast<std::size_t>(queue.send)]);
+    }
+    queue = Queue{};
+  }
+  active_.clear();
+}
+
+COHORT_DECL std::optional<Tcp::Failure> Tcp::pump_sends(int rank, std::span<const Send> sends,
+                                                        bool& moved, std::size_t& pending) {
+  Connection& connection = connections_[static_cast<std::size_t>(rank)];
+  Queue& queue = queues_[static_cast<std::size_t>(rank)];
+  while (queue.send >= 0) {
+    const Send& send = sends[static_cast<std::size_t>(queue.send)];
+    auto progress = connection.write_some(send);
+    if (progress.broken)
+      return broken(rank, std::move(progress.broken->detail), std::move(progress.broken->mismatch),
+                    send.header.sequence);
+    if (!progress.moved) return std::nullopt;
+    moved = true;
+    if (progress.finished) {
+      --pending;
+      queue.send = next_send_[static_cast<std::size_t>(queue.send)];
+      if (queue.send >= 0) connection.start_send(sends[static_cast<std::size_t>(queue.send)]);
+    }
+  }
+  return std::nullopt;
+}
+
+COHORT_DECL std::optional<Tcp::Failure> Tcp::pump_receives(int rank,
+                                                           std::span<const Receive> receives,
+                                                           bool& moved, std::size_t& pending) {
+  Connection& connection = connections_[static_cast<std::size_t>(rank)];
+  Queue& queue = queues_[static_cast<std::size_t>(rank)];
+  while (queue.receive >= 0) {
+    const Receive& receive = receives[static_cast<std::size_t>(queue.receive)];
+    auto progress = connection.read_some(receive);
+    if (progress.moved) moved = true;
+    if (progress.broken) {
+      return broken(rank, std::move(progress.broken->detail), std::move(progress.broken->mismatch),
+                    receive.expected.sequence);
+    }
+    if (!progress.finished) return std::nullopt;
+    --pending;
+    queue.receive = next_receive_[static_cast<std::size_t>(queue.receive)];
+  }
+  return std::nullopt;
+}
+
+COHORT_DECL std::optional<Tcp::Failure> Tcp::wait(std::chrono::steady_clock::duration timeout) {
+  poll_fds_.clear();
+  for (const int rank : active_) {
+    const Queue& queue = queues_[static_cast<std::size_t>(rank)];
+    short events = 0;
+    if (queue.send >= 0) events |= POLLOUT;
+    if (queue.receive >= 0) events |= POLLIN;
+    if (events != 0) {
+      poll_fds_.push_back({connections_[static_cast<std::size_t>(rank)].descriptor(), events, 0});
+    }
+  }
+  const auto milliseconds = std::chrono::ceil<std::chrono::milliseconds>(timeout).count();
+  const int ready = ::poll(poll_fds_.data(), poll_fds_.size(),
+                           static_cast<int>(std::min<long long>(milliseconds, 1 << 30)));
+  if (ready < 0 && errno != EINTR) {
+    return failed(std::string("poll() failed: ") + std::strerror(errno));
+  }
+  return std::nullopt;  // ready, interrupted or timed out: the caller looks again
+}
+
+COHORT_DECL Tcp::Waiting Tcp::waiting_for(std::span<const Send> sends,
+                                          std::span<const Receive> receives) const {
+  Waiting waiting;
+  bool first = true;
+  for (const int rank : active_) {
+    const Queue& queue = queues_[static_cast<std::size_t>(rank)];
+    const Connection& connection = connections_[static_cast<std::size_t>(rank)];
+    const auto add = [&](const std::string& what, std::uint64_t at) {
+      if (first) {
+        waiting.sequence = at;
+        waiting.waited = rank;
+      }
+      waiting.text += (first ? "" : "; ") + what;
+      first = false;
+    };
+    if (queue.receive >= 0) {
+      const Receive& receive = receives[static_cast<std::size_t>(queue.receive)];
+      add("receive from rank " + std::to_string(rank) + " " + connection.receiving(receive),
+          receive.expected.sequence);
+    }
+    if (queue.send >= 0) {
+      const Send& send = sends[static_cast<std::size_t>(queue.send)];
+      add("send to rank " + std::to_string(rank) + " " +
+              describe(send.header, send.payload.size()) + ", " +
+              std::to_string(connection.frame_bytes_written()) + " frame bytes written",
+          send.header.sequence);
+    }
+  }
+  return waiting;
+}
+
+COHORT_DECL void Tcp::warn_stalled(std::span<const Send> sends, std::span<const Receive> receives,
+                                   std::chrono::steady_clock::duration quiet) const {
+  const Waiting waiting = waiting_for(sends, receives);
+  const auto quiet_ms = std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count();
+  std::fprintf(stderr,
+               "cohort: %sno progress for %lld ms during sequence %llu, waiting for: %s; the "
+               "transfer fails at operation_timeout = %lld ms\n",
+               prefix().c_str(), static_cast<long long>(quiet_ms),
+               static_cast<unsigned long long>(waiting.sequence), waiting.text.c_str(),
+               static_cast<long long>(options_.operation_timeout.count()));
+}
+
+COHORT_DECL Tcp::Failure Tcp::timeout(std::span<const Send> sends,
+                                      std::span<const Receive> receives) {
+  const Waiting waiting = waiting_for(sends, receives);
+  for (const int rank : active_) {
+    connections_[static_cast<std::size_t>(rank)].shut_down();  // half-done frames: out of step
+  }
+  return failed("no progress within " + std::to_string(options_.operation_timeout.count()) +
+                    " ms during sequence " + std::to_string(waiting.sequence) +
+                    ", waiting for: " + waiting.text,
+                waiting.waited, waiting.sequence);
+}
+
+COHORT_DECL Tcp::Failure Tcp::broken(int rank, std::string detail,
+                                     std::optional<HeaderMismatch> mismatch,
+                                     std::uint64_t sequence) {
+  Failure failure = failed(std::move(detail), rank, sequence);
+  failure.mismatch = std::move(mismatch);
+  return failure;
+}
+
+COHORT_DECL Tcp::Failure Tcp::failed(std::string what, int peer, std::uint64_t sequence) const {
+  return {{.rank = rank(), .peer = peer, .sequence = sequence, .detail = std::move(what)}};
+}
+
+COHORT_DECL Tcp::Failure Tcp::record(Failure failure) {
+  // After close() from another thread the sockets report a closed connection; say who closed.
+  if (closed_.load()) {
+    failure = failed("the transport was closed during the transfer (" + failure.fields.detail + ")",
+                     -1, failure.fields.sequence);
+  }
+  if (!isolate_peer_failures_ || closed_.load()) failure_ = failure.fields;
+  return failure;
+}
+
+}  // namespace cohort::transport::tcp
