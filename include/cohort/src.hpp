@@ -13,5 +13,11 @@
     "cohort/src.hpp compiles cohort's definitions once: define COHORT_SEPARATE_COMPILATION for every file of the program"
 #endif
 
+#define COHORT_COMPILING_SOURCE
+
+#include "cohort/checkpoint/checkpoint.hpp"
+#include "cohort/core/impl/settings.ipp"
+#include "cohort/core/impl/trace.ipp"
 #include "cohort/transport/tcp/impl/listener.ipp"
 #include "cohort/transport/tcp/impl/tcp.ipp"
+#include "cohort/strategy/parameter_server.hpp"

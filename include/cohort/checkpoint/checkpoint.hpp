@@ -73,6 +73,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cohort/core/compilation.hpp"
 #include "cohort/core/error.hpp"
 
 namespace cohort::checkpoint {
@@ -779,3 +780,16 @@ void write(const std::filesystem::path& file, const TrainingState<T>& state) {
 }
 
 }  // namespace cohort::checkpoint
+
+#if defined(COHORT_SEPARATE_COMPILATION)
+namespace cohort::checkpoint {
+COHORT_INSTANTIATED TrainingState<float> read<float>(const std::filesystem::path&);
+COHORT_INSTANTIATED TrainingState<double> read<double>(const std::filesystem::path&);
+COHORT_INSTANTIATED void write<float>(const std::filesystem::path&, const TrainingState<float>&);
+COHORT_INSTANTIATED void write<double>(const std::filesystem::path&, const TrainingState<double>&);
+COHORT_INSTANTIATED std::uint32_t write<float>(const std::filesystem::path&,
+                                               const ShardState<float>&);
+COHORT_INSTANTIATED std::uint32_t write<double>(const std::filesystem::path&,
+                                                const ShardState<double>&);
+}  // namespace cohort::checkpoint
+#endif

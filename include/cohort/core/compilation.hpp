@@ -15,6 +15,13 @@
 // Nothing changes in what the code does: the same definitions, compiled in another place.
 #pragma once
 
+// The source file's own switch, set by src.hpp before anything else.
+#if defined(COHORT_SEPARATE_COMPILATION) && defined(COHORT_COMPILING_SOURCE)
+#define COHORT_INSTANTIATED template
+#elif defined(COHORT_SEPARATE_COMPILATION)
+#define COHORT_INSTANTIATED extern template
+#endif
+
 // Prefixes a function whose definition lives in an impl/*.ipp file: inline when the .ipp is
 // included by its header, an ordinary external definition when src.hpp compiles it once.
 #if defined(COHORT_SEPARATE_COMPILATION)
@@ -22,3 +29,11 @@
 #else
 #define COHORT_DECL inline
 #endif
+
+// COHORT_INSTANTIATED opens a line naming a template specialization that src.hpp compiles once,
+// for the types cohort's own strategies use (float and double values, the TCP transport): in a
+// program's files an explicit instantiation declaration, so that they compile none of it, and in
+// src.hpp its definition. The lines stand in `#if defined(COHORT_SEPARATE_COMPILATION)` at the
+// end of the header whose template they name; other types are instantiated where used, as
+// header-only.
+

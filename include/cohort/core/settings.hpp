@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "cohort/core/compilation.hpp"
 #include "cohort/core/error.hpp"
 
 namespace cohort::settings {
@@ -76,52 +77,11 @@ inline std::string get(std::span<const double> slots) {
   return text;
 }
 
-// The words of "a=1 b=2" that differ first, as {name, value in left, value in right}; the whole
-// texts when they are not such lists of the same names.
-struct Difference {
-  std::string name, left, right;
-};
-
-inline std::vector<std::string> words(const std::string& text) {
-  std::vector<std::string> out;
-  std::size_t begin = 0;
-  while (begin < text.size()) {
-    const std::size_t end = std::min(text.find(' ', begin), text.size());
-    if (end > begin) out.push_back(text.substr(begin, end - begin));
-    begin = end + 1;
-  }
-  return out;
-}
-
-inline Difference difference(const std::string& field, const std::string& left,
-                             const std::string& right) {
-  const std::vector<std::string> a = words(left), b = words(right);
-  if (a.size() == b.size()) {
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      if (a[i] == b[i]) continue;
-      const std::size_t ea = a[i].find('='), eb = b[i].find('=');
-      if (ea == std::string::npos || eb == std::string::npos ||
-          a[i].substr(0, ea) != b[i].substr(0, eb)) {
-        break;
-      }
-      return {field + " " + a[i].substr(0, ea), a[i].substr(ea + 1), b[i].substr(eb + 1)};
-    }
-  }
-  return {field, left, right};
-}
-
 // The sentence every participant throws: `field` is `left` on `left_who` but `right` on
 // `right_who`.
-[[gnu::cold]] inline std::string refusal(const std::string& field, const std::string& left,
-                                         std::string_view left_who, const std::string& right,
-                                         std::string_view right_who) {
-  const Difference differs = difference(field, left, right);
-  return "the processes of this job run with different settings, refused before the first step: " +
-         differs.name + " is " + differs.left + " on " + std::string(left_who) + " but " +
-         differs.right + " on " + std::string(right_who) +
-         "; every process of a job must be given the same settings";
-}
-
+[[gnu::cold]] COHORT_DECL std::string refusal(const std::string& field, const std::string& left,
+                                              std::string_view left_who, const std::string& right,
+                                              std::string_view right_who);
 }  // namespace detail
 
 // Throws ConfigError on every participant when some field differs between participants; returns
@@ -178,36 +138,9 @@ inline constexpr std::size_t kMaxEncodedBytes = std::size_t{16} << 10;
 
 // Fields as bytes: each name and each value (cut to kValueChars, as they travel in require_same)
 // followed by a zero byte.
-inline std::vector<std::byte> encode(const Fields& fields) {
-  std::vector<std::byte> bytes;
-  const auto put = [&](std::string_view text) {
-    for (const char c : text.substr(0, kValueChars)) bytes.push_back(static_cast<std::byte>(c));
-    bytes.push_back(std::byte{0});
-  };
-  for (const Field& field : fields) {
-    put(field.name);
-    put(field.value);
-  }
-  return bytes;
-}
-
+COHORT_DECL std::vector<std::byte> encode(const Fields& fields);
 // The fields of encode's bytes; nothing when they are not such a list.
-inline std::optional<Fields> decode(std::span<const std::byte> bytes) {
-  if (bytes.size() > kMaxEncodedBytes) return std::nullopt;
-  std::vector<std::string> texts(1);
-  for (const std::byte byte : bytes) {
-    if (byte == std::byte{0}) {
-      texts.emplace_back();
-    } else {
-      texts.back().push_back(static_cast<char>(byte));
-    }
-  }
-  if (!texts.back().empty() || texts.size() % 2 != 1) return std::nullopt;
-  Fields fields;
-  for (std::size_t i = 0; i + 1 < texts.size(); i += 2) fields.push_back({texts[i], texts[i + 1]});
-  return fields;
-}
-
+COHORT_DECL std::optional<Fields> decode(std::span<const std::byte> bytes);
 // What one participant compares every other one's fields with, one at a time: its own fields,
 // named after itself, and for every other field the value of the first participant compared
 // (a parameter server holds the optimizer's settings itself and takes the seed from the chief,
@@ -215,35 +148,11 @@ inline std::optional<Fields> decode(std::span<const std::byte> bytes) {
 class Reference {
  public:
   Reference() = default;
-  Reference(const Fields& own, std::string_view holder) {
-    // Cut as encode cuts what the others send, so that the same settings compare equal.
-    for (const Field& field : own) {
-      held_.push_back({{field.name.substr(0, kValueChars), field.value.substr(0, kValueChars)},
-                       std::string(holder)});
-    }
-  }
-
+  COHORT_DECL Reference(const Fields& own, std::string_view holder);
   // "" when `theirs`, the fields of `who`, agree with the reference; otherwise the sentence that
   // names the first field of the reference that differs (or that `theirs` lacks), both values and
   // who holds each. Fields the reference lacks join it, held by `who`.
-  [[gnu::cold]] std::string compare(const Fields& theirs, std::string_view who) {
-    for (const Held& held : held_) {
-      const auto found = std::find_if(theirs.begin(), theirs.end(), [&](const Field& field) {
-        return field.name == held.field.name;
-      });
-      const std::string value = found != theirs.end() ? found->value : std::string("not given");
-      if (value != held.field.value) {
-        return detail::refusal(held.field.name, held.field.value, held.holder, value, who);
-      }
-    }
-    for (const Field& field : theirs) {
-      const bool known = std::any_of(held_.begin(), held_.end(), [&](const Held& held) {
-        return held.field.name == field.name;
-      });
-      if (!known) held_.push_back({field, std::string(who)});
-    }
-    return {};
-  }
+  [[gnu::cold]] COHORT_DECL std::string compare(const Fields& theirs, std::string_view who);
 
  private:
   struct Held {
@@ -254,3 +163,7 @@ class Reference {
 };
 
 }  // namespace cohort::settings
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include "cohort/core/impl/settings.ipp"
+#endif

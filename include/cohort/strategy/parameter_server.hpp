@@ -768,3 +768,25 @@ static_assert(Strategy<ParameterServer<>>);
 static_assert(Strategy<ParameterServer<consistency::Async>>);
 
 }  // namespace cohort::strategy
+
+#if defined(COHORT_SEPARATE_COMPILATION)
+namespace cohort::strategy {
+COHORT_INSTANTIATED class ParameterServer<consistency::Sync>;
+COHORT_INSTANTIATED class ParameterServer<consistency::Async>;
+namespace ps {
+COHORT_INSTANTIATED class Client<transport::tcp::Tcp>;
+COHORT_INSTANTIATED void save_manifest<float>(transport::tcp::Tcp&, int, const Layout&,
+                                             const std::filesystem::path&,
+                                             const checkpoint::TrainingState<float>&);
+COHORT_INSTANTIATED void save_manifest<double>(transport::tcp::Tcp&, int, const Layout&,
+                                              const std::filesystem::path&,
+                                              const checkpoint::TrainingState<double>&);
+COHORT_INSTANTIATED void save_shard<float>(transport::tcp::Tcp&, int,
+                                          const checkpoint::ShardState<float>*, int,
+                                          const std::filesystem::path&);
+COHORT_INSTANTIATED void save_shard<double>(transport::tcp::Tcp&, int,
+                                           const checkpoint::ShardState<double>*, int,
+                                           const std::filesystem::path&);
+}  // namespace ps
+}  // namespace cohort::strategy
+#endif
