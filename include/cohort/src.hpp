@@ -12,5 +12,10 @@
 #error "cohort/src.hpp compiles cohort's definitions once: define COHORT_SEPARATE_COMPILATION for every file of the program"
 #endif
 
+#include "cohort/cluster/impl/binding.ipp"
+#include "cohort/cluster/impl/cluster.ipp"
+#include "cohort/cluster/impl/environment.ipp"
+#include "cohort/cluster/impl/slurm.ipp"
+#include "cohort/cluster/impl/tf_config.ipp"
 #include "cohort/transport/tcp/impl/listener.ipp"
 #include "cohort/transport/tcp/impl/tcp.ipp"
