@@ -16,8 +16,13 @@
 #define COHORT_COMPILING_SOURCE
 
 #include "cohort/checkpoint/checkpoint.hpp"
+#include "cohort/cluster/impl/binding.ipp"
+#include "cohort/cluster/impl/cluster.ipp"
+#include "cohort/cluster/impl/environment.ipp"
+#include "cohort/cluster/impl/slurm.ipp"
+#include "cohort/cluster/impl/tf_config.ipp"
 #include "cohort/core/impl/settings.ipp"
 #include "cohort/core/impl/trace.ipp"
+#include "cohort/strategy/parameter_server.hpp"
 #include "cohort/transport/tcp/impl/listener.ipp"
 #include "cohort/transport/tcp/impl/tcp.ipp"
-#include "cohort/strategy/parameter_server.hpp"

@@ -1,10 +1,10 @@
 // The definitions of trace.hpp (core/compilation.hpp).
 #pragma once
 
+#include "cohort/core/trace.hpp"
+
 #include <fstream>
 #include <iterator>
-
-#include "cohort/core/trace.hpp"
 
 namespace cohort::trace {
 

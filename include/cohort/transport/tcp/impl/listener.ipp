@@ -1,12 +1,13 @@
 // The definitions of listener.hpp (core/compilation.hpp).
 #pragma once
 
+#include "cohort/transport/tcp/listener.hpp"
+
 #include <string>
 #include <utility>
 
 #include "cohort/core/error.hpp"
 #include "cohort/transport/tcp/asio.hpp"
-#include "cohort/transport/tcp/listener.hpp"
 
 namespace cohort::transport::tcp {
 

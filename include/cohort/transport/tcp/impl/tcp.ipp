@@ -1,6 +1,8 @@
 // The definitions of tcp.hpp (core/compilation.hpp).
 #pragma once
 
+#include "cohort/transport/tcp/tcp.hpp"
+
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -15,7 +17,6 @@
 #include "cohort/transport/tcp/frame.hpp"
 #include "cohort/transport/tcp/impl/listener.ipp"
 #include "cohort/transport/tcp/rendezvous.hpp"
-#include "cohort/transport/tcp/tcp.hpp"
 
 namespace cohort::transport::tcp {
 
