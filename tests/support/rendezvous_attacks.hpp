@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cohort/transport/tcp/frame.hpp>
+#include <cohort/transport/tcp/handshake.hpp>
 #include <cohort/transport/tcp/tcp.hpp>
 #include <cstddef>
 #include <cstdint>

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <cohort/transport/tcp/frame.hpp>
 #include <cohort/transport/tcp/tcp.hpp>
 #include <cstdint>
 #include <random>

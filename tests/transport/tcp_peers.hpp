@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cohort/transport/tcp/frame.hpp>
+#include <cohort/transport/tcp/handshake.hpp>
 #include <cohort/transport/tcp/tcp.hpp>
 #include <cstdint>
 #include <cstring>

@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cohort/transport/tcp/frame.hpp>
+#include <cohort/transport/tcp/handshake.hpp>
 #include <cohort/transport/tcp/tcp.hpp>
 #include <cstdint>
 #include <cstring>
