@@ -23,6 +23,7 @@
 #include "cohort/cluster/impl/tf_config.ipp"
 #include "cohort/core/impl/settings.ipp"
 #include "cohort/core/impl/trace.ipp"
+#include "cohort/strategy/multi_worker_mirrored.hpp"
 #include "cohort/strategy/parameter_server.hpp"
 #include "cohort/transport/tcp/impl/listener.ipp"
 #include "cohort/transport/tcp/impl/tcp.ipp"

@@ -149,3 +149,28 @@ class MultiWorkerMirrored {
 static_assert(Strategy<MultiWorkerMirrored<>>);
 
 }  // namespace cohort::strategy
+
+#if defined(COHORT_SEPARATE_COMPILATION)
+namespace cohort::collective {
+COHORT_INSTANTIATED class detail::OverTransport<transport::tcp::Tcp>;
+COHORT_INSTANTIATED class Deterministic<transport::tcp::Tcp>;
+COHORT_INSTANTIATED void Deterministic<transport::tcp::Tcp>::all_reduce<float>(std::span<float>,
+                                                                               ReduceOp);
+COHORT_INSTANTIATED void Deterministic<transport::tcp::Tcp>::all_reduce<double>(std::span<double>,
+                                                                                ReduceOp);
+COHORT_INSTANTIATED class Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>;
+COHORT_INSTANTIATED void Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
+    all_reduce<float>(std::span<float>, ReduceOp);
+COHORT_INSTANTIATED void Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
+    all_reduce<double>(std::span<double>, ReduceOp);
+COHORT_INSTANTIATED Pending Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
+    start_all_reduce<float>(std::span<float>, ReduceOp);
+COHORT_INSTANTIATED void Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
+    broadcast<float>(std::span<float>, int);
+COHORT_INSTANTIATED void Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
+    broadcast<double>(std::span<double>, int);
+}  // namespace cohort::collective
+namespace cohort::strategy {
+COHORT_INSTANTIATED class MultiWorkerMirrored<>;
+}  // namespace cohort::strategy
+#endif
