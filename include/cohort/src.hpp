@@ -5,12 +5,14 @@
 //   // cohort_compiled.cpp
 //   #include <cohort/src.hpp>
 //
-// It needs what cohort::tcp needs (docs/dependencies.md).
+// It needs what cohort::tcp needs (docs/dependencies.md); cohort::tcp is this file, compiled.
 #pragma once
 
 #if !defined(COHORT_SEPARATE_COMPILATION)
-#error \
-    "cohort/src.hpp compiles cohort's definitions once: define COHORT_SEPARATE_COMPILATION for every file of the program"
+#error "cohort/src.hpp: define COHORT_SEPARATE_COMPILATION for every file of the program"
+#endif
+#if defined(COHORT_DECL)
+#error "cohort/src.hpp is the whole of its file: a cohort header was included before it"
 #endif
 
 #define COHORT_COMPILING_SOURCE
