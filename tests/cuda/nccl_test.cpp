@@ -193,6 +193,36 @@ TEST_CASE("nccl start_all_reduce gives all_reduce's sums with several pending at
   }
 }
 
+// The communicator's work runs on a stream of its own: each call must first wait for what the
+// replica enqueued on its stream before the call. A large upload enqueued on the replica's stream
+// just before start_all_reduce, never synchronized by the host, is still in flight when the
+// all-reduce is enqueued: without that wait the sums would read the zeros it overwrites.
+TEST_CASE("nccl start_all_reduce waits for the work on the replica's stream before it" *
+          gpu_only()) {
+  const int ranks = cohort::device::cuda::device_count();
+  const Nccl group({.ranks = ranks, .timeout = kTestTimeout});
+  spawn(ranks, [&](int rank) {
+    cohort::device::cuda::check(cudaSetDevice(rank), "cudaSetDevice");
+    const cohort::device::cuda::Stream replica(rank, kTestTimeout);
+    NcclCommunicator comm = group.communicator(rank, replica.get());
+    const std::size_t n = std::size_t{1} << 24;
+    float* host = nullptr;
+    cohort::device::cuda::check(cudaMallocHost(reinterpret_cast<void**>(&host), n * sizeof(float)),
+                                "cudaMallocHost");
+    const std::unique_ptr<float, decltype(&cudaFreeHost)> pinned(host, &cudaFreeHost);
+    for (std::size_t i = 0; i < n; ++i) host[i] = small_integer(i, rank);
+    DeviceBuffer<float> buffer(std::vector<float>(n, 0.0f));
+    cohort::device::cuda::check(cudaMemcpyAsync(buffer.data(), host, n * sizeof(float),
+                                                cudaMemcpyHostToDevice, replica.get()),
+                                "cudaMemcpyAsync");
+    comm.start_all_reduce(std::span<float>(buffer.data(), n), cohort::ReduceOp::kSum).wait();
+    const std::vector<float> result = buffer.download();
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) wrong += result[i] != sum_of_small_integers(i, ranks);
+    CHECK(wrong == 0);
+  });
+}
+
 TEST_CASE("a moved NcclCommunicator keeps working and the moved-from one owns nothing" *
           gpu_only()) {
   const Nccl group({.ranks = 1, .timeout = kTestTimeout});

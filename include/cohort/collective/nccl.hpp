@@ -1,9 +1,10 @@
 // collective::Nccl: collectives between GPUs over NCCL, for cohort::cuda users.
 //
 // Each rank is one GPU, driven by one host thread (or process) that owns a NcclCommunicator. The
-// spans given to it are DEVICE memory (a std::span only carries the pointer and the length); the
-// work is enqueued on the communicator's stream, the replica's stream, and each call returns
-// when it has finished, like every other cohort communicator (a call is a step boundary).
+// spans given to it are DEVICE memory (a std::span only carries the pointer and the length). A
+// call's work runs on the communicator's own communication stream, after the work enqueued on the
+// replica's stream before the call (an event orders the two), and each call returns when it has
+// finished, like every other cohort communicator (a call is a step boundary).
 //
 //   ncclUniqueId id = collective::nccl_unique_id(bootstrap);    // rank 0 makes it; any
 //       communicator able to broadcast std::int64_t (Local, Ring<Tcp>, ...) carries it
@@ -11,11 +12,12 @@
 //
 //   collective::Nccl group({.ranks = 4});     // one process, GPUs 0..3 (Mirrored's shape):
 //   auto comm = group.communicator(rank);     // called by each replica's thread, concurrently
-//   auto comm = group.communicator(rank, stream);  // on the replica's own stream (of GPU rank)
+//   auto comm = group.communicator(rank, stream);  // after the replica's own stream (of GPU rank)
 //
 // Options (NcclCommunicator::Options):
 //   device         the CUDA device of this rank (cudaSetDevice before every call)
-//   stream         the replica's stream; nullptr makes the communicator create its own
+//   stream         the replica's stream, whose work a call waits for; nullptr makes the
+//                  communicator create its own
 //   timeout        how long a collective may take before it is aborted (ncclCommAbort) and
 //                  reported as a CommError naming the rank, the operation and its sequence number;
 //                  also how long teardown may wait for NCCL to finalize
@@ -30,13 +32,16 @@
 //                  Integer reductions and all_gather / broadcast are exact either way.
 //
 // Point to point (NcclCommunicator only, beside the Communicator operations): send(buffer, peer)
-// and receive(buffer, peer), on the same stream and under the same timeout.
+// and receive(buffer, peer), on the same streams and under the same timeout.
 //
 // Asynchronous all-reduce (collective.hpp's verb): start_all_reduce(buffer, op) enqueues the
-// all_reduce on the stream and returns a collective::Pending; its wait() waits as all_reduce does,
-// under the same timeout and checks. Work enqueued on the stream meanwhile (the rest of the
-// backward pass) runs after the all-reduce in stream order, and the host is free to enqueue it.
-// The communicator must neither move nor end while a Pending of it is not yet waited for.
+// all_reduce on the communication stream, behind the replica stream's work so far (the kernels
+// that made the gradient range final), and returns a collective::Pending; its wait() waits as
+// all_reduce does, under the same timeout and checks. Work enqueued on the replica's stream
+// meanwhile (the rest of the backward pass) runs beside the all-reduce, so the transfer hides
+// behind it; it must not touch the buffer until wait() returns (the readiness contract:
+// core/readiness.hpp). The communicator must neither move nor end while a Pending of it is not
+// yet waited for.
 //
 // Errors: a failing NCCL or CUDA call is a DeviceError naming the call; an asynchronous
 // communicator error (ncclCommGetAsyncError, polled while waiting) or a timeout aborts the
@@ -266,6 +271,8 @@ class NcclCommunicator {
         own_stream_.emplace(options_.device, options_.timeout);
         options_.stream = own_stream_->get();
       }
+      communication_.emplace(options_.device, options_.timeout);
+      replica_ready_ = device::cuda::Event(options_.device);
       done_ = device::cuda::Event(options_.device);
       // Non-blocking, so that a wedged peer cannot hang a call inside NCCL: every call returns at
       // once and is waited for here, where the timeout and ncclCommAbort apply.
@@ -290,11 +297,12 @@ class NcclCommunicator {
   }
 
   // Moves and teardown come from the members: a moved-from communicator owns nothing, and the
-  // end of one finalizes or aborts its NCCL communicator (nccl::Close) before its memory, event
-  // and stream go. Never throws.
+  // end of one finalizes or aborts its NCCL communicator (nccl::Close) before its memory, events
+  // and streams go. Never throws.
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // The replica's stream (Options::stream, or the one made for it).
   cudaStream_t stream() const { return options_.stream; }
   const Options& options() const { return options_; }
 
@@ -303,7 +311,8 @@ class NcclCommunicator {
     start_all_reduce(buffer, op).wait();
   }
 
-  // all_reduce enqueued on the stream; the Pending's wait() waits for it (see the top of the file).
+  // all_reduce enqueued on the communication stream; the Pending's wait() waits for it (see the
+  // top of the file).
   template <class T>
   Pending start_all_reduce(std::span<T> buffer, ReduceOp op) {
     const Call call = begin(Operation::kAllReduce);
@@ -318,16 +327,16 @@ class NcclCommunicator {
         if (peer == rank_) continue;
         const auto [offset, length] = chunk(buffer.size(), peer);
         enqueue(ncclSend(buffer.data() + mine, mine_length, nccl::data_type<T>(), peer, comm(),
-                         stream()),
+                         communication()),
                 call, "ncclSend");
         enqueue(
-            ncclRecv(buffer.data() + offset, length, nccl::data_type<T>(), peer, comm(), stream()),
+            ncclRecv(buffer.data() + offset, length, nccl::data_type<T>(), peer, comm(), communication()),
             call, "ncclRecv");
       }
       group_end(call);
     } else if (!buffer.empty()) {
       enqueue(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), nccl::data_type<T>(),
-                            nccl::reduction(op), comm(), stream()),
+                            nccl::reduction(op), comm(), communication()),
               call, "ncclAllReduce");
       // A non-blocking communicator may still be placing the call on the stream; it takes no
       // other call until then.
@@ -342,7 +351,7 @@ class NcclCommunicator {
     if (root < 0 || root >= size_) fail_shape(call, "root " + std::to_string(root));
     if (!buffer.empty()) {
       enqueue(ncclBroadcast(buffer.data(), buffer.data(), buffer.size(), nccl::data_type<T>(), root,
-                            comm(), stream()),
+                            comm(), communication()),
               call, "ncclBroadcast");
     }
     wait(call);
@@ -357,7 +366,7 @@ class NcclCommunicator {
     }
     if (!input.empty()) {
       enqueue(ncclAllGather(input.data(), output.data(), input.size(), nccl::data_type<T>(), comm(),
-                            stream()),
+                            communication()),
               call, "ncclAllGather");
     }
     wait(call);
@@ -379,7 +388,7 @@ class NcclCommunicator {
             output.data(), op, call);
       } else {
         enqueue(ncclReduceScatter(input.data(), output.data(), count, nccl::data_type<T>(),
-                                  nccl::reduction(op), comm(), stream()),
+                                  nccl::reduction(op), comm(), communication()),
                 call, "ncclReduceScatter");
       }
     }
@@ -395,7 +404,7 @@ class NcclCommunicator {
     const Call call = begin(Operation::kSend);
     require_peer(call, peer);
     if (!buffer.empty()) {
-      enqueue(ncclSend(buffer.data(), buffer.size(), nccl::data_type<T>(), peer, comm(), stream()),
+      enqueue(ncclSend(buffer.data(), buffer.size(), nccl::data_type<T>(), peer, comm(), communication()),
               call, "ncclSend");
     }
     wait(call);
@@ -406,7 +415,7 @@ class NcclCommunicator {
     const Call call = begin(Operation::kReceive);
     require_peer(call, peer);
     if (!buffer.empty()) {
-      enqueue(ncclRecv(buffer.data(), buffer.size(), nccl::data_type<T>(), peer, comm(), stream()),
+      enqueue(ncclRecv(buffer.data(), buffer.size(), nccl::data_type<T>(), peer, comm(), communication()),
               call, "ncclRecv");
     }
     wait(call);
@@ -416,7 +425,7 @@ class NcclCommunicator {
     const Call call = begin(Operation::kBarrier);
     if (barrier_word_.size() == 0) barrier_word_ = device::cuda::Buffer<std::int32_t>(1, place());
     std::int32_t* const word = barrier_word_.span().data();
-    enqueue(ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm(), stream()), call,
+    enqueue(ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm(), communication()), call,
             "ncclAllReduce");
     wait(call);
   }
@@ -436,7 +445,9 @@ class NcclCommunicator {
   };
 
   ncclComm_t comm() const { return comm_.get(); }
-  device::cuda::Place place() const { return {options_.device, stream()}; }
+  cudaStream_t communication() const { return communication_->get(); }
+  // Where the communicator's own memory is zeroed and used: its communication stream.
+  device::cuda::Place place() const { return communication_->place(); }
 
   // ncclCommAbort now, for a failed communicator (teardown would try to finalize it).
   void abort_comm() noexcept {
@@ -475,6 +486,10 @@ class NcclCommunicator {
       throw failure(call, "refused: the communicator failed earlier: " + failed_);
     check_group(call);
     use_device();
+    // The call's work waits for what the replica enqueued before it (the gradients it reduces,
+    // the values it sends), and for nothing the replica enqueues after.
+    COHORT_CUDA_CHECK(cudaEventRecord(replica_ready_.get(), stream()));
+    COHORT_CUDA_CHECK(cudaStreamWaitEvent(communication(), replica_ready_.get(), 0));
     return call;
   }
 
@@ -553,7 +568,7 @@ class NcclCommunicator {
     if (!failed_.empty())
       throw failure(call, "refused: the communicator failed earlier: " + failed_);
     settle(call.operation, name(call.operation), call.sequence, options_.timeout);
-    COHORT_CUDA_CHECK(cudaEventRecord(done_.get(), stream()));
+    COHORT_CUDA_CHECK(cudaEventRecord(done_.get(), communication()));
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     for (;;) {
       const cudaError_t query = cudaEventQuery(done_.get());
@@ -575,8 +590,8 @@ class NcclCommunicator {
     }
   }
 
-  // Device memory for `elements` values of T on the stream, kept for the next call (grown, never
-  // shrunk).
+  // Device memory for `elements` values of T on the communication stream, kept for the next call
+  // (grown, never shrunk).
   template <class T>
   T* scratch(std::size_t elements) {
     const std::size_t bytes = elements * sizeof(T);
@@ -600,26 +615,30 @@ class NcclCommunicator {
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       enqueue(ncclSend(input + chunk_of(peer).first, chunk_of(peer).second, nccl::data_type<T>(),
-                       peer, comm(), stream()),
+                       peer, comm(), communication()),
               call, "ncclSend");
-      enqueue(ncclRecv(slots + peer * widest, mine, nccl::data_type<T>(), peer, comm(), stream()),
+      enqueue(ncclRecv(slots + peer * widest, mine, nccl::data_type<T>(), peer, comm(), communication()),
               call, "ncclRecv");
     }
     group_end(call);
     // Own chunk copied too: out may be where it lies (all_reduce), and reduce_tree's output
     // aliases no input.
     COHORT_CUDA_CHECK(cudaMemcpyAsync(slots + rank_ * widest, input + chunk_of(rank_).first,
-                                      mine * sizeof(T), cudaMemcpyDeviceToDevice, stream()));
+                                      mine * sizeof(T), cudaMemcpyDeviceToDevice, communication()));
     std::vector<const T*> leaves(static_cast<std::size_t>(size_));
     for (int r = 0; r < size_; ++r) leaves[r] = slots + r * widest;
-    cuda::reduce_tree<T>(op, std::span<const T* const>(leaves), out, mine, stream());
+    cuda::reduce_tree<T>(op, std::span<const T* const>(leaves), out, mine, communication());
   }
 
   int rank_ = 0;
   int size_ = 0;
   Options options_{};
   std::optional<device::cuda::Stream> own_stream_;  // made when options.stream was nullptr
-  device::cuda::Event done_;                        // recorded by wait()
+  // Every NCCL call, copy and reduction of the communicator runs here, so that the replica's
+  // stream goes on with its own work meanwhile.
+  std::optional<device::cuda::Stream> communication_;
+  device::cuda::Event replica_ready_;  // recorded on the replica's stream by each call
+  device::cuda::Event done_;           // recorded on the communication stream by wait()
   device::cuda::Buffer<std::byte> scratch_;         // the deterministic reduction's chunks
   device::cuda::Buffer<std::int32_t> barrier_word_;
   // Declared after what its work uses, so that it ends (finalized or aborted) before they go.

@@ -23,9 +23,10 @@
 //     // Mirrored<device::Cuda, collective::Nccl> and MultiWorkerMirrored<device::Cuda>, place is
 //     // a device::cuda::Place {device, stream}: the replica's parameters() and gradients() are
 //     // then memory of that GPU, and its forward_backward enqueues its work on place.stream
-//     // (cohort enqueues the gradient fold, the all-reduce and the optimizer step behind it on
-//     // the same stream, so the model needs no synchronization of its own beyond what returning
-//     // the loss takes). The prototype itself may live anywhere, for example on the host.
+//     // (cohort enqueues the gradient fold and the optimizer step behind it on the same stream,
+//     // and orders the all-reduce after it, so the model needs no synchronization of its own
+//     // beyond what returning the loss takes). The prototype itself may live anywhere, for
+//     // example on the host.
 // Without replicate, a replica is a copy of the prototype, which is what host replicas
 // (device::Cpu) need. A model trained on any other device must provide it: Trainer says so at
 // compile time.
