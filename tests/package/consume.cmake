@@ -13,13 +13,6 @@
 # building or running the consumer, whose checks include finding cohort where it was put.
 cmake_minimum_required(VERSION 3.21)
 
-foreach(argument IN ITEMS HOW SETTINGS)
-  if(NOT DEFINED ${argument})
-    message(FATAL_ERROR "consume.cmake: -D ${argument}=... is required")
-  endif()
-endforeach()
-include("${SETTINGS}")
-
 if(NOT DEFINED NEEDS)
   set(NEEDS tcp)
 endif()
@@ -27,18 +20,8 @@ set(name "${HOW}")
 if(NOT NEEDS STREQUAL "tcp")
   string(APPEND name ".${NEEDS}")
 endif()
-set(work "${WORK_DIR}/${name}")
-file(REMOVE_RECURSE "${work}")
-file(MAKE_DIRECTORY "${work}")
-
-# step(<what> <command...>): runs the command, its output going to the test's log, and stops
-# with <what> named if it fails.
-function(step what)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result COMMAND_ECHO STDOUT)
-  if(NOT result EQUAL 0)
-    message(FATAL_ERROR "package.${name}: ${what} failed (${result})")
-  endif()
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/script.cmake")
+package_script(consume.cmake "${name}" HOW SETTINGS)
 
 # The consumer is configured as the parent was: same generator, compiler and build type. Settings
 # go through an initial cache file (cmake -C), so that lists and odd characters arrive intact.

@@ -9,16 +9,8 @@
 # link Boost.Serialization and libcrypto themselves, as a hand build does.
 cmake_minimum_required(VERSION 3.21)
 
-foreach(argument IN ITEMS MODE SETTINGS)
-  if(NOT DEFINED ${argument})
-    message(FATAL_ERROR "hand_built.cmake: -D ${argument}=... is required")
-  endif()
-endforeach()
-include("${SETTINGS}")
-
-set(work "${WORK_DIR}/hand_built.${MODE}")
-file(REMOVE_RECURSE "${work}")
-file(MAKE_DIRECTORY "${work}")
+include("${CMAKE_CURRENT_LIST_DIR}/script.cmake")
+package_script(hand_built.cmake "hand_built.${MODE}" MODE SETTINGS)
 
 set(flags -std=c++20 -O1 -ffp-contract=off -fno-math-errno -pthread
           -I "${COHORT_SOURCE_DIR}/include" -DCOHORT_CONSUMER_TCP)
@@ -30,16 +22,6 @@ if(MODE STREQUAL "separate")
 elseif(NOT MODE STREQUAL "header_only")
   message(FATAL_ERROR "hand_built.cmake: MODE is header_only or separate, not '${MODE}'")
 endif()
-
-# step(<what> <command...>): runs the command, its output going to the test's log, and stops
-# with <what> named if it fails.
-function(step what)
-  execute_process(COMMAND ${ARGN} WORKING_DIRECTORY "${work}" RESULT_VARIABLE result
-                  COMMAND_ECHO STDOUT)
-  if(NOT result EQUAL 0)
-    message(FATAL_ERROR "package.hand_built.${MODE}: ${what} failed (${result})")
-  endif()
-endfunction()
 
 set(objects "")
 foreach(source IN LISTS sources)
