@@ -264,9 +264,11 @@ class Trainer {
   }
 
   // Writes the complete training state (checkpoint/checkpoint.hpp). Every process calls it after
-  // the same fit. Only the chief process writes (every process holds the same state) and the
-  // others return at once, except under a strategy that saves its own way: a parameter server's
-  // servers write a shard each and the chief writes the manifest.
+  // the same fit. Only the chief process writes (every process holds the same state), except
+  // under a strategy that saves its own way: a parameter server's servers write a shard each and
+  // the chief writes the manifest. Every process returns once the checkpoint is complete, so a
+  // restore right after finds it; when it could not be written, every process throws (the chief
+  // its own error, the others a CheckpointError quoting it).
   void save(const std::filesystem::path& file) const {
     if constexpr (kArgumentsValid) write_checkpoint(file);
   }
@@ -366,11 +368,25 @@ class Trainer {
     if constexpr (requires { strategy_.save(file, checkpoint_state(false), parameter_count_); }) {
       // The values are the servers' to write: the strategy gets the run's settings and step.
       strategy_.save(file, checkpoint_state(false), parameter_count_);
-    } else if (strategy_.is_chief()) {
-      const auto state = checkpoint_state();
-      refuse_nonfinite(state.parameters, NumericError::Where::kParameters, file);
-      refuse_nonfinite(state.optimizer_state, NumericError::Where::kOptimizerState, file);
-      checkpoint::write(file, state);
+    } else {
+      std::exception_ptr failure;
+      if (strategy_.is_chief()) {
+        try {
+          const auto state = checkpoint_state();
+          refuse_nonfinite(state.parameters, NumericError::Where::kParameters, file);
+          refuse_nonfinite(state.optimizer_state, NumericError::Where::kOptimizerState, file);
+          checkpoint::write(file, state);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      // Across processes every one hears how the chief's write went: none returns before the
+      // file is complete (a restore right after finds it), and all fail when it is not.
+      if constexpr (requires { strategy_.save_outcome(file, std::string_view()); }) {
+        const std::string outcome = strategy_.save_outcome(file, failure ? what_of(failure) : "");
+        if (!failure && !outcome.empty()) throw checkpoint::not_written_by_chief(file, outcome);
+      }
+      if (failure) std::rethrow_exception(failure);
     }
   }
 

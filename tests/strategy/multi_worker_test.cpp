@@ -6,6 +6,7 @@
 #include <cohort/strategy/multi_worker_mirrored.hpp>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <span>
@@ -222,6 +223,42 @@ std::string mirrored_skipping(std::uint64_t steps, std::size_t replicas) {
 }
 
 }  // namespace
+
+// Only the chief writes; the others must not return from save before the file is whole, or a
+// restore right after would not find it (it did not, 8 runs in 8, before save waited).
+TEST_CASE("every worker returns from save only once the chief's checkpoint is whole") {
+  TemporaryDirectory directory("cohort-multi-worker-save-restore");
+  const std::string expected = mirrored_parameters(20);
+  for (int run = 0; run < 3; ++run) {
+    CAPTURE(run);
+    const std::string file = directory.path / ("checkpoint-" + std::to_string(run));
+    const std::vector<std::string> save_restore{"--save-restore", file};
+    const auto results = run_workers(directory, "2", "20", {save_restore, save_restore});
+    for (const auto& [exit, log] : results) {
+      CAPTURE(log);
+      CHECK(exit.exited);
+      CHECK(exit.code == 0);
+    }
+    CHECK(read_file(directory.path / "parameters-0") == expected);
+  }
+}
+
+TEST_CASE("a checkpoint the chief cannot write fails every worker, quoting the chief's reason") {
+  TemporaryDirectory directory("cohort-multi-worker-save-fails");
+  const fs::path not_a_directory = directory.path / "a-file";
+  std::ofstream(not_a_directory) << "not a directory";
+  const std::vector<std::string> save_restore{"--save-restore", not_a_directory / "checkpoint"};
+  const auto results = run_workers(directory, "1", "5", {save_restore, save_restore});
+  for (const auto& [exit, log] : results) {
+    CAPTURE(log);
+    CHECK(exit.exited);
+    CHECK(exit.code == 1);
+    CHECK(log.find("error: checkpoint " + (not_a_directory / "checkpoint").string()) !=
+          std::string::npos);
+  }
+  CHECK(results.at(1).second.find("was not written: the chief (rank 0) reports 'checkpoint ") !=
+        std::string::npos);
+}
 
 TEST_CASE("a NaN example under on_nonfinite = raise fails every worker process naming the step") {
   TemporaryDirectory directory("cohort-multi-worker-nan-raise");

@@ -4,6 +4,7 @@
 //                        [--seed S] [--learning-rate LR] [--poison INDEX]
 //                        [--on-nonfinite raise|skip_step] [--mirrored]
 //                        [--checkpoint FILE] [--preempt-after N] [--fail-in-backward N]
+//                        [--save-restore FILE]
 //
 // ring             the ring all-reduce across processes instead of the deterministic one
 // --eigen THREADS  the examples' Eigen MLP on THREADS threads per replica (eigen_training.hpp)
@@ -16,6 +17,7 @@
 // --checkpoint FILE  continue from FILE if it exists; the Trainer saves it on preemption
 // --preempt-after N  the chief's micro-batch number N sends SIGTERM to the launcher (PreemptAt)
 // --fail-in-backward N  this process's model throws at its readiness report N (FailingBackward)
+// --save-restore FILE  after the fit every process saves FILE and at once restores it
 // Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process whose
 // fit stopped for preemption exits with cohort::kExitPreempted and writes no parameters.
 // Both models report their gradient readiness per layer, and buckets are 64 bytes, so the buckets
@@ -46,6 +48,7 @@ struct Settings {
   std::string checkpoint;
   int preempt_after = -1;
   int fail_in_backward = -1;
+  std::string save_restore;
 };
 
 template <class Strategy, class Model>
@@ -71,6 +74,10 @@ int train(const Settings& settings, Strategy strategy, const Model& model) {
                         {.steps = settings.steps});
   std::printf("skipped %llu\n", static_cast<unsigned long long>(report.skipped_steps));
   if (report.preempted) return cohort::kExitPreempted;
+  if (!settings.save_restore.empty()) {
+    trainer.save(settings.save_restore);
+    trainer.restore(settings.save_restore);
+  }
   if (chief) {
     cohort::testing::write_parameters(settings.out,
                                       cohort::testing::parameters_of(trainer.model()));
@@ -111,7 +118,7 @@ int main(int argc, char** argv) {
                  "usage: multi_worker_trainer LOCAL_REPLICAS STEPS OUT [ring] [--eigen THREADS] "
                  "[--micro-batches M] [--seed S] [--learning-rate LR] [--poison INDEX] "
                  "[--on-nonfinite raise|skip_step] [--mirrored] [--checkpoint FILE] "
-                 "[--preempt-after N] [--fail-in-backward N]\n");
+                 "[--preempt-after N] [--fail-in-backward N] [--save-restore FILE]\n");
     return 64;
   }
   try {
@@ -142,6 +149,8 @@ int main(int argc, char** argv) {
         settings.preempt_after = std::stoi(next());
       } else if (flag == "--fail-in-backward") {
         settings.fail_in_backward = std::stoi(next());
+      } else if (flag == "--save-restore") {
+        settings.save_restore = next();
       } else if (flag == "--on-nonfinite") {
         settings.on_nonfinite =
             next() == "skip_step" ? cohort::NonFinite::kSkipStep : cohort::NonFinite::kRaise;

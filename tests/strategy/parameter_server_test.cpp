@@ -462,6 +462,21 @@ TEST_CASE("a restart from the last checkpoint reaches the parameters of an unint
   }
 }
 
+// Only the chief writes the manifest; no process may return from save before it, or a restore
+// right after would not find the checkpoint whole.
+TEST_CASE("every process returns from a sharded save only once the manifest is written") {
+  TemporaryDirectory directory("cohort-ps-save-restore");
+  const fs::path checkpoint = directory.path / "run.ckpt";
+  const fs::path out = directory.path / "parameters.bin";
+  const auto [exit, output] = launch(
+      2, 2, {"sync", "30", out, "--segment", "10", "--checkpoint", checkpoint, "--reread"},
+      directory.path / "log.txt");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  CHECK(read_file(out) == mirrored_parameters(30));
+}
+
 TEST_CASE(
     "a server killed mid-run: the job restarted from its last checkpoint ends as if "
     "uninterrupted") {

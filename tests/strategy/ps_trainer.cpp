@@ -4,7 +4,7 @@
 //
 //   ps_trainer sync|async|bounded2 STEPS OUT [--slow-worker W --sleep-ms N]
 //              [--every-worker-sleep-ms N] [--log-pushes]
-//              [--segment K --checkpoint FILE] [--restore FILE] [--bad-requests]
+//              [--segment K --checkpoint FILE [--reread]] [--restore FILE] [--bad-requests]
 //              [--backup-workers B] [--clip NORM] [--alignment A] [--local-replicas L]
 //              [--eigen THREADS] [--poison INDEX] [--on-nonfinite skip_step]
 //              [--seed-of W S] [--learning-rate-of-server S LR] [--timeout-ms T]
@@ -14,6 +14,7 @@
 // --every-worker-sleep-ms N  every worker sleeps N ms in every micro-batch (so that a run lasts)
 // --segment K        fit K steps at a time; the chief saves FILE after each (and the Trainer on
 //                    preemption)
+// --reread           every process restores FILE at once after each save
 // --restore FILE     every process restores FILE first
 // --bad-requests     worker 1 first sends one malformed request per field and checks that each
 //                    is refused naming itself and the field, a push's in the answer to its next
@@ -102,6 +103,7 @@ struct Settings {
   bool log_pushes = false;
   std::uint64_t segment = 0;
   std::string checkpoint;
+  bool reread = false;
   std::string restore;
   bool bad_requests = false;
   std::size_t backup_workers = 0;
@@ -255,6 +257,7 @@ int train(const Settings& settings, const Model& model) {
     at = std::min(settings.steps, at + segment);
     if (trainer.fit(data, {.steps = at}).preempted) return cohort::kExitPreempted;
     if (!settings.checkpoint.empty()) trainer.save(settings.checkpoint);
+    if (settings.reread) trainer.restore(settings.checkpoint);
   }
   if (chief) {
     cohort::testing::write_parameters(settings.out,
@@ -296,6 +299,8 @@ int main(int argc, char** argv) {
       settings.segment = std::stoull(next());
     else if (flag == "--checkpoint")
       settings.checkpoint = next();
+    else if (flag == "--reread")
+      settings.reread = true;
     else if (flag == "--restore")
       settings.restore = next();
     else if (flag == "--bad-requests")

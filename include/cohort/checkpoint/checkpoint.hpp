@@ -722,6 +722,14 @@ std::uint32_t write(const std::filesystem::path& file, const ShardState<T>& shar
   return detail::write_container<T>(file, kShardMagic, shard);
 }
 
+// The error of every other process when the chief of a multi-process job could not write `file`
+// in a save they all make (Trainer::save): the chief's own reason, quoted.
+inline CheckpointError not_written_by_chief(const std::filesystem::path& file,
+                                            std::string_view reason) {
+  return CheckpointError("checkpoint " + file.string() +
+                         " was not written: the chief (rank 0) reports " + quote_peer_text(reason));
+}
+
 // Whether a checkpoint was saved at `file`, for a program that continues its run when there is
 // one and starts a new run when there is none: true when `file` exists (restore it), false when
 // neither `file` nor any shard file of it does (start from step 0). A CheckpointError when `file`

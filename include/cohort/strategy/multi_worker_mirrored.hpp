@@ -40,14 +40,17 @@
 //                    (default 256 KiB, measured against 64 KiB to 16 MiB: docs/benchmarks.md,
 //                    "Bucket size")
 //
-// Only the chief (worker 0) prints progress and writes checkpoints. A worker that fails closes
-// its connections, and every other worker's step fails within the timeout naming it.
+// Only the chief (worker 0) prints progress and writes checkpoints; every worker returns from
+// Trainer::save once the chief's file is complete, or fails with the chief's reason
+// (save_outcome). A worker that fails closes its connections, and every other worker's step
+// fails within the timeout naming it.
 #pragma once
 
 #include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -120,6 +123,11 @@ class MultiWorkerMirrored {
     return static_cast<std::size_t>(cluster().rank) * local_replicas();
   }
   bool is_chief() const { return cluster().rank == 0; }
+  // Trainer::save (strategy.hpp): the chief's outcome, to every process.
+  std::string save_outcome(const std::filesystem::path& file,
+                           std::string_view chief_failure) const {
+    return detail::chief_save_outcome(*cross_, file, chief_failure);
+  }
   const cluster::Spec& cluster() const { return process_.spec(); }
   const Options& options() const { return process_.options(); }
 

@@ -43,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
@@ -108,6 +109,11 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective, Transport> {
     return static_cast<std::size_t>(cluster().rank) * local_replicas();
   }
   bool is_chief() const { return cluster().rank == 0; }
+  // Trainer::save (strategy.hpp): the chief's outcome, to every process.
+  std::string save_outcome(const std::filesystem::path& file,
+                           std::string_view chief_failure) const {
+    return detail::chief_save_outcome(*cross_, file, chief_failure);
+  }
   const cluster::Spec& cluster() const { return process_.spec(); }
   const Options& options() const { return process_.options(); }
 

@@ -354,7 +354,8 @@ class ParameterServer {
   // `file`, waits until each has reported its file durable, then writes the manifest `file` (which
   // removes the shard files of the manifest it replaced). A server writes the shard of its last
   // fit or restore. `state` holds the run's settings and step (no values: those are the
-  // servers'), `elements` the model's parameter count. Other workers return at once.
+  // servers'), `elements` the model's parameter count. Every other process returns once the
+  // chief has told it that the manifest is written, or throws with the chief's reason.
   template <class T>
   void save(const std::filesystem::path& file, const checkpoint::TrainingState<T>& state,
             std::size_t elements) const {
@@ -364,6 +365,8 @@ class ParameterServer {
                      held != nullptr ? ps::holders(layout(held->elements, sizeof(T))) : 0, file);
     } else if (is_chief()) {
       ps::save_manifest(*transport_, workers_, layout(elements, sizeof(T)), file, state);
+    } else {
+      ps::await_saved(*transport_, file);
     }
   }
 

@@ -74,6 +74,11 @@
 //                           be reducing)
 //   s.save(file, state, parameter_count)     Trainer::save, where the strategy writes its own
 //                           checkpoint (a parameter server: a shard per server, the manifest last)
+//   s.save_outcome(file, chief_failure)   Trainer::save under a strategy of several processes
+//                           whose chief writes the checkpoint: on every process after the chief's
+//                           write, the chief's failure ("" when `file` is complete) made known to
+//                           every process and returned, so that save returns nowhere before the
+//                           file exists (the multi-worker strategies: a broadcast)
 //   s.restored(state)       after Trainer::restore, for a strategy that keeps part of the state
 //                           (a parameter server keeps its shard for the next save)
 //

@@ -20,10 +20,15 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -93,6 +98,33 @@ class WorkerProcess {
   cluster::Spec spec_;
   cluster::Binding binding_{};
 };
+
+// After the chief's part of Trainer::save, on every process of a job that `cross` spans (rank 0
+// the chief): the chief's outcome, "" when it wrote the checkpoint, else why not (its first 511
+// bytes), so that save returns on every process only once the file is complete, and fails on
+// every process when it is not.
+template <class Cross>
+std::string chief_save_outcome(Cross& cross, const std::filesystem::path& file,
+                               std::string_view chief_failure) {
+  std::array<char, 512> text{};
+  if (cross.rank() == 0) chief_failure.copy(text.data(), text.size() - 1);
+  std::array<std::int64_t, text.size() / sizeof(std::int64_t)> words;  // collectives move numbers
+  std::memcpy(words.data(), text.data(), text.size());
+  try {
+    cross.broadcast(std::span<std::int64_t>(words), 0);
+  } catch (const CommError& error) {
+    throw CommError({.rank = error.rank(),
+                     .peer = error.peer(),
+                     .operation = "save",
+                     .detail = "checkpoint " + file.string() +
+                               ": the chief's outcome did not reach every process (every process "
+                               "must call Trainer::save after the same fit): " +
+                               std::string(error.detail())});
+  }
+  std::memcpy(text.data(), words.data(), text.size());
+  text.back() = '\0';
+  return std::string(text.data());
+}
 
 }  // namespace detail
 }  // namespace cohort::strategy

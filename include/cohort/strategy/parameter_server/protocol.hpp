@@ -152,6 +152,7 @@ inline constexpr std::uint64_t kReplyPayload = 0x5053'0004;
 inline constexpr std::uint64_t kSaveOrder = 0x5053'0005;   // sharded_save.hpp
 inline constexpr std::uint64_t kSaveReport = 0x5053'0006;  // sharded_save.hpp
 inline constexpr std::uint64_t kNormBlocks = 0x5053'0007;  // between servers, Sync clipping
+inline constexpr std::uint64_t kSaveOutcome = 0x5053'0008;  // sharded_save.hpp
 }  // namespace tag
 
 inline transport::Header header(std::uint64_t frame_tag) {

@@ -3,11 +3,16 @@
 //
 //   chief     save_manifest: sends every server a SaveOrder (the step, and a random token that
 //             names this save's shard files), waits for every SaveReport, then writes the
-//             manifest `file` last, listing the shard files with their ranges and checksums.
+//             manifest `file` last, listing the shard files with their ranges and checksums, and
+//             tells every other process the outcome: written, or why not.
 //   server    save_shard: waits for the order, writes the shard it holds beside `file`
 //             (atomically: checkpoint::write), and reports its checksum, or why it could not
-//             (a shard with an infinity or NaN is never written: it reports where the first is).
-//   others    nothing.
+//             (a shard with an infinity or NaN is never written: it reports where the first is);
+//             then waits for the outcome.
+//   others    await_saved: wait for the outcome.
+//
+// So every process returns from Trainer::save only once the manifest is written, and a restore
+// right after finds the checkpoint whole; or every process fails, with the reason.
 //
 // Every server is ordered and answers, also one beyond the shard count (it writes nothing), so
 // that no server waits for an order that never comes. The manifest is the commit point: a crash
@@ -40,9 +45,9 @@ struct SaveOrder {
 };
 static_assert(sizeof(SaveOrder) == 16 && std::is_trivially_copyable_v<SaveOrder>);
 
-// A server's answer (frame tag::kSaveReport).
+// A server's answer (frame tag::kSaveReport), and the chief's outcome (tag::kSaveOutcome).
 struct SaveReport {
-  std::uint32_t status = 0;  // 0: the shard file is durable; 1: not written, message says why
+  std::uint32_t status = 0;  // 0: the file is durable; 1: not written, message says why
   std::uint32_t crc32 = 0;   // of the shard's payload, recorded in the manifest
   char message[504] = {};
 };
@@ -115,23 +120,56 @@ void save_manifest(Tr& transport, int workers, const Layout& layout,
                                std::string(error.detail())});
   }
   checkpoint::TrainingState<T> manifest = state;
-  for (int server = 0; server < servers; ++server) {
+  std::string failure;
+  for (int server = 0; server < servers && failure.empty(); ++server) {
     const SaveReport& report = reports[static_cast<std::size_t>(server)];
     if (report.status != 0) {
-      throw CheckpointError(
-          "checkpoint " + file.string() + ": parameter server " + std::to_string(server) +
-          " could not write its shard: " + quote_peer_text(message_text(report.message)));
+      failure = "checkpoint " + file.string() + ": parameter server " + std::to_string(server) +
+                " could not write its shard: " + quote_peer_text(message_text(report.message));
+    } else if (server < holding) {
+      const auto& chunks = layout.chunks_of(server);
+      manifest.shards.push_back(
+          {.file = checkpoint::shard_file_name(file, order.step, order.token,
+                                               static_cast<std::size_t>(server),
+                                               static_cast<std::size_t>(holding)),
+           .begin = chunks.front().begin,
+           .end = chunks.back().end,
+           .crc32 = report.crc32});
     }
-    if (server >= holding) continue;
-    const auto& chunks = layout.chunks_of(server);
-    manifest.shards.push_back({.file = checkpoint::shard_file_name(
-                                   file, order.step, order.token, static_cast<std::size_t>(server),
-                                   static_cast<std::size_t>(holding)),
-                               .begin = chunks.front().begin,
-                               .end = chunks.back().end,
-                               .crc32 = report.crc32});
   }
-  checkpoint::write(file, manifest);
+  if (failure.empty()) {
+    try {
+      checkpoint::write(file, manifest);
+    } catch (const CheckpointError& error) {
+      failure = error.what();
+    }
+  }
+  SaveReport outcome;
+  if (!failure.empty()) {
+    outcome.status = 1;
+    set_message(outcome.message, failure);
+  }
+  std::vector<transport::Send> outcomes;
+  for (int peer = 1; peer < workers + servers; ++peer) {
+    outcomes.push_back({peer, header(tag::kSaveOutcome), std::as_bytes(std::span(&outcome, 1))});
+  }
+  transport.transfer(outcomes, {});
+  if (!failure.empty()) throw CheckpointError(failure);
+}
+
+// Every process but the chief, servers included: waits for the chief's outcome of the save of
+// `file`, then throws a CheckpointError with `own_failure` when this process failed its part, or
+// with the chief's reason when the checkpoint was not written.
+template <transport::Transport Tr>
+void await_saved(Tr& transport, const std::filesystem::path& file,
+                 const std::string& own_failure = "") {
+  SaveReport outcome;
+  const transport::Receive receive{0, header(tag::kSaveOutcome),
+                                   std::as_writable_bytes(std::span(&outcome, 1))};
+  transport.transfer({}, std::span(&receive, 1));
+  if (!own_failure.empty()) throw CheckpointError(own_failure);
+  if (outcome.status != 0)
+    throw checkpoint::not_written_by_chief(file, message_text(outcome.message));
 }
 
 // Where a shard holds its first infinity or NaN ("a non-finite parameter at element E"), or "".
@@ -151,7 +189,7 @@ std::string nonfinite_in(const checkpoint::ShardState<T>& shard) {
 
 // A server's half: `held` is its shard (null: it holds none of this element type), `holding`
 // the number of servers holding a shard of that model (holders of its layout). The chief is
-// rank 0. Throws CheckpointError after reporting a failure.
+// rank 0. Throws CheckpointError after reporting a failure and hearing the outcome.
 template <class T, transport::Transport Tr>
 void save_shard(Tr& transport, int server, const checkpoint::ShardState<T>* held, int holding,
                 const std::filesystem::path& file) {
@@ -187,7 +225,7 @@ void save_shard(Tr& transport, int server, const checkpoint::ShardState<T>* held
   }
   const transport::Send send{0, header(tag::kSaveReport), std::as_bytes(std::span(&report, 1))};
   transport.transfer(std::span(&send, 1), {});
-  if (!failure.empty()) throw CheckpointError(failure);
+  await_saved(transport, file, failure);
 }
 
 }  // namespace cohort::strategy::ps
