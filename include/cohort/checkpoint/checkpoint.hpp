@@ -730,6 +730,18 @@ inline CheckpointError not_written_by_chief(const std::filesystem::path& file,
                          " was not written: the chief (rank 0) reports " + quote_peer_text(reason));
 }
 
+// The error of a save across processes whose exchange failed (`error`, this rank's): `what` did
+// not happen, and why; the most common cause is a process that did not call Trainer::save.
+inline CommError save_incomplete(const CommError& error, const std::filesystem::path& file,
+                                 std::string_view what) {
+  return CommError({.rank = error.rank(),
+                    .peer = error.peer(),
+                    .operation = "save",
+                    .detail = "checkpoint " + file.string() + ": " + std::string(what) +
+                              " (every process must call Trainer::save after the same fit): " +
+                              std::string(error.detail())});
+}
+
 // Whether a checkpoint was saved at `file`, for a program that continues its run when there is
 // one and starts a new run when there is none: true when `file` exists (restore it), false when
 // neither `file` nor any shard file of it does (start from step 0). A CheckpointError when `file`

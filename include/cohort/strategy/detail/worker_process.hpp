@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/cluster/binding.hpp"
 #include "cohort/cluster/cluster.hpp"
 #include "cohort/core/options.hpp"
@@ -113,13 +114,8 @@ std::string chief_save_outcome(Cross& cross, const std::filesystem::path& file,
   try {
     cross.broadcast(std::span<std::int64_t>(words), 0);
   } catch (const CommError& error) {
-    throw CommError({.rank = error.rank(),
-                     .peer = error.peer(),
-                     .operation = "save",
-                     .detail = "checkpoint " + file.string() +
-                               ": the chief's outcome did not reach every process (every process "
-                               "must call Trainer::save after the same fit): " +
-                               std::string(error.detail())});
+    throw checkpoint::save_incomplete(error, file,
+                                      "the chief's outcome did not reach every process");
   }
   std::memcpy(text.data(), words.data(), text.size());
   text.back() = '\0';

@@ -111,13 +111,7 @@ void save_manifest(Tr& transport, int workers, const Layout& layout,
   try {
     transport.transfer(sends, receives);
   } catch (const CommError& error) {
-    throw CommError({.rank = transport.rank(),
-                     .peer = error.peer(),
-                     .operation = "save",
-                     .detail = "checkpoint " + file.string() +
-                               ": the servers' shards were not all written (every process must "
-                               "call Trainer::save after the same fit): " +
-                               std::string(error.detail())});
+    throw checkpoint::save_incomplete(error, file, "the servers' shards were not all written");
   }
   checkpoint::TrainingState<T> manifest = state;
   std::string failure;
