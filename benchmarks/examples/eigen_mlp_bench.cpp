@@ -3,6 +3,12 @@
 //
 //   forward_backward/batch:64/threads:T   one forward and backward pass of a micro-batch on T
 //                                          threads; counter `examples` (per second)
+//   optimizer_step                         Adam's update of the model's parameters, as a step
+//                                          applies it (device::Cpu::step_finite)
+//   trainer_step/batch:64                  one training step of cohort::Trainer (Mirrored, 1
+//                                          replica, Adam): forward_backward, the optimizer step
+//                                          and the Trainer's own work; well above the sum of the
+//                                          two above, something in the step is slow
 //   gemm/PRODUCT/m:M/n:N/k:K               one of the model's products, written as the model writes
 //                                          it, so computed by the same library (OpenBLAS or
 //                                          Eigen's kernels, as built): C (M x N) = A (M x K) B
@@ -14,6 +20,10 @@
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
+#include <cohort/device/cpu.hpp>
+#include <cohort/optimizer/adam.hpp>
+#include <cohort/strategy/mirrored.hpp>
+#include <cohort/trainer.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -41,6 +51,38 @@ void forward_backward(benchmark::State& state) {
   state.counters["examples"] = benchmark::Counter(static_cast<double>(batch_size),
                                                   benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel("784-1024-1024-10");
+}
+
+void optimizer_step(benchmark::State& state) {
+  example::EigenMlp model(kLayers, 1, 1);
+  const std::span<float> parameters = model.parameters();
+  const std::vector<float> gradient(parameters.size(), 1e-3f);
+  const cohort::optimizer::Adam adam({.learning_rate = 1e-3});
+  std::vector<float> adam_state(cohort::optimizer::Adam::kStateSlots * parameters.size(), 0.0f);
+  std::uint64_t step = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(cohort::device::Cpu::step_finite<cohort::optimizer::Adam, float>(
+        {}, adam, parameters, gradient, adam_state, {.step = ++step, .gradient_scale = 1.0}));
+  }
+  state.SetLabel(std::to_string(parameters.size()) + " parameters");
+}
+
+void trainer_step(benchmark::State& state) {
+  const auto batch_size = static_cast<std::size_t>(state.range(0));
+  constexpr std::uint64_t kStepsPerFit = 20;
+  const example::ClusterTask task({.features = kLayers.front(), .classes = kLayers.back()});
+  const example::ClusterData data = task.sample(batch_size * kStepsPerFit, 0);
+  cohort::Trainer trainer(
+      example::EigenMlp(kLayers, 1, 1), cohort::strategy::Mirrored<>({.replicas = 1}),
+      cohort::optimizer::Adam({.learning_rate = 1e-3}),
+      {.global_batch = batch_size, .micro_batches = 1, .progress = cohort::Progress::kSilent});
+  trainer.fit(data, {.steps = kStepsPerFit});  // buffers and threads are made here, untimed
+  for (auto _ : state) {
+    trainer.fit(data, {.steps = trainer.step() + kStepsPerFit});
+  }
+  state.counters["examples"] = benchmark::Counter(static_cast<double>(batch_size * kStepsPerFit),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel("20 steps per iteration");
 }
 
 // How the model's products are written (column-major, the weights transposed in the forward
@@ -94,6 +136,10 @@ BENCHMARK(forward_backward)
     ->Args({64, 2})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+BENCHMARK(optimizer_step)->Unit(benchmark::kMillisecond);
+
+BENCHMARK(trainer_step)->ArgNames({"batch"})->Arg(64)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK_CAPTURE(gemm, forward, kForward)
     ->ArgNames({"m", "n", "k"})

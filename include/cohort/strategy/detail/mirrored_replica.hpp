@@ -36,10 +36,14 @@ namespace cohort::strategy::detail {
 //   kSkipStep       one read of the gradient before the update (D::first_nonfinite): the only
 //                   case with a pass of its own, as the decision must precede every write
 // Out of line on purpose, as the Trainer's fold addition (trainer.hpp, AddInto): inlined into the
-// step's loop it changes how GCC compiles the model's forward_backward inlined there.
+// step's loop it changes how GCC compiles the model's forward_backward inlined there. Hot, because
+// out of line GCC guesses its frequency from the one call in train_replica, which follows the
+// model's loops: guessed never executed, it was compiled for size, the optimizer's loop scalar, and
+// Adam took 5.5 ms of an 11 ms step of the examples' MLP (1.4 ms vectorized; docs/benchmarks.md,
+// "The examples' Eigen MLP").
 template <device::Device D, class T, class O>
-[[gnu::noinline]] StepResult apply_update(const Update<T, O>& update,
-                                          const typename D::Place& place) {
+[[gnu::noinline, gnu::hot]] StepResult apply_update(const Update<T, O>& update,
+                                                    const typename D::Place& place) {
   const trace::Span span(trace::current(), trace::Phase::kOptimizer, {.step = update.step});
   const std::span<const T> gradient(update.gradient_sum);
   double scale = update.inverse_batch;
