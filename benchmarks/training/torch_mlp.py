@@ -6,7 +6,12 @@ one intra-op thread (torch.set_num_threads(1)), as every cohort replica of the c
 
     torch_mlp.py --layers 784,1024,1024,10 --world-size 2 --per-replica-batch 64 --steps 200
 
-prints one line:
+or, across hosts, one process per rank started by hand (gloo over MASTER_ADDR, e.g. one per network
+namespace):
+
+    torch_mlp.py --world-size 2 --rank R --master-addr 10.0.0.1 ...
+
+The first (or only) process prints one line:
     torch VERSION blas=NAME world_size=N examples_per_second=X parameters=HEX
 where HEX is a SHA-256 prefix of the final parameters' bytes (the order of model.parameters()),
 so two runs can be compared bit for bit. The first --warmup steps are not timed.
@@ -51,7 +56,7 @@ def worker(rank, args, results):
     torch.set_num_threads(1)
     world_size = args.world_size
     if world_size > 1:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_ADDR"] = args.master_addr
         os.environ["MASTER_PORT"] = str(args.port)
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
     layers = [int(size) for size in args.layers.split(",")]
@@ -96,11 +101,15 @@ def main():
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--port", type=int, default=29610)
+    parser.add_argument("--master-addr", default="127.0.0.1")
+    parser.add_argument("--rank", type=int, help="run this rank only (the others elsewhere)")
     args = parser.parse_args()
     context = mp.get_context("spawn")
     results = context.Queue()
-    if args.world_size == 1:
-        worker(0, args, results)
+    if args.world_size == 1 or args.rank is not None:
+        worker(args.rank or 0, args, results)
+        if args.rank:
+            return
     else:
         mp.spawn(worker, args=(args, results), nprocs=args.world_size)
     rate, parameters = results.get()

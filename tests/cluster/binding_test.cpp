@@ -7,6 +7,8 @@
 #include <set>
 #include <string>
 
+#include "cohort/collective/communication_thread.hpp"
+#include "cohort/strategy/detail/environment_options.hpp"
 #include "cohort/strategy/detail/tcp_options.hpp"
 #include "error_message.hpp"
 
@@ -164,6 +166,28 @@ TEST_CASE("COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT replace the defaults the pr
           with_environment(Options{.timeout = 1s},
                            environment_from({{"COHORT_CONNECT_TIMEOUT", "0"}}));
         }) == "COHORT_CONNECT_TIMEOUT = \"0\": must be greater than 0");
+}
+
+TEST_CASE("COHORT_COMMUNICATION_PRIORITY sets a communication thread's priority left at default") {
+  using cohort::collective::ThreadPriority;
+  struct Options {
+    std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    ThreadPriority communication_priority = ThreadPriority::kAuto;
+  };
+  using cohort::strategy::detail::with_environment;
+  const Environment normal = environment_from({{"COHORT_COMMUNICATION_PRIORITY", "normal"}});
+  CHECK(with_environment(Options{}, normal).communication_priority == ThreadPriority::kNormal);
+  CHECK(with_environment(Options{.communication_priority = ThreadPriority::kRealtime}, normal)
+            .communication_priority == ThreadPriority::kRealtime);
+  CHECK(
+      with_environment(Options{}, environment_from({{"COHORT_COMMUNICATION_PRIORITY", "realtime"}}))
+          .communication_priority == ThreadPriority::kRealtime);
+  CHECK(with_environment(Options{}, environment_from({})).communication_priority ==
+        ThreadPriority::kAuto);
+  CHECK(
+      config_error_message([] {
+        with_environment(Options{}, environment_from({{"COHORT_COMMUNICATION_PRIORITY", "high"}}));
+      }) == "COHORT_COMMUNICATION_PRIORITY = \"high\": expected auto, normal or realtime");
 }
 
 TEST_CASE("COHORT_ENCRYPT turns encryption on, takes 0 or 1 and requires the secret") {

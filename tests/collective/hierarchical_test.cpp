@@ -1,5 +1,12 @@
 #include <doctest/doctest.h>
+#include <linux/capability.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <cohort/collective/communication_thread.hpp>
 #include <cohort/collective/deterministic.hpp>
 #include <cohort/collective/hierarchical.hpp>
 #include <cohort/collective/local.hpp>
@@ -25,7 +32,7 @@ std::vector<std::string> on_workers(int workers, int local_size, std::size_t buc
   for (int worker = 0; worker < workers; ++worker) {
     processes.emplace_back([&, worker] {
       Cross cross(network.endpoint(worker));
-      cohort::collective::CommunicationThread thread;
+      cohort::collective::CommunicationThread thread(cohort::collective::ThreadPriority::kNormal);
       cohort::collective::Local local({.ranks = local_size});
       std::vector<std::jthread> replicas;
       for (int l = 0; l < local_size; ++l) {
@@ -100,4 +107,90 @@ TEST_CASE("a failing replica in one worker releases every replica of every worke
     CAPTURE(rank);
     CHECK(failures[static_cast<std::size_t>(rank)] != "");
   }
+}
+
+namespace {
+
+using cohort::collective::CommunicationThread;
+using cohort::collective::ThreadPriority;
+
+// The scheduling policy and priority the thread runs at, as it sees itself.
+std::pair<int, int> scheduling_of(CommunicationThread& thread) {
+  int policy = -1;
+  sched_param parameter{};
+  thread.wait(
+      thread.submit([&] { ::pthread_getschedparam(::pthread_self(), &policy, &parameter); }));
+  return {policy, parameter.sched_priority};
+}
+
+// For its lifetime, the calling thread may not raise a thread to real-time priority: CAP_SYS_NICE
+// leaves its effective capabilities and its real-time limit is 0 (both are what the kernel checks;
+// a process without the capability has only the limit).
+class WithoutRealtimePermission {
+ public:
+  WithoutRealtimePermission() {
+    ::getrlimit(RLIMIT_RTPRIO, &limit_);
+    const rlimit none{.rlim_cur = 0, .rlim_max = limit_.rlim_max};
+    REQUIRE(::setrlimit(RLIMIT_RTPRIO, &none) == 0);
+    REQUIRE(::syscall(SYS_capget, &header_, capabilities_) == 0);
+    had_capability_ = (capabilities_[0].effective & (1u << CAP_SYS_NICE)) != 0;
+    set_capability(false);
+  }
+  ~WithoutRealtimePermission() {
+    set_capability(had_capability_);
+    ::setrlimit(RLIMIT_RTPRIO, &limit_);
+  }
+
+ private:
+  void set_capability(bool on) {
+    __user_cap_data_struct changed[2] = {capabilities_[0], capabilities_[1]};
+    if (on) {
+      changed[0].effective |= 1u << CAP_SYS_NICE;
+    } else {
+      changed[0].effective &= ~(1u << CAP_SYS_NICE);
+    }
+    REQUIRE(::syscall(SYS_capset, &header_, changed) == 0);
+  }
+
+  rlimit limit_{};
+  __user_cap_header_struct header_{.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  __user_cap_data_struct capabilities_[2]{};
+  bool had_capability_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("a communication thread asked for normal priority runs as the process's other threads") {
+  CommunicationThread thread(ThreadPriority::kNormal);
+  CHECK_FALSE(thread.realtime());
+  CHECK(thread.refusal().empty());
+  CHECK(scheduling_of(thread).first == SCHED_OTHER);
+}
+
+TEST_CASE("a communication thread runs at the lowest real-time priority where the process may") {
+  CommunicationThread automatic(ThreadPriority::kAuto);
+  if (!automatic.realtime()) {
+    MESSAGE("skipped: this process may not raise a thread to real-time priority (",
+            automatic.refusal(), "); the next test covers that case");
+    return;
+  }
+  CHECK(automatic.refusal().empty());
+  CHECK(scheduling_of(automatic) == std::pair{SCHED_FIFO, 1});
+  CommunicationThread realtime(ThreadPriority::kRealtime);
+  CHECK(scheduling_of(realtime) == std::pair{SCHED_FIFO, 1});
+}
+
+TEST_CASE("without permission, kAuto stays normal and says why, and kRealtime is refused") {
+  const WithoutRealtimePermission without;
+  CommunicationThread automatic(ThreadPriority::kAuto);
+  CHECK_FALSE(automatic.realtime());
+  CHECK(scheduling_of(automatic).first == SCHED_OTHER);
+  CHECK(automatic.refusal().find("real-time priority (SCHED_FIFO 1) was refused") !=
+        std::string::npos);
+  CHECK(automatic.refusal().find("CAP_SYS_NICE") != std::string::npos);
+  CHECK_THROWS_WITH_AS(
+      CommunicationThread(ThreadPriority::kRealtime, "COHORT_COMMUNICATION_PRIORITY"),
+      doctest::Contains("COHORT_COMMUNICATION_PRIORITY = realtime: real-time priority (SCHED_FIFO "
+                        "1) was refused"),
+      cohort::ConfigError);
 }

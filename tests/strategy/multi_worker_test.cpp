@@ -106,6 +106,60 @@ TEST_CASE("3 workers x 1 replica and Mirrored 3 give bit-identical parameters") 
 }
 
 TEST_CASE(
+    "workers that may not raise their communication thread's priority say so and keep the bits; "
+    "asked for realtime, they stop naming the variable") {
+  TemporaryDirectory directory("cohort-multi-worker-priority");
+  // The job runs without CAP_SYS_NICE (gone from the bounding set, so also after exec) and with a
+  // real-time limit of 0: what a process may not raise a thread's priority with.
+  const std::vector<std::string> without_permission{"/usr/bin/setpriv",
+                                                    "--bounding-set=-sys_nice",
+                                                    "--inh-caps=-sys_nice",
+                                                    "--",
+                                                    "/usr/bin/prlimit",
+                                                    "--rtprio=0",
+                                                    "--"};
+  std::vector<std::string> probe = without_permission;
+  probe.push_back("/bin/true");
+  if (!fs::exists(without_permission.front()) || !fs::exists(without_permission[4]) ||
+      run(probe, directory.path / "probe.txt").first.code != 0) {
+    MESSAGE(
+        "skipped: setpriv and prlimit (util-linux) cannot drop CAP_SYS_NICE and the real-time "
+        "limit here (dropping the capability needs CAP_SETPCAP)");
+    return;
+  }
+  const auto job = [&](const fs::path& out) {
+    std::vector<std::string> command = without_permission;
+    for (const std::string& word :
+         {std::string(COHORT_RUN), std::string("--np"), std::string("2"), std::string("--"),
+          std::string(COHORT_TRAINER), std::string("1"), std::string("20"), out.string()}) {
+      command.push_back(word);
+    }
+    return command;
+  };
+  const fs::path out = directory.path / "parameters.bin";
+  const auto [exit, output] = run(job(out), directory.path / "log.txt");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  for (const char* rank : {"rank 0", "rank 1"}) {
+    CHECK(output.find(std::string("cohort: ") + rank +
+                      ": the communication thread runs at normal priority") != std::string::npos);
+  }
+  CHECK(output.find("real-time priority (SCHED_FIFO 1) was refused: Operation not permitted") !=
+        std::string::npos);
+  CHECK(read_file(out) == mirrored_parameters(20, 2));
+
+  const auto [refused, refusal] =
+      run(job(directory.path / "never.bin"), directory.path / "refused.txt",
+          {{"COHORT_COMMUNICATION_PRIORITY", "realtime"}});
+  CAPTURE(refusal);
+  CHECK(refused.exited);
+  CHECK(refused.code != 0);
+  CHECK(refusal.find("communication_priority (or COHORT_COMMUNICATION_PRIORITY) = realtime: "
+                     "real-time priority (SCHED_FIFO 1) was refused") != std::string::npos);
+}
+
+TEST_CASE(
     "encrypted frames, or frames under a MAC, train 2 workers x 2 replicas to the same bits") {
   TemporaryDirectory directory("cohort-multi-worker-encrypted");
   const std::string expected = mirrored_parameters(20);

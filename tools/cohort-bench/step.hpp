@@ -7,9 +7,11 @@
 // (strategy.hpp: begin_step, gradients_ready, finish_step; the optimizer is plain SGD), twice:
 //   without overlap  the whole gradient is ready at once, then finish_step;
 //   with overlap     a synthetic backward pass of --backward-us microseconds of computation
-//                    (a busy loop, as a model's arithmetic occupies its core) reports the
-//                    gradient ready in --layers ranges, last first, as a model with gradient
-//                    readiness does (core/model.hpp); then finish_step.
+//                    reports the gradient ready in --layers ranges, last first, as a model with
+//                    gradient readiness does (core/model.hpp); then finish_step. The computation
+//                    is a fixed amount of arithmetic, measured alone at the start to last that
+//                    long, so that a backward pass that shares its core with the communication
+//                    takes longer, as a model's would (a busy loop until a deadline would not).
 //
 //   sync     finish_step without overlap: all of the synchronization and the optimizer step,
 //            what the Trainer reports as "comm" for a model without readiness
@@ -29,6 +31,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -166,11 +169,34 @@ inline void keep_max(std::vector<double>& slowest, const std::vector<double>& mi
   for (std::size_t i = 0; i < mine.size(); ++i) slowest[i] = std::max(slowest[i], mine[i]);
 }
 
-// Busy for `seconds`, as a model's arithmetic occupies its core while it computes.
-inline void compute_for(double seconds) {
-  const auto end = StepClock::now() + std::chrono::duration<double>(seconds);
-  while (StepClock::now() < end) {
+// A synthetic computation of `units` dependent multiply-adds, which no compiler folds.
+inline std::uint64_t compute_units(std::uint64_t units) {
+  std::uint64_t x = 1;
+  for (std::uint64_t i = 0; i < units; ++i) x = x * 6364136223846793005u + 1442695040888963407u;
+  return x;
+}
+
+// compute_units per second on this core alone: the fastest of 5 runs of 20 ms.
+inline double compute_units_per_second() {
+  constexpr std::uint64_t kUnits = 1'000'000;
+  double best = 0.0;
+  volatile std::uint64_t sink = 0;
+  for (int run = 0; run < 5; ++run) {
+    const auto start = StepClock::now();
+    std::uint64_t units = 0;
+    while (since(start) < 0.02) {
+      sink = sink + compute_units(kUnits);
+      units += kUnits;
+    }
+    best = std::max(best, static_cast<double>(units) / since(start));
   }
+  return best;
+}
+
+// The computation that lasts `seconds` alone, at `rate` units per second.
+inline void compute_for(double seconds, double rate) {
+  volatile std::uint64_t sink = compute_units(static_cast<std::uint64_t>(seconds * rate));
+  (void)sink;
 }
 
 // Per timed step, the slowest replica's times over the whole job (max-reduced through the
@@ -192,6 +218,7 @@ StepTimes time_strategy_steps(Strategy& strategy, const StepSettings& s, std::si
   std::mutex mutex;
   const double inverse_batch = 1.0 / static_cast<double>(strategy.replicas());
   const std::size_t layers = static_cast<std::size_t>(s.layers);
+  const double rate = s.backward_us > 0 ? compute_units_per_second() : 0.0;
   strategy.run([&](auto& replica) {
     std::vector<float> model(parameters, 0.0f);
     std::vector<float> gradient(parameters, 0.0f);
@@ -210,7 +237,7 @@ StepTimes time_strategy_steps(Strategy& strategy, const StepSettings& s, std::si
       replica.begin_step(u);
       if (overlap) {
         for (std::size_t layer = layers; layer-- > 0;) {
-          compute_for(s.backward_us * 1e-6 / static_cast<double>(layers));
+          compute_for(s.backward_us * 1e-6 / static_cast<double>(layers), rate);
           replica.gradients_ready(u, layer * parameters / layers,
                                   (layer + 1) * parameters / layers);
         }

@@ -52,6 +52,7 @@ inline constexpr std::string_view kEncrypt = "COHORT_ENCRYPT";
 inline constexpr std::string_view kTimeout = "COHORT_TIMEOUT";
 inline constexpr std::string_view kConnectTimeout = "COHORT_CONNECT_TIMEOUT";
 inline constexpr std::string_view kPortRange = "COHORT_PORT_RANGE";
+inline constexpr std::string_view kCommunicationPriority = "COHORT_COMMUNICATION_PRIORITY";
 // Roles of a parameter-server job (strategy/parameter_server.hpp). COHORT_ROLE is "worker" (the
 // default), "chief" or "ps"; COHORT_RANK and COHORT_WORLD_SIZE then count the processes of that
 // role only (chief and workers together), as TF_CONFIG's task index does. A worker learns the
@@ -70,6 +71,10 @@ inline constexpr std::string_view kWorkerCount = "COHORT_WORKER_COUNT";
 //   COHORT_CONNECT_TIMEOUT  a strategy's Options::connect_timeout, likewise
 //   COHORT_PORT_RANGE       LOW-HIGH: the ports the ranks other than 0 and the servers listen in,
 //                           for a firewall (parse_port_range); unset, any free port
+//   COHORT_COMMUNICATION_PRIORITY
+//                           auto, normal or realtime: a strategy's Options::communication_priority
+//                           (collective/communication_thread.hpp), where the program leaves its
+//                           default
 // The two timeouts are durations (parse_duration): "30" or "30s", "500ms", "5min".
 inline constexpr std::array kCohortDescription = {
     kRank,       kWorldSize, kLocalRank, kLocalWorldSize, kMasterAddr,

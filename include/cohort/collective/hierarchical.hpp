@@ -14,111 +14,19 @@
 #pragma once
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
-#include <deque>
 #include <exception>
 #include <functional>
-#include <mutex>
 #include <span>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "cohort/collective/collective.hpp"
+#include "cohort/collective/communication_thread.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/trace.hpp"
 
 namespace cohort::collective {
-
-// Runs cross-worker operations in submission order on a thread of their own.
-class CommunicationThread {
- public:
-  CommunicationThread() : thread_([this](std::stop_token stop) { serve(stop); }) {}
-
-  ~CommunicationThread() {
-    thread_.request_stop();
-    work_ready_.notify_all();
-  }
-
-  // Returns the work's ticket, for wait(ticket).
-  std::size_t submit(std::function<void()> work) {
-    std::lock_guard lock(mutex_);
-    queue_.push_back({std::move(work), trace::Recorder::Clock::now()});
-    ++submitted_;
-    work_ready_.notify_all();
-    return submitted_;
-  }
-
-  // Waits until the work of `ticket` and everything submitted before it has run; rethrows the
-  // first failure.
-  void wait(std::size_t ticket) {
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [&] { return completed_ >= ticket || failure_; });
-    if (failure_) std::rethrow_exception(failure_);
-  }
-
-  // Waits until everything submitted has run; rethrows the first failure.
-  void wait() {
-    std::unique_lock lock(mutex_);
-    const std::size_t ticket = submitted_;
-    lock.unlock();
-    wait(ticket);
-  }
-
- private:
-  struct Work {
-    std::function<void()> run;
-    trace::Recorder::Clock::time_point submitted;
-  };
-
-  void serve(std::stop_token stop) {
-    while (true) {
-      Work work;
-      std::size_t ticket = 0;
-      {
-        std::unique_lock lock(mutex_);
-        work_ready_.wait(lock, [&] { return stop.stop_requested() || !queue_.empty(); });
-        if (stop.stop_requested()) return;
-        work = std::move(queue_.front());
-        queue_.pop_front();
-        ticket = completed_ + 1;
-      }
-      std::exception_ptr failure;
-      if (!failure_) {  // after a failure, later work is dropped: the group is unusable
-        trace::Recorder* const recorder = trace::current();
-        if (recorder != nullptr && recorder != named_in_) {
-          recorder->name_thread("communication");
-          named_in_ = recorder;
-        }
-        if (recorder != nullptr) {
-          recorder->record(trace::Phase::kBucketQueued, work.submitted,
-                           trace::Recorder::Clock::now(), {.index = ticket});
-        }
-        try {
-          const trace::Span wire(recorder, trace::Phase::kBucketWire, {.index = ticket});
-          work.run();
-        } catch (...) {
-          failure = std::current_exception();
-        }
-      }
-      std::lock_guard lock(mutex_);
-      if (failure && !failure_) failure_ = failure;
-      ++completed_;
-      done_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable work_ready_;
-  std::condition_variable done_;
-  std::deque<Work> queue_;
-  std::size_t submitted_ = 0;
-  std::size_t completed_ = 0;
-  std::exception_ptr failure_;
-  trace::Recorder* named_in_ = nullptr;  // the recorder that knows this thread's name
-  std::jthread thread_;  // last: started after, and stopped before, the state it uses
-};
 
 template <Communicator Local, Communicator Cross>
 class Hierarchical {

@@ -28,7 +28,7 @@
 #include "cohort/device/cpu.hpp"
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
-#include "cohort/strategy/detail/timeouts.hpp"
+#include "cohort/strategy/detail/environment_options.hpp"
 #include "cohort/strategy/strategy.hpp"
 
 // Declared only, so that the sentences below can name them without a CUDA header: defined in

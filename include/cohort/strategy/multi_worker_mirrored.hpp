@@ -39,6 +39,11 @@
 //                    (core/model.hpp, gradient readiness), while the backward pass goes on
 //                    (default 256 KiB, measured against 64 KiB to 16 MiB: docs/benchmarks.md,
 //                    "Bucket size")
+//   communication_priority
+//                    the scheduling of the thread that moves the buckets between processes
+//                    (collective/communication_thread.hpp): kAuto (the default) real-time where
+//                    this process may raise it, else normal; kNormal; kRealtime, or a
+//                    ConfigError (left at its default: COHORT_COMMUNICATION_PRIORITY)
 //
 // Only the chief (worker 0) prints progress and writes checkpoints; every worker returns from
 // Trainer::save once the chief's file is complete, or fails with the chief's reason
@@ -56,6 +61,7 @@
 #include <string_view>
 
 #include "cohort/cluster/cluster.hpp"
+#include "cohort/collective/communication_thread.hpp"
 #include "cohort/collective/deterministic.hpp"
 #include "cohort/collective/hierarchical.hpp"
 #include "cohort/collective/local.hpp"
@@ -103,12 +109,14 @@ class MultiWorkerMirrored {
     std::chrono::milliseconds connect_timeout{std::chrono::minutes(1)};
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
     std::size_t bucket_bytes = std::size_t{256} << 10;
+    collective::ThreadPriority communication_priority = collective::ThreadPriority::kAuto;
   };
 
   explicit MultiWorkerMirrored(Options options)
       : process_(std::move(options), {Role::kWorker, Role::kChief}, "MultiWorkerMirrored") {
     detail::require_local_replicas(this->options().local_replicas);
     options::require_positive("bucket_bytes", this->options().bucket_bytes);
+    thread_ = process_.start_communication_thread();
     const cluster::Spec& spec = process_.spec();
     cross_ = std::make_unique<Cross>(
         process_.template connect<Transport>(spec.rank, spec.size, cluster::describe(spec)));
@@ -137,13 +145,12 @@ class MultiWorkerMirrored {
   void run(Body&& body) {
     collective::Local local(
         {.ranks = static_cast<int>(local_replicas()), .timeout = options().timeout});
-    collective::CommunicationThread thread;
     detail::run_replica_threads(
         local_replicas(),
         [&](std::size_t local_index) {
           return Replica(first_local_replica() + local_index,
                          Communicator(local.communicator(static_cast<int>(local_index)), *cross_,
-                                      thread, options().bucket_bytes),
+                                      *thread_, options().bucket_bytes),
                          {}, options().bucket_bytes);
         },
         body);
@@ -152,6 +159,7 @@ class MultiWorkerMirrored {
  private:
   detail::WorkerProcess<Options> process_;
   std::unique_ptr<Cross> cross_;
+  std::unique_ptr<collective::CommunicationThread> thread_;  // after cross_: stopped before it
 };
 
 static_assert(Strategy<MultiWorkerMirrored<>>);
@@ -167,16 +175,20 @@ COHORT_INSTANTIATED void Deterministic<transport::tcp::Tcp>::all_reduce<float>(s
 COHORT_INSTANTIATED void Deterministic<transport::tcp::Tcp>::all_reduce<double>(std::span<double>,
                                                                                 ReduceOp);
 COHORT_INSTANTIATED class Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>;
-COHORT_INSTANTIATED void Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
-    all_reduce<float>(std::span<float>, ReduceOp);
-COHORT_INSTANTIATED void Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
-    all_reduce<double>(std::span<double>, ReduceOp);
-COHORT_INSTANTIATED Pending Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
-    start_all_reduce<float>(std::span<float>, ReduceOp);
-COHORT_INSTANTIATED void Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
-    broadcast<float>(std::span<float>, int);
-COHORT_INSTANTIATED void Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
-    broadcast<double>(std::span<double>, int);
+COHORT_INSTANTIATED void
+    Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::all_reduce<float>(
+        std::span<float>, ReduceOp);
+COHORT_INSTANTIATED void
+    Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::all_reduce<double>(
+        std::span<double>, ReduceOp);
+COHORT_INSTANTIATED Pending
+    Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::start_all_reduce<float>(
+        std::span<float>, ReduceOp);
+COHORT_INSTANTIATED void Hierarchical<
+    LocalCommunicator, Deterministic<transport::tcp::Tcp>>::broadcast<float>(std::span<float>, int);
+COHORT_INSTANTIATED void
+Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::broadcast<double>(
+    std::span<double>, int);
 }  // namespace cohort::collective
 namespace cohort::strategy {
 COHORT_INSTANTIATED class MultiWorkerMirrored<>;

@@ -91,6 +91,11 @@
 //                    a push started during the backward pass
 //   backup_workers   Sync only: a step needs the W - backup_workers lowest-indexed live workers
 //   log_pushes       servers print a line per push applied to their first chunk
+//   communication_priority
+//                    a worker's communication thread, which pushes chunks while the backward
+//                    pass goes on (collective/communication_thread.hpp): kAuto (the default)
+//                    real-time where this process may raise it, else normal; kNormal; kRealtime,
+//                    or a ConfigError (left at its default: COHORT_COMMUNICATION_PRIORITY)
 //
 // Global-norm clipping (the optimizer's max_gradient_norm): under Sync the servers clip each
 // step's aggregate by its global norm, the same bits as the mirrored strategies (alignment and
@@ -118,6 +123,7 @@
 
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/cluster/cluster.hpp"
+#include "cohort/collective/communication_thread.hpp"
 #include "cohort/collective/deterministic.hpp"
 #include "cohort/collective/hierarchical.hpp"
 #include "cohort/collective/local.hpp"
@@ -204,6 +210,7 @@ class ParameterServer {
     std::size_t chunk_bytes = std::size_t{1} << 20;
     std::size_t backup_workers = 0;
     bool log_pushes = false;
+    collective::ThreadPriority communication_priority = collective::ThreadPriority::kAuto;
   };
 
   explicit ParameterServer(Options options)
@@ -240,6 +247,7 @@ class ParameterServer {
     // (Where the launcher gives no local rank, the rendezvous does: the device comes after it.)
     if (!serves() && cluster().local_given)
       worker_place_.emplace(cluster(), this->options().timeout);
+    if (!serves()) thread_ = process_.start_communication_thread();
     const int rank = serves() ? workers_ + cluster().rank : cluster().rank;
     // A worker waits longer than a server waits on a silent worker, so that the server, which
     // knows who stalled, speaks first (parameter_server/server.hpp).
@@ -696,9 +704,8 @@ class ParameterServer {
     // Two groups of the worker's replicas: the Trainer's collectives and the replicas' steps.
     collective::Local trainer_group(group);
     collective::Local step_group(group);
-    // Where the worker's traffic between processes runs: its pushes, and under Sync the
+    // thread_ runs the worker's traffic between processes: its pushes, and under Sync the
     // Trainer's collectives over the workers' part of the mesh.
-    collective::CommunicationThread thread;
     std::optional<Cross> cross;
     if constexpr (kStaleness == 0) cross.emplace(ps::WorkerView<Transport>(*transport_, workers_));
     detail::run_replica_threads(
@@ -708,7 +715,7 @@ class ParameterServer {
           const int rank = static_cast<int>(local);
           const auto on_host = [&] {
             if constexpr (kStaleness == 0) {
-              return HostCommunicator(trainer_group.communicator(rank), *cross, thread,
+              return HostCommunicator(trainer_group.communicator(rank), *cross, *thread_,
                                       options().chunk_bytes);
             } else {
               return HostCommunicator(*transport_, trainer_group.communicator(rank), workers_);
@@ -722,7 +729,7 @@ class ParameterServer {
             }
           };
           return Replica(*this, first_local_replica() + local, communicator(),
-                         step_group.communicator(rank), thread);
+                         step_group.communicator(rank), *thread_);
         },
         body);
   }
@@ -761,7 +768,9 @@ class ParameterServer {
   int workers_ = 0;
   int servers_ = 0;
   std::unique_ptr<Transport> transport_;
-  std::optional<detail::ps::WorkerPlace<D>> worker_place_;  // on a worker
+  std::optional<detail::ps::WorkerPlace<D>> worker_place_;   // on a worker
+  std::unique_ptr<collective::CommunicationThread> thread_;  // on a worker; stopped before the
+                                                             // transport it moves data over
   ps::HeldShard held_;  // a server's shard, from its last fit or restore, for save()
   // A worker's failure at the start of a fit, for its other replicas (Replica::with_servers).
   std::exception_ptr start_failure_;
@@ -779,17 +788,17 @@ COHORT_INSTANTIATED class ParameterServer<consistency::Async>;
 namespace ps {
 COHORT_INSTANTIATED class Client<transport::tcp::Tcp>;
 COHORT_INSTANTIATED void save_manifest<float>(transport::tcp::Tcp&, int, const Layout&,
-                                             const std::filesystem::path&,
-                                             const checkpoint::TrainingState<float>&);
-COHORT_INSTANTIATED void save_manifest<double>(transport::tcp::Tcp&, int, const Layout&,
                                               const std::filesystem::path&,
-                                              const checkpoint::TrainingState<double>&);
+                                              const checkpoint::TrainingState<float>&);
+COHORT_INSTANTIATED void save_manifest<double>(transport::tcp::Tcp&, int, const Layout&,
+                                               const std::filesystem::path&,
+                                               const checkpoint::TrainingState<double>&);
 COHORT_INSTANTIATED void save_shard<float>(transport::tcp::Tcp&, int,
-                                          const checkpoint::ShardState<float>*, int,
-                                          const std::filesystem::path&);
-COHORT_INSTANTIATED void save_shard<double>(transport::tcp::Tcp&, int,
-                                           const checkpoint::ShardState<double>*, int,
+                                           const checkpoint::ShardState<float>*, int,
                                            const std::filesystem::path&);
+COHORT_INSTANTIATED void save_shard<double>(transport::tcp::Tcp&, int,
+                                            const checkpoint::ShardState<double>*, int,
+                                            const std::filesystem::path&);
 }  // namespace ps
 }  // namespace cohort::strategy
 #endif

@@ -31,7 +31,7 @@
 #include "cohort/cluster/cluster.hpp"
 #include "cohort/cluster/environment.hpp"
 #include "cohort/core/error.hpp"
-#include "cohort/strategy/detail/timeouts.hpp"
+#include "cohort/strategy/detail/environment_options.hpp"
 #include "cohort/transport/tcp/options.hpp"
 
 namespace cohort::strategy::detail {

@@ -4,14 +4,19 @@
 //
 //   detail::WorkerProcess<Options> process(options, {Role::kWorker, Role::kChief},
 //                                          "MultiWorkerMirrored");
-//       COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT applied to the options (timeouts.hpp), the
-//       cluster resolved (cluster/cluster.hpp), the role checked against the strategy's roles
+//       COHORT_TIMEOUT, COHORT_CONNECT_TIMEOUT and COHORT_COMMUNICATION_PRIORITY applied to the
+//       options (environment_options.hpp), the cluster resolved (cluster/cluster.hpp), the role
+//       checked against the strategy's roles
 //   Transport transport = process.connect<Transport>(mesh_rank, mesh_size, banner);
 //       the transport's options (tcp_options.hpp: bind address, ports, secret, deadlines), the
 //       start-up line, and the rendezvous: the transport is up when this returns
 //   process.learn_local_ranks(all, mesh_rank, group);
 //       where no launcher gave local ranks, this process's place among the ranks of its group
 //       that share its host, over `all`, a collective over the whole mesh
+//
+// A process with a communication thread (collective/communication_thread.hpp) starts it with
+// process.start_communication_thread() before connect, which then keeps its transport from
+// spinning where the thread runs at real-time priority.
 //
 // Between the calls a strategy does what is its own (a GPU worker binds its device before the
 // rendezvous where it can). The transport is the strategy's template parameter: any
@@ -24,9 +29,11 @@
 #include <chrono>
 #include <concepts>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -37,10 +44,11 @@
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/cluster/binding.hpp"
 #include "cohort/cluster/cluster.hpp"
+#include "cohort/collective/communication_thread.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/role.hpp"
+#include "cohort/strategy/detail/environment_options.hpp"
 #include "cohort/strategy/detail/tcp_options.hpp"
-#include "cohort/strategy/detail/timeouts.hpp"
 #include "cohort/transport/tcp/options.hpp"
 #include "cohort/transport/transport.hpp"
 
@@ -80,6 +88,12 @@ class WorkerProcess {
       std::optional<std::chrono::milliseconds> transfer_timeout = std::nullopt) {
     TcpSetup tcp = tcp_setup(spec_, mesh_rank, mesh_size, options_);
     if (transfer_timeout) tcp.options.operation_timeout = *transfer_timeout;
+    // A real-time thread that spins keeps its core from the replica threads (sched_yield yields
+    // to real-time threads only), where the normal thread's spin yields to them: between 2 hosts
+    // the examples' MLP trained 10% faster with a real-time thread that sleeps at once, and no
+    // faster than at normal priority with one that spins (docs/benchmarks.md, "Overlap across
+    // hosts").
+    if (realtime_thread_) tcp.options.spin = std::chrono::microseconds(0);
     announce(banner, tcp);
     binding_ = tcp.binding;
     return Transport(std::move(tcp.options));
@@ -91,6 +105,24 @@ class WorkerProcess {
     spec_ = detail::learn_local_ranks(all, std::move(spec_), binding_, mesh_rank, group);
   }
 
+  // The process's communication thread, at options().communication_priority. Where kAuto leaves
+  // it at normal priority, one line on stderr says why and what it costs.
+  [[gnu::cold]] std::unique_ptr<collective::CommunicationThread> start_communication_thread() {
+    auto thread = std::make_unique<collective::CommunicationThread>(
+        options_.communication_priority,
+        "communication_priority (or " + std::string(cluster::variable::kCommunicationPriority) +
+            ")");
+    if (!thread->refusal().empty()) {
+      std::fprintf(stderr,
+                   "cohort: rank %d: the communication thread runs at normal priority, so a "
+                   "backward pass that keeps every core busy delays its transfers: %s "
+                   "(docs/launching.md, \"Communication thread\")\n",
+                   spec_.rank, thread->refusal().c_str());
+    }
+    realtime_thread_ = thread->realtime();
+    return thread;
+  }
+
   const StrategyOptions& options() const { return options_; }
   const cluster::Spec& spec() const { return spec_; }
 
@@ -98,6 +130,7 @@ class WorkerProcess {
   StrategyOptions options_;
   cluster::Spec spec_;
   cluster::Binding binding_{};
+  bool realtime_thread_ = false;  // the communication thread runs at real-time priority
 };
 
 // After the chief's part of Trainer::save, on every process of a job that `cross` spans (rank 0

@@ -1,0 +1,55 @@
+// A strategy's options from the environment, where the program leaves the Options defaults:
+// COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT (cluster/environment.hpp, parse_duration), and
+// COHORT_COMMUNICATION_PRIORITY (auto, normal or realtime: collective/communication_thread.hpp).
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "cohort/cluster/environment.hpp"
+#include "cohort/collective/communication_thread.hpp"
+
+namespace cohort::strategy::detail {
+
+// The priority a variable names; a ConfigError naming the variable for anything else.
+inline collective::ThreadPriority parse_thread_priority(std::string_view name,
+                                                        std::string_view value) {
+  for (const collective::ThreadPriority priority :
+       {collective::ThreadPriority::kAuto, collective::ThreadPriority::kNormal,
+        collective::ThreadPriority::kRealtime}) {
+    if (value == collective::name(priority)) return priority;
+  }
+  cluster::detail::reject_text(name, value, "expected auto, normal or realtime");
+}
+
+// `options` with the variables above applied to the fields the program left at their defaults (a
+// value the program chose wins, as Options::bind_address beats COHORT_BIND_ADDRESS). A malformed
+// value is a ConfigError naming the variable, also where the program's value wins.
+// StrategyOptions has timeout, connect_timeout where the strategy connects processes, and
+// communication_priority where it has a communication thread.
+template <class StrategyOptions>
+StrategyOptions with_environment(StrategyOptions options, const cluster::Environment& environment =
+                                                              cluster::process_environment()) {
+  const StrategyOptions defaults{};
+  const auto apply = [&](std::string_view name, auto& field, const auto& default_value,
+                         auto parse) {
+    const std::optional<std::string> value = environment(name);
+    if (!value || value->empty()) return;
+    const auto parsed = parse(name, *value);
+    if (field == default_value) field = parsed;
+  };
+  apply(cluster::variable::kTimeout, options.timeout, defaults.timeout, cluster::parse_duration);
+  if constexpr (requires { options.connect_timeout; }) {
+    apply(cluster::variable::kConnectTimeout, options.connect_timeout, defaults.connect_timeout,
+          cluster::parse_duration);
+  }
+  if constexpr (requires { options.communication_priority; }) {
+    apply(cluster::variable::kCommunicationPriority, options.communication_priority,
+          defaults.communication_priority, parse_thread_priority);
+  }
+  return options;
+}
+
+}  // namespace cohort::strategy::detail
