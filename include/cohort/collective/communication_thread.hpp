@@ -5,8 +5,8 @@
 // Its priority decides whether that overlap happens. When every core computes, the scheduler lets
 // a woken thread wait for the running one's time slice (milliseconds), and a transfer wakes its
 // thread at every exchange, so at normal priority a bucket waits for the backward pass to end:
-// across 2 hosts on shaped links, 9% of a 25M-parameter model's all-reduce hid behind its
-// backward pass at normal priority, 76% at real-time priority (docs/benchmarks.md, "Overlap
+// across 2 hosts on shaped links, 6% of a 25M-parameter model's all-reduce hid behind its
+// backward pass at normal priority, 75% at real-time priority (docs/benchmarks.md, "Overlap
 // across hosts"). Real-time priority here is SCHED_FIFO 1, the lowest real-time priority: above
 // every normal thread, below the kernel's own. The thread sleeps whenever it has nothing to move,
 // and the kernel keeps 5% of each core for normal threads (sched_rt_runtime_us).
