@@ -93,9 +93,13 @@
 //   log_pushes       servers print a line per push applied to their first chunk
 //   communication_priority
 //                    a worker's communication thread, which pushes chunks while the backward
-//                    pass goes on (collective/communication_thread.hpp): kAuto (the default)
-//                    real-time where this process may raise it, else normal; kNormal; kRealtime,
-//                    or a ConfigError (left at its default: COHORT_COMMUNICATION_PRIORITY)
+//                    pass goes on (collective/communication_thread.hpp): kNormal (the default);
+//                    kAuto, real-time where this process may raise it; kRealtime, or a
+//                    ConfigError (left at its default: COHORT_COMMUNICATION_PRIORITY). Normal,
+//                    unlike MultiWorkerMirrored's: a real-time worker thread gained nothing
+//                    between hosts, where the servers' links bound a step, and cost 4 to 10% of
+//                    examples/s where servers and workers share a host (docs/benchmarks.md,
+//                    "Overlap across hosts")
 //
 // Global-norm clipping (the optimizer's max_gradient_norm): under Sync the servers clip each
 // step's aggregate by its global norm, the same bits as the mirrored strategies (alignment and
@@ -210,7 +214,7 @@ class ParameterServer {
     std::size_t chunk_bytes = std::size_t{1} << 20;
     std::size_t backup_workers = 0;
     bool log_pushes = false;
-    collective::ThreadPriority communication_priority = collective::ThreadPriority::kAuto;
+    collective::ThreadPriority communication_priority = collective::ThreadPriority::kNormal;
   };
 
   explicit ParameterServer(Options options)
