@@ -9,7 +9,7 @@
 // backward pass at normal priority, 75% at real-time priority (docs/benchmarks.md, "Overlap
 // across hosts"). Real-time priority here is SCHED_FIFO 1, the lowest real-time priority: above
 // every normal thread, below the kernel's own. The thread sleeps whenever it has nothing to move,
-// and the kernel keeps 5% of each core for normal threads (sched_rt_runtime_us).
+// and by default the kernel keeps 5% of the CPU time for normal threads (sched_rt_runtime_us).
 #pragma once
 
 #include <pthread.h>
