@@ -175,20 +175,16 @@ COHORT_INSTANTIATED void Deterministic<transport::tcp::Tcp>::all_reduce<float>(s
 COHORT_INSTANTIATED void Deterministic<transport::tcp::Tcp>::all_reduce<double>(std::span<double>,
                                                                                 ReduceOp);
 COHORT_INSTANTIATED class Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>;
-COHORT_INSTANTIATED void
-    Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::all_reduce<float>(
-        std::span<float>, ReduceOp);
-COHORT_INSTANTIATED void
-    Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::all_reduce<double>(
-        std::span<double>, ReduceOp);
-COHORT_INSTANTIATED Pending
-    Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::start_all_reduce<float>(
-        std::span<float>, ReduceOp);
-COHORT_INSTANTIATED void Hierarchical<
-    LocalCommunicator, Deterministic<transport::tcp::Tcp>>::broadcast<float>(std::span<float>, int);
-COHORT_INSTANTIATED void
-Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::broadcast<double>(
-    std::span<double>, int);
+COHORT_INSTANTIATED void Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
+    all_reduce<float>(std::span<float>, ReduceOp);
+COHORT_INSTANTIATED void Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
+    all_reduce<double>(std::span<double>, ReduceOp);
+COHORT_INSTANTIATED Pending Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
+    start_all_reduce<float>(std::span<float>, ReduceOp);
+COHORT_INSTANTIATED void Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
+    broadcast<float>(std::span<float>, int);
+COHORT_INSTANTIATED void Hierarchical<LocalCommunicator, Deterministic<transport::tcp::Tcp>>::
+    broadcast<double>(std::span<double>, int);
 }  // namespace cohort::collective
 namespace cohort::strategy {
 COHORT_INSTANTIATED class MultiWorkerMirrored<>;

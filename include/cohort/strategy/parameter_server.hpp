@@ -792,17 +792,17 @@ COHORT_INSTANTIATED class ParameterServer<consistency::Async>;
 namespace ps {
 COHORT_INSTANTIATED class Client<transport::tcp::Tcp>;
 COHORT_INSTANTIATED void save_manifest<float>(transport::tcp::Tcp&, int, const Layout&,
-                                              const std::filesystem::path&,
-                                              const checkpoint::TrainingState<float>&);
+                                             const std::filesystem::path&,
+                                             const checkpoint::TrainingState<float>&);
 COHORT_INSTANTIATED void save_manifest<double>(transport::tcp::Tcp&, int, const Layout&,
-                                               const std::filesystem::path&,
-                                               const checkpoint::TrainingState<double>&);
+                                              const std::filesystem::path&,
+                                              const checkpoint::TrainingState<double>&);
 COHORT_INSTANTIATED void save_shard<float>(transport::tcp::Tcp&, int,
-                                           const checkpoint::ShardState<float>*, int,
-                                           const std::filesystem::path&);
+                                          const checkpoint::ShardState<float>*, int,
+                                          const std::filesystem::path&);
 COHORT_INSTANTIATED void save_shard<double>(transport::tcp::Tcp&, int,
-                                            const checkpoint::ShardState<double>*, int,
-                                            const std::filesystem::path&);
+                                           const checkpoint::ShardState<double>*, int,
+                                           const std::filesystem::path&);
 }  // namespace ps
 }  // namespace cohort::strategy
 #endif
