@@ -213,8 +213,8 @@ def gemm_rate(args):
     found = re.findall(r"gflops=([0-9.]+)([kMG]?)", completed.stdout)
     if not found:
         return None
-    scale = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}
-    return max(float(value) * scale[unit] for value, unit in found)
+    scale = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}  # the counter is in GFLOP/s
+    return max(float(value) * scale[unit] * 1e9 for value, unit in found)
 
 
 def main():
