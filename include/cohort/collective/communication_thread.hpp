@@ -8,8 +8,9 @@
 // across 2 hosts on shaped links, 6% of a 25M-parameter model's all-reduce hid behind its
 // backward pass at normal priority, 75% at real-time priority (docs/benchmarks.md, "Overlap
 // across hosts"). Real-time priority here is SCHED_FIFO 1, the lowest real-time priority: above
-// every normal thread, below the kernel's own. The thread sleeps whenever it has nothing to move,
-// and by default the kernel keeps 5% of the CPU time for normal threads (sched_rt_runtime_us).
+// every normal thread, below the kernel's real-time threads (interrupt threads, migration). The
+// thread sleeps whenever it has nothing to move, and by default the kernel keeps 5% of the CPU
+// time for normal threads (sched_rt_runtime_us).
 #pragma once
 
 #include <pthread.h>
