@@ -8,7 +8,8 @@ schema. Two tables, per process count and message size, from the in-place column
 native form: cohort, MPI_IN_PLACE, Gloo's ring and torch all reduce in place):
 
   1. busbw in GB/s of every series;
-  2. busbw ratios cohort / peer for cohort tcp deterministic, cohort tcp ring and cohort local
+  2. busbw ratios cohort / peer for cohort tcp deterministic, cohort tcp ring, cohort shm
+     (deterministic, its all-reduce through shared memory) and cohort local
      against every peer: above 1 cohort is faster, below 1 slower. A ratio of busbw at equal size
      and rank count is the inverse ratio of times.
 
@@ -23,16 +24,17 @@ import math
 import pathlib
 import sys
 
-COHORT = [("tcp", "deterministic"), ("tcp", "ring"), ("local", "threads")]
+COHORT = [("tcp", "deterministic"), ("tcp", "ring"), ("shm", "deterministic"), ("local", "threads")]
 COHORT_NAMES = {
     ("tcp", "deterministic"): "cohort tcp deterministic",
     ("tcp", "ring"): "cohort tcp ring",
+    ("shm", "deterministic"): "cohort shm",
     ("local", "threads"): "cohort local",
 }
 PEER_SHORT = {"openmpi vader": "mpi-shm", "openmpi tcp": "mpi-tcp", "gloo ring": "gloo",
               "torch gloo": "torch"}
 SHORT = dict(PEER_SHORT, **{"cohort tcp deterministic": "tcp-det", "cohort tcp ring": "tcp-ring",
-                            "cohort local": "local"})
+                            "cohort shm": "shm", "cohort local": "local"})
 SMALL = 64 * 1024
 LARGE = 1024 * 1024
 
@@ -87,9 +89,11 @@ def print_busbw(series, ranks_list):
     order = list(COHORT_NAMES.values()) + list(PEER_SHORT)
     names = sorted({name for name, _ in series},
                    key=lambda n: (order.index(n) if n in order else len(order), n))
-    print("# busbw (GB/s), in-place: cohort tcp-det(erministic), tcp-ring, local; peers mpi-shm "
-          "(Open MPI, btl vader),")
-    print("# mpi-tcp (Open MPI, btl tcp), gloo (Gloo ring, tcp), torch (torch.distributed gloo)")
+    print("# busbw (GB/s), in-place: cohort tcp-det(erministic), tcp-ring, shm (shared memory), "
+          "local;")
+    print("# peers mpi-shm (Open MPI, btl vader), mpi-tcp (Open MPI, btl tcp), gloo (Gloo ring, "
+          "tcp),")
+    print("# torch (torch.distributed gloo)")
     print("#  np      size" + "".join(SHORT.get(n, n).rjust(10) for n in names))
     for ranks in ranks_list:
         sizes = sorted({s for (n, r), p in series.items() if r == ranks for s in p})

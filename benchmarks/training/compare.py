@@ -89,6 +89,11 @@ def cohort_rows(args, model, per_replica, steps, replica_counts, bits):
             else:
                 command = [run_tool, "--np", "2", "--ps", "2", "--", parameter_server] + common
             rows.append(Row(system, f"{kind} {replicas}", replicas, command))
+            if kind == "MultiWorkerMirrored" and replicas > 1:
+                # The processes share this host, so they all-reduce through shared memory: the
+                # same over TCP beside it.
+                rows.append(Row(system, f"{kind} {replicas}, over TCP", replicas, command,
+                                {"COHORT_SHARED_MEMORY": "0"}))
     return rows
 
 

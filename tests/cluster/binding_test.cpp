@@ -190,6 +190,26 @@ TEST_CASE("COHORT_COMMUNICATION_PRIORITY sets a communication thread's priority 
       }) == "COHORT_COMMUNICATION_PRIORITY = \"high\": expected auto, normal or realtime");
 }
 
+TEST_CASE("COHORT_SHARED_MEMORY=0 keeps processes of one host on TCP, where left at default") {
+  struct Options {
+    std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    bool shared_memory = true;
+  };
+  using cohort::strategy::detail::with_environment;
+  const Environment off = environment_from({{"COHORT_SHARED_MEMORY", "0"}});
+  CHECK_FALSE(with_environment(Options{}, off).shared_memory);
+  CHECK(
+      with_environment(Options{}, environment_from({{"COHORT_SHARED_MEMORY", "1"}})).shared_memory);
+  CHECK(with_environment(Options{}, environment_from({})).shared_memory);
+  // The program's choice wins: false stays false under 1.
+  CHECK_FALSE(with_environment(Options{.shared_memory = false},
+                               environment_from({{"COHORT_SHARED_MEMORY", "1"}}))
+                  .shared_memory);
+  CHECK(config_error_message([] {
+          with_environment(Options{}, environment_from({{"COHORT_SHARED_MEMORY", "no"}}));
+        }) == "COHORT_SHARED_MEMORY = \"no\": expected 0 or 1");
+}
+
 TEST_CASE("COHORT_ENCRYPT turns encryption on, takes 0 or 1 and requires the secret") {
   struct Options {
     std::string bind_address{};

@@ -1,8 +1,10 @@
 // One rank of the process tests of the collectives over TCP. Who it is comes from the launcher's
 // variables (cluster::resolve).
-//   collective_rank exact ALGORITHM     every operation, exact sums, over the lengths
-//   collective_rank mismatch            rank 0 calls all_reduce, the others broadcast and wait
-//   collective_rank loop                all-reduces 4 MiB until killed (fault tests)
+//   collective_rank exact ALGORITHM     every operation, exact sums, over the lengths;
+//                                       ALGORITHM: ring, deterministic, or shared (deterministic
+//                                       with its all-reduce through shared memory)
+//   collective_rank mismatch [shared]   rank 0 calls all_reduce, the others broadcast and wait
+//   collective_rank loop [shared]       all-reduces 4 MiB until killed (fault tests)
 // Exits 0 on success, 1 with "error: ..." on stderr otherwise.
 #include <chrono>
 #include <cohort/cluster/cluster.hpp>
@@ -11,6 +13,7 @@
 #include <cohort/transport/tcp/tcp.hpp>
 #include <cstdint>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +33,16 @@ cohort::transport::tcp::Tcp connect() {
                                       .operation_timeout = std::chrono::seconds(10)});
 }
 
+// Deterministic over TCP, its all-reduce through shared memory where `shared` says so (or an
+// error: the test's processes share a host).
+cohort::collective::Deterministic<cohort::transport::tcp::Tcp> deterministic(bool shared) {
+  cohort::collective::Deterministic communicator(connect());
+  if (shared && !communicator.share_host_memory(true).shared) {
+    throw std::runtime_error("the ranks did not share memory");
+  }
+  return communicator;
+}
+
 template <class Communicator>
 void exact(Communicator& c) {
   for (std::size_t length :
@@ -43,15 +56,17 @@ void exact(Communicator& c) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  const bool shared = argc == 3 && std::string(argv[2]) == "shared";
   try {
     if (mode == "exact" && argc == 3 && std::string(argv[2]) == "ring") {
       cohort::collective::Ring communicator(connect());
       exact(communicator);
-    } else if (mode == "exact" && argc == 3 && std::string(argv[2]) == "deterministic") {
-      cohort::collective::Deterministic communicator(connect());
+    } else if (mode == "exact" && argc == 3 &&
+               (std::string(argv[2]) == "deterministic" || shared)) {
+      auto communicator = deterministic(shared);
       exact(communicator);
     } else if (mode == "mismatch") {
-      cohort::collective::Deterministic communicator(connect());
+      auto communicator = deterministic(shared);
       std::vector<float> buffer(7, 1.0f);
       if (communicator.rank() == 0) {
         communicator.all_reduce(std::span<float>(buffer), cohort::ReduceOp::kSum);
@@ -62,11 +77,13 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::seconds(20));
       }
     } else if (mode == "loop") {
-      cohort::collective::Deterministic communicator(connect());
+      auto communicator = deterministic(shared);
       std::vector<float> buffer(std::size_t{1} << 20, 1.0f);
       while (true) communicator.all_reduce(std::span<float>(buffer), cohort::ReduceOp::kMax);
     } else {
-      std::fprintf(stderr, "usage: collective_rank exact ring|deterministic | mismatch | loop\n");
+      std::fprintf(stderr,
+                   "usage: collective_rank exact ring|deterministic|shared | mismatch [shared] | "
+                   "loop [shared]\n");
       return 64;
     }
     return 0;

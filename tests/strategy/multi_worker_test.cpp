@@ -53,19 +53,21 @@ std::pair<cohort::testing::Exit, std::string> run(const std::vector<std::string>
 
 // `count` workers of 1 replica started by hand with COHORT_* variables, training until stopped;
 // worker r logs to rank<r>.log in `directory`. Returns once they are training (1.5 s).
-std::vector<std::unique_ptr<Process>> start_training_workers(const fs::path& directory, int count,
-                                                             const std::string& job_id) {
+std::vector<std::unique_ptr<Process>> start_training_workers(
+    const fs::path& directory, int count, const std::string& job_id,
+    const std::map<std::string, std::string>& extra_environment = {}) {
   const std::string port = std::to_string(cohort::testing::free_port());
   std::vector<std::unique_ptr<Process>> workers;
   for (int rank = 0; rank < count; ++rank) {
+    std::map<std::string, std::string> environment{{"COHORT_RANK", std::to_string(rank)},
+                                                   {"COHORT_WORLD_SIZE", std::to_string(count)},
+                                                   {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                                   {"COHORT_MASTER_PORT", port},
+                                                   {"COHORT_JOB_ID", job_id}};
+    environment.insert(extra_environment.begin(), extra_environment.end());
     workers.push_back(std::make_unique<Process>(
         std::vector<std::string>{COHORT_TRAINER, "1", "1000000", directory / "never.bin"},
-        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
-                                           {"COHORT_WORLD_SIZE", std::to_string(count)},
-                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
-                                           {"COHORT_MASTER_PORT", port},
-                                           {"COHORT_JOB_ID", job_id}},
-        directory / ("rank" + std::to_string(rank) + ".log")));
+        environment, directory / ("rank" + std::to_string(rank) + ".log")));
   }
   std::this_thread::sleep_for(1500ms);  // rendezvous done, training under way
   for (const auto& worker : workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
@@ -75,22 +77,31 @@ std::vector<std::unique_ptr<Process>> start_training_workers(const fs::path& dir
 }  // namespace
 
 TEST_CASE(
-    "2 workers x 2 replicas, 4 x 1 and Mirrored 4 give bit-identical parameters, overlap or not") {
+    "2 workers x 2 replicas, 4 x 1 and Mirrored 4 give bit-identical parameters, overlap or not, "
+    "through shared memory or over TCP") {
   TemporaryDirectory directory("cohort-multi-worker");
   const std::string expected = mirrored_parameters(50);
   REQUIRE(expected.size() ==
           cohort::testing::parameters_of(cohort::testing::small_model()).size() * sizeof(float));
-  for (auto [workers, local] : {std::pair{"2", "2"}, std::pair{"4", "1"}}) {
-    CAPTURE(workers);
-    const fs::path out = directory.path / ("parameters-" + std::string(workers) + ".bin");
-    const auto [exit, output] =
-        run({COHORT_RUN, "--np", workers, "--", COHORT_TRAINER, local, "50", out},
-            directory.path / "log.txt");
-    CAPTURE(output);
-    REQUIRE(exit.exited);
-    REQUIRE(exit.code == 0);
-    CHECK(read_file(out) == expected);
+  const auto segments = cohort::testing::shared_memory_segments();
+  for (const std::string shared : {"1", "0"}) {
+    for (auto [workers, local] : {std::pair{"2", "2"}, std::pair{"4", "1"}}) {
+      CAPTURE(shared);
+      CAPTURE(workers);
+      const fs::path out = directory.path / ("parameters-" + std::string(workers) + ".bin");
+      const auto [exit, output] =
+          run({COHORT_RUN, "--np", workers, "--", COHORT_TRAINER, local, "50", out},
+              directory.path / "log.txt", {{"COHORT_SHARED_MEMORY", shared}});
+      CAPTURE(output);
+      REQUIRE(exit.exited);
+      REQUIRE(exit.code == 0);
+      CHECK(read_file(out) == expected);
+      CHECK((output.find("cohort: the " + std::string(workers) +
+                         " worker processes of this host all-reduce through shared memory") !=
+             std::string::npos) == (shared == "1"));
+    }
   }
+  CHECK(cohort::testing::shared_memory_segments() == segments);
 }
 
 TEST_CASE("3 workers x 1 replica and Mirrored 3 give bit-identical parameters") {
@@ -160,6 +171,41 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "workers whose /dev/shm is too small for the segment say why, all-reduce over TCP and keep "
+    "the bits") {
+  TemporaryDirectory directory("cohort-multi-worker-small-shm");
+  // A mount namespace of the job's own, whose /dev/shm is a tmpfs of 64 KiB: the segment of 2
+  // workers (4 MiB and 8 KiB) does not fit.
+  const std::vector<std::string> small_shm{
+      "/usr/bin/unshare", "--mount", "--", "/bin/sh", "-c",
+      "mount -t tmpfs -o size=64k cohort-test /dev/shm && exec \"$@\"", "sh"};
+  std::vector<std::string> probe = small_shm;
+  probe.push_back("/bin/true");
+  if (!fs::exists(small_shm.front()) || run(probe, directory.path / "probe.txt").first.code != 0) {
+    MESSAGE("skipped: unshare (util-linux) cannot make a mount namespace here (needs root)");
+    return;
+  }
+  const fs::path out = directory.path / "parameters.bin";
+  std::vector<std::string> command = small_shm;
+  for (const std::string& word :
+       {std::string(COHORT_RUN), std::string("--np"), std::string("2"), std::string("--"),
+        std::string(COHORT_TRAINER), std::string("1"), std::string("20"), out.string()}) {
+    command.push_back(word);
+  }
+  const auto [exit, output] = run(command, directory.path / "log.txt");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  CHECK(output.find("cohort: rank 0: the worker processes of this host all-reduce over TCP, since "
+                    "shared memory failed: posix_fallocate(/cohort-") != std::string::npos);
+  CHECK(output.find("No space left on device") != std::string::npos);
+  CHECK(output.find("cohort: rank 1: the worker processes of this host all-reduce over TCP, since "
+                    "shared memory failed: rank 0 could not create or map the segment") !=
+        std::string::npos);
+  CHECK(read_file(out) == mirrored_parameters(20, 2));
+}
+
+TEST_CASE(
     "encrypted frames, or frames under a MAC, train 2 workers x 2 replicas to the same bits") {
   TemporaryDirectory directory("cohort-multi-worker-encrypted");
   const std::string expected = mirrored_parameters(20);
@@ -209,6 +255,8 @@ TEST_CASE("the same binary runs under mpirun and gives the same bits") {
   CHECK(read_file(out) == mirrored_parameters(50));
 }
 
+// Through shared memory, as the 4 workers of one host all-reduce by default: a peer that died is
+// found by its connection's end while the others wait in the segment.
 TEST_CASE("a worker killed mid-training makes every other worker exit non-zero naming it") {
   TemporaryDirectory directory("cohort-multi-worker-kill");
   const auto workers = start_training_workers(directory.path, 4, "kill-test");
@@ -223,6 +271,7 @@ TEST_CASE("a worker killed mid-training makes every other worker exit non-zero n
     const std::string log = read_file(directory.path / ("rank" + std::to_string(rank) + ".log"));
     CAPTURE(log);
     CHECK(log.find("rank 1") != std::string::npos);
+    if (rank == 0) CHECK(log.find("all-reduce through shared memory") != std::string::npos);
   }
   CHECK(std::chrono::steady_clock::now() - start < 15s);
 }
@@ -437,28 +486,34 @@ TEST_CASE(
 
 TEST_CASE(
     "a stopped worker (SIGSTOP) is reported, then fails every other worker between half "
-    "and twice the timeout") {
-  TemporaryDirectory directory("cohort-multi-worker-stop");
-  const auto workers = start_training_workers(directory.path, 2, "stop-test");
-  workers[1]->kill(SIGSTOP);
-  const auto stopped = std::chrono::steady_clock::now();
-  {
-    const auto exit = workers[0]->wait(40s);
-    REQUIRE(exit.has_value());
-    const auto after = std::chrono::steady_clock::now() - stopped;
-    CHECK(exit->exited);
-    CHECK(exit->code != 0);
-    CHECK(after > 5s);  // the trainer's timeout is 10 s
-    CHECK(after < 20s);
+    "and twice the timeout, through shared memory or over TCP") {
+  for (const bool shared : {true, false}) {
+    CAPTURE(shared);
+    TemporaryDirectory directory("cohort-multi-worker-stop");
+    const auto workers = start_training_workers(directory.path, 2, "stop-test",
+                                                {{"COHORT_SHARED_MEMORY", shared ? "1" : "0"}});
+    workers[1]->kill(SIGSTOP);
+    const auto stopped = std::chrono::steady_clock::now();
+    {
+      const auto exit = workers[0]->wait(40s);
+      REQUIRE(exit.has_value());
+      const auto after = std::chrono::steady_clock::now() - stopped;
+      CHECK(exit->exited);
+      CHECK(exit->code != 0);
+      CHECK(after > 5s);  // the trainer's timeout is 10 s
+      CHECK(after < 20s);
+    }
+    const std::string log = read_file(directory.path / "rank0.log");
+    CAPTURE(log);
+    // The warning at a quarter of the timeout, then the error, both naming the stopped rank.
+    const std::string waiting =
+        shared ? "waiting for: rank 1 in shared memory" : "waiting for: receive from rank 1";
+    CHECK(log.find("cohort: rank 0: no progress for ") != std::string::npos);
+    CHECK(log.find(waiting) != std::string::npos);
+    CHECK(log.find("rank 0: all_reduce #") != std::string::npos);
+    CHECK(log.find(": no progress within 10000 ms during sequence") != std::string::npos);
+    workers[1]->kill(SIGKILL);
   }
-  const std::string log = read_file(directory.path / "rank0.log");
-  CAPTURE(log);
-  // The warning at a quarter of the timeout, then the error, both naming the stopped rank.
-  CHECK(log.find("cohort: rank 0: no progress for ") != std::string::npos);
-  CHECK(log.find("waiting for: receive from rank 1") != std::string::npos);
-  CHECK(log.find("rank 0: all_reduce #") != std::string::npos);
-  CHECK(log.find(": no progress within 10000 ms during sequence") != std::string::npos);
-  workers[1]->kill(SIGKILL);
 }
 
 namespace {

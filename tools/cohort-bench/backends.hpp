@@ -5,6 +5,9 @@
 //   tcp     collective::Deterministic or collective::Ring over transport::tcp::Tcp, one process
 //           per rank (started by cohort-bench itself, or by cohort-run, mpirun, torchrun, Slurm or
 //           a TFJob: whatever cluster::resolve() finds)
+//   shm     collective::Deterministic over transport::tcp::Tcp with its all-reduce through shared
+//           memory (share_host_memory), as MultiWorkerMirrored's processes of one host; every
+//           rank on this host, launched as tcp's; the other collectives stay on TCP
 //   ps      the parameter server's push_pull (push_pull.hpp): --np worker processes and --ps
 //           server processes, started by cohort-bench itself, by cohort-run --ps or a TFJob
 //   nccl    collective::NcclCommunicator, one process per rank and one GPU each (the GPU at
@@ -290,14 +293,27 @@ inline int run_local(const Settings& s, const Context& context) {
 
 // --- tcp -----------------------------------------------------------------------------------------
 
+// `backend` tcp, or shm: then the all-reduce goes through shared memory, or the run fails saying
+// why not.
 template <template <class> class Algorithm>
 int run_tcp_rank(const Settings& s, const Context& context, const cluster::Spec& spec,
-                 std::string_view algorithm) {
+                 std::string_view backend, std::string_view algorithm) {
   Algorithm<transport::tcp::Tcp> comm(
       transport::tcp::Tcp(tcp_options(s, spec, spec.rank, spec.size)));
-  RunInfo run =
-      run_info(s, context, "tcp", std::string(algorithm),
-               frame_protection(s, comm.transport().options()), spec.size, launcher_of(spec));
+  std::string medium = frame_protection(s, comm.transport().options());
+  if constexpr (requires { comm.share_host_memory(true); }) {
+    if (backend == "shm") {
+      const auto sharing = comm.share_host_memory(true);
+      if (!sharing.shared) {
+        throw ConfigError("--backend shm: the ranks do not share memory" +
+                          (sharing.why_not.empty() ? std::string(" (not all on this host)")
+                                                   : ": " + sharing.why_not));
+      }
+      medium = "all-reduce through shared memory, the rest over TCP with " + medium;
+    }
+  }
+  RunInfo run = run_info(s, context, std::string(backend), std::string(algorithm),
+                         std::move(medium), spec.size, launcher_of(spec));
   try {
     return sweep_on_rank(comm, s, std::move(run));
   } catch (...) {
@@ -310,10 +326,18 @@ inline int run_tcp(const Settings& s, const Context& context) {
   return run_ranks(s, context, {"deterministic", "ring"},
                    [&](const cluster::Spec& spec, const std::string& algorithm) {
                      if (algorithm == "ring") {
-                       return run_tcp_rank<collective::Ring>(s, context, spec, algorithm);
+                       return run_tcp_rank<collective::Ring>(s, context, spec, "tcp", algorithm);
                      }
-                     return run_tcp_rank<collective::Deterministic>(s, context, spec, algorithm);
+                     return run_tcp_rank<collective::Deterministic>(s, context, spec, "tcp",
+                                                                    algorithm);
                    });
+}
+
+inline int run_shm(const Settings& s, const Context& context) {
+  return run_ranks(
+      s, context, {"deterministic"}, [&](const cluster::Spec& spec, const std::string& algorithm) {
+        return run_tcp_rank<collective::Deterministic>(s, context, spec, "shm", algorithm);
+      });
 }
 
 // --- ps ------------------------------------------------------------------------------------------
@@ -512,13 +536,17 @@ inline std::optional<std::string> always_available() { return std::nullopt; }
 
 }  // namespace detail
 
-inline constexpr std::array<Backend, 4> kBackends = {{
+inline constexpr std::array<Backend, 5> kBackends = {{
     {"local", "collective::Local: every rank a thread of this process (--np threads)",
      detail::collectives_only, detail::always_available, detail::run_local},
     {"tcp",
      "collective::Deterministic (default) or Ring (--algorithm) over transport::tcp::Tcp, one "
      "process per rank",
      detail::collectives_only, detail::always_available, detail::run_tcp},
+    {"shm",
+     "collective::Deterministic over transport::tcp::Tcp, its all-reduce through shared memory "
+     "(every process on this host), one process per rank",
+     detail::collectives_only, detail::always_available, detail::run_shm},
     {"ps",
      "push_pull only: --np worker and --ps parameter-server processes (strategy::ParameterServer's "
      "client and server, Sync, SGD)",

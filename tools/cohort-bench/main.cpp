@@ -96,7 +96,7 @@ void add_collective_options(CLI::App& app, Settings& s) {
          "element type: float, double, int32, int64 (default float)")
       ->check(CLI::IsMember({"float", "double", "int32", "int64"}));
   app.add_option("-r,--root", s.root, "root rank of broadcast")->capture_default_str();
-  app.add_option("--backend", s.backend, "local, tcp, ps (push_pull only) or nccl")
+  app.add_option("--backend", s.backend, "local, tcp, shm, ps (push_pull only) or nccl")
       ->capture_default_str();
   app.add_option_function<std::string>(
       "--algorithm", [&s](const std::string& a) { s.algorithm = a; },

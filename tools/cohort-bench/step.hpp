@@ -43,6 +43,7 @@
 #include "cohort/collective/deterministic.hpp"
 #include "cohort/collective/local.hpp"
 #include "cohort/optimizer/sgd.hpp"
+#include "cohort/strategy/detail/environment_options.hpp"
 #include "cohort/strategy/mirrored.hpp"
 #include "cohort/strategy/multi_worker_mirrored.hpp"
 #include "cohort/strategy/strategy.hpp"
@@ -373,6 +374,10 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
   const bool printer = spec.rank == 0;
   const std::size_t bucket_bytes =
       s.bucket_bytes != 0 ? s.bucket_bytes : strategy::MultiWorkerMirrored<>::Options{}.bucket_bytes;
+  // The plain all-reduces go where the strategy's do: through shared memory where every worker
+  // is on this host, unless COHORT_SHARED_MEMORY=0 (Options::shared_memory).
+  const bool shared_memory =
+      strategy::detail::with_environment(strategy::MultiWorkerMirrored<>::Options{}).shared_memory;
   StepRun run{.version = context.version,
               .strategy = "multi_worker_mirrored",
               .plain = "collective::Deterministic over transport::tcp::Tcp between the " +
@@ -403,6 +408,7 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
         .secret = environment_or("COHORT_SECRET", ""),
         .operation_timeout = timeout,
     }));
+    if (comm.share_host_memory(shared_memory).shared) run.plain += ", through shared memory";
     for (const std::size_t parameters : s.parameters) {
       plain.push_back(time_plain_all_reduce(comm, s, parameters));
     }

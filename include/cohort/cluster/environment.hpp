@@ -53,6 +53,7 @@ inline constexpr std::string_view kTimeout = "COHORT_TIMEOUT";
 inline constexpr std::string_view kConnectTimeout = "COHORT_CONNECT_TIMEOUT";
 inline constexpr std::string_view kPortRange = "COHORT_PORT_RANGE";
 inline constexpr std::string_view kCommunicationPriority = "COHORT_COMMUNICATION_PRIORITY";
+inline constexpr std::string_view kSharedMemory = "COHORT_SHARED_MEMORY";
 // Roles of a parameter-server job (strategy/parameter_server.hpp). COHORT_ROLE is "worker" (the
 // default), "chief" or "ps"; COHORT_RANK and COHORT_WORLD_SIZE then count the processes of that
 // role only (chief and workers together), as TF_CONFIG's task index does. A worker learns the
@@ -75,6 +76,9 @@ inline constexpr std::string_view kWorkerCount = "COHORT_WORKER_COUNT";
 //                           auto, normal or realtime: a strategy's Options::communication_priority
 //                           (collective/communication_thread.hpp), where the program leaves its
 //                           default
+//   COHORT_SHARED_MEMORY    0: the worker processes of one host all-reduce over TCP, not through
+//                           shared memory (MultiWorkerMirrored's Options::shared_memory, where the
+//                           program leaves its default; parse_switch)
 // The two timeouts are durations (parse_duration): "30" or "30s", "500ms", "5min".
 inline constexpr std::array kCohortDescription = {
     kRank,       kWorldSize, kLocalRank, kLocalWorldSize, kMasterAddr,

@@ -15,17 +15,37 @@
 //     2 (n-1)/n x B sent and received in 2 (n-1) steps, as in a ring.
 // reduce_scatter is the first half alone. broadcast, all_gather and barrier are direct.
 //
+// Processes of one host (share_host_memory, which MultiWorkerMirrored calls): the all-reduce goes
+// through a shared segment (detail/shared_segment.hpp) instead of the transport, by the same
+// algorithm, so with the same bits. Each piece of the buffer (up to a slot, 1 MiB) is written
+// into this rank's slot; once every rank has arrived, the owner of chunk j folds it in tree order
+// straight from every rank's slot and writes it back into its own; once every rank has arrived
+// again, each copies the other owners' chunks out. A small piece (n x B <= kDirectBytes) is
+// folded whole by every rank after one meeting. The other collectives keep the transport, and
+// the transport stays the watch on the peers: while a rank waits in the segment it looks at its
+// peers' connections, so a peer that died, left or called another collective is named as over
+// the transport, and a peer that does not arrive within the transport's operation_timeout is too.
+//
 // Requirements: as for every communicator (collective.hpp). Not thread-safe: one thread per
 // communicator.
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <optional>
 #include <span>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "cohort/collective/collective.hpp"
 #include "cohort/collective/detail/over_transport.hpp"
+#include "cohort/collective/detail/shared_segment.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/transport/loopback.hpp"
 #include "cohort/transport/transport.hpp"
@@ -48,6 +68,10 @@ class Deterministic : public detail::OverTransport<T> {
     const Call call = this->begin_all_reduce(buffer, op);
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     if (ranks == 1 || buffer.empty()) return;
+    if (segment_) {
+      all_reduce_in_segment(call, buffer, op);
+      return;
+    }
     if (buffer.size_bytes() * ranks <= kDirectBytes) {
       fold_whole_buffers(call, buffer, op);
       return;
@@ -64,7 +88,209 @@ class Deterministic : public detail::OverTransport<T> {
     fold_owned_chunk(this->begin_reduce_scatter(input, output, op), input, output, op);
   }
 
+  // What share_host_memory found.
+  struct HostSharing {
+    bool shared = false;
+    // Why not, where every rank is on this host but the segment could not be shared: this
+    // rank's reason, or the first rank that could not. Empty where shared, or where the ranks
+    // are on several hosts.
+    std::string why_not{};
+  };
+
+  // Where every rank of the group is on this host (detail::host_identity) and wants it,
+  // all_reduce goes through a shared segment from now on. A collective: every rank calls it at
+  // the same point, also a rank that does not want it. The transport's operation_timeout, spin
+  // and stall_warning (tcp::Options) govern the waits in the segment too.
+  HostSharing share_host_memory(bool wanted) requires transport::Serving<T> &&
+      requires(const T& t) {
+    t.options().operation_timeout;
+    t.options().spin;
+    t.options().stall_warning;
+  }
+  {
+    const auto& options = this->transport().options();
+    waiting_ = {options.operation_timeout, options.spin, options.stall_warning};
+    std::array<std::int64_t, std::tuple_size_v<detail::HostIdentity> + 1> mine{wanted};
+    const detail::HostIdentity identity = detail::host_identity();
+    std::copy(identity.begin(), identity.end(), mine.begin() + 1);
+    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(this->size()));
+    this->all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+    for (std::size_t word = 0; word < all.size(); ++word) {
+      if (!wanted || all[word] != mine[word % mine.size()]) return {};
+    }
+    // Rank 0 creates the segment and sends its ticket (a leading 0 where it could not); the
+    // others map it; every rank learns whether all did before rank 0 removes the name.
+    HostSharing sharing;
+    std::optional<detail::SharedSegment> segment;
+    std::array<std::int64_t, 1 + std::tuple_size_v<detail::SharedSegment::Ticket>> words{};
+    try {
+      if (this->rank() == 0) {
+        segment.emplace(detail::SharedSegment::create(0, this->size()));
+        words[0] = 1;
+        std::copy(segment->ticket().begin(), segment->ticket().end(), words.begin() + 1);
+      }
+    } catch (const std::exception& error) {
+      sharing.why_not = error.what();
+    }
+    this->broadcast(std::span<std::int64_t>(words), 0);
+    if (this->rank() != 0 && words[0] == 1) {
+      detail::SharedSegment::Ticket ticket;
+      std::copy(words.begin() + 1, words.end(), ticket.begin());
+      try {
+        segment.emplace(detail::SharedSegment::open(ticket, this->rank(), this->size()));
+      } catch (const std::exception& error) {
+        sharing.why_not = error.what();
+      }
+    }
+    std::array<std::int32_t, 1> first_refusal{segment ? this->size() : this->rank()};
+    this->all_reduce(std::span<std::int32_t>(first_refusal), ReduceOp::kMin);
+    if (segment) segment->unlink();
+    if (first_refusal[0] < this->size()) {
+      if (sharing.why_not.empty()) {
+        sharing.why_not =
+            "rank " + std::to_string(first_refusal[0]) + " could not create or map the segment";
+      }
+      return sharing;
+    }
+    segment_.emplace(std::move(*segment));
+    peers_.clear();
+    for (int peer = 0; peer < this->size(); ++peer) {
+      if (peer != this->rank()) peers_.push_back(peer);
+    }
+    return {.shared = true};
+  }
+
  private:
+  // How a rank waits for its peers in the segment.
+  struct Waiting {
+    std::chrono::milliseconds timeout{};
+    std::chrono::microseconds spin{};
+    double stall_warning = 0;
+  };
+
+  // The all-reduce through the segment (top of this file), piece by piece. The pieces alternate
+  // between the two slots of each rank, so that one meeting per piece is enough to know that no
+  // rank still reads a slot about to be written.
+  template <class E>
+  void all_reduce_in_segment(const Call& call, std::span<E> buffer, ReduceOp op) {
+    const detail::SharedSegment& segment = *segment_;
+    const std::size_t ranks = static_cast<std::size_t>(this->size());
+    const int me = this->rank();
+    const std::size_t piece_length = segment.slot_bytes() / sizeof(E);
+    const auto slot = [&](int set, int rank) {
+      return std::span<E>(reinterpret_cast<E*>(segment.slot(set, rank)), piece_length);
+    };
+    std::vector<const E*> inputs(ranks);
+    for (std::size_t offset = 0; offset < buffer.size(); offset += piece_length) {
+      const std::span<E> piece =
+          buffer.subspan(offset, std::min(piece_length, buffer.size() - offset));
+      const int set = static_cast<int>(pieces_++ % 2);
+      const std::span<E> own = slot(set, me);
+      if (piece.size_bytes() * ranks <= kDirectBytes) {
+        std::copy(piece.begin(), piece.end(), own.begin());
+        meet(call);
+        for (int rank = 0; rank < this->size(); ++rank) {
+          inputs[static_cast<std::size_t>(rank)] = slot(set, rank).data();
+        }
+        device::cpu::reduce_tree<E>(op, inputs, piece);
+        continue;
+      }
+      // Every chunk but this rank's own goes into its slot; its own it folds from the buffer.
+      const auto mine = detail::chunk(piece.size(), ranks, static_cast<std::size_t>(me));
+      const auto at = [](auto span, std::size_t index) {
+        return span.begin() + static_cast<std::ptrdiff_t>(index);
+      };
+      std::copy(piece.begin(), at(piece, mine.begin), own.begin());
+      std::copy(at(piece, mine.end), piece.end(), at(own, mine.end));
+      meet(call);
+      for (int rank = 0; rank < this->size(); ++rank) {
+        inputs[static_cast<std::size_t>(rank)] =
+            (rank == me ? piece.data() : slot(set, rank).data()) + mine.begin;
+      }
+      const std::span<E> folded = piece.subspan(mine.begin, mine.size());
+      fold_into(op, inputs, folded);
+      std::copy(folded.begin(), folded.end(), at(own, mine.begin));
+      meet(call);
+      for (int rank = 0; rank < this->size(); ++rank) {
+        if (rank == me) continue;
+        const auto theirs = detail::chunk(piece.size(), ranks, static_cast<std::size_t>(rank));
+        const std::span<E> from = slot(set, rank).subspan(theirs.begin, theirs.size());
+        std::copy(from.begin(), from.end(), at(piece, theirs.begin));
+      }
+    }
+  }
+
+  // Arrives in the segment and waits until every peer has, in the same call.
+  void meet(const Call& call) {
+    detail::SharedSegment& segment = *segment_;
+    const std::uint32_t phase = ++phase_;
+    const detail::SharedSegment::Stamp stamp{call.header.sequence, call.header.tag};
+    segment.arrive(phase, stamp);
+    for (const int peer : peers_) {
+      if (!segment.spin_for(peer, phase, waiting_.spin)) wait_asleep(call, peer, phase);
+      const detail::SharedSegment::Stamp theirs = segment.stamp(peer, phase);
+      if (theirs != stamp) {
+        this->mismatched(call, peer,
+                         {transport::message_type::kCollective, theirs.sequence, theirs.tag});
+      }
+    }
+  }
+
+  // Sleeps in the segment until `peer` arrives. Between sleeps it fails where the transport says
+  // that the peer died, left or called another collective, or where the deadline has passed.
+  void wait_asleep(const Call& call, int peer, std::uint32_t phase) {
+    detail::SharedSegment& segment = *segment_;
+    const auto start = std::chrono::steady_clock::now();
+    bool warned = waiting_.stall_warning <= 0;
+    while (true) {
+      segment.sleep_for(peer, phase);
+      if (segment.arrived(peer, phase)) return;
+      watch_peers(call);
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - start);
+      const std::string waiting_for =
+          "rank " + std::to_string(peer) + " in shared memory, " + call.fingerprint.describe();
+      if (!warned && static_cast<double>(waited.count()) >=
+                         static_cast<double>(waiting_.timeout.count()) * waiting_.stall_warning) {
+        warned = true;
+        std::fprintf(stderr,
+                     "cohort: rank %d: no progress for %lld ms during sequence %llu, waiting for: "
+                     "%s; the all-reduce fails at operation_timeout = %lld ms\n",
+                     this->rank(), static_cast<long long>(waited.count()),
+                     static_cast<unsigned long long>(call.header.sequence), waiting_for.c_str(),
+                     static_cast<long long>(waiting_.timeout.count()));
+      }
+      if (waited >= waiting_.timeout) {
+        this->poison_and_throw(call, peer,
+                               "no progress within " + std::to_string(waiting_.timeout.count()) +
+                                   " ms during sequence " + std::to_string(call.header.sequence) +
+                                   ", waiting for: " + waiting_for);
+      }
+    }
+  }
+
+  // Nothing travels over the transport during an all-reduce in the segment, so a frame, or the
+  // end of a connection, says why a peer is not coming: it left (and why), it died, or it called
+  // another collective.
+  // (share_host_memory requires a Serving transport; this is instantiated for every other too.)
+  void watch_peers(const Call& call) {
+    if constexpr (transport::Serving<T>) watch_serving_peers(call);
+  }
+
+  void watch_serving_peers(const Call& call) requires transport::Serving<T> {
+    int peer = -1;
+    try {
+      peer = this->transport().wait_any(peers_, std::chrono::milliseconds(0));
+    } catch (const CommError& error) {
+      this->poison_and_throw(call, error.peer(), std::string(error.detail()));
+    }
+    if (peer < 0) return;
+    const transport::Receive receive{peer, call.header, {}};
+    this->transfer(call, {}, {&receive, 1});
+    this->fail(call, "rank " + std::to_string(peer) +
+                         " sent a message during an all-reduce in shared memory");
+  }
+
   // Every rank gets every buffer and folds them all.
   template <class E>
   void fold_whole_buffers(const Call& call, std::span<E> buffer, ReduceOp op) {
@@ -158,6 +384,12 @@ class Deterministic : public detail::OverTransport<T> {
           return detail::writable_bytes_of(part.subspan(theirs.begin, theirs.size()));
         });
   }
+
+  std::optional<detail::SharedSegment> segment_;
+  Waiting waiting_{};
+  std::vector<int> peers_;    // every rank but this one
+  std::uint32_t phase_ = 0;   // arrivals in the segment so far
+  std::uint64_t pieces_ = 0;  // pieces reduced in the segment so far: their parity picks the slot
 };
 
 // Checked over the in-process transport; any transport::Transport gives a Communicator the same

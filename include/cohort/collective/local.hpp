@@ -73,6 +73,7 @@
 #include <vector>
 
 #include "cohort/collective/collective.hpp"
+#include "cohort/collective/detail/cpu_relax.hpp"
 #include "cohort/collective/fingerprint.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
@@ -82,8 +83,6 @@
 namespace cohort::collective {
 
 namespace detail::local {
-
-inline constexpr std::size_t kCacheLine = 64;
 
 // Elements per block that a rank reduces into its scratch before writing the block to every
 // rank's buffer: the scratch and one block of every input stay in L1/L2.
@@ -135,14 +134,6 @@ inline std::pair<std::size_t, std::size_t> slice(std::size_t length, int ranks, 
                                 kSliceGrain);
   };
   return {bound(rank), bound(rank + 1)};
-}
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {

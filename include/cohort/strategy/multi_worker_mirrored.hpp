@@ -44,6 +44,12 @@
 //                    (collective/communication_thread.hpp): kAuto (the default) real-time where
 //                    this process may raise it, else normal; kNormal; kRealtime, or a
 //                    ConfigError (left at its default: COHORT_COMMUNICATION_PRIORITY)
+//   shared_memory    where every worker process is on this host (the same boot, network and IPC
+//                    namespaces and /dev/shm), whether they all-reduce through shared memory
+//                    rather than over TCP: the same bits, a fraction of the CPU time
+//                    (collective/deterministic.hpp, share_host_memory; docs/benchmarks.md,
+//                    "Processes of one host"). Default true; false on any worker turns it off
+//                    for all (left at its default: COHORT_SHARED_MEMORY)
 //
 // Only the chief (worker 0) prints progress and writes checkpoints; every worker returns from
 // Trainer::save once the chief's file is complete, or fails with the chief's reason
@@ -110,6 +116,7 @@ class MultiWorkerMirrored {
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
     std::size_t bucket_bytes = std::size_t{256} << 10;
     collective::ThreadPriority communication_priority = collective::ThreadPriority::kAuto;
+    bool shared_memory = true;
   };
 
   explicit MultiWorkerMirrored(Options options)
@@ -121,6 +128,20 @@ class MultiWorkerMirrored {
     cross_ = std::make_unique<Cross>(
         process_.template connect<Transport>(spec.rank, spec.size, cluster::describe(spec)));
     process_.learn_local_ranks(*cross_, spec.rank, 0);
+    if constexpr (requires { cross_->share_host_memory(true); }) {
+      const auto sharing = cross_->share_host_memory(this->options().shared_memory);
+      if (sharing.shared && spec.rank == 0) {
+        std::fprintf(stderr,
+                     "cohort: the %d worker processes of this host all-reduce through "
+                     "shared memory\n",
+                     spec.size);
+      } else if (!sharing.why_not.empty()) {
+        std::fprintf(stderr,
+                     "cohort: rank %d: the worker processes of this host all-reduce over "
+                     "TCP, since shared memory failed: %s\n",
+                     spec.rank, sharing.why_not.c_str());
+      }
+    }
   }
 
   std::size_t replicas() const {

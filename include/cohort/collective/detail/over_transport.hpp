@@ -149,14 +149,7 @@ class OverTransport {
     try {
       transport_.transfer(sends, receives);
     } catch (const transport::HeaderMismatch& mismatch) {
-      const std::string theirs =
-          mismatch.received.type == transport::message_type::kCollective
-              ? Fingerprint::from_tag(mismatch.received.tag).describe() + " #" +
-                    std::to_string(mismatch.received.sequence)
-              : "a message of type " + std::to_string(mismatch.received.type);
-      poison_and_throw(call, mismatch.peer(),
-                       "called " + call.fingerprint.describe() + " but rank " +
-                           std::to_string(mismatch.peer()) + " called " + theirs);
+      mismatched(call, mismatch.peer(), mismatch.received);
     } catch (const CommError& error) {
       poison_and_throw(call, error.peer(), std::string(error.detail()));
     }
@@ -164,6 +157,33 @@ class OverTransport {
 
   [[noreturn]] void fail(const Call& call, const std::string& why) {
     poison_and_throw(call, -1, why);
+  }
+
+  // `peer` was found in another call than `call`, the one its header `theirs` names.
+  [[noreturn]] void mismatched(const Call& call, int peer, const transport::Header& theirs) {
+    const std::string called =
+        theirs.type == transport::message_type::kCollective
+            ? Fingerprint::from_tag(theirs.tag).describe() + " #" + std::to_string(theirs.sequence)
+            : "a message of type " + std::to_string(theirs.type);
+    poison_and_throw(call, peer,
+                     "called " + call.fingerprint.describe() + " but rank " + std::to_string(peer) +
+                         " called " + called);
+  }
+
+  // A failure of `call`, `peer` the rank to blame if one is. The first failure leaves the
+  // transport with its message, so that ranks waiting elsewhere learn the cause and not only
+  // that this rank is gone.
+  [[noreturn]] void poison_and_throw(const Call& call, int peer, std::string detail) {
+    const CommError error({.rank = rank(),
+                           .peer = peer,
+                           .operation = std::string(name(call.fingerprint.operation)),
+                           .sequence = call.header.sequence,
+                           .detail = std::move(detail)});
+    if (!failure_) {
+      failure_ = error;
+      transport_.leave(error.what());
+    }
+    throw error;
   }
 
   // Bytes of one rank's chunk per segment. A segment's buffer, staging and socket traffic then
@@ -196,22 +216,6 @@ class OverTransport {
   }
 
  private:
-  // A failure of `call`, `peer` the rank to blame if one is. The first failure leaves the
-  // transport with its message, so that ranks waiting elsewhere learn the cause and not only
-  // that this rank is gone.
-  [[noreturn]] void poison_and_throw(const Call& call, int peer, std::string detail) {
-    const CommError error({.rank = rank(),
-                           .peer = peer,
-                           .operation = std::string(name(call.fingerprint.operation)),
-                           .sequence = call.header.sequence,
-                           .detail = std::move(detail)});
-    if (!failure_) {
-      failure_ = error;
-      transport_.leave(error.what());
-    }
-    throw error;
-  }
-
   T transport_;
   std::uint64_t sequence_ = 0;
   std::optional<CommError> failure_;

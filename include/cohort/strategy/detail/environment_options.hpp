@@ -1,6 +1,7 @@
 // A strategy's options from the environment, where the program leaves the Options defaults:
-// COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT (cluster/environment.hpp, parse_duration), and
-// COHORT_COMMUNICATION_PRIORITY (auto, normal or realtime: collective/communication_thread.hpp).
+// COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT (cluster/environment.hpp, parse_duration),
+// COHORT_COMMUNICATION_PRIORITY (auto, normal or realtime: collective/communication_thread.hpp)
+// and COHORT_SHARED_MEMORY (0 or 1: cluster::parse_switch).
 #pragma once
 
 #include <chrono>
@@ -28,7 +29,8 @@ inline collective::ThreadPriority parse_thread_priority(std::string_view name,
 // value the program chose wins, as Options::bind_address beats COHORT_BIND_ADDRESS). A malformed
 // value is a ConfigError naming the variable, also where the program's value wins.
 // StrategyOptions has timeout, connect_timeout where the strategy connects processes, and
-// communication_priority where it has a communication thread.
+// communication_priority where it has a communication thread, shared_memory where its processes
+// can all-reduce through shared memory.
 template <class StrategyOptions>
 StrategyOptions with_environment(StrategyOptions options, const cluster::Environment& environment =
                                                               cluster::process_environment()) {
@@ -48,6 +50,10 @@ StrategyOptions with_environment(StrategyOptions options, const cluster::Environ
   if constexpr (requires { options.communication_priority; }) {
     apply(cluster::variable::kCommunicationPriority, options.communication_priority,
           defaults.communication_priority, parse_thread_priority);
+  }
+  if constexpr (requires { options.shared_memory; }) {
+    apply(cluster::variable::kSharedMemory, options.shared_memory, defaults.shared_memory,
+          cluster::parse_switch);
   }
   return options;
 }

@@ -1,0 +1,227 @@
+// collective::Deterministic's all-reduce through shared memory (share_host_memory), between ranks
+// that are threads of this process, each with its own TCP transport over real sockets and its own
+// mapping of the segment: the bits, the failures it must name, and what it leaves behind.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cohort/collective/deterministic.hpp>
+#include <cohort/device/cpu.hpp>
+#include <cohort/transport/tcp/tcp.hpp>
+#include <cstring>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "collective_checks.hpp"
+#include "processes.hpp"
+#include "tcp_peers.hpp"
+
+namespace {
+
+using cohort::CommError;
+using cohort::ReduceOp;
+using cohort::collective::Deterministic;
+using cohort::collective::detail::SharedSegment;
+using cohort::transport::tcp::Tcp;
+using namespace std::chrono_literals;
+
+// Runs body(communicator) on `ranks` threads, each a Deterministic over its own Tcp that has
+// called share_host_memory(wanted(rank)); returns what each threw, "" for nothing.
+template <class Body, class Wanted>
+std::vector<std::string> on_sharing_ranks(int ranks, Body body, Wanted wanted,
+                                          std::chrono::milliseconds timeout = 10s) {
+  const auto errors = tcp_test::run_ranks(
+      ranks,
+      [&](Tcp& tcp) {
+        Deterministic<Tcp> communicator(std::move(tcp));
+        const auto sharing = communicator.share_host_memory(wanted(communicator.rank()));
+        body(communicator, sharing);
+      },
+      [&](cohort::transport::tcp::Options& options) { options.operation_timeout = timeout; });
+  std::vector<std::string> messages;
+  for (const auto& error : errors) messages.push_back(tcp_test::message_of(error));
+  return messages;
+}
+
+std::vector<std::vector<float>> inputs_for(int ranks, std::size_t length) {
+  const float values[] = {1e8f, 3.0f, -1e8f, 3.0f, 0.5f, 7e7f, -2.0f, 1.25f, -7e7f};
+  std::vector<std::vector<float>> inputs(static_cast<std::size_t>(ranks),
+                                         std::vector<float>(length));
+  std::mt19937 engine(7);
+  for (auto& input : inputs) {
+    for (float& value : input) value = values[engine() % 9];
+  }
+  return inputs;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "through shared memory the all-reduce gives the canonical tree's bits on every rank, and "
+    "leaves nothing in /dev/shm") {
+  const auto segments = cohort::testing::shared_memory_segments();
+  for (int ranks : {2, 3, 4}) {
+    // Direct, one piece, several pieces with a short last one.
+    for (std::size_t length : {std::size_t{5}, std::size_t{200'000}, std::size_t{700'003}}) {
+      CAPTURE(ranks);
+      CAPTURE(length);
+      const auto inputs = inputs_for(ranks, length);
+      std::vector<const float*> pointers;
+      for (const auto& input : inputs) pointers.push_back(input.data());
+      std::vector<float> expected(length);
+      cohort::device::cpu::reduce_tree<float>(ReduceOp::kSum, pointers, expected);
+      const auto failures = on_sharing_ranks(
+          ranks,
+          [&](auto& c, const auto& sharing) {
+            if (!sharing.shared) throw std::runtime_error("not shared: " + sharing.why_not);
+            for (int round = 0; round < 3; ++round) {  // both slots of every rank, and back
+              auto buffer = inputs[static_cast<std::size_t>(c.rank())];
+              c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+              if (std::memcmp(buffer.data(), expected.data(), length * sizeof(float)) != 0) {
+                throw std::runtime_error("bits differ from the canonical tree");
+              }
+            }
+          },
+          [](int) { return true; });
+      for (const auto& failure : failures) CHECK(failure == "");
+    }
+  }
+  CHECK(cohort::testing::shared_memory_segments() == segments);
+}
+
+TEST_CASE("a rank that does not want shared memory keeps every rank on the transport") {
+  const auto failures = on_sharing_ranks(
+      3,
+      [](auto& c, const auto& sharing) {
+        if (sharing.shared || !sharing.why_not.empty()) {
+          throw std::runtime_error("shared, or a reason given: " + sharing.why_not);
+        }
+        cohort::testing::check_collectives<float>(c, 4099);
+      },
+      [](int rank) { return rank != 1; });
+  for (const auto& failure : failures) CHECK(failure == "");
+}
+
+TEST_CASE("a rank that calls another collective is named, with both calls") {
+  const auto failures = on_sharing_ranks(
+      2,
+      [](auto& c, const auto&) {
+        std::vector<float> buffer(7, 1.0f);
+        if (c.rank() == 0) {
+          c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+        } else {
+          c.broadcast(std::span<float>(buffer), 1);
+        }
+      },
+      [](int) { return true; });
+  // The set-up's three collectives come first.
+  CHECK(failures[0] ==
+        "rank 0: all_reduce #4: called all_reduce(float, 7, sum) but rank 1 called "
+        "broadcast(float, 7, root 1) #4");
+}
+
+TEST_CASE("a rank that calls an all-reduce of another length is named, with both calls") {
+  const auto failures = on_sharing_ranks(
+      2,
+      [](auto& c, const auto&) {
+        std::vector<float> buffer(c.rank() == 0 ? 7 : 9, 1.0f);
+        c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+      },
+      [](int) { return true; });
+  CHECK(failures[0] ==
+        "rank 0: all_reduce #4: called all_reduce(float, 7, sum) but rank 1 called "
+        "all_reduce(float, 9, sum) #4");
+  CHECK(failures[1] ==
+        "rank 1: all_reduce #4: called all_reduce(float, 9, sum) but rank 0 called "
+        "all_reduce(float, 7, sum) #4");
+}
+
+TEST_CASE("a rank that never arrives is named after operation_timeout, with a warning before") {
+  const auto start = std::chrono::steady_clock::now();
+  const auto failures = on_sharing_ranks(
+      2,
+      [](auto& c, const auto&) {
+        std::vector<float> buffer(1000, 1.0f);
+        if (c.rank() == 1) std::this_thread::sleep_for(1500ms);
+        c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+        // Rank 1 finds rank 0's arrival and completes the call rank 0 gave up, as a transfer
+        // would find what rank 0 had sent: its next call fails.
+        c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+      },
+      [](int) { return true; }, 600ms);
+  CHECK(failures[0] ==
+        "rank 0: all_reduce #4: no progress within 600 ms during sequence 4, waiting for: rank 1 "
+        "in shared memory, all_reduce(float, 1000, sum)");
+  // Rank 1, late, learns why rank 0 left.
+  CHECK(failures[1].starts_with("rank 1: all_reduce #5: rank 0 left: "));
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+}
+
+TEST_CASE("an abort, from a peer or from another thread of the waiting rank, ends the wait") {
+  for (const bool own : {false, true}) {
+    CAPTURE(own);
+    std::atomic<bool> rank_one_done = false;
+    std::atomic<bool> failed_before = false;
+    const auto failures = on_sharing_ranks(
+        2,
+        [&](auto& c, const auto&) {
+          std::vector<float> buffer(1000, 1.0f);
+          if (c.rank() == 1) {
+            std::this_thread::sleep_for(300ms);  // rank 0 asleep in the segment
+            if (!own) c.abort("stopped by the test");
+            std::this_thread::sleep_for(1500ms);
+            rank_one_done = true;
+            return;
+          }
+          std::jthread aborter;
+          if (own) {
+            aborter = std::jthread([&c] {
+              std::this_thread::sleep_for(300ms);
+              c.abort("stopped by the test");
+            });
+          }
+          try {
+            c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+          } catch (...) {
+            failed_before = !rank_one_done;
+            throw;
+          }
+        },
+        [](int) { return true; });
+    CAPTURE(failures[0]);
+    CHECK(failures[0].starts_with("rank 0: all_reduce #4: "));
+    CHECK(failed_before);  // not at rank 1's end, nor at the deadline
+    if (!own) CHECK(failures[0].find("rank 1") != std::string::npos);
+  }
+}
+
+TEST_CASE("a segment is mapped only under its ticket") {
+  const auto segments = cohort::testing::shared_memory_segments();
+  SharedSegment created = SharedSegment::create(0, 2);
+  SharedSegment::Ticket wrong = created.ticket();
+  wrong[3] ^= 1;  // the name's part is right, the token is not
+  CHECK_THROWS_WITH_AS(SharedSegment::open(wrong, 1, 2), doctest::Contains("is not this job's"),
+                       std::runtime_error);
+  wrong = created.ticket();
+  wrong[0] ^= 1;  // no such name
+  CHECK_THROWS_AS(SharedSegment::open(wrong, 1, 2), std::system_error);
+  CHECK_THROWS_WITH_AS(SharedSegment::open(created.ticket(), 1, 3), doctest::Contains("bytes"),
+                       std::runtime_error);  // another layout
+  {
+    SharedSegment opened = SharedSegment::open(created.ticket(), 1, 2);
+    created.unlink();
+    // What one mapping writes, the other reads.
+    *created.slot(1, 0) = std::byte{42};
+    CHECK(*opened.slot(1, 0) == std::byte{42});
+    opened.arrive(1, {.sequence = 3, .tag = 9});
+    CHECK(created.arrived(1, 1));
+    CHECK_FALSE(created.arrived(1, 2));
+    CHECK(created.stamp(1, 1) == SharedSegment::Stamp{.sequence = 3, .tag = 9});
+  }
+  CHECK(cohort::testing::shared_memory_segments() == segments);
+}
