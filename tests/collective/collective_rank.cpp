@@ -37,7 +37,8 @@ cohort::transport::tcp::Tcp connect() {
 // error: the test's processes share a host).
 cohort::collective::Deterministic<cohort::transport::tcp::Tcp> deterministic(bool shared) {
   cohort::collective::Deterministic communicator(connect());
-  if (shared && !communicator.share_host_memory(true).shared) {
+  if (shared &&
+      !communicator.share_host_memory(true, communicator.transport().options().spin).shared) {
     throw std::runtime_error("the ranks did not share memory");
   }
   return communicator;

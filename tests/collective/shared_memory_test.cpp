@@ -39,7 +39,8 @@ std::vector<std::string> on_sharing_ranks(int ranks, Body body, Wanted wanted,
       ranks,
       [&](Tcp& tcp) {
         Deterministic<Tcp> communicator(std::move(tcp));
-        const auto sharing = communicator.share_host_memory(wanted(communicator.rank()));
+        const auto sharing = communicator.share_host_memory(
+            wanted(communicator.rank()), communicator.transport().options().spin);
         body(communicator, sharing);
       },
       [&](cohort::transport::tcp::Options& options) { options.operation_timeout = timeout; });

@@ -301,9 +301,9 @@ int run_tcp_rank(const Settings& s, const Context& context, const cluster::Spec&
   Algorithm<transport::tcp::Tcp> comm(
       transport::tcp::Tcp(tcp_options(s, spec, spec.rank, spec.size)));
   std::string medium = frame_protection(s, comm.transport().options());
-  if constexpr (requires { comm.share_host_memory(true); }) {
+  if constexpr (requires { comm.share_host_memory(true, {}); }) {
     if (backend == "shm") {
-      const auto sharing = comm.share_host_memory(true);
+      const auto sharing = comm.share_host_memory(true, comm.transport().options().spin);
       if (!sharing.shared) {
         throw ConfigError("--backend shm: the ranks do not share memory" +
                           (sharing.why_not.empty() ? std::string(" (not all on this host)")

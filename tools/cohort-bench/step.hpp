@@ -372,8 +372,9 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
   const Watchdog watchdog(launched_by_self() ? 0 : s.timeout_s);
   const std::string job = spec.job_id.empty() ? "cohort-bench" : spec.job_id;
   const bool printer = spec.rank == 0;
-  const std::size_t bucket_bytes =
-      s.bucket_bytes != 0 ? s.bucket_bytes : strategy::MultiWorkerMirrored<>::Options{}.bucket_bytes;
+  const std::size_t bucket_bytes = s.bucket_bytes != 0
+                                       ? s.bucket_bytes
+                                       : strategy::MultiWorkerMirrored<>::Options{}.bucket_bytes;
   // The plain all-reduces go where the strategy's do: through shared memory where every worker
   // is on this host, unless COHORT_SHARED_MEMORY=0 (Options::shared_memory).
   const bool shared_memory =
@@ -408,7 +409,8 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
         .secret = environment_or("COHORT_SECRET", ""),
         .operation_timeout = timeout,
     }));
-    if (comm.share_host_memory(shared_memory).shared) run.plain += ", through shared memory";
+    if (comm.share_host_memory(shared_memory, comm.transport().options().spin).shared)
+      run.plain += ", through shared memory";
     for (const std::size_t parameters : s.parameters) {
       plain.push_back(time_plain_all_reduce(comm, s, parameters));
     }

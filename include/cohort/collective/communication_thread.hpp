@@ -10,7 +10,9 @@
 // across hosts"). Real-time priority here is SCHED_FIFO 1, the lowest real-time priority: above
 // every normal thread, below the kernel's real-time threads (interrupt threads, migration). The
 // thread sleeps whenever it has nothing to move, and by default the kernel keeps 5% of the CPU
-// time for normal threads (sched_rt_runtime_us).
+// time for normal threads (sched_rt_runtime_us). Where the traffic is CPU work instead (processes
+// of one host that all-reduce through shared memory), real-time priority only preempts the
+// backward pass sooner: run_at_normal_priority().
 #pragma once
 
 #include <pthread.h>
@@ -84,6 +86,16 @@ class CommunicationThread {
   CommunicationThread& operator=(const CommunicationThread&) = delete;
 
   bool realtime() const { return realtime_; }
+
+  // Back to normal priority, for a process whose traffic turned out to be CPU work rather than a
+  // wait on a network (MultiWorkerMirrored's workers of one host, which all-reduce through shared
+  // memory): there real-time priority only preempts the backward pass sooner. Lowering a
+  // thread's priority needs no permission.
+  void run_at_normal_priority() {
+    const sched_param normal{.sched_priority = 0};
+    ::pthread_setschedparam(thread_.native_handle(), SCHED_OTHER, &normal);
+    realtime_ = false;
+  }
   // Why a kAuto thread runs at normal priority; empty when it runs at real-time priority or was
   // asked for normal.
   const std::string& refusal() const { return refusal_; }

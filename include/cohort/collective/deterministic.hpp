@@ -99,17 +99,19 @@ class Deterministic : public detail::OverTransport<T> {
 
   // Where every rank of the group is on this host (detail::host_identity) and wants it,
   // all_reduce goes through a shared segment from now on. A collective: every rank calls it at
-  // the same point, also a rank that does not want it. The transport's operation_timeout, spin
-  // and stall_warning (tcp::Options) govern the waits in the segment too.
-  HostSharing share_host_memory(bool wanted) requires transport::Serving<T> &&
+  // the same point, also a rank that does not want it. A rank waiting in the segment spins for
+  // `spin` before it sleeps (zero for a thread at real-time priority, whose spinning would keep
+  // its core from the other threads); the transport's operation_timeout and stall_warning
+  // (tcp::Options) govern those waits as they govern transfers.
+  HostSharing share_host_memory(bool wanted,
+                                std::chrono::microseconds spin) requires transport::Serving<T> &&
       requires(const T& t) {
     t.options().operation_timeout;
-    t.options().spin;
     t.options().stall_warning;
   }
   {
     const auto& options = this->transport().options();
-    waiting_ = {options.operation_timeout, options.spin, options.stall_warning};
+    waiting_ = {options.operation_timeout, spin, options.stall_warning};
     std::array<std::int64_t, std::tuple_size_v<detail::HostIdentity> + 1> mine{wanted};
     const detail::HostIdentity identity = detail::host_identity();
     std::copy(identity.begin(), identity.end(), mine.begin() + 1);

@@ -24,6 +24,8 @@
 // transport can stand in for transport::tcp::Tcp (ProcessTransport).
 #pragma once
 
+#include <sched.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -132,6 +134,29 @@ class WorkerProcess {
   cluster::Binding binding_{};
   bool realtime_thread_ = false;  // the communication thread runs at real-time priority
 };
+
+// The CPUs that the processes of `all` (a collective over processes of one host) may run on
+// together: the union of their affinity masks, which a launcher that pins each process to its
+// own cores (mpirun, Slurm) makes disjoint, and which are all the host's otherwise.
+template <class All>
+[[gnu::cold]] int cpus_of_host(All& all) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (::sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_SET(0, &mine);
+  constexpr std::size_t kWords = sizeof(cpu_set_t) / sizeof(std::int64_t);
+  std::array<std::int64_t, kWords> words;
+  std::memcpy(words.data(), &mine, sizeof mine);
+  std::vector<std::int64_t> every(kWords * static_cast<std::size_t>(all.size()));
+  all.all_gather(std::span<const std::int64_t>(words), std::span<std::int64_t>(every));
+  cpu_set_t host;
+  CPU_ZERO(&host);
+  for (std::size_t rank = 0; rank < static_cast<std::size_t>(all.size()); ++rank) {
+    cpu_set_t theirs;
+    std::memcpy(&theirs, every.data() + rank * kWords, sizeof theirs);
+    CPU_OR(&host, &host, &theirs);
+  }
+  return CPU_COUNT(&host);
+}
 
 // After the chief's part of Trainer::save, on every process of a job that `cross` spans (rank 0
 // the chief): the chief's outcome, "" when it wrote the checkpoint, else why not (its first 511
