@@ -7,6 +7,7 @@
 #include <cohort/strategy/multi_worker_mirrored.hpp>
 #include <cohort/trainer.hpp>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "demo.hpp"
@@ -15,13 +16,12 @@
 int main(int argc, char** argv) {
   example::DemoSettings settings;
   std::size_t local_replicas = 1;
-  std::size_t bucket_bytes = cohort::strategy::MultiWorkerMirrored<>::Options{}.bucket_bytes;
+  std::size_t bucket_bytes = 0;
   CLI::App app{"MultiWorkerMirrored training of an MLP across processes"};
   app.add_option("--local-replicas", local_replicas, "replica threads in each worker process");
   app.add_option("--bucket-bytes", bucket_bytes,
                  "bytes per bucket of the gradient, all-reduced across processes as soon as the "
-                 "backward pass has made it final")
-      ->capture_default_str()
+                 "backward pass has made it final (default: the strategy's choice)")
       ->check(CLI::PositiveNumber);
   example::add_demo_options(app, settings);
   example::add_threads_option(app, settings);
@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
   try {
     const example::DemoData data(settings);
     cohort::strategy::MultiWorkerMirrored<> strategy(
-        {.local_replicas = local_replicas, .bucket_bytes = bucket_bytes});
+        {.local_replicas = local_replicas,
+         .bucket_bytes = bucket_bytes != 0 ? std::optional(bucket_bytes) : std::nullopt});
     const bool chief = strategy.is_chief();
     const std::size_t workers = strategy.replicas() / local_replicas;
     cohort::Trainer trainer(

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 
@@ -146,6 +147,41 @@ TEST_CASE("a replica that throws releases the others and fit rethrows its error"
                           cohort::testing::test_optimizer<cohort::optimizer::Sgd>(),
                           {.global_batch = 64, .progress = cohort::Progress::kSilent});
   CHECK_THROWS_WITH_AS(trainer.fit(FaultyData{FaultyData::Fault::kThrow}, {.epochs = 1}),
+                       "example 5 is unreadable", std::runtime_error);
+}
+
+// The failing replica aborts its group as its step unwinds, before its failure reaches the
+// threads' bookkeeping, so another replica's "abandoned because ..." can be recorded first: the
+// cause is still what goes up.
+TEST_CASE("replica threads rethrow the cause, not a collective abandoned because of it") {
+  struct Communicator {
+    void abort(std::string_view) {}
+  };
+  struct Replica {
+    std::size_t index;
+    Communicator communicator_;
+    Communicator& communicator() { return communicator_; }
+  };
+  auto body = [](Replica& replica) {
+    if (replica.index == 0) {
+      throw cohort::CommError({.rank = 0,
+                               .peer = 2,
+                               .operation = "all_reduce",
+                               .sequence = 7,
+                               .detail = "abandoned because rank 2 aborted: example 5 is "
+                                         "unreadable"});
+    }
+    if (replica.index == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // recorded after replica 0
+      throw std::runtime_error("example 5 is unreadable");
+    }
+  };
+  CHECK_THROWS_WITH_AS(cohort::strategy::detail::run_replica_threads(
+                           4,
+                           [](std::size_t index) {
+                             return Replica{index, {}};
+                           },
+                           body),
                        "example 5 is unreadable", std::runtime_error);
 }
 

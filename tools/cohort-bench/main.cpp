@@ -156,8 +156,9 @@ void add_step_options(CLI::App& app, StepSettings& s) {
   app.add_option("--warmup-steps", s.warmup_steps, "untimed steps first")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  add_bytes(app, "--bucket-bytes", s.bucket_bytes,
-            "multi_worker_mirrored: bytes per cross-worker bucket (default: the strategy's, 256K)");
+  add_bytes(
+      app, "--bucket-bytes", s.bucket_bytes,
+      "multi_worker_mirrored: bytes per cross-worker bucket (default: the strategy's choice)");
   app.add_option("--backward-us", s.backward_us,
                  "a synthetic backward pass of this many microseconds of computation per step, "
                  "which reports the gradient ready layer by layer: the overlap column says how "

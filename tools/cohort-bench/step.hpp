@@ -32,7 +32,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -89,7 +91,10 @@ inline std::string format_step_header(const StepRun& run) {
          std::to_string(run.local_replicas) + " local), float parameters, sgd\n";
   out += "# steps: " + std::to_string(run.steps) + " timed after " +
          std::to_string(run.warmup_steps) + " warm-up" +
-         (run.bucket_bytes ? ", bucket_bytes " + std::to_string(run.bucket_bytes) : "") +
+         (run.bucket_bytes == 0 ? ""
+          : run.bucket_bytes == std::numeric_limits<std::size_t>::max()
+              ? ", one bucket (the whole gradient, after the backward pass)"
+              : ", bucket_bytes " + std::to_string(run.bucket_bytes)) +
          "; synthetic backward " + detail::format("%.0f", run.backward_us) + " us in " +
          std::to_string(run.layers) + " layers; launched by " + run.launcher + "\n";
   out +=
@@ -372,9 +377,8 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
   const Watchdog watchdog(launched_by_self() ? 0 : s.timeout_s);
   const std::string job = spec.job_id.empty() ? "cohort-bench" : spec.job_id;
   const bool printer = spec.rank == 0;
-  const std::size_t bucket_bytes = s.bucket_bytes != 0
-                                       ? s.bucket_bytes
-                                       : strategy::MultiWorkerMirrored<>::Options{}.bucket_bytes;
+  const std::optional<std::size_t> bucket_bytes =
+      s.bucket_bytes != 0 ? std::optional<std::size_t>(s.bucket_bytes) : std::nullopt;
   // The plain all-reduces go where the strategy's do: through shared memory where every worker
   // is on this host, unless COHORT_SHARED_MEMORY=0 (Options::shared_memory).
   const bool shared_memory =
@@ -388,7 +392,6 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
               .replicas = static_cast<std::size_t>(spec.size) * s.local_replicas,
               .steps = s.steps,
               .warmup_steps = s.warmup_steps,
-              .bucket_bytes = bucket_bytes,
               .backward_us = s.backward_us,
               .layers = s.layers,
               .launcher = launcher_of(spec),
@@ -419,6 +422,7 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
                                             .cluster = {.job_id = job + "-strategy"},
                                             .timeout = timeout,
                                             .bucket_bytes = bucket_bytes});
+  run.bucket_bytes = strategy.bucket_bytes();
   if (printer) print(format_step_header(run));
   std::vector<StepRow> rows;
   for (std::size_t i = 0; i < s.parameters.size(); ++i) {

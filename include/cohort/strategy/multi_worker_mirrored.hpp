@@ -36,11 +36,11 @@
 //                    operation and its sequence number (left at its default: COHORT_TIMEOUT)
 //   bucket_bytes     the unit of cross-worker reduction and of overlap: a bucket of the gradient
 //                    starts its all-reduce as soon as the model has made it final
-//                    (core/model.hpp, gradient readiness), while the backward pass goes on
-//                    (default 256 KiB, measured against 64 KiB to 16 MiB: docs/benchmarks.md,
-//                    "Bucket size"; left at it where the workers share memory and their replica
-//                    threads have every CPU, the gradient goes as one bucket: share_host_memory
-//                    below)
+//                    (core/model.hpp, gradient readiness), while the backward pass goes on.
+//                    Unset: kBucketBytes (256 KiB, measured against 64 KiB to 16 MiB:
+//                    docs/benchmarks.md, "Bucket size"), except where the workers share memory
+//                    and their replica threads have every CPU: then the whole gradient, once the
+//                    backward pass ends (share_host_memory below)
 //   communication_priority
 //                    the scheduling of the thread that moves the buckets between processes
 //                    (collective/communication_thread.hpp): kAuto (the default) real-time where
@@ -67,6 +67,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -110,6 +111,8 @@ class MultiWorkerMirrored {
   using Communicator = collective::Hierarchical<collective::LocalCommunicator, Cross>;
   static_assert(collective::Communicator<Communicator>);
 
+  static constexpr std::size_t kBucketBytes = std::size_t{256} << 10;
+
   struct Options {
     std::size_t local_replicas = 1;
     cluster::Explicit cluster{};
@@ -118,7 +121,7 @@ class MultiWorkerMirrored {
     std::string listen_ports{};  // "LOW-HIGH" (or COHORT_PORT_RANGE); empty: any free port
     std::chrono::milliseconds connect_timeout{std::chrono::minutes(1)};
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-    std::size_t bucket_bytes = std::size_t{256} << 10;
+    std::optional<std::size_t> bucket_bytes{};
     collective::ThreadPriority communication_priority = collective::ThreadPriority::kAuto;
     bool shared_memory = true;
   };
@@ -126,7 +129,9 @@ class MultiWorkerMirrored {
   explicit MultiWorkerMirrored(Options options)
       : process_(std::move(options), {Role::kWorker, Role::kChief}, "MultiWorkerMirrored") {
     detail::require_local_replicas(this->options().local_replicas);
-    options::require_positive("bucket_bytes", this->options().bucket_bytes);
+    if (this->options().bucket_bytes) {
+      options::require_positive("bucket_bytes", *this->options().bucket_bytes);
+    }
     thread_ = process_.start_communication_thread();
     const cluster::Spec& spec = process_.spec();
     cross_ = std::make_unique<Cross>(
@@ -150,6 +155,10 @@ class MultiWorkerMirrored {
   }
   const cluster::Spec& cluster() const { return process_.spec(); }
   const Options& options() const { return process_.options(); }
+  // The unit in which the replicas all-reduce the gradient while the backward pass goes on:
+  // Options::bucket_bytes, kBucketBytes, or SIZE_MAX (one bucket after the backward pass:
+  // share_host_memory).
+  std::size_t bucket_bytes() const { return bucket_bytes_; }
 
   using Replica = detail::MirroredReplica<Communicator>;
 
@@ -162,7 +171,7 @@ class MultiWorkerMirrored {
         [&](std::size_t local_index) {
           return Replica(first_local_replica() + local_index,
                          Communicator(local.communicator(static_cast<int>(local_index)), *cross_,
-                                      *thread_, options().bucket_bytes),
+                                      *thread_, options().bucket_bytes.value_or(kBucketBytes)),
                          {}, bucket_bytes_);
         },
         body);
@@ -175,9 +184,9 @@ class MultiWorkerMirrored {
   // the workers' replica threads have every CPU the job may use on this host, overlapping it with
   // the backward pass only moves it there, with a switch between the threads at every bucket:
   // the gradient then goes as one bucket once the backward pass ends. On 2 cores, 2 workers of
-  // the examples' MLP trained 14,600 examples/s that way, 13,600 in 256 KiB buckets at normal
-  // priority and 12,500 at real-time priority (docs/benchmarks.md, "Processes of one host"). A
-  // program that sets bucket_bytes keeps its buckets.
+  // the examples' MLP trained 14,954 examples/s that way, 14,468 in 256 KiB buckets during the
+  // backward pass and 12,819 with those at real-time priority (docs/benchmarks.md, "Processes of
+  // one host"). A program that sets bucket_bytes keeps its buckets.
   [[gnu::cold]] void share_host_memory() {
     if constexpr (requires { cross_->share_host_memory(true, {}); }) {
       const cluster::Spec& spec = process_.spec();
@@ -198,8 +207,8 @@ class MultiWorkerMirrored {
       if (!realtime) thread_->run_at_normal_priority();
       const int cpus = detail::cpus_of_host(*cross_);
       const std::size_t replica_threads = replicas();
-      const bool overlap = options().bucket_bytes != Options{}.bucket_bytes ||
-                           static_cast<std::size_t>(cpus) > replica_threads;
+      const bool overlap =
+          options().bucket_bytes.has_value() || static_cast<std::size_t>(cpus) > replica_threads;
       if (!overlap) bucket_bytes_ = std::numeric_limits<std::size_t>::max();
       if (spec.rank != 0) return;
       const std::string when = overlap ? "in buckets of " + std::to_string(bucket_bytes_) +
@@ -213,7 +222,8 @@ class MultiWorkerMirrored {
   }
 
   detail::WorkerProcess<Options> process_;
-  std::size_t bucket_bytes_ = process_.options().bucket_bytes;  // the replicas' (share_host_memory)
+  // The replicas' buckets: share_host_memory may make them one.
+  std::size_t bucket_bytes_ = process_.options().bucket_bytes.value_or(kBucketBytes);
   std::unique_ptr<Cross> cross_;
   std::unique_ptr<collective::CommunicationThread> thread_;  // after cross_: stopped before it
 };

@@ -16,13 +16,17 @@
 // the job, whatever way it ends. The same user's other processes could map it while the name
 // exists; they could as well attach a debugger to the job.
 //
-// Waiting: spin for `spin` (zero: sleep at once), then sleep on the counter (a futex between
-// processes), waking at least every kWatchInterval so that the caller can watch for a peer that
-// died or left (its sockets) and for the deadline.
+// Waiting: spin for `spin` (zero: sleep at once), pausing for the first kSpinPause where every
+// rank can have a CPU and yielding the CPU after that (so that a peer that shares it runs at
+// once), then sleep on the counter (a futex between processes), waking at least every
+// kWatchInterval so that the caller can watch for a peer that died or left (its sockets) and for
+// the deadline. With 4 processes on 2 cores, spinning without yielding made a 4-byte all-reduce
+// take 330 us; yielding, 2.9 us.
 #pragma once
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -43,6 +47,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "cohort/collective/detail/cpu_relax.hpp"
@@ -112,6 +117,8 @@ class SharedSegment {
   // How long a sleeping rank sleeps at most before it looks at its peers' sockets and its
   // deadline again.
   static constexpr std::chrono::milliseconds kWatchInterval{1};
+  // How long a waiting rank spins with a pause instruction, where every rank can have a CPU.
+  static constexpr std::chrono::microseconds kSpinPause{10};
 
   // A new segment for `ranks` ranks, mapped by `rank`; throws std::system_error naming the call
   // that failed.
@@ -178,6 +185,7 @@ class SharedSegment {
   SharedSegment(SharedSegment&& other) noexcept
       : rank_(other.rank_),
         ranks_(other.ranks_),
+        pause_(other.pause_),
         slot_bytes_(other.slot_bytes_),
         bytes_(other.bytes_),
         ticket_(other.ticket_),
@@ -230,11 +238,20 @@ class SharedSegment {
   // Spins for up to `spin` until `peer` has made its `phase`-th arrival; true if it has.
   bool spin_for(int peer, std::uint32_t phase, std::chrono::microseconds spin) const {
     if (spin.count() <= 0) return arrived(peer, phase);
-    const auto until = std::chrono::steady_clock::now() + spin;
+    const auto start = std::chrono::steady_clock::now();
+    bool pausing = pause_;
     for (unsigned i = 1;; ++i) {
       if (arrived(peer, phase)) return true;
-      if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return false;
-      cpu_relax();
+      if (!pausing || i % 64 == 0) {
+        const auto spun = std::chrono::steady_clock::now() - start;
+        if (spun >= spin) return false;
+        pausing = pausing && spun < kSpinPause;
+      }
+      if (pausing) {
+        cpu_relax();
+      } else {
+        ::sched_yield();
+      }
     }
   }
 
@@ -279,6 +296,7 @@ class SharedSegment {
   SharedSegment(int rank, int ranks)
       : rank_(rank),
         ranks_(ranks),
+        pause_(static_cast<unsigned>(ranks) <= std::thread::hardware_concurrency()),
         slot_bytes_(slot_bytes_for(ranks)),
         bytes_(slots_offset(ranks) + 2 * static_cast<std::size_t>(ranks) * slot_bytes_) {}
 
@@ -321,6 +339,7 @@ class SharedSegment {
 
   int rank_;
   int ranks_;
+  bool pause_;  // whether every rank can have a CPU, so that a waiting rank may pause first
   std::size_t slot_bytes_;
   std::size_t bytes_;
   Ticket ticket_{};

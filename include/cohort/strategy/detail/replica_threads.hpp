@@ -1,7 +1,11 @@
 // Runs one body per local replica on its own thread, the calling thread being the first, and
 // turns a failure of any replica into a prompt failure of all: the failing replica aborts its
-// communicator (which releases the others' collectives), and the first exception is rethrown
-// once every thread has returned. Shared by every strategy that runs replicas as threads.
+// communicator (which releases the others' collectives), and once every thread has returned the
+// cause is rethrown: the first failure recorded, unless it is a CommError whose peer() is
+// another replica that failed too (a collective abandoned because that replica aborted), in
+// which case that replica's own. The abort comes before its replica's failure is recorded (the
+// Trainer aborts as the step unwinds), so the others' consequences can be recorded first.
+// Shared by every strategy that runs replicas as threads.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduction_tree.hpp"
 
@@ -31,10 +36,13 @@ inline void require_local_replicas(std::size_t local_replicas) {
 // replica sets its device there); the replica has communicator().abort().
 template <class MakeReplica, class Body>
 void run_replica_threads(std::size_t count, MakeReplica&& make_replica, Body& body) {
-  std::exception_ptr first_failure;
-  std::once_flag record_failure;
-  const auto record = [&] {
-    std::call_once(record_failure, [&] { first_failure = std::current_exception(); });
+  std::vector<std::exception_ptr> failures(count);
+  std::vector<std::size_t> recorded;  // the replicas that failed, in the order they recorded it
+  std::mutex mutex;
+  const auto record = [&](std::size_t local_index) {
+    const std::lock_guard lock(mutex);
+    failures[local_index] = std::current_exception();
+    recorded.push_back(local_index);
   };
   auto replica_main = [&](std::size_t local_index) {
     try {
@@ -42,13 +50,13 @@ void run_replica_threads(std::size_t count, MakeReplica&& make_replica, Body& bo
       try {
         body(replica);
       } catch (...) {
-        record();
+        record(local_index);
         replica.communicator().abort(what_of(std::current_exception()));
       }
     } catch (...) {
       // The replica could not be built (its device, or its communicator's set-up): it has no
       // communicator to abort, so the others fail when their set-up or first collective times out.
-      record();
+      record(local_index);
     }
   };
   {
@@ -61,7 +69,23 @@ void run_replica_threads(std::size_t count, MakeReplica&& make_replica, Body& bo
     // on the user's thread.
     replica_main(0);
   }
-  if (first_failure) std::rethrow_exception(first_failure);
+  if (recorded.empty()) return;
+  // Whether replica i's failure names another replica that failed as its peer.
+  const auto consequence = [&](std::size_t i) {
+    try {
+      std::rethrow_exception(failures[i]);
+    } catch (const CommError& error) {
+      const int peer = error.peer();
+      return peer >= 0 && static_cast<std::size_t>(peer) < count &&
+             static_cast<std::size_t>(peer) != i && failures[static_cast<std::size_t>(peer)];
+    } catch (...) {
+    }
+    return false;
+  };
+  for (const std::size_t i : recorded) {
+    if (!consequence(i)) std::rethrow_exception(failures[i]);
+  }
+  std::rethrow_exception(failures[recorded.front()]);
 }
 
 }  // namespace cohort::strategy::detail
