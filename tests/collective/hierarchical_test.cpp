@@ -12,10 +12,11 @@
 #include <cohort/collective/local.hpp>
 #include <cohort/transport/loopback.hpp>
 #include <cstring>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "collective_checks.hpp"
 
 namespace {
 
@@ -61,17 +62,8 @@ TEST_CASE("hierarchical all-reduce gives the canonical tree's bits over all repl
     CAPTURE(local_size);
     const int ranks = workers * local_size;
     const std::size_t length = 70'001;  // several buckets of 64 KiB
-    const float values[] = {1e8f, 3.0f, -1e8f, 3.0f, 0.5f, 7e7f, -2.0f, 1.25f, -7e7f};
-    std::vector<std::vector<float>> inputs(static_cast<std::size_t>(ranks),
-                                           std::vector<float>(length));
-    std::mt19937 engine(3);
-    for (auto& input : inputs) {
-      for (float& value : input) value = values[engine() % 9];
-    }
-    std::vector<const float*> pointers;
-    for (const auto& input : inputs) pointers.push_back(input.data());
-    std::vector<float> expected(length);
-    cohort::device::cpu::reduce_tree<float>(ReduceOp::kSum, pointers, expected);
+    const auto inputs = cohort::testing::cancelling_inputs(ranks, length, 3);
+    const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
 
     const auto failures = on_workers(workers, local_size, 64 * 1024, [&](Communicator& c) {
       auto buffer = inputs[static_cast<std::size_t>(c.rank())];

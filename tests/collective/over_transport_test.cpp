@@ -94,17 +94,8 @@ TEST_CASE("the deterministic all-reduce gives the canonical tree's bits on every
     for (std::size_t length : {std::size_t{5}, std::size_t{300'000}}) {  // direct and segmented
       CAPTURE(ranks);
       CAPTURE(length);
-      const float values[] = {1e8f, 3.0f, -1e8f, 3.0f, 0.5f, 7e7f, -2.0f, 1.25f, -7e7f};
-      std::vector<std::vector<float>> inputs(static_cast<std::size_t>(ranks),
-                                             std::vector<float>(length));
-      std::mt19937 engine(7);
-      for (auto& input : inputs) {
-        for (float& value : input) value = values[engine() % 9];
-      }
-      std::vector<const float*> pointers;
-      for (const auto& input : inputs) pointers.push_back(input.data());
-      std::vector<float> expected(length);
-      cohort::device::cpu::reduce_tree<float>(ReduceOp::kSum, pointers, expected);
+      const auto inputs = cohort::testing::cancelling_inputs(ranks, length, 7);
+      const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
 
       const auto failures = on_ranks<cohort::collective::Deterministic>(ranks, [&](auto& c) {
         auto buffer = inputs[static_cast<std::size_t>(c.rank())];

@@ -6,10 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <cohort/collective/deterministic.hpp>
-#include <cohort/device/cpu.hpp>
 #include <cohort/transport/tcp/tcp.hpp>
 #include <cstring>
-#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -49,16 +47,6 @@ std::vector<std::string> on_sharing_ranks(int ranks, Body body, Wanted wanted,
   return messages;
 }
 
-std::vector<std::vector<float>> inputs_for(int ranks, std::size_t length) {
-  const float values[] = {1e8f, 3.0f, -1e8f, 3.0f, 0.5f, 7e7f, -2.0f, 1.25f, -7e7f};
-  std::vector<std::vector<float>> inputs(static_cast<std::size_t>(ranks),
-                                         std::vector<float>(length));
-  std::mt19937 engine(7);
-  for (auto& input : inputs) {
-    for (float& value : input) value = values[engine() % 9];
-  }
-  return inputs;
-}
 
 }  // namespace
 
@@ -71,11 +59,8 @@ TEST_CASE(
     for (std::size_t length : {std::size_t{5}, std::size_t{200'000}, std::size_t{700'003}}) {
       CAPTURE(ranks);
       CAPTURE(length);
-      const auto inputs = inputs_for(ranks, length);
-      std::vector<const float*> pointers;
-      for (const auto& input : inputs) pointers.push_back(input.data());
-      std::vector<float> expected(length);
-      cohort::device::cpu::reduce_tree<float>(ReduceOp::kSum, pointers, expected);
+      const auto inputs = cohort::testing::cancelling_inputs(ranks, length, 7);
+      const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
       const auto failures = on_sharing_ranks(
           ranks,
           [&](auto& c, const auto& sharing) {

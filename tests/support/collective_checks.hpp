@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cohort/core/reduce_op.hpp>
+#include <cohort/device/cpu.hpp>
 #include <cstddef>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -66,6 +68,29 @@ void check_collectives(Communicator& c, std::size_t length) {
     fail("broadcast is wrong");
   }
   c.barrier();
+}
+
+// Buffers whose sums cancel (1e8 + 3 - 1e8 ...), so that any order of additions other than the
+// canonical tree changes bits: rank r's buffer is the r-th.
+inline std::vector<std::vector<float>> cancelling_inputs(int ranks, std::size_t length,
+                                                         unsigned seed) {
+  const float values[] = {1e8f, 3.0f, -1e8f, 3.0f, 0.5f, 7e7f, -2.0f, 1.25f, -7e7f};
+  std::vector<std::vector<float>> inputs(static_cast<std::size_t>(ranks),
+                                         std::vector<float>(length));
+  std::mt19937 engine(seed);
+  for (auto& input : inputs) {
+    for (float& value : input) value = values[engine() % 9];
+  }
+  return inputs;
+}
+
+// Their elementwise sum in the canonical tree over ranks (core/reduction_tree.hpp).
+inline std::vector<float> canonical_sum(const std::vector<std::vector<float>>& inputs) {
+  std::vector<const float*> pointers;
+  for (const auto& input : inputs) pointers.push_back(input.data());
+  std::vector<float> sum(inputs.front().size());
+  device::cpu::reduce_tree<float>(ReduceOp::kSum, pointers, sum);
+  return sum;
 }
 
 }  // namespace cohort::testing
