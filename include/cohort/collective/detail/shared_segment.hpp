@@ -12,9 +12,9 @@
 // Who may map it: the segment is created mode 0600 under a random name that travels only over
 // the job's own transport (authenticated, and encrypted, where a secret says so), its pages are
 // reserved at creation (posix_fallocate: a full /dev/shm fails here, not with SIGBUS later), and
-// its name is removed as soon as every rank has mapped it, so nothing is left in /dev/shm after
-// the job, whatever way it ends. The same user's other processes could map it while the name
-// exists; they could as well attach a debugger to the job.
+// its name is removed as soon as every rank has mapped it, a few messages after its creation, so
+// that from then on nothing is left in /dev/shm, whatever way the job ends. The same user's other
+// processes could map it while the name exists; they could as well attach a debugger to the job.
 //
 // Waiting: spin for `spin` (zero: sleep at once), pausing for the first kSpinPause where every
 // rank can have a CPU and yielding the CPU after that (so that a peer that shares it runs at
