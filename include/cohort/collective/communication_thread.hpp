@@ -96,6 +96,7 @@ class CommunicationThread {
     ::pthread_setschedparam(thread_.native_handle(), SCHED_OTHER, &normal);
     realtime_ = false;
   }
+
   // Why a kAuto thread runs at normal priority; empty when it runs at real-time priority or was
   // asked for normal.
   const std::string& refusal() const { return refusal_; }
