@@ -115,6 +115,9 @@ expect_bits() {
   [[ "$(fingerprint)" == "${expected}" ]] || fail "parameters $(fingerprint), expected ${expected}"
   grep -q "COHORT_BIND_ADDRESS\|0\.0\.0\.0" "${started[@]/%/.out}" &&
     fail "a rank bound the wildcard or read COHORT_BIND_ADDRESS"
+  # Each host has a network namespace of its own: its workers stay on TCP, not shared memory.
+  grep -q "through shared memory" "${started[@]/%/.out}" &&
+    fail "workers on different hosts all-reduced through shared memory"
 }
 
 # The single-host bits, Mirrored with 2 and 4 replicas.
