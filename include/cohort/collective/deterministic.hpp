@@ -250,8 +250,9 @@ class Deterministic : public detail::OverTransport<T> {
       watch_peers(call);
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::steady_clock::now() - start);
-      const std::string waiting_for =
-          "rank " + std::to_string(peer) + " in shared memory, " + call.fingerprint.describe();
+      const auto waiting_for = [&] {
+        return "rank " + std::to_string(peer) + " in shared memory, " + call.fingerprint.describe();
+      };
       if (!warned && static_cast<double>(waited.count()) >=
                          static_cast<double>(waiting_.timeout.count()) * waiting_.stall_warning) {
         warned = true;
@@ -259,38 +260,36 @@ class Deterministic : public detail::OverTransport<T> {
                      "cohort: rank %d: no progress for %lld ms during sequence %llu, waiting for: "
                      "%s; the all-reduce fails at operation_timeout = %lld ms\n",
                      this->rank(), static_cast<long long>(waited.count()),
-                     static_cast<unsigned long long>(call.header.sequence), waiting_for.c_str(),
+                     static_cast<unsigned long long>(call.header.sequence), waiting_for().c_str(),
                      static_cast<long long>(waiting_.timeout.count()));
       }
       if (waited >= waiting_.timeout) {
         this->poison_and_throw(call, peer,
                                "no progress within " + std::to_string(waiting_.timeout.count()) +
                                    " ms during sequence " + std::to_string(call.header.sequence) +
-                                   ", waiting for: " + waiting_for);
+                                   ", waiting for: " + waiting_for());
       }
     }
   }
 
   // Nothing travels over the transport during an all-reduce in the segment, so a frame, or the
   // end of a connection, says why a peer is not coming: it left (and why), it died, or it called
-  // another collective.
-  // (share_host_memory requires a Serving transport; this is instantiated for every other too.)
+  // another collective. (Only share_host_memory, which requires a Serving transport, engages the
+  // segment; this is compiled for every transport.)
   void watch_peers(const Call& call) {
-    if constexpr (transport::Serving<T>) watch_serving_peers(call);
-  }
-
-  void watch_serving_peers(const Call& call) requires transport::Serving<T> {
-    int peer = -1;
-    try {
-      peer = this->transport().wait_any(peers_, std::chrono::milliseconds(0));
-    } catch (const CommError& error) {
-      this->poison_and_throw(call, error.peer(), std::string(error.detail()));
+    if constexpr (transport::Serving<T>) {
+      int peer = -1;
+      try {
+        peer = this->transport().wait_any(peers_, std::chrono::milliseconds(0));
+      } catch (const CommError& error) {
+        this->poison_and_throw(call, error.peer(), std::string(error.detail()));
+      }
+      if (peer < 0) return;
+      const transport::Receive receive{peer, call.header, {}};
+      this->transfer(call, {}, {&receive, 1});
+      this->fail(call, "rank " + std::to_string(peer) +
+                           " sent a message during an all-reduce in shared memory");
     }
-    if (peer < 0) return;
-    const transport::Receive receive{peer, call.header, {}};
-    this->transfer(call, {}, {&receive, 1});
-    this->fail(call, "rank " + std::to_string(peer) +
-                         " sent a message during an all-reduce in shared memory");
   }
 
   // Every rank gets every buffer and folds them all.
