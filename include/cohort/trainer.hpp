@@ -473,7 +473,29 @@ class Trainer {
 
   template <class T>
   using Buffer = device::Buffer<Device, T>;
-  using Gradient = Buffer<value_type>;
+
+  // A gradient of the step's fold: a buffer of its own at the replica's place, or, for the sum,
+  // storage that the strategy lends (strategy.hpp, gradient_sum_storage).
+  class Gradient {
+   public:
+    std::span<value_type> span() { return lent_.empty() ? owned_.span() : lent_; }
+    std::span<const value_type> span() const { return lent_.empty() ? owned_.span() : lent_; }
+    std::size_t size() const { return span().size(); }
+    // Keeps what it holds where that is `count` elements, else holds a buffer of its own.
+    void hold(std::size_t count, const Place& place) {
+      if (size() == count) return;
+      lent_ = {};
+      owned_ = Buffer<value_type>(count, place);
+    }
+    void lend(std::span<value_type> storage) {
+      lent_ = storage;
+      owned_ = {};
+    }
+
+   private:
+    Buffer<value_type> owned_;
+    std::span<value_type> lent_;
+  };
 
   Place place(std::size_t local) const { return strategy::place_of(strategy_, local); }
 
@@ -542,7 +564,7 @@ class Trainer {
                                          const Place& place, Replica& replica,
                                          strategy::Update<value_type, O>& update) {
     Gradient& leaf = gradient_fold.begin_last();
-    if (leaf.size() != gradients.size()) leaf = Gradient(gradients.size(), place);
+    leaf.hold(gradients.size(), place);
     update.gradient_sum = gradient_fold.result_slot().span();
     replica.begin_step(update);
     ReadinessCheck readiness;
@@ -582,6 +604,10 @@ class Trainer {
     replica.start(parameters, optimizer_state, step_);
 
     tree::StreamingFold<Gradient, AddInto> gradient_fold(AddInto{place});
+    if constexpr (requires { replica.template gradient_sum_storage<value_type>(std::size_t{}); }) {
+      gradient_fold.result_slot().lend(
+          replica.template gradient_sum_storage<value_type>(gradients.size()));
+    }
     tree::StreamingFold<double, decltype(&add_loss)> loss_fold(&add_loss);
     ProgressPrinter progress(reports ? options_.progress : Progress::kSilent,
                              plan.steps_per_epoch(), options_.global_batch);
@@ -688,7 +714,7 @@ class Trainer {
           }
           loss = ModelTraits<M>::forward_backward(model, data.batch(indices));
           gradient_fold.push([&](Gradient& slot) {
-            if (slot.size() != gradients.size()) slot = Gradient(gradients.size(), place);
+            slot.hold(gradients.size(), place);
             Device::copy(place, gradients, slot.span());
           });
           loss_fold.push([&](double& slot) { slot = loss; });

@@ -117,15 +117,16 @@ TEST_CASE("cohort-bench catches a corrupted reduction, prints it and exits non-z
 }
 
 TEST_CASE(
-    "cohort-bench with the ring algorithm, the shared-memory and the local backend checks clean "
-    "too") {
+    "cohort-bench with the ring algorithm, the shared-memory backend (also in the shared buffer) "
+    "and the local backend checks clean too") {
   for (const std::string collective : {"reduce_scatter", "all_reduce"}) {
     for (const std::vector<std::string>& backend :
          {std::vector<std::string>{"--backend", "tcp", "--algorithm", "ring"},
           std::vector<std::string>{"--backend", "shm"},
+          std::vector<std::string>{"--backend", "shm", "--shared-buffer"},
           std::vector<std::string>{"--backend", "local"}}) {
       CAPTURE(collective);
-      CAPTURE(backend[1]);
+      CAPTURE(backend);
       std::vector<std::string> arguments{collective, "--np", "3",  "-b", "4",           "-e",
                                          "4M",       "-f",   "16", "-n", "3",           "-c",
                                          "1",        "-w",   "1",  "--timeout-s", "100"};
@@ -135,7 +136,10 @@ TEST_CASE(
       CHECK(r.code == 0);
       CHECK(contains(r.output, "# Out of bounds values : 0 OK"));
       if (backend[1] == "shm") {
-        CHECK(contains(r.output, "all-reduce through shared memory, the rest over TCP"));
+        CHECK(contains(r.output, backend.size() == 3
+                                     ? "all-reduce through shared memory in the shared buffer, "
+                                       "the rest over TCP"
+                                     : "all-reduce through shared memory, the rest over TCP"));
       }
     }
   }

@@ -80,6 +80,117 @@ TEST_CASE(
   CHECK(cohort::testing::shared_memory_segments() == segments);
 }
 
+TEST_CASE(
+    "parts of the shared buffer all-reduce in place to the canonical tree's bits, between "
+    "all-reduces of other buffers, and leave nothing in /dev/shm") {
+  const auto segments = cohort::testing::shared_memory_segments();
+  for (int ranks : {2, 3, 4}) {
+    for (std::size_t length : {std::size_t{5}, std::size_t{200'000}, std::size_t{700'003}}) {
+      CAPTURE(ranks);
+      CAPTURE(length);
+      const auto inputs = cohort::testing::cancelling_inputs(ranks, length, 11);
+      const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
+      const auto failures = on_sharing_ranks(
+          ranks,
+          [&](auto& c, const auto& sharing) {
+            if (!sharing.shared) throw std::runtime_error("not shared: " + sharing.why_not);
+            // A second call of the same count, or of a smaller one, keeps the buffer.
+            const std::span<float> values = c.template share_buffer<float>(length).values;
+            if (values.size() != length) throw std::runtime_error("no shared buffer");
+            if (c.template share_buffer<float>(length / 2 + 1).values.data() != values.data()) {
+              throw std::runtime_error("a smaller count moved the buffer");
+            }
+            const auto& mine = inputs[static_cast<std::size_t>(c.rank())];
+            for (int round = 0; round < 3; ++round) {
+              std::copy(mine.begin(), mine.end(), values.begin());
+              // Whole, then in three parts from the end as a gradient's buckets; an all-reduce
+              // through the slots between the rounds.
+              if (round == 1) {
+                const std::size_t cut = length / 3;
+                c.all_reduce(values.subspan(2 * cut), ReduceOp::kSum);
+                c.all_reduce(values.subspan(cut, cut), ReduceOp::kSum);
+                c.all_reduce(values.first(cut), ReduceOp::kSum);
+              } else {
+                c.all_reduce(values, ReduceOp::kSum);
+              }
+              if (std::memcmp(values.data(), expected.data(), length * sizeof(float)) != 0) {
+                throw std::runtime_error("bits differ from the canonical tree");
+              }
+              auto own = mine;
+              c.all_reduce(std::span<float>(own), ReduceOp::kSum);
+              if (std::memcmp(own.data(), expected.data(), length * sizeof(float)) != 0) {
+                throw std::runtime_error("bits differ through the slots");
+              }
+            }
+          },
+          [](int) { return true; });
+      for (const auto& failure : failures) CHECK(failure == "");
+    }
+  }
+  CHECK(cohort::testing::shared_memory_segments() == segments);
+}
+
+TEST_CASE(
+    "a shared buffer that cannot be made says why, and the all-reduce goes on through the slots; "
+    "ranks that do not share memory get none, without a reason") {
+  const auto failures = on_sharing_ranks(
+      2,
+      [](auto& c, const auto& sharing) {
+        if (!sharing.shared) throw std::runtime_error("not shared: " + sharing.why_not);
+        // 2 ranks x 2^60 bytes: more than any /dev/shm.
+        const auto refused = c.template share_buffer<float>(std::size_t{1} << 58);
+        if (!refused.values.empty()) throw std::runtime_error("an impossible buffer was made");
+        const std::string expected_why =
+            c.rank() == 0 ? "posix_fallocate(/cohort-" : "rank 0 could not create or map";
+        if (refused.why_not.find(expected_why) == std::string::npos) {
+          throw std::runtime_error("why not: " + refused.why_not);
+        }
+        cohort::testing::check_collectives<float>(c, 300'001);
+      },
+      [](int) { return true; });
+  for (const auto& failure : failures) CHECK(failure == "");
+
+  const auto unshared = on_sharing_ranks(
+      2,
+      [](auto& c, const auto&) {
+        const auto none = c.template share_buffer<float>(100);
+        if (!none.values.empty() || !none.why_not.empty()) {
+          throw std::runtime_error("a shared buffer, or a reason, without shared memory");
+        }
+      },
+      [](int) { return false; });
+  for (const auto& failure : unshared) CHECK(failure == "");
+}
+
+TEST_CASE("ranks that all-reduce different places of the shared buffer are named, with both") {
+  const auto failures = on_sharing_ranks(
+      2,
+      [](auto& c, const auto&) {
+        const std::span<float> values = c.template share_buffer<float>(100).values;
+        // Floats [0, 10) of the buffer on rank 0, [10, 20) on rank 1.
+        c.all_reduce(c.rank() == 0 ? values.first(10) : values.subspan(10, 10), ReduceOp::kSum);
+      },
+      [](int) { return true; });
+  CHECK(failures[0] ==
+        "rank 0: all_reduce #6: this rank reduces byte 0 of its shared buffer but rank 1 reduces "
+        "byte 40 of its shared buffer");
+  CHECK(failures[1] ==
+        "rank 1: all_reduce #6: this rank reduces byte 40 of its shared buffer but rank 0 reduces "
+        "byte 0 of its shared buffer");
+
+  const auto outside = on_sharing_ranks(
+      2,
+      [](auto& c, const auto&) {
+        const std::span<float> values = c.template share_buffer<float>(100).values;
+        std::vector<float> own(10, 1.0f);
+        c.all_reduce(c.rank() == 0 ? std::span<float>(own) : values.first(10), ReduceOp::kSum);
+      },
+      [](int) { return true; });
+  CHECK(outside[0] ==
+        "rank 0: all_reduce #6: this rank reduces a buffer outside its shared buffer but rank 1 "
+        "reduces byte 0 of its shared buffer");
+}
+
 TEST_CASE("a rank that does not want shared memory keeps every rank on the transport") {
   const auto failures = on_sharing_ranks(
       3,
@@ -188,21 +299,27 @@ TEST_CASE("an abort, from a peer or from another thread of the waiting rank, end
 
 TEST_CASE("a segment is mapped only under its ticket") {
   const auto segments = cohort::testing::shared_memory_segments();
-  SharedSegment created = SharedSegment::create(0, 2);
+  SharedSegment created = SharedSegment::create(0, 2, 5000);
   SharedSegment::Ticket wrong = created.ticket();
   wrong[3] ^= 1;  // the name's part is right, the token is not
-  CHECK_THROWS_WITH_AS(SharedSegment::open(wrong, 1, 2), doctest::Contains("is not this job's"),
-                       std::runtime_error);
+  CHECK_THROWS_WITH_AS(SharedSegment::open(wrong, 1, 2, 5000),
+                       doctest::Contains("is not this job's"), std::runtime_error);
   wrong = created.ticket();
   wrong[0] ^= 1;  // no such name
-  CHECK_THROWS_AS(SharedSegment::open(wrong, 1, 2), std::system_error);
-  CHECK_THROWS_WITH_AS(SharedSegment::open(created.ticket(), 1, 3), doctest::Contains("bytes"),
-                       std::runtime_error);  // another layout
+  CHECK_THROWS_AS(SharedSegment::open(wrong, 1, 2, 5000), std::system_error);
+  CHECK_THROWS_WITH_AS(SharedSegment::open(created.ticket(), 1, 3, 5000),
+                       doctest::Contains("bytes"), std::runtime_error);  // another layout
+  CHECK_THROWS_WITH_AS(SharedSegment::open(created.ticket(), 1, 2, 9000),
+                       doctest::Contains("bytes"), std::runtime_error);  // other regions
   {
-    SharedSegment opened = SharedSegment::open(created.ticket(), 1, 2);
+    SharedSegment opened = SharedSegment::open(created.ticket(), 1, 2, 5000);
     created.unlink();
+    CHECK(opened.region_bytes() == 8192);  // whole pages
     // What one mapping writes, the other reads.
     *created.slot(1, 0) = std::byte{42};
+    CHECK(*opened.slot(1, 0) == std::byte{42});
+    created.region(1)[8191] = std::byte{7};
+    CHECK(opened.region(1)[8191] == std::byte{7});
     CHECK(*opened.slot(1, 0) == std::byte{42});
     opened.arrive(1, {.sequence = 3, .tag = 9});
     CHECK(created.arrived(1, 1));

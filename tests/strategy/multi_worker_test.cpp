@@ -99,6 +99,8 @@ TEST_CASE(
       CHECK((output.find("cohort: the " + std::string(workers) +
                          " worker processes of this host all-reduce through shared memory") !=
              std::string::npos) == (shared == "1"));
+      // Through shared memory, the gradient sum lies there (share_buffer): no line says otherwise.
+      CHECK(output.find("the gradient goes in and out of shared memory") == std::string::npos);
     }
   }
   CHECK(cohort::testing::shared_memory_segments() == segments);
@@ -201,6 +203,42 @@ TEST_CASE(
   CHECK(output.find("No space left on device") != std::string::npos);
   CHECK(output.find("cohort: rank 1: the worker processes of this host all-reduce over TCP, since "
                     "shared memory failed: rank 0 could not create or map the segment") !=
+        std::string::npos);
+  CHECK(read_file(out) == mirrored_parameters(20, 2));
+}
+
+TEST_CASE(
+    "workers whose /dev/shm holds the segment but not their gradient beside it say why, copy the "
+    "gradient through the slots and keep the bits") {
+  TemporaryDirectory directory("cohort-multi-worker-no-gradient-shm");
+  // A /dev/shm of 6 MiB: the segment of 2 workers (4 MiB and 8 KiB) fits, but the one that adds
+  // a region per worker for the gradient sum does not fit beside it while it is made.
+  const std::vector<std::string> small_shm{
+      "/usr/bin/unshare", "--mount", "--", "/bin/sh", "-c",
+      "mount -t tmpfs -o size=6m cohort-test /dev/shm && exec \"$@\"", "sh"};
+  std::vector<std::string> probe = small_shm;
+  probe.push_back("/bin/true");
+  if (!fs::exists(small_shm.front()) || run(probe, directory.path / "probe.txt").first.code != 0) {
+    MESSAGE("skipped: unshare (util-linux) cannot make a mount namespace here (needs root)");
+    return;
+  }
+  const fs::path out = directory.path / "parameters.bin";
+  std::vector<std::string> command = small_shm;
+  for (const std::string& word :
+       {std::string(COHORT_RUN), std::string("--np"), std::string("2"), std::string("--"),
+        std::string(COHORT_TRAINER), std::string("1"), std::string("20"), out.string()}) {
+    command.push_back(word);
+  }
+  const auto [exit, output] = run(command, directory.path / "log.txt");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  CHECK(output.find("cohort: the 2 worker processes of this host all-reduce through shared "
+                    "memory") != std::string::npos);
+  CHECK(output.find("cohort: replica 0: the gradient goes in and out of shared memory, since a "
+                    "buffer for it there failed: posix_fallocate(/cohort-") != std::string::npos);
+  CHECK(output.find("cohort: replica 1: the gradient goes in and out of shared memory, since a "
+                    "buffer for it there failed: rank 0 could not create or map the segment") !=
         std::string::npos);
   CHECK(read_file(out) == mirrored_parameters(20, 2));
 }

@@ -116,6 +116,9 @@ void add_collective_options(CLI::App& app, Settings& s) {
          "--checksum", [&s](int c) { s.checksum = c != 0; },
          "tcp: frame checksums on (1, the transport's default) or off (0)")
       ->check(CLI::Range(0, 1));
+  app.add_flag("--shared-buffer", s.shared_buffer,
+               "shm: the receive buffer lies in the shared segment, as MultiWorkerMirrored's "
+               "gradient sum (Deterministic::share_buffer): nothing is copied in or out");
   app.add_option("--timeout-s", s.timeout_s,
                  "stop the run after this many seconds (and bound each tcp transfer and nccl "
                  "collective); 0: none")

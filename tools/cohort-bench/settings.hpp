@@ -67,6 +67,8 @@ struct Settings {
   int root = 0;
   std::string json;      // file for the JSON report; empty: none
   bool checksum = true;  // tcp: frame checksums (transport::tcp::Options::checksum)
+  // shm: the receive buffer in the shared segment (Deterministic::share_buffer).
+  bool shared_buffer = false;
   double timeout_s = 0;  // 0: none; else every rank (thread or process) stops after this long,
                          // and it bounds each TCP transfer and NCCL collective
   bool corrupt = false;  // test only: one wrong element on the last rank after each checked call

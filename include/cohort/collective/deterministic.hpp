@@ -21,10 +21,14 @@
 // into this rank's slot; once every rank has arrived, the owner of chunk j folds it in tree order
 // straight from every rank's slot and writes it back into its own; once every rank has arrived
 // again, each copies the other owners' chunks out. A small piece (n x B <= kDirectBytes) is
-// folded whole by every rank after one meeting. The other collectives keep the transport, and
-// the transport stays the watch on the peers: while a rank waits in the segment it looks at its
-// peers' connections, so a peer that died, left or called another collective is named as over
-// the transport, and a peer that does not arrive within the transport's operation_timeout is too.
+// folded whole by every rank after one meeting. A buffer that a rank keeps in the segment itself
+// (share_buffer: MultiWorkerMirrored's gradient sum) needs no slot: the owner of chunk j folds it
+// from every rank's buffer and writes it into every rank's, between two meetings, so that the
+// all-reduce is one pass over the memory, as between threads. The other collectives keep the
+// transport, and the transport stays the watch on the peers: while a rank waits in the segment it
+// looks at its peers' connections, so a peer that died, left or called another collective is
+// named as over the transport, and a peer that does not arrive within the transport's
+// operation_timeout is too.
 //
 // Requirements: as for every communicator (collective.hpp). Not thread-safe: one thread per
 // communicator.
@@ -37,6 +41,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -69,7 +74,11 @@ class Deterministic : public detail::OverTransport<T> {
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     if (ranks == 1 || buffer.empty()) return;
     if (segment_) {
-      all_reduce_in_segment(call, buffer, op);
+      if (const auto where = region_offset(buffer)) {
+        all_reduce_in_region(call, buffer, *where, op);
+      } else {
+        all_reduce_in_segment(call, buffer, op);
+      }
       return;
     }
     if (buffer.size_bytes() * ranks <= kDirectBytes) {
@@ -120,46 +129,41 @@ class Deterministic : public detail::OverTransport<T> {
     for (std::size_t word = 0; word < all.size(); ++word) {
       if (!wanted || all[word] != mine[word % mine.size()]) return {};
     }
-    // Rank 0 creates the segment and sends its ticket (a leading 0 where it could not); the
-    // others map it; every rank learns whether all did before rank 0 removes the name.
     HostSharing sharing;
-    std::optional<detail::SharedSegment> segment;
-    std::array<std::int64_t, 1 + std::tuple_size_v<detail::SharedSegment::Ticket>> words{};
-    try {
-      if (this->rank() == 0) {
-        segment.emplace(detail::SharedSegment::create(0, this->size()));
-        words[0] = 1;
-        std::copy(segment->ticket().begin(), segment->ticket().end(), words.begin() + 1);
-      }
-    } catch (const std::exception& error) {
-      sharing.why_not = error.what();
-    }
-    this->broadcast(std::span<std::int64_t>(words), 0);
-    if (this->rank() != 0 && words[0] == 1) {
-      detail::SharedSegment::Ticket ticket;
-      std::copy(words.begin() + 1, words.end(), ticket.begin());
-      try {
-        segment.emplace(detail::SharedSegment::open(ticket, this->rank(), this->size()));
-      } catch (const std::exception& error) {
-        sharing.why_not = error.what();
-      }
-    }
-    std::array<std::int32_t, 1> first_refusal{segment ? this->size() : this->rank()};
-    this->all_reduce(std::span<std::int32_t>(first_refusal), ReduceOp::kMin);
-    if (segment) segment->unlink();
-    if (first_refusal[0] < this->size()) {
-      if (sharing.why_not.empty()) {
-        sharing.why_not =
-            "rank " + std::to_string(first_refusal[0]) + " could not create or map the segment";
-      }
-      return sharing;
-    }
-    segment_.emplace(std::move(*segment));
-    peers_.clear();
-    for (int peer = 0; peer < this->size(); ++peer) {
-      if (peer != this->rank()) peers_.push_back(peer);
-    }
+    std::optional<detail::SharedSegment> segment = agree_on_segment(0, sharing.why_not);
+    if (!segment) return sharing;
+    adopt(std::move(*segment));
     return {.shared = true};
+  }
+
+  // What share_buffer gives.
+  template <class E>
+  struct SharedBuffer {
+    std::span<E> values{};  // empty where the buffer is not shared
+    // Why not, where all_reduce goes through shared memory but this buffer could not be made
+    // there: this rank's reason, or the first rank that could not. Empty otherwise.
+    std::string why_not{};
+  };
+
+  // Where all_reduce goes through shared memory (share_host_memory), `count` elements of this
+  // rank in the segment, where its peers read and write them: an all-reduce of any part of them
+  // (at the same offset on every rank) needs no copy in or out, as between threads. A rank that
+  // computes its contribution there (a training step's gradient sum: MultiWorkerMirrored) saves
+  // a pass over it each way: for the examples' MLP on 2 cores, the gradient's all-reduce went
+  // from 1.06 to 0.40 ms (docs/benchmarks.md, "Processes of one host"). A collective, with the
+  // same count on every rank; the buffer lives until the next call of a larger count, or the
+  // communicator's end.
+  template <class E>
+  SharedBuffer<E> share_buffer(std::size_t count) {
+    if (!segment_ || this->size() == 1) return {};
+    const std::size_t bytes = count * sizeof(E);
+    if (segment_->region_bytes() < bytes) {
+      SharedBuffer<E> refused;
+      std::optional<detail::SharedSegment> segment = agree_on_segment(bytes, refused.why_not);
+      if (!segment) return refused;
+      adopt(std::move(*segment));
+    }
+    return {.values = std::span<E>(reinterpret_cast<E*>(segment_->region(this->rank())), count)};
   }
 
  private:
@@ -169,6 +173,91 @@ class Deterministic : public detail::OverTransport<T> {
     std::chrono::microseconds spin{};
     double stall_warning = 0;
   };
+
+  // Rank 0 creates a segment with regions of `region_bytes` and sends its ticket (a leading 0
+  // where it could not); the others map it; every rank learns whether all did before rank 0
+  // removes the name. Returns the segment where every rank mapped it, else sets why_not.
+  std::optional<detail::SharedSegment> agree_on_segment(std::size_t region_bytes,
+                                                        std::string& why_not) {
+    std::optional<detail::SharedSegment> segment;
+    std::array<std::int64_t, 1 + std::tuple_size_v<detail::SharedSegment::Ticket>> words{};
+    try {
+      if (this->rank() == 0) {
+        segment.emplace(detail::SharedSegment::create(0, this->size(), region_bytes));
+        words[0] = 1;
+        std::copy(segment->ticket().begin(), segment->ticket().end(), words.begin() + 1);
+      }
+    } catch (const std::exception& error) {
+      why_not = error.what();
+    }
+    this->broadcast(std::span<std::int64_t>(words), 0);
+    if (this->rank() != 0 && words[0] == 1) {
+      detail::SharedSegment::Ticket ticket;
+      std::copy(words.begin() + 1, words.end(), ticket.begin());
+      try {
+        segment.emplace(
+            detail::SharedSegment::open(ticket, this->rank(), this->size(), region_bytes));
+      } catch (const std::exception& error) {
+        why_not = error.what();
+      }
+    }
+    std::array<std::int32_t, 1> first_refusal{segment ? this->size() : this->rank()};
+    this->all_reduce(std::span<std::int32_t>(first_refusal), ReduceOp::kMin);
+    if (segment) segment->unlink();
+    if (first_refusal[0] == this->size()) return segment;
+    if (why_not.empty()) {
+      why_not = "rank " + std::to_string(first_refusal[0]) + " could not create or map the segment";
+    }
+    return std::nullopt;
+  }
+
+  // From now on all_reduce goes through `segment`, whose arrivals start at zero on every rank.
+  void adopt(detail::SharedSegment segment) {
+    segment_.reset();
+    segment_.emplace(std::move(segment));
+    phase_ = 0;
+    pieces_ = 0;
+    peers_.clear();
+    for (int peer = 0; peer < this->size(); ++peer) {
+      if (peer != this->rank()) peers_.push_back(peer);
+    }
+  }
+
+  // The offset in bytes of `buffer` in this rank's region, where it lies there.
+  template <class E>
+  std::optional<std::uint64_t> region_offset(std::span<E> buffer) const {
+    const std::byte* const region = segment_->region(this->rank());
+    const auto* const begin = reinterpret_cast<const std::byte*>(buffer.data());
+    const std::less_equal<const std::byte*> at_most;
+    if (!at_most(region, begin) ||
+        !at_most(begin + buffer.size_bytes(), region + segment_->region_bytes())) {
+      return std::nullopt;
+    }
+    return static_cast<std::uint64_t>(begin - region);
+  }
+
+  // The all-reduce of a part of the regions (share_buffer): once every rank has arrived, the
+  // owner of chunk j folds it in tree order from every rank's region and writes it into every
+  // rank's region, a block at a time while hot; once every rank has arrived again, each holds
+  // the whole result, and no peer touches its region any more.
+  template <class E>
+  void all_reduce_in_region(const Call& call, std::span<E> buffer, std::uint64_t where,
+                            ReduceOp op) {
+    const detail::SharedSegment& segment = *segment_;
+    const std::size_t ranks = static_cast<std::size_t>(this->size());
+    meet(call, where);
+    const auto mine = detail::chunk(buffer.size(), ranks, static_cast<std::size_t>(this->rank()));
+    std::vector<const E*> inputs(ranks);
+    std::vector<E*> outputs(ranks);
+    for (std::size_t rank = 0; rank < ranks; ++rank) {
+      E* const chunk =
+          reinterpret_cast<E*>(segment.region(static_cast<int>(rank)) + where) + mine.begin;
+      inputs[rank] = chunk;
+      outputs[rank] = chunk;
+    }
+    fold_into(op, inputs, std::span<E* const>(outputs), mine.size());
+    meet(call, where);
+  }
 
   // The all-reduce through the segment (top of this file), piece by piece. The pieces alternate
   // between the two slots of each rank, so that one meeting per piece is enough to know that no
@@ -209,9 +298,8 @@ class Deterministic : public detail::OverTransport<T> {
         inputs[static_cast<std::size_t>(rank)] =
             (rank == me ? piece.data() : slot(set, rank).data()) + mine.begin;
       }
-      const std::span<E> folded = piece.subspan(mine.begin, mine.size());
-      fold_into(op, inputs, folded);
-      std::copy(folded.begin(), folded.end(), at(own, mine.begin));
+      E* const folded[] = {piece.data() + mine.begin, own.data() + mine.begin};
+      fold_into(op, inputs, std::span<E* const>(folded), mine.size());
       meet(call);
       for (int rank = 0; rank < this->size(); ++rank) {
         if (rank == me) continue;
@@ -222,18 +310,29 @@ class Deterministic : public detail::OverTransport<T> {
     }
   }
 
-  // Arrives in the segment and waits until every peer has, in the same call.
-  void meet(const Call& call) {
+  // Arrives in the segment and waits until every peer has, in the same call, with its buffer at
+  // the same place: `where` in its region, or outside it (Stamp::kOutsideRegion).
+  void meet(const Call& call, std::uint64_t where = detail::SharedSegment::Stamp::kOutsideRegion) {
     detail::SharedSegment& segment = *segment_;
     const std::uint32_t phase = ++phase_;
-    const detail::SharedSegment::Stamp stamp{call.header.sequence, call.header.tag};
+    const detail::SharedSegment::Stamp stamp{call.header.sequence, call.header.tag, where};
     segment.arrive(phase, stamp);
     for (const int peer : peers_) {
       if (!segment.spin_for(peer, phase, waiting_.spin)) wait_asleep(call, peer, phase);
       const detail::SharedSegment::Stamp theirs = segment.stamp(peer, phase);
-      if (theirs != stamp) {
+      if (theirs.sequence != stamp.sequence || theirs.tag != stamp.tag) {
         this->mismatched(call, peer,
                          {transport::message_type::kCollective, theirs.sequence, theirs.tag});
+      }
+      if (theirs.where != where) {
+        const auto describe = [](std::uint64_t at) {
+          return at == detail::SharedSegment::Stamp::kOutsideRegion
+                     ? std::string("a buffer outside its shared buffer")
+                     : "byte " + std::to_string(at) + " of its shared buffer";
+        };
+        this->poison_and_throw(call, peer,
+                               "this rank reduces " + describe(where) + " but rank " +
+                                   std::to_string(peer) + " reduces " + describe(theirs.where));
       }
     }
   }
@@ -309,7 +408,8 @@ class Deterministic : public detail::OverTransport<T> {
       receives.push_back({peer, call.header, detail::writable_bytes_of(slot)});
     }
     this->transfer(call, sends, receives);
-    fold_into(op, inputs, buffer);
+    E* const folded[] = {buffer.data()};
+    fold_into(op, inputs, std::span<E* const>(folded), length);
   }
 
   // Sends chunk j of `input` to rank j, receives every rank's chunk of this rank and folds them,
@@ -334,7 +434,8 @@ class Deterministic : public detail::OverTransport<T> {
     }
     const auto mine = detail::chunk(input.size(), count, static_cast<std::size_t>(this->rank()));
     inputs[static_cast<std::size_t>(this->rank())] = input.data() + mine.begin;
-    fold_into(op, inputs, owned);
+    E* const folded[] = {owned.data()};
+    fold_into(op, inputs, std::span<E* const>(folded), length);
   }
 
   // Sends outgoing(peer) to and receives incoming(peer) from every other rank, one peer each way
@@ -354,19 +455,20 @@ class Deterministic : public detail::OverTransport<T> {
     }
   }
 
-  // out = the canonical-tree fold of inputs, where out may alias one input: folded a cache-sized
-  // block at a time into a small buffer and copied out while hot, so the fold costs no extra pass
-  // over memory.
+  // Each of `outputs` = the canonical-tree fold of `count` elements of inputs, where an output
+  // may alias an input: folded a cache-sized block at a time into a small buffer and copied out
+  // while hot, so the fold costs no extra pass over memory.
   template <class E>
-  void fold_into(ReduceOp op, std::vector<const E*>& inputs, std::span<E> out) {
+  void fold_into(ReduceOp op, std::vector<const E*>& inputs, std::span<E* const> outputs,
+                 std::size_t count) {
     constexpr std::size_t kBlock = 16 * device::cpu::kReduceBlock;
     thread_local std::vector<E> block(kBlock);
     std::vector<const E*> offset(inputs.size());
-    for (std::size_t begin = 0; begin < out.size(); begin += kBlock) {
-      const std::size_t count = std::min(kBlock, out.size() - begin);
+    for (std::size_t begin = 0; begin < count; begin += kBlock) {
+      const std::size_t length = std::min(kBlock, count - begin);
       for (std::size_t i = 0; i < inputs.size(); ++i) offset[i] = inputs[i] + begin;
-      device::cpu::reduce_tree<E>(op, offset, std::span<E>(block).first(count));
-      std::copy_n(block.begin(), count, out.begin() + static_cast<std::ptrdiff_t>(begin));
+      device::cpu::reduce_tree<E>(op, offset, std::span<E>(block).first(length));
+      for (E* const output : outputs) std::copy_n(block.begin(), length, output + begin);
     }
   }
 

@@ -19,6 +19,7 @@
 #include <functional>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cohort/collective/collective.hpp"
@@ -109,6 +110,18 @@ class Hierarchical {
     std::copy_n(whole.begin() +
                     static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rank()) * output.size()),
                 output.size(), output.begin());
+  }
+
+  // The cross communicator's shared buffer (Deterministic::share_buffer) for the local leader,
+  // whose buffer is the one that crosses processes; nothing for the other local replicas. A
+  // collective over the local leaders.
+  template <class E>
+  auto share_buffer(std::size_t count)
+      -> decltype(std::declval<Cross&>().template share_buffer<E>(count)) {
+    decltype(cross_->template share_buffer<E>(count)) shared;
+    finish_on_leader(
+        on_leader([this, count, &shared] { shared = cross_->template share_buffer<E>(count); }));
+    return shared;
   }
 
   void barrier() {

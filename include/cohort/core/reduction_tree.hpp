@@ -87,7 +87,8 @@ class StreamingFold {
   // The last leaf, arriving in parts (a model that reports gradient readiness), so that each part
   // of the result is final as soon as that part of the leaf is:
   //   Value& leaf = fold.begin_last();          // the last leaf's slot
-  //   Value& result = fold.result_slot();       // where the result will be
+  //   Value& result = fold.result_slot();       // where the result will be (also before the
+  //                                             // first leaf: the first leaf goes there)
   //   for each part: write it into leaf, then fold.finish_part(combine_part);
   //   fold.end_last();                          // once every part is done
   // finish_part runs the merges that push() and result() would run, in the same order, on the
@@ -97,7 +98,10 @@ class StreamingFold {
     if (depth_ == stack_.size()) stack_.emplace_back();
     return stack_[depth_].value;
   }
-  Value& result_slot() { return stack_[0].value; }
+  Value& result_slot() {
+    if (stack_.empty()) stack_.emplace_back();
+    return stack_[0].value;
+  }
   template <class CombinePart>
   void finish_part(CombinePart&& combine_part) {
     for (std::size_t top = depth_; top >= 1; --top) {

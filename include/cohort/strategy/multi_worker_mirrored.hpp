@@ -49,10 +49,11 @@
 //                    COHORT_COMMUNICATION_PRIORITY)
 //   shared_memory    where every worker process is on this host (the same boot, network and IPC
 //                    namespaces and /dev/shm), whether they all-reduce through shared memory
-//                    rather than over TCP: the same bits, a fraction of the CPU time
-//                    (collective/deterministic.hpp, share_host_memory; docs/benchmarks.md,
-//                    "Processes of one host"). Default true; false on any worker turns it off
-//                    for all (left at its default: COHORT_SHARED_MEMORY)
+//                    rather than over TCP: the same bits, a fraction of the CPU time, each
+//                    worker's gradient sum kept in the segment and reduced where it lies
+//                    (collective/deterministic.hpp, share_host_memory and share_buffer;
+//                    docs/benchmarks.md, "Processes of one host"). Default true; false on any
+//                    worker turns it off for all (left at its default: COHORT_SHARED_MEMORY)
 //
 // Only the chief (worker 0) prints progress and writes checkpoints; every worker returns from
 // Trainer::save once the chief's file is complete, or fails with the chief's reason

@@ -63,6 +63,12 @@
 //   replica.present_settings(fields)   after the Trainer's own comparison, before start(): a
 //                           strategy whose collectives do not reach every process of the job
 //                           (a parameter server) has the fields compared where they do
+//   replica.gradient_sum_storage<T>(count)   once per fit, after start(), on every replica:
+//                           a span of `count` elements where the Trainer keeps this replica's
+//                           gradient sum for every step of the fit (u.gradient_sum), or an empty
+//                           span for the Trainer's own buffer. A strategy whose communicator
+//                           reduces it in place there copies nothing in or out (MultiWorkerMirrored
+//                           through shared memory: collective::Deterministic::share_buffer)
 //   replica.stop_requested()  whether the replica heard that another process of the job was
 //                           signalled to stop (a parameter server's marked answers): the
 //                           Trainer's agreement to stop counts it

@@ -1,8 +1,10 @@
 // SharedSegment: POSIX shared memory that the processes of one host map, for the all-reduce of
 // collective::Deterministic between them (deterministic.hpp, share_host_memory). It holds, per
-// rank, two slots (a piece of the buffer being reduced, alternating between pieces) and an
-// arrival counter; a rank publishes a piece by writing its slot and counting one more arrival,
-// and reads its peers' slots once they have counted as far.
+// rank, two slots (a piece of the buffer being reduced, alternating between pieces), an arrival
+// counter, and optionally a region: a buffer that the rank computes into, such as the gradient
+// sum of a training step (share_buffer), which its peers read and write where it lies. A rank
+// publishes a piece by writing its slot or its region and counting one more arrival, and reads its
+// peers' once they have counted as far.
 //
 // Between processes of one host a transfer through the kernel's sockets is CPU work of both
 // ends: copies into and out of the kernel, checksums, system calls. Through the segment the
@@ -94,10 +96,14 @@ class SharedSegment {
   // part and a token the segment's header repeats, so that an opener knows it mapped this job's.
   using Ticket = std::array<std::int64_t, 4>;
 
-  // What one rank stamped on an arrival: which collective it was in.
+  // What one rank stamped on an arrival: which collective it was in, and where its buffer lies.
   struct Stamp {
+    // `where` of a buffer outside the region.
+    static constexpr std::uint64_t kOutsideRegion = ~std::uint64_t{0};
+
     std::uint64_t sequence = 0;
     std::uint64_t tag = 0;
+    std::uint64_t where = kOutsideRegion;  // the buffer's offset in the region, in bytes
     friend bool operator==(const Stamp&, const Stamp&) = default;
   };
 
@@ -120,10 +126,10 @@ class SharedSegment {
   // How long a waiting rank spins with a pause instruction, where every rank can have a CPU.
   static constexpr std::chrono::microseconds kSpinPause{10};
 
-  // A new segment for `ranks` ranks, mapped by `rank`; throws std::system_error naming the call
-  // that failed.
-  static SharedSegment create(int rank, int ranks) {
-    SharedSegment segment(rank, ranks);
+  // A new segment for `ranks` ranks, mapped by `rank`, with a region of `region_bytes` per rank;
+  // throws std::system_error naming the call that failed.
+  static SharedSegment create(int rank, int ranks, std::size_t region_bytes = 0) {
+    SharedSegment segment(rank, ranks, region_bytes);
     std::random_device random;
     for (std::int64_t& word : segment.ticket_) {
       word = static_cast<std::int64_t>((std::uint64_t{random()} << 32) | random());
@@ -144,6 +150,7 @@ class SharedSegment {
     Header& header = segment.header();
     header.ranks = static_cast<std::uint64_t>(ranks);
     header.slot_bytes = segment.slot_bytes_;
+    header.region_bytes = segment.region_bytes_;
     for (std::size_t i = 0; i < segment.ticket_.size(); ++i) {
       header.token[i] = static_cast<std::uint64_t>(segment.ticket_[i]);
     }
@@ -152,8 +159,9 @@ class SharedSegment {
 
   // The segment `ticket` names, mapped by `rank`; throws std::system_error naming the call that
   // failed, or std::runtime_error where what it mapped is not that segment.
-  static SharedSegment open(const Ticket& ticket, int rank, int ranks) {
-    SharedSegment segment(rank, ranks);
+  static SharedSegment open(const Ticket& ticket, int rank, int ranks,
+                            std::size_t region_bytes = 0) {
+    SharedSegment segment(rank, ranks, region_bytes);
     segment.ticket_ = ticket;
     const std::string name = segment.name();
     const int descriptor = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
@@ -174,7 +182,8 @@ class SharedSegment {
     segment.map(descriptor);
     const Header& header = segment.header();
     bool same = header.ranks == static_cast<std::uint64_t>(ranks) &&
-                header.slot_bytes == segment.slot_bytes_;
+                header.slot_bytes == segment.slot_bytes_ &&
+                header.region_bytes == segment.region_bytes_;
     for (std::size_t i = 0; i < ticket.size(); ++i) {
       same = same && header.token[i] == static_cast<std::uint64_t>(ticket[i]);
     }
@@ -187,6 +196,7 @@ class SharedSegment {
         ranks_(other.ranks_),
         pause_(other.pause_),
         slot_bytes_(other.slot_bytes_),
+        region_bytes_(other.region_bytes_),
         bytes_(other.bytes_),
         ticket_(other.ticket_),
         base_(std::exchange(other.base_, nullptr)),
@@ -214,6 +224,13 @@ class SharedSegment {
            (static_cast<std::size_t>(set) * static_cast<std::size_t>(ranks_) +
             static_cast<std::size_t>(rank)) *
                slot_bytes_;
+  }
+
+  // The region of `rank`: region_bytes() bytes, page-aligned.
+  std::size_t region_bytes() const { return region_bytes_; }
+  std::byte* region(int rank) const {
+    return base_ + slots_offset(ranks_) + 2 * static_cast<std::size_t>(ranks_) * slot_bytes_ +
+           static_cast<std::size_t>(rank) * region_bytes_;
   }
 
   // This rank has made its `phase`-th arrival, stamped: what it wrote before is visible to a peer
@@ -273,6 +290,7 @@ class SharedSegment {
   struct Header {
     std::uint64_t ranks;
     std::uint64_t slot_bytes;
+    std::uint64_t region_bytes;
     std::uint64_t token[4];
   };
 
@@ -293,12 +311,14 @@ class SharedSegment {
     return kArrivalsOffset + (arrivals + kPage - 1) / kPage * kPage;
   }
 
-  SharedSegment(int rank, int ranks)
+  SharedSegment(int rank, int ranks, std::size_t region_bytes)
       : rank_(rank),
         ranks_(ranks),
         pause_(static_cast<unsigned>(ranks) <= std::thread::hardware_concurrency()),
         slot_bytes_(slot_bytes_for(ranks)),
-        bytes_(slots_offset(ranks) + 2 * static_cast<std::size_t>(ranks) * slot_bytes_) {}
+        region_bytes_((region_bytes + kPage - 1) / kPage * kPage),
+        bytes_(slots_offset(ranks) +
+               (2 * slot_bytes_ + region_bytes_) * static_cast<std::size_t>(ranks)) {}
 
   // "/cohort-" and the ticket's first two words in hex.
   std::string name() const {
@@ -341,6 +361,7 @@ class SharedSegment {
   int ranks_;
   bool pause_;  // whether every rank can have a CPU, so that a waiting rank may pause first
   std::size_t slot_bytes_;
+  std::size_t region_bytes_;
   std::size_t bytes_;
   Ticket ticket_{};
   std::byte* base_ = nullptr;

@@ -8,8 +8,10 @@
 #pragma once
 
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <span>
 #include <string_view>
@@ -98,6 +100,27 @@ class MirroredReplica {
   template <class T>
   void start(std::span<T> parameters, std::span<T> /*optimizer_state*/, std::uint64_t /*step*/) {
     communicator_.broadcast(parameters, 0);
+  }
+
+  // Where the Trainer keeps this replica's gradient sum (strategy.hpp): memory that the
+  // communicator shares with the other processes of this host, where it does
+  // (collective::Deterministic::share_buffer: the sum's all-reduce then copies nothing in or
+  // out), else nothing, and the Trainer keeps its own. A collective.
+  template <class T>
+  std::span<T> gradient_sum_storage(std::size_t count) {
+    if constexpr (std::same_as<D, device::Cpu> &&
+                  requires { communicator_.template share_buffer<T>(count); }) {
+      const auto shared = communicator_.template share_buffer<T>(count);
+      if (!shared.why_not.empty()) {
+        std::fprintf(stderr,
+                     "cohort: replica %zu: the gradient goes in and out of shared memory, since "
+                     "a buffer for it there failed: %s\n",
+                     index_, shared.why_not.c_str());
+      }
+      return shared.values;
+    } else {
+      return {};
+    }
   }
 
   template <class T, class O>
