@@ -137,13 +137,19 @@ TEST_CASE(
       2,
       [](auto& c, const auto& sharing) {
         if (!sharing.shared) throw std::runtime_error("not shared: " + sharing.why_not);
-        // 2 ranks x 2^60 bytes: more than any /dev/shm.
-        const auto refused = c.template share_buffer<float>(std::size_t{1} << 58);
+        // 2 ranks x 2^46 bytes: more than any /dev/shm.
+        const auto refused = c.template share_buffer<float>(std::size_t{1} << 44);
         if (!refused.values.empty()) throw std::runtime_error("an impossible buffer was made");
         const std::string expected_why =
             c.rank() == 0 ? "posix_fallocate(/cohort-" : "rank 0 could not create or map";
         if (refused.why_not.find(expected_why) == std::string::npos) {
           throw std::runtime_error("why not: " + refused.why_not);
+        }
+        // Every rank refuses what no segment could hold, without asking the others.
+        const auto too_large = c.template share_buffer<float>(std::size_t{1} << 47);
+        if (too_large.why_not != "140737488355328 elements are more than a shared buffer holds "
+                                 "(281474976710656 bytes per rank)") {
+          throw std::runtime_error("why not: " + too_large.why_not);
         }
         cohort::testing::check_collectives<float>(c, 300'001);
       },

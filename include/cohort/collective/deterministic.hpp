@@ -65,6 +65,9 @@ class Deterministic : public detail::OverTransport<T> {
  public:
   // Whole buffers go to every rank up to this many bytes over all ranks.
   static constexpr std::size_t kDirectBytes = 64 * 1024;
+  // A shared buffer (share_buffer) holds at most this many bytes per rank, so that the segment's
+  // size cannot overflow: far beyond any host's memory.
+  static constexpr std::size_t kMostSharedBufferBytes = std::size_t{1} << 48;
 
   explicit Deterministic(T transport) : Base(std::move(transport)) {}
 
@@ -156,6 +159,10 @@ class Deterministic : public detail::OverTransport<T> {
   template <class E>
   SharedBuffer<E> share_buffer(std::size_t count) {
     if (!segment_ || this->size() == 1) return {};
+    if (count > kMostSharedBufferBytes / sizeof(E)) {
+      return {.why_not = std::to_string(count) + " elements are more than a shared buffer holds (" +
+                         std::to_string(kMostSharedBufferBytes) + " bytes per rank)"};
+    }
     const std::size_t bytes = count * sizeof(E);
     if (segment_->region_bytes() < bytes) {
       SharedBuffer<E> refused;
