@@ -178,7 +178,9 @@ TEST_CASE("push_pull catches a corrupted update, prints it and exits non-zero") 
   CHECK(contains(r.output, "# Out of bounds values : 6 FAILED"));
 }
 
-TEST_CASE("push_pull runs on the ps backend only, and the ps backend runs nothing else") {
+TEST_CASE(
+    "push_pull runs on the ps backend only, the ps backend runs nothing else, and a backend's own "
+    "flags are refused with another") {
   const Result local = run_bench({"push_pull", "--backend", "local", "-b", "4K", "-e", "4K"});
   INFO(local.output);
   CHECK(local.code == 2);
@@ -195,6 +197,12 @@ TEST_CASE("push_pull runs on the ps backend only, and the ps backend runs nothin
   INFO(flag.output);
   CHECK(flag.code == 2);
   CHECK(contains(flag.output, "--ps applies to the ps backend only"));
+
+  const Result shared =
+      run_bench({"all_reduce", "--backend", "tcp", "--shared-buffer", "-b", "4K", "-e", "4K"});
+  INFO(shared.output);
+  CHECK(shared.code == 2);
+  CHECK(contains(shared.output, "--shared-buffer applies to the shm backend only"));
 }
 
 // In a CUDA build on a GPU machine the nccl backend measures; elsewhere it must say which of the

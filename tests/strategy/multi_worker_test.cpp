@@ -9,10 +9,12 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "processes.hpp"
@@ -172,29 +174,46 @@ TEST_CASE(
                      "real-time priority (SCHED_FIFO 1) was refused") != std::string::npos);
 }
 
-TEST_CASE(
-    "workers whose /dev/shm is too small for the segment say why, all-reduce over TCP and keep "
-    "the bits") {
-  TemporaryDirectory directory("cohort-multi-worker-small-shm");
-  // A mount namespace of the job's own, whose /dev/shm is a tmpfs of 64 KiB: the segment of 2
-  // workers (4 MiB and 8 KiB) does not fit.
-  const std::vector<std::string> small_shm{
-      "/usr/bin/unshare", "--mount", "--", "/bin/sh", "-c",
-      "mount -t tmpfs -o size=64k cohort-test /dev/shm && exec \"$@\"", "sh"};
-  std::vector<std::string> probe = small_shm;
+namespace {
+
+// 2 workers of 1 replica training 20 steps into `out`, in a mount namespace of the job's own
+// whose /dev/shm is a tmpfs of `size` (mount's size=); their exit and output, or nothing where
+// unshare (util-linux) cannot make one here (it needs root), said by a MESSAGE.
+std::optional<std::pair<cohort::testing::Exit, std::string>> run_with_dev_shm_of(
+    const std::string& size, const fs::path& directory, const fs::path& out) {
+  std::vector<std::string> command{
+      "/usr/bin/unshare",
+      "--mount",
+      "--",
+      "/bin/sh",
+      "-c",
+      "mount -t tmpfs -o size=" + size + " cohort-test /dev/shm && exec \"$@\"",
+      "sh"};
+  std::vector<std::string> probe = command;
   probe.push_back("/bin/true");
-  if (!fs::exists(small_shm.front()) || run(probe, directory.path / "probe.txt").first.code != 0) {
+  if (!fs::exists(command.front()) || run(probe, directory / "probe.txt").first.code != 0) {
     MESSAGE("skipped: unshare (util-linux) cannot make a mount namespace here (needs root)");
-    return;
+    return std::nullopt;
   }
-  const fs::path out = directory.path / "parameters.bin";
-  std::vector<std::string> command = small_shm;
   for (const std::string& word :
        {std::string(COHORT_RUN), std::string("--np"), std::string("2"), std::string("--"),
         std::string(COHORT_TRAINER), std::string("1"), std::string("20"), out.string()}) {
     command.push_back(word);
   }
-  const auto [exit, output] = run(command, directory.path / "log.txt");
+  return run(command, directory / "log.txt");
+}
+
+}  // namespace
+
+TEST_CASE(
+    "workers whose /dev/shm is too small for the segment say why, all-reduce over TCP and keep "
+    "the bits") {
+  TemporaryDirectory directory("cohort-multi-worker-small-shm");
+  const fs::path out = directory.path / "parameters.bin";
+  // 64 KiB: the segment of 2 workers (4 MiB and 8 KiB) does not fit.
+  const auto job = run_with_dev_shm_of("64k", directory.path, out);
+  if (!job) return;
+  const auto& [exit, output] = *job;
   CAPTURE(output);
   REQUIRE(exit.exited);
   REQUIRE(exit.code == 0);
@@ -211,25 +230,12 @@ TEST_CASE(
     "workers whose /dev/shm holds the segment but not their gradient beside it say why, copy the "
     "gradient through the slots and keep the bits") {
   TemporaryDirectory directory("cohort-multi-worker-no-gradient-shm");
-  // A /dev/shm of 6 MiB: the segment of 2 workers (4 MiB and 8 KiB) fits, but the one that adds
-  // a region per worker for the gradient sum does not fit beside it while it is made.
-  const std::vector<std::string> small_shm{
-      "/usr/bin/unshare", "--mount", "--", "/bin/sh", "-c",
-      "mount -t tmpfs -o size=6m cohort-test /dev/shm && exec \"$@\"", "sh"};
-  std::vector<std::string> probe = small_shm;
-  probe.push_back("/bin/true");
-  if (!fs::exists(small_shm.front()) || run(probe, directory.path / "probe.txt").first.code != 0) {
-    MESSAGE("skipped: unshare (util-linux) cannot make a mount namespace here (needs root)");
-    return;
-  }
   const fs::path out = directory.path / "parameters.bin";
-  std::vector<std::string> command = small_shm;
-  for (const std::string& word :
-       {std::string(COHORT_RUN), std::string("--np"), std::string("2"), std::string("--"),
-        std::string(COHORT_TRAINER), std::string("1"), std::string("20"), out.string()}) {
-    command.push_back(word);
-  }
-  const auto [exit, output] = run(command, directory.path / "log.txt");
+  // 6 MiB: the segment of 2 workers (4 MiB and 8 KiB) fits, but the one that adds a region per
+  // worker for the gradient sum does not fit beside it while it is made.
+  const auto job = run_with_dev_shm_of("6m", directory.path, out);
+  if (!job) return;
+  const auto& [exit, output] = *job;
   CAPTURE(output);
   REQUIRE(exit.exited);
   REQUIRE(exit.code == 0);

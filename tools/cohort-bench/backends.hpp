@@ -166,60 +166,28 @@ int report_sweep(Comm& comm, const Settings& s, RunInfo run, const std::string& 
   return summary.out_of_bounds != 0 || !written ? kExitWrong : 0;
 }
 
-// Host memory whose receive buffer is the communicator's shared buffer (--shared-buffer:
-// Deterministic::share_buffer, where its all-reduce goes through shared memory), as
-// MultiWorkerMirrored keeps its gradient sum: in place nothing is copied in or out; out of place
-// the send buffer is copied in, as the Trainer copies a model's gradient there.
-template <class T, class C>
-class SharedBufferMemory {
- public:
-  using value_type = T;
-
-  explicit SharedBufferMemory(C& comm) : comm_(&comm) {}
-
-  // A collective: every rank allocates at the same point of the sweep.
-  void allocate(std::size_t send, std::size_t receive) {
-    send_.assign(send, T{});
-    const auto shared = comm_->template share_buffer<T>(receive);
-    if (shared.values.size() != receive) {
-      throw ConfigError(
-          "--shared-buffer: no shared buffer of " + std::to_string(receive) + " elements" +
-          (shared.why_not.empty() ? std::string(" (--backend shm only)") : ": " + shared.why_not));
-    }
-    receive_ = shared.values;
-    std::fill(receive_.begin(), receive_.end(), T{});
-  }
-  std::span<T> send() { return send_; }
-  std::span<T> receive() { return receive_; }
-  std::span<T> host_send() { return send_; }
-  std::span<T> host_receive() { return receive_; }
-  void upload(std::size_t, std::size_t) {}
-  void download(std::size_t, std::size_t) {}
-  void copy(std::span<const T> from, std::span<T> to) {
-    std::copy(from.begin(), from.end(), to.begin());
-  }
-
- private:
-  C* comm_;
-  std::vector<T> send_;
-  std::span<T> receive_;
-};
-static_assert(
-    SweepMemory<SharedBufferMemory<float, collective::Deterministic<transport::tcp::Tcp>>>);
-
 // The sweep of a collective on one rank, in host memory (or in its shared buffer:
 // --shared-buffer), comm its own control communicator.
 template <collective::Communicator C>
 int sweep_on_rank(C& comm, const Settings& s, RunInfo run) {
   return report_sweep(comm, s, std::move(run), "", [&](const auto& on_row) {
     return with_element(s.element, [&]<class T>() {
+      HostMemory<T> memory;
       if constexpr (requires { comm.template share_buffer<T>(std::size_t{}); }) {
-        if (s.shared_buffer) {
-          Sweep sweep(comm, comm, SharedBufferMemory<T, C>(comm), s);
-          return sweep.run(on_row);
-        }
+        // A collective: every rank allocates at the same point of the sweep.
+        const auto lend = [&comm](std::size_t count) {
+          const auto shared = comm.template share_buffer<T>(count);
+          if (shared.values.size() != count) {
+            throw ConfigError("--shared-buffer: no shared buffer of " + std::to_string(count) +
+                              " elements" +
+                              (shared.why_not.empty() ? std::string(" (--backend shm only)")
+                                                      : ": " + shared.why_not));
+          }
+          return shared.values;
+        };
+        if (s.shared_buffer) memory = HostMemory<T>(lend);
       }
-      Sweep sweep(comm, comm, HostMemory<T>(), s);
+      Sweep sweep(comm, comm, std::move(memory), s);
       return sweep.run(on_row);
     });
   });

@@ -225,10 +225,13 @@ int main(int argc, char** argv) {
     const Backend* backend = find_backend(settings.backend);
     if (backend == nullptr) {
       throw cohort::ConfigError("--backend '" + settings.backend +
-                                "' is not one of local, tcp, ps, nccl");
+                                "' is not one of local, tcp, shm, ps, nccl");
     }
     if (settings.servers && settings.backend != "ps") {
       throw cohort::ConfigError("--ps applies to the ps backend only (--backend ps)");
+    }
+    if (settings.shared_buffer && settings.backend != "shm") {
+      throw cohort::ConfigError("--shared-buffer applies to the shm backend only (--backend shm)");
     }
     if (const std::optional<std::string> why = backend->unavailable()) {
       detail::say(*why);

@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -97,16 +98,27 @@ concept SweepMemory = requires(M& m, std::size_t n, std::span<const typename M::
 };
 // clang-format on
 
-// Host memory: the collective works on the very vectors the sweep fills and checks, so uploads
-// and downloads have nothing to do.
+// Host memory: the collective works on the very buffers the sweep fills and checks, so uploads
+// and downloads have nothing to do. The receive buffer is a vector of its own, or what
+// `lend(count)` gives (backends.hpp: a communicator's shared buffer, --shared-buffer).
 template <class T>
 class HostMemory {
  public:
   using value_type = T;
+  using Lend = std::function<std::span<T>(std::size_t)>;
+
+  HostMemory() = default;
+  explicit HostMemory(Lend lend) : lend_(std::move(lend)) {}
 
   void allocate(std::size_t send, std::size_t receive) {
     send_.assign(send, T{});
-    receive_.assign(receive, T{});
+    if (lend_) {
+      receive_ = lend_(receive);
+      std::fill(receive_.begin(), receive_.end(), T{});
+    } else {
+      owned_.assign(receive, T{});
+      receive_ = owned_;
+    }
   }
   std::span<T> send() { return send_; }
   std::span<T> receive() { return receive_; }
@@ -119,8 +131,10 @@ class HostMemory {
   }
 
  private:
+  Lend lend_;
   std::vector<T> send_;
-  std::vector<T> receive_;
+  std::vector<T> owned_;
+  std::span<T> receive_;
 };
 static_assert(SweepMemory<HostMemory<float>>);
 
