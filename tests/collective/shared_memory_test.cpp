@@ -147,8 +147,9 @@ TEST_CASE(
         }
         // Every rank refuses what no segment could hold, without asking the others.
         const auto too_large = c.template share_buffer<float>(std::size_t{1} << 47);
-        if (too_large.why_not != "140737488355328 elements are more than a shared buffer holds "
-                                 "(281474976710656 bytes per rank)") {
+        if (too_large.why_not !=
+            "140737488355328 elements are more than a shared buffer holds "
+            "(281474976710656 bytes per rank)") {
           throw std::runtime_error("why not: " + too_large.why_not);
         }
         cohort::testing::check_collectives<float>(c, 300'001);
@@ -166,6 +167,53 @@ TEST_CASE(
       },
       [](int) { return false; });
   for (const auto& failure : unshared) CHECK(failure == "");
+}
+
+TEST_CASE(
+    "gather_shared_stripes copies every other rank's stripes from its shared buffer, and refuses "
+    "a part outside the shared buffer") {
+  for (int ranks : {2, 3}) {
+    for (std::size_t stripe : {std::size_t{1}, std::size_t{7}, std::size_t{4096}}) {
+      CAPTURE(ranks);
+      CAPTURE(stripe);
+      constexpr std::size_t kLength = 10'007;
+      const auto failures = on_sharing_ranks(
+          ranks,
+          [&](auto& c, const auto&) {
+            const std::span<float> values = c.template share_buffer<float>(kLength).values;
+            const auto me = static_cast<std::size_t>(c.rank());
+            const auto size = static_cast<std::size_t>(c.size());
+            // Every element's owner writes its index plus 1 where the element is its own, and
+            // keeps it in its gathered copy too; the other elements of both are garbage.
+            std::vector<float> gathered(kLength, -1.0f);
+            for (std::size_t i = 0; i < kLength; ++i) {
+              values[i] = (i / stripe) % size == me ? static_cast<float>(i + 1) : -2.0f;
+              if ((i / stripe) % size == me) gathered[i] = values[i];
+            }
+            c.gather_shared_stripes(std::span<const float>(values), std::span<float>(gathered),
+                                    stripe);
+            for (std::size_t i = 0; i < kLength; ++i) {
+              if (gathered[i] != static_cast<float>(i + 1)) {
+                throw std::runtime_error("element " + std::to_string(i) + " is " +
+                                         std::to_string(gathered[i]));
+              }
+            }
+          },
+          [](int) { return true; });
+      for (const auto& failure : failures) CHECK(failure == "");
+    }
+  }
+  const auto outside = on_sharing_ranks(
+      2,
+      [](auto& c, const auto&) {
+        std::vector<float> own(10, 1.0f);
+        std::vector<float> into(10);
+        c.gather_shared_stripes(std::span<const float>(own), std::span<float>(into), 1);
+      },
+      [](int) { return true; });
+  CHECK(outside[0] ==
+        "rank 0: all_gather #4: gather_shared_stripes needs a part of the shared buffer, a buffer "
+        "of its length and stripes of at least one element");
 }
 
 TEST_CASE("ranks that all-reduce different places of the shared buffer are named, with both") {

@@ -2,6 +2,7 @@
 // by mpirun, and by hand for the fault tests.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cohort/strategy/multi_worker_mirrored.hpp>
 #include <cstring>
@@ -369,7 +370,46 @@ std::string mirrored_skipping(std::uint64_t steps, std::size_t replicas) {
   return cohort::testing::bytes_of(cohort::testing::parameters_of(trainer.model()));
 }
 
+// Mirrored in this process, as mirrored_parameters trains, with Adam's global-norm clipping at
+// max_norm (0: none), saved to `file`: the checkpoint's bytes.
+std::string mirrored_checkpoint(std::uint64_t steps, std::size_t replicas, double max_norm,
+                                const fs::path& file) {
+  cohort::Trainer trainer(
+      cohort::testing::WithoutReadiness{cohort::testing::small_model()},
+      cohort::strategy::Mirrored<>({.replicas = replicas}),
+      cohort::optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = max_norm}),
+      {.global_batch = 64, .micro_batches = 8, .seed = 11, .progress = cohort::Progress::kSilent});
+  trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
+  trainer.save(file);
+  return read_file(file);
+}
+
 }  // namespace
+
+TEST_CASE(
+    "workers of one replica each, which share memory and so update their own stripes of the "
+    "parameters, end with Mirrored's parameters and optimizer state, clipped or not") {
+  TemporaryDirectory directory("cohort-multi-worker-sharded-update");
+  for (const std::size_t workers : {2, 4}) {
+    for (const double max_norm : {0.0, 0.05}) {
+      CAPTURE(workers);
+      CAPTURE(max_norm);
+      const fs::path file = directory.path / "workers.ckpt";
+      const std::vector<std::string> arguments{"--save-restore", file, "--max-gradient-norm",
+                                               std::to_string(max_norm)};
+      const auto results = run_workers(directory, "1", "20",
+                                       std::vector<std::vector<std::string>>(workers, arguments));
+      for (const auto& [exit, log] : results) {
+        CAPTURE(log);
+        CHECK(exit.exited);
+        CHECK(exit.code == 0);
+        CHECK(log.find("the gradient goes in and out of shared memory") == std::string::npos);
+      }
+      CHECK(read_file(file) ==
+            mirrored_checkpoint(20, workers, max_norm, directory.path / "mirrored.ckpt"));
+    }
+  }
+}
 
 // Only the chief writes; the others must not return from save before the file is whole, or a
 // restore right after would not find it (it did not, 8 runs in 8, before save waited).
@@ -407,19 +447,34 @@ TEST_CASE("a checkpoint the chief cannot write fails every worker, quoting the c
         std::string::npos);
 }
 
-TEST_CASE("a NaN example under on_nonfinite = raise fails every worker process naming the step") {
+TEST_CASE(
+    "a NaN example under on_nonfinite = raise fails every worker process naming the step and the "
+    "same first index, whether the workers update their own stripes or the whole") {
   TemporaryDirectory directory("cohort-multi-worker-nan-raise");
   const std::uint64_t step = cohort::testing::steps_with_example(5, 11, 64, 8, 1).at(0);
+  const std::string error =
+      "error: a non-finite value (infinity or NaN) in the reduced gradient of step " +
+      std::to_string(step) + ", first at index";
   const std::vector<std::string> poison{"--poison", "5"};
-  const auto results = run_workers(directory, "2", "31", {poison, poison});
-  for (const auto& [exit, log] : results) {
-    CAPTURE(log);
-    CHECK(exit.exited);
-    CHECK(exit.code == 1);
-    CHECK(log.find("error: a non-finite value (infinity or NaN) in the reduced gradient of step " +
-                   std::to_string(step) + ", first at index") != std::string::npos);
-    CHECK(log.find("on_nonfinite = raise") != std::string::npos);
+  std::vector<std::string> indices;
+  // 2 x 2: every replica updates the whole; 2 x 1: each worker its own stripes.
+  for (const char* local : {"2", "1"}) {
+    CAPTURE(local);
+    const auto results = run_workers(directory, local, "31", {poison, poison});
+    for (const auto& [exit, log] : results) {
+      CAPTURE(log);
+      CHECK(exit.exited);
+      CHECK(exit.code == 1);
+      const std::size_t at = log.find(error);
+      REQUIRE(at != std::string::npos);
+      indices.push_back(
+          log.substr(at + error.size(), log.find(':', at + error.size()) - at - error.size()));
+      CHECK(log.find("on_nonfinite = raise") != std::string::npos);
+    }
   }
+  CAPTURE(indices);
+  CHECK(std::all_of(indices.begin(), indices.end(),
+                    [&](const std::string& index) { return index == indices.front(); }));
 }
 
 TEST_CASE(
@@ -452,14 +507,18 @@ TEST_CASE(
     "as Mirrored") {
   TemporaryDirectory directory("cohort-multi-worker-nan-skip");
   const std::vector<std::string> skip{"--poison", "5", "--on-nonfinite", "skip_step"};
-  const auto results = run_workers(directory, "2", "31", {skip, skip});
-  for (const auto& [exit, log] : results) {
-    CAPTURE(log);
-    CHECK(exit.exited);
-    CHECK(exit.code == 0);
-    CHECK(log.find("skipped 1") != std::string::npos);
+  // 2 x 2: every replica updates the whole; 2 x 1: each worker its own stripes.
+  for (const auto& [local, replicas] : {std::pair{"2", 4}, std::pair{"1", 2}}) {
+    CAPTURE(local);
+    const auto results = run_workers(directory, local, "31", {skip, skip});
+    for (const auto& [exit, log] : results) {
+      CAPTURE(log);
+      CHECK(exit.exited);
+      CHECK(exit.code == 0);
+      CHECK(log.find("skipped 1") != std::string::npos);
+    }
+    CHECK(read_file(directory.path / "parameters-0") == mirrored_skipping(31, replicas));
   }
-  CHECK(read_file(directory.path / "parameters-0") == mirrored_skipping(31, 4));
 }
 
 TEST_CASE(
@@ -554,7 +613,10 @@ TEST_CASE(
         shared ? "waiting for: rank 1 in shared memory" : "waiting for: receive from rank 1";
     CHECK(log.find("cohort: rank 0: no progress for ") != std::string::npos);
     CHECK(log.find(waiting) != std::string::npos);
-    CHECK(log.find("rank 0: all_reduce #") != std::string::npos);
+    // Through shared memory the workers of one replica each also gather their parameters, so
+    // the stop may fall in either collective.
+    CHECK((log.find("rank 0: all_reduce #") != std::string::npos ||
+           (shared && log.find("rank 0: all_gather #") != std::string::npos)));
     CHECK(log.find(": no progress within 10000 ms during sequence") != std::string::npos);
     workers[1]->kill(SIGKILL);
   }

@@ -1,7 +1,7 @@
 // One worker of the multi-worker tests: trains a small test model with MultiWorkerMirrored and,
 // on the chief, writes the final parameters.
 //   multi_worker_trainer LOCAL_REPLICAS STEPS OUT [ring] [--eigen THREADS] [--micro-batches M]
-//                        [--seed S] [--learning-rate LR] [--poison INDEX]
+//                        [--seed S] [--learning-rate LR] [--max-gradient-norm N] [--poison INDEX]
 //                        [--on-nonfinite raise|skip_step] [--mirrored]
 //                        [--checkpoint FILE] [--preempt-after N] [--fail-in-backward N]
 //                        [--save-restore FILE]
@@ -11,6 +11,7 @@
 //                  instead of the plain-loop Mlp
 // --micro-batches  micro-batches per global batch (default 8)
 // --seed, --learning-rate   the Trainer's seed (default 11) and Adam's learning rate (3e-3)
+// --max-gradient-norm N      Adam's global-norm clipping (default 0: none)
 // --poison INDEX   example INDEX has a NaN feature (PoisonedData)
 // --on-nonfinite   the Trainer's policy for a non-finite gradient (default raise)
 // --mirrored       Mirrored with LOCAL_REPLICAS replicas in this one process instead
@@ -42,6 +43,7 @@ struct Settings {
   std::size_t micro_batches = 8;
   std::uint64_t seed = 11;
   double learning_rate = 3e-3;
+  double max_gradient_norm = 0.0;
   std::optional<std::size_t> poison;
   cohort::NonFinite on_nonfinite = cohort::NonFinite::kRaise;
   bool mirrored = false;
@@ -54,14 +56,16 @@ struct Settings {
 template <class Strategy, class Model>
 int train(const Settings& settings, Strategy strategy, const Model& model) {
   const bool chief = strategy.is_chief();
-  cohort::Trainer trainer(model, std::move(strategy),
-                          cohort::optimizer::Adam({.learning_rate = settings.learning_rate}),
-                          {.global_batch = 64,
-                           .micro_batches = settings.micro_batches,
-                           .seed = settings.seed,
-                           .progress = cohort::Progress::kSilent,
-                           .on_nonfinite = settings.on_nonfinite,
-                           .preemption = {.checkpoint = settings.checkpoint}});
+  cohort::Trainer trainer(
+      model, std::move(strategy),
+      cohort::optimizer::Adam({.learning_rate = settings.learning_rate,
+                               .max_gradient_norm = settings.max_gradient_norm}),
+      {.global_batch = 64,
+       .micro_batches = settings.micro_batches,
+       .seed = settings.seed,
+       .progress = cohort::Progress::kSilent,
+       .on_nonfinite = settings.on_nonfinite,
+       .preemption = {.checkpoint = settings.checkpoint}});
   if (!settings.checkpoint.empty() && cohort::checkpoint::saved(settings.checkpoint)) {
     trainer.restore(settings.checkpoint);
   }
@@ -116,7 +120,8 @@ int main(int argc, char** argv) {
   if (argc < 4) {
     std::fprintf(stderr,
                  "usage: multi_worker_trainer LOCAL_REPLICAS STEPS OUT [ring] [--eigen THREADS] "
-                 "[--micro-batches M] [--seed S] [--learning-rate LR] [--poison INDEX] "
+                 "[--micro-batches M] [--seed S] [--learning-rate LR] [--max-gradient-norm N] "
+                 "[--poison INDEX] "
                  "[--on-nonfinite raise|skip_step] [--mirrored] [--checkpoint FILE] "
                  "[--preempt-after N] [--fail-in-backward N] [--save-restore FILE]\n");
     return 64;
@@ -139,6 +144,8 @@ int main(int argc, char** argv) {
         settings.seed = std::stoull(next());
       } else if (flag == "--learning-rate") {
         settings.learning_rate = std::stod(next());
+      } else if (flag == "--max-gradient-norm") {
+        settings.max_gradient_norm = std::stod(next());
       } else if (flag == "--poison") {
         settings.poison = std::stoul(next());
       } else if (flag == "--mirrored") {

@@ -173,6 +173,39 @@ class Deterministic : public detail::OverTransport<T> {
     return {.values = std::span<E>(reinterpret_cast<E*>(segment_->region(this->rank())), count)};
   }
 
+  // The all-gather of a buffer striped over the ranks: `part` lies in this rank's shared buffer
+  // (share_buffer) at the same place on every rank, and each rank has written its own stripes of
+  // it there (stripe k, elements [k x stripe, (k + 1) x stripe), belongs to rank k mod size());
+  // every other rank's stripes are copied from where they lie into `into` (part.size()
+  // elements), whose own stripes this rank fills itself. A collective, over shared memory only:
+  // one meeting before the copies, one after, so that no rank writes its buffer again while a
+  // peer reads it. A sharded update (strategy/detail/mirrored_replica.hpp) gathers its parameters
+  // this way.
+  template <class E>
+  void gather_shared_stripes(std::span<const E> part, std::span<E> into, std::size_t stripe) {
+    const Call call = this->begin({Operation::kAllGather, data_type_of<E>(), 0, part.size()});
+    const std::optional<std::uint64_t> where =
+        segment_ ? region_offset(part) : std::optional<std::uint64_t>();
+    if (!where || into.size() != part.size() || stripe == 0) {
+      this->fail(call,
+                 "gather_shared_stripes needs a part of the shared buffer, a buffer of its "
+                 "length and stripes of at least one element");
+    }
+    const std::size_t ranks = static_cast<std::size_t>(this->size());
+    const std::size_t me = static_cast<std::size_t>(this->rank());
+    meet(call, *where);
+    for (std::size_t k = 0; k * stripe < part.size(); ++k) {
+      const std::size_t rank = k % ranks;
+      if (rank == me) continue;
+      const std::size_t begin = k * stripe;
+      const E* const from =
+          reinterpret_cast<const E*>(segment_->region(static_cast<int>(rank)) + *where) + begin;
+      std::copy_n(from, std::min(stripe, part.size() - begin),
+                  into.begin() + static_cast<std::ptrdiff_t>(begin));
+    }
+    meet(call, *where);
+  }
+
  private:
   // How a rank waits for its peers in the segment.
   struct Waiting {
@@ -364,9 +397,10 @@ class Deterministic : public detail::OverTransport<T> {
         warned = true;
         std::fprintf(stderr,
                      "cohort: rank %d: no progress for %lld ms during sequence %llu, waiting for: "
-                     "%s; the all-reduce fails at operation_timeout = %lld ms\n",
+                     "%s; the %s fails at operation_timeout = %lld ms\n",
                      this->rank(), static_cast<long long>(waited.count()),
                      static_cast<unsigned long long>(call.header.sequence), waiting_for().c_str(),
+                     std::string(name(call.fingerprint.operation)).c_str(),
                      static_cast<long long>(waiting_.timeout.count()));
       }
       if (waited >= waiting_.timeout) {

@@ -124,6 +124,21 @@ class Hierarchical {
     return shared;
   }
 
+  // The cross communicator's gather of a part of the shared buffers (Deterministic::
+  // gather_shared_stripes), where each process has one replica: a collective over the processes.
+  template <class E>
+  requires requires(Cross& cross, std::span<const E> part, std::span<E> into) {
+    cross.gather_shared_stripes(part, into, std::size_t{1});
+  }
+  void gather_shared_stripes(std::span<const E> part, std::span<E> into, std::size_t stripe) {
+    COHORT_ASSERT(local_.size() == 1);
+    finish_on_leader(on_leader(
+        [this, part, into, stripe] { cross_->gather_shared_stripes(part, into, stripe); }));
+  }
+
+  // Replicas of this process.
+  int local_size() const { return local_.size(); }
+
   void barrier() {
     local_.barrier();
     finish_on_leader(on_leader([this] { cross_->barrier(); }));

@@ -190,42 +190,61 @@ std::size_t first_nonfinite(std::span<const T> x) {
   return x.size();
 }
 
-// o.step(parameters, gradients, state, context), and whether every gradient was finite, tested in
-// the update's own loop (the gradient is read once). The update is applied either way, with the
-// same bits as o.step: the loop calls the optimizer's per-element rule (o.rule<T>(context), the
-// rule its step() calls), with the state slot-major as optimizer/optimizer.hpp lays it out. An
-// optimizer without rule<T> gets its own step() and then a pass of first_nonfinite.
+// Whether device::cpu can apply o's update itself, element by element: o has a per-element rule
+// (o.rule<T>(context), the rule its step() calls) and at most 2 slots of state.
+template <class O, class T>
+concept HasElementRule = O::kStateSlots <= 2 && requires(const O& o, optimizer::StepContext c) {
+  o.template rule<T>(c);
+};
+
+// o's update of a part of the parameters, elements [first, first + parameters.size()) of the
+// whole whose state, `state`, is slot-major as optimizer/optimizer.hpp lays it out (kStateSlots x
+// the whole's size), and whether every gradient of the part was finite, tested in the update's own
+// loop (the gradient is read once). The update is applied either way, with the bits of o.step on
+// the whole: every update is elementwise.
+template <class O, class T>
+requires HasElementRule<O, T>
+bool step_part(const O& o, std::span<T> parameters, std::span<const T> gradients,
+               std::span<T> state, std::size_t first, optimizer::StepContext context) {
+  COHORT_ASSERT(gradients.size() == parameters.size());
+  const std::size_t whole = O::kStateSlots == 0 ? 0 : state.size() / O::kStateSlots;
+  COHORT_ASSERT(O::kStateSlots == 0 || first + parameters.size() <= whole);
+  const auto rule = o.template rule<T>(context);
+  const std::size_t n = parameters.size();
+  T* const p = parameters.data();
+  const T* const g = gradients.data();
+  decltype(nonfinite_mark(T{})) marks = 0;
+  if constexpr (O::kStateSlots == 0) {
+    for (std::size_t i = 0; i < n; ++i) {
+      marks |= nonfinite_mark(g[i]);
+      rule(p[i], g[i]);
+    }
+  } else if constexpr (O::kStateSlots == 1) {
+    T* const s0 = state.data() + first;
+    for (std::size_t i = 0; i < n; ++i) {
+      marks |= nonfinite_mark(g[i]);
+      rule(p[i], g[i], s0[i]);
+    }
+  } else {
+    T* const s0 = state.data() + first;
+    T* const s1 = state.data() + whole + first;
+    for (std::size_t i = 0; i < n; ++i) {
+      marks |= nonfinite_mark(g[i]);
+      rule(p[i], g[i], s0[i], s1[i]);
+    }
+  }
+  return (marks & kNonfiniteBit<T>) == 0;
+}
+
+// o.step(parameters, gradients, state, context), and whether every gradient was finite: step_part
+// on the whole where device::cpu can apply the update itself; an optimizer without rule<T> gets
+// its own step() and then a pass of first_nonfinite.
 template <class O, class T>
 bool step_finite(const O& o, std::span<T> parameters, std::span<const T> gradients,
                  std::span<T> state, optimizer::StepContext context) {
-  if constexpr (requires { o.template rule<T>(context); } && O::kStateSlots <= 2) {
-    COHORT_ASSERT(gradients.size() == parameters.size());
+  if constexpr (HasElementRule<O, T>) {
     COHORT_ASSERT(state.size() == O::kStateSlots * parameters.size());
-    const auto rule = o.template rule<T>(context);
-    const std::size_t n = parameters.size();
-    T* const p = parameters.data();
-    const T* const g = gradients.data();
-    decltype(nonfinite_mark(T{})) marks = 0;
-    if constexpr (O::kStateSlots == 0) {
-      for (std::size_t i = 0; i < n; ++i) {
-        marks |= nonfinite_mark(g[i]);
-        rule(p[i], g[i]);
-      }
-    } else if constexpr (O::kStateSlots == 1) {
-      T* const s0 = state.data();
-      for (std::size_t i = 0; i < n; ++i) {
-        marks |= nonfinite_mark(g[i]);
-        rule(p[i], g[i], s0[i]);
-      }
-    } else {
-      T* const s0 = state.data();
-      T* const s1 = state.data() + n;
-      for (std::size_t i = 0; i < n; ++i) {
-        marks |= nonfinite_mark(g[i]);
-        rule(p[i], g[i], s0[i], s1[i]);
-      }
-    }
-    return (marks & kNonfiniteBit<T>) == 0;
+    return step_part(o, parameters, gradients, state, 0, context);
   } else {
     o.step(parameters, gradients, state, context);
     return first_nonfinite(gradients) == gradients.size();

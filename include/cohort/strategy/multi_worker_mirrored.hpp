@@ -52,8 +52,10 @@
 //                    rather than over TCP: the same bits, a fraction of the CPU time, each
 //                    worker's gradient sum kept in the segment and reduced where it lies
 //                    (collective/deterministic.hpp, share_host_memory and share_buffer;
-//                    docs/benchmarks.md, "Processes of one host"). Default true; false on any
-//                    worker turns it off for all (left at its default: COHORT_SHARED_MEMORY)
+//                    docs/benchmarks.md, "Processes of one host"), and with one local replica
+//                    the optimizer's update shared out in stripes (detail/mirrored_replica.hpp).
+//                    Default true; false on any worker turns it off for all (left at its default:
+//                    COHORT_SHARED_MEMORY)
 //
 // Only the chief (worker 0) prints progress and writes checkpoints; every worker returns from
 // Trainer::save once the chief's file is complete, or fails with the chief's reason

@@ -7,12 +7,14 @@
 // replica's stream for device::Cuda, where the spans of the update are device memory.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -37,15 +39,18 @@ namespace cohort::strategy::detail {
 //   kRaise          the optimizer's update (D::step_finite), which is applied; the Trainer throws
 //   kSkipStep       one read of the gradient before the update (D::first_nonfinite): the only
 //                   case with a pass of its own, as the decision must precede every write
+// apply(context, checked) applies the update with `context` and returns the gradient's first
+// non-finite element, or its size where it has none or `checked` says it was checked before: the
+// whole update (MirroredReplica::finish_step), or this worker's part of it (the sharded update).
 // Out of line on purpose, as the Trainer's fold addition (trainer.hpp, AddInto): inlined into the
 // step's loop it changes how GCC compiles the model's forward_backward inlined there. Hot, because
 // out of line GCC guesses its frequency from the one call in train_replica, which follows the
 // model's loops: guessed never executed, it was compiled for size, the optimizer's loop scalar, and
 // Adam took 5.5 ms of an 11 ms step of the examples' MLP (1.4 ms vectorized; docs/benchmarks.md,
 // "The examples' Eigen MLP").
-template <device::Device D, class T, class O>
+template <device::Device D, class T, class O, class Apply>
 [[gnu::noinline, gnu::hot]] StepResult apply_update(const Update<T, O>& update,
-                                                    const typename D::Place& place) {
+                                                    const typename D::Place& place, Apply&& apply) {
   const trace::Span span(trace::current(), trace::Phase::kOptimizer, {.step = update.step});
   const std::span<const T> gradient(update.gradient_sum);
   double scale = update.inverse_batch;
@@ -66,15 +71,9 @@ template <device::Device D, class T, class O>
     checked = true;
   }
   const optimizer::StepContext context{.step = update.step + 1, .gradient_scale = scale};
-  if (checked) {
-    D::step(place, update.optimizer, update.parameters, gradient, update.optimizer_state, context);
-    return {};
-  }
-  if (D::step_finite(place, update.optimizer, update.parameters, gradient, update.optimizer_state,
-                     context)) {
-    return {};
-  }
-  return {.first_nonfinite = D::first_nonfinite(place, gradient), .applied = true};
+  const std::size_t first = apply(context, checked);
+  if (first == gradient.size()) return {};
+  return {.first_nonfinite = first, .applied = true};
 }
 
 template <class Communicator, device::Device D = device::Cpu>
@@ -117,6 +116,16 @@ class MirroredReplica {
                      "a buffer for it there failed: %s\n",
                      index_, shared.why_not.c_str());
       }
+      shard_.reset();
+      if constexpr (kShardable<T>) {
+        if (!shared.values.empty() && communicator_.local_size() == 1) {
+          shard_ = Shard{.shared = std::as_writable_bytes(shared.values),
+                         .rank = static_cast<std::size_t>(communicator_.rank()),
+                         .ranks = static_cast<std::size_t>(communicator_.size()),
+                         .stripe = stripe_for(count, static_cast<std::size_t>(communicator_.size()),
+                                              sizeof(T))};
+        }
+      }
       return shared.values;
     } else {
       return {};
@@ -141,7 +150,25 @@ class MirroredReplica {
   StepResult finish_step(Update<T, O>& update) {
     COHORT_ASSERT(buckets_.complete());
     for (collective::Pending& pending : pending_) pending.wait();
-    return apply_update<D>(update, place_);
+    if constexpr (kShardable<T> && device::cpu::HasElementRule<O, T>) {
+      if (shard_ && update.gradient_sum.data() == shared_as<T>().data()) {
+        return finish_sharded(update);
+      }
+    }
+    const auto whole = [&](const optimizer::StepContext& context, bool checked) {
+      const std::span<const T> gradient(update.gradient_sum);
+      if (checked) {
+        D::step(place_, update.optimizer, update.parameters, gradient, update.optimizer_state,
+                context);
+        return gradient.size();
+      }
+      if (D::step_finite(place_, update.optimizer, update.parameters, gradient,
+                         update.optimizer_state, context)) {
+        return gradient.size();
+      }
+      return D::first_nonfinite(place_, gradient);
+    };
+    return apply_update<D>(update, place_, whole);
   }
 
   // The step ends by an exception (strategy.hpp): the group is released, and every bucket this
@@ -162,17 +189,124 @@ class MirroredReplica {
     pending_.clear();
   }
 
-  // The end of a fit: every replica already holds the final state.
+  // The end of a fit: every replica already holds the final parameters, and the final optimizer
+  // state once a sharded update's is gathered.
   template <class T>
-  void finish(std::span<T> /*parameters*/, std::span<T> /*optimizer_state*/, FitEnd /*end*/) {}
+  void finish(std::span<T> /*parameters*/, std::span<T> optimizer_state, FitEnd /*end*/) {
+    if constexpr (kShardable<T>) {
+      if (shard_) gather_state(optimizer_state);
+    }
+  }
 
  private:
+  // The sharded update. Where each worker process of the job has one replica and its gradient sum
+  // lies in memory shared with the others (gradient_sum_storage), every worker holds the whole
+  // reduced gradient after the all-reduce, decides alike (clipping, the non-finite policy), and
+  // applies the optimizer to its own stripes of the parameters only (stripe k is worker k's,
+  // modulo the workers: stripe_for), with its own part of the optimizer state; then it writes its
+  // new parameters where its stripes of the gradient lay, and each worker gathers the others'
+  // (Deterministic::gather_shared_stripes). Every update is elementwise, so the bits are those of
+  // the whole update; each worker does 1/n of it. Stripes, not halves: an update's cost varies
+  // along the parameters (for the examples' MLP, Adam's second layer took 1.8x the first's time
+  // per element, its tiny squares subnormal floats), and the stripes give every worker its share
+  // of each layer. The optimizer state outside a worker's stripes is gathered when the fit ends,
+  // or before a non-finite step raises; until then each worker's is current on its own stripes.
+  struct Shard {
+    std::span<std::byte> shared;  // the whole gradient sum, in this worker's shared buffer
+    std::size_t rank = 0;         // this worker, of
+    std::size_t ranks = 1;
+    std::size_t stripe = 1;     // elements
+    bool state_spread = false;  // an update applied since the optimizer state was last whole
+  };
+  // Stripes of at most kStripeBytes (long enough that a stripe's loop and copies run at full
+  // speed), and at least kStripesPerWorker per worker, so that a small model is shared too.
+  static constexpr std::size_t kStripeBytes = std::size_t{64} << 10;
+  static constexpr std::size_t kStripesPerWorker = 8;
+  static std::size_t stripe_for(std::size_t count, std::size_t ranks, std::size_t element_bytes) {
+    const std::size_t even = (count + kStripesPerWorker * ranks - 1) / (kStripesPerWorker * ranks);
+    return std::clamp<std::size_t>(even, 1, std::max<std::size_t>(1, kStripeBytes / element_bytes));
+  }
+
+  template <class T>
+  static constexpr bool kShardable =
+      std::same_as<D, device::Cpu> &&
+      requires(Communicator& c, std::span<const T> part, std::span<T> into) {
+        c.gather_shared_stripes(part, into, std::size_t{1});
+        c.local_size();
+      };
+
+  template <class T>
+  std::span<T> shared_as() const {
+    return {reinterpret_cast<T*>(shard_->shared.data()), shard_->shared.size() / sizeof(T)};
+  }
+
+  // Calls body(begin, count) for each of this worker's stripes of `length` elements, in order.
+  template <class Body>
+  void for_each_own_stripe(std::size_t length, Body&& body) const {
+    const std::size_t stride = shard_->stripe * shard_->ranks;
+    for (std::size_t begin = shard_->rank * shard_->stripe; begin < length; begin += stride) {
+      body(begin, std::min(shard_->stripe, length - begin));
+    }
+  }
+
+  template <class T, class O>
+  StepResult finish_sharded(Update<T, O>& update) {
+    const std::span<T> shared = shared_as<T>();
+    const StepResult result =
+        apply_update<D>(update, place_, [&](const optimizer::StepContext& context, bool checked) {
+          const std::span<const T> gradient(shared);
+          // Where the whole was checked before, every worker knows it finite; else the first
+          // non-finite element of every worker's stripes, the least of which is the whole's.
+          std::int64_t first[] = {static_cast<std::int64_t>(gradient.size())};
+          for_each_own_stripe(gradient.size(), [&](std::size_t begin, std::size_t count) {
+            const std::span<const T> part = gradient.subspan(begin, count);
+            const bool finite =
+                device::cpu::step_part(update.optimizer, update.parameters.subspan(begin, count),
+                                       part, update.optimizer_state, begin, context);
+            if (!checked && !finite && first[0] == static_cast<std::int64_t>(gradient.size())) {
+              first[0] = static_cast<std::int64_t>(begin + device::cpu::first_nonfinite(part));
+            }
+            std::copy_n(update.parameters.begin() + static_cast<std::ptrdiff_t>(begin), count,
+                        shared.begin() + static_cast<std::ptrdiff_t>(begin));
+          });
+          shard_->state_spread = true;
+          communicator_.gather_shared_stripes(std::span<const T>(shared), update.parameters,
+                                              shard_->stripe);
+          if (!checked) communicator_.all_reduce(std::span<std::int64_t>(first), ReduceOp::kMin);
+          return static_cast<std::size_t>(first[0]);
+        });
+    // The Trainer raises: the state it may save next is made whole first, on every worker alike.
+    if (result.first_nonfinite != StepResult::kFinite && update.on_nonfinite == NonFinite::kRaise) {
+      gather_state(update.optimizer_state);
+    }
+    return result;
+  }
+
+  // Makes this worker's optimizer state whole: slot by slot, each worker's stripes are written
+  // where its gradient lay and gathered by the others.
+  template <class T>
+  void gather_state(std::span<T> state) {
+    if (!shard_->state_spread) return;
+    const std::span<T> shared = shared_as<T>();
+    const std::size_t whole = shared.size();
+    for (std::size_t slot = 0; slot * whole < state.size(); ++slot) {
+      const std::span<T> values = state.subspan(slot * whole, whole);
+      for_each_own_stripe(whole, [&](std::size_t begin, std::size_t count) {
+        std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(begin), count,
+                    shared.begin() + static_cast<std::ptrdiff_t>(begin));
+      });
+      communicator_.gather_shared_stripes(std::span<const T>(shared), values, shard_->stripe);
+    }
+    shard_->state_spread = false;
+  }
+
   std::size_t index_;
   Communicator communicator_;
   [[no_unique_address]] Place place_;
   std::size_t bucket_bytes_;
   GradientBuckets buckets_;
   std::vector<collective::Pending> pending_;
+  std::optional<Shard> shard_;  // the sharded update, where the replica's gradient sum allows it
 };
 
 }  // namespace cohort::strategy::detail
