@@ -120,8 +120,6 @@ class MirroredReplica {
       if constexpr (kShardable<T>) {
         if (!shared.values.empty() && communicator_.local_size() == 1) {
           shard_ = Shard{.shared = std::as_writable_bytes(shared.values),
-                         .rank = static_cast<std::size_t>(communicator_.rank()),
-                         .ranks = static_cast<std::size_t>(communicator_.size()),
                          .stripe = stripe_for(count, static_cast<std::size_t>(communicator_.size()),
                                               sizeof(T))};
         }
@@ -209,14 +207,13 @@ class MirroredReplica {
   // the whole update; each worker does 1/n of it. Stripes, not halves: an update's cost varies
   // along the parameters (for the examples' MLP, Adam took 2.1 ms for the half holding most of
   // the second layer against 1.2 ms for the other, its tiny squares subnormal floats), and the
-  // stripes give every worker its share of each layer. The optimizer state outside a worker's stripes is gathered when the fit ends,
-  // or before a non-finite step raises; until then each worker's is current on its own stripes.
+  // stripes give every worker its share of each layer. The optimizer state outside a worker's
+  // stripes is gathered when the fit ends, or before a non-finite step raises; until then each
+  // worker's is current on its own stripes.
   struct Shard {
     std::span<std::byte> shared;  // the whole gradient sum, in this worker's shared buffer
-    std::size_t rank = 0;         // this worker, of
-    std::size_t ranks = 1;
-    std::size_t stripe = 1;     // elements
-    bool state_spread = false;  // an update applied since the optimizer state was last whole
+    std::size_t stripe = 1;       // elements
+    bool state_spread = false;    // an update applied since the optimizer state was last whole
   };
   // Stripes of at most kStripeBytes (long enough that a stripe's loop and copies run at full
   // speed), and at least kStripesPerWorker per worker, so that a small model is shared too.
@@ -240,11 +237,13 @@ class MirroredReplica {
     return {reinterpret_cast<T*>(shard_->shared.data()), shard_->shared.size() / sizeof(T)};
   }
 
-  // Calls body(begin, count) for each of this worker's stripes of `length` elements, in order.
+  // Calls body(begin, count) for each of this worker's stripes of `length` elements, in order:
+  // stripe k is the communicator's rank k mod size().
   template <class Body>
-  void for_each_own_stripe(std::size_t length, Body&& body) const {
-    const std::size_t stride = shard_->stripe * shard_->ranks;
-    for (std::size_t begin = shard_->rank * shard_->stripe; begin < length; begin += stride) {
+  void for_each_own_stripe(std::size_t length, Body&& body) {
+    const auto rank = static_cast<std::size_t>(communicator_.rank());
+    const std::size_t stride = shard_->stripe * static_cast<std::size_t>(communicator_.size());
+    for (std::size_t begin = rank * shard_->stripe; begin < length; begin += stride) {
       body(begin, std::min(shard_->stripe, length - begin));
     }
   }
