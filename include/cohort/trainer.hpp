@@ -99,8 +99,9 @@
 // fit(data, until) trains until the run (counted since it began, restored checkpoints included)
 // has done until.steps steps or until.epochs epochs, whichever comes first of those given, and
 // returns a Report: its per-step losses on the chief process only (empty elsewhere; Report below).
-// If fit throws, the replicas may hold a partially applied step: restore a checkpoint before going
-// on.
+// If fit throws, the replicas may hold a partially applied step: until a restore, save and fit
+// refuse (ConfigError), except after a ConfigError (arguments refused before any step) or a
+// NumericError (every replica stopped at the same point of the step).
 #pragma once
 
 #include <algorithm>
@@ -113,6 +114,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -270,6 +272,7 @@ class Trainer {
   // restore right after finds it; when it could not be written, every process throws (the chief
   // its own error, the others a CheckpointError quoting it).
   void save(const std::filesystem::path& file) const {
+    require_settled("save");
     if constexpr (kArgumentsValid) write_checkpoint(file);
   }
 
@@ -278,6 +281,7 @@ class Trainer {
   // before anything is changed: on error the trainer and its models are as they were.
   void restore(const std::filesystem::path& file) {
     if constexpr (kArgumentsValid) read_checkpoint(file);
+    unsettled_.reset();
   }
 
  private:
@@ -346,11 +350,20 @@ class Trainer {
   // where it shows where the step stopped.
   template <class D>
   Report traced_fit(const D& data, Until until) {
+    require_settled("fit");
     const trace::Installed installed(recorder_.get());
     Report report;
     try {
       report = train(data, until);
     } catch (...) {
+      try {
+        throw;
+      } catch (const ConfigError&) {   // refused before any step began
+      } catch (const NumericError&) {  // every replica stopped at the same point of the step
+      } catch (...) {
+        unsettled_ = "the fit begun at step " + std::to_string(step_) + " failed (" +
+                     what_of(std::current_exception()) + ")";
+      }
       if (recorder_) {
         try {
           recorder_->write(trace_file());
@@ -361,6 +374,17 @@ class Trainer {
     }
     if (recorder_) recorder_->write(trace_file());
     return report;
+  }
+
+  // A fit that failed otherwise than by refusing its arguments or raising on a non-finite value
+  // may have stopped inside a step: some replicas updated, or a sharded update's optimizer state
+  // current on each worker's stripes only (strategy/detail/mirrored_replica.hpp). Such a state is
+  // neither saved nor trained on, on every process alike, until a restore replaces it.
+  void require_settled(std::string_view call) const {
+    if (!unsettled_) return;
+    throw ConfigError("Trainer::" + std::string(call) + ": " + *unsettled_ +
+                      ", so the replicas may hold a partially applied step: restore a checkpoint "
+                      "first");
   }
 
   void write_checkpoint(const std::filesystem::path& file) const {
@@ -927,6 +951,7 @@ class Trainer {
   std::vector<Buffer<value_type>> optimizer_states_;
   std::uint64_t step_ = 0;
   std::size_t dataset_size_ = 0;               // fixed by the first fit or by restore
+  std::optional<std::string> unsettled_;  // why the state may be inconsistent (require_settled)
   std::unique_ptr<trace::Recorder> recorder_;  // when tracing (Options::trace)
   std::unique_ptr<preemption::Watch> watch_;   // when Options::preemption.enabled
 };

@@ -150,6 +150,43 @@ TEST_CASE("a replica that throws releases the others and fit rethrows its error"
                        "example 5 is unreadable", std::runtime_error);
 }
 
+TEST_CASE("after a failed fit, save and fit refuse until a restore") {
+  cohort::testing::TemporaryDirectory directory("cohort-unsettled");
+  const std::filesystem::path before = directory.path / "before.ckpt";
+  const std::filesystem::path after = directory.path / "after.ckpt";
+  cohort::Trainer trainer(small_model(), cohort::strategy::Mirrored<>({.replicas = 2}),
+                          cohort::testing::test_optimizer<cohort::optimizer::Adam>(),
+                          {.global_batch = 64, .progress = cohort::Progress::kSilent});
+  trainer.fit(small_task_data(), {.steps = 1});
+  trainer.save(before);
+  CHECK_THROWS(trainer.fit(FaultyData{FaultyData::Fault::kThrow}, {.epochs = 1}));
+  const auto refusal = [](const cohort::ConfigError& error) {
+    const std::string message = error.what();
+    CAPTURE(message);
+    CHECK(message.find("the fit begun at step 1 failed (example 5 is unreadable)") !=
+          std::string::npos);
+    CHECK(message.find("restore a checkpoint first") != std::string::npos);
+  };
+  try {
+    trainer.save(after);
+    FAIL("save wrote the state of a failed fit");
+  } catch (const cohort::ConfigError& error) {
+    refusal(error);
+    CHECK(std::string(error.what()).starts_with("Trainer::save: "));
+  }
+  CHECK_FALSE(std::filesystem::exists(after));
+  try {
+    trainer.fit(small_task_data(), {.steps = 2});
+    FAIL("fit trained on the state of a failed fit");
+  } catch (const cohort::ConfigError& error) {
+    refusal(error);
+    CHECK(std::string(error.what()).starts_with("Trainer::fit: "));
+  }
+  trainer.restore(before);
+  CHECK(trainer.fit(small_task_data(), {.steps = 2}).steps == 1);
+  CHECK_NOTHROW(trainer.save(after));
+}
+
 // The failing replica aborts its group as its step unwinds, before its failure reaches the
 // threads' bookkeeping, so another replica's "abandoned because ..." can be recorded first: the
 // cause is still what goes up.
