@@ -1,8 +1,9 @@
 // One rank of the process tests of the collectives over TCP. Who it is comes from the launcher's
 // variables (cluster::resolve).
-//   collective_rank exact ALGORITHM     every operation, exact sums, over the lengths;
-//                                       ALGORITHM: ring, deterministic, or shared (deterministic
-//                                       with its all-reduce through shared memory)
+//   collective_rank exact ALGORITHM     every operation, exact sums, over the lengths,
+//                                       and deterministic's canonical bits; ALGORITHM: ring,
+//                                       deterministic, or shared (deterministic with its
+//                                       all-reduce through shared memory)
 //   collective_rank mismatch [shared]   rank 0 calls all_reduce, the others broadcast and wait
 //   collective_rank loop [shared]       all-reduces 4 MiB until killed (fault tests)
 // Exits 0 on success, 1 with "error: ..." on stderr otherwise.
@@ -53,6 +54,18 @@ void exact(Communicator& c) {
   }
 }
 
+// The canonical tree's bits on every rank, for a buffer long enough to be cut into segments that
+// are reduced while others travel.
+void canonical_bits(cohort::collective::Deterministic<cohort::transport::tcp::Tcp>& c) {
+  for (const std::size_t length : {std::size_t{300'000}, std::size_t{1} << 22}) {
+    const auto inputs = cohort::testing::cancelling_inputs(c.size(), length, 7);
+    const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
+    auto buffer = inputs[static_cast<std::size_t>(c.rank())];
+    c.all_reduce(std::span<float>(buffer), cohort::ReduceOp::kSum);
+    if (buffer != expected) throw std::runtime_error("bits differ from the canonical tree");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,6 +79,7 @@ int main(int argc, char** argv) {
                (std::string(argv[2]) == "deterministic" || shared)) {
       auto communicator = deterministic(shared);
       exact(communicator);
+      canonical_bits(communicator);
     } else if (mode == "mismatch") {
       auto communicator = deterministic(shared);
       std::vector<float> buffer(7, 1.0f);

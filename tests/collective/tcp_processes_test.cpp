@@ -18,7 +18,8 @@ using namespace std::chrono_literals;
 
 TEST_CASE(
     "ring and deterministic collectives, over TCP and through shared memory, are exact across 2, 3 "
-    "and 4 processes, and leave nothing in /dev/shm") {
+    "and 4 processes, deterministic's with the canonical tree's bits, and leave nothing in "
+    "/dev/shm") {
   TemporaryDirectory directory("cohort-collective-processes");
   const auto segments = cohort::testing::shared_memory_segments();
   for (const char* algorithm : {"deterministic", "ring", "shared"}) {

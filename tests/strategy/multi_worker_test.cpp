@@ -632,8 +632,17 @@ class CountingTcp : public cohort::transport::tcp::Tcp {
   using Tcp::transfer;
   void transfer(std::span<const cohort::transport::Send> sends,
                 std::span<const cohort::transport::Receive> receives) {
-    for (const auto& send : sends) sent += send.payload.size();
+    count(sends);
     Tcp::transfer(sends, receives);
+  }
+  void transfer(std::span<const cohort::transport::Send> sends,
+                std::span<const cohort::transport::Receive> receives,
+                cohort::transport::Meanwhile meanwhile) {
+    count(sends);
+    Tcp::transfer(sends, receives, meanwhile);
+  }
+  static void count(std::span<const cohort::transport::Send> sends) {
+    for (const auto& send : sends) sent += send.payload.size();
   }
   static inline std::atomic<std::size_t> sent{0};
 };

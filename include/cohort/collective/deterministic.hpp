@@ -12,7 +12,8 @@
 //     rank j. Every rank sends chunk j to its owner, the owner folds the n contributions in tree
 //     order (reduce_scatter), then every owner sends its folded chunk to every rank (all_gather).
 //     Each half exchanges with one peer each way at a time, in n-1 steps. Per rank that is
-//     2 (n-1)/n x B sent and received in 2 (n-1) steps, as in a ring.
+//     2 (n-1)/n x B sent and received in 2 (n-1) steps, as in a ring. Two segments are in flight
+//     at a time, so that one's fold is done while the other's chunks travel.
 // reduce_scatter is the first half alone. broadcast, all_gather and barrier are direct.
 //
 // Processes of one host (share_host_memory, which MultiWorkerMirrored calls): the all-reduce goes
@@ -88,16 +89,27 @@ class Deterministic : public detail::OverTransport<T> {
       fold_whole_buffers(call, buffer, op);
       return;
     }
-    this->for_each_segment(buffer, [&](std::span<E> part) {
-      const auto mine = detail::chunk(part.size(), ranks, static_cast<std::size_t>(this->rank()));
-      fold_owned_chunk(call, std::span<const E>(part), part.subspan(mine.begin, mine.size()), op);
-      gather_owned_chunks(call, part);
-    });
+    const std::size_t segment = this->template segment_length<E>();
+    const std::size_t me = static_cast<std::size_t>(this->rank());
+    fold_and_gather<E>(
+        call, (buffer.size() + segment - 1) / segment, 2 * (ranks - 1), op, [&](std::size_t index) {
+          const std::span<E> part =
+              buffer.subspan(index * segment, std::min(segment, buffer.size() - index * segment));
+          const auto mine = detail::chunk(part.size(), ranks, me);
+          return Segment<E>{part, part.subspan(mine.begin, mine.size()), part};
+        });
   }
 
   template <class E>
   void reduce_scatter(std::span<const E> input, std::span<E> output, ReduceOp op) {
-    fold_owned_chunk(this->begin_reduce_scatter(input, output, op), input, output, op);
+    const Call call = this->begin_reduce_scatter(input, output, op);
+    if (this->size() == 1 || output.empty()) {
+      std::copy(input.begin(), input.end(), output.begin());
+      return;
+    }
+    fold_and_gather<E>(call, 1, static_cast<std::size_t>(this->size()) - 1, op, [&](std::size_t) {
+      return Segment<E>{input, output, {}};
+    });
   }
 
   // What share_host_memory found.
@@ -295,7 +307,7 @@ class Deterministic : public detail::OverTransport<T> {
       inputs[rank] = chunk;
       outputs[rank] = chunk;
     }
-    fold_into(op, inputs, std::span<E* const>(outputs), mine.size());
+    fold_into<E>(op, inputs, std::span<E* const>(outputs), mine.size());
     meet(call, where);
   }
 
@@ -339,7 +351,7 @@ class Deterministic : public detail::OverTransport<T> {
             (rank == me ? piece.data() : slot(set, rank).data()) + mine.begin;
       }
       E* const folded[] = {piece.data() + mine.begin, own.data() + mine.begin};
-      fold_into(op, inputs, std::span<E* const>(folded), mine.size());
+      fold_into<E>(op, inputs, std::span<E* const>(folded), mine.size());
       meet(call);
       for (int rank = 0; rank < this->size(); ++rank) {
         if (rank == me) continue;
@@ -450,83 +462,95 @@ class Deterministic : public detail::OverTransport<T> {
     }
     this->transfer(call, sends, receives);
     E* const folded[] = {buffer.data()};
-    fold_into(op, inputs, std::span<E* const>(folded), length);
+    fold_into<E>(op, inputs, std::span<E* const>(folded), length);
   }
 
-  // Sends chunk j of `input` to rank j, receives every rank's chunk of this rank and folds them,
-  // with this rank's own, into `owned` (which may alias this rank's chunk of input).
+  // One segment of a reduction (fold_and_gather): chunk j of `input` belongs to rank j; this
+  // rank folds its own into `owned` (which may alias its chunk of input) and, in an all-reduce,
+  // receives every other rank's folded chunk into `gathered` (the segment itself).
   template <class E>
-  void fold_owned_chunk(const Call& call, std::span<const E> input, std::span<E> owned,
-                        ReduceOp op) {
-    const std::size_t count = static_cast<std::size_t>(this->size());
-    const std::size_t length = owned.size();
-    std::span<E> staging = this->template scratch<E>(count * length);
-    const auto slot = [&](int peer) { return staging.subspan(this->slot(peer, length), length); };
-    exchange_with_every_peer(
-        call,
-        [&](int peer) {
-          const auto theirs = detail::chunk(input.size(), count, static_cast<std::size_t>(peer));
-          return detail::bytes_of(input.subspan(theirs.begin, theirs.size()));
-        },
-        [&](int peer) { return detail::writable_bytes_of(slot(peer)); });
-    std::vector<const E*> inputs(count);
-    for (int peer = 0; peer < this->size(); ++peer) {
-      inputs[static_cast<std::size_t>(peer)] = slot(peer).data();
-    }
-    const auto mine = detail::chunk(input.size(), count, static_cast<std::size_t>(this->rank()));
-    inputs[static_cast<std::size_t>(this->rank())] = input.data() + mine.begin;
-    E* const folded[] = {owned.data()};
-    fold_into(op, inputs, std::span<E* const>(folded), length);
-  }
+  struct Segment {
+    std::span<const E> input;
+    std::span<E> owned;
+    std::span<E> gathered;
+  };
 
-  // Sends outgoing(peer) to and receives incoming(peer) from every other rank, one peer each way
-  // at a time: at step s to rank + s and from rank - s. Each rank's link then carries one flow
-  // each way, as in a ring, where all at once n-1 senders meet at every receiver: with 4
+  // The first `steps` steps of the algorithm (top of this file) on each of `segments` segments
+  // (segment_of(index)), pipelined (detail::OverTransport::pipeline). Steps 0 to n-2 send chunk
+  // j of the input to rank j and receive this rank's chunk from every other, one peer each way
+  // at a time: at step s to rank + s + 1 and from rank - s - 1. Each rank's link then carries one
+  // flow each way, as in a ring, where all at once n-1 senders meet at every receiver: with 4
   // processes on 2 cores a 16 MiB all-reduce took 27-28 ms that way and 15 ms this way, and on
   // shaped links all at once lost packets (docs/benchmarks.md, "Socket tuning and segments").
-  template <class Outgoing, class Incoming>
-  void exchange_with_every_peer(const Call& call, Outgoing&& outgoing, Incoming&& incoming) {
-    const int ranks = this->size();
-    for (int shift = 1; shift < ranks; ++shift) {
-      const int to = (this->rank() + shift) % ranks;
-      const int from = (this->rank() + ranks - shift) % ranks;
-      const transport::Send send{to, call.header, outgoing(to)};
-      const transport::Receive receive{from, call.header, incoming(from)};
-      this->transfer(call, {&send, 1}, {&receive, 1});
-    }
+  // The last of them is followed by the fold of this rank's chunk in tree order. Steps n-1 to
+  // 2n-3 send the folded chunk to every rank the same way.
+  template <class E, class SegmentOf>
+  void fold_and_gather(const Call& call, std::size_t segments, std::size_t steps, ReduceOp op,
+                       SegmentOf&& segment_of) {
+    const std::size_t ranks = static_cast<std::size_t>(this->size());
+    const std::size_t me = static_cast<std::size_t>(this->rank());
+    const std::size_t longest = segment_of(0).owned.size() + 1;  // chunks differ by one at most
+    const std::span<E> staging = this->template scratch<E>(2 * ranks * longest);
+    std::array<std::vector<const E*>, 2> inputs;  // each lane's fold
+    std::array<std::array<E*, 1>, 2> outputs{};
+    const auto exchange_of = [&](std::size_t index, std::size_t lane, std::size_t step,
+                                 detail::Exchange& exchange) {
+      const Segment<E> segment = segment_of(index);
+      const auto slot = [&](std::size_t peer) {
+        return staging.subspan((lane * ranks + peer) * longest, segment.owned.size());
+      };
+      const bool folding = step + 1 < ranks;
+      const std::size_t shift = (folding ? step : step - (ranks - 1)) + 1;
+      const std::size_t to = (me + shift) % ranks;
+      const std::size_t from = (me + ranks - shift) % ranks;
+      if (folding) {
+        const auto theirs = detail::chunk(segment.input.size(), ranks, to);
+        exchange = {{static_cast<int>(to), call.header,
+                     detail::bytes_of(segment.input.subspan(theirs.begin, theirs.size()))},
+                    {static_cast<int>(from), call.header, detail::writable_bytes_of(slot(from))}};
+      } else {
+        const auto theirs = detail::chunk(segment.gathered.size(), ranks, from);
+        exchange = {
+            {static_cast<int>(to), call.header,
+             detail::bytes_of(std::span<const E>(segment.owned))},
+            {static_cast<int>(from), call.header,
+             detail::writable_bytes_of(segment.gathered.subspan(theirs.begin, theirs.size()))}};
+      }
+      if (step + 2 != ranks) return std::size_t{0};  // the fold follows the last folding step
+      inputs[lane].resize(ranks);
+      for (std::size_t peer = 0; peer < ranks; ++peer) inputs[lane][peer] = slot(peer).data();
+      inputs[lane][me] =
+          segment.input.data() + detail::chunk(segment.input.size(), ranks, me).begin;
+      outputs[lane] = {segment.owned.data()};
+      return segment.owned.size();
+    };
+    const auto fold = [&](std::size_t lane, std::size_t begin, std::size_t length) {
+      fold_block<E>(op, inputs[lane], outputs[lane], begin, length);
+    };
+    this->pipeline(call, segments, steps, exchange_of, fold);
   }
 
   // Each of `outputs` = the canonical-tree fold of `count` elements of inputs, where an output
-  // may alias an input: folded a cache-sized block at a time into a small buffer and copied out
-  // while hot, so the fold costs no extra pass over memory.
+  // may alias an input, a block at a time (fold_block).
   template <class E>
-  void fold_into(ReduceOp op, std::vector<const E*>& inputs, std::span<E* const> outputs,
-                 std::size_t count) {
-    constexpr std::size_t kBlock = 16 * device::cpu::kReduceBlock;
-    thread_local std::vector<E> block(kBlock);
-    std::vector<const E*> offset(inputs.size());
-    for (std::size_t begin = 0; begin < count; begin += kBlock) {
-      const std::size_t length = std::min(kBlock, count - begin);
-      for (std::size_t i = 0; i < inputs.size(); ++i) offset[i] = inputs[i] + begin;
-      device::cpu::reduce_tree<E>(op, offset, std::span<E>(block).first(length));
-      for (E* const output : outputs) std::copy_n(block.begin(), length, output + begin);
+  static void fold_into(ReduceOp op, std::span<const E* const> inputs, std::span<E* const> outputs,
+                        std::size_t count) {
+    for (std::size_t begin = 0; begin < count; begin += Base::kWorkBlock) {
+      fold_block<E>(op, inputs, outputs, begin, std::min(Base::kWorkBlock, count - begin));
     }
   }
 
-  // Every rank sends its chunk of `part` to every other and receives theirs in place.
+  // Elements [begin, begin + length) of fold_into, length at most a work block: folded into a
+  // small buffer and copied out while hot, so the fold costs no extra pass over memory.
   template <class E>
-  void gather_owned_chunks(const Call& call, std::span<E> part) {
-    const std::size_t count = static_cast<std::size_t>(this->size());
-    const auto mine = detail::chunk(part.size(), count, static_cast<std::size_t>(this->rank()));
-    exchange_with_every_peer(
-        call,
-        [&](int) {
-          return detail::bytes_of(std::span<const E>(part.subspan(mine.begin, mine.size())));
-        },
-        [&](int peer) {
-          const auto theirs = detail::chunk(part.size(), count, static_cast<std::size_t>(peer));
-          return detail::writable_bytes_of(part.subspan(theirs.begin, theirs.size()));
-        });
+  static void fold_block(ReduceOp op, std::span<const E* const> inputs, std::span<E* const> outputs,
+                         std::size_t begin, std::size_t length) {
+    thread_local std::vector<E> block(Base::kWorkBlock);
+    thread_local std::vector<const E*> offset;
+    offset.resize(inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) offset[i] = inputs[i] + begin;
+    device::cpu::reduce_tree<E>(op, offset, std::span<E>(block).first(length));
+    for (E* const output : outputs) std::copy_n(block.begin(), length, output + begin);
   }
 
   std::optional<detail::SharedSegment> segment_;

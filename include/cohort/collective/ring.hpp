@@ -3,7 +3,9 @@
 // The buffer is cut into segments and each segment into n chunks. Reduce-scatter: in n-1 steps
 // every rank sends one chunk to its right neighbour and adds the chunk it receives from its left
 // one, so that rank r ends with the full reduction of chunk r. All-gather: in n-1 more steps the
-// reduced chunks travel around the ring. Per rank that is 2 (n-1)/n x B sent and received.
+// reduced chunks travel around the ring. Per rank that is 2 (n-1)/n x B sent and received. Two
+// segments are in flight at a time, so that one's additions are done while the other's chunks
+// travel (detail/over_transport.hpp).
 //
 // The result is identical on every rank and repeatable for a given number of ranks, but chunk c
 // is summed in ring order starting after rank c, not in the canonical tree: a ring run does NOT
@@ -12,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -36,10 +39,8 @@ class Ring : public detail::OverTransport<T> {
   void all_reduce(std::span<E> buffer, ReduceOp op) {
     const Call call = this->begin_all_reduce(buffer, op);
     if (this->size() == 1 || buffer.empty()) return;
-    this->for_each_segment(buffer, [&](std::span<E> part) {
-      reduce_around(call, part, op);
-      gather_around(call, part);
-    });
+    const std::size_t segment = this->template segment_length<E>();
+    go_around(call, buffer, segment, 2 * (static_cast<std::size_t>(this->size()) - 1), op);
   }
 
   template <class E>
@@ -47,7 +48,7 @@ class Ring : public detail::OverTransport<T> {
     const Call call = this->begin_reduce_scatter(input, output, op);
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     std::vector<E> work(input.begin(), input.end());
-    if (ranks > 1) reduce_around(call, std::span<E>(work), op);
+    if (ranks > 1 && !work.empty()) go_around(call, std::span<E>(work), work.size(), ranks - 1, op);
     const auto mine = detail::chunk(work.size(), ranks, static_cast<std::size_t>(this->rank()));
     std::copy_n(work.begin() + static_cast<std::ptrdiff_t>(mine.begin), mine.size(),
                 output.begin());
@@ -63,40 +64,43 @@ class Ring : public detail::OverTransport<T> {
     return (static_cast<std::size_t>(this->rank()) + ranks * 2 - steps) % ranks;
   }
 
-  // After n-1 steps this rank's chunk of `part` holds the reduction over all ranks.
+  // The first `steps` steps of the ring on each segment of `buffer`, pipelined
+  // (detail::OverTransport::pipeline). Steps 0 to n-2 reduce: each sends one chunk to the right
+  // neighbour and adds the one received from the left, so that after them this rank's chunk holds
+  // the reduction over all ranks. Steps n-1 to 2n-3 gather: the reduced chunks travel around
+  // the ring until every rank holds all of them.
   template <class E>
-  void reduce_around(const Call& call, std::span<E> part, ReduceOp op) {
+  void go_around(const Call& call, std::span<E> buffer, std::size_t segment, std::size_t steps,
+                 ReduceOp op) {
     const std::size_t ranks = static_cast<std::size_t>(this->size());
-    std::span<E> staging = this->template scratch<E>(part.size() / ranks + 1);
-    for (std::size_t step = 0; step + 1 < ranks; ++step) {
-      const auto outgoing = detail::chunk(part.size(), ranks, behind(step + 1));
-      const auto incoming = detail::chunk(part.size(), ranks, behind(step + 2));
-      const auto received = staging.first(incoming.size());
-      const transport::Send send{
-          right(), call.header,
-          detail::bytes_of(std::span<const E>(part.subspan(outgoing.begin, outgoing.size())))};
-      const transport::Receive receive{left(), call.header, detail::writable_bytes_of(received)};
-      this->transfer(call, {&send, 1}, {&receive, 1});
-      device::cpu::combine_into<E>(op, part.subspan(incoming.begin, incoming.size()),
-                                   std::span<const E>(received));
-    }
-  }
-
-  // Passes the reduced chunks around until every rank holds all of them.
-  template <class E>
-  void gather_around(const Call& call, std::span<E> part) {
-    const std::size_t ranks = static_cast<std::size_t>(this->size());
-    for (std::size_t step = 0; step + 1 < ranks; ++step) {
-      const auto outgoing = detail::chunk(part.size(), ranks, behind(step));
-      const auto incoming = detail::chunk(part.size(), ranks, behind(step + 1));
-      const transport::Send send{
-          right(), call.header,
-          detail::bytes_of(std::span<const E>(part.subspan(outgoing.begin, outgoing.size())))};
-      const transport::Receive receive{
-          left(), call.header,
-          detail::writable_bytes_of(part.subspan(incoming.begin, incoming.size()))};
-      this->transfer(call, {&send, 1}, {&receive, 1});
-    }
+    const std::size_t staging_length = segment / ranks + 1;
+    const std::span<E> staging = this->template scratch<E>(2 * staging_length);
+    std::array<std::span<E>, 2> sums;            // each lane's chunk to add into
+    std::array<std::span<const E>, 2> received;  // and what it adds
+    const auto exchange_of = [&](std::size_t index, std::size_t lane, std::size_t step,
+                                 detail::Exchange& exchange) {
+      const std::span<E> part =
+          buffer.subspan(index * segment, std::min(segment, buffer.size() - index * segment));
+      const auto at = [&](std::size_t chunk) {
+        const auto range = detail::chunk(part.size(), ranks, chunk);
+        return part.subspan(range.begin, range.size());
+      };
+      const bool reducing = step + 1 < ranks;
+      const std::size_t shift = reducing ? step + 1 : step - (ranks - 1);
+      const std::span<E> incoming = at(behind(shift + 1));
+      const std::span<E> into =
+          reducing ? staging.subspan(lane * staging_length, incoming.size()) : incoming;
+      exchange = {{right(), call.header, detail::bytes_of(std::span<const E>(at(behind(shift))))},
+                  {left(), call.header, detail::writable_bytes_of(into)}};
+      sums[lane] = incoming;
+      received[lane] = into;
+      return reducing ? incoming.size() : 0;
+    };
+    const auto add = [&](std::size_t lane, std::size_t begin, std::size_t length) {
+      device::cpu::combine_into<E>(op, sums[lane].subspan(begin, length),
+                                   received[lane].subspan(begin, length));
+    };
+    this->pipeline(call, (buffer.size() + segment - 1) / segment, steps, exchange_of, add);
   }
 };
 

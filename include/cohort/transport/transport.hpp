@@ -33,6 +33,15 @@
 // Required of the caller: payload spans stay valid until transfer returns; a receive's payload
 // has exactly the length of the matching send's.
 //
+// A transport that can do the caller's work while it waits for its peers (transport::Overlapping)
+// also has:
+//   t.transfer(sends, receives, Meanwhile meanwhile)
+//       the same, and whenever no frame can move it calls meanwhile() instead of waiting, until
+//       a call returns false. Each call is a bounded piece of the caller's work, which touches
+//       none of the transfer's payloads: a collective reduces one segment while the next one's
+//       frames travel (collective/detail/over_transport.hpp). What the transfer left undone, the
+//       caller finishes after it.
+//
 // A transport that serves requests in arrival order (the parameter server) also needs to know
 // which peer to read next. transport::Serving adds:
 //   t.wait_any(std::span<const int> peers, std::chrono::milliseconds timeout)
@@ -53,6 +62,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "cohort/core/error.hpp"
 
@@ -127,6 +137,23 @@ class HeaderMismatch : public CommError {
   std::size_t received_length;
 };
 
+// A piece of the caller's work that a transfer may do while it waits (Overlapping): each call
+// does one and returns whether more is left. It refers to the work, which outlives the transfer.
+class Meanwhile {
+ public:
+  template <class Work>
+  requires std::invocable<Work&> && std::same_as < std::invoke_result_t<Work&>,
+  bool > explicit Meanwhile(Work& work)
+      : work_(&work),
+  piece_([](void* work) { return (*static_cast<Work*>(work))(); }) {}
+
+  bool operator()() const { return piece_(work_); }
+
+ private:
+  void* work_;
+  bool (*piece_)(void*);
+};
+
 template <class T>
 concept Transport = requires(T& t, const T& ct, std::span<const Send> sends,
                              std::span<const Receive> receives, std::string_view reason) {
@@ -142,6 +169,14 @@ template <class T>
 concept Serving = Transport<T> &&
     requires(T& t, std::span<const int> peers, std::chrono::milliseconds timeout) {
   { t.wait_any(peers, timeout) } -> std::convertible_to<int>;
+};
+
+// A Transport that can do the caller's work while it waits (see the top of this file).
+template <class T>
+concept Overlapping = Transport<T> &&
+    requires(T& t, std::span<const Send> sends, std::span<const Receive> receives,
+             Meanwhile meanwhile) {
+  t.transfer(sends, receives, meanwhile);
 };
 
 }  // namespace cohort::transport

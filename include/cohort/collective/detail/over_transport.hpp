@@ -1,10 +1,13 @@
 // What every collective over a transport shares: sequence numbers and fingerprints on every
 // frame, the translation of transport failures into errors that name the collective, the
-// poisoning that makes every call after a failure fail too, and the operations that involve no
-// reduction (broadcast, all_gather, barrier), done directly between every pair of ranks.
+// poisoning that makes every call after a failure fail too, the operations that involve no
+// reduction (broadcast, all_gather, barrier), done directly between every pair of ranks, and the
+// pipeline of the reductions: a large buffer is cut into segments, two of which are in flight at
+// a time, so that one segment's reduction is done while the other's frames travel.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstring>
 #include <optional>
@@ -41,6 +44,13 @@ struct Chunk {
 inline Chunk chunk(std::size_t length, std::size_t chunks, std::size_t index) {
   return {index * length / chunks, (index + 1) * length / chunks};
 }
+
+// One step of a pipelined collective (OverTransport::pipeline): a send to one peer and a receive
+// from one.
+struct Exchange {
+  transport::Send send;
+  transport::Receive receive;
+};
 
 template <transport::Transport T>
 class OverTransport {
@@ -146,8 +156,26 @@ class OverTransport {
   // Runs one transfer of `call`; any failure poisons the group and names the collective.
   void transfer(const Call& call, std::span<const transport::Send> sends,
                 std::span<const transport::Receive> receives) {
+    guarded(call, [&] { transport_.transfer(sends, receives); });
+  }
+
+  // The same, doing pieces of `work` while it waits where the transport can
+  // (transport::Overlapping); the caller finishes the work.
+  template <class Work>
+  void transfer(const Call& call, std::span<const transport::Send> sends,
+                std::span<const transport::Receive> receives, Work& work) {
+    if constexpr (transport::Overlapping<T>) {
+      guarded(call, [&] { transport_.transfer(sends, receives, transport::Meanwhile(work)); });
+    } else {
+      transfer(call, sends, receives);
+    }
+  }
+
+  // Runs `move` (a transfer of `call`); any failure poisons the group and names the collective.
+  template <class Move>
+  void guarded(const Call& call, Move&& move) {
     try {
-      transport_.transfer(sends, receives);
+      move();
     } catch (const transport::HeaderMismatch& mismatch) {
       mismatched(call, mismatch.peer(), mismatch.received);
     } catch (const CommError& error) {
@@ -189,18 +217,64 @@ class OverTransport {
   // Bytes of one rank's chunk per segment. A segment's buffer, staging and socket traffic then
   // stay in cache: against 4 MiB, a 4 MiB all-reduce between 2 processes took 1.2 ms instead of
   // 1.7, and 64 MiB 24 ms instead of 35; 256 KiB was no faster than this, and more segments are
-  // more round trips (docs/benchmarks.md, "Socket tuning and segments").
+  // more round trips (docs/benchmarks.md, "Socket tuning and segments"): cutting a 1 MiB buffer
+  // into 4 segments to pipeline it took it from 0.74 to 1.33 ms between 2 hosts at 16 Gbit/s.
   static constexpr std::size_t kSegmentChunkBytes = 512 * 1024;
+  // Elements per block of the work done while a transfer waits: short enough that the sockets
+  // are looked at often, long enough to run at full speed.
+  static constexpr std::size_t kWorkBlock = 16 * 1024;
 
-  // Cuts a large buffer into segments of size() chunks of at most kSegmentChunkBytes each, so
-  // that staging memory stays bounded and hot, and calls body on each in order.
-  template <class E, class Body>
-  void for_each_segment(std::span<E> buffer, Body&& body) {
-    const std::size_t segment = static_cast<std::size_t>(size()) *
-                                std::max<std::size_t>(1, kSegmentChunkBytes / sizeof(E));
-    for (std::size_t offset = 0; offset < buffer.size(); offset += segment) {
-      body(buffer.subspan(offset, std::min(segment, buffer.size() - offset)));
+  // Elements per segment of a pipelined buffer (pipeline): size() chunks of kSegmentChunkBytes.
+  template <class E>
+  std::size_t segment_length() const {
+    return static_cast<std::size_t>(size()) *
+           std::max<std::size_t>(1, kSegmentChunkBytes / sizeof(E));
+  }
+
+  // Runs `steps` steps on each of `segments` segments, two segments at a time, so that the
+  // reduction of one overlaps the transfer of the other. step(segment, lane, index, exchange)
+  // fills the exchange of the index-th step of a segment (lane 0 or 1: the segment's parity, so
+  // that the segments in flight have staging memory of their own) and returns how many elements
+  // of work on what it receives follow it (0: none); work(lane, begin, length) does a block of
+  // it. That work is done while the other lane's next transfer waits for its peers, and always
+  // finished before this lane's next transfer. Every rank runs the same sequence of transfers,
+  // so that each pair of ranks sends and receives its frames in the same order.
+  template <class Step, class Work>
+  void pipeline(const Call& call, std::size_t segments, std::size_t steps, Step&& step,
+                Work&& work) {
+    struct Pending {
+      std::size_t lane = 0;
+      std::size_t next = 0;
+      std::size_t count = 0;
+    } pending;
+    auto piece = [&] {  // one block of the pending work: whether more is left
+      if (pending.next < pending.count) {
+        const std::size_t length = std::min(kWorkBlock, pending.count - pending.next);
+        work(pending.lane, pending.next, length);
+        pending.next += length;
+      }
+      return pending.next < pending.count;
+    };
+    const auto finish = [&] {
+      while (piece()) {
+      }
+    };
+    std::array<std::size_t, 2> segment{0, 1};  // each lane's segment
+    std::array<std::size_t, 2> done{0, 0};     // steps done on it
+    for (std::size_t lane = 0; segment[0] < segments || segment[1] < segments; lane ^= 1) {
+      if (segment[lane] >= segments) continue;
+      if (pending.lane == lane) finish();  // the other lane has ended
+      Exchange exchange;
+      const std::size_t count = step(segment[lane], lane, done[lane], exchange);
+      transfer(call, {&exchange.send, 1}, {&exchange.receive, 1}, piece);
+      finish();
+      pending = {lane, 0, count};
+      if (++done[lane] == steps) {
+        done[lane] = 0;
+        segment[lane] += 2;
+      }
     }
+    finish();
   }
 
   // Byte scratch reused across calls, so a steady training loop allocates nothing.

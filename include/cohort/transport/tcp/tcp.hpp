@@ -83,6 +83,11 @@ class Tcp {
 
   COHORT_DECL void transfer(std::span<const Send> sends, std::span<const Receive> receives);
 
+  // transport.hpp (Overlapping): the same, doing pieces of `meanwhile` where it would spin or
+  // sleep for want of a socket that can move.
+  COHORT_DECL void transfer(std::span<const Send> sends, std::span<const Receive> receives,
+                            Meanwhile meanwhile);
+
   // The same without exceptions: `error` is Errc::kComm on failure, and last_failure() says
   // what happened.
   COHORT_DECL void transfer(std::span<const Send> sends, std::span<const Receive> receives,
@@ -144,8 +149,13 @@ class Tcp {
   };
 
   // --- one transfer ------------------------------------------------------------------------
+  // A transfer's failure as the exception transfer() throws.
+  [[noreturn]] COHORT_DECL static void raise(Failure failure);
+  // Moves the frames until all are done; while none can move, does pieces of `meanwhile`, where
+  // given, until it has none left.
   COHORT_DECL std::optional<Failure> progress(std::span<const Send> sends,
-                                              std::span<const Receive> receives);
+                                              std::span<const Receive> receives,
+                                              std::optional<Meanwhile> meanwhile = std::nullopt);
   // Chains each peer's sends and receives in list order.
   COHORT_DECL std::optional<Failure> enqueue(std::span<const Send> sends,
                                              std::span<const Receive> receives);

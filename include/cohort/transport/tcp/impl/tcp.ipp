@@ -64,10 +64,17 @@ COHORT_DECL Tcp::Tcp(Tcp&& other) noexcept
 COHORT_DECL Tcp::~Tcp() { close(); }
 
 COHORT_DECL void Tcp::transfer(std::span<const Send> sends, std::span<const Receive> receives) {
-  if (auto failure = progress(sends, receives)) {
-    if (failure->mismatch) throw *failure->mismatch;
-    throw CommError(std::move(failure->fields));
-  }
+  if (auto failure = progress(sends, receives)) raise(std::move(*failure));
+}
+
+COHORT_DECL void Tcp::transfer(std::span<const Send> sends, std::span<const Receive> receives,
+                               Meanwhile meanwhile) {
+  if (auto failure = progress(sends, receives, meanwhile)) raise(std::move(*failure));
+}
+
+COHORT_DECL void Tcp::raise(Failure failure) {
+  if (failure.mismatch) throw *failure.mismatch;
+  throw CommError(std::move(failure.fields));
 }
 
 COHORT_DECL void Tcp::transfer(std::span<const Send> sends, std::span<const Receive> receives,
@@ -125,7 +132,8 @@ COHORT_DECL void Tcp::leave(std::string_view reason) noexcept {
 }
 
 COHORT_DECL std::optional<Tcp::Failure> Tcp::progress(std::span<const Send> sends,
-                                                      std::span<const Receive> receives) {
+                                                      std::span<const Receive> receives,
+                                                      std::optional<Meanwhile> meanwhile) {
   if (failure_) {
     return failed("this transport failed earlier and is closed (" + failure_->detail + ")",
                   failure_->peer, failure_->sequence);
@@ -157,6 +165,10 @@ COHORT_DECL std::optional<Tcp::Failure> Tcp::progress(std::span<const Send> send
     const auto now = std::chrono::steady_clock::now();
     if (moved) {
       last_progress = now;
+      continue;
+    }
+    if (meanwhile) {
+      if (!(*meanwhile)()) meanwhile.reset();
       continue;
     }
     if (now - last_progress < options_.spin) {
