@@ -123,6 +123,77 @@ TEST_CASE("the ring all-reduce gives the same bits on every rank") {
   for (const auto& result : results) CHECK(result == results[0]);
 }
 
+namespace {
+
+// Loopback that can do the caller's work while it "waits" (transport::Overlapping): one piece
+// before its frames move and one after, leaving the rest for the caller, so that the pipeline's
+// work runs on either side of the next transfer as it may over TCP.
+class OverlappingLoopback {
+ public:
+  explicit OverlappingLoopback(Loopback::Endpoint endpoint) : endpoint_(std::move(endpoint)) {}
+  int rank() const { return endpoint_.rank(); }
+  int size() const { return endpoint_.size(); }
+  void transfer(std::span<const cohort::transport::Send> sends,
+                std::span<const cohort::transport::Receive> receives) {
+    endpoint_.transfer(sends, receives);
+  }
+  void transfer(std::span<const cohort::transport::Send> sends,
+                std::span<const cohort::transport::Receive> receives,
+                cohort::transport::Meanwhile meanwhile) {
+    const bool more = meanwhile();
+    endpoint_.transfer(sends, receives);
+    if (more) meanwhile();
+  }
+  void close() { endpoint_.close(); }
+  void leave(std::string_view reason) { endpoint_.leave(reason); }
+
+ private:
+  Loopback::Endpoint endpoint_;
+};
+static_assert(cohort::transport::Overlapping<OverlappingLoopback>);
+
+template <class Communicator>
+std::vector<std::vector<float>> all_reduce_on_threads(
+    int ranks, const std::vector<std::vector<float>>& inputs) {
+  Loopback group({.ranks = ranks, .timeout = std::chrono::seconds(20)});
+  std::vector<std::vector<float>> results = inputs;
+  std::vector<std::jthread> threads;
+  for (int rank = 0; rank < ranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      Communicator communicator(OverlappingLoopback(group.endpoint(rank)));
+      communicator.all_reduce(std::span<float>(results[static_cast<std::size_t>(rank)]),
+                              ReduceOp::kSum);
+    });
+  }
+  threads.clear();
+  return results;
+}
+
+}  // namespace
+
+// 5.5 segments with 2 ranks (both lanes, a short last one), fewer with more ranks.
+TEST_CASE("the pipelined reductions keep their bits when the work runs during the transfers") {
+  for (int ranks : {2, 3, 5}) {
+    CAPTURE(ranks);
+    const std::size_t length = std::size_t{11} << 17;
+    const auto inputs = cohort::testing::cancelling_inputs(ranks, length, 3);
+    const std::vector<float> canonical = cohort::testing::canonical_sum(inputs);
+    for (const auto& result :
+         all_reduce_on_threads<cohort::collective::Deterministic<OverlappingLoopback>>(ranks,
+                                                                                       inputs)) {
+      CHECK(result == canonical);
+    }
+    std::vector<std::vector<float>> plain = inputs;
+    on_ranks<cohort::collective::Ring>(ranks, [&](auto& c) {
+      c.all_reduce(std::span<float>(plain[static_cast<std::size_t>(c.rank())]), ReduceOp::kSum);
+    });
+    for (const auto& result :
+         all_reduce_on_threads<cohort::collective::Ring<OverlappingLoopback>>(ranks, inputs)) {
+      CHECK(result == plain[0]);
+    }
+  }
+}
+
 TEST_CASE("process collectives apply min, max and product") {
   const auto failures = on_ranks<cohort::collective::Deterministic>(3, [](auto& c) {
     std::vector<double> minimum{double(c.rank()), -double(c.rank())};
