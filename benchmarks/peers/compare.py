@@ -8,8 +8,9 @@ schema. Two tables, per process count and message size, from the in-place column
 native form: cohort, MPI_IN_PLACE, Gloo's ring and torch all reduce in place):
 
   1. busbw in GB/s of every series;
-  2. busbw ratios cohort / peer for cohort tcp deterministic, cohort tcp ring, cohort shm
-     (deterministic, its all-reduce through shared memory) and cohort local
+  2. busbw ratios cohort / peer for cohort tcp deterministic, cohort tcp ring, cohort tcp
+     deterministic without frame checksums (tcp-nocs), cohort shm (deterministic, its all-reduce
+     through shared memory) and cohort local
      against every peer: above 1 cohort is faster, below 1 slower. A ratio of busbw at equal size
      and rank count is the inverse ratio of times.
 
@@ -24,23 +25,29 @@ import math
 import pathlib
 import sys
 
-COHORT = [("tcp", "deterministic"), ("tcp", "ring"), ("shm", "deterministic"), ("local", "threads")]
+COHORT = [("tcp", "deterministic"), ("tcp", "ring"), ("tcp", "deterministic, no checksum"),
+          ("shm", "deterministic"), ("local", "threads")]
 COHORT_NAMES = {
     ("tcp", "deterministic"): "cohort tcp deterministic",
     ("tcp", "ring"): "cohort tcp ring",
+    ("tcp", "deterministic, no checksum"): "cohort tcp deterministic, no checksum",
     ("shm", "deterministic"): "cohort shm",
     ("local", "threads"): "cohort local",
 }
 PEER_SHORT = {"openmpi vader": "mpi-shm", "openmpi tcp": "mpi-tcp", "gloo ring": "gloo",
               "torch gloo": "torch"}
 SHORT = dict(PEER_SHORT, **{"cohort tcp deterministic": "tcp-det", "cohort tcp ring": "tcp-ring",
+                            "cohort tcp deterministic, no checksum": "tcp-nocs",
                             "cohort shm": "shm", "cohort local": "local"})
 SMALL = 64 * 1024
 LARGE = 1024 * 1024
 
 
 def series_name(report):
-    key = (report["backend"], report["algorithm"])
+    # Frames without checksums (--checksum 0) are a series of their own: Open MPI's TCP checks
+    # nothing beyond TCP's own sum, so that series shows what cohort's checksums cost beside it.
+    checksums_off = "frame checksums off" in report.get("details", "")
+    key = (report["backend"], report["algorithm"] + (", no checksum" if checksums_off else ""))
     if report.get("tool") == "cohort-bench":
         return COHORT_NAMES.get(key, "cohort %s %s" % key)
     return "%s %s" % key
@@ -89,8 +96,8 @@ def print_busbw(series, ranks_list):
     order = list(COHORT_NAMES.values()) + list(PEER_SHORT)
     names = sorted({name for name, _ in series},
                    key=lambda n: (order.index(n) if n in order else len(order), n))
-    print("# busbw (GB/s), in-place: cohort tcp-det(erministic), tcp-ring, shm (shared memory), "
-          "local;")
+    print("# busbw (GB/s), in-place: cohort tcp-det(erministic), tcp-ring, tcp-nocs (tcp-det "
+          "without frame checksums), shm (shared memory), local;")
     print("# peers mpi-shm (Open MPI, btl vader), mpi-tcp (Open MPI, btl tcp), gloo (Gloo ring, "
           "tcp),")
     print("# torch (torch.distributed gloo)")
@@ -152,7 +159,7 @@ def write_dat(series, directory):
     for old in directory.glob("np*-*.dat"):
         old.unlink()
     for (name, ranks), points in series.items():
-        path = directory / ("np%d-%s.dat" % (ranks, name.replace(" ", "_")))
+        path = directory / ("np%d-%s.dat" % (ranks, name.replace(",", "").replace(" ", "_")))
         with path.open("w") as out:
             out.write('size "%s"\n' % name)
             for size in sorted(points):
