@@ -378,8 +378,8 @@ class Trainer {
 
   // A fit that failed otherwise than by refusing its arguments or raising on a non-finite value
   // may have stopped inside a step: some replicas updated, or a sharded update's optimizer state
-  // current on each worker's stripes only (strategy/detail/mirrored_replica.hpp). Such a state is
-  // neither saved nor trained on, on every process alike, until a restore replaces it.
+  // current on each worker's stripes only (strategy/detail/mirrored_replica.hpp). Such a state
+  // is neither saved nor trained on until a restore replaces it.
   void require_settled(std::string_view call) const {
     if (!unsettled_) return;
     throw ConfigError("Trainer::" + std::string(call) + ": " + *unsettled_ +
