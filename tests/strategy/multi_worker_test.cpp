@@ -177,11 +177,12 @@ TEST_CASE(
 
 namespace {
 
-// 2 workers of 1 replica training 20 steps into `out`, in a mount namespace of the job's own
-// whose /dev/shm is a tmpfs of `size` (mount's size=); their exit and output, or nothing where
-// unshare (util-linux) cannot make one here (it needs root), said by a MESSAGE.
-std::optional<std::pair<cohort::testing::Exit, std::string>> run_with_dev_shm_of(
-    const std::string& size, const fs::path& directory, const fs::path& out) {
+// 2 workers of 1 replica training 20 steps, in a mount namespace of the job's own whose /dev/shm
+// is a tmpfs of `size` (mount's size=): required to succeed with Mirrored 2's bits. Their output,
+// or nothing where unshare (util-linux) cannot make one here (it needs root), said by a MESSAGE.
+std::optional<std::string> trained_with_dev_shm_of(const std::string& size,
+                                                   const fs::path& directory) {
+  const fs::path out = directory / "parameters.bin";
   std::vector<std::string> command{
       "/usr/bin/unshare",
       "--mount",
@@ -201,7 +202,12 @@ std::optional<std::pair<cohort::testing::Exit, std::string>> run_with_dev_shm_of
         std::string(COHORT_TRAINER), std::string("1"), std::string("20"), out.string()}) {
     command.push_back(word);
   }
-  return run(command, directory / "log.txt");
+  const auto [exit, output] = run(command, directory / "log.txt");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  CHECK(read_file(out) == mirrored_parameters(20, 2));
+  return output;
 }
 
 }  // namespace
@@ -210,44 +216,34 @@ TEST_CASE(
     "workers whose /dev/shm is too small for the segment say why, all-reduce over TCP and keep "
     "the bits") {
   TemporaryDirectory directory("cohort-multi-worker-small-shm");
-  const fs::path out = directory.path / "parameters.bin";
   // 64 KiB: the segment of 2 workers (4 MiB and 8 KiB) does not fit.
-  const auto job = run_with_dev_shm_of("64k", directory.path, out);
-  if (!job) return;
-  const auto& [exit, output] = *job;
-  CAPTURE(output);
-  REQUIRE(exit.exited);
-  REQUIRE(exit.code == 0);
-  CHECK(output.find("cohort: rank 0: the worker processes of this host all-reduce over TCP, since "
-                    "shared memory failed: posix_fallocate(/cohort-") != std::string::npos);
-  CHECK(output.find("No space left on device") != std::string::npos);
-  CHECK(output.find("cohort: rank 1: the worker processes of this host all-reduce over TCP, since "
-                    "shared memory failed: rank 0 could not create or map the segment") !=
+  const auto output = trained_with_dev_shm_of("64k", directory.path);
+  if (!output) return;
+  CAPTURE(*output);
+  CHECK(output->find("cohort: rank 0: the worker processes of this host all-reduce over TCP, since "
+                     "shared memory failed: posix_fallocate(/cohort-") != std::string::npos);
+  CHECK(output->find("No space left on device") != std::string::npos);
+  CHECK(output->find("cohort: rank 1: the worker processes of this host all-reduce over TCP, since "
+                     "shared memory failed: rank 0 could not create or map the segment") !=
         std::string::npos);
-  CHECK(read_file(out) == mirrored_parameters(20, 2));
 }
 
 TEST_CASE(
     "workers whose /dev/shm holds the segment but not their gradient beside it say why, copy the "
     "gradient through the slots and keep the bits") {
   TemporaryDirectory directory("cohort-multi-worker-no-gradient-shm");
-  const fs::path out = directory.path / "parameters.bin";
   // 6 MiB: the segment of 2 workers (4 MiB and 8 KiB) fits, but the one that adds a region per
   // worker for the gradient sum does not fit beside it while it is made.
-  const auto job = run_with_dev_shm_of("6m", directory.path, out);
-  if (!job) return;
-  const auto& [exit, output] = *job;
-  CAPTURE(output);
-  REQUIRE(exit.exited);
-  REQUIRE(exit.code == 0);
-  CHECK(output.find("cohort: the 2 worker processes of this host all-reduce through shared "
-                    "memory") != std::string::npos);
-  CHECK(output.find("cohort: replica 0: the gradient goes in and out of shared memory, since a "
-                    "buffer for it there failed: posix_fallocate(/cohort-") != std::string::npos);
-  CHECK(output.find("cohort: replica 1: the gradient goes in and out of shared memory, since a "
-                    "buffer for it there failed: rank 0 could not create or map the segment") !=
+  const auto output = trained_with_dev_shm_of("6m", directory.path);
+  if (!output) return;
+  CAPTURE(*output);
+  CHECK(output->find("cohort: the 2 worker processes of this host all-reduce through shared "
+                     "memory") != std::string::npos);
+  CHECK(output->find("cohort: replica 0: the gradient goes in and out of shared memory, since a "
+                     "buffer for it there failed: posix_fallocate(/cohort-") != std::string::npos);
+  CHECK(output->find("cohort: replica 1: the gradient goes in and out of shared memory, since a "
+                     "buffer for it there failed: rank 0 could not create or map the segment") !=
         std::string::npos);
-  CHECK(read_file(out) == mirrored_parameters(20, 2));
 }
 
 TEST_CASE(
