@@ -161,6 +161,12 @@ class Counted {
     inner_.all_reduce(buffer, op);
   }
   template <class T>
+  void all_reduce(std::span<const std::type_identity_t<T>> input, std::span<T> output,
+                  ReduceOp op) {
+    count<T>();
+    inner_.all_reduce(input, output, op);
+  }
+  template <class T>
   void broadcast(std::span<T> buffer, int root) {
     count<T>();
     inner_.broadcast(buffer, root);

@@ -60,9 +60,15 @@ void canonical_bits(cohort::collective::Deterministic<cohort::transport::tcp::Tc
   for (const std::size_t length : {std::size_t{300'000}, std::size_t{1} << 22}) {
     const auto inputs = cohort::testing::cancelling_inputs(c.size(), length, 7);
     const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
-    auto buffer = inputs[static_cast<std::size_t>(c.rank())];
+    const auto& input = inputs[static_cast<std::size_t>(c.rank())];
+    auto buffer = input;
     c.all_reduce(std::span<float>(buffer), cohort::ReduceOp::kSum);
     if (buffer != expected) throw std::runtime_error("bits differ from the canonical tree");
+    std::vector<float> output(length);
+    c.all_reduce(std::span<const float>(input), std::span<float>(output), cohort::ReduceOp::kSum);
+    if (output != expected) {
+      throw std::runtime_error("bits differ from the canonical tree out of place");
+    }
   }
 }
 

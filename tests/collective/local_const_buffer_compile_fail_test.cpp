@@ -1,5 +1,5 @@
-// Must not compile: all_reduce works in place, so a read-only buffer is refused with a sentence
-// (tests/collective/CMakeLists.txt expects "so pass a mutable std::span<T>").
+// Must not compile: all_reduce with one buffer works in place, so a read-only buffer is refused
+// with a sentence (tests/collective/CMakeLists.txt expects "so pass a mutable std::span<T>").
 #include <span>
 
 #include "cohort/collective/local.hpp"

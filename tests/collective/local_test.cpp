@@ -261,7 +261,7 @@ TEST_CASE("local barrier holds every rank until all have arrived") {
   }
 }
 
-TEST_CASE("local all_reduce adds ranks in the canonical tree, not left to right") {
+TEST_CASE("local all_reduce adds ranks in the canonical tree, not left to right, in place or not") {
   for (const int ranks : {2, 3, 4, 5, 8}) {
     INFO(ranks, " ranks");
     constexpr std::size_t kLength = 4099;
@@ -299,9 +299,14 @@ TEST_CASE("local all_reduce adds ranks in the canonical tree, not left to right"
     const auto errors = run_ranks(local, [&](LocalCommunicator& comm) {
       std::vector<float> buffer = inputs[comm.rank()];
       comm.all_reduce(std::span(buffer), ReduceOp::kSum);
+      std::vector<float> output(kLength);
+      comm.all_reduce(std::span<const float>(inputs[comm.rank()]), std::span(output),
+                      ReduceOp::kSum);
       for (std::size_t i = 0; i < kLength; ++i) {
-        not_tree[comm.rank()] +=
-            std::bit_cast<std::uint32_t>(buffer[i]) != std::bit_cast<std::uint32_t>(tree[i]);
+        for (const float value : {buffer[i], output[i]}) {
+          not_tree[comm.rank()] +=
+              std::bit_cast<std::uint32_t>(value) != std::bit_cast<std::uint32_t>(tree[i]);
+        }
       }
       // reduce_scatter over chunks of one element per rank: rank r's element r of the tree.
       std::vector<float> out(1);
@@ -538,6 +543,25 @@ TEST_CASE("local shape errors fail the caller and release the others") {
   CHECK(contains(scatter_errors[0],
                  "rank 0: reduce_scatter #1: called reduce_scatter with 5 input and 3 output"));
   CHECK(contains(scatter_errors[1], "because rank 0: reduce_scatter #1: called reduce_scatter"));
+
+  const Local lengths({.ranks = 2});
+  const auto length_errors = run_ranks(lengths, [&](LocalCommunicator& comm) {
+    const std::vector<float> in(comm.rank() == 1 ? 5 : 4);
+    std::vector<float> out(4);
+    comm.all_reduce(std::span(in), std::span(out), ReduceOp::kSum);
+  });
+  CHECK(contains(length_errors[1], "rank 1: all_reduce #1: input has 5 elements but output 4"));
+  CHECK(contains(length_errors[0], "all_reduce #1: abandoned because rank 1: all_reduce #1"));
+
+  const Local overlap({.ranks = 2});
+  const auto overlap_errors = run_ranks(overlap, [&](LocalCommunicator& comm) {
+    std::vector<float> memory(6);
+    const std::span<float> all(memory);
+    comm.all_reduce(std::span<const float>(all.first(4)),
+                    comm.rank() == 0 ? all.last(4) : all.first(4), ReduceOp::kSum);
+  });
+  CHECK(contains(overlap_errors[0],
+                 "rank 0: all_reduce #1: input and output overlap without being the same buffer"));
 
   const Local root({.ranks = 2});
   const auto root_errors = run_ranks(root, [&](LocalCommunicator& comm) {

@@ -98,10 +98,16 @@ TEST_CASE("the deterministic all-reduce gives the canonical tree's bits on every
       const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
 
       const auto failures = on_ranks<cohort::collective::Deterministic>(ranks, [&](auto& c) {
-        auto buffer = inputs[static_cast<std::size_t>(c.rank())];
+        const auto& input = inputs[static_cast<std::size_t>(c.rank())];
+        auto buffer = input;
         c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
-        if (std::memcmp(buffer.data(), expected.data(), length * sizeof(float)) != 0) {
-          throw std::runtime_error("bits differ from the canonical tree");
+        std::vector<float> output(length);
+        c.all_reduce(std::span<const float>(input), std::span<float>(output), ReduceOp::kSum);
+        for (const auto* result : {&buffer, &output}) {
+          if (std::memcmp(result->data(), expected.data(), length * sizeof(float)) != 0) {
+            throw std::runtime_error(std::string("bits differ from the canonical tree ") +
+                                     (result == &buffer ? "in place" : "out of place"));
+          }
         }
       });
       for (const auto& failure : failures) CHECK(failure == "");
@@ -109,18 +115,49 @@ TEST_CASE("the deterministic all-reduce gives the canonical tree's bits on every
   }
 }
 
-TEST_CASE("the ring all-reduce gives the same bits on every rank") {
+TEST_CASE("the ring all-reduce gives the same bits on every rank, in place or not") {
   const int ranks = 5;
-  std::vector<std::vector<float>> results(ranks);
-  const auto failures = on_ranks<cohort::collective::Ring>(ranks, [&](auto& c) {
-    std::vector<float> buffer(10'001);
-    std::mt19937 engine(static_cast<unsigned>(c.rank()));
-    for (float& value : buffer) value = std::uniform_real_distribution<float>(-1e4f, 1e4f)(engine);
-    c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
-    results[static_cast<std::size_t>(c.rank())] = buffer;
-  });
-  for (const auto& failure : failures) CHECK(failure == "");
-  for (const auto& result : results) CHECK(result == results[0]);
+  for (const std::size_t length : {std::size_t{10'001}, std::size_t{1'500'001}}) {  // segmented
+    CAPTURE(length);
+    std::vector<std::vector<float>> results(ranks);
+    std::vector<std::vector<float>> out_of_place(ranks);
+    const auto failures = on_ranks<cohort::collective::Ring>(ranks, [&](auto& c) {
+      std::vector<float> input(length);
+      std::mt19937 engine(static_cast<unsigned>(c.rank()));
+      for (float& value : input) value = std::uniform_real_distribution<float>(-1e4f, 1e4f)(engine);
+      auto buffer = input;
+      c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+      results[static_cast<std::size_t>(c.rank())] = buffer;
+      std::vector<float> output(length);
+      c.all_reduce(std::span<const float>(input), std::span<float>(output), ReduceOp::kSum);
+      out_of_place[static_cast<std::size_t>(c.rank())] = output;
+    });
+    for (const auto& failure : failures) CHECK(failure == "");
+    for (const auto& result : results) CHECK(result == results[0]);
+    for (const auto& result : out_of_place) CHECK(result == results[0]);
+  }
+}
+
+TEST_CASE_TEMPLATE("an out-of-place all-reduce refuses buffers of another length or that overlap",
+                   Algorithm, cohort::collective::Deterministic<Loopback::Endpoint>,
+                   cohort::collective::Ring<Loopback::Endpoint>) {
+  std::vector<float> memory(10, 1.0f);
+  const auto refusal = [](std::span<const float> input, std::span<float> output) {
+    Loopback group({.ranks = 1, .timeout = std::chrono::seconds(20)});
+    Algorithm communicator(group.endpoint(0));
+    try {
+      communicator.all_reduce(input, output, ReduceOp::kSum);
+    } catch (const cohort::CommError& error) {
+      return std::string(error.detail());
+    }
+    return std::string();
+  };
+  const std::span<float> all(memory);
+  CHECK(refusal(all.first(4), all.last(5)) == "input has 4 elements but output 5");
+  CHECK(refusal(all.first(6), all.last(6)) ==
+        "input and output overlap without being the same buffer");
+  CHECK(refusal(all.first(5), all.last(5)) == "");
+  CHECK(refusal(all.first(5), all.first(5)) == "");  // in place
 }
 
 namespace {

@@ -40,6 +40,17 @@ void check_collectives(Communicator& c, std::size_t length) {
   }
   if (wrong != 0) fail("all_reduce has " + std::to_string(wrong) + " wrong sums");
 
+  std::vector<E> input_kept(length);
+  for (std::size_t i = 0; i < length; ++i) input_kept[i] = small_integer<E>(c.rank(), i);
+  std::vector<E> reduced(length, static_cast<E>(99));
+  c.all_reduce(std::span<const E>(input_kept), std::span<E>(reduced), ReduceOp::kSum);
+  if (reduced != buffer) fail("the out-of-place all_reduce differs from the in-place one");
+  for (std::size_t i = 0; i < length; ++i) {
+    if (input_kept[i] != small_integer<E>(c.rank(), i)) {
+      fail("the out-of-place all_reduce changed its input at " + std::to_string(i));
+    }
+  }
+
   const std::size_t per_rank = length / static_cast<std::size_t>(ranks) + 1;
   std::vector<E> input(per_rank * static_cast<std::size_t>(ranks));
   for (std::size_t i = 0; i < input.size(); ++i) input[i] = small_integer<E>(c.rank(), i);

@@ -21,12 +21,12 @@
 // Copies between the host and device memory happen after each fill and after the checked call
 // only, never in the timed region.
 //
-// cohort's all_reduce and broadcast work in place only. Their out-of-place form here is what a
-// caller who keeps its input does: copy the send buffer into the receive buffer (broadcast: on
-// the root), then call in place; the copy is inside the timed region (in device memory, a
-// device-to-device copy on the communicator's stream). all_gather and reduce_scatter take
-// separate buffers; their in-place forms pass this rank's chunk of the output (all_gather) or of
-// the input (reduce_scatter) as the other buffer.
+// cohort's broadcast works in place only. Its out-of-place form here is what a caller who keeps
+// its input does: the root copies the send buffer into the receive buffer, then calls in place;
+// the copy is inside the timed region (in device memory, a device-to-device copy on the
+// communicator's stream). all_reduce, all_gather and reduce_scatter take separate buffers; their
+// in-place forms pass the receive buffer as both (all_reduce), or this rank's chunk of the output
+// (all_gather) or of the input (reduce_scatter) as the other buffer.
 #pragma once
 
 #include <algorithm>
@@ -225,8 +225,7 @@ class Sweep {
     const std::span<T> out = receive(shape);
     switch (settings_.collective) {
       case Collective::kAllReduce:
-        if (!in_place) memory_.copy(in, out);
-        comm_.all_reduce(out, settings_.op);
+        comm_.all_reduce(std::span<const T>(in_place ? out : in), out, settings_.op);
         return;
       case Collective::kBroadcast:
         if (!in_place && rank_ == settings_.root) memory_.copy(in, out);

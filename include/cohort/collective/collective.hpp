@@ -7,6 +7,11 @@
 //   rank(), size()
 //   all_reduce(std::span<T> buffer, ReduceOp op)
 //       in place; every rank ends with the reduction of every rank's buffer.
+//   all_reduce(std::span<const T> input, std::span<T> output, ReduceOp op)
+//       out of place: output ends with the reduction of every rank's input, which is left as it
+//       was. The same length, and either the same memory (then it is the in-place call) or none
+//       in common (out_of_place_problem). No copy of input comes first: the transports send
+//       from it and fold it straight into output.
 //   broadcast(std::span<T> buffer, int root)
 //       every rank ends with root's buffer.
 //   all_gather(std::span<const T> input, std::span<T> output)
@@ -42,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -56,12 +62,31 @@ concept Communicator = requires(C& c, std::span<float> buffer, std::span<const f
   { c.size() } -> std::convertible_to<int>;
   c.all_reduce(buffer, ReduceOp::kSum);
   c.all_reduce(doubles, ReduceOp::kSum);
+  c.all_reduce(input, buffer, ReduceOp::kSum);
   c.broadcast(buffer, 0);
   c.all_gather(input, buffer);
   c.reduce_scatter(input, buffer, ReduceOp::kSum);
   c.barrier();
   c.abort(reason);
 };
+
+// What makes `input` and `output` unfit for an out-of-place all_reduce, in words for the error
+// that names the call, or empty where they are fit: they differ in length, or they overlap
+// without being the same memory (a fold would read what it already wrote).
+template <class T>
+std::string out_of_place_problem(std::span<const T> input, std::span<const T> output) {
+  if (input.size() != output.size()) {
+    return "input has " + std::to_string(input.size()) + " elements but output " +
+           std::to_string(output.size());
+  }
+  const std::less<const T*> before;
+  const bool apart = !before(input.data(), output.data() + output.size()) ||
+                     !before(output.data(), input.data() + input.size());
+  if (input.data() != output.data() && !apart) {
+    return "input and output overlap without being the same buffer";
+  }
+  return {};
+}
 
 // An operation started and not yet finished. wait() finishes it on this rank, rethrowing its
 // failure; a second wait() does nothing.

@@ -47,6 +47,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "cohort/collective/collective.hpp"
@@ -74,29 +75,40 @@ class Deterministic : public detail::OverTransport<T> {
 
   template <class E>
   void all_reduce(std::span<E> buffer, ReduceOp op) {
-    const Call call = this->begin_all_reduce(buffer, op);
+    all_reduce(std::span<const E>(buffer), buffer, op);
+  }
+
+  template <class E>
+  void all_reduce(std::span<const std::type_identity_t<E>> input, std::span<E> output,
+                  ReduceOp op) {
+    const Call call = this->begin_all_reduce(input, output, op);
     const std::size_t ranks = static_cast<std::size_t>(this->size());
-    if (ranks == 1 || buffer.empty()) return;
+    if (ranks == 1 || output.empty()) {
+      std::copy(input.begin(), input.end(), output.begin());
+      return;
+    }
     if (segment_) {
-      if (const auto where = region_offset(buffer)) {
-        all_reduce_in_region(call, buffer, *where, op);
+      const auto where = input.data() == output.data() ? region_offset(output) : std::nullopt;
+      if (where) {
+        all_reduce_in_region(call, output, *where, op);
       } else {
-        all_reduce_in_segment(call, buffer, op);
+        all_reduce_in_segment(call, input, output, op);
       }
       return;
     }
-    if (buffer.size_bytes() * ranks <= kDirectBytes) {
-      fold_whole_buffers(call, buffer, op);
+    if (output.size_bytes() * ranks <= kDirectBytes) {
+      fold_whole_buffers(call, input, output, op);
       return;
     }
     const std::size_t segment = this->template segment_length<E>();
     const std::size_t me = static_cast<std::size_t>(this->rank());
     fold_and_gather<E>(
-        call, (buffer.size() + segment - 1) / segment, 2 * (ranks - 1), op, [&](std::size_t index) {
-          const std::span<E> part =
-              buffer.subspan(index * segment, std::min(segment, buffer.size() - index * segment));
-          const auto mine = detail::chunk(part.size(), ranks, me);
-          return Segment<E>{part, part.subspan(mine.begin, mine.size()), part};
+        call, (output.size() + segment - 1) / segment, 2 * (ranks - 1), op, [&](std::size_t index) {
+          const std::size_t length = std::min(segment, output.size() - index * segment);
+          const std::span<E> part = output.subspan(index * segment, length);
+          const auto mine = detail::chunk(length, ranks, me);
+          return Segment<E>{input.subspan(index * segment, length),
+                            part.subspan(mine.begin, mine.size()), part};
         });
   }
 
@@ -315,7 +327,8 @@ class Deterministic : public detail::OverTransport<T> {
   // between the two slots of each rank, so that one meeting per piece is enough to know that no
   // rank still reads a slot about to be written.
   template <class E>
-  void all_reduce_in_segment(const Call& call, std::span<E> buffer, ReduceOp op) {
+  void all_reduce_in_segment(const Call& call, std::span<const E> input, std::span<E> output,
+                             ReduceOp op) {
     const detail::SharedSegment& segment = *segment_;
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     const int me = this->rank();
@@ -324,9 +337,10 @@ class Deterministic : public detail::OverTransport<T> {
       return std::span<E>(reinterpret_cast<E*>(segment.slot(set, rank)), piece_length);
     };
     std::vector<const E*> inputs(ranks);
-    for (std::size_t offset = 0; offset < buffer.size(); offset += piece_length) {
-      const std::span<E> piece =
-          buffer.subspan(offset, std::min(piece_length, buffer.size() - offset));
+    for (std::size_t offset = 0; offset < output.size(); offset += piece_length) {
+      const std::size_t length = std::min(piece_length, output.size() - offset);
+      const std::span<const E> piece = input.subspan(offset, length);
+      const std::span<E> result = output.subspan(offset, length);
       const int set = static_cast<int>(pieces_++ % 2);
       const std::span<E> own = slot(set, me);
       if (piece.size_bytes() * ranks <= kDirectBytes) {
@@ -335,11 +349,11 @@ class Deterministic : public detail::OverTransport<T> {
         for (int rank = 0; rank < this->size(); ++rank) {
           inputs[static_cast<std::size_t>(rank)] = slot(set, rank).data();
         }
-        device::cpu::reduce_tree<E>(op, inputs, piece);
+        device::cpu::reduce_tree<E>(op, inputs, result);
         continue;
       }
-      // Every chunk but this rank's own goes into its slot; its own it folds from the buffer.
-      const auto mine = detail::chunk(piece.size(), ranks, static_cast<std::size_t>(me));
+      // Every chunk but this rank's own goes into its slot; its own it folds from its input.
+      const auto mine = detail::chunk(length, ranks, static_cast<std::size_t>(me));
       const auto at = [](auto span, std::size_t index) {
         return span.begin() + static_cast<std::ptrdiff_t>(index);
       };
@@ -350,14 +364,14 @@ class Deterministic : public detail::OverTransport<T> {
         inputs[static_cast<std::size_t>(rank)] =
             (rank == me ? piece.data() : slot(set, rank).data()) + mine.begin;
       }
-      E* const folded[] = {piece.data() + mine.begin, own.data() + mine.begin};
+      E* const folded[] = {result.data() + mine.begin, own.data() + mine.begin};
       fold_into<E>(op, inputs, std::span<E* const>(folded), mine.size());
       meet(call);
       for (int rank = 0; rank < this->size(); ++rank) {
         if (rank == me) continue;
-        const auto theirs = detail::chunk(piece.size(), ranks, static_cast<std::size_t>(rank));
+        const auto theirs = detail::chunk(length, ranks, static_cast<std::size_t>(rank));
         const std::span<E> from = slot(set, rank).subspan(theirs.begin, theirs.size());
-        std::copy(from.begin(), from.end(), at(piece, theirs.begin));
+        std::copy(from.begin(), from.end(), at(result, theirs.begin));
       }
     }
   }
@@ -444,24 +458,25 @@ class Deterministic : public detail::OverTransport<T> {
     }
   }
 
-  // Every rank gets every buffer and folds them all.
+  // Every rank gets every input and folds them all.
   template <class E>
-  void fold_whole_buffers(const Call& call, std::span<E> buffer, ReduceOp op) {
+  void fold_whole_buffers(const Call& call, std::span<const E> input, std::span<E> output,
+                          ReduceOp op) {
     const int ranks = this->size();
-    const std::size_t length = buffer.size();
+    const std::size_t length = output.size();
     std::span<E> staging = this->template scratch<E>(static_cast<std::size_t>(ranks) * length);
     std::vector<transport::Send> sends;
     std::vector<transport::Receive> receives;
     std::vector<const E*> inputs(static_cast<std::size_t>(ranks));
     for (int peer = 0; peer < ranks; ++peer) {
       const auto slot = staging.subspan(this->slot(peer, length), length);
-      inputs[static_cast<std::size_t>(peer)] = peer == this->rank() ? buffer.data() : slot.data();
+      inputs[static_cast<std::size_t>(peer)] = peer == this->rank() ? input.data() : slot.data();
       if (peer == this->rank()) continue;
-      sends.push_back({peer, call.header, detail::bytes_of(std::span<const E>(buffer))});
+      sends.push_back({peer, call.header, detail::bytes_of(input)});
       receives.push_back({peer, call.header, detail::writable_bytes_of(slot)});
     }
     this->transfer(call, sends, receives);
-    E* const folded[] = {buffer.data()};
+    E* const folded[] = {output.data()};
     fold_into<E>(op, inputs, std::span<E* const>(folded), length);
   }
 

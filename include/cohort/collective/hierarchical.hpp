@@ -19,6 +19,7 @@
 #include <functional>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -42,20 +43,29 @@ class Hierarchical {
 
   template <class E>
   void all_reduce(std::span<E> buffer, ReduceOp op) {
-    if (cross_->size() == 1) {
-      local_.all_reduce(buffer, op);
+    all_reduce(std::span<const E>(buffer), buffer, op);
+  }
+
+  // Out of place: the local all-reduce reads the input and writes the output; everything after
+  // it works on the output.
+  template <class E>
+  void all_reduce(std::span<const std::type_identity_t<E>> input, std::span<E> output,
+                  ReduceOp op) {
+    if (cross_->size() == 1 || !out_of_place_problem(input, std::span<const E>(output)).empty()) {
+      local_.all_reduce(input, output, op);  // which refuses unfit buffers, naming the problem
       return;
     }
-    if (buffer.empty()) return;  // the same on every rank: nothing to agree on
+    if (output.empty()) return;  // the same on every rank: nothing to agree on
     const std::size_t bucket = std::max<std::size_t>(1, bucket_bytes_ / sizeof(E));
     std::size_t last = 0;
-    for (std::size_t offset = 0; offset < buffer.size(); offset += bucket) {
-      const auto part = buffer.subspan(offset, std::min(bucket, buffer.size() - offset));
-      local_.all_reduce(part, op);
+    for (std::size_t offset = 0; offset < output.size(); offset += bucket) {
+      const std::size_t length = std::min(bucket, output.size() - offset);
+      const auto part = output.subspan(offset, length);
+      local_.all_reduce(input.subspan(offset, length), part, op);
       last = on_leader([this, part, op] { cross_->all_reduce(part, op); });
     }
     finish_on_leader(last);
-    local_.broadcast(buffer, 0);
+    local_.broadcast(output, 0);
   }
 
   // The asynchronous all_reduce (collective.hpp): the local all-reduce now, the cross-worker one

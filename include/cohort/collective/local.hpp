@@ -388,25 +388,39 @@ class LocalCommunicator {
   // In place: every rank ends with the canonical-tree reduction of every rank's buffer.
   template <class T>
   void all_reduce(std::span<T> buffer, ReduceOp op) {
+    all_reduce(std::span<const T>(buffer), buffer, op);
+  }
+
+  // Out of place (collective.hpp): every rank reads every input and writes its own output.
+  template <class T>
+  void all_reduce(std::span<const std::type_identity_t<T>> input, std::span<T> output,
+                  ReduceOp op) {
     check_element<T>();
     auto& w = workspace<T>();  // allocates (first use) before the call is counted
     w.prepare(size());
     const detail::local::Site site = group_->begin(rank_, Operation::kAllReduce);
+    const std::string problem = out_of_place_problem(input, std::span<const T>(output));
+    if (!problem.empty()) fail(site, problem);
     group_->publish(
         site,
-        {{{Operation::kAllReduce, data_type_of<T>(), static_cast<std::uint16_t>(op), buffer.size()},
+        {{{Operation::kAllReduce, data_type_of<T>(), static_cast<std::uint16_t>(op), output.size()},
           site.sequence},
-         buffer.data(),
-         buffer.data()});
-    if (size() == 1 || buffer.empty()) return;
+         input.data(),
+         output.data()});
+    if (size() == 1 || output.empty()) {
+      std::copy(input.begin(), input.end(), output.begin());
+      return;
+    }
     run_data_phase(site, [&] {
       gather_pointers(w, site);
-      const auto [first, last] = detail::local::slice(buffer.size(), size(), rank_);
+      const auto [first, last] = detail::local::slice(output.size(), size(), rank_);
       for (std::size_t offset = first; offset < last; offset += detail::local::kBlock) {
         const std::size_t count = std::min(detail::local::kBlock, last - offset);
         for (int r = 0; r < size(); ++r) w.leaves[r] = w.inputs[r] + offset;
         device::cpu::reduce_tree<T>(op, w.leaves, std::span<T>(w.scratch.data(), count));
-        for (T* output : w.outputs) std::copy_n(w.scratch.data(), count, output + offset);
+        for (T* destination : w.outputs) {
+          std::copy_n(w.scratch.data(), count, destination + offset);
+        }
       }
     });
   }
@@ -538,9 +552,10 @@ class LocalCommunicator {
 
   template <class T>
   static void check_element() {
-    static_assert(is_element<T>,
-                  "collective::Local moves float, double, std::int32_t or std::int64_t elements; "
-                  "all_reduce and broadcast work in place, so pass a mutable std::span<T>");
+    static_assert(
+        is_element<T>,
+        "collective::Local moves float, double, std::int32_t or std::int64_t elements; "
+        "all_reduce in place and broadcast write their buffer, so pass a mutable std::span<T>");
   }
 
   template <class T>

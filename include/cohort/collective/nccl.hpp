@@ -311,38 +311,18 @@ class NcclCommunicator {
     start_all_reduce(buffer, op).wait();
   }
 
+  // Out of place (collective.hpp): NCCL reads the input and writes the output.
+  template <class T>
+  void all_reduce(std::span<const std::type_identity_t<T>> input, std::span<T> output,
+                  ReduceOp op) {
+    start(input, output, op).wait();
+  }
+
   // all_reduce enqueued on the communication stream; the Pending's wait() waits for it (see the
   // top of the file).
   template <class T>
   Pending start_all_reduce(std::span<T> buffer, ReduceOp op) {
-    const Call call = begin(Operation::kAllReduce);
-    if (deterministic<T>() && size_ > 1 && !buffer.empty()) {
-      reduce_chunks<T>(
-          buffer.data(), [&](int r) { return chunk(buffer.size(), r); },
-          buffer.data() + chunk(buffer.size(), rank_).first, op, call);
-      // All-gather of the reduced chunks, by point-to-point (chunks differ in length by one).
-      const auto [mine, mine_length] = chunk(buffer.size(), rank_);
-      group_start(call);
-      for (int peer = 0; peer < size_; ++peer) {
-        if (peer == rank_) continue;
-        const auto [offset, length] = chunk(buffer.size(), peer);
-        enqueue(ncclSend(buffer.data() + mine, mine_length, nccl::data_type<T>(), peer, comm(),
-                         communication()),
-                call, "ncclSend");
-        enqueue(
-            ncclRecv(buffer.data() + offset, length, nccl::data_type<T>(), peer, comm(), communication()),
-            call, "ncclRecv");
-      }
-      group_end(call);
-    } else if (!buffer.empty()) {
-      enqueue(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), nccl::data_type<T>(),
-                            nccl::reduction(op), comm(), communication()),
-              call, "ncclAllReduce");
-      // A non-blocking communicator may still be placing the call on the stream; it takes no
-      // other call until then.
-      settle(call.operation, "ncclAllReduce", call.sequence, options_.timeout);
-    }
-    return Pending([this, call] { wait(call); });
+    return start(std::span<const T>(buffer), buffer, op);
   }
 
   template <class T>
@@ -461,6 +441,40 @@ class NcclCommunicator {
     return options_.deterministic &&
            (std::is_floating_point_v<T> || std::is_same_v<T, cuda::half> ||
             std::is_same_v<T, cuda::bfloat16>);
+  }
+
+  template <class T>
+  Pending start(std::span<const T> input, std::span<T> output, ReduceOp op) {
+    const Call call = begin(Operation::kAllReduce);
+    const std::string problem = out_of_place_problem(input, std::span<const T>(output));
+    if (!problem.empty()) fail_shape(call, problem);
+    if (deterministic<T>() && size_ > 1 && !output.empty()) {
+      reduce_chunks<T>(
+          input.data(), [&](int r) { return chunk(output.size(), r); },
+          output.data() + chunk(output.size(), rank_).first, op, call);
+      // All-gather of the reduced chunks, by point-to-point (chunks differ in length by one).
+      const auto [mine, mine_length] = chunk(output.size(), rank_);
+      group_start(call);
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        const auto [offset, length] = chunk(output.size(), peer);
+        enqueue(ncclSend(output.data() + mine, mine_length, nccl::data_type<T>(), peer, comm(),
+                         communication()),
+                call, "ncclSend");
+        enqueue(ncclRecv(output.data() + offset, length, nccl::data_type<T>(), peer, comm(),
+                         communication()),
+                call, "ncclRecv");
+      }
+      group_end(call);
+    } else if (!output.empty()) {
+      enqueue(ncclAllReduce(input.data(), output.data(), output.size(), nccl::data_type<T>(),
+                            nccl::reduction(op), comm(), communication()),
+              call, "ncclAllReduce");
+      // A non-blocking communicator may still be placing the call on the stream; it takes no
+      // other call until then.
+      settle(call.operation, "ncclAllReduce", call.sequence, options_.timeout);
+    }
+    return Pending([this, call] { wait(call); });
   }
 
   // Rank r's chunk of an n-element all_reduce: [offset, offset + length), lengths differing by

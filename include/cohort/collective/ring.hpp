@@ -17,6 +17,7 @@
 #include <array>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "cohort/collective/collective.hpp"
@@ -37,18 +38,31 @@ class Ring : public detail::OverTransport<T> {
 
   template <class E>
   void all_reduce(std::span<E> buffer, ReduceOp op) {
-    const Call call = this->begin_all_reduce(buffer, op);
-    if (this->size() == 1 || buffer.empty()) return;
+    all_reduce(std::span<const E>(buffer), buffer, op);
+  }
+
+  template <class E>
+  void all_reduce(std::span<const std::type_identity_t<E>> input, std::span<E> output,
+                  ReduceOp op) {
+    const Call call = this->begin_all_reduce(input, output, op);
+    if (this->size() == 1 || output.empty()) {
+      std::copy(input.begin(), input.end(), output.begin());
+      return;
+    }
     const std::size_t segment = this->template segment_length<E>();
-    go_around(call, buffer, segment, 2 * (static_cast<std::size_t>(this->size()) - 1), op);
+    go_around(call, input, output, segment, 2 * (static_cast<std::size_t>(this->size()) - 1), op);
   }
 
   template <class E>
   void reduce_scatter(std::span<const E> input, std::span<E> output, ReduceOp op) {
     const Call call = this->begin_reduce_scatter(input, output, op);
     const std::size_t ranks = static_cast<std::size_t>(this->size());
-    std::vector<E> work(input.begin(), input.end());
-    if (ranks > 1 && !work.empty()) go_around(call, std::span<E>(work), work.size(), ranks - 1, op);
+    if (ranks == 1 || output.empty()) {
+      std::copy(input.begin(), input.end(), output.begin());
+      return;
+    }
+    std::vector<E> work(input.size());
+    go_around(call, input, std::span<E>(work), work.size(), ranks - 1, op);
     const auto mine = detail::chunk(work.size(), ranks, static_cast<std::size_t>(this->rank()));
     std::copy_n(work.begin() + static_cast<std::ptrdiff_t>(mine.begin), mine.size(),
                 output.begin());
@@ -64,43 +78,50 @@ class Ring : public detail::OverTransport<T> {
     return (static_cast<std::size_t>(this->rank()) + ranks * 2 - steps) % ranks;
   }
 
-  // The first `steps` steps of the ring on each segment of `buffer`, pipelined
-  // (detail::OverTransport::pipeline). Steps 0 to n-2 reduce: each sends one chunk to the right
-  // neighbour and adds the one received from the left, so that after them this rank's chunk holds
-  // the reduction over all ranks. Steps n-1 to 2n-3 gather: the reduced chunks travel around
-  // the ring until every rank holds all of them.
+  // The first `steps` steps of the ring on each segment of `input`, pipelined
+  // (detail::OverTransport::pipeline), into `output` (which may be `input`). Steps 0 to n-2
+  // reduce: each sends one chunk to the right neighbour and adds the one received from the left,
+  // so that after them this rank's chunk holds the reduction over all ranks. The first step sends
+  // a chunk of the input; every later one a chunk of the output, made by the step before. Steps
+  // n-1 to 2n-3 gather: the reduced chunks travel around the ring until every rank holds all of
+  // them.
   template <class E>
-  void go_around(const Call& call, std::span<E> buffer, std::size_t segment, std::size_t steps,
-                 ReduceOp op) {
+  void go_around(const Call& call, std::span<const E> input, std::span<E> output,
+                 std::size_t segment, std::size_t steps, ReduceOp op) {
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     const std::size_t staging_length = segment / ranks + 1;
     const std::span<E> staging = this->template scratch<E>(2 * staging_length);
-    std::array<std::span<E>, 2> sums;            // each lane's chunk to add into
-    std::array<std::span<const E>, 2> received;  // and what it adds
+    std::array<std::span<const E>, 2> addends;   // each lane's own contribution
+    std::array<std::span<const E>, 2> received;  // what it adds to it
+    std::array<std::span<E>, 2> sums;            // and where the sum goes
     const auto exchange_of = [&](std::size_t index, std::size_t lane, std::size_t step,
                                  detail::Exchange& exchange) {
-      const std::span<E> part =
-          buffer.subspan(index * segment, std::min(segment, buffer.size() - index * segment));
-      const auto at = [&](std::size_t chunk) {
-        const auto range = detail::chunk(part.size(), ranks, chunk);
-        return part.subspan(range.begin, range.size());
+      const std::size_t offset = index * segment;
+      const std::size_t length = std::min(segment, output.size() - offset);
+      const auto at = [&](auto whole, std::size_t chunk) {
+        const auto range = detail::chunk(length, ranks, chunk);
+        return whole.subspan(offset + range.begin, range.size());
       };
       const bool reducing = step + 1 < ranks;
       const std::size_t shift = reducing ? step + 1 : step - (ranks - 1);
-      const std::span<E> incoming = at(behind(shift + 1));
+      const std::span<E> incoming = at(output, behind(shift + 1));
       const std::span<E> into =
           reducing ? staging.subspan(lane * staging_length, incoming.size()) : incoming;
-      exchange = {{right(), call.header, detail::bytes_of(std::span<const E>(at(behind(shift))))},
+      const std::span<const E> outgoing =
+          step == 0 ? at(input, behind(shift)) : at(std::span<const E>(output), behind(shift));
+      exchange = {{right(), call.header, detail::bytes_of(outgoing)},
                   {left(), call.header, detail::writable_bytes_of(into)}};
-      sums[lane] = incoming;
+      addends[lane] = at(input, behind(shift + 1));
       received[lane] = into;
+      sums[lane] = incoming;
       return reducing ? incoming.size() : 0;
     };
     const auto add = [&](std::size_t lane, std::size_t begin, std::size_t length) {
-      device::cpu::combine_into<E>(op, sums[lane].subspan(begin, length),
-                                   received[lane].subspan(begin, length));
+      device::cpu::combine_into<E>(op, addends[lane].subspan(begin, length),
+                                   received[lane].subspan(begin, length),
+                                   sums[lane].subspan(begin, length));
     };
-    this->pipeline(call, (buffer.size() + segment - 1) / segment, steps, exchange_of, add);
+    this->pipeline(call, (output.size() + segment - 1) / segment, steps, exchange_of, add);
   }
 };
 

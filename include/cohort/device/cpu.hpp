@@ -48,19 +48,6 @@ void axpy(T alpha, std::span<const T> x, std::span<T> y) {
   for (std::size_t i = 0; i < x.size(); ++i) y[i] = alpha * x[i] + y[i];
 }
 
-// inout = inout (op) in, elementwise.
-template <class T>
-void combine_into(ReduceOp op, std::span<T> inout, std::span<const T> in) {
-  COHORT_ASSERT(inout.size() == in.size());
-  switch (op) {
-    case ReduceOp::kSum:
-      for (std::size_t i = 0; i < in.size(); ++i) inout[i] = inout[i] + in[i];
-      return;
-    default:
-      for (std::size_t i = 0; i < in.size(); ++i) inout[i] = combine(op, inout[i], in[i]);
-  }
-}
-
 namespace detail {
 
 template <class T>
@@ -73,6 +60,24 @@ void combine_block(ReduceOp op, const T* left, const T* right, T* out, std::size
       for (std::size_t i = 0; i < count; ++i) out[i] = combine(op, left[i], right[i]);
   }
 }
+
+}  // namespace detail
+
+// out = left (op) right, elementwise; out may be either operand.
+template <class T>
+void combine_into(ReduceOp op, std::span<const T> left, std::span<const T> right,
+                  std::span<T> out) {
+  COHORT_ASSERT(left.size() == out.size() && right.size() == out.size());
+  detail::combine_block(op, left.data(), right.data(), out.data(), out.size());
+}
+
+// inout = inout (op) in, elementwise.
+template <class T>
+void combine_into(ReduceOp op, std::span<T> inout, std::span<const T> in) {
+  combine_into<T>(op, inout, in, inout);
+}
+
+namespace detail {
 
 // Computes the node over inputs [first, first + leaves) for elements [offset, offset + count).
 // A leaf is returned as a pointer into its input, without a copy. An inner node writes into dst;

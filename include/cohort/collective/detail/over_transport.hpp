@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "cohort/collective/collective.hpp"
 #include "cohort/collective/fingerprint.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/transport/transport.hpp"
@@ -124,9 +125,12 @@ class OverTransport {
 
   // The openings of the reductions, whose algorithms differ by collective.
   template <class E>
-  Call begin_all_reduce(std::span<E> buffer, ReduceOp op) {
-    return begin(
-        {Operation::kAllReduce, data_type_of<E>(), static_cast<std::uint16_t>(op), buffer.size()});
+  Call begin_all_reduce(std::span<const E> input, std::span<E> output, ReduceOp op) {
+    const Call call = begin(
+        {Operation::kAllReduce, data_type_of<E>(), static_cast<std::uint16_t>(op), output.size()});
+    const std::string problem = out_of_place_problem(input, std::span<const E>(output));
+    if (!problem.empty()) fail(call, problem);
+    return call;
   }
 
   template <class E>

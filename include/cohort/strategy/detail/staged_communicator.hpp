@@ -6,6 +6,7 @@
 
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -24,9 +25,15 @@ class StagedCommunicator {
 
   template <class E>
   void all_reduce(std::span<E> buffer, ReduceOp op) {
-    auto staged = to_host(std::span<const E>(buffer));
-    host_.all_reduce(std::span<E>(staged), op);
-    D::from_host(place_, std::span<const E>(staged), buffer);
+    all_reduce(std::span<const E>(buffer), buffer, op);
+  }
+  template <class E>
+  void all_reduce(std::span<const std::type_identity_t<E>> input, std::span<E> output,
+                  ReduceOp op) {
+    auto staged = to_host(input);
+    std::vector<E> reduced(output.size());
+    host_.all_reduce(std::span<const E>(staged), std::span<E>(reduced), op);
+    D::from_host(place_, std::span<const E>(reduced), output);
   }
   template <class E>
   void broadcast(std::span<E> buffer, int root) {

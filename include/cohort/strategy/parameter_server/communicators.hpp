@@ -49,10 +49,15 @@ class Independent {
   int size() const { return local_.size(); }
   template <class E>
   void all_reduce(std::span<E> buffer, ReduceOp op) {
-    local_.all_reduce(buffer, op);
+    all_reduce(std::span<const E>(buffer), buffer, op);
+  }
+  template <class E>
+  void all_reduce(std::span<const std::type_identity_t<E>> input, std::span<E> output,
+                  ReduceOp op) {
+    local_.all_reduce(input, output, op);
     if constexpr (std::is_same_v<E, double>) {
       if (op == ReduceOp::kSum) {
-        for (double& value : buffer) value *= workers_;
+        for (double& value : output) value *= workers_;
       }
     }
   }
