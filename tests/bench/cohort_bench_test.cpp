@@ -6,6 +6,8 @@
 
 #if defined(COHORT_BENCH)
 
+#include <sched.h>
+
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -91,6 +93,38 @@ TEST_CASE("cohort-bench all_reduce over tcp with 2 processes checks clean and ex
   CHECK(report["ok"] == true);
 }
 
+TEST_CASE(
+    "cohort-bench runs each rank it starts on a CPU of its own, or where the scheduler puts "
+    "them with --bind none") {
+  cpu_set_t usable;
+  CPU_ZERO(&usable);
+  REQUIRE(::sched_getaffinity(0, sizeof usable, &usable) == 0);
+  const int cpus = CPU_COUNT(&usable);
+  for (const std::string bind : {"core", "none"}) {
+    CAPTURE(bind);
+    cohort::testing::TemporaryDirectory directory("cohort-bench-bind");
+    const fs::path json = directory.path / "report.json";
+    const Result r = run_bench({"all_reduce", "--backend", "tcp", "--np", "2", "-b", "4", "-e", "4",
+                                "--bind", bind, "--timeout-s", "100", "--json", json.string()});
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    const nlohmann::json ranks =
+        nlohmann::json::parse(cohort::testing::read_file(json))["rank_info"];
+    REQUIRE(ranks.size() == 2);
+    if (bind == "core" && cpus >= 2) {
+      CHECK(contains(r.output, "launched by cohort-bench --np 2 --bind core"));
+      const std::string first = ranks[0]["cpus"];
+      const std::string second = ranks[1]["cpus"];
+      CHECK(first.find_first_of(",-") == std::string::npos);  // one CPU each
+      CHECK(second.find_first_of(",-") == std::string::npos);
+      CHECK(first != second);
+    } else {
+      CHECK(contains(r.output, "launched by cohort-bench --np 2 --bind none"));
+      CHECK(ranks[0]["cpus"] == ranks[1]["cpus"]);  // this test's own CPUs, unchanged
+    }
+  }
+}
+
 TEST_CASE("cohort-bench catches a corrupted reduction, prints it and exits non-zero") {
   for (const bool through_environment : {false, true}) {
     CAPTURE(through_environment);
@@ -127,8 +161,8 @@ TEST_CASE(
           std::vector<std::string>{"--backend", "local"}}) {
       CAPTURE(collective);
       CAPTURE(backend);
-      std::vector<std::string> arguments{collective, "--np", "3",  "-b", "4",           "-e",
-                                         "4M",       "-f",   "16", "-n", "3",           "-c",
+      std::vector<std::string> arguments{collective, "--np", "3",  "-b",          "4",  "-e",
+                                         "4M",       "-f",   "16", "-n",          "3",  "-c",
                                          "1",        "-w",   "1",  "--timeout-s", "100"};
       arguments.insert(arguments.end(), backend.begin(), backend.end());
       const Result r = run_bench(arguments);
@@ -249,10 +283,10 @@ TEST_CASE("cohort-bench step times both strategies, with overlap, against the pl
     CAPTURE(strategy);
     cohort::testing::TemporaryDirectory directory("cohort-bench-step");
     const fs::path json = directory.path / "step.json";
-    const Result r = run_bench({"step", "--strategy", strategy, "--np", "2", "--params", "10K,100K",
-                                "--steps", "2", "--backward-us", "2000", "--layers", "4",
-                                "--bucket-bytes", "64K", "--timeout-s", "100", "--json",
-                                json.string()});
+    const Result r =
+        run_bench({"step", "--strategy", strategy, "--np", "2", "--params", "10K,100K", "--steps",
+                   "2", "--backward-us", "2000", "--layers", "4", "--bucket-bytes", "64K",
+                   "--timeout-s", "100", "--json", json.string()});
     INFO(r.output);
     CHECK(r.code == 0);
     CHECK(contains(r.output, "       10000         40000 "));

@@ -98,7 +98,7 @@ using strategy::detail::environment_or;
 inline std::string launcher_of(const cluster::Spec& spec) {
   const char* ours = std::getenv(std::string(kLaunchedVariable).c_str());
   if (ours != nullptr && spec.source == cluster::source::kCohort) {
-    return "cohort-bench --np " + std::string(ours) + " (COHORT_* variables)";
+    return std::string(ours) + " (COHORT_* variables)";
   }
   return spec.source;
 }
@@ -151,7 +151,8 @@ inline void print(const std::string& text) {
 template <class Comm, class Measure>
 int report_sweep(Comm& comm, const Settings& s, RunInfo run, const std::string& device_name,
                  Measure&& measure) {
-  run.rank_info = gather_rank_info(comm, static_cast<long>(::getpid()), host_name(), device_name);
+  run.rank_info = gather_rank_info(comm, static_cast<long>(::getpid()), host_name(), device_name,
+                                   cpu_list(usable_cpus()));
   const bool printer = comm.rank() == 0;
   if (printer) print(format_header(run));
   const std::vector<Row> rows = measure([&](const Row& row) {
@@ -248,7 +249,8 @@ int run_ranks(const Settings& s, const Context& context,
     const int processes = s.processes.value_or(2);
     check_root(s, processes);
     if (processes > 1) {
-      return launch_self(context.arguments, {.processes = processes, .timeout_s = s.timeout_s});
+      return launch_self(context.arguments,
+                         {.processes = processes, .timeout_s = s.timeout_s, .bind = s.bind});
     }
   } else if (s.processes && *s.processes != spec.size) {
     throw ConfigError("--np " + std::to_string(*s.processes) + " but this process was started as " +
@@ -376,8 +378,9 @@ inline int run_ps(const Settings& s, const Context& context) {
   if (spec.source == cluster::source::kNone) {
     const int workers = s.processes.value_or(2);
     const int servers = s.servers.value_or(1);
-    return launch_self(context.arguments,
-                       {.processes = workers, .servers = servers, .timeout_s = s.timeout_s});
+    return launch_self(
+        context.arguments,
+        {.processes = workers, .servers = servers, .timeout_s = s.timeout_s, .bind = s.bind});
   }
   const int workers = cluster::worker_count(spec);
   const int servers = cluster::parameter_server_count(spec);
@@ -407,16 +410,12 @@ inline int run_ps(const Settings& s, const Context& context) {
     return ps_bench::serve(tcp, s, spec.rank, workers, servers);
   }
   ps_bench::Workers comm(strategy::ps::WorkerView<transport::tcp::Tcp>(tcp, workers));
-  const std::string launcher = launched_by_self()
-                                   ? "cohort-bench --np " + std::to_string(workers) + " --ps " +
-                                         std::to_string(servers) + " (COHORT_* variables)"
-                                   : spec.source;
   RunInfo run = run_info(s, context, "ps", "sync",
                          std::to_string(servers) +
                              " parameter server(s), SGD lr 1, frame "
                              "checksums " +
                              (s.checksum ? "on" : "off"),
-                         workers, launcher);
+                         workers, launcher_of(spec));
   try {
     return report_sweep(comm, s, std::move(run), "", [&](const auto& on_row) {
       ps_bench::Worker worker(tcp, comm, s, workers);

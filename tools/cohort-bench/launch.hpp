@@ -3,6 +3,11 @@
 // (docs/launching.md), with the same arguments, and waits for them. For a parameter-server job
 // (--ps S) it starts --np workers and then S servers, with the roles cohort-run --ps S gives them.
 //
+// With `bind`, rank r runs on the r-th CPU this program may use, as mpirun binds ranks to cores
+// where there are no more ranks than cores: unbound, two busy ranks of a 2-core machine sometimes
+// share one core for whole runs, and every time they measure doubles. Where ranks outnumber the
+// CPUs nothing is bound.
+//
 // Ranks share this process's stdout and stderr; only rank 0 prints the table. Each rank dies with
 // SIGKILL if the launcher dies (PR_SET_PDEATHSIG), so nothing outlives a killed benchmark. When a
 // rank fails, the others get `grace` to notice (their collectives fail once its connections
@@ -31,12 +36,14 @@
 #include <vector>
 
 #include "cohort/cluster/environment.hpp"
+#include "machine.hpp"
 
 extern char** environ;
 
 namespace cohort::bench {
 
-// Set in every rank this launcher starts, so that the header can say who launched it.
+// Set in every rank this launcher starts to how it started them ("cohort-bench --np 2 --bind
+// core"), so that the header can say who launched it and where its ranks run.
 inline constexpr std::string_view kLaunchedVariable = "COHORT_BENCH_LAUNCHED";
 
 // Whether launch_self started this process (then its timeout bounds this rank already).
@@ -48,6 +55,7 @@ struct LaunchOptions {
   int processes = 2;
   int servers = 0;       // parameter servers started after the `processes` workers; 0: no roles
   double timeout_s = 0;  // 0: none
+  bool bind = false;     // a CPU of its own for each rank, where there are enough (top of file)
   std::chrono::seconds grace{10};
 };
 
@@ -151,10 +159,20 @@ inline int launch_self(const std::vector<std::string>& arguments, const LaunchOp
   std::fflush(stdout);
   std::fflush(stderr);
 
+  const int total = options.processes + options.servers;
+  const std::vector<int> cpus = usable_cpus();
+  const bool bound = options.bind && total <= static_cast<int>(cpus.size());
+  std::string launched = "cohort-bench --np " + std::to_string(options.processes) +
+                         (options.servers > 0 ? " --ps " + std::to_string(options.servers) : "") +
+                         (bound ? " --bind core" : " --bind none");
+  if (options.bind && !bound) {
+    launched += " (" + std::to_string(total) + " ranks, " + std::to_string(cpus.size()) + " CPUs)";
+  }
+
   namespace variable = cluster::variable;
   const pid_t parent = ::getpid();
   std::vector<pid_t> ranks;
-  for (int rank = 0; rank < options.processes + options.servers; ++rank) {
+  for (int rank = 0; rank < total; ++rank) {
     std::vector<std::string> environment = detail::inherited_environment();
     const auto set = [&](std::string_view name, const std::string& value) {
       environment.push_back(std::string(name) + "=" + value);
@@ -175,7 +193,7 @@ inline int launch_self(const std::vector<std::string>& arguments, const LaunchOp
     set(variable::kMasterAddr, "127.0.0.1");
     set(variable::kMasterPort, std::to_string(*port));
     set(variable::kJobId, job_id);
-    set(kLaunchedVariable, std::to_string(options.processes));
+    set(kLaunchedVariable, launched);
     std::vector<std::string> argv_strings = arguments;
     std::vector<char*> argv;
     for (std::string& a : argv_strings) argv.push_back(a.data());
@@ -194,6 +212,12 @@ inline int launch_self(const std::vector<std::string>& arguments, const LaunchOp
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(128 + SIGKILL);  // the launcher died before prctl
+      if (bound) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpus[static_cast<std::size_t>(rank)], &set);
+        ::sched_setaffinity(0, sizeof set, &set);  // a refusal leaves the rank unbound
+      }
       ::execve(exe, argv.data(), envp.data());
       ::_exit(127);
     }

@@ -1,11 +1,14 @@
-// The machine a run is on, for the header lines and the JSON: host name, CPU model, cores.
+// The machine a run is on, for the header lines and the JSON: host name, CPU model, cores, and
+// the CPUs a rank may run on.
 #pragma once
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "report.hpp"
 
@@ -32,6 +35,31 @@ inline std::string cpu_model() {
     if ((key == "Hardware" || key == "CPU part") && fallback.empty()) fallback = value;
   }
   return fallback.empty() ? "unknown" : fallback;
+}
+
+// The CPUs this process may run on, in order; empty where the system does not say.
+inline std::vector<int> usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return {};
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+// CPUs as taskset lists them: "0-3,6".
+inline std::string cpu_list(const std::vector<int>& cpus) {
+  std::string text;
+  for (std::size_t i = 0; i < cpus.size();) {
+    std::size_t last = i;
+    while (last + 1 < cpus.size() && cpus[last + 1] == cpus[last] + 1) ++last;
+    text += (text.empty() ? "" : ",") + std::to_string(cpus[i]) +
+            (last > i ? "-" + std::to_string(cpus[last]) : "");
+    i = last + 1;
+  }
+  return text;
 }
 
 inline Machine this_machine() {

@@ -111,6 +111,12 @@ void add_collective_options(CLI::App& app, Settings& s) {
          "ps backend: parameter-server processes this program starts (default 1; --np are the "
          "workers)")
       ->check(CLI::Range(1, 4096));
+  app.add_option_function<std::string>(
+         "--bind", [&s](const std::string& bind) { s.bind = bind == "core"; },
+         "processes this program starts: core (default) runs rank r on the r-th CPU it may use, "
+         "as mpirun binds ranks, where there are no more ranks than CPUs; none leaves them to "
+         "the scheduler")
+      ->check(CLI::IsMember({"core", "none"}));
   app.add_option("--json", s.json, "also write every figure to this JSON file (rank 0)");
   app.add_option_function<int>(
          "--checksum", [&s](int c) { s.checksum = c != 0; },

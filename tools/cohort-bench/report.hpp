@@ -302,6 +302,8 @@ struct RankInfo {
   // The GPU this rank measures on, as nccl-tests names it ("0 [0x1b] NVIDIA H100 80GB HBM3");
   // empty on the CPU. Default-initialized, so that {rank, pid, host} still says it all there.
   std::string device{};
+  // The CPUs it may run on ("0", "0-1"), as taskset lists them; empty where unknown.
+  std::string cpus{};
 };
 
 struct RunInfo {
@@ -388,6 +390,7 @@ inline std::string format_header(const RunInfo& run) {
     out += "# Using ranks\n";
     for (const RankInfo& r : run.rank_info) {
       out += detail::format("#  Rank %2d Pid %6ld on %10s", r.rank, r.pid, r.host.c_str());
+      out += (r.cpus.empty() ? "" : " cpus " + r.cpus);
       out += (r.device.empty() ? "" : " device " + r.device) + "\n";
     }
     out += "#\n";
@@ -483,6 +486,7 @@ inline nlohmann::json to_json(const RunInfo& run, const std::vector<Row>& rows) 
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankInfo& r : run.rank_info) {
     nlohmann::json rank = {{"rank", r.rank}, {"pid", r.pid}, {"host", r.host}};
+    if (!r.cpus.empty()) rank["cpus"] = r.cpus;
     if (!r.device.empty()) rank["device"] = r.device;
     ranks.push_back(std::move(rank));
   }

@@ -55,6 +55,7 @@ struct Settings {
                                          // "deterministic" (default) or "nccl"
   std::optional<int> processes;          // --np; default 2 where the launcher does not decide
   std::optional<int> servers;            // --ps: parameter servers (ps backend); default 1
+  bool bind = true;  // --bind core: each process this program starts on a CPU of its own
   std::size_t min_bytes = std::size_t{32} << 20;
   std::size_t max_bytes = std::size_t{32} << 20;
   std::size_t step_factor = 1;

@@ -51,17 +51,19 @@
 
 namespace cohort::bench {
 
-// Every rank's pid, host name and device (device_name: this rank's, "" on the CPU), in rank
-// order, exchanged once through the communicator. Names are cut at 63 characters.
+// Every rank's pid, host name, device (device_name: this rank's, "" on the CPU) and CPUs, in
+// rank order, exchanged once through the communicator. Names are cut at 63 characters.
 template <collective::Communicator C>
 std::vector<RankInfo> gather_rank_info(C& comm, long pid, const std::string& host,
-                                       const std::string& device_name) {
+                                       const std::string& device_name, const std::string& cpus) {
   constexpr std::size_t kNameWords = 8;  // 63 characters and a terminating zero
-  std::array<std::int64_t, 1 + 2 * kNameWords> mine{};
+  std::array<std::int64_t, 1 + 3 * kNameWords> mine{};
   mine[0] = pid;
-  std::memcpy(&mine[1], host.data(), std::min(host.size(), kNameWords * 8 - 1));
-  std::memcpy(&mine[1 + kNameWords], device_name.data(),
-              std::min(device_name.size(), kNameWords * 8 - 1));
+  const std::string* const names[] = {&host, &device_name, &cpus};
+  for (std::size_t i = 0; i < 3; ++i) {
+    std::memcpy(&mine[1 + i * kNameWords], names[i]->data(),
+                std::min(names[i]->size(), kNameWords * 8 - 1));
+  }
   std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm.size()));
   comm.all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
   const auto text = [](const std::int64_t* words) {
@@ -72,8 +74,8 @@ std::vector<RankInfo> gather_rank_info(C& comm, long pid, const std::string& hos
   std::vector<RankInfo> ranks;
   for (int r = 0; r < comm.size(); ++r) {
     const std::int64_t* record = all.data() + static_cast<std::size_t>(r) * mine.size();
-    ranks.push_back(
-        {r, static_cast<long>(record[0]), text(record + 1), text(record + 1 + kNameWords)});
+    ranks.push_back({r, static_cast<long>(record[0]), text(record + 1),
+                     text(record + 1 + kNameWords), text(record + 1 + 2 * kNameWords)});
   }
   return ranks;
 }
