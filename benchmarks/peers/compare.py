@@ -4,25 +4,31 @@
     compare.py RESULTS_DIR [--dat DIR]
 
 Every report is cohort-bench's JSON (tools/cohort-bench/report.hpp) or a peer's in the same
-schema. Two tables, per process count and message size, from the in-place column (every library's
-native form: cohort, MPI_IN_PLACE, Gloo's ring and torch all reduce in place):
+schema. A series measured in several rounds (NAME.r1.json, NAME.r2.json, ... from
+PEERS_ROUNDS) counts with the median of its rounds at each size, and a ratio is the median of
+the ratios within each round, whose series ran minutes apart at most: a slow spell of a shared
+machine then moves neither. Three tables, per process count and message size:
 
-  1. busbw in GB/s of every series;
-  2. busbw ratios cohort / peer for cohort tcp deterministic, cohort tcp ring, cohort tcp
-     deterministic without frame checksums (tcp-nocs), cohort shm (deterministic, its all-reduce
-     through shared memory) and cohort local
-     against every peer: above 1 cohort is faster, below 1 slower. A ratio of busbw at equal size
-     and rank count is the inverse ratio of times.
+  1. busbw in GB/s of every series, in place (every library's native form: cohort,
+     MPI_IN_PLACE, Gloo's ring and torch all reduce in place);
+  2. busbw ratios cohort / peer, in place, for cohort tcp deterministic, cohort tcp ring, cohort
+     tcp deterministic without frame checksums (tcp-nocs), cohort shm (deterministic, its
+     all-reduce through shared memory) and cohort local against every peer: above 1 cohort is
+     faster, below 1 slower. A ratio of busbw at equal size and rank count is the inverse ratio
+     of times;
+  3. the same ratios out of place (input and output apart; nccl-tests' first column).
 
-The last rows of table 2 are geometric means over small (<= 64 KiB) and large (>= 1 MiB) sizes.
-With --dat, writes one gnuplot data file per series and process count (plot.gp reads them).
-Standard library only.
+The last rows of tables 2 and 3 are geometric means over small (<= 64 KiB) and large (>= 1 MiB)
+sizes. With --dat, writes one gnuplot data file per series and process count, in place
+(plot.gp reads them). Standard library only.
 """
 
 import argparse
 import json
 import math
 import pathlib
+import re
+import statistics
 import sys
 
 COHORT = [("tcp", "deterministic"), ("tcp", "ring"), ("tcp", "deterministic, no checksum"),
@@ -53,9 +59,15 @@ def series_name(report):
     return "%s %s" % key
 
 
+PLACEMENTS = ("in_place", "out_of_place")
+
+
 def load(directory):
-    series = {}  # (name, ranks) -> {size: (busbw, time_us)}
+    """(name, ranks) -> {size: {placement: {round: busbw}}}"""
+    series = {}
     for path in sorted(pathlib.Path(directory).glob("*.json")):
+        numbered = re.search(r"\.r(\d+)\.json$", path.name)
+        round_number = int(numbered.group(1)) if numbered else 1
         try:
             report = json.loads(path.read_text())
         except (OSError, ValueError) as error:
@@ -63,11 +75,30 @@ def load(directory):
             continue
         if "results" not in report or "backend" not in report:
             continue
-        points = {}
+        points = series.setdefault((series_name(report), report["ranks"]), {})
         for row in report["results"]:
-            points[row["size_bytes"]] = row["in_place"]["busbw_gbps"]
-        series[(series_name(report), report["ranks"])] = points
+            rounds = points.setdefault(row["size_bytes"], {p: {} for p in PLACEMENTS})
+            for placement in PLACEMENTS:
+                rounds[placement][round_number] = row[placement]["busbw_gbps"]
     return series
+
+
+def placed(series, placement):
+    """(name, ranks) -> {size: median busbw over the rounds} for one placement."""
+    return {key: {size: statistics.median(rounds[placement].values())
+                  for size, rounds in points.items()}
+            for key, points in series.items()}
+
+
+def paired_ratio(mine, theirs):
+    """The median over the rounds both have of mine / theirs ({round: busbw} each), or None."""
+    ratios = [mine[r] / theirs[r] for r in mine if r in theirs and mine[r] and theirs[r]]
+    return statistics.median(ratios) if ratios else None
+
+
+def rounds_of(series):
+    counts = {len(r[p]) for points in series.values() for r in points.values() for p in r}
+    return "%d" % min(counts) if len(counts) == 1 else "%d to %d" % (min(counts), max(counts))
 
 
 def geomean(values):
@@ -113,7 +144,7 @@ def print_busbw(series, ranks_list):
     print("#")
 
 
-def print_ratios(series, ranks_list):
+def print_ratios(series, ranks_list, placement):
     peers = sorted({name for name, _ in series if not name.startswith("cohort")},
                    key=lambda n: list(PEER_SHORT).index(n) if n in PEER_SHORT else 99)
     cohorts = [COHORT_NAMES[c] for c in COHORT if any(n == COHORT_NAMES[c] for n, _ in series)]
@@ -122,7 +153,7 @@ def print_ratios(series, ranks_list):
         return
     width = 9
     group = width * len(peers)
-    print("# busbw ratio cohort / peer, in-place (above 1: cohort faster)")
+    print("# busbw ratio cohort / peer, %s (above 1: cohort faster)" % placement.replace("_", "-"))
     print("#              " + "".join(("| " + c).ljust(group + 2) for c in cohorts))
     print("#  np      size" + "".join(
         "| " + "".join(PEER_SHORT.get(p, p).rjust(width) for p in peers) for _ in cohorts))
@@ -134,9 +165,9 @@ def print_ratios(series, ranks_list):
             for c in cohorts:
                 line += "| "
                 for p in peers:
-                    mine = series.get((c, ranks), {}).get(size)
-                    theirs = series.get((p, ranks), {}).get(size)
-                    ratio = mine / theirs if mine and theirs else None
+                    mine = series.get((c, ranks), {}).get(size, {}).get(placement, {})
+                    theirs = series.get((p, ranks), {}).get(size, {}).get(placement, {})
+                    ratio = paired_ratio(mine, theirs)
                     summary.setdefault((ranks, c, p), []).append((size, ratio))
                     line += fmt(ratio, width)
             print(line)
@@ -177,10 +208,14 @@ def main():
         print("compare.py: no reports in %s" % args.results, file=sys.stderr)
         return 1
     ranks_list = sorted({r for _, r in series})
-    print_busbw(series, ranks_list)
-    print_ratios(series, ranks_list)
+    print("# rounds per series: %s (each busbw the median of its rounds, each ratio the median of the"
+          " ratios within a round)" % rounds_of(series))
+    in_place = placed(series, "in_place")
+    print_busbw(in_place, ranks_list)
+    print_ratios(series, ranks_list, "in_place")
+    print_ratios(series, ranks_list, "out_of_place")
     if args.dat:
-        write_dat(series, args.dat)
+        write_dat(in_place, args.dat)
     return 0
 
 
