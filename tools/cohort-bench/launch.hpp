@@ -4,9 +4,9 @@
 // (--ps S) it starts --np workers and then S servers, with the roles cohort-run --ps S gives them.
 //
 // With `bind`, rank r runs on the r-th CPU this program may use, as mpirun binds ranks to cores
-// where there are no more ranks than cores: unbound, two busy ranks of a 2-core machine sometimes
-// share one core for whole runs, and every time they measure doubles. Where ranks outnumber the
-// CPUs nothing is bound.
+// where there are no more ranks than cores: a comparison with Open MPI then places both
+// libraries' ranks alike, and no two busy ranks can share a core. Where ranks outnumber the CPUs
+// nothing is bound.
 //
 // Ranks share this process's stdout and stderr; only rank 0 prints the table. Each rank dies with
 // SIGKILL if the launcher dies (PR_SET_PDEATHSIG), so nothing outlives a killed benchmark. When a
