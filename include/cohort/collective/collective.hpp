@@ -43,6 +43,7 @@
 // group's timeout is a CommError naming the waiting rank, the operation and its sequence number.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <functional>
@@ -86,6 +87,13 @@ std::string out_of_place_problem(std::span<const T> input, std::span<const T> ou
     return "input and output overlap without being the same buffer";
   }
   return {};
+}
+
+// What a reduction over one rank, or of nothing, leaves: output holds input. In place nothing
+// moves, so a one-rank all_reduce costs no pass over its buffer.
+template <class T>
+void copy_unless_same(std::span<const T> input, std::span<T> output) {
+  if (input.data() != output.data()) std::copy(input.begin(), input.end(), output.begin());
 }
 
 // An operation started and not yet finished. wait() finishes it on this rank, rethrowing its

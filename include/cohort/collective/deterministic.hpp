@@ -84,7 +84,7 @@ class Deterministic : public detail::OverTransport<T> {
     const Call call = this->begin_all_reduce(input, output, op);
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     if (ranks == 1 || output.empty()) {
-      std::copy(input.begin(), input.end(), output.begin());
+      copy_unless_same(input, output);
       return;
     }
     if (segment_) {
@@ -116,7 +116,7 @@ class Deterministic : public detail::OverTransport<T> {
   void reduce_scatter(std::span<const E> input, std::span<E> output, ReduceOp op) {
     const Call call = this->begin_reduce_scatter(input, output, op);
     if (this->size() == 1 || output.empty()) {
-      std::copy(input.begin(), input.end(), output.begin());
+      copy_unless_same(input, output);
       return;
     }
     fold_and_gather<E>(call, 1, static_cast<std::size_t>(this->size()) - 1, op, [&](std::size_t) {

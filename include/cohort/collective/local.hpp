@@ -408,7 +408,7 @@ class LocalCommunicator {
          input.data(),
          output.data()});
     if (size() == 1 || output.empty()) {
-      std::copy(input.begin(), input.end(), output.begin());
+      copy_unless_same(input, output);
       return;
     }
     run_data_phase(site, [&] {

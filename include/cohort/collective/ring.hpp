@@ -46,7 +46,7 @@ class Ring : public detail::OverTransport<T> {
                   ReduceOp op) {
     const Call call = this->begin_all_reduce(input, output, op);
     if (this->size() == 1 || output.empty()) {
-      std::copy(input.begin(), input.end(), output.begin());
+      copy_unless_same(input, output);
       return;
     }
     const std::size_t segment = this->template segment_length<E>();
@@ -58,7 +58,7 @@ class Ring : public detail::OverTransport<T> {
     const Call call = this->begin_reduce_scatter(input, output, op);
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     if (ranks == 1 || output.empty()) {
-      std::copy(input.begin(), input.end(), output.begin());
+      copy_unless_same(input, output);
       return;
     }
     std::vector<E> work(input.size());
