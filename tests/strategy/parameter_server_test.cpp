@@ -140,16 +140,23 @@ double seconds(std::chrono::steady_clock::duration duration) {
   return std::chrono::duration<double>(duration).count();
 }
 
-// A server over Loopback (rank 2) with workers 0 and 1 as threads, on one chunk of 16 floats and
-// SGD: each worker presents the same settings first; worker 0 initializes, then `steps` times
-// pushes and pulls, `pause` apart, then says it is done; worker 1 pulls once and then stays silent
-// (its endpoint open) until `quiet` has passed.
-// Returns what the server counted, or the error it threw; worker 0's error in `chief_error`.
-template <class C>
-std::pair<cohort::strategy::ps::ServerCounts, std::string> serve_with_a_silent_worker(
-    int steps, std::chrono::milliseconds pause, std::chrono::milliseconds quiet,
-    std::string& chief_error) {
-  namespace ps = cohort::strategy::ps;
+namespace ps = cohort::strategy::ps;
+using LoopbackClient = ps::Client<cohort::transport::Loopback::Endpoint>;
+
+// What a server over Loopback counted, or the error it threw, and when its serve() returned.
+struct Served {
+  ps::ServerCounts counts;
+  std::string error;
+  std::chrono::steady_clock::time_point ended;
+};
+
+// A server over Loopback (rank 2, worker_timeout 300 ms) of one chunk of 16 floats under SGD,
+// with workers 0 and 1 as threads: each presents the same settings, worker 0 initializes the
+// chunk, then each runs its body with its Client and the chunk, and closes its endpoint when the
+// body returns. A worker's CommError goes to its entry of `worker_errors`.
+template <class C, class ChiefBody, class OtherBody>
+Served serve_over_loopback(ChiefBody chief_body, OtherBody other_body,
+                           std::string (&worker_errors)[2]) {
   using Endpoint = cohort::transport::Loopback::Endpoint;
   cohort::transport::Loopback group({.ranks = 3, .timeout = 5s});
   const ps::Layout layout(16, sizeof(float), 1,
@@ -157,7 +164,7 @@ std::pair<cohort::strategy::ps::ServerCounts, std::string> serve_with_a_silent_w
   const ps::Chunk& chunk = layout.chunks().front();
   const cohort::optimizer::Sgd sgd({.learning_rate = 1.0});
   const auto settings = cohort::settings::encode({{"optimizer", "sgd"}, {"seed", "11"}});
-  std::pair<ps::ServerCounts, std::string> result;
+  Served served;
   std::thread server_thread([&] {
     auto endpoint = group.endpoint(2);
     ps::Server<Endpoint, float, cohort::optimizer::Sgd, C> server(
@@ -165,55 +172,70 @@ std::pair<cohort::strategy::ps::ServerCounts, std::string> serve_with_a_silent_w
         {.server = 0, .workers = 2, .worker_timeout = 300ms, .settings = {{"optimizer", "sgd"}}},
         sgd);
     try {
-      result.first = server.serve();
+      served.counts = server.serve();
     } catch (const cohort::CommError& error) {
-      result.second = error.what();
+      served.error = error.what();
     }
+    served.ended = std::chrono::steady_clock::now();
     endpoint.close();
   });
-  std::thread silent([&] {
-    auto endpoint = group.endpoint(1);
-    ps::Client<Endpoint> client(endpoint, 1, 2);
-    std::vector<float> parameters(16);
+  const auto worker = [&](int index, auto& body) {
+    auto endpoint = group.endpoint(index);
+    LoopbackClient client(endpoint, index, 2);
     try {
       client.present(settings, 1);
-      client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
-                 std::as_writable_bytes(std::span(parameters)));
-      client.transfer();
-    } catch (const cohort::CommError&) {
+      if (index == 0) {
+        const std::vector<float> parameters(16, 1.0f);
+        client.add({.operation = ps::Operation::kInit, .element_bytes = sizeof(float)}, chunk,
+                   std::as_bytes(std::span(parameters)));
+        client.transfer();
+      }
+      body(client, chunk);
+    } catch (const cohort::CommError& error) {
+      worker_errors[index] = error.what();
     }
-    std::this_thread::sleep_for(quiet);
     endpoint.close();
-  });
-  {
-    auto endpoint = group.endpoint(0);
-    ps::Client<Endpoint> client(endpoint, 0, 2);
-    std::vector<float> parameters(16, 1.0f);
-    const std::vector<float> gradient(16, 1.0f);
-    try {
-      client.present(settings, 1);
-      client.add({.operation = ps::Operation::kInit, .element_bytes = sizeof(float)}, chunk,
-                 std::as_bytes(std::span(parameters)));
-      client.transfer();
-      for (int step = 0; step < steps; ++step) {
-        client.add({.operation = ps::Operation::kPush,
-                    .step = static_cast<std::uint64_t>(step),
-                    .element_bytes = sizeof(float)},
-                   chunk, std::as_bytes(std::span(gradient)));
+  };
+  std::thread other([&] { worker(1, other_body); });
+  worker(0, chief_body);
+  other.join();
+  server_thread.join();
+  return served;
+}
+
+// One step of a worker over Loopback: a push of step `step`, then a pull.
+void push_and_pull(LoopbackClient& client, const ps::Chunk& chunk, std::uint64_t step) {
+  const std::vector<float> gradient(16, 1.0f);
+  std::vector<float> parameters(16);
+  client.add({.operation = ps::Operation::kPush, .step = step, .element_bytes = sizeof(float)},
+             chunk, std::as_bytes(std::span(gradient)));
+  client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
+             std::as_writable_bytes(std::span(parameters)));
+  client.transfer();
+}
+
+// serve_over_loopback with worker 0 training `steps` steps, `pause` apart, then saying it is
+// done, and worker 1 pulling once, then silent (its endpoint open) until `quiet` has passed.
+template <class C>
+Served serve_with_a_silent_worker(int steps, std::chrono::milliseconds pause,
+                                  std::chrono::milliseconds quiet,
+                                  std::string (&worker_errors)[2]) {
+  return serve_over_loopback<C>(
+      [&](LoopbackClient& client, const ps::Chunk& chunk) {
+        for (int step = 0; step < steps; ++step) {
+          push_and_pull(client, chunk, static_cast<std::uint64_t>(step));
+          std::this_thread::sleep_for(pause);
+        }
+        client.done(1, false);
+      },
+      [&](LoopbackClient& client, const ps::Chunk& chunk) {
+        std::vector<float> parameters(16);
         client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
                    std::as_writable_bytes(std::span(parameters)));
         client.transfer();
-        std::this_thread::sleep_for(pause);
-      }
-      client.done(1, false);
-    } catch (const cohort::CommError& error) {
-      chief_error = error.what();
-    }
-    endpoint.close();
-  }
-  silent.join();
-  server_thread.join();
-  return result;
+        std::this_thread::sleep_for(quiet);
+      },
+      worker_errors);
 }
 
 // Lines "applied push N of worker W (the slowest live worker has pushed M; ...)" of a log.
@@ -861,24 +883,21 @@ TEST_CASE(
 
 TEST_CASE(
     "a SIGSTOPped worker under sync training: the error lands within [T/2, 2T] and names it") {
-  // Worker 1 (slow, so that it is most likely computing when stopped) is stopped; worker 0 waits
-  // in its pull. The server names worker 1 at its deadline and tells worker 0; nobody blames
-  // worker 0 or the server.
+  // Worker 1 stops its process while it computes (in its micro-batch 10, so that the stop lands
+  // there whatever the machine's load); worker 0 pushes its step and waits in its pull. The
+  // server names worker 1 at its deadline and tells worker 0; nobody blames worker 0 or the
+  // server.
   TemporaryDirectory directory("cohort-ps-sigstop-sync");
   constexpr auto kTimeout = 5s;
   Job job(2, 1,
-          {"sync", "1000000", directory.path / "never.bin", "--slow-worker", "1", "--sleep-ms",
-           "20", "--timeout-ms", milliseconds(kTimeout), "--log-pushes"},
+          {"sync", "1000000", directory.path / "never.bin", "--stop-worker", "1", "--stop-after",
+           "10", "--timeout-ms", milliseconds(kTimeout), "--log-pushes"},
           directory.path);
-  // Training under way, both workers heard from: a stop before the first step would look to the
-  // server like every worker going quiet together, which it waits out twice as long.
-  REQUIRE_MESSAGE(when_logged(job.log(true, 0), "applied step 3 from 2 workers", 60s).has_value(),
-                  read_file(job.log(true, 0)));
-  for (const auto& worker : job.workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
-  job.workers[1]->kill(SIGSTOP);
-  const auto stopped = std::chrono::steady_clock::now();
+  const auto stopped = when_logged(job.log(false, 1), "ps_trainer: stopping itself", 60s);
+  REQUIRE_MESSAGE(stopped.has_value(), read_file(job.log(false, 1)));
+  REQUIRE_FALSE(job.workers[1]->wait(0ms).has_value());
   const auto chief = job.workers[0]->wait(3 * kTimeout);
-  const auto elapsed = std::chrono::steady_clock::now() - stopped;
+  const auto elapsed = std::chrono::steady_clock::now() - *stopped;
   const std::string chief_log = read_file(job.log(false, 0));
   CAPTURE(chief_log);
   REQUIRE(chief.has_value());
@@ -895,32 +914,66 @@ TEST_CASE(
   CAPTURE(server_log);
   REQUIRE(server.has_value());
   CHECK_FALSE((server->exited && server->code == 0));
-  CHECK(std::chrono::steady_clock::now() - stopped <= 2 * kTimeout);
+  CHECK(std::chrono::steady_clock::now() - *stopped <= 2 * kTimeout);
   CHECK(server_log.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
   CHECK(server_log.find("synchronous training needs 2 of 2 workers") != std::string::npos);
   CHECK(server_log.find("worker 0 (rank 0) was lost") == std::string::npos);
 }
 
 TEST_CASE("a server over Loopback counts a silent async worker as lost and serves the other") {
-  std::string chief_error;
-  const auto [counts, error] =
-      serve_with_a_silent_worker<cohort::strategy::consistency::Async>(20, 40ms, 2s, chief_error);
-  CHECK(error.empty());
-  CHECK(chief_error.empty());
-  REQUIRE(counts.lost.size() == 1);
-  CHECK(counts.lost[0].find("lost worker 1 (rank 1): silent") != std::string::npos);
-  CHECK(counts.applied == std::vector<std::uint64_t>{20, 0});
+  std::string worker_errors[2];
+  const Served served = serve_with_a_silent_worker<cohort::strategy::consistency::Async>(
+      20, 40ms, 2s, worker_errors);
+  CHECK(served.error.empty());
+  CHECK(worker_errors[0].empty());
+  REQUIRE(served.counts.lost.size() == 1);
+  CHECK(served.counts.lost[0].find("lost worker 1 (rank 1): silent") != std::string::npos);
+  CHECK(served.counts.applied == std::vector<std::uint64_t>{20, 0});
 }
 
 TEST_CASE("a server over Loopback: a silent sync worker ends the run, named to the waiting one") {
-  std::string chief_error;
-  const auto [counts, error] =
-      serve_with_a_silent_worker<cohort::strategy::consistency::Sync>(20, 40ms, 2s, chief_error);
-  CAPTURE(error);
-  CAPTURE(chief_error);
-  CHECK(error.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
-  CHECK(error.find("synchronous training needs 2 of 2 workers") != std::string::npos);
-  CHECK(
-      chief_error.find("rank 0: pull: refused: 'parameter server 0: worker 1 (rank 1) was lost") !=
-      std::string::npos);
+  std::string worker_errors[2];
+  const Served served = serve_with_a_silent_worker<cohort::strategy::consistency::Sync>(
+      20, 40ms, 2s, worker_errors);
+  CAPTURE(served.error);
+  CAPTURE(worker_errors[0]);
+  CHECK(served.error.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
+  CHECK(served.error.find("went quiet together") == std::string::npos);
+  CHECK(served.error.find("synchronous training needs 2 of 2 workers") != std::string::npos);
+  CHECK(worker_errors[0].find(
+            "rank 0: pull: refused: 'parameter server 0: worker 1 (rank 1) was lost") !=
+        std::string::npos);
+}
+
+TEST_CASE(
+    "a server over Loopback: sync workers that go quiet together, their last frames 20 ms apart, "
+    "get twice the deadline") {
+  // As when one worker stalls a collective between the workers that the other waits in: both
+  // pulls answered, worker 1's last frame comes a little after worker 0's, then neither speaks.
+  // The cause is theirs to name (their transfers give up at 3/2 x timeout), so the server waits
+  // 2 x worker_timeout (600 ms) before it names anyone, and says why.
+  std::chrono::steady_clock::time_point quiet_since[2];
+  const auto step_then_quiet = [&](int worker, std::chrono::milliseconds before_last_pull) {
+    return [&quiet_since, worker, before_last_pull](LoopbackClient& client,
+                                                    const ps::Chunk& chunk) {
+      push_and_pull(client, chunk, 0);
+      std::this_thread::sleep_for(before_last_pull);
+      std::vector<float> parameters(16);
+      client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
+                 std::as_writable_bytes(std::span(parameters)));
+      client.transfer();  // answered at once: its push is applied
+      quiet_since[worker] = std::chrono::steady_clock::now();
+      std::this_thread::sleep_for(1500ms);
+    };
+  };
+  std::string worker_errors[2];
+  const Served served = serve_over_loopback<cohort::strategy::consistency::Sync>(
+      step_then_quiet(0, 0ms), step_then_quiet(1, 20ms), worker_errors);
+  CAPTURE(served.error);
+  const auto waited = served.ended - quiet_since[0];
+  MESSAGE("the server failed " << seconds(waited) << " s after worker 0 went quiet");
+  CHECK(waited >= 600ms);
+  CHECK(waited < 1500ms);
+  CHECK(served.error.find("worker 0 (rank 0) was lost (silent") != std::string::npos);
+  CHECK(served.error.find("every worker went quiet together") != std::string::npos);
 }

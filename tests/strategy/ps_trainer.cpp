@@ -8,7 +8,8 @@
 //              [--backup-workers B] [--clip NORM] [--alignment A] [--local-replicas L]
 //              [--eigen THREADS] [--poison INDEX] [--on-nonfinite skip_step]
 //              [--seed-of W S] [--learning-rate-of-server S LR] [--timeout-ms T]
-//              [--stall-mid-frame W --stall-after N] [--preempt-after N]
+//              [--stall-mid-frame W --stall-after N] [--stop-worker W --stop-after N]
+//              [--preempt-after N]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
 // --every-worker-sleep-ms N  every worker sleeps N ms in every micro-batch (so that a run lasts)
@@ -34,10 +35,14 @@
 // --stall-mid-frame W  worker W, after N micro-batches, writes the first half of its next push's
 //                    payload frame and stops there for good, its connections open (it says so on
 //                    stderr: "ps_trainer: stalled after B of F bytes of a frame")
+// --stop-worker W   worker W, in its micro-batch N (--stop-after), stops its whole process with
+//                    SIGSTOP, as a stop from outside would while it computes (it says so first on
+//                    stderr: "ps_trainer: stopping itself")
 // --preempt-after N  the chief's micro-batch number N sends SIGTERM to the launcher (PreemptAt);
 //                    a process whose fit stopped for preemption exits with kExitPreempted
 // Otherwise the layout is forced small (16-element alignment, no minimum shard, 256-byte chunks),
 // so that the small model spreads over every server in several chunks.
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -120,21 +125,31 @@ struct Settings {
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
   int stall_worker = -1;
   int stall_after = 0;
+  int stop_worker = -1;
+  int stop_after = 0;
   int preempt_after = -1;
 };
 
-// The test data: slowed down on one worker, with one example poisoned, and on the stalling
-// worker, arming the stall after `stall_after` micro-batches.
+// The test data: slowed down on one worker, with one example poisoned, on the stalling worker
+// arming the stall after `stall_after` micro-batches, and on the stopping worker stopping the
+// process in micro-batch `stop_after`.
 struct Data {
   const example::ClusterData* data;
   int sleep_ms = 0;
   int stall_after = -1;
+  int stop_after = -1;
   std::optional<std::size_t> poison;
   cohort::testing::PreemptAt preempt{-1};
   std::size_t size() const { return data->size(); }
   auto batch(std::span<const std::size_t> indices) const {
     if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
-    if (stall_after >= 0 && batches_.fetch_add(1) == stall_after) stall_armed = true;
+    const int number = batches_.fetch_add(1);
+    if (number == stall_after) stall_armed = true;
+    if (number == stop_after) {
+      std::fprintf(stderr, "ps_trainer: stopping itself in micro-batch %d\n", number);
+      std::fflush(stderr);
+      ::kill(::getpid(), SIGSTOP);
+    }
     preempt();
     if (poison) {
       return cohort::testing::PoisonedData{.data = data, .poisoned = *poison}.batch(indices);
@@ -249,7 +264,8 @@ int train(const Settings& settings, const Model& model) {
   const Data data{
       &cohort::testing::small_task_data(),
       worker == settings.slow_worker ? settings.sleep_ms : settings.every_worker_sleep_ms,
-      worker == settings.stall_worker ? settings.stall_after : -1, settings.poison,
+      worker == settings.stall_worker ? settings.stall_after : -1,
+      worker == settings.stop_worker ? settings.stop_after : -1, settings.poison,
       cohort::testing::PreemptAt(chief ? settings.preempt_after : -1)};
   const std::uint64_t segment = settings.segment == 0 ? settings.steps : settings.segment;
   // Every process, servers included, fits the same segments (a server's step stays put).
@@ -334,6 +350,10 @@ int main(int argc, char** argv) {
       settings.stall_worker = std::stoi(next());
     else if (flag == "--stall-after")
       settings.stall_after = std::stoi(next());
+    else if (flag == "--stop-worker")
+      settings.stop_worker = std::stoi(next());
+    else if (flag == "--stop-after")
+      settings.stop_after = std::stoi(next());
     else if (flag == "--preempt-after")
       settings.preempt_after = std::stoi(next());
     else {

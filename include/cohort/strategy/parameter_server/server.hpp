@@ -20,9 +20,11 @@
 // other worker. A worker is silent when no whole frame came from it for worker_timeout while the
 // server waits on it: since its last frame or the server's last answer to it, with no pull of it
 // waiting here (a worker waiting in its pull waits on the server, not the other way round), and
-// another worker's frame came after its last. When every worker went quiet together, the cause
-// is more likely theirs in common (another server that stopped, under Sync a collective between
-// workers that one of them stalls), which their own transfers name: the server then allows
+// another worker shows that the job goes on without it: that one's pull waits here, or it spoke
+// after the silent one's last frame and has since ended its fit or spoke within the last
+// worker_timeout / 2. Otherwise every worker went quiet together, and the cause is more likely
+// theirs in common (another server that stopped, under Sync a collective between workers that
+// one of them stalls), which their own transfers name: the server then allows
 // kCommonStallFactor x worker_timeout. Async and BoundedStaleness count a silent worker as lost
 // and go on without it (the staleness bound counts live workers only). Sync needs the
 // W - backup_workers lowest-indexed live workers of each step: a silent worker that leaves too
@@ -145,9 +147,9 @@ class Server {
       std::fill(chunk.pushed_step.begin(), chunk.pushed_step.end(), kNone);
       chunk.initialized = false;
     }
-    last_frame_ = Clock::now();
+    const auto start = Clock::now();
     for (Connection& connection : connections_) {
-      connection = {.heard = last_frame_, .request = std::nullopt};
+      connection = {.heard = start, .request = std::nullopt};
     }
     std::vector<int> listening;
     bool was_initialized = false;
@@ -271,11 +273,11 @@ class Server {
       Request request;
       if (!receive(worker, tag::kRequest, std::as_writable_bytes(std::span(&request, 1)))) return;
       connection.request = request;
-      connection.heard = last_frame_ = Clock::now();
+      connection.heard = Clock::now();
       return;
     }
     const Request request = *std::exchange(connection.request, std::nullopt);
-    connection.heard = last_frame_ = Clock::now();
+    connection.heard = Clock::now();
     take_request(worker, request);
   }
 
@@ -775,23 +777,45 @@ class Server {
     for (const int worker : listening) {
       const auto w = static_cast<std::size_t>(worker);
       if (waits_here(w)) continue;
-      const auto heard = connections_[w].heard;
-      // Another worker spoke since: this one stalled alone. Otherwise all went quiet together.
-      const auto deadline = last_frame_ > heard ? options_.worker_timeout
-                                                : kCommonStallFactor * options_.worker_timeout;
-      if (now - heard >= deadline) any = mark_lost(worker, silence(worker, now)) || any;
+      const bool alone = others_go_on(w, now);
+      const auto deadline =
+          alone ? options_.worker_timeout : kCommonStallFactor * options_.worker_timeout;
+      if (now - connections_[w].heard >= deadline) {
+        any = mark_lost(worker, silence(worker, now, alone)) || any;
+      }
     }
     if (any) after_loss();
   }
 
-  // Why a silent worker is lost.
-  std::string silence(int worker, Clock::time_point now) const {
+  // Whether another live worker shows that the job goes on while worker w is silent (the rule at
+  // the top of this file). A frame that merely came after w's last does not: under Sync, the
+  // workers' last frames before a collective between them that one stalls are milliseconds apart.
+  bool others_go_on(std::size_t w, Clock::time_point now) const {
+    const auto silent_since = connections_[w].heard;
+    for (std::size_t other = 0; other < connections_.size(); ++other) {
+      if (other == w || lost_[other]) continue;
+      if (waits_here(other)) return true;
+      const auto spoke = connections_[other].heard;
+      if (spoke > silent_since &&
+          (finished_[other] || now - spoke < options_.worker_timeout / 2)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Why a silent worker is lost; `alone`: another worker showed the job going on.
+  std::string silence(int worker, Clock::time_point now, bool alone) const {
     const Connection& connection = connections_[static_cast<std::size_t>(worker)];
     const auto silent =
         std::chrono::duration_cast<std::chrono::milliseconds>(now - connection.heard).count();
     std::string why = "silent: no whole frame from it for " + std::to_string(silent) +
                       " ms (worker_timeout = " + std::to_string(options_.worker_timeout.count()) +
                       " ms) while this server waited on it";
+    if (!alone) {
+      why += "; every worker went quiet together, so it was allowed " +
+             std::to_string(kCommonStallFactor) + " x worker_timeout";
+    }
     if (connection.request) {
       why += "; its " + std::string(name(static_cast<Operation>(connection.request->operation))) +
              " request of chunk " + std::to_string(connection.request->chunk) +
@@ -868,7 +892,6 @@ class Server {
   std::vector<bool> lost_;             // for good: a lost worker never comes back
   std::vector<std::string> why_lost_;  // per worker, for the Sync failure that names it
   std::vector<Connection> connections_;
-  Clock::time_point last_frame_;   // the last whole frame from any worker
   std::size_t max_payload_ = 0;    // bytes: the longest payload a request to this server carries
   std::vector<bool> finished_;     // in this fit
   std::vector<bool> presented_;    // in this fit: the worker's settings agreed
