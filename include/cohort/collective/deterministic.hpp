@@ -555,8 +555,9 @@ class Deterministic : public detail::OverTransport<T> {
     }
   }
 
-  // Elements [begin, begin + length) of fold_into, length at most a work block: folded into a
-  // small buffer and copied out while hot, so the fold costs no extra pass over memory.
+  // Elements [begin, begin + length) of fold_into, length at most a work block: folded straight
+  // into the first output where no output overlaps an input (an out-of-place all-reduce), else
+  // into a small buffer, copied out while hot, so the fold costs no extra pass over memory.
   template <class E>
   static void fold_block(ReduceOp op, std::span<const E* const> inputs, std::span<E* const> outputs,
                          std::size_t begin, std::size_t length) {
@@ -564,8 +565,20 @@ class Deterministic : public detail::OverTransport<T> {
     thread_local std::vector<const E*> offset;
     offset.resize(inputs.size());
     for (std::size_t i = 0; i < inputs.size(); ++i) offset[i] = inputs[i] + begin;
-    device::cpu::reduce_tree<E>(op, offset, std::span<E>(block).first(length));
-    for (E* const output : outputs) std::copy_n(block.begin(), length, output + begin);
+    const auto overlaps_an_input = [&](const E* output) {
+      return std::any_of(offset.begin(), offset.end(), [&](const E* input) {
+        return std::less<>{}(input, output + length) && std::less<>{}(output, input + length);
+      });
+    };
+    const bool direct =
+        !outputs.empty() && std::none_of(outputs.begin(), outputs.end(), [&](const E* output) {
+          return overlaps_an_input(output + begin);
+        });
+    E* const folded = direct ? outputs.front() + begin : block.data();
+    device::cpu::reduce_tree<E>(op, offset, std::span<E>(folded, length));
+    for (E* const output : outputs) {
+      if (output + begin != folded) std::copy_n(folded, length, output + begin);
+    }
   }
 
   std::optional<detail::SharedSegment> segment_;
