@@ -490,9 +490,9 @@ TEST_CASE("every process returns from a sharded save only once the manifest is w
   TemporaryDirectory directory("cohort-ps-save-restore");
   const fs::path checkpoint = directory.path / "run.ckpt";
   const fs::path out = directory.path / "parameters.bin";
-  const auto [exit, output] = launch(
-      2, 2, {"sync", "30", out, "--segment", "10", "--checkpoint", checkpoint, "--reread"},
-      directory.path / "log.txt");
+  const auto [exit, output] =
+      launch(2, 2, {"sync", "30", out, "--segment", "10", "--checkpoint", checkpoint, "--reread"},
+             directory.path / "log.txt");
   CAPTURE(output);
   REQUIRE(exit.exited);
   REQUIRE(exit.code == 0);
@@ -922,8 +922,8 @@ TEST_CASE(
 
 TEST_CASE("a server over Loopback counts a silent async worker as lost and serves the other") {
   std::string worker_errors[2];
-  const Served served = serve_with_a_silent_worker<cohort::strategy::consistency::Async>(
-      20, 40ms, 2s, worker_errors);
+  const Served served =
+      serve_with_a_silent_worker<cohort::strategy::consistency::Async>(20, 40ms, 2s, worker_errors);
   CHECK(served.error.empty());
   CHECK(worker_errors[0].empty());
   REQUIRE(served.counts.lost.size() == 1);
@@ -933,8 +933,8 @@ TEST_CASE("a server over Loopback counts a silent async worker as lost and serve
 
 TEST_CASE("a server over Loopback: a silent sync worker ends the run, named to the waiting one") {
   std::string worker_errors[2];
-  const Served served = serve_with_a_silent_worker<cohort::strategy::consistency::Sync>(
-      20, 40ms, 2s, worker_errors);
+  const Served served =
+      serve_with_a_silent_worker<cohort::strategy::consistency::Sync>(20, 40ms, 2s, worker_errors);
   CAPTURE(served.error);
   CAPTURE(worker_errors[0]);
   CHECK(served.error.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
@@ -954,17 +954,17 @@ TEST_CASE(
   // 2 x worker_timeout (600 ms) before it names anyone, and says why.
   std::chrono::steady_clock::time_point quiet_since[2];
   const auto step_then_quiet = [&](int worker, std::chrono::milliseconds before_last_pull) {
-    return [&quiet_since, worker, before_last_pull](LoopbackClient& client,
-                                                    const ps::Chunk& chunk) {
-      push_and_pull(client, chunk, 0);
-      std::this_thread::sleep_for(before_last_pull);
-      std::vector<float> parameters(16);
-      client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
-                 std::as_writable_bytes(std::span(parameters)));
-      client.transfer();  // answered at once: its push is applied
-      quiet_since[worker] = std::chrono::steady_clock::now();
-      std::this_thread::sleep_for(1500ms);
-    };
+    return
+        [&quiet_since, worker, before_last_pull](LoopbackClient& client, const ps::Chunk& chunk) {
+          push_and_pull(client, chunk, 0);
+          std::this_thread::sleep_for(before_last_pull);
+          std::vector<float> parameters(16);
+          client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
+                     std::as_writable_bytes(std::span(parameters)));
+          client.transfer();  // answered at once: its push is applied
+          quiet_since[worker] = std::chrono::steady_clock::now();
+          std::this_thread::sleep_for(1500ms);
+        };
   };
   std::string worker_errors[2];
   const Served served = serve_over_loopback<cohort::strategy::consistency::Sync>(

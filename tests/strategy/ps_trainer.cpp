@@ -265,7 +265,8 @@ int train(const Settings& settings, const Model& model) {
       &cohort::testing::small_task_data(),
       worker == settings.slow_worker ? settings.sleep_ms : settings.every_worker_sleep_ms,
       worker == settings.stall_worker ? settings.stall_after : -1,
-      worker == settings.stop_worker ? settings.stop_after : -1, settings.poison,
+      worker == settings.stop_worker ? settings.stop_after : -1,
+      settings.poison,
       cohort::testing::PreemptAt(chief ? settings.preempt_after : -1)};
   const std::uint64_t segment = settings.segment == 0 ? settings.steps : settings.segment;
   // Every process, servers included, fits the same segments (a server's step stays put).

@@ -796,8 +796,7 @@ class Server {
       if (other == w || lost_[other]) continue;
       if (waits_here(other)) return true;
       const auto spoke = connections_[other].heard;
-      if (spoke > silent_since &&
-          (finished_[other] || now - spoke < options_.worker_timeout / 2)) {
+      if (spoke > silent_since && (finished_[other] || now - spoke < options_.worker_timeout / 2)) {
         return true;
       }
     }
