@@ -760,47 +760,42 @@ class Server {
     progress();
   }
 
-  // Whether a pull of worker w waits here: then the worker waits on this server, not the other
-  // way round.
-  bool waits_here(std::size_t w) const {
-    return std::any_of(pending_.begin(), pending_.end(), [&](const Pending& pending) {
-      return static_cast<std::size_t>(pending.worker) == w;
-    });
-  }
-
   // Loses every listened-to worker that has been silent past its deadline (the rule at the top
-  // of this file), all at once, so that a Sync failure names every one of them.
+  // of this file), all at once, so that a Sync failure names every one of them. A worker whose
+  // pull waits here waits on this server, not the other way round. Once per frame, so it costs
+  // one pass over the pulls and one over the workers, whatever their number.
   void lose_silent(std::span<const int> listening) {
     if (chunks_.empty()) return;  // this server waits on nobody: only the workers' done arrives
     const auto now = Clock::now();
+    waiting_.assign(connections_.size(), false);
+    for (const Pending& pending : pending_) {
+      const auto w = static_cast<std::size_t>(pending.worker);
+      waiting_[w] = !lost_[w];
+    }
+    // What shows that the job goes on without a silent worker: another worker's pull waiting
+    // here, or a frame from a live worker that has since ended its fit or spoke within the last
+    // worker_timeout / 2, if it came after the silent one's last. A frame that merely came after
+    // it does not: under Sync the workers' last frames before a collective between them that one
+    // stalls are milliseconds apart.
+    const bool a_pull_waits = std::find(waiting_.begin(), waiting_.end(), true) != waiting_.end();
+    std::optional<Clock::time_point> going_on;
+    for (std::size_t w = 0; w < connections_.size(); ++w) {
+      const auto heard = connections_[w].heard;
+      if (!lost_[w] && (finished_[w] || now - heard < options_.worker_timeout / 2)) {
+        going_on = std::max(going_on.value_or(heard), heard);
+      }
+    }
     bool any = false;
     for (const int worker : listening) {
       const auto w = static_cast<std::size_t>(worker);
-      if (waits_here(w)) continue;
-      const bool alone = others_go_on(w, now);
+      if (waiting_[w]) continue;
+      const auto heard = connections_[w].heard;
+      const bool alone = a_pull_waits || (going_on && *going_on > heard);
       const auto deadline =
           alone ? options_.worker_timeout : kCommonStallFactor * options_.worker_timeout;
-      if (now - connections_[w].heard >= deadline) {
-        any = mark_lost(worker, silence(worker, now, alone)) || any;
-      }
+      if (now - heard >= deadline) any = mark_lost(worker, silence(worker, now, alone)) || any;
     }
     if (any) after_loss();
-  }
-
-  // Whether another live worker shows that the job goes on while worker w is silent (the rule at
-  // the top of this file). A frame that merely came after w's last does not: under Sync, the
-  // workers' last frames before a collective between them that one stalls are milliseconds apart.
-  bool others_go_on(std::size_t w, Clock::time_point now) const {
-    const auto silent_since = connections_[w].heard;
-    for (std::size_t other = 0; other < connections_.size(); ++other) {
-      if (other == w || lost_[other]) continue;
-      if (waits_here(other)) return true;
-      const auto spoke = connections_[other].heard;
-      if (spoke > silent_since && (finished_[other] || now - spoke < options_.worker_timeout / 2)) {
-        return true;
-      }
-    }
-    return false;
   }
 
   // Why a silent worker is lost; `alone`: another worker showed the job going on.
@@ -896,6 +891,7 @@ class Server {
   std::vector<bool> presented_;    // in this fit: the worker's settings agreed
   settings::Reference reference_;  // this server's settings, then the chief's
   std::vector<Pending> pending_;   // pulls, in arrival order
+  std::vector<bool> waiting_;      // lose_silent's: per worker, a pull of it waits here
   std::vector<std::string> refusals_;  // per worker: why a push was refused, until its next pull
   ServerCounts counts_;
   std::vector<std::byte> scratch_;
