@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -203,12 +204,16 @@ Served serve_over_loopback(ChiefBody chief_body, OtherBody other_body,
   return served;
 }
 
-// One step of a worker over Loopback: a push of step `step`, then a pull.
-void push_and_pull(LoopbackClient& client, const ps::Chunk& chunk, std::uint64_t step) {
+// A worker's pull over Loopback, after a push of step `push_step` where given (one step).
+void pull(LoopbackClient& client, const ps::Chunk& chunk,
+          std::optional<std::uint64_t> push_step = std::nullopt) {
   const std::vector<float> gradient(16, 1.0f);
   std::vector<float> parameters(16);
-  client.add({.operation = ps::Operation::kPush, .step = step, .element_bytes = sizeof(float)},
-             chunk, std::as_bytes(std::span(gradient)));
+  if (push_step) {
+    client.add(
+        {.operation = ps::Operation::kPush, .step = *push_step, .element_bytes = sizeof(float)},
+        chunk, std::as_bytes(std::span(gradient)));
+  }
   client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
              std::as_writable_bytes(std::span(parameters)));
   client.transfer();
@@ -223,16 +228,13 @@ Served serve_with_a_silent_worker(int steps, std::chrono::milliseconds pause,
   return serve_over_loopback<C>(
       [&](LoopbackClient& client, const ps::Chunk& chunk) {
         for (int step = 0; step < steps; ++step) {
-          push_and_pull(client, chunk, static_cast<std::uint64_t>(step));
+          pull(client, chunk, static_cast<std::uint64_t>(step));
           std::this_thread::sleep_for(pause);
         }
         client.done(1, false);
       },
       [&](LoopbackClient& client, const ps::Chunk& chunk) {
-        std::vector<float> parameters(16);
-        client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
-                   std::as_writable_bytes(std::span(parameters)));
-        client.transfer();
+        pull(client, chunk);
         std::this_thread::sleep_for(quiet);
       },
       worker_errors);
@@ -956,12 +958,9 @@ TEST_CASE(
   const auto step_then_quiet = [&](int worker, std::chrono::milliseconds before_last_pull) {
     return
         [&quiet_since, worker, before_last_pull](LoopbackClient& client, const ps::Chunk& chunk) {
-          push_and_pull(client, chunk, 0);
+          pull(client, chunk, 0);
           std::this_thread::sleep_for(before_last_pull);
-          std::vector<float> parameters(16);
-          client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
-                     std::as_writable_bytes(std::span(parameters)));
-          client.transfer();  // answered at once: its push is applied
+          pull(client, chunk);  // answered at once: its push is applied
           quiet_since[worker] = std::chrono::steady_clock::now();
           std::this_thread::sleep_for(1500ms);
         };
