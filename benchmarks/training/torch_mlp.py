@@ -2,9 +2,19 @@
 
 The model of benchmarks/training/run: an MLP with the given layer sizes, ReLU between layers,
 softmax cross-entropy, Adam, trained on a generated task of Gaussian blobs. Every process uses
-one intra-op thread (torch.set_num_threads(1)), as every cohort replica of the comparison does.
+one intra-op thread (torch.set_num_threads(1)), as every cohort replica of the comparison does;
+with Debian's build, whose OpenBLAS keeps its own thread count, the caller also sets
+OPENBLAS_NUM_THREADS=1 (compare.py does, for every system).
 
-    torch_mlp.py --layers 784,1024,1024,10 --world-size 2 --per-replica-batch 64 --steps 200
+    torch_mlp.py --layers 784,1024,1024,10 --world-size 2 --per-replica-batch 64 --steps 200 \
+                 --adam fused --learning-rate 1e-3
+
+--adam picks torch.optim.Adam's implementation, all of them the same update:
+    fused     fused=True, one kernel over all parameters: what to use where the installed torch
+              has it for CPU tensors (2.4 and later); an error where it has not
+    foreach   foreach=True, multi-tensor operations (torch 1.13 has no fused CPU Adam)
+    for-loop  torch's default on CPU: one parameter at a time, several operations each, which
+              costs a third of this model's step
 
 or, across hosts, one process per rank started by hand (gloo over MASTER_ADDR, e.g. one per network
 namespace):
@@ -12,7 +22,7 @@ namespace):
     torch_mlp.py --world-size 2 --rank R --master-addr 10.0.0.1 ...
 
 The first (or only) process prints one line:
-    torch VERSION blas=NAME world_size=N examples_per_second=X parameters=HEX
+    torch VERSION blas=NAME adam=IMPLEMENTATION world_size=N examples_per_second=X parameters=HEX
 where HEX is a SHA-256 prefix of the final parameters' bytes (the order of model.parameters()),
 so two runs can be compared bit for bit. The first --warmup steps are not timed.
 """
@@ -52,6 +62,14 @@ def blas_name():
     return name
 
 
+def make_adam(parameters, implementation, learning_rate):
+    """torch.optim.Adam with its defaults (betas 0.9, 0.999, eps 1e-8, as cohort's Adam), in the
+    named implementation; only the speed differs."""
+    choice = {"fused": {"fused": True}, "foreach": {"foreach": True},
+              "for-loop": {"foreach": False}}[implementation]
+    return torch.optim.Adam(parameters, lr=learning_rate, **choice)
+
+
 def worker(rank, args, results):
     torch.set_num_threads(1)
     world_size = args.world_size
@@ -72,7 +90,7 @@ def worker(rank, args, results):
             modules.append(torch.nn.ReLU())
     model = torch.nn.Sequential(*modules)
     trained = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
-    optimizer = torch.optim.Adam(trained.parameters(), lr=1e-3)
+    optimizer = make_adam(trained.parameters(), args.adam, args.learning_rate)
     loss_fn = torch.nn.CrossEntropyLoss()
     start = None
     for step in range(steps):
@@ -100,6 +118,9 @@ def main():
     parser.add_argument("--per-replica-batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--adam", choices=["fused", "foreach", "for-loop"], default="fused",
+                        help="torch.optim.Adam's implementation (the docstring says which)")
     parser.add_argument("--port", type=int, default=29610)
     parser.add_argument("--master-addr", default="127.0.0.1")
     parser.add_argument("--rank", type=int, help="run this rank only (the others elsewhere)")
@@ -113,7 +134,8 @@ def main():
     else:
         mp.spawn(worker, args=(args, results), nprocs=args.world_size)
     rate, parameters = results.get()
-    print(f"torch {torch.__version__} blas={blas_name()} world_size={args.world_size} "
+    print(f"torch {torch.__version__} blas={blas_name()} adam={args.adam} "
+          f"world_size={args.world_size} "
           f"examples_per_second={rate:.0f} parameters={parameters}")
 
 
