@@ -669,12 +669,19 @@ inline void refuse_orphaned_shards(const std::filesystem::path& file) {
 }
 
 // The shard files a manifest at `file` names with the names a save of it gives, the only ones a
-// save over it removes; empty when there is no readable manifest there.
-inline std::vector<std::filesystem::path> shard_files(const std::filesystem::path& file) {
+// save over it removes; empty when there is no readable manifest there. A template of the value
+// type being saved, so that only write() instantiates it: as a plain inline function it made every
+// file that includes this header instantiate both decoders, and with them Boost's serializer
+// singletons, which a program then constructed at start-up whether it saved or not.
+template <class Saved>
+std::vector<std::filesystem::path> shard_files(const std::filesystem::path& file) {
   std::vector<std::filesystem::path> files;
   if (magic_of(file) != kManifestMagic) return files;
   const std::string name = file.filename().string();
-  // The value type only has to match the file's; a manifest of either type lists its shards.
+  // The value type only has to match the file's (decode checks it before anything else); a
+  // manifest of either type lists its shards. The saved type first: usually a save over a save of
+  // the same run.
+  using Other = std::conditional_t<std::is_same_v<Saved, float>, double, float>;
   const auto list = [&]<class T>() {
     try {
       for (const auto& record :
@@ -688,7 +695,7 @@ inline std::vector<std::filesystem::path> shard_files(const std::filesystem::pat
       return false;
     }
   };
-  if (!list.template operator()<float>()) list.template operator()<double>();
+  if (!list.template operator()<Saved>()) list.template operator()<Other>();
   return files;
 }
 
@@ -787,7 +794,7 @@ TrainingState<T> read(const std::filesystem::path& file) {
 
 template <class T>
 void write(const std::filesystem::path& file, const TrainingState<T>& state) {
-  const auto replaced = detail::shard_files(file);
+  const auto replaced = detail::shard_files<T>(file);
   detail::write_container<T>(file, state.shards.empty() ? kMagic : kManifestMagic, state);
   for (const auto& old : replaced) {
     const bool kept =

@@ -30,30 +30,12 @@
 #include <string_view>
 #include <thread>
 
+#include "cohort/collective/thread_priority.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/trace.hpp"
 
 namespace cohort::collective {
-
-enum class ThreadPriority : std::uint8_t {
-  kAuto,      // real-time where this process may raise it (CAP_SYS_NICE, or RLIMIT_RTPRIO >= 1),
-              // else normal
-  kNormal,    // as the process's other threads
-  kRealtime,  // real-time, or a ConfigError saying why not
-};
-
-inline std::string_view name(ThreadPriority priority) {
-  switch (priority) {
-    case ThreadPriority::kAuto:
-      return "auto";
-    case ThreadPriority::kNormal:
-      return "normal";
-    case ThreadPriority::kRealtime:
-      return "realtime";
-  }
-  return "unknown";
-}
 
 // Runs cross-process operations in submission order on a thread of their own.
 class CommunicationThread {

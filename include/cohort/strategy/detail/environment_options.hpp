@@ -1,6 +1,6 @@
 // A strategy's options from the environment, where the program leaves the Options defaults:
 // COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT (cluster/environment.hpp, parse_duration),
-// COHORT_COMMUNICATION_PRIORITY (auto, normal or realtime: collective/communication_thread.hpp)
+// COHORT_COMMUNICATION_PRIORITY (auto, normal or realtime: collective/thread_priority.hpp)
 // and COHORT_SHARED_MEMORY (0 or 1: cluster::parse_switch).
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "cohort/cluster/environment.hpp"
-#include "cohort/collective/communication_thread.hpp"
+#include "cohort/collective/thread_priority.hpp"
 
 namespace cohort::strategy::detail {
 
