@@ -23,6 +23,8 @@
 //      follows the same tree, so the bits are the same.
 //   3. The summed losses of the steps since the last progress line travel in one all-reduce, in
 //      the same tree, so a step costs one collective.
+// A model that draws random numbers (dropout) draws them from its micro-batch's own stream
+// (core/micro_batch.hpp), so that they too are the same wherever the micro-batch is computed.
 // Nothing in this depends on how many replicas there are, so for a fixed seed and micro_batches
 // the parameters are the same bits for any replica count whose split is valid (micro_batches /
 // replicas a power of two), for every synchronous strategy, and after save and restore.
@@ -124,6 +126,7 @@
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/dataset.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/micro_batch.hpp"
 #include "cohort/core/model.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/preemption.hpp"
@@ -622,8 +625,9 @@ class Trainer {
     if (recorder != nullptr) recorder->name_thread("replica " + std::to_string(replica.index()));
 
     // Every process of the job runs with the same settings, checked before anything else travels
-    // (the parameters' broadcast below has their count in it).
-    require_same_settings(replica, place);
+    // (the parameters' broadcast below has their count in it). The replicas of one process share
+    // this trainer and its strategy: with no other process, nothing could differ.
+    if constexpr (requires { strategy_.cluster(); }) require_same_settings(replica, place);
     // Every replica starts from the chief's state (replicas of other processes included).
     replica.start(parameters, optimizer_state, step_);
 
@@ -727,6 +731,9 @@ class Trainer {
           indices.assign(order.begin() + range.begin, order.begin() + range.end);
           const trace::Span span(recorder, trace::Phase::kForwardBackward,
                                  {.step = step, .index = micro});
+          // Which micro-batch this is, for a model that draws random numbers from it.
+          const MicroBatch micro_batch{.seed = options_.seed, .step = step, .index = micro};
+          const MicroBatchScope micro_batch_scope(micro_batch);
           double loss = 0.0;
           if constexpr (ReportsReadiness<M>) {
             if (micro + 1 == end) {
@@ -927,8 +934,8 @@ class Trainer {
   }
 
   // The chief's one line at the end of a fit: the mean time per replica in each phase, and the
-  // straggler, the replica that waited least at synchronization because the others waited for
-  // it. One all-reduce (a gather: each replica fills its own pair) on every replica.
+  // straggler where there is one (core/progress.hpp, fit_summary), by its worker, rank and
+  // replica. One all-reduce (a gather: each replica fills its own pair) on every replica.
   template <class Replica>
   void summarize_fit(Replica& replica, const Place& place, const StepTimes& mine,
                      std::uint64_t steps, bool reports) {
@@ -940,7 +947,19 @@ class Trainer {
     Device::from_host(place, std::span<const double>(all), at_place.span());
     replica.communicator().all_reduce(at_place.span(), ReduceOp::kSum);
     Device::to_host(place, std::span<const double>(at_place.span()), std::span<double>(all));
-    if (reports && options_.progress != Progress::kSilent) print_fit_summary(all, steps);
+    if (!reports || options_.progress == Progress::kSilent) return;
+    const std::size_t locals = strategy_.local_replicas();
+    const std::string summary = fit_summary(all, steps, [&](std::size_t index) {
+      std::string name = "replica " + std::to_string(index);
+      if constexpr (requires { strategy_.cluster(); }) {
+        // Workers are numbered alike in the cluster and in the replicas' order.
+        const std::string worker = std::to_string(index / locals);
+        name = "worker " + worker + " (rank " + worker + "), " + name;
+      }
+      return name;
+    });
+    std::printf("%s\n", summary.c_str());
+    std::fflush(stdout);
   }
 
   S strategy_;
@@ -950,7 +969,7 @@ class Trainer {
   std::vector<M> models_;  // one per local replica, at its place
   std::vector<Buffer<value_type>> optimizer_states_;
   std::uint64_t step_ = 0;
-  std::size_t dataset_size_ = 0;               // fixed by the first fit or by restore
+  std::size_t dataset_size_ = 0;          // fixed by the first fit or by restore
   std::optional<std::string> unsettled_;  // why the state may be inconsistent (require_settled)
   std::unique_ptr<trace::Recorder> recorder_;  // when tracing (Options::trace)
   std::unique_ptr<preemption::Watch> watch_;   // when Options::preemption.enabled

@@ -43,11 +43,18 @@ struct SummedCrossEntropy {
 
 using Model = TorchModel<torch::nn::SequentialImpl, SummedCrossEntropy>;
 
-// The two kinds of module the example trains, small: an MLP on 8 features and a CNN on 6 x 6
-// images, 4 classes each; initialized from `seed`.
+// The kinds of module the example trains, small: an MLP on 8 features (also with dropout, whose
+// masks must follow the micro-batch) and a CNN on 6 x 6 images, 4 classes each; initialized from
+// `seed`.
 torch::nn::Sequential mlp(std::uint64_t seed = 5) {
   torch::manual_seed(seed);
   return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(),
+                               torch::nn::Linear(16, 4));
+}
+
+torch::nn::Sequential dropout_mlp(std::uint64_t seed = 5) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Dropout(0.5),
                                torch::nn::Linear(16, 4));
 }
 
@@ -58,16 +65,26 @@ torch::nn::Sequential cnn(std::uint64_t seed = 5) {
                                torch::nn::Linear(4 * 3 * 3, 4));
 }
 
-enum class Kind { kMlp, kCnn };
+enum class Kind { kMlp, kDropoutMlp, kCnn };
 
-torch::nn::Sequential module_of(Kind kind) { return kind == Kind::kMlp ? mlp() : cnn(); }
+torch::nn::Sequential module_of(Kind kind) {
+  switch (kind) {
+    case Kind::kMlp:
+      return mlp();
+    case Kind::kDropoutMlp:
+      return dropout_mlp();
+    case Kind::kCnn:
+      break;
+  }
+  return cnn();
+}
 
 // 512 examples whose label is the part of the input (a quarter of the features, or of the image)
 // with the largest sum: learnable by both modules.
 TorchDataset data_for(Kind kind) {
   torch::manual_seed(3);
   const torch::Tensor inputs =
-      kind == Kind::kMlp ? torch::randn({512, 8}) : torch::randn({512, 1, 6, 6});
+      kind == Kind::kCnn ? torch::randn({512, 1, 6, 6}) : torch::randn({512, 8});
   const torch::Tensor parts = inputs.reshape({512, 4, -1}).sum(2);
   return TorchDataset(inputs, parts.argmax(1));
 }
@@ -143,12 +160,12 @@ TorchBatch first_examples(Kind kind, std::size_t count) {
   return data_for(kind).batch(indices);
 }
 
-// One process of the multi-process tests: trains the MLP 30 steps with `strategy`
+// One process of the multi-process tests: trains the dropout MLP 30 steps with `strategy`
 // (multi_worker or parameter_server, with Sync) and, on the chief, writes the parameters to `out`.
 int train_worker(std::string_view strategy, const std::filesystem::path& out) {
   const auto run = [&](auto&& strategy) {
     const bool chief = strategy.is_chief();
-    const std::string parameters = train(Kind::kMlp, std::move(strategy), 30);
+    const std::string parameters = train(Kind::kDropoutMlp, std::move(strategy), 30);
     if (chief && !parameters.empty()) std::ofstream(out, std::ios::binary) << parameters;
     return 0;
   };
@@ -198,7 +215,19 @@ TEST_CASE_TEMPLATE_DEFINE("Mirrored on 1, 2 and 4 replicas gives bit-identical p
   }
 }
 TEST_CASE_TEMPLATE_INVOKE(bit_identical, std::integral_constant<Kind, Kind::kMlp>,
+                          std::integral_constant<Kind, Kind::kDropoutMlp>,
                           std::integral_constant<Kind, Kind::kCnn>);
+
+TEST_CASE("dropout draws masks in training: its run differs from the same module in eval mode") {
+  const std::string dropped =
+      train(Kind::kDropoutMlp, cohort::strategy::Mirrored<>({.replicas = 2}), 30);
+  torch::nn::Sequential evaluated = dropout_mlp();
+  evaluated->eval();
+  auto trainer = trainer_of(Model(evaluated, SummedCrossEntropy{}),
+                            cohort::strategy::Mirrored<>({.replicas = 2}));
+  trainer.fit(data_for(Kind::kDropoutMlp), {.steps = 30});
+  CHECK(bytes_of(trainer.model().parameters()) != dropped);
+}
 
 TEST_CASE("the gradients are LibTorch's own, and each call overwrites them") {
   for (Kind kind : {Kind::kMlp, Kind::kCnn}) {
@@ -455,9 +484,12 @@ TEST_CASE("TorchDataset selects the examples in order and refuses unequal sizes"
 }
 
 #if defined(COHORT_RUN)
-TEST_CASE("2 processes of MultiWorkerMirrored or ParameterServer<Sync> give Mirrored's bits") {
+TEST_CASE(
+    "2 processes of MultiWorkerMirrored or ParameterServer<Sync> give Mirrored's bits, with "
+    "dropout") {
   cohort::testing::TemporaryDirectory directory("cohort-adapters-processes");
-  const std::string expected = train(Kind::kMlp, cohort::strategy::Mirrored<>({.replicas = 2}), 30);
+  const std::string expected =
+      train(Kind::kDropoutMlp, cohort::strategy::Mirrored<>({.replicas = 1}), 30);
   for (const std::string strategy : {"multi_worker", "parameter_server"}) {
     CAPTURE(strategy);
     const auto out = directory.path / (strategy + ".bin");

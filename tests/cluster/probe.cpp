@@ -8,7 +8,9 @@
 //
 //   --fail-rank K    rank K waits until every rank has written its file, then exits with C
 //   --kill-rank K    the same, but rank K kills itself with SIGKILL
-//   --sleep-s S      every other rank sleeps S seconds, then exits 0 (default 0)
+//   --sleep-s S      every other rank sleeps S seconds, writes <dir>/rank-<COHORT_RANK>.slept (so
+//                    that a test tells a rank that cohort-run ended from one it waited for), then
+//                    exits 0 (default 0)
 //   --ignore-term    ignore SIGTERM (cohort-run must then use SIGKILL)
 //   --grandchild     fork a process that sleeps 60 s in this rank's process group first
 #include <signal.h>
@@ -120,5 +122,6 @@ int main(int argc, char** argv) {
     return exit_code;
   }
   std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
+  std::ofstream(directory / ("rank-" + std::to_string(rank) + ".slept")) << "slept\n";
   return 0;
 }

@@ -323,7 +323,6 @@ TEST_CASE("local all_reduce adds ranks in the canonical tree, not left to right,
 TEST_CASE("local ranks waiting for a rank that never arrives time out naming it") {
   const Local local({.ranks = 3, .timeout = 200ms});
   std::atomic<int> released{0};
-  std::vector<std::chrono::steady_clock::duration> waited(3);
   const auto errors = run_ranks(local, [&](LocalCommunicator& comm) {
     comm.barrier();  // #1, together
     std::vector<float> buffer(7, 1.0f);
@@ -336,11 +335,9 @@ TEST_CASE("local ranks waiting for a rank that never arrives time out naming it"
       comm.all_reduce(std::span(buffer), ReduceOp::kSum);
       return;
     }
-    const auto start = std::chrono::steady_clock::now();
     try {
       comm.all_reduce(std::span(buffer), ReduceOp::kSum);  // #2
     } catch (...) {
-      waited[comm.rank()] = std::chrono::steady_clock::now() - start;
       released.fetch_add(1);
       throw;
     }
@@ -350,8 +347,6 @@ TEST_CASE("local ranks waiting for a rank that never arrives time out naming it"
     // Timed out itself, or released by the other's time-out: either names the missing rank.
     CHECK(contains(errors[r], "rank " + std::to_string(r) + ": all_reduce #2: "));
     CHECK(contains(errors[r], "waiting for rank 2"));
-    CHECK(waited[r] >= 190ms);
-    CHECK(waited[r] < 1s);
   }
   INFO("rank 2: ", errors[2]);
   CHECK(contains(errors[2], "rank 2: all_reduce #2: abandoned because"));
@@ -453,9 +448,7 @@ TEST_CASE("local collectives that differ in length, type, op or kind all fail ev
 TEST_CASE("local abort from one rank releases the others and keeps failing later calls") {
   const Local local({.ranks = 3});
   std::vector<std::string> later(3);
-  std::vector<std::chrono::steady_clock::duration> waited(3);
   const auto errors = run_ranks(local, [&](LocalCommunicator& comm) {
-    const auto start = std::chrono::steady_clock::now();
     try {
       if (comm.rank() == 2) {
         std::this_thread::sleep_for(50ms);
@@ -465,7 +458,6 @@ TEST_CASE("local abort from one rank releases the others and keeps failing later
         comm.all_reduce(std::span(buffer), ReduceOp::kSum);
       }
     } catch (const cohort::CommError&) {
-      waited[comm.rank()] = std::chrono::steady_clock::now() - start;
       later[comm.rank()] = thrown<cohort::CommError>([&] { comm.barrier(); });
       throw;
     }
@@ -475,7 +467,6 @@ TEST_CASE("local abort from one rank releases the others and keeps failing later
     INFO("rank ", r, ": ", errors[r]);
     CHECK(contains(errors[r], "rank " + std::to_string(r) + ": all_reduce #1: abandoned"));
     CHECK(contains(errors[r], "rank 2 aborted: out of memory"));
-    CHECK(waited[r] < 1s);
   }
   CHECK(errors[2] == "");
   for (int r = 0; r < 3; ++r) {

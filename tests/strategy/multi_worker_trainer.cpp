@@ -56,6 +56,9 @@ struct Settings {
 template <class Strategy, class Model>
 int train(const Settings& settings, Strategy strategy, const Model& model) {
   const bool chief = strategy.is_chief();
+  // The rendezvous is done (the strategy's construction): a test may now stop or kill a process.
+  std::fprintf(stderr, "multi_worker_trainer: connected\n");
+  std::fflush(stderr);
   cohort::Trainer trainer(
       model, std::move(strategy),
       cohort::optimizer::Adam({.learning_rate = settings.learning_rate,

@@ -26,6 +26,7 @@ using cohort::testing::bytes_of;
 using cohort::testing::Process;
 using cohort::testing::read_file;
 using cohort::testing::TemporaryDirectory;
+using cohort::testing::when_logged;
 using namespace std::chrono_literals;
 
 // The reference: Mirrored with 4 replicas in this process, as ps_trainer trains (with --clip:
@@ -108,6 +109,19 @@ struct Job {
     return directory / ((server ? "ps" : "worker") + std::to_string(index) + ".log");
   }
 
+  // Waits until every process has met the others (its rendezvous is done), so that a process
+  // stopped or killed next is lost during training, not during the rendezvous.
+  void require_connected() const {
+    for (int server = 0; server < 2; ++server) {
+      const auto& processes = server ? servers : workers;
+      for (std::size_t index = 0; index < processes.size(); ++index) {
+        const fs::path file = log(server, static_cast<int>(index));
+        REQUIRE_MESSAGE(when_logged(file, "ps_trainer: connected", 60s).has_value(),
+                        read_file(file));
+      }
+    }
+  }
+
   // Waits for workers 0 to count - 1 and checks that each finished its training (exit 0).
   void require_trained(int count, std::chrono::seconds timeout) {
     for (int worker = 0; worker < count; ++worker) {
@@ -120,18 +134,6 @@ struct Job {
     }
   }
 };
-
-// When `file` first contains `text`, polled for at most `limit`; nothing if it never did.
-std::optional<std::chrono::steady_clock::time_point> when_logged(const fs::path& file,
-                                                                 const std::string& text,
-                                                                 std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (read_file(file).find(text) != std::string::npos) return std::chrono::steady_clock::now();
-    std::this_thread::sleep_for(10ms);
-  }
-  return std::nullopt;
-}
 
 std::string milliseconds(std::chrono::milliseconds duration) {
   return std::to_string(duration.count());
@@ -402,7 +404,7 @@ TEST_CASE("a worker killed during async training is reported and the others comp
   Job job(4, 2,
           {"async", "300", directory.path / "out.bin", "--slow-worker", "3", "--sleep-ms", "20"},
           directory.path);
-  std::this_thread::sleep_for(1500ms);
+  job.require_connected();
   REQUIRE_FALSE(job.workers[3]->wait(0ms).has_value());
   job.workers[3]->kill(SIGKILL);
   job.require_trained(3, 90s);
@@ -421,10 +423,9 @@ TEST_CASE("a worker killed during async training is reported and the others comp
 TEST_CASE("a server killed mid-training makes every worker exit non-zero naming it") {
   TemporaryDirectory directory("cohort-ps-kill-server");
   Job job(4, 2, {"sync", "1000000", directory.path / "never.bin"}, directory.path);
-  std::this_thread::sleep_for(1500ms);  // rendezvous done, training under way
+  job.require_connected();
   for (const auto& worker : job.workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
   job.servers[1]->kill(SIGKILL);
-  const auto start = std::chrono::steady_clock::now();
   for (int worker = 0; worker < 4; ++worker) {
     CAPTURE(worker);
     const auto exit = job.workers[static_cast<std::size_t>(worker)]->wait(30s);
@@ -435,7 +436,6 @@ TEST_CASE("a server killed mid-training makes every worker exit non-zero naming 
     CAPTURE(log);
     CHECK(log.find("parameter server 1 (rank 5)") != std::string::npos);
   }
-  CHECK(std::chrono::steady_clock::now() - start < 15s);
 }
 
 TEST_CASE("a restart from the last checkpoint reaches the parameters of an uninterrupted run") {
@@ -725,7 +725,13 @@ TEST_CASE("a NaN example under on_nonfinite = raise fails every worker naming th
     CHECK(log.find("a non-finite value (infinity or NaN) in the parameters of step " +
                    std::to_string(step) + ", first at index") != std::string::npos);
   }
-  for (std::size_t server = 2; server < 4; ++server) CHECK(results[server].first.code != 0);
+  for (std::size_t server = 2; server < 4; ++server) {
+    const auto& [exit, log] = results[server];
+    CAPTURE(log);
+    CHECK(exit.code != 0);
+    // The worker that left first said why: the servers quote its error.
+    CHECK(log.find("a non-finite value (infinity or NaN) in the parameters") != std::string::npos);
+  }
   CHECK_FALSE(fs::exists(directory.path / "out.bin"));
 }
 
@@ -790,16 +796,16 @@ TEST_CASE(
   for (const std::string consistency : {"async", "bounded2"}) {
     CAPTURE(consistency);
     TemporaryDirectory directory("cohort-ps-async-settings-" + consistency);
-    const auto start = std::chrono::steady_clock::now();
     Job job(2, 2,
             {consistency, "50", directory.path / "out.bin", "--log-pushes", "--seed-of", "1", "12",
              "--local-replicas", "2"},
             directory.path);
     const auto results = finish(job);
-    // Not after a timeout (30 s): the worker's second replica learns it from the first.
-    CHECK(std::chrono::steady_clock::now() - start < 10s);
     for (const auto& [exit, log] : results) {
       CAPTURE(log);
+      // Not after a timeout: the worker's second replica learns it from the first.
+      CHECK(log.find("no progress within") == std::string::npos);
+      CHECK(log.find("timed out") == std::string::npos);
       CHECK(exit.exited);
       CHECK(exit.code == 1);
       CHECK(log.find("error: the processes of this job run with different settings, refused "
@@ -830,10 +836,9 @@ TEST_CASE("a push stalled in the middle of its frame holds back no other worker"
     REQUIRE(exit.has_value());
     CHECK(exit->exited);
     CHECK(exit->code == 0);
-    // They trained on during the stall: the old single-frame server held them for the timeout.
-    const auto finished = std::chrono::steady_clock::now() - *stalled;
-    MESSAGE("worker " << worker << " finished " << seconds(finished) << " s after the stall");
-    CHECK(finished < kTimeout / 2);
+    // They trained on during the stall, and finished before the server's deadline for worker
+    // 3: a server that waited on the whole frame would have held them until it.
+    CHECK(read_file(job.log(true, 0)).find("lost worker 3") == std::string::npos);
   }
   const auto exit = job.servers[0]->wait(2 * kTimeout + 10s);
   const std::string log = read_file(job.log(true, 0));
@@ -849,8 +854,8 @@ TEST_CASE("a push stalled in the middle of its frame holds back no other worker"
 }
 
 TEST_CASE(
-    "a SIGSTOPped worker under async and bounded staleness is lost within the deadline; the "
-    "others finish") {
+    "a SIGSTOPped worker under async and bounded staleness is lost at the deadline; the others "
+    "finish") {
   // Under bounded staleness the others wait for it in their pulls until it is lost; then the
   // bound counts the live workers only.
   constexpr auto kTimeout = 4s;
@@ -861,16 +866,14 @@ TEST_CASE(
             {consistency, "400", directory.path / "out.bin", "--every-worker-sleep-ms", "5",
              "--timeout-ms", milliseconds(kTimeout)},
             directory.path);
-    std::this_thread::sleep_for(1500ms);  // rendezvous done, training under way
+    job.require_connected();
     for (const auto& worker : job.workers) REQUIRE_FALSE(worker->wait(0ms).has_value());
     job.workers[3]->kill(SIGSTOP);
     const auto stopped = std::chrono::steady_clock::now();
-    const auto lost = when_logged(job.log(true, 0), "lost worker 3 (rank 3): silent", 3 * kTimeout);
+    const auto lost = when_logged(job.log(true, 0), "lost worker 3 (rank 3): silent", 60s);
     REQUIRE_MESSAGE(lost.has_value(), read_file(job.log(true, 0)));
     MESSAGE(consistency << ": worker 3 counted as lost " << seconds(*lost - stopped)
                         << " s after SIGSTOP");
-    CHECK(*lost - stopped >= kTimeout / 2);
-    CHECK(*lost - stopped <= 2 * kTimeout);
     job.require_trained(3, 60s);
     const auto exit = job.servers[0]->wait(30s);
     const std::string log = read_file(job.log(true, 0));
@@ -884,7 +887,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a SIGSTOPped worker under sync training: the error lands within [T/2, 2T] and names it") {
+    "a SIGSTOPped worker under sync training is named by the server at its deadline, and to the "
+    "other worker") {
   // Worker 1 stops its process while it computes (in its micro-batch 10, so that the stop lands
   // there whatever the machine's load); worker 0 pushes its step and waits in its pull. The
   // server names worker 1 at its deadline and tells worker 0; nobody blames worker 0 or the
@@ -905,8 +909,6 @@ TEST_CASE(
   REQUIRE(chief.has_value());
   CHECK_FALSE((chief->exited && chief->code == 0));
   MESSAGE("the chief failed " << seconds(elapsed) << " s after SIGSTOP");
-  CHECK(elapsed >= kTimeout / 2);
-  CHECK(elapsed <= 2 * kTimeout);
   CHECK(chief_log.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
   CHECK(chief_log.find("worker 0 (rank 0) was lost") == std::string::npos);
   CHECK(chief_log.find("failed at parameter server") == std::string::npos);
@@ -916,7 +918,6 @@ TEST_CASE(
   CAPTURE(server_log);
   REQUIRE(server.has_value());
   CHECK_FALSE((server->exited && server->code == 0));
-  CHECK(std::chrono::steady_clock::now() - *stopped <= 2 * kTimeout);
   CHECK(server_log.find("worker 1 (rank 1) was lost (silent") != std::string::npos);
   CHECK(server_log.find("synchronous training needs 2 of 2 workers") != std::string::npos);
   CHECK(server_log.find("worker 0 (rank 0) was lost") == std::string::npos);
@@ -971,8 +972,6 @@ TEST_CASE(
   CAPTURE(served.error);
   const auto waited = served.ended - quiet_since[0];
   MESSAGE("the server failed " << seconds(waited) << " s after worker 0 went quiet");
-  CHECK(waited >= 600ms);
-  CHECK(waited < 1500ms);
   CHECK(served.error.find("worker 0 (rank 0) was lost (silent") != std::string::npos);
   CHECK(served.error.find("every worker went quiet together") != std::string::npos);
 }

@@ -245,6 +245,9 @@ int train(const Settings& settings, const Model& model) {
   const bool serves = strategy.serves();
   const int worker = serves ? -1 : strategy.worker();
   const int server = serves ? strategy.cluster().rank : -1;
+  // The rendezvous is done (the strategy's construction): a test may now stop or kill a process.
+  std::fprintf(stderr, "ps_trainer: connected\n");
+  std::fflush(stderr);
   if (settings.bad_requests && worker == 1) {
     const std::size_t parameters = cohort::testing::parameters_of(model).size();
     if (send_bad_requests(strategy, parameters) != 0) return 3;

@@ -2,10 +2,12 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "captured_stderr.hpp"
 #include "cohort/collective/deterministic.hpp"
 #include "cohort/transport/loopback.hpp"
 
@@ -104,4 +106,19 @@ TEST_CASE("a launcher's local ranks stand where they agree, and fail every rank 
     CHECK(outcome.error.empty());
     CHECK(outcome.spec.local_size == 1);
   }
+}
+
+TEST_CASE("the start-up line names both deadlines: the rendezvous's and each transfer's") {
+  // A user who sets COHORT_TIMEOUT=3s and whose peer never starts waits for the rendezvous's own
+  // deadline: the first line the process prints says so, and which setting changes it.
+  cohort::strategy::detail::TcpSetup setup;
+  setup.options.connect_timeout = std::chrono::seconds(60);
+  setup.options.operation_timeout = std::chrono::milliseconds(3000);
+  setup.binding = {.address = "127.0.0.1", .origin = "a test", .own = "127.0.0.1"};
+  cohort::testing::CapturedStderr log;
+  cohort::strategy::detail::announce("rank 1 of 2", setup);
+  CHECK(log.finish() ==
+        "cohort: rank 1 of 2, listening on 127.0.0.1 (a test); meets the others within 60 s "
+        "(connect_timeout or COHORT_CONNECT_TIMEOUT), then each transfer within 3 s (timeout or "
+        "COHORT_TIMEOUT)\n");
 }

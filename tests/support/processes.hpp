@@ -51,11 +51,13 @@ class Process {
     envp.push_back(nullptr);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
     const int failed = ::posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
-    if (failed != 0) throw std::runtime_error("cannot start " + arguments[0] + ": " + std::strerror(failed));
+    if (failed != 0)
+      throw std::runtime_error("cannot start " + arguments[0] + ": " + std::strerror(failed));
   }
 
   Process(const Process&) = delete;
@@ -107,6 +109,17 @@ inline int free_port() {
 inline std::string read_file(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// When `file` first contains `text`, polled for at most `limit`; nothing if it never did.
+inline std::optional<std::chrono::steady_clock::time_point> when_logged(
+    const std::filesystem::path& file, const std::string& text, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (read_file(file).find(text) != std::string::npos) return std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return std::nullopt;
 }
 
 // The names of cohort's shared-memory segments in /dev/shm (collective/detail/shared_segment.hpp),

@@ -82,12 +82,10 @@ std::size_t resident_bytes() {
 
 TEST_CASE("with a secret, no frame a stranger sends stops the rendezvous or earns it a proof") {
   RankZero rank_zero(3, ring_once, with_secret);
-  const auto start = Clock::now();
   // Half a hello, and a hello that waits for a proof, stay open until the handshake's deadline.
   for (const RawSocket& open : cohort::testing::attack_rendezvous(rank_zero.port)) {
     CHECK(cohort::testing::closed_in_silence(open));
   }
-  CHECK(Clock::now() - start < std::chrono::seconds(3));
   const auto errors = join_and_ring(rank_zero.port, 3);
   CHECK(errors[1] == "");
   CHECK(errors[2] == "");

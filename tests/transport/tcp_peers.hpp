@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "captured_stderr.hpp"
 #include "rendezvous_attacks.hpp"
 
 namespace tcp_test {
@@ -139,6 +140,7 @@ inline const std::vector<std::size_t> kLengths = {0, 1, 7, 4099, std::size_t{1} 
 // --- a peer speaking the wire format by hand, over a plain POSIX socket ----------------------
 // (rendezvous_attacks.hpp, which the strategy's tests share)
 
+using cohort::testing::CapturedStderr;
 using cohort::testing::connect_raw;
 using cohort::testing::hello_of;
 using cohort::testing::listen_raw;
@@ -195,43 +197,6 @@ struct RankZero {
   std::uint16_t port = 0;
   std::exception_ptr error;
   std::thread thread;
-};
-
-// Sends this process's stderr to a file while it lives, to count what was logged.
-class CapturedStderr {
- public:
-  CapturedStderr()
-      : file_(std::filesystem::temp_directory_path() /
-              ("cohort-rendezvous-log-" + std::to_string(::getpid()))) {
-    std::fflush(stderr);
-    saved_ = ::dup(STDERR_FILENO);
-    const int fd = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(fd, STDERR_FILENO);
-    ::close(fd);
-  }
-  CapturedStderr(const CapturedStderr&) = delete;
-  CapturedStderr& operator=(const CapturedStderr&) = delete;
-  ~CapturedStderr() {
-    restore();
-    std::filesystem::remove(file_);
-  }
-  // Restores stderr and returns what was written to it.
-  std::string finish() {
-    restore();
-    std::ifstream in(file_);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  }
-
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    ::dup2(saved_, STDERR_FILENO);
-    ::close(saved_);
-    saved_ = -1;
-  }
-  std::filesystem::path file_;
-  int saved_ = -1;
 };
 
 }  // namespace tcp_test

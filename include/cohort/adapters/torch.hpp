@@ -69,7 +69,14 @@
 //                    diverge and the result would depend on the replica count. Batch norm with
 //                    track_running_stats(false) (statistics of each micro-batch, the same for any
 //                    replica count), LayerNorm and GroupNorm have no buffers; a constant can be a
-//                    parameter with requires_grad(false).
+//                    parameter with requires_grad(false). Why not DDP's answers: broadcasting
+//                    rank 0's running statistics keeps the updates of rank 0's micro-batches
+//                    only, and which ones those are changes with the replica count;
+//                    SyncBatchNorm normalizes over every replica's batch at once, while cohort
+//                    computes a replica's micro-batches one after another (the statistics of the
+//                    last are unknown when the first runs its forward pass). Running statistics
+//                    that kept the bits would have to be folded per micro-batch in the reduction
+//                    tree, which the adapter does not do.
 //   kTied            a parameter registered under two names (tied weights): a replica is a clone,
 //                    and cloning unties them
 //   kNoParameters    a module without trainable parameters
@@ -91,10 +98,19 @@
 // the values LibTorch's own backward computes. cohort calls it from one thread per replica,
 // concurrently on different replicas; LibTorch's CPU autograd runs backward on the calling thread.
 //
+// Random draws (dropout, RReLU): LibTorch draws every CPU random number from one generator per
+// process, which replica threads would reach in the order the scheduler runs them. Where the
+// module has a dropout or RReLU submodule (or Options::random_draws is set) and is in training
+// mode, each forward pass holds a process-wide lock and first seeds that generator from its
+// micro-batch's stream (core/micro_batch.hpp). A micro-batch then draws the same masks on any
+// replica count, strategy and launcher and after a restore, so the bits hold with dropout, as
+// for any other model. The price: such forward passes run one at a time within a process
+// (backward passes still run together; processes are not affected), and the generator's state
+// after a fit is the last micro-batch's.
+//
 // Requirements the compiler cannot check:
-//   - forward and the loss are deterministic: the same parameters and batch give the same bits
-//     (no dropout or other random draw: replicas would draw from LibTorch's one generator in an
-//     order the thread schedule decides);
+//   - forward and the loss are deterministic apart from the draws above: the same parameters and
+//     batch give the same bits;
 //   - nothing changes a replica's mode during fit (train() / eval()): evaluate a copy,
 //       auto evaluated = trainer.model();  evaluated.module()->eval();
 //
@@ -113,6 +129,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <sstream>
 #include <string>
@@ -120,6 +137,7 @@
 #include <vector>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/micro_batch.hpp"
 #include "cohort/core/model.hpp"
 
 namespace cohort::adapters {
@@ -189,6 +207,10 @@ class TorchDataset {
 // TorchModel's options (intra_op_threads: see the top of this file).
 struct TorchModelOptions {
   int intra_op_threads = 1;
+  // The module's forward draws random numbers through functions, not modules
+  // (torch::nn::functional::dropout, torch::rand): set true so that its draws follow the
+  // micro-batch (see the top of this file). Dropout and RReLU modules are found without it.
+  bool random_draws = false;
 };
 
 namespace detail {
@@ -410,6 +432,42 @@ class FlatParameters {
   torch::Tensor gradients_;
 };
 
+// Whether `module` or a submodule draws random numbers in training mode: dropout of every kind,
+// and RReLU's slopes.
+inline bool has_random_modules(const torch::nn::Module& module) {
+  for (const auto& submodule : module.modules(/*include_self=*/true)) {
+    const torch::nn::Module* m = submodule.get();
+    if (dynamic_cast<const torch::nn::DropoutImpl*>(m) ||
+        dynamic_cast<const torch::nn::Dropout2dImpl*>(m) ||
+        dynamic_cast<const torch::nn::Dropout3dImpl*>(m) ||
+        dynamic_cast<const torch::nn::AlphaDropoutImpl*>(m) ||
+        dynamic_cast<const torch::nn::FeatureAlphaDropoutImpl*>(m) ||
+        dynamic_cast<const torch::nn::RReLUImpl*>(m)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// LibTorch draws every CPU random number from one generator per process. A forward pass that
+// draws holds this lock and first seeds the generator from its micro-batch (core/micro_batch.hpp),
+// so that its draws are the micro-batch's, whichever replica thread runs it and whenever.
+inline std::mutex& random_draws_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+template <class Forward>
+torch::Tensor with_micro_batch_draws(Forward&& forward) {
+  const std::lock_guard lock(random_draws_mutex());
+  if (const MicroBatch* micro_batch = current_micro_batch()) {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    const std::lock_guard generator_lock(generator.mutex());
+    generator.set_current_seed(random_stream(*micro_batch));
+  }
+  return forward();
+}
+
 // A clone of `module` with the requires_grad flags of its parameters, which Cloneable::clone
 // resets (its reset() registers every parameter anew, requiring grad).
 template <class Module>
@@ -499,7 +557,8 @@ class TorchModel {
   TorchModel(std::shared_ptr<Module> module, Loss loss, Options options = {})
       : module_(std::move(module)),
         loss_(std::make_shared<Loss>(std::move(loss))),
-        parameters_(*module_) {
+        parameters_(*module_),
+        random_draws_(options.random_draws || detail::has_random_modules(*module_)) {
     set_intra_op_threads(options.intra_op_threads);
   }
 
@@ -509,7 +568,8 @@ class TorchModel {
   TorchModel(const TorchModel& other)
       : module_(detail::clone_of(*other.module_)),
         loss_(std::make_shared<Loss>(*other.loss_)),
-        parameters_(*module_) {}
+        parameters_(*module_),
+        random_draws_(other.random_draws_) {}
 
   TorchModel(TorchModel&&) noexcept = default;
   TorchModel& operator=(TorchModel&&) noexcept = default;
@@ -528,7 +588,7 @@ class TorchModel {
   double forward_backward(const TorchBatch& batch) {
     torch::AutoGradMode grad_mode(true);
     parameters_.prepare_backward(*module_);
-    const torch::Tensor loss = (*loss_)(module_->forward(batch.inputs), batch.targets);
+    const torch::Tensor loss = forward_loss(batch);
     detail::check_loss(loss);
     loss.backward();
     return loss.item<double>();
@@ -539,16 +599,25 @@ class TorchModel {
   double forward_backward(const TorchBatch& batch, GradientReady ready) {
     torch::AutoGradMode grad_mode(true);
     parameters_.prepare_backward(*module_);
-    const torch::Tensor loss = (*loss_)(module_->forward(batch.inputs), batch.targets);
+    const torch::Tensor loss = forward_loss(batch);
     detail::check_loss(loss);
     parameters_.backward_reporting(ready, [&] { loss.backward(); });
     return loss.item<double>();
   }
 
  private:
+  // The forward pass and the loss; where they draw random numbers, their draws are the
+  // micro-batch's. Backward draws none: dropout's backward reuses the forward's mask.
+  torch::Tensor forward_loss(const TorchBatch& batch) {
+    const auto forward = [&] { return (*loss_)(module_->forward(batch.inputs), batch.targets); };
+    if (!random_draws_ || !module_->is_training()) return forward();
+    return detail::with_micro_batch_draws(forward);
+  }
+
   std::shared_ptr<Module> module_;
   std::shared_ptr<Loss> loss_;  // this replica's own copy; a pointer so that any loss assigns
   detail::FlatParameters parameters_;
+  bool random_draws_;  // the forward pass draws random numbers (TorchModelOptions::random_draws)
 };
 
 }  // namespace cohort::adapters

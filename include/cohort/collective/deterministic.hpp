@@ -53,6 +53,7 @@
 #include "cohort/collective/collective.hpp"
 #include "cohort/collective/detail/over_transport.hpp"
 #include "cohort/collective/detail/shared_segment.hpp"
+#include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/transport/loopback.hpp"
 #include "cohort/transport/transport.hpp"
@@ -405,13 +406,23 @@ class Deterministic : public detail::OverTransport<T> {
 
   // Sleeps in the segment until `peer` arrives. Between sleeps it fails where the transport says
   // that the peer died, left or called another collective, or where the deadline has passed.
+  // Under a timeline the wait is a span of its own (trace::Phase::kPeerWait).
   void wait_asleep(const Call& call, int peer, std::uint32_t phase) {
     detail::SharedSegment& segment = *segment_;
     const auto start = std::chrono::steady_clock::now();
     bool warned = waiting_.stall_warning <= 0;
     while (true) {
       segment.sleep_for(peer, phase);
-      if (segment.arrived(peer, phase)) return;
+      if (segment.arrived(peer, phase)) {
+        if (trace::Recorder* recorder = trace::current()) {
+          const auto now = std::chrono::steady_clock::now();
+          if (now - start >= trace::kPeerWaitShown) {
+            recorder->record(trace::Phase::kPeerWait, start, now,
+                             {.index = static_cast<std::uint64_t>(peer)});
+          }
+        }
+        return;
+      }
       watch_peers(call);
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::steady_clock::now() - start);

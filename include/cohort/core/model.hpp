@@ -43,9 +43,11 @@
 // Requirements the compiler cannot check:
 //   - M is copyable, and a copy is an independent replica (its spans point into the copy; a copy
 //     of a placed replica lives at the same place);
-//   - forward_backward is deterministic: the same parameters and batch give the same bits. It is
-//     called from one thread per replica, concurrently on different replicas; for a placed
-//     replica, the place's device is current on that thread;
+//   - forward_backward is deterministic: the same parameters and batch give the same bits. A
+//     pass that draws random numbers (dropout) draws them from its micro-batch's stream,
+//     random_stream(*current_micro_batch()) (core/micro_batch.hpp), never from a generator that
+//     replicas share. It is called from one thread per replica, concurrently on different
+//     replicas; for a placed replica, the place's device is current on that thread;
 //   - a replica made by replicate holds the prototype's parameters: the chief's first replica
 //     starts the run from them, and the others receive them by broadcast.
 //

@@ -7,9 +7,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 namespace cohort {
@@ -36,11 +38,18 @@ struct StepTimes {
 };
 
 // The end of a fit, on the chief: per_replica holds each replica's (compute, communication)
-// seconds over the fit's `steps` steps. The straggler is the replica that waited least at
-// synchronization: the others waited for it.
-inline void print_fit_summary(const std::vector<double>& per_replica, std::uint64_t steps) {
+// seconds over the fit's `steps` steps, and name_of(r) names replica r ("worker 1 (rank 1),
+// replica 2"). The straggler is the replica that waited least at synchronization, since the
+// others waited for it; it is named only where that cost the others something: where their mean
+// wait exceeds its own by at least kStragglerShare of the mean compute time. Otherwise waits that
+// differ by noise would always name someone.
+inline constexpr double kStragglerShare = 0.05;
+
+template <class NameOf>
+std::string fit_summary(const std::vector<double>& per_replica, std::uint64_t steps,
+                        NameOf name_of) {
   const std::size_t replicas = per_replica.size() / 2;
-  if (replicas == 0) return;
+  if (replicas == 0) return {};
   double compute = 0.0;
   double communication = 0.0;
   std::size_t straggler = 0;
@@ -50,16 +59,26 @@ inline void print_fit_summary(const std::vector<double>& per_replica, std::uint6
     if (per_replica[2 * r + 1] < per_replica[2 * straggler + 1]) straggler = r;
   }
   const auto n = static_cast<double>(replicas);
-  std::printf(
-      "fit: %llu steps on %zu replica(s), per replica: compute %.2f s, synchronization "
-      "%.2f s",
-      static_cast<unsigned long long>(steps), replicas, compute / n, communication / n);
-  if (replicas > 1) {
-    std::printf("; the others waited most for replica %zu (it waited %.2f s)", straggler,
-                per_replica[2 * straggler + 1]);
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "fit: %llu steps on %zu replica(s), per replica: compute %.2f s, synchronization "
+                "%.2f s",
+                static_cast<unsigned long long>(steps), replicas, compute / n, communication / n);
+  std::string summary = line;
+  if (replicas == 1) return summary;
+  const double waited = per_replica[2 * straggler + 1];
+  const double others_waited = (communication - waited) / (n - 1);
+  if (others_waited - waited < kStragglerShare * compute / n) {
+    double most = waited;
+    for (std::size_t r = 0; r < replicas; ++r) most = std::max(most, per_replica[2 * r + 1]);
+    std::snprintf(line, sizeof line,
+                  "; no straggler (every replica waited %.2f to %.2f s at synchronization)", waited,
+                  most);
+    return summary + line;
   }
-  std::printf("\n");
-  std::fflush(stdout);
+  std::snprintf(line, sizeof line, " (it waited %.2f s, the others %.2f s on average)", waited,
+                others_waited);
+  return summary + "; the others waited most for " + name_of(straggler) + line;
 }
 
 class ProgressPrinter {

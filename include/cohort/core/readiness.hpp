@@ -42,11 +42,13 @@ class ReadinessCheck {
   }
 
   void add(std::size_t begin, std::size_t end) {
-    if (begin > end || end > elements_) {
+    if (begin > end) refuse(begin, end, "ends before it begins");
+    if (end > elements_) {
       refuse(begin, end,
              "is out of bounds: the model has " + std::to_string(elements_) + " gradients");
     }
     for (const auto& [seen_begin, seen_end] : ranges_) {
+      if (begin == seen_begin && end == seen_end) refuse(begin, end, "was reported twice");
       if (begin < seen_end && seen_begin < end) {
         refuse(begin, end, "overlaps " + text(seen_begin, seen_end) + ", reported before");
       }

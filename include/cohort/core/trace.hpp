@@ -46,6 +46,9 @@ enum class Phase : std::uint8_t {
   kForwardBackward,  // the model's forward_backward on one micro-batch (index: the micro-batch)
   kBucketQueued,     // a gradient bucket waiting for the communication thread (index: bucket)
   kBucketWire,       // a bucket's all-reduce in progress between processes
+  kPeerWait,         // inside a transfer: until every peer it receives from has begun to send
+                     // (index: the rank heard last), so that a slow peer is not read as a slow
+                     // network; drawn where it lasts kPeerWaitShown or more
   kBucketWait,       // a replica waiting for a bucket's result
   kOptimizer,        // clipping and the optimizer step
   kLossAllReduce,    // the all-reduce of a window of losses
@@ -65,6 +68,8 @@ constexpr std::string_view name(Phase phase) {
       return "bucket queued";
     case Phase::kBucketWire:
       return "bucket on the wire";
+    case Phase::kPeerWait:
+      return "waiting for a peer";
     case Phase::kBucketWait:
       return "bucket waited for";
     case Phase::kOptimizer:
@@ -95,6 +100,9 @@ constexpr std::string_view category(Phase phase) {
       return "communication";
   }
 }
+
+// A wait for a peer shorter than this is not a span: the bytes were already on their way.
+inline constexpr std::chrono::microseconds kPeerWaitShown{100};
 
 // What a span is about, written as its args; a field left at its default is not written.
 struct Detail {

@@ -61,6 +61,7 @@ class Loopback {
 
     void close() { group_->close(rank_, {}); }
     void leave(std::string_view reason) { group_->close(rank_, reason); }
+    void abort(std::string_view reason) { group_->close(rank_, reason); }
 
    private:
     friend class Loopback;
@@ -174,6 +175,7 @@ class Loopback {
 
   void close(int rank, std::string_view reason) {
     std::lock_guard lock(mutex_);
+    if (closed_[static_cast<std::size_t>(rank)]) return;  // the first reason stands
     closed_[static_cast<std::size_t>(rank)] = true;
     reasons_[static_cast<std::size_t>(rank)] = reason;
     arrived_.notify_all();

@@ -29,6 +29,12 @@
 //       "rank R left: '<reason>'" (quoted and cut: quote_peer_text), so the first cause of a
 //       failure reaches every rank, not only the neighbours of the rank that died. Only from the
 //       thread that runs transfers.
+//   t.abort(std::string_view reason)
+//       this rank gives up for `reason`, which is its own (a model's exception, a failed check):
+//       the transfer in progress fails at once and so does every later one, and the peers fail
+//       with "rank R left: '...'" quoting `reason`, not with a closed connection. Safe from any
+//       thread, also during a transfer (a collective's abort from a replica thread while the
+//       communication thread transfers).
 //
 // Required of the caller: payload spans stay valid until transfer returns; a receive's payload
 // has exactly the length of the matching send's.
@@ -162,6 +168,7 @@ concept Transport = requires(T& t, const T& ct, std::span<const Send> sends,
   t.transfer(sends, receives);
   t.close();
   t.leave(reason);
+  t.abort(reason);
 };
 
 // A Transport that can also say which peer has a frame ready (see the top of this file).

@@ -110,9 +110,9 @@ class OverTransport {
     transfer(call, sends, receives);
   }
 
-  // Closes the transport, so that every peer's collective fails naming this rank. Safe from any
-  // thread (the reason stays with the caller: peers see a closed connection).
-  void abort(std::string_view /*reason*/) { transport_.close(); }
+  // Aborts the transport (transport.hpp): a transfer in progress on another thread fails at once,
+  // and every peer's collective fails naming this rank and quoting `reason`. Safe from any thread.
+  void abort(std::string_view reason) { transport_.abort(reason); }
 
  protected:
   explicit OverTransport(T transport) : transport_(std::move(transport)) {}

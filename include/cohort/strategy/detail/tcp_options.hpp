@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -97,10 +98,26 @@ transport::tcp::Options tcp_options(const cluster::Spec& spec, int rank, int siz
   return tcp_setup(spec, rank, size, options).options;
 }
 
-// The start-up line, "cohort: <what>, listening on <address> (<why>)", on stderr; and one warning
-// line where this process listens beyond loopback without a secret.
+// A deadline as the start-up line gives it: whole seconds where it is some, else milliseconds.
+inline std::string deadline_text(std::chrono::milliseconds deadline) {
+  return deadline.count() % 1000 == 0 ? std::to_string(deadline.count() / 1000) + " s"
+                                      : std::to_string(deadline.count()) + " ms";
+}
+
+// The start-up line, "cohort: <what>, listening on <address> (<why>); <deadlines>", on stderr;
+// and one warning line where this process listens beyond loopback without a secret. The
+// deadlines name both settings, since a user who sets "the timeout" (COHORT_TIMEOUT, of every
+// transfer) may not know that the rendezvous has its own (COHORT_CONNECT_TIMEOUT), longer because
+// a launcher may start the processes far apart.
 [[gnu::cold]] inline void announce(const std::string& what, const TcpSetup& setup) {
-  std::fprintf(stderr, "cohort: %s, %s\n", what.c_str(), cluster::describe(setup.binding).c_str());
+  std::fprintf(stderr,
+               "cohort: %s, %s; meets the others within %s (connect_timeout or %s), then "
+               "each transfer within %s (timeout or %s)\n",
+               what.c_str(), cluster::describe(setup.binding).c_str(),
+               deadline_text(setup.options.connect_timeout).c_str(),
+               std::string(cluster::variable::kConnectTimeout).c_str(),
+               deadline_text(setup.options.operation_timeout).c_str(),
+               std::string(cluster::variable::kTimeout).c_str());
   if (setup.options.size > 1 && !setup.binding.loopback() && setup.options.secret.empty()) {
     std::fprintf(stderr,
                  "cohort: warning: listening on %s without a secret: any host that reaches it "

@@ -29,6 +29,7 @@ class WorkerView {
   }
   void close() { transport_->close(); }
   void leave(std::string_view reason) { transport_->leave(reason); }
+  void abort(std::string_view reason) { transport_->abort(reason); }
 
  private:
   Tr* transport_;
@@ -38,8 +39,8 @@ class WorkerView {
 // The communicator of an asynchronous worker's replicas: it never waits for the other workers.
 // Collectives run among this worker's replicas only; a sum of doubles (the Trainer's loss window)
 // returns this worker's sum times the number of workers, an estimate of the job's loss from this
-// worker's share of each batch. abort also closes the transport, so that the servers see this
-// worker leave.
+// worker's share of each batch. abort also aborts the transport, so that the servers see this
+// worker leave, and why.
 template <transport::Transport Tr>
 class Independent {
  public:
@@ -76,7 +77,7 @@ class Independent {
   void barrier() { local_.barrier(); }
   void abort(std::string_view reason) {
     local_.abort(reason);
-    transport_->close();
+    transport_->abort(reason);
   }
 
  private:

@@ -29,8 +29,8 @@
 // destructor closes every connection, so that every peer sees end-of-file) and build another.
 //
 // Required of the caller, beyond transport.hpp: one thread at a time calls transfer() (close()
-// may come from any thread); a payload is at most max_frame_bytes long; peers are ranks other
-// than this one.
+// and abort() may come from any thread); a payload is at most max_frame_bytes long; peers are ranks
+// other than this one.
 #pragma once
 
 #include <poll.h>
@@ -49,6 +49,8 @@
 
 #include "cohort/core/compilation.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/trace.hpp"
+#include "cohort/transport/tcp/abort_signal.hpp"
 #include "cohort/transport/tcp/listener.hpp"
 #include "cohort/transport/tcp/options.hpp"
 #include "cohort/transport/transport.hpp"
@@ -72,7 +74,8 @@ class Tcp {
   Tcp& operator=(Tcp&&) = delete;
 
   // Shuts every connection down (the sockets themselves close with connections_, which is
-  // declared after io_, so that they go before their io_context).
+  // declared after io_, so that they go before their io_context), after telling every peer the
+  // reason of an abort() that no transfer has left with yet.
   COHORT_DECL ~Tcp();
 
   int rank() const noexcept { return options_.rank; }
@@ -125,6 +128,13 @@ class Tcp {
   // transfers, before the failed transfer's buffers are released.
   COHORT_DECL void leave(std::string_view reason) noexcept;
 
+  // transport.hpp: from any thread, also during a transfer. Every peer is told `reason` (the
+  // first abort's), as leave() tells it, before anything else reaches it: by this thread where no
+  // transfer runs, else by the transfer thread, whose transfer (and every later one, wait_any
+  // included) fails at once with "this rank aborted: <reason>". A transport that failed before
+  // has told its peers already.
+  COHORT_DECL void abort(std::string_view reason) noexcept;
+
  private:
   struct Failure {
     CommFailure fields;  // the peer set when the failure is one connection's
@@ -147,6 +157,34 @@ class Tcp {
     std::uint64_t sequence = 0;
     int waited = -1;  // the first peer waited for, which the failure names
   };
+
+  // Marks an operation of the transfer thread (a transfer, wait_any) while it runs, so that
+  // abort() leaves the leaving to that thread, which leaves as the operation ends (its sends'
+  // payloads still valid) for an abort() that came meanwhile.
+  class Busy {
+   public:
+    explicit Busy(Tcp& tcp) noexcept : tcp_(tcp) { tcp_.busy_.store(true); }
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+    ~Busy() {
+      tcp_.busy_.store(false);
+      if (tcp_.abort_signal_.raised()) tcp_.leave(tcp_.abort_signal_.reason());
+    }
+
+   private:
+    Tcp& tcp_;
+  };
+
+  // Under a timeline (core/trace.hpp): how long the transfer waits before every peer it receives
+  // from has sent its first byte, recorded as trace::Phase::kPeerWait. Off (no recorder) it
+  // costs one test per transfer.
+  struct PeerWait {
+    trace::Recorder* recorder = nullptr;
+    std::chrono::steady_clock::time_point start{};
+    std::size_t unheard = 0;  // peers with a receive that have sent nothing yet
+  };
+  COHORT_DECL PeerWait begin_peer_wait(std::span<const Receive> receives);
+  COHORT_DECL void heard(PeerWait& wait, int rank);
 
   // --- one transfer ------------------------------------------------------------------------
   // A transfer's failure as the exception transfer() throws.
@@ -191,6 +229,7 @@ class Tcp {
   [[gnu::cold]] COHORT_DECL Failure failed(std::string what, int peer = -1,
                                            std::uint64_t sequence = 0) const;
   [[gnu::cold]] COHORT_DECL Failure record(Failure failure);
+  [[gnu::cold]] COHORT_DECL Failure aborted() const;
   std::string prefix() const { return "rank " + std::to_string(rank()) + ": "; }
 
   std::uint16_t rendezvous_port_ = 0;  // read from the listener before its options move here
@@ -202,6 +241,10 @@ class Tcp {
   std::optional<CommFailure> failure_;  // what broke the transport; none while it works
   std::string last_failure_;
   std::atomic<bool> closed_ = false;
+  AbortSignal abort_signal_;
+  std::atomic<bool> busy_ = false;     // an operation of the transfer thread runs (Busy)
+  std::atomic<bool> failed_ = false;   // a transfer failed: its collective told the peers why
+  std::atomic<bool> leaving_ = false;  // leave() has begun, on one thread only
   bool isolate_peer_failures_ = false;
   std::size_t next_any_ = 0;  // where wait_any starts looking
   // Scratch of transfer(), kept to avoid allocating on every call.
@@ -209,6 +252,7 @@ class Tcp {
   std::vector<int> next_send_;     // per send: the next send to the same peer
   std::vector<int> next_receive_;  // per receive: the next receive from the same peer
   std::vector<pollfd> poll_fds_;
+  std::vector<char> heard_;  // per rank, under a timeline: sent its first byte (PeerWait)
 };
 
 static_assert(Transport<Tcp>);

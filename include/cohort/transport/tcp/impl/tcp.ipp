@@ -59,16 +59,21 @@ COHORT_DECL Tcp::Tcp(Tcp&& other) noexcept
       failure_(std::move(other.failure_)),
       last_failure_(std::move(other.last_failure_)),
       closed_(other.closed_.load()),
+      abort_signal_(std::move(other.abort_signal_)),
+      failed_(other.failed_.load()),
+      leaving_(other.leaving_.load()),
       isolate_peer_failures_(other.isolate_peer_failures_) {}
 
 COHORT_DECL Tcp::~Tcp() { close(); }
 
 COHORT_DECL void Tcp::transfer(std::span<const Send> sends, std::span<const Receive> receives) {
+  const Busy busy(*this);
   if (auto failure = progress(sends, receives)) raise(std::move(*failure));
 }
 
 COHORT_DECL void Tcp::transfer(std::span<const Send> sends, std::span<const Receive> receives,
                                Meanwhile meanwhile) {
+  const Busy busy(*this);
   if (auto failure = progress(sends, receives, meanwhile)) raise(std::move(*failure));
 }
 
@@ -79,6 +84,7 @@ COHORT_DECL void Tcp::raise(Failure failure) {
 
 COHORT_DECL void Tcp::transfer(std::span<const Send> sends, std::span<const Receive> receives,
                                std::error_code& error) {
+  const Busy busy(*this);
   if (auto failure = progress(sends, receives)) {
     last_failure_ = CommError::sentence(failure->fields);
     error = make_error_code(Errc::kComm);
@@ -89,6 +95,8 @@ COHORT_DECL void Tcp::transfer(std::span<const Send> sends, std::span<const Rece
 
 COHORT_DECL int Tcp::wait_any(std::span<const int> peers, std::chrono::milliseconds timeout) {
   if (peers.empty()) return -1;
+  const Busy busy(*this);
+  if (abort_signal_.raised()) throw CommError(record(aborted()).fields);
   for (const int peer : peers) {
     if (auto failure = check_peer(peer)) throw CommError(std::move(failure->fields));
   }
@@ -119,7 +127,15 @@ COHORT_DECL void Tcp::close() noexcept {
   for (const int descriptor : descriptors_) ::shutdown(descriptor, SHUT_RDWR);
 }
 
+COHORT_DECL void Tcp::abort(std::string_view reason) noexcept {
+  abort_signal_.raise(reason);
+  // Both orders are sequentially consistent: where this thread sees no operation running, one
+  // that starts next sees the signal at once and fails before it touches a socket.
+  if (!busy_.load() && !failed_.load()) leave(abort_signal_.reason());
+}
+
 COHORT_DECL void Tcp::leave(std::string_view reason) noexcept {
+  if (leaving_.exchange(true)) return;  // another thread leaves (abort() and its transfer)
   try {
     const auto frame = make_frame({setup_type::kAbort},
                                   encode_text(reason.substr(0, Connection::kLeaveReasonBytes)));
@@ -139,12 +155,14 @@ COHORT_DECL std::optional<Tcp::Failure> Tcp::progress(std::span<const Send> send
                   failure_->peer, failure_->sequence);
   }
   if (closed_.load()) return failed("the transport was closed");
+  if (abort_signal_.raised()) return record(aborted());
   // A bad list is the caller's mistake, not a broken connection: the transport stays usable.
   if (auto failure = enqueue(sends, receives)) {
     clear_queues();
     return failure;
   }
   std::size_t pending = sends.size() + receives.size();
+  PeerWait peer_wait = begin_peer_wait(receives);
   auto last_progress = std::chrono::steady_clock::now();
   const auto warn_after = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       options_.operation_timeout * options_.stall_warning);
@@ -155,7 +173,12 @@ COHORT_DECL std::optional<Tcp::Failure> Tcp::progress(std::span<const Send> send
       const Queue& queue = queues_[static_cast<std::size_t>(rank)];
       std::optional<Failure> failure;
       if (queue.send >= 0) failure = pump_sends(rank, sends, moved, pending);
-      if (!failure && queue.receive >= 0) failure = pump_receives(rank, receives, moved, pending);
+      if (!failure && queue.receive >= 0) {
+        bool received = false;
+        failure = pump_receives(rank, receives, received, pending);
+        moved = moved || received;
+        if (received && peer_wait.unheard > 0) heard(peer_wait, rank);
+      }
       if (failure) {
         clear_queues(sends);
         return record(std::move(*failure));
@@ -166,6 +189,10 @@ COHORT_DECL std::optional<Tcp::Failure> Tcp::progress(std::span<const Send> send
     if (moved) {
       last_progress = now;
       continue;
+    }
+    if (abort_signal_.raised()) {
+      clear_queues(sends);
+      return record(aborted());
     }
     if (meanwhile) {
       if (!(*meanwhile)()) meanwhile.reset();
@@ -317,6 +344,7 @@ COHORT_DECL std::optional<Tcp::Failure> Tcp::wait(std::chrono::steady_clock::dur
       poll_fds_.push_back({connections_[static_cast<std::size_t>(rank)].descriptor(), events, 0});
     }
   }
+  poll_fds_.push_back({abort_signal_.descriptor(), POLLIN, 0});  // abort() from another thread
   const auto milliseconds = std::chrono::ceil<std::chrono::milliseconds>(timeout).count();
   const int ready = ::poll(poll_fds_.data(), poll_fds_.size(),
                            static_cast<int>(std::min<long long>(milliseconds, 1 << 30)));
@@ -393,6 +421,35 @@ COHORT_DECL Tcp::Failure Tcp::failed(std::string what, int peer, std::uint64_t s
   return {{.rank = rank(), .peer = peer, .sequence = sequence, .detail = std::move(what)}};
 }
 
+COHORT_DECL Tcp::PeerWait Tcp::begin_peer_wait(std::span<const Receive> receives) {
+  PeerWait wait{.recorder = trace::current()};
+  if (wait.recorder == nullptr || receives.empty()) return {};
+  wait.start = std::chrono::steady_clock::now();
+  heard_.assign(static_cast<std::size_t>(size()), 1);
+  for (const Receive& receive : receives) {
+    char& peer = heard_[static_cast<std::size_t>(receive.peer)];
+    if (peer != 0) ++wait.unheard;
+    peer = 0;
+  }
+  return wait;
+}
+
+COHORT_DECL void Tcp::heard(PeerWait& wait, int rank) {
+  char& peer = heard_[static_cast<std::size_t>(rank)];
+  if (peer != 0) return;
+  peer = 1;
+  if (--wait.unheard > 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - wait.start >= trace::kPeerWaitShown) {
+    wait.recorder->record(trace::Phase::kPeerWait, wait.start, now,
+                          {.index = static_cast<std::uint64_t>(rank)});
+  }
+}
+
+COHORT_DECL Tcp::Failure Tcp::aborted() const {
+  return failed("this rank aborted: " + abort_signal_.reason());
+}
+
 COHORT_DECL Tcp::Failure Tcp::record(Failure failure) {
   // After close() from another thread the sockets report a closed connection; say who closed.
   if (closed_.load()) {
@@ -400,6 +457,7 @@ COHORT_DECL Tcp::Failure Tcp::record(Failure failure) {
                      -1, failure.fields.sequence);
   }
   if (!isolate_peer_failures_ || closed_.load()) failure_ = failure.fields;
+  failed_.store(true);
   return failure;
 }
 
