@@ -433,46 +433,43 @@ TEST_CASE(
   require_no_errors(errors);
 }
 
-TEST_CASE("close() from another thread ends a transfer at once and the peer sees it") {
-  const auto errors = run_ranks(2, [](tcp::Tcp& transport) {
+namespace {
+
+// 2 ranks wait in a transfer from each other; 100 ms in, another thread of rank 0 calls
+// interrupt(transport) on rank 0's transport. Returns what each rank threw.
+std::vector<std::exception_ptr> interrupted_on_rank_0(
+    const std::function<void(tcp::Tcp&)>& interrupt) {
+  return run_ranks(2, [&](tcp::Tcp& transport) {
     std::vector<std::byte> buffer(16);
     const Receive receive{1 - transport.rank(), {kCollective, 4, 0}, buffer};
-    std::thread closer;
+    std::thread interrupter;
     if (transport.rank() == 0) {
-      closer = std::thread([&] {
+      interrupter = std::thread([&] {
         std::this_thread::sleep_for(milliseconds(100));
-        transport.close();  // while rank 0 waits in transfer()
+        interrupt(transport);  // while rank 0 waits in transfer()
       });
     }
     try {
       transport.transfer({}, {&receive, 1});
     } catch (...) {
-      if (closer.joinable()) closer.join();
+      if (interrupter.joinable()) interrupter.join();
       throw;
     }
   });
+}
+
+}  // namespace
+
+TEST_CASE("close() from another thread ends a transfer at once and the peer sees it") {
+  const auto errors = interrupted_on_rank_0([](tcp::Tcp& transport) { transport.close(); });
   CHECK(contains(message_of(errors[0]), "rank 0: the transport was closed during the transfer"));
   CHECK(contains(message_of(errors[1]), "rank 1: rank 0 closed the connection during sequence 4"));
 }
 
 TEST_CASE("abort() from another thread ends a transfer at once, and the peer learns its reason") {
-  const auto errors = run_ranks(2, [](tcp::Tcp& transport) {
-    std::vector<std::byte> buffer(16);
-    const Receive receive{1 - transport.rank(), {kCollective, 4, 0}, buffer};
-    std::thread aborter;
-    if (transport.rank() == 0) {
-      aborter = std::thread([&] {
-        std::this_thread::sleep_for(milliseconds(100));
-        transport.abort("replica 1 ran out of memory");  // as a collective's abort() does
-      });
-    }
-    try {
-      transport.transfer({}, {&receive, 1});
-    } catch (...) {
-      if (aborter.joinable()) aborter.join();
-      throw;
-    }
-  });
+  // As a collective's abort() does when a replica fails on its own.
+  const auto errors = interrupted_on_rank_0(
+      [](tcp::Tcp& transport) { transport.abort("replica 1 ran out of memory"); });
   CHECK(contains(message_of(errors[0]), "rank 0: this rank aborted: replica 1 ran out of memory"));
   CHECK(contains(message_of(errors[1]), "rank 1: rank 0 left: 'replica 1 ran out of memory'"));
 }
