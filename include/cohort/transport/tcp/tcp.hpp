@@ -74,8 +74,7 @@ class Tcp {
   Tcp& operator=(Tcp&&) = delete;
 
   // Shuts every connection down (the sockets themselves close with connections_, which is
-  // declared after io_, so that they go before their io_context), after telling every peer the
-  // reason of an abort() that no transfer has left with yet.
+  // declared after io_, so that they go before their io_context).
   COHORT_DECL ~Tcp();
 
   int rank() const noexcept { return options_.rank; }
