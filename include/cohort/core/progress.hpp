@@ -41,8 +41,8 @@ struct StepTimes {
 // seconds over the fit's `steps` steps, and name_of(r) names replica r ("worker 1 (rank 1),
 // replica 2"). The straggler is the replica that waited least at synchronization, since the
 // others waited for it; it is named only where that cost the others something: where their mean
-// wait exceeds its own by at least kStragglerShare of the mean compute time. Otherwise waits that
-// differ by noise would always name someone.
+// wait exceeds its own by at least kStragglerShare of a replica's mean time (compute and
+// synchronization). Otherwise waits that differ by noise would always name someone.
 inline constexpr double kStragglerShare = 0.05;
 
 template <class NameOf>
@@ -68,7 +68,7 @@ std::string fit_summary(const std::vector<double>& per_replica, std::uint64_t st
   if (replicas == 1) return summary;
   const double waited = per_replica[2 * straggler + 1];
   const double others_waited = (communication - waited) / (n - 1);
-  if (others_waited - waited < kStragglerShare * compute / n) {
+  if (others_waited - waited < kStragglerShare * (compute + communication) / n) {
     double most = waited;
     for (std::size_t r = 0; r < replicas; ++r) most = std::max(most, per_replica[2 * r + 1]);
     std::snprintf(line, sizeof line,
