@@ -81,6 +81,7 @@
 // CheckpointError).
 //
 // One job, one set of settings. Before the first step of every fit, every replica of every process
+// of a job of several (a one-process job's replicas share one Trainer, so nothing can differ)
 // compares (core/settings.hpp; one all-reduce of two doubles per field when all agree): seed,
 // global_batch, micro_batches, on_nonfinite, the optimizer's name and each of its options, the
 // parameter count, the value type, the data-set size, the strategy and its device, replicas,
