@@ -415,11 +415,7 @@ class Deterministic : public detail::OverTransport<T> {
       segment.sleep_for(peer, phase);
       if (segment.arrived(peer, phase)) {
         if (trace::Recorder* recorder = trace::current()) {
-          const auto now = std::chrono::steady_clock::now();
-          if (now - start >= trace::kPeerWaitShown) {
-            recorder->record(trace::Phase::kPeerWait, start, now,
-                             {.index = static_cast<std::uint64_t>(peer)});
-          }
+          trace::record_peer_wait(recorder, start, std::chrono::steady_clock::now(), peer);
         }
         return;
       }

@@ -7,7 +7,7 @@
 // threads share in the order the scheduler runs them:
 //
 //   double forward_backward(Net& net, const Batch& batch) {
-//     std::mt19937_64 draws(cohort::random_stream(cohort::current_micro_batch()));
+//     std::mt19937_64 draws(cohort::random_stream(*cohort::current_micro_batch()));
 //     ...  // dropout masks from `draws`
 //   }
 //

@@ -53,10 +53,12 @@ std::string fit_summary(const std::vector<double>& per_replica, std::uint64_t st
   double compute = 0.0;
   double communication = 0.0;
   std::size_t straggler = 0;
+  double most = 0.0;  // the longest wait of any replica
   for (std::size_t r = 0; r < replicas; ++r) {
     compute += per_replica[2 * r];
     communication += per_replica[2 * r + 1];
     if (per_replica[2 * r + 1] < per_replica[2 * straggler + 1]) straggler = r;
+    most = std::max(most, per_replica[2 * r + 1]);
   }
   const auto n = static_cast<double>(replicas);
   char line[256];
@@ -69,8 +71,6 @@ std::string fit_summary(const std::vector<double>& per_replica, std::uint64_t st
   const double waited = per_replica[2 * straggler + 1];
   const double others_waited = (communication - waited) / (n - 1);
   if (others_waited - waited < kStragglerShare * (compute + communication) / n) {
-    double most = waited;
-    for (std::size_t r = 0; r < replicas; ++r) most = std::max(most, per_replica[2 * r + 1]);
     std::snprintf(line, sizeof line,
                   "; no straggler (every replica waited %.2f to %.2f s at synchronization)", waited,
                   most);

@@ -236,6 +236,14 @@ class Installed {
   Recorder* previous_;
 };
 
+// A wait for `peer` from `start` until `end` (Phase::kPeerWait), recorded where it lasted
+// kPeerWaitShown or more: the transport's and the shared-memory collective's one rule.
+inline void record_peer_wait(Recorder* recorder, Recorder::Clock::time_point start,
+                             Recorder::Clock::time_point end, int peer) {
+  if (recorder == nullptr || end - start < kPeerWaitShown) return;
+  recorder->record(Phase::kPeerWait, start, end, {.index = static_cast<std::uint64_t>(peer)});
+}
+
 }  // namespace cohort::trace
 
 #if !defined(COHORT_SEPARATE_COMPILATION)

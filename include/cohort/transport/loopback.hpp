@@ -61,7 +61,7 @@ class Loopback {
 
     void close() { group_->close(rank_, {}); }
     void leave(std::string_view reason) { group_->close(rank_, reason); }
-    void abort(std::string_view reason) { group_->close(rank_, reason); }
+    void abort(std::string_view reason) { leave(reason); }  // safe from any thread here
 
    private:
     friend class Loopback;

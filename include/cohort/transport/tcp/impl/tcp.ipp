@@ -439,11 +439,7 @@ COHORT_DECL void Tcp::heard(PeerWait& wait, int rank) {
   if (peer != 0) return;
   peer = 1;
   if (--wait.unheard > 0) return;
-  const auto now = std::chrono::steady_clock::now();
-  if (now - wait.start >= trace::kPeerWaitShown) {
-    wait.recorder->record(trace::Phase::kPeerWait, wait.start, now,
-                          {.index = static_cast<std::uint64_t>(rank)});
-  }
+  trace::record_peer_wait(wait.recorder, wait.start, std::chrono::steady_clock::now(), rank);
 }
 
 COHORT_DECL Tcp::Failure Tcp::aborted() const {
