@@ -4,7 +4,7 @@
 //                        [--seed S] [--learning-rate LR] [--max-gradient-norm N] [--poison INDEX]
 //                        [--on-nonfinite raise|skip_step] [--mirrored]
 //                        [--checkpoint FILE] [--preempt-after N] [--fail-in-backward N]
-//                        [--save-restore FILE]
+//                        [--save-restore FILE] [--schedule]
 //
 // ring             the ring all-reduce across processes instead of the deterministic one
 // --eigen THREADS  the examples' Eigen MLP on THREADS threads per replica (eigen_training.hpp)
@@ -19,6 +19,7 @@
 // --preempt-after N  the chief's micro-batch number N sends SIGTERM to the launcher (PreemptAt)
 // --fail-in-backward N  this process's model throws at its readiness report N (FailingBackward)
 // --save-restore FILE  after the fit every process saves FILE and at once restores it
+// --schedule       the tests' learning-rate schedule (training.hpp, test_schedule)
 // Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process whose
 // fit stopped for preemption exits with cohort::kExitPreempted and writes no parameters.
 // Both models report their gradient readiness per layer, and buckets are 64 bytes, so the buckets
@@ -51,6 +52,7 @@ struct Settings {
   int preempt_after = -1;
   int fail_in_backward = -1;
   std::string save_restore;
+  bool schedule = false;
 };
 
 template <class Strategy, class Model>
@@ -68,7 +70,9 @@ int train(const Settings& settings, Strategy strategy, const Model& model) {
        .seed = settings.seed,
        .progress = cohort::Progress::kSilent,
        .on_nonfinite = settings.on_nonfinite,
-       .preemption = {.checkpoint = settings.checkpoint}});
+       .preemption = {.checkpoint = settings.checkpoint},
+       .schedule =
+           settings.schedule ? cohort::testing::test_schedule() : cohort::optimizer::Schedule{}});
   if (!settings.checkpoint.empty() && cohort::checkpoint::saved(settings.checkpoint)) {
     trainer.restore(settings.checkpoint);
   }
@@ -126,7 +130,8 @@ int main(int argc, char** argv) {
                  "[--micro-batches M] [--seed S] [--learning-rate LR] [--max-gradient-norm N] "
                  "[--poison INDEX] "
                  "[--on-nonfinite raise|skip_step] [--mirrored] [--checkpoint FILE] "
-                 "[--preempt-after N] [--fail-in-backward N] [--save-restore FILE]\n");
+                 "[--preempt-after N] [--fail-in-backward N] [--save-restore FILE] "
+                 "[--schedule]\n");
     return 64;
   }
   try {
@@ -161,6 +166,8 @@ int main(int argc, char** argv) {
         settings.fail_in_backward = std::stoi(next());
       } else if (flag == "--save-restore") {
         settings.save_restore = next();
+      } else if (flag == "--schedule") {
+        settings.schedule = true;
       } else if (flag == "--on-nonfinite") {
         settings.on_nonfinite =
             next() == "skip_step" ? cohort::NonFinite::kSkipStep : cohort::NonFinite::kRaise;

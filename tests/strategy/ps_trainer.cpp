@@ -9,7 +9,7 @@
 //              [--eigen THREADS] [--poison INDEX] [--on-nonfinite skip_step]
 //              [--seed-of W S] [--learning-rate-of-server S LR] [--timeout-ms T]
 //              [--stall-mid-frame W --stall-after N] [--stop-worker W --stop-after N]
-//              [--preempt-after N]
+//              [--preempt-after N] [--schedule]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
 // --every-worker-sleep-ms N  every worker sleeps N ms in every micro-batch (so that a run lasts)
@@ -40,6 +40,8 @@
 //                    stderr: "ps_trainer: stopping itself")
 // --preempt-after N  the chief's micro-batch number N sends SIGTERM to the launcher (PreemptAt);
 //                    a process whose fit stopped for preemption exits with kExitPreempted
+// --schedule         the tests' learning-rate schedule (training.hpp, test_schedule), which the
+//                    servers apply
 // Otherwise the layout is forced small (16-element alignment, no minimum shard, 256-byte chunks),
 // so that the small model spreads over every server in several chunks.
 #include <signal.h>
@@ -128,6 +130,7 @@ struct Settings {
   int stop_worker = -1;
   int stop_after = 0;
   int preempt_after = -1;
+  bool schedule = false;
 };
 
 // The test data: slowed down on one worker, with one example poisoned, on the stalling worker
@@ -262,7 +265,9 @@ int train(const Settings& settings, const Model& model) {
        .seed = worker == settings.seed_worker ? settings.seed_of_worker : 11,
        .progress = cohort::Progress::kSilent,
        .on_nonfinite = settings.on_nonfinite,
-       .preemption = {.checkpoint = settings.checkpoint}});
+       .preemption = {.checkpoint = settings.checkpoint},
+       .schedule =
+           settings.schedule ? cohort::testing::test_schedule() : cohort::optimizer::Schedule{}});
   if (!settings.restore.empty()) trainer.restore(settings.restore);
   const Data data{
       &cohort::testing::small_task_data(),
@@ -319,6 +324,8 @@ int main(int argc, char** argv) {
       settings.segment = std::stoull(next());
     else if (flag == "--checkpoint")
       settings.checkpoint = next();
+    else if (flag == "--schedule")
+      settings.schedule = true;
     else if (flag == "--reread")
       settings.reread = true;
     else if (flag == "--restore")

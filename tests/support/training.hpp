@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cohort/cohort.hpp>
 #include <cstdint>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -57,14 +59,29 @@ inline optimizer::AdamW test_optimizer() {
   return optimizer::AdamW({.learning_rate = 3e-3, .weight_decay = 0.01});
 }
 
+// The schedule the tests train under: warm-up, then cosine decay within a 30-step run.
+inline optimizer::Schedule test_schedule() {
+  return {.warmup_steps = 5,
+          .decay = optimizer::Decay::kCosine,
+          .decay_steps = 20,
+          .final_factor = 0.1};
+}
+
 // A preemption at a known point of a run: the call number `at` (from 0; -1: never) sends SIGTERM
 // to this process's parent, the launcher (cohort-run), which forwards it to every rank as a job
-// controller would. Test programs call it from their data set's batch().
+// controller would. Test programs call it from their data set's batch(). The call returns once
+// this process has the forwarded signal latched (or after 60 s), so that the run's next vote,
+// and not the launcher's scheduling on a loaded machine, decides where it stops.
 class PreemptAt {
  public:
   explicit PreemptAt(int at) : at_(at) {}
   void operator()() const {
-    if (at_ >= 0 && calls_.fetch_add(1) == at_) ::kill(::getppid(), SIGTERM);
+    if (at_ < 0 || calls_.fetch_add(1) != at_) return;
+    ::kill(::getppid(), SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (preemption::requested() == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
  private:

@@ -30,8 +30,8 @@
 // read() checks magic, version, length and checksum before it decodes anything and, for a
 // manifest, reads every shard and checks that its checksum is the one the manifest recorded and
 // that the shards tile the parameters; it returns the complete state either way (no shards), so a
-// checkpoint of any strategy restores under any other. Decoding costs no more memory than the files hold:
-// every length the payload declares is checked against the payload's size, and the parameter
+// checkpoint of any strategy restores under any other. Decoding costs no more memory than the files
+// hold: every length the payload declares is checked against the payload's size, and the parameter
 // count a shard declares against the shard files' sizes, before anything is allocated for it.
 // Every refusal is a CheckpointError naming the file and what did not match, a file that cannot
 // be read included (a directory, a read error, memory exhausted). Binary archives are not portable
@@ -82,7 +82,7 @@ using Magic = std::array<char, 8>;
 inline constexpr Magic kMagic = {'C', 'O', 'H', 'O', 'R', 'T', 'C', 'K'};
 inline constexpr Magic kManifestMagic = {'C', 'O', 'H', 'O', 'R', 'T', 'M', 'F'};
 inline constexpr Magic kShardMagic = {'C', 'O', 'H', 'O', 'R', 'T', 'S', 'H'};
-inline constexpr std::uint32_t kFormatVersion = 2;
+inline constexpr std::uint32_t kFormatVersion = 3;
 inline constexpr std::size_t kHeaderBytes = 8 + 4 + 4 + 8 + 4;
 
 constexpr std::string_view value_type_name(std::uint32_t bytes) {
@@ -208,20 +208,25 @@ struct TrainingState {
   std::uint64_t global_batch = 0;
   std::uint64_t micro_batches = 0;
   std::uint64_t dataset_size = 0;  // 0 until the first fit
+  // The learning-rate schedule's description (optimizer::Schedule::description): a run continues
+  // under the schedule it began with.
+  std::string schedule;
   // A manifest: parameters and optimizer_state are in these files, not above.
   std::vector<ShardRecord> shards;
 
   template <class Archive>
   void save(Archive& archive, unsigned /*version*/) const {
     archive << optimizer << parameters << optimizer_state << step << seed << global_batch
-            << micro_batches << dataset_size << shards;
+            << micro_batches << dataset_size << schedule << shards;
   }
   template <class Archive>
   void load(Archive& archive, unsigned /*version*/) {
     detail::load_bounded(archive, optimizer, "optimizer");
     detail::load_bounded(archive, parameters, "parameters");
     detail::load_bounded(archive, optimizer_state, "optimizer state");
-    archive >> step >> seed >> global_batch >> micro_batches >> dataset_size >> shards;
+    archive >> step >> seed >> global_batch >> micro_batches >> dataset_size;
+    detail::load_bounded(archive, schedule, "schedule");
+    archive >> shards;
   }
   BOOST_SERIALIZATION_SPLIT_MEMBER()
 };

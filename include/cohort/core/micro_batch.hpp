@@ -1,10 +1,10 @@
 // Which micro-batch a forward_backward computes, for a model that draws random numbers (dropout).
 //
-// A micro-batch is the unit of work and of the reduction tree (trainer.hpp): the same micro-batch,
-// with the same examples, is computed on any replica count, strategy and launcher, and after a
-// restore. A model whose forward draws random numbers keeps the bits the same everywhere when it
-// draws them from a stream of that micro-batch's own, and not from one generator that replica
-// threads share in the order the scheduler runs them:
+// A micro-batch is the unit of work and of the reduction tree (trainer/trainer.hpp): the same
+// micro-batch, with the same examples, is computed on any replica count, strategy and launcher, and
+// after a restore. A model whose forward draws random numbers keeps the bits the same everywhere
+// when it draws them from a stream of that micro-batch's own, and not from one generator that
+// replica threads share in the order the scheduler runs them:
 //
 //   double forward_backward(Net& net, const Batch& batch) {
 //     std::mt19937_64 draws(cohort::random_stream(*cohort::current_micro_batch()));
@@ -47,15 +47,17 @@ inline const MicroBatch* current_micro_batch() noexcept { return detail::current
 // The Trainer's scope around each forward_backward call.
 class MicroBatchScope {
  public:
+  // Holds its own copy, so that a temporary names the micro-batch for the scope's whole life.
   explicit MicroBatchScope(const MicroBatch& micro_batch) noexcept
-      : previous_(detail::current_micro_batch) {
-    detail::current_micro_batch = &micro_batch;
+      : micro_batch_(micro_batch), previous_(detail::current_micro_batch) {
+    detail::current_micro_batch = &micro_batch_;
   }
   MicroBatchScope(const MicroBatchScope&) = delete;
   MicroBatchScope& operator=(const MicroBatchScope&) = delete;
   ~MicroBatchScope() { detail::current_micro_batch = previous_; }
 
  private:
+  MicroBatch micro_batch_;
   const MicroBatch* previous_;
 };
 

@@ -2,13 +2,23 @@
 // and every failure is a ConfigError that names the field and the value it was given.
 #pragma once
 
+#include <charconv>
 #include <cmath>
 #include <sstream>
+#include <string>
 #include <string_view>
 
 #include "cohort/core/error.hpp"
 
 namespace cohort::options {
+
+// The shortest text that reads back as the same double, so that two texts are equal exactly when
+// the values are (the settings every process of a job compares).
+inline std::string shortest(double value) {
+  char digits[32];
+  const auto written = std::to_chars(digits, digits + sizeof digits, value);
+  return std::string(digits, written.ptr);
+}
 
 template <class T>
 [[noreturn]] void reject(std::string_view field, const T& value, std::string_view requirement) {

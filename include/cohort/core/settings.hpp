@@ -1,6 +1,6 @@
 // Job settings: what every process of one job must agree on before its first step, and the
-// exchange that finds a difference and names it (Trainer::fit runs it; trainer.hpp lists the
-// fields).
+// exchange that finds a difference and names it (Trainer::fit runs it; trainer/job_settings.hpp
+// lists the fields).
 //
 //   settings::Fields mine = {{"seed", "11"}, {"micro_batches", "8"}, ...};
 //   settings::require_same(mine, "worker 1 (replica 2)", replica_index, max_all_reduce);

@@ -132,16 +132,17 @@ class BasicAdam {
     const double t = static_cast<double>(context.step);
     const double bc1 = 1.0 - std::pow(options_.beta1, t);
     const double bc2 = 1.0 - std::pow(options_.beta2, t);
+    const double learning_rate = options_.learning_rate * context.learning_rate_factor;
     return {
         .gradient_scale = static_cast<T>(context.gradient_scale),
-        .weight_decay = static_cast<T>(Decay == WeightDecay::kCoupled
-                                           ? options_.weight_decay
-                                           : options_.learning_rate * options_.weight_decay),
+        .weight_decay =
+            static_cast<T>(Decay == WeightDecay::kCoupled ? options_.weight_decay
+                                                          : learning_rate * options_.weight_decay),
         .beta1 = static_cast<T>(options_.beta1),
         .one_minus_beta1 = static_cast<T>(1.0 - options_.beta1),
         .beta2 = static_cast<T>(options_.beta2),
         .one_minus_beta2 = static_cast<T>(1.0 - options_.beta2),
-        .step_size = static_cast<T>(options_.learning_rate / bc1),
+        .step_size = static_cast<T>(learning_rate / bc1),
         .sqrt_bc2 = static_cast<T>(std::sqrt(bc2)),
         .epsilon = static_cast<T>(options_.epsilon),
     };

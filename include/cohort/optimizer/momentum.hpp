@@ -86,7 +86,7 @@ class Momentum {
   template <class T>
   MomentumRule<T> rule(const StepContext& context) const {
     return {
-        .learning_rate = static_cast<T>(options_.learning_rate),
+        .learning_rate = static_cast<T>(options_.learning_rate * context.learning_rate_factor),
         .weight_decay = static_cast<T>(options_.weight_decay),
         .gradient_scale = static_cast<T>(context.gradient_scale),
         .momentum = static_cast<T>(options_.momentum),

@@ -9,8 +9,9 @@
 //   O::kStateSlots                 values of state per parameter
 //   o.options()                    the validated Options
 //   o.step(params, gradients, state, StepContext)
-//       params[i] updated from gradients[i] * context.gradient_scale. The gradients are the raw
-//       reduced sums; scaling is fused into the update so the gradient is read once.
+//       params[i] updated from gradients[i] * context.gradient_scale, with the learning rate
+//       times context.learning_rate_factor (the schedule's). The gradients are the raw reduced
+//       sums; scaling is fused into the update so the gradient is read once.
 //
 // Optional, detected where present:
 //   o.rule<T>(StepContext)         the per-element rule step() applies (the CUDA kernels and
@@ -24,7 +25,6 @@
 // the same bits as the whole vector.
 #pragma once
 
-#include <charconv>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -42,6 +42,10 @@ struct StepContext {
   std::uint64_t step = 1;
   // Multiplies every raw gradient: 1 / global batch, times the clipping factor.
   double gradient_scale = 1.0;
+  // Multiplies the learning rate at this step (optimizer/schedule.hpp). Every optimizer applies
+  // it, in double, before its constants are rounded to the value type: a factor of 1 gives the
+  // bits of no schedule.
+  double learning_rate_factor = 1.0;
 };
 
 template <class O>
@@ -70,12 +74,10 @@ template <Optimizer O>
 std::string describe_options(const O& o) {
   std::string text;
   const auto add = [&](std::string_view name, double value) {
-    char digits[32];
-    const auto written = std::to_chars(digits, digits + sizeof digits, value);
     if (!text.empty()) text += ' ';
     text += name;
     text += '=';
-    text.append(digits, written.ptr);
+    text += options::shortest(value);
   };
   if constexpr (requires { o.visit_options(add); }) {
     o.visit_options(add);

@@ -70,7 +70,7 @@ class Sgd {
   template <class T>
   SgdRule<T> rule(const StepContext& context) const {
     return {
-        .learning_rate = static_cast<T>(options_.learning_rate),
+        .learning_rate = static_cast<T>(options_.learning_rate * context.learning_rate_factor),
         .weight_decay = static_cast<T>(options_.weight_decay),
         .gradient_scale = static_cast<T>(context.gradient_scale),
     };

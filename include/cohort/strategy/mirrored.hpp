@@ -101,5 +101,9 @@ class Mirrored {
 };
 
 static_assert(Strategy<Mirrored<>>);
+// Its capabilities (strategy.hpp).
+static_assert(ChecksGradient<Mirrored<>, float, optimizer::Sgd>);
+static_assert(AbandonsStep<Mirrored<>>);
+static_assert(LendsGradientStorage<Mirrored<>, float>);
 
 }  // namespace cohort::strategy

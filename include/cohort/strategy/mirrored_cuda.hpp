@@ -132,5 +132,10 @@ class Mirrored<device::Cuda, collective::Nccl> {
 };
 
 static_assert(Strategy<Mirrored<device::Cuda, collective::Nccl>>);
+// Its capabilities (strategy.hpp).
+static_assert(HasPlaces<Mirrored<device::Cuda, collective::Nccl>>);
+static_assert(ChecksGradient<Mirrored<device::Cuda, collective::Nccl>, float, optimizer::Sgd>);
+static_assert(AbandonsStep<Mirrored<device::Cuda, collective::Nccl>>);
+static_assert(LendsGradientStorage<Mirrored<device::Cuda, collective::Nccl>, float>);
 
 }  // namespace cohort::strategy

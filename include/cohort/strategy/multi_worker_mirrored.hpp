@@ -232,6 +232,12 @@ class MultiWorkerMirrored {
 };
 
 static_assert(Strategy<MultiWorkerMirrored<>>);
+// Its capabilities (strategy.hpp).
+static_assert(SpansProcesses<MultiWorkerMirrored<>>);
+static_assert(SharesSaveOutcome<MultiWorkerMirrored<>>);
+static_assert(ChecksGradient<MultiWorkerMirrored<>, float, optimizer::Sgd>);
+static_assert(AbandonsStep<MultiWorkerMirrored<>>);
+static_assert(LendsGradientStorage<MultiWorkerMirrored<>, float>);
 
 }  // namespace cohort::strategy
 

@@ -206,5 +206,12 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective, Transport> {
 };
 
 static_assert(Strategy<MultiWorkerMirrored<device::Cuda>>);
+// Its capabilities (strategy.hpp).
+static_assert(HasPlaces<MultiWorkerMirrored<device::Cuda>>);
+static_assert(SpansProcesses<MultiWorkerMirrored<device::Cuda>>);
+static_assert(SharesSaveOutcome<MultiWorkerMirrored<device::Cuda>>);
+static_assert(ChecksGradient<MultiWorkerMirrored<device::Cuda>, float, optimizer::Sgd>);
+static_assert(AbandonsStep<MultiWorkerMirrored<device::Cuda>>);
+static_assert(LendsGradientStorage<MultiWorkerMirrored<device::Cuda>, float>);
 
 }  // namespace cohort::strategy

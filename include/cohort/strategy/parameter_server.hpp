@@ -65,7 +65,7 @@
 // checkpoint.
 //
 // Settings. Before its first step every worker presents the Trainer's settings to every server,
-// which compares them with its own and the chief's (trainer.hpp, "One job, one set of settings";
+// which compares them with its own and the chief's (trainer/job_settings.hpp;
 // parameter_server/protocol.hpp): a server or a worker of any consistency started with other
 // settings stops the job with a ConfigError that names the field and both values.
 //
@@ -304,7 +304,7 @@ class ParameterServer {
   }
 
   // The settings of this strategy that every process of the job, servers included, must share
-  // (Trainer adds them to the ones it compares: trainer.hpp, "One job, one set of settings").
+  // (Trainer adds them to the ones it compares: trainer/job_settings.hpp).
   settings::Fields settings() const {
     const auto text = [](std::size_t value) { return std::to_string(value); };
     return {{"consistency", std::string(C::kName)},
@@ -320,7 +320,8 @@ class ParameterServer {
   // Trainer's settings that a server holds too) and the chief's (parameter_server/protocol.hpp).
   // What it did goes to stderr in one line.
   template <class T, class O>
-  bool serve(std::size_t elements, const O& optimizer, const settings::Fields& own) {
+  bool serve(std::size_t elements, const O& optimizer, const optimizer::Schedule& schedule,
+             const settings::Fields& own) {
     check_optimizer<T>(optimizer);
     const ps::Layout shards = layout(elements, sizeof(T));
     ps::Server<Transport, T, O, C> server(*transport_, shards,
@@ -329,7 +330,8 @@ class ParameterServer {
                                            .backup_workers = options().backup_workers,
                                            .worker_timeout = options().timeout,
                                            .log_pushes = options().log_pushes,
-                                           .settings = own},
+                                           .settings = own,
+                                           .schedule = schedule},
                                           optimizer);
     const ps::ServerCounts counts = server.serve();
     held_ = server.shard();
@@ -393,7 +395,7 @@ class ParameterServer {
     std::size_t index() const { return index_; }
     Communicator& communicator() { return communicator_; }
 
-    // The start of a fit (Trainer::train_replica): the chief initializes the servers with its
+    // The start of a fit (trainer::ReplicaLoop): the chief initializes the servers with its
     // parameters, optimizer state and the run's step (so that a restored run's servers count
     // Adam's steps from it), then every worker's first replica pulls and hands the parameters
     // to the worker's other replicas.
@@ -479,7 +481,7 @@ class ParameterServer {
       local_.broadcast(update.parameters, 0);
     }
 
-    // The end of a fit (Trainer::train_replica), on every replica: the chief brings the optimizer
+    // The end of a fit (trainer::ReplicaLoop), on every replica: the chief brings the optimizer
     // state home from the servers (the next fit starts from it), and every worker's first
     // replica tells the servers that its fit is done, and whether it stopped for preemption (the
     // servers then save too).
@@ -782,6 +784,12 @@ class ParameterServer {
 
 static_assert(Strategy<ParameterServer<>>);
 static_assert(Strategy<ParameterServer<consistency::Async>>);
+// Its capabilities (strategy.hpp): the same under every consistency.
+static_assert(SpansProcesses<ParameterServer<>>);
+static_assert(ServesFit<ParameterServer<>, float, optimizer::Sgd>);
+static_assert(PresentsSettings<ParameterServer<>>);
+static_assert(ReportsStop<ParameterServer<>>);
+static_assert(SavesOwnCheckpoint<ParameterServer<>, float>);
 
 }  // namespace cohort::strategy
 
@@ -792,17 +800,17 @@ COHORT_INSTANTIATED class ParameterServer<consistency::Async>;
 namespace ps {
 COHORT_INSTANTIATED class Client<transport::tcp::Tcp>;
 COHORT_INSTANTIATED void save_manifest<float>(transport::tcp::Tcp&, int, const Layout&,
-                                             const std::filesystem::path&,
-                                             const checkpoint::TrainingState<float>&);
-COHORT_INSTANTIATED void save_manifest<double>(transport::tcp::Tcp&, int, const Layout&,
                                               const std::filesystem::path&,
-                                              const checkpoint::TrainingState<double>&);
+                                              const checkpoint::TrainingState<float>&);
+COHORT_INSTANTIATED void save_manifest<double>(transport::tcp::Tcp&, int, const Layout&,
+                                               const std::filesystem::path&,
+                                               const checkpoint::TrainingState<double>&);
 COHORT_INSTANTIATED void save_shard<float>(transport::tcp::Tcp&, int,
-                                          const checkpoint::ShardState<float>*, int,
-                                          const std::filesystem::path&);
-COHORT_INSTANTIATED void save_shard<double>(transport::tcp::Tcp&, int,
-                                           const checkpoint::ShardState<double>*, int,
+                                           const checkpoint::ShardState<float>*, int,
                                            const std::filesystem::path&);
+COHORT_INSTANTIATED void save_shard<double>(transport::tcp::Tcp&, int,
+                                            const checkpoint::ShardState<double>*, int,
+                                            const std::filesystem::path&);
 }  // namespace ps
 }  // namespace cohort::strategy
 #endif

@@ -48,5 +48,6 @@ class WorkerPlace<device::Cuda> {
 
 static_assert(Strategy<ParameterServer<consistency::Sync, device::Cuda>>);
 static_assert(Strategy<ParameterServer<consistency::Async, device::Cuda>>);
+static_assert(HasPlaces<ParameterServer<consistency::Sync, device::Cuda>>);
 
 }  // namespace cohort::strategy

@@ -52,41 +52,45 @@
 //                           fit reached its target or the job stopped for preemption
 //                           (core/preemption.hpp). Not called when the fit failed.
 //
-// Hooks the Trainer calls where a strategy has them (detected, not required):
-//   s.serves()              true on a process that serves (a parameter server): fit calls
-//   s.serve<T>(parameter_count, optimizer, settings)   instead of running replicas, until the
-//                           workers are done; `settings` are the Trainer's that a server holds
-//                           too (trainer.hpp, "One job, one set of settings"); it returns whether
-//                           the workers' fit stopped for preemption
-//   s.settings()            the strategy's own settings::Fields, which every process of the job
-//                           must share: the Trainer compares them with its own
-//   replica.present_settings(fields)   after the Trainer's own comparison, before start(): a
-//                           strategy whose collectives do not reach every process of the job
-//                           (a parameter server) has the fields compared where they do
-//   replica.gradient_sum_storage<T>(count)   once per fit, after start(), on every replica:
-//                           a span of `count` elements where the Trainer keeps this replica's
-//                           gradient sum for every step of the fit (u.gradient_sum), or an empty
-//                           span for the Trainer's own buffer. A strategy whose communicator
-//                           reduces it in place there copies nothing in or out (MultiWorkerMirrored
-//                           through shared memory: collective::Deterministic::share_buffer)
-//   replica.stop_requested()  whether the replica heard that another process of the job was
-//                           signalled to stop (a parameter server's marked answers): the
-//                           Trainer's agreement to stop counts it
-//   replica.abandon_step(reason)   noexcept; the step ends by an exception (the model's, the
-//                           data's, a failed collective) after begin_step: the strategy releases
-//                           the other replicas (its communicator's abort) and returns only once no
-//                           work it started still uses the step's buffers, which the Trainer frees
-//                           next (the mirrored strategies: the buckets a communication thread may
-//                           be reducing)
-//   s.save(file, state, parameter_count)     Trainer::save, where the strategy writes its own
-//                           checkpoint (a parameter server: a shard per server, the manifest last)
-//   s.save_outcome(file, chief_failure)   Trainer::save under a strategy of several processes
-//                           whose chief writes the checkpoint: on every process after the chief's
-//                           write, the chief's failure ("" when `file` is complete) made known to
-//                           every process and returned, so that save returns nowhere before the
-//                           file exists (the multi-worker strategies: a broadcast)
-//   s.restored(state)       after Trainer::restore, for a strategy that keeps part of the state
-//                           (a parameter server keeps its shard for the next save)
+// Capabilities: hooks a strategy may have. Each is a concept below; a strategy that has one says so
+// with a static_assert at its definition, so that a hook whose signature drifts is a compile error
+// there, and the Trainer asks the concept, never the hook's expression:
+//   SpansProcesses<S>        s.cluster(): the job is processes (cluster/cluster.hpp), so its
+//                            settings are compared (trainer/job_settings.hpp) and progress names
+//                            workers and ranks
+//   ServesFit<S, T, O>       s.serves(): true on a process that serves (a parameter server), where
+//                            fit calls s.serve<T>(parameter_count, optimizer, schedule, settings)
+//                            instead of running replicas, until the workers are done; the server
+//                            applies the updates with the schedule (optimizer/schedule.hpp) at its
+//                            own count of updates; `settings` are the Trainer's that a server holds
+//                            too; it returns whether the workers' fit stopped for preemption
+//   PresentsSettings<S>      s.settings(): the strategy's own settings::Fields, which every process
+//                            must share; replica.present_settings(fields) after the Trainer's own
+//                            comparison, before start(), has them compared where the strategy's
+//                            collectives do not reach every process (a parameter server's)
+//   LendsGradientStorage<S, T>   replica.gradient_sum_storage<T>(count), once per fit after
+//                            start(): a span of `count` elements where the Trainer keeps the
+//                            replica's gradient sum for every step (u.gradient_sum), or an empty
+//                            span for the Trainer's own buffer. A communicator that reduces it in
+//                            place there copies nothing in or out (MultiWorkerMirrored through
+//                            shared memory: collective::Deterministic::share_buffer)
+//   ReportsStop<S>           replica.stop_requested(): whether the replica heard that another
+//                            process was signalled to stop (a parameter server's marked answers);
+//                            the Trainer's agreement to stop counts it
+//   AbandonsStep<S>          replica.abandon_step(reason), noexcept: the step ends by an exception
+//                            after begin_step; the strategy releases the other replicas (its
+//                            communicator's abort) and returns once no work it started still uses
+//                            the step's buffers, which the Trainer frees next
+//   ChecksGradient<S, T, O>  replica.finish_step(u) returns a StepResult (above)
+//   SavesOwnCheckpoint<S, T> s.save(file, state, parameter_count) for Trainer::save (a parameter
+//                            server: a shard per server, the manifest last), and s.restored(state)
+//                            after Trainer::restore, to keep its part of the state
+//   SharesSaveOutcome<S>     s.save_outcome(file, chief_failure): under a strategy of several
+//                            processes whose chief writes the checkpoint, on every process after
+//                            the chief's write, the chief's failure ("" when `file` is complete)
+//                            made known to every process and returned, so that save returns
+//                            nowhere before the file exists (the multi-worker strategies)
+//   HasPlaces<S>             s.place(local_index): below
 //
 // Replicas on a device other than the host (Mirrored<device::Cuda, collective::Nccl>) say where
 // they live; a strategy that says nothing runs on device::Cpu:
@@ -100,15 +104,26 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "cohort/collective/collective.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/role.hpp"
+#include "cohort/core/settings.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/device/device.hpp"
 #include "cohort/optimizer/optimizer.hpp"
+#include "cohort/optimizer/schedule.hpp"
+#include "cohort/optimizer/sgd.hpp"  // the optimizer strategies state their capabilities with
+
+namespace cohort::checkpoint {
+template <class T>
+struct TrainingState;
+}  // namespace cohort::checkpoint
 
 namespace cohort::strategy {
 
@@ -122,6 +137,8 @@ struct Update {
   std::span<T> optimizer_state;  // this replica's (kStateSlots x parameters values)
   std::uint64_t step = 0;        // the step's index in the run, from 0
   double inverse_batch = 1.0;    // 1 / global batch
+  // The learning-rate schedule's factor at this step (optimizer/schedule.hpp).
+  double learning_rate_factor = 1.0;
   // Trainer::Options::on_nonfinite: what finish_step does with a non-finite reduced gradient.
   NonFinite on_nonfinite = NonFinite::kRaise;
 };
@@ -154,6 +171,7 @@ struct AnyReplicaBody {
 template <class S>
 concept Strategy = requires(S& s, const S& cs) {
   typename S::Options;
+  typename S::Replica;
   { S::kName } -> std::convertible_to<std::string_view>;
   { cs.replicas() } -> std::convertible_to<std::size_t>;
   { cs.local_replicas() } -> std::convertible_to<std::size_t>;
@@ -178,11 +196,70 @@ struct DeviceOf<S> {
 template <class S>
 using DeviceOf = typename detail::DeviceOf<S>::type;
 
+template <class S>
+concept SpansProcesses = requires(const S& s) {
+  { s.cluster().rank } -> std::convertible_to<int>;
+  { s.cluster().role } -> std::convertible_to<Role>;
+};
+
+template <class S, class T, class O>
+concept ServesFit = requires(S& s, const S& cs, std::size_t count, const O& optimizer,
+                             const optimizer::Schedule& schedule, const settings::Fields& fields) {
+  { cs.serves() } -> std::same_as<bool>;
+  { s.template serve<T>(count, optimizer, schedule, fields) } -> std::same_as<bool>;
+};
+
+template <class S>
+concept PresentsSettings = requires(const S& s, typename S::Replica& replica,
+                                    const settings::Fields& fields) {
+  { s.settings() } -> std::same_as<settings::Fields>;
+  replica.present_settings(fields);
+};
+
+template <class S, class T>
+concept LendsGradientStorage = requires(typename S::Replica& replica, std::size_t count) {
+  { replica.template gradient_sum_storage<T>(count) } -> std::same_as<std::span<T>>;
+};
+
+template <class S>
+concept ReportsStop = requires(const typename S::Replica& replica) {
+  { replica.stop_requested() } -> std::same_as<bool>;
+};
+
+template <class S>
+concept AbandonsStep = requires(typename S::Replica& replica, std::string_view reason) {
+  { replica.abandon_step(reason) } noexcept;
+};
+
+template <class S, class T, class O>
+concept ChecksGradient = requires(typename S::Replica& replica, Update<T, O>& update) {
+  { replica.finish_step(update) } -> std::same_as<StepResult>;
+};
+
+template <class S, class T>
+concept SavesOwnCheckpoint = requires(S& s, const S& cs, const std::filesystem::path& file,
+                                      const checkpoint::TrainingState<T>& state,
+                                      std::size_t parameter_count) {
+  cs.save(file, state, parameter_count);
+  s.restored(state);
+};
+
+template <class S>
+concept SharesSaveOutcome = requires(const S& s, const std::filesystem::path& file,
+                                     std::string_view chief_failure) {
+  { s.save_outcome(file, chief_failure) } -> std::same_as<std::string>;
+};
+
+template <class S>
+concept HasPlaces = requires(const S& s, std::size_t local_index) {
+  { s.place(local_index) } -> std::same_as<typename DeviceOf<S>::Place>;
+};
+
 // Where local replica local_index of strategy lives: strategy.place(local_index), or the CPU's
 // (empty) place for a strategy without places.
 template <class S>
 typename DeviceOf<S>::Place place_of(const S& strategy, std::size_t local_index) {
-  if constexpr (requires { strategy.place(local_index); }) {
+  if constexpr (HasPlaces<S>) {
     return strategy.place(local_index);
   } else {
     return {};

@@ -42,12 +42,12 @@ namespace cohort::strategy::detail {
 // apply(context, checked) applies the update with `context` and returns the gradient's first
 // non-finite element, or its size where it has none or `checked` says it was checked before: the
 // whole update (MirroredReplica::finish_step), or this worker's part of it (the sharded update).
-// Out of line on purpose, as the Trainer's fold addition (trainer.hpp, AddInto): inlined into the
-// step's loop it changes how GCC compiles the model's forward_backward inlined there. Hot, because
-// out of line GCC guesses its frequency from the one call in train_replica, which follows the
-// model's loops: guessed never executed, it was compiled for size, the optimizer's loop scalar, and
-// Adam took 5.5 ms of an 11 ms step of the examples' MLP (1.4 ms vectorized; docs/benchmarks.md,
-// "The examples' Eigen MLP").
+// Out of line on purpose, as the Trainer's fold addition (trainer/step_fold.hpp, AddInto): inlined
+// into the step's loop it changes how GCC compiles the model's forward_backward inlined there. Hot,
+// because out of line GCC guesses its frequency from the one call in the replica's loop, which
+// follows the model's loops: guessed never executed, it was compiled for size, the optimizer's loop
+// scalar, and Adam took 5.5 ms of an 11 ms step of the examples' MLP (1.4 ms vectorized;
+// docs/benchmarks.md, "The examples' Eigen MLP").
 template <device::Device D, class T, class O, class Apply>
 [[gnu::noinline, gnu::hot]] StepResult apply_update(const Update<T, O>& update,
                                                     const typename D::Place& place, Apply&& apply) {
@@ -70,7 +70,9 @@ template <device::Device D, class T, class O, class Apply>
     }
     checked = true;
   }
-  const optimizer::StepContext context{.step = update.step + 1, .gradient_scale = scale};
+  const optimizer::StepContext context{.step = update.step + 1,
+                                       .gradient_scale = scale,
+                                       .learning_rate_factor = update.learning_rate_factor};
   const std::size_t first = apply(context, checked);
   if (first == gradient.size()) return {};
   return {.first_nonfinite = first, .applied = true};
@@ -225,12 +227,11 @@ class MirroredReplica {
   }
 
   template <class T>
-  static constexpr bool kShardable =
-      std::same_as<D, device::Cpu> &&
-      requires(Communicator& c, std::span<const T> part, std::span<T> into) {
-        c.gather_shared_stripes(part, into, std::size_t{1});
-        c.local_size();
-      };
+  static constexpr bool kShardable = std::same_as<D, device::Cpu>&& requires(
+      Communicator& c, std::span<const T> part, std::span<T> into) {
+    c.gather_shared_stripes(part, into, std::size_t{1});
+    c.local_size();
+  };
 
   template <class T>
   std::span<T> shared_as() const {

@@ -32,7 +32,7 @@
 // preemption sets kPreempted in its kDone, and a server that receives one sets it in its answers
 // too (so that under Async every worker hears of it) and saves like the workers after its fit.
 // One job, one set of settings: every worker's first request of a fit is kSettings, its Trainer's
-// settings (core/settings.hpp's encoding; trainer.hpp lists them), to every server. The server
+// settings (core/settings.hpp's encoding; trainer/job_settings.hpp lists them), to every server. The server
 // compares them with a settings::Reference: its own (the optimizer and its options, the parameter
 // count, the value type, the consistency and the parameter server options), and for the rest the
 // chief's, whose kSettings and kInit it takes before any other worker's request. A difference is

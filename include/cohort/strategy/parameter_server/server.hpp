@@ -70,6 +70,7 @@
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/optimizer/optimizer.hpp"
+#include "cohort/optimizer/schedule.hpp"
 #include "cohort/strategy/consistency.hpp"
 #include "cohort/strategy/parameter_server/protocol.hpp"
 #include "cohort/transport/transport.hpp"
@@ -86,6 +87,8 @@ struct ServerOptions {
   // This server's own settings, which every worker's must match (core/settings.hpp; the Trainer's
   // settings that a server holds too).
   settings::Fields settings{};
+  // The learning-rate schedule, at this server's count of updates (under Sync the run's step).
+  optimizer::Schedule schedule{};
 };
 
 // What one serve() did, for the end-of-fit summary and the tests.
@@ -518,9 +521,11 @@ class Server {
       }
     }
     ++chunk.updates;
-    optimizer_.step(
-        std::span(chunk.parameters), gradient, std::span(chunk.state),
-        optimizer::StepContext{.step = chunk.updates, .gradient_scale = request.inverse_batch});
+    optimizer_.step(std::span(chunk.parameters), gradient, std::span(chunk.state),
+                    optimizer::StepContext{
+                        .step = chunk.updates,
+                        .gradient_scale = request.inverse_batch,
+                        .learning_rate_factor = options_.schedule.factor(chunk.updates - 1)});
     ++chunk.done[w];
   }
 
@@ -580,7 +585,10 @@ class Server {
     ++chunk.updates;
     optimizer_.step(std::span(chunk.parameters), std::span<const T>(chunk.sum),
                     std::span(chunk.state),
-                    optimizer::StepContext{.step = chunk.updates, .gradient_scale = scale});
+                    optimizer::StepContext{
+                        .step = chunk.updates,
+                        .gradient_scale = scale,
+                        .learning_rate_factor = options_.schedule.factor(chunk.updates - 1)});
   }
 
   // The sum of squares of the step's whole aggregate, as device::cpu::sum_of_squares computes it
@@ -706,7 +714,8 @@ class Server {
   }
 
   void send(int worker, Reply answer, std::span<const std::byte> payload) {
-    // The workers decide when to stop (trainer.hpp); a signalled server only tells them.
+    // The workers decide when to stop (trainer/preemption_vote.hpp); a signalled server only tells
+    // them.
     if (counts_.preempted || preemption::requested() != 0) answer.flags |= kPreempted;
     const transport::Send sends[] = {
         {worker, header(tag::kReply), std::as_bytes(std::span(&answer, 1))},

@@ -1,4 +1,4 @@
-#include "cohort/core/progress.hpp"
+#include "cohort/trainer/progress.hpp"
 
 #include <doctest/doctest.h>
 

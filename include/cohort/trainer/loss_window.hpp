@@ -1,0 +1,74 @@
+// trainer::LossWindow: the steps since the last progress line. Their losses travel once per window,
+// not once per step: every replica keeps its folds, and one all-reduce of the window gives each
+// step's sum in the same tree on every replica, so a step costs one collective. The chief's first
+// replica keeps them in the Report and prints the progress line.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "cohort/core/reduce_op.hpp"
+#include "cohort/core/trace.hpp"
+#include "cohort/trainer/agreement.hpp"
+#include "cohort/trainer/options.hpp"
+#include "cohort/trainer/progress.hpp"
+
+namespace cohort::trainer {
+
+class LossWindow {
+ public:
+  // `reports`: whether this replica keeps the Report and prints (the chief's first).
+  LossWindow(bool reports, Progress progress, std::uint64_t steps_per_epoch,
+             std::uint64_t global_batch)
+      : reports_(reports),
+        inverse_batch_(1.0 / static_cast<double>(global_batch)),
+        printer_(reports ? progress : Progress::kSilent, steps_per_epoch, global_batch) {}
+
+  // A step's summed loss over this replica's micro-batches, and its times.
+  void add(double loss, const StepTimes& times) {
+    losses_.push_back(loss);
+    times_.push_back(times);
+    fit_times_ += times;
+  }
+
+  bool empty() const { return losses_.empty(); }
+
+  // This replica's times over the whole fit, the window's all-reduces included.
+  const StepTimes& fit_times() const { return fit_times_; }
+
+  // Ends the window at `last_step`: the all-reduce of its losses, then on the reporting replica
+  // the Report's losses and the progress line (`periodic`: a log_every line).
+  template <class Communicator, class D>
+  void close(std::uint64_t last_step, bool periodic, Communicator& communicator,
+             Agreement<D>& agreement, trace::Recorder* recorder, Report& report) {
+    const trace::Span span(recorder, trace::Phase::kLossAllReduce, {.step = last_step});
+    const auto start = std::chrono::steady_clock::now();
+    agreement.all_reduce(communicator, losses_, ReduceOp::kSum);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    times_.back().communication += seconds;
+    fit_times_.communication += seconds;
+    if (reports_) {
+      const std::uint64_t first_step = last_step + 1 - losses_.size();
+      for (std::size_t i = 0; i < losses_.size(); ++i) {
+        const double mean_loss = losses_[i] * inverse_batch_;
+        report.loss.push_back(mean_loss);
+        report.times += times_[i];
+        printer_.report(first_step + i, mean_loss, times_[i], periodic && i + 1 == losses_.size());
+      }
+    }
+    losses_.clear();
+    times_.clear();
+  }
+
+ private:
+  bool reports_;
+  double inverse_batch_;
+  ProgressPrinter printer_;
+  std::vector<double> losses_;  // this replica's loss fold of each step of the window
+  std::vector<StepTimes> times_;
+  StepTimes fit_times_;
+};
+
+}  // namespace cohort::trainer
