@@ -35,9 +35,16 @@ int main(int argc, char** argv) {
            .seed = settings.seed,
            .log_every = 100,
            .progress = settings.quiet ? cohort::Progress::kSilent : cohort::Progress::kAuto,
-           .on_nonfinite = settings.on_nonfinite});
-      const cohort::Report report = trainer.fit(data.train, {.epochs = settings.epochs});
-      return example::evaluate(trainer.model(), data, report.examples_per_second);
+           .on_nonfinite = settings.on_nonfinite,
+           .schedule = example::demo_schedule(settings)});
+      if (!settings.validate) {
+        const cohort::Report report = trainer.fit(data.train, {.epochs = settings.epochs});
+        return example::evaluate(trainer.model(), data, report.examples_per_second);
+      }
+      // The held-out accuracy after every epoch, from inside fit.
+      const cohort::Report report =
+          trainer.fit(data.train, {.epochs = settings.epochs}, cohort::validation(data.held_out));
+      return example::outcome_of(report, trainer.model());
     };
 
     const std::vector<std::size_t> linear{settings.layers.front(), settings.layers.back()};

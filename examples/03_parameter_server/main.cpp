@@ -40,7 +40,8 @@ int run(const example::DemoSettings& settings, std::size_t local_replicas) {
        .log_every = 100,
        .progress = settings.quiet || !chief ? cohort::Progress::kSilent : cohort::Progress::kAuto,
        .on_nonfinite = settings.on_nonfinite,
-       .preemption = {.checkpoint = settings.checkpoint}});
+       .preemption = {.checkpoint = settings.checkpoint},
+       .schedule = example::demo_schedule(settings)});
   const example::Fitted fitted =
       example::fit_with_checkpoints(trainer, data.train, settings, chief);
   if (fitted.preempted) return cohort::kExitPreempted;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cohort/trainer.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -24,11 +25,16 @@ struct DemoSettings {
   std::size_t micro_batches = 8;
   std::uint64_t seed = 1;
   std::size_t examples = 100'000;
+  std::size_t held_out = 20'000;
   std::vector<std::size_t> layers{8, 128, 10};  // inputs, hidden..., classes
   std::size_t threads = 1;                      // per replica
   double learning_rate = 3e-3;
   bool quiet = false;
   std::string checkpoint;  // continue from it if it exists; save it after every epoch
+  std::string
+      checkpoint_directory;  // checkpoints during the fit, resumed from (Options::checkpoint)
+  std::uint64_t checkpoint_every = 1000;  // steps
+  bool validate = true;                   // evaluate the held-out set inside fit, after every epoch
   cohort::NonFinite on_nonfinite = cohort::NonFinite::kRaise;
   std::optional<std::size_t> nan_example;  // a training example given a NaN feature
 };
@@ -40,6 +46,7 @@ inline void add_demo_options(CLI::App& app, DemoSettings& settings) {
   app.add_option("--seed", settings.seed,
                  "seed of the task, the initialization and the data order");
   app.add_option("--examples", settings.examples, "training examples");
+  app.add_option("--held-out", settings.held_out, "held-out examples")->check(CLI::PositiveNumber);
   app.add_option("--layers", settings.layers,
                  "layer sizes, comma-separated: the inputs (the task's features), hidden "
                  "layers, the classes (the task's), for example 784,1024,1024,10")
@@ -55,6 +62,19 @@ inline void add_demo_options(CLI::App& app, DemoSettings& settings) {
           {"raise", cohort::NonFinite::kRaise}, {"skip_step", cohort::NonFinite::kSkipStep}}));
   app.add_option("--nan-example", settings.nan_example,
                  "give training example INDEX a NaN feature, to see what --on-nonfinite does");
+  app.add_flag("!--no-validation", settings.validate,
+               "no evaluation of the held-out set inside fit (after every epoch otherwise)");
+}
+
+// The learning rate's schedule of every demo: a linear warm-up over the first tenth of the run's
+// steps, then a cosine decay to a tenth of the learning rate.
+inline cohort::optimizer::Schedule demo_schedule(const DemoSettings& settings) {
+  const std::uint64_t steps = settings.epochs * (settings.examples / settings.batch);
+  const std::uint64_t warmup = std::max<std::uint64_t>(1, steps / 10);
+  return {.warmup_steps = warmup,
+          .decay = cohort::optimizer::Decay::kCosine,
+          .decay_steps = std::max<std::uint64_t>(1, steps - std::min(steps, warmup)),
+          .final_factor = 0.1};
 }
 
 // For the programs that train the host model (not 01, whose model is on GPUs).
@@ -72,6 +92,16 @@ inline void add_checkpoint_option(CLI::App& app, DemoSettings& settings) {
                  "and on SIGTERM or SIGUSR1, which stop the job with exit status 75 (every "
                  "process calls save; a parameter-server job writes a shard per server and this "
                  "file, the manifest, last)");
+}
+
+// For the programs that checkpoint as they train (Trainer::Options::checkpoint).
+inline void add_checkpoint_directory_option(CLI::App& app, DemoSettings& settings) {
+  app.add_option("--checkpoint-dir", settings.checkpoint_directory,
+                 "checkpoint into this directory every --checkpoint-every steps (the newest 3 "
+                 "kept), and continue from the newest there: after a kill -9 of every process, "
+                 "the same command goes on to the same bits");
+  app.add_option("--checkpoint-every", settings.checkpoint_every, "steps between checkpoints")
+      ->check(CLI::PositiveNumber);
 }
 
 // "784-1024-1024-10"
@@ -104,7 +134,7 @@ struct DemoData {
               .classes = settings.layers.back(),
               .seed = settings.seed}),
         train(task.sample(settings.examples, 0)),
-        held_out(task.sample(20'000, 1)) {
+        held_out(task.sample(settings.held_out, 1)) {
     if (settings.nan_example) train.poison(*settings.nan_example);
   }
 
@@ -130,6 +160,15 @@ struct Outcome {
                 static_cast<unsigned long long>(fingerprint(parameters)));
   }
 };
+
+// A run whose fit evaluated the held-out set: its last accuracy there, and the parameters.
+template <class Model>
+Outcome outcome_of(const cohort::Report& report, Model model) {
+  const auto parameters = cohort::ModelTraits<Model>::parameters(model);
+  return {report.examples_per_second,
+          report.validation.back().mean("correct"),
+          {parameters.begin(), parameters.end()}};
+}
 
 // The held-out accuracy and the parameters of a trained model (a copy of it: predicting uses the
 // model's buffers).

@@ -172,6 +172,21 @@ class BasicEigenMlp {
     return loss;
   }
 
+  // A forward pass only: the summed cross-entropy and the number of correct predictions
+  // (cohort's evaluation on held-out data, core/model.hpp).
+  cohort::NamedSums evaluate(const Batch& batch) {
+    const FlushDenormals flush;
+    forward(batch);
+    const double loss = softmax_cross_entropy(batch.labels);
+    double correct = 0.0;
+    for (std::size_t example = 0; example < batch.size(); ++example) {
+      Eigen::Index predicted = 0;
+      activations_.back().col(static_cast<Eigen::Index>(example)).maxCoeff(&predicted);
+      correct += predicted == batch.labels[example] ? 1.0 : 0.0;
+    }
+    return {{"loss", loss}, {"correct", correct}};
+  }
+
   // The class of highest logit for each example of the batch (the first, on ties).
   std::vector<std::size_t> predict(const Batch& batch) {
     const FlushDenormals flush;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "batch.hpp"
+#include "cohort/core/model.hpp"
 #include "mlp_layout.hpp"
 
 namespace example {
@@ -58,6 +59,20 @@ class Mlp {
     return loss;
   }
 
+  // A forward pass only: the summed cross-entropy and the number of correct predictions
+  // (cohort's evaluation on held-out data, core/model.hpp).
+  cohort::NamedSums evaluate(const Batch& batch) {
+    double loss = 0.0;
+    double correct = 0.0;
+    for (std::size_t example = 0; example < batch.size(); ++example) {
+      const std::size_t predicted =
+          predict(std::span(batch.inputs).subspan(example * batch.features, batch.features));
+      loss += cross_entropy(batch.labels[example]);
+      correct += predicted == static_cast<std::size_t>(batch.labels[example]) ? 1.0 : 0.0;
+    }
+    return {{"loss", loss}, {"correct", correct}};
+  }
+
   // The class of highest logit, for one example's features and for each example of a batch.
   std::size_t predict(std::span<const float> features) {
     forward(features);
@@ -94,10 +109,9 @@ class Mlp {
     }
   }
 
-  // Softmax cross-entropy of the last forward pass against `label`; accumulates gradients and
-  // calls layer_done(layer) when a layer's are accumulated.
-  template <class LayerDone>
-  double backward(std::int32_t label, LayerDone&& layer_done) {
+  // Softmax cross-entropy of the last forward pass against `label`; leaves its gradient with
+  // respect to the logits in the last deltas.
+  double cross_entropy(std::int32_t label) {
     auto& logits = activations_.back();
     auto& delta = deltas_.back();
     const float top = *std::max_element(logits.begin(), logits.end());
@@ -109,6 +123,14 @@ class Mlp {
     for (float& p : delta) p = static_cast<float>(p / normalizer);
     const double loss = std::log(normalizer) - (logits[label] - top);
     delta[label] -= 1.0f;
+    return loss;
+  }
+
+  // The cross-entropy of the last forward pass against `label`; accumulates gradients and calls
+  // layer_done(layer) when a layer's are accumulated.
+  template <class LayerDone>
+  double backward(std::int32_t label, LayerDone&& layer_done) {
+    const double loss = cross_entropy(label);
 
     for (std::size_t layer = layers(); layer-- > 0;) {
       const std::size_t in = sizes_[layer];
@@ -147,8 +169,6 @@ class Mlp {
 };
 
 }  // namespace example
-
-#include "cohort/core/model.hpp"
 
 template <>
 struct cohort::ModelTraits<example::Mlp> : cohort::ModelMembers<example::Mlp> {};

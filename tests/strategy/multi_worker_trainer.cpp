@@ -5,6 +5,8 @@
 //                        [--on-nonfinite raise|skip_step] [--mirrored]
 //                        [--checkpoint FILE] [--preempt-after N] [--fail-in-backward N]
 //                        [--save-restore FILE] [--schedule]
+//                        [--checkpoint-directory DIR --checkpoint-every N] [--pause-ms N]
+//                        [--validate-every N [--chief-stops-after E]]
 //
 // ring             the ring all-reduce across processes instead of the deterministic one
 // --eigen THREADS  the examples' Eigen MLP on THREADS threads per replica (eigen_training.hpp)
@@ -20,6 +22,15 @@
 // --fail-in-backward N  this process's model throws at its readiness report N (FailingBackward)
 // --save-restore FILE  after the fit every process saves FILE and at once restores it
 // --schedule       the tests' learning-rate schedule (training.hpp, test_schedule)
+// --checkpoint-directory DIR, --checkpoint-every N  checkpoints every N steps into DIR, the newest
+//                  3 kept, and the run resumes from the newest there (Options::checkpoint)
+// --pause-ms N     every micro-batch sleeps N ms, so that a run lasts long enough to be killed
+//                  in its middle
+// --validate-every N  evaluates the small held-out set every N steps (cohort::validation); every
+//                  process prints "stopped early after S steps, E evaluations" when its fit
+//                  stopped early
+// --chief-stops-after E  the chief's ValidationOptions::stop says stop after E evaluations (the
+//                  others' never do)
 // Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process whose
 // fit stopped for preemption exits with cohort::kExitPreempted and writes no parameters.
 // Both models report their gradient readiness per layer, and buckets are 64 bytes, so the buckets
@@ -53,6 +64,11 @@ struct Settings {
   int fail_in_backward = -1;
   std::string save_restore;
   bool schedule = false;
+  std::string checkpoint_directory;
+  std::uint64_t checkpoint_every = 0;
+  int pause_ms = 0;
+  std::uint64_t validate_every = 0;
+  std::size_t chief_stops_after = 0;
 };
 
 template <class Strategy, class Model>
@@ -72,18 +88,36 @@ int train(const Settings& settings, Strategy strategy, const Model& model) {
        .on_nonfinite = settings.on_nonfinite,
        .preemption = {.checkpoint = settings.checkpoint},
        .schedule =
-           settings.schedule ? cohort::testing::test_schedule() : cohort::optimizer::Schedule{}});
+           settings.schedule ? cohort::testing::test_schedule() : cohort::optimizer::Schedule{},
+       .checkpoint = {.directory = settings.checkpoint_directory,
+                      .every_steps = settings.checkpoint_every,
+                      .resume = !settings.checkpoint_directory.empty()}});
   if (!settings.checkpoint.empty() && cohort::checkpoint::saved(settings.checkpoint)) {
     trainer.restore(settings.checkpoint);
   }
+  const std::size_t stop_after = chief ? settings.chief_stops_after : 0;
   const cohort::Report report =
-      settings.poison
-          ? trainer.fit(cohort::testing::PoisonedData{.poisoned = *settings.poison},
-                        {.steps = settings.steps})
-          : trainer.fit(cohort::testing::PreemptedData{.preempt = cohort::testing::PreemptAt(
-                                                           chief ? settings.preempt_after : -1)},
-                        {.steps = settings.steps});
+      settings.poison ? trainer.fit(cohort::testing::PoisonedData{.poisoned = *settings.poison},
+                                    {.steps = settings.steps})
+      : settings.validate_every != 0
+          ? trainer.fit(cohort::testing::small_task_data(), {.steps = settings.steps},
+                        cohort::validation(cohort::testing::small_held_out_data(),
+                                           {.every_steps = settings.validate_every,
+                                            .stop =
+                                                [stop_after](const cohort::Report& so_far) {
+                                                  return stop_after != 0 &&
+                                                         so_far.validation.size() >= stop_after;
+                                                }}))
+          : trainer.fit(
+                cohort::testing::PreemptedData{
+                    .preempt = cohort::testing::PreemptAt(chief ? settings.preempt_after : -1),
+                    .pause = std::chrono::milliseconds(settings.pause_ms)},
+                {.steps = settings.steps});
   std::printf("skipped %llu\n", static_cast<unsigned long long>(report.skipped_steps));
+  if (report.stopped_early) {
+    std::printf("stopped early after %llu steps, %zu evaluations\n",
+                static_cast<unsigned long long>(report.steps), report.validation.size());
+  }
   if (report.preempted) return cohort::kExitPreempted;
   if (!settings.save_restore.empty()) {
     trainer.save(settings.save_restore);
@@ -131,7 +165,8 @@ int main(int argc, char** argv) {
                  "[--poison INDEX] "
                  "[--on-nonfinite raise|skip_step] [--mirrored] [--checkpoint FILE] "
                  "[--preempt-after N] [--fail-in-backward N] [--save-restore FILE] "
-                 "[--schedule]\n");
+                 "[--schedule] [--checkpoint-directory DIR --checkpoint-every N] "
+                 "[--pause-ms N] [--validate-every N [--chief-stops-after E]]\n");
     return 64;
   }
   try {
@@ -166,6 +201,16 @@ int main(int argc, char** argv) {
         settings.fail_in_backward = std::stoi(next());
       } else if (flag == "--save-restore") {
         settings.save_restore = next();
+      } else if (flag == "--checkpoint-directory") {
+        settings.checkpoint_directory = next();
+      } else if (flag == "--checkpoint-every") {
+        settings.checkpoint_every = std::stoull(next());
+      } else if (flag == "--validate-every") {
+        settings.validate_every = std::stoull(next());
+      } else if (flag == "--chief-stops-after") {
+        settings.chief_stops_after = std::stoul(next());
+      } else if (flag == "--pause-ms") {
+        settings.pause_ms = std::stoi(next());
       } else if (flag == "--schedule") {
         settings.schedule = true;
       } else if (flag == "--on-nonfinite") {

@@ -20,7 +20,7 @@ using cohort::testing::read_file;
 using cohort::testing::TemporaryDirectory;
 
 // 97 epochs of the small task at 64 examples per step: long enough that the vote after the signal
-// (about 0.1 s later, trainer/preemption_vote.hpp) comes before the end.
+// (about 0.1 s later, trainer/vote.hpp) comes before the end.
 constexpr std::uint64_t kSteps = 3000;
 
 struct Job {

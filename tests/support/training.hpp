@@ -32,6 +32,14 @@ inline const example::ClusterData& small_task_data() {
   return data;
 }
 
+// Held-out examples of the same task.
+inline const example::ClusterData& small_held_out_data() {
+  static const example::ClusterData data =
+      example::ClusterTask({.features = 8, .classes = 4, .blobs_per_class = 2, .seed = 3})
+          .sample(500, 1);
+  return data;
+}
+
 inline example::Mlp small_model(std::uint64_t seed = 7) { return example::Mlp({8, 16, 4}, seed); }
 
 // 13316 parameters: four blocks of the gradient norm (device::cpu::kNormBlock), so that a
@@ -89,14 +97,17 @@ class PreemptAt {
   mutable std::atomic<int> calls_{0};
 };
 
-// small_task_data(), preempting the run at its micro-batch number `at` (PreemptAt).
+// small_task_data(), preempting the run at its micro-batch number `at` (PreemptAt), and pausing
+// in every micro-batch (so that a run lasts long enough to be stopped in its middle).
 struct PreemptedData {
   const example::ClusterData* data = &small_task_data();
   PreemptAt preempt{-1};
+  std::chrono::milliseconds pause{0};
 
   std::size_t size() const { return data->size(); }
   example::Batch batch(std::span<const std::size_t> indices) const {
     preempt();
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
     return data->batch(indices);
   }
 };

@@ -24,11 +24,12 @@ using cohort::optimizer::Schedule;
 template <class Optimizer = cohort::optimizer::Adam>
 std::string scheduled_parameters(
     std::size_t replicas, const Schedule& schedule, std::uint64_t steps = 30,
-    Optimizer optimizer = cohort::testing::test_optimizer<Optimizer>()) {
+    Optimizer optimizer = cohort::testing::test_optimizer<Optimizer>(),
+    std::size_t micro_batches = 8) {
   cohort::Trainer trainer(cohort::testing::small_model(),
                           cohort::strategy::Mirrored<>({.replicas = replicas}), optimizer,
                           {.global_batch = 64,
-                           .micro_batches = 8,
+                           .micro_batches = micro_batches,
                            .seed = 11,
                            .progress = cohort::Progress::kSilent,
                            .schedule = schedule});
@@ -160,8 +161,8 @@ TEST_CASE("a checkpoint keeps its schedule: a restore under another is refused, 
 
 #if defined(COHORT_RUN)
 TEST_CASE(
-    "under a schedule MultiWorkerMirrored 2x1 and 2x2 and a synchronous parameter server "
-    "of 2 servers give Mirrored's bits") {
+    "under a schedule MultiWorkerMirrored 2x1, 2x2 and 3x1 and a synchronous parameter server of "
+    "2 servers give Mirrored's bits") {
   cohort::testing::TemporaryDirectory directory("cohort-schedule-jobs");
   const std::string expected = scheduled_parameters(
       4, cohort::testing::test_schedule(), 30, cohort::optimizer::Adam({.learning_rate = 3e-3}));
@@ -172,8 +173,10 @@ TEST_CASE(
       {COHORT_RUN, "--np", "2", "--ps", "2", "--timeout-s", "100", "--", COHORT_PS_TRAINER, "sync",
        "30", out, "--schedule"},
   };
-  for (const auto& command : jobs) {
-    CAPTURE(command[5]);
+  const auto check = [&](const std::vector<std::string>& command, const std::string& reference) {
+    std::string line;
+    for (const std::string& word : command) line += word + " ";
+    CAPTURE(line);
     fs::remove(out);
     const auto result = cohort::testing::run_to_completion(command, directory.path / "log.txt");
     REQUIRE(result.has_value());
@@ -181,7 +184,13 @@ TEST_CASE(
     CAPTURE(output);
     REQUIRE(exit.exited);
     REQUIRE(exit.code == 0);
-    CHECK(cohort::testing::read_file(out) == expected);
-  }
+    CHECK(cohort::testing::read_file(out) == reference);
+  };
+  for (const auto& command : jobs) check(command, expected);
+  // 3 workers of 1 replica: 3 micro-batches per step, as Mirrored 3.
+  check({COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, "1", "30", out, "--schedule",
+         "--micro-batches", "3"},
+        scheduled_parameters(3, cohort::testing::test_schedule(), 30,
+                             cohort::optimizer::Adam({.learning_rate = 3e-3}), 3));
 }
 #endif

@@ -40,6 +40,14 @@
 //     micro-batch of each step (the others need no readiness) and starts reducing each bucket of
 //     the gradient while the pass goes on; the result is the same bits with or without it.
 //
+// Optionally, for evaluation on held-out data inside fit (trainer/validation.hpp):
+//   static cohort::NamedSums evaluate(M&, const batch_type&);
+//     // a forward pass only: named sums over the batch's examples, the same names in the same
+//     // order at every call, for example {{"loss", summed loss}, {"correct", correct
+//     // predictions}}. The Trainer sums them over the held-out set and divides by its size.
+//     // Without it, evaluation sums forward_backward's loss (a backward pass computed for
+//     // nothing).
+//
 // Requirements the compiler cannot check:
 //   - M is copyable, and a copy is an independent replica (its spans point into the copy; a copy
 //     of a placed replica lives at the same place);
@@ -59,7 +67,10 @@
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "cohort/core/readiness.hpp"
 
@@ -106,6 +117,15 @@ concept ReportsReadiness =
   { ModelTraits<M>::forward_backward(model, batch, ready) } -> std::convertible_to<double>;
 };
 
+// What an evaluate(model, batch) returns (above): each sum by its name.
+using NamedSums = std::vector<std::pair<std::string, double>>;
+
+// Whether ModelTraits<M> has evaluate (above).
+template <class M>
+concept Evaluates = requires(M& model, const typename ModelTraits<M>::batch_type& batch) {
+  { ModelTraits<M>::evaluate(model, batch) } -> std::convertible_to<NamedSums>;
+};
+
 // A replica of prototype at place: ModelTraits<M>::replicate where given, else a copy.
 template <Model M, class Place>
 M replicate(const M& prototype, const Place& place) {
@@ -132,6 +152,12 @@ struct ModelMembers {
     requires requires { model.forward_backward(batch, ready); }
   {
     return model.forward_backward(batch, ready);
+  }
+  // Only for a model with a member evaluate(batch).
+  static NamedSums evaluate(M& model, const batch_type& batch)
+    requires requires { model.evaluate(batch); }
+  {
+    return model.evaluate(batch);
   }
   // Only for a model with a static member replicate(prototype, place).
   template <class Place>

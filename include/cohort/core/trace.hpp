@@ -56,6 +56,7 @@ enum class Phase : std::uint8_t {
   kPush,             // parameter server: chunks pushed by a worker, or one received and folded
   kPull,             // parameter server: a worker's pull of every chunk, or one answered
   kApply,            // parameter server: the optimizer applied to a shard
+  kValidation,       // an evaluation on held-out data (trainer/validation.hpp)
 };
 
 constexpr std::string_view name(Phase phase) {
@@ -84,6 +85,8 @@ constexpr std::string_view name(Phase phase) {
       return "pull";
     case Phase::kApply:
       return "apply";
+    case Phase::kValidation:
+      return "validation";
   }
   return "unknown";
 }

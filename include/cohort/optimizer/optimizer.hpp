@@ -7,7 +7,8 @@
 //
 //   O::kName                       "sgd", "momentum", "adam", "adamw": stored in checkpoints
 //   O::kStateSlots                 values of state per parameter
-//   o.options()                    the validated Options
+//   o.options()                    the validated Options: learning_rate (which a schedule's
+//                                  factor multiplies) and max_gradient_norm among them
 //   o.step(params, gradients, state, StepContext)
 //       params[i] updated from gradients[i] * context.gradient_scale, with the learning rate
 //       times context.learning_rate_factor (the schedule's). The gradients are the raw reduced
@@ -55,6 +56,7 @@ concept Optimizer = requires(const O& o, std::span<float> f, std::span<const flo
   { O::kName } -> std::convertible_to<std::string_view>;
   { O::kStateSlots } -> std::convertible_to<std::size_t>;
   { o.options() } -> std::convertible_to<const typename O::Options&>;
+  { o.options().learning_rate } -> std::convertible_to<double>;
   { o.options().max_gradient_norm } -> std::convertible_to<double>;
   o.step(f, cf, f, c);
   o.step(d, cd, d, c);

@@ -59,6 +59,17 @@ void refuse_nonfinite(std::span<const T> values, NumericError::Where where, std:
   }
 }
 
+// The chief's write of a whole state; a state with an infinity or NaN is refused.
+template <class T>
+void write_state(const checkpoint::TrainingState<T>& state, const std::filesystem::path& file,
+                 std::uint64_t step) {
+  refuse_nonfinite(std::span<const T>(state.parameters), NumericError::Where::kParameters, step,
+                   file);
+  refuse_nonfinite(std::span<const T>(state.optimizer_state), NumericError::Where::kOptimizerState,
+                   step, file);
+  checkpoint::write(file, state);
+}
+
 // Trainer::save on every process: returns once `file` is complete, or throws on every process.
 template <class R>
 void write_checkpoint(const R& run, const std::filesystem::path& file) {
@@ -71,12 +82,7 @@ void write_checkpoint(const R& run, const std::filesystem::path& file) {
     std::exception_ptr failure;
     if (run.strategy.is_chief()) {
       try {
-        const auto state = checkpoint_state(run);
-        refuse_nonfinite(std::span<const T>(state.parameters), NumericError::Where::kParameters,
-                         run.step, file);
-        refuse_nonfinite(std::span<const T>(state.optimizer_state),
-                         NumericError::Where::kOptimizerState, run.step, file);
-        checkpoint::write(file, state);
+        write_state(checkpoint_state(run), file, run.step);
       } catch (...) {
         failure = std::current_exception();
       }
@@ -124,16 +130,16 @@ void read_checkpoint(R& run, const std::filesystem::path& file) {
   run.dataset_size = state.dataset_size;
 }
 
-// After a fit that stopped for preemption, on every process: the save, when a checkpoint is
-// configured, and the chief's line about it.
+// After a fit that stopped for preemption, on every process: the save to `file` (none when it is
+// empty), and the chief's line about it.
 template <class R>
-void save_preempted(const R& run) {
-  const std::filesystem::path& file = run.options.preemption.checkpoint;
+void save_preempted_to(const R& run, const std::filesystem::path& file) {
   if (!file.empty()) write_checkpoint(run, file);
   if (!run.strategy.is_chief()) return;
-  const std::string saved = file.empty()
-                                ? std::string("nothing saved (no Options::preemption.checkpoint)")
-                                : "saved to " + file.string() + ": run again to continue";
+  const std::string saved = file.empty() ? std::string(
+                                               "nothing saved (no Options::preemption.checkpoint "
+                                               "and no Options::checkpoint.directory)")
+                                         : "saved to " + file.string() + ": run again to continue";
   std::fprintf(stderr, "cohort: preempted: the job stopped before step %llu; %s\n",
                static_cast<unsigned long long>(run.step), saved.c_str());
 }

@@ -11,6 +11,7 @@
 #include "cohort/core/reduce_op.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/trainer/agreement.hpp"
+#include "cohort/trainer/metrics_log.hpp"
 #include "cohort/trainer/options.hpp"
 #include "cohort/trainer/progress.hpp"
 
@@ -38,10 +39,12 @@ class LossWindow {
   const StepTimes& fit_times() const { return fit_times_; }
 
   // Ends the window at `last_step`: the all-reduce of its losses, then on the reporting replica
-  // the Report's losses and the progress line (`periodic`: a log_every line).
+  // the Report's losses, the progress line (`periodic`: a log_every line) and its line in the
+  // metrics log, when there is one (`learning_rate`: the last step's).
   template <class Communicator, class D>
-  void close(std::uint64_t last_step, bool periodic, Communicator& communicator,
-             Agreement<D>& agreement, trace::Recorder* recorder, Report& report) {
+  void close(std::uint64_t last_step, bool periodic, double learning_rate,
+             Communicator& communicator, Agreement<D>& agreement, trace::Recorder* recorder,
+             MetricsLog* metrics, Report& report) {
     const trace::Span span(recorder, trace::Phase::kLossAllReduce, {.step = last_step});
     const auto start = std::chrono::steady_clock::now();
     agreement.all_reduce(communicator, losses_, ReduceOp::kSum);
@@ -55,7 +58,12 @@ class LossWindow {
         const double mean_loss = losses_[i] * inverse_batch_;
         report.loss.push_back(mean_loss);
         report.times += times_[i];
-        printer_.report(first_step + i, mean_loss, times_[i], periodic && i + 1 == losses_.size());
+        const auto line = printer_.report(first_step + i, mean_loss, times_[i],
+                                          periodic && i + 1 == losses_.size());
+        if (line && metrics != nullptr) {
+          metrics->losses(line->step, line->epochs, line->loss, learning_rate,
+                          line->examples_per_second);
+        }
       }
     }
     losses_.clear();

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,14 @@ std::string fit_summary(const std::vector<double>& per_replica, std::uint64_t st
   return summary + "; the others waited most for " + name_of(straggler) + line;
 }
 
+// The figures of one progress line.
+struct ProgressLine {
+  std::uint64_t step = 0;  // steps done
+  double epochs = 0.0;     // epochs done, a fraction within one
+  double loss = 0.0;       // mean per example over the line's steps
+  double examples_per_second = 0.0;
+};
+
 class ProgressPrinter {
  public:
   ProgressPrinter(Progress mode, std::uint64_t steps_per_epoch, std::uint64_t examples_per_step)
@@ -89,31 +98,42 @@ class ProgressPrinter {
         steps_per_epoch_(steps_per_epoch),
         examples_per_step_(examples_per_step) {}
 
-  // After step `step` (0-based, counted since the run began) with its mean loss.
-  void report(std::uint64_t step, double loss, const StepTimes& times, bool periodic) {
+  // After step `step` (0-based, counted since the run began) with its mean loss: the line's
+  // figures where a line is due (printed unless silent).
+  std::optional<ProgressLine> report(std::uint64_t step, double loss, const StepTimes& times,
+                                     bool periodic) {
     window_loss_ += loss;
     ++window_steps_;
     window_times_ += times;
     const bool epoch_end = (step + 1) % steps_per_epoch_ == 0;
-    if (silent_ || !(periodic || epoch_end)) return;
+    if (!(periodic || epoch_end)) return std::nullopt;
     const auto now = std::chrono::steady_clock::now();
     const double seconds = std::chrono::duration<double>(now - window_start_).count();
-    std::printf(
-        "%sepoch %llu step %llu/%llu loss %.5f examples/s %.0f compute %.2f s comm %.2f s%s",
-        in_place_ ? "\r" : "", static_cast<unsigned long long>(step / steps_per_epoch_ + 1),
-        static_cast<unsigned long long>(step % steps_per_epoch_ + 1),
-        static_cast<unsigned long long>(steps_per_epoch_),
-        window_loss_ / static_cast<double>(window_steps_),
-        static_cast<double>(window_steps_ * examples_per_step_) / seconds, window_times_.compute,
-        window_times_.communication, in_place_ && !epoch_end ? "" : "\n");
-    std::fflush(stdout);
+    const ProgressLine line{
+        .step = step + 1,
+        .epochs = static_cast<double>(step + 1) / static_cast<double>(steps_per_epoch_),
+        .loss = window_loss_ / static_cast<double>(window_steps_),
+        .examples_per_second = static_cast<double>(window_steps_ * examples_per_step_) / seconds};
+    if (!silent_) print(line, epoch_end);
     window_start_ = now;
     window_loss_ = 0.0;
     window_steps_ = 0;
     window_times_ = {};
+    return line;
   }
 
  private:
+  void print(const ProgressLine& line, bool epoch_end) const {
+    const std::uint64_t step = line.step - 1;
+    std::printf(
+        "%sepoch %llu step %llu/%llu loss %.5f examples/s %.0f compute %.2f s comm %.2f s%s",
+        in_place_ ? "\r" : "", static_cast<unsigned long long>(step / steps_per_epoch_ + 1),
+        static_cast<unsigned long long>(step % steps_per_epoch_ + 1),
+        static_cast<unsigned long long>(steps_per_epoch_), line.loss, line.examples_per_second,
+        window_times_.compute, window_times_.communication, in_place_ && !epoch_end ? "" : "\n");
+    std::fflush(stdout);
+  }
+
   bool in_place_;
   bool silent_;
   std::uint64_t steps_per_epoch_;

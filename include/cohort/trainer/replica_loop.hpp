@@ -1,16 +1,20 @@
-// trainer::ReplicaLoop: one local replica's part of a fit, on the thread the strategy runs it on.
-// Every replica of every process runs the same loop: the settings check, the start from the
-// chief's state, then for each step the preemption vote when due, its micro-batches
-// (core/sharding.hpp), the fold (trainer/step_fold.hpp) and the strategy's three calls
-// (strategy/strategy.hpp), and the loss window (trainer/loss_window.hpp); at the end the fit's
-// summary and the strategy's finish.
+// trainer::ReplicaLoop: one local replica's part of a segment of a fit (the steps between two
+// checkpoints, trainer/periodic_checkpoints.hpp; the whole fit without them), on the thread the
+// strategy runs it on. Every replica of every process runs the same loop: the settings check (at
+// the fit's first segment), the start from the chief's state, then for each step the job's vote
+// when due (trainer/vote.hpp), its micro-batches (core/sharding.hpp), the fold
+// (trainer/step_fold.hpp) and the strategy's three calls (strategy/strategy.hpp), and the loss
+// window (trainer/loss_window.hpp), and the evaluation on held-out data when due
+// (trainer/validation.hpp); at the end the strategy's finish, and at the fit's end its summary.
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,15 +27,34 @@
 #include "cohort/trainer/agreement.hpp"
 #include "cohort/trainer/job_settings.hpp"
 #include "cohort/trainer/loss_window.hpp"
+#include "cohort/trainer/metrics_log.hpp"
 #include "cohort/trainer/nonfinite.hpp"
-#include "cohort/trainer/preemption_vote.hpp"
+#include "cohort/trainer/periodic_checkpoints.hpp"
 #include "cohort/trainer/progress.hpp"
 #include "cohort/trainer/run.hpp"
 #include "cohort/trainer/step_fold.hpp"
+#include "cohort/trainer/validation.hpp"
+#include "cohort/trainer/vote.hpp"
 
 namespace cohort::trainer {
 
-template <class R, class Replica, class D>
+// How a segment ended.
+enum class SegmentEnd {
+  kTarget,      // the fit's target
+  kCheckpoint,  // a checkpoint is due: the fit goes on after it
+  kPreempted,   // the job agreed to stop
+  kStopped,     // a validation's stop said so (early stopping)
+};
+
+// What a replica's fit carries from one segment to the next.
+struct ReplicaCarry {
+  LossWindow window;
+  Vote vote;
+  std::uint64_t first_step;  // the fit's
+  bool settings_checked = false;
+};
+
+template <class R, class Replica, class D, class V = NoValidation>
 class ReplicaLoop {
   using M = typename R::Model;
   using S = typename R::Strategy;
@@ -41,13 +64,21 @@ class ReplicaLoop {
   using Clock = std::chrono::steady_clock;
 
  public:
-  // Steps from run.step up to `target` (exclusive); `report` is shared by the process's replicas.
-  ReplicaLoop(R& run, Replica& replica, const D& data, const sharding::Plan& plan,
-              std::uint64_t target, Report& report)
+  // Steps from run.step up to segment_end (exclusive) of a fit to `target`; `report` is shared by
+  // the process's replicas. `validation`: none for NoValidation; `metrics`: the chief's log.
+  ReplicaLoop(R& run, Replica& replica, const D& data, const Validation<V>* validation,
+              const sharding::Plan& plan, ReplicaCarry& carry,
+              const PeriodicCheckpoints<R>& checkpoints, MetricsLog* metrics,
+              std::uint64_t segment_end, std::uint64_t target, Report& report)
       : run_(run),
         replica_(replica),
         data_(data),
         plan_(plan),
+        carry_(carry),
+        checkpoints_(checkpoints),
+        metrics_(metrics),
+        validation_(validation),
+        segment_end_(segment_end),
         target_(target),
         report_(report),
         local_(replica.index() - run.strategy.first_local_replica()),
@@ -56,24 +87,36 @@ class ReplicaLoop {
         optimizer_state_(run.optimizer_states[local_].span()),
         reports_(replica.index() == 0 && run.strategy.is_chief()),
         agreement_(place_),
-        fold_(run.models[local_], place_),
-        window_(reports_, run.options.progress, plan.steps_per_epoch(), run.options.global_batch),
-        vote_(run.step) {}
+        fold_(run.models[local_], place_) {
+    if constexpr (kValidates) {
+      evaluator_.emplace(validation->data, run.options.global_batch, run.options.micro_batches,
+                         run.strategy.replicas(), replica.index());
+    }
+  }
 
-  void run() {
+  SegmentEnd run() {
     if (run_.recorder) run_.recorder->name_thread("replica " + std::to_string(replica_.index()));
-    // Checked before anything else travels (the parameters' broadcast has their count in it).
-    if constexpr (strategy::SpansProcesses<S>) require_same_settings(run_, replica_, agreement_);
+    if (!carry_.settings_checked) {
+      // Checked before anything else travels (the parameters' broadcast has their count in it).
+      if constexpr (strategy::SpansProcesses<S>) require_same_settings(run_, replica_, agreement_);
+      carry_.settings_checked = true;
+    }
     // Every replica starts from the chief's state (replicas of other processes included).
     replica_.start(parameters_, optimizer_state_, run_.step);
     if constexpr (strategy::LendsGradientStorage<S, T>) {
       fold_.lend_sum_storage(replica_.template gradient_sum_storage<T>(parameters_.size()));
     }
+    const bool votes =
+        run_.options.preemption.enabled || run_.options.checkpoint.every.count() != 0;
+    SegmentEnd end = segment_end_ == target_ ? SegmentEnd::kTarget : SegmentEnd::kCheckpoint;
     std::uint64_t step = run_.step;
-    for (; step < target_; ++step) {
-      if (run_.options.preemption.enabled &&
-          vote_.template stops_before<S>(step, replica_, agreement_)) {
-        if (!window_.empty()) close_window(step - 1, false);
+    for (; step < segment_end_; ++step) {
+      const Decision decision = votes ? carry_.vote.template before<S>(
+                                            step, checkpoints_.due_by_time(), replica_, agreement_)
+                                      : Decision::kGoOn;
+      if (decision == Decision::kStop || (decision == Decision::kCheckpoint && step > run_.step)) {
+        if (!carry_.window.empty()) close_window(step - 1, false);
+        end = decision == Decision::kStop ? SegmentEnd::kPreempted : SegmentEnd::kCheckpoint;
         break;
       }
       train_step(step);
@@ -81,20 +124,36 @@ class ReplicaLoop {
       const bool periodic =
           run_.options.log_every != 0 && (step_in_epoch + 1) % run_.options.log_every == 0;
       const bool epoch_end = step_in_epoch + 1 == plan_.steps_per_epoch();
-      if (periodic || epoch_end || step + 1 == target_) close_window(step, periodic);
+      if (periodic || epoch_end || step + 1 == segment_end_) close_window(step, periodic);
+      if constexpr (kValidates) {
+        const std::uint64_t every = validation_->options.every_steps;
+        if (((every == 0 && epoch_end) || (every != 0 && (step + 1) % every == 0) ||
+             step + 1 == target_) &&
+            validate(step + 1)) {
+          ++step;
+          end = SegmentEnd::kStopped;
+          break;
+        }
+      }
     }
+    const bool fit_ends = end != SegmentEnd::kCheckpoint;
     if (local_ == 0) {
-      report_.steps = step - run_.step;
-      report_.preempted = step < target_;
+      report_.steps += step - run_.step;
+      report_.preempted = end == SegmentEnd::kPreempted;
+      report_.stopped_early = end == SegmentEnd::kStopped;
     }
-    if (step > run_.step) summarize(step - run_.step);
-    // Every replica ends the fit, as it started it (a parameter server brings the optimizer
-    // state home).
-    replica_.finish(parameters_, optimizer_state_,
-                    step < target_ ? strategy::FitEnd::kPreempted : strategy::FitEnd::kReached);
+    if (fit_ends && step > carry_.first_step) summarize(step - carry_.first_step);
+    // Every replica ends the segment as it ends a fit (a parameter server brings the optimizer
+    // state home; a sharded update gathers it).
+    replica_.finish(
+        parameters_, optimizer_state_,
+        end == SegmentEnd::kPreempted ? strategy::FitEnd::kPreempted : strategy::FitEnd::kReached);
+    return end;
   }
 
  private:
+  static constexpr bool kValidates = !std::same_as<V, NoValidation>;
+
   // One step: the micro-batches, the fold, the strategy's synchronization and update. A step that
   // an exception ends releases the other replicas and waits until no collective uses its buffers
   // (strategy::AbandonsStep) while they, the fold's, still live.
@@ -125,7 +184,7 @@ class ReplicaLoop {
       throw;
     }
     const auto step_end = Clock::now();
-    window_.add(
+    carry_.window.add(
         fold_.loss(),
         {.compute = std::chrono::duration<double>(synchronization_start - compute_start).count(),
          .communication = std::chrono::duration<double>(step_end - synchronization_start).count()});
@@ -161,8 +220,47 @@ class ReplicaLoop {
   }
 
   void close_window(std::uint64_t last_step, bool periodic) {
-    window_.close(last_step, periodic, replica_.communicator(), agreement_, run_.recorder.get(),
-                  report_);
+    const double learning_rate =
+        run_.optimizer.options().learning_rate * run_.options.schedule.factor(last_step);
+    carry_.window.close(last_step, periodic, learning_rate, replica_.communicator(), agreement_,
+                        run_.recorder.get(), metrics_, report_);
+  }
+
+  // The evaluation after `steps` steps, kept in the Report and the metrics log; whether the fit
+  // stops here, as every replica of every process agrees (ValidationOptions::stop).
+  bool validate(std::uint64_t steps) {
+    const trace::Span span(run_.recorder.get(), trace::Phase::kValidation, {.step = steps - 1});
+    const auto start = Clock::now();
+    Evaluation evaluation =
+        evaluator_->evaluate(run_.models[local_], steps, replica_.communicator(), agreement_);
+    double stop = 0.0;
+    if (local_ == 0) {
+      if (reports_ && run_.options.progress != Progress::kSilent) print(evaluation);
+      if (reports_ && metrics_ != nullptr) {
+        metrics_->validation(
+            steps, static_cast<double>(steps) / static_cast<double>(plan_.steps_per_epoch()),
+            evaluation);
+      }
+      report_.validation.push_back(std::move(evaluation));
+      if (validation_->options.stop && validation_->options.stop(report_)) stop = 1.0;
+    }
+    agreement_.all_reduce(replica_.communicator(), std::span<double>(&stop, 1), ReduceOp::kMax);
+    if (local_ == 0) {
+      report_.validation_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    return stop != 0.0;
+  }
+
+  // The chief's line of an evaluation: "validation after step 780: loss 0.08123 correct 0.97120".
+  static void print(const Evaluation& evaluation) {
+    std::string line = "validation after step " + std::to_string(evaluation.step) + ":";
+    for (const auto& [name, mean] : evaluation.means) {
+      char value[32];
+      std::snprintf(value, sizeof value, " %.5f", mean);
+      line += " " + name + value;
+    }
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
   }
 
   // The chief's one line at the end of a fit: the mean time per replica in each phase, and the
@@ -170,8 +268,8 @@ class ReplicaLoop {
   // each replica fills its own pair) on every replica.
   void summarize(std::uint64_t steps) {
     std::vector<double> all(2 * run_.strategy.replicas(), 0.0);
-    all[2 * replica_.index()] = window_.fit_times().compute;
-    all[2 * replica_.index() + 1] = window_.fit_times().communication;
+    all[2 * replica_.index()] = carry_.window.fit_times().compute;
+    all[2 * replica_.index() + 1] = carry_.window.fit_times().communication;
     agreement_.all_reduce(replica_.communicator(), all, ReduceOp::kSum);
     if (!reports_ || run_.options.progress == Progress::kSilent) return;
     const std::string summary =
@@ -184,6 +282,11 @@ class ReplicaLoop {
   Replica& replica_;
   const D& data_;
   const sharding::Plan& plan_;
+  ReplicaCarry& carry_;
+  const PeriodicCheckpoints<R>& checkpoints_;
+  MetricsLog* const metrics_;
+  const Validation<V>* const validation_;
+  const std::uint64_t segment_end_;
   const std::uint64_t target_;
   Report& report_;
   const std::size_t local_;
@@ -193,9 +296,8 @@ class ReplicaLoop {
   const bool reports_;
   Agreement<Device> agreement_;
   StepFold<M, Device> fold_;
-  LossWindow window_;
-  PreemptionVote vote_;
-  std::vector<std::size_t> order_;  // this epoch's example order
+  std::optional<Evaluator<M, V>> evaluator_;  // with held-out data
+  std::vector<std::size_t> order_;            // this epoch's example order
   std::uint64_t order_epoch_ = std::numeric_limits<std::uint64_t>::max();
   std::vector<std::size_t> indices_;  // the micro-batch's examples
 };

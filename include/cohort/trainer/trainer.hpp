@@ -45,8 +45,12 @@
 //   agreement.hpp        the job's small agreements (a few doubles all-reduced)
 //   job_settings.hpp     one job, one set of settings
 //   nonfinite.hpp        non-finite gradients: Options::on_nonfinite
-//   preemption_vote.hpp  SIGTERM and SIGUSR1: Options::preemption
+//   vote.hpp             what the job decides together: preemption (Options::preemption), a
+//                        checkpoint by time
 //   checkpoints.hpp      save and restore
+//   periodic_checkpoints.hpp  checkpoints during a fit: Options::checkpoint
+//   validation.hpp       evaluation on held-out data inside fit, and stopping early
+//   metrics_log.hpp      the chief's metrics file: Options::metrics
 //   progress.hpp         progress lines and the fit's summary
 //
 // fit(data, until) trains until the run (counted since it began, restored checkpoints included)
@@ -60,6 +64,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -69,6 +74,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "cohort/core/dataset.hpp"
 #include "cohort/core/error.hpp"
@@ -84,10 +90,13 @@
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/trainer/checkpoints.hpp"
 #include "cohort/trainer/job_settings.hpp"
+#include "cohort/trainer/metrics_log.hpp"
 #include "cohort/trainer/nonfinite.hpp"
 #include "cohort/trainer/options.hpp"
+#include "cohort/trainer/periodic_checkpoints.hpp"
 #include "cohort/trainer/replica_loop.hpp"
 #include "cohort/trainer/run.hpp"
+#include "cohort/trainer/validation.hpp"
 
 namespace cohort {
 
@@ -120,19 +129,22 @@ class Trainer {
   // A process without local replicas (a parameter server) builds no model: `model` only gives the
   // parameter count.
   Trainer(const M& model, S strategy, O optimizer, Options options = {})
-      : run_(std::move(strategy), std::move(optimizer), std::move(options)) {
+      : run_(std::move(strategy), std::move(optimizer), std::move(options)),
+        checkpoints_(run_.options.checkpoint) {
     if constexpr (kArgumentsValid) start(model);
   }
 
   // data: a Dataset of batch_type (core/dataset.hpp); anything else is told so at compile time.
   template <class D>
   Report fit(const D& data, Until until) {
-    static_assert(!Model<M> || Dataset<D, batch_type>, COHORT_DATASET_REQUIREMENT_MESSAGE);
-    if constexpr (kArgumentsValid && Dataset<D, batch_type>) {
-      return traced_fit(data, until);
-    } else {
-      return {};  // never compiled into a program: a static_assert has failed
-    }
+    return checked_fit(data, until, static_cast<const Validation<trainer::NoValidation>*>(nullptr));
+  }
+
+  // The same, evaluating held-out data as it goes (cohort::validation, trainer/validation.hpp).
+  template <class D, class V>
+  Report fit(const D& data, Until until, const Validation<V>& validation) {
+    static_assert(!Model<M> || Dataset<V, batch_type>, COHORT_DATASET_REQUIREMENT_MESSAGE);
+    return checked_fit(data, until, &validation);
   }
 
   // This process's first replica; every replica holds the same parameters between steps. On a
@@ -186,6 +198,7 @@ class Trainer {
   void start(const M& model) {
     trainer::validate_nonfinite_policy<S, value_type, O>(run_.options.on_nonfinite);
     run_.options.schedule.validate();
+    checkpoints_.validate();
     options::require_in_range("preemption.grace", run_.options.preemption.grace.count(),
                               std::chrono::seconds::rep{1}, std::chrono::seconds::rep{3600});
     watch_ = std::make_unique<preemption::Watch>(run_.options.preemption);
@@ -216,15 +229,26 @@ class Trainer {
     }
   }
 
+  // Both fits, once the data's type is checked.
+  template <class D, class V>
+  Report checked_fit(const D& data, Until until, const Validation<V>* validation) {
+    static_assert(!Model<M> || Dataset<D, batch_type>, COHORT_DATASET_REQUIREMENT_MESSAGE);
+    if constexpr (kArgumentsValid && Dataset<D, batch_type>) {
+      return traced_fit(data, until, validation);
+    } else {
+      return {};  // never compiled into a program: a static_assert has failed
+    }
+  }
+
   // A fit with this process's timeline, when tracing: written at the end, also of a failed fit,
   // where it shows where the step stopped.
-  template <class D>
-  Report traced_fit(const D& data, Until until) {
+  template <class D, class V>
+  Report traced_fit(const D& data, Until until, const Validation<V>* validation) {
     require_settled("fit");
     const trace::Installed installed(run_.recorder.get());
     Report report;
     try {
-      report = train(data, until);
+      report = train(data, until, validation);
     } catch (...) {
       try {
         throw;
@@ -257,14 +281,16 @@ class Trainer {
                       "first");
   }
 
-  template <class D>
-  Report train(const D& data, Until until) {
+  template <class D, class V>
+  Report train(const D& data, Until until, const Validation<V>* validation) {
     if (until.epochs == 0 && until.steps == 0) {
       options::reject("until", "{}", "give epochs or steps (or both)");
     }
     if constexpr (strategy::ServesFit<S, value_type, O>) {
       if (run_.strategy.serves()) return serve();
     }
+    if (const auto point = checkpoints_.resume_point()) resume(*point);
+    open_metrics();
     const sharding::Plan plan(data.size(), run_.options.global_batch, run_.options.micro_batches,
                               run_.strategy.replicas());
     if (run_.dataset_size != 0 && run_.dataset_size != data.size()) {
@@ -279,16 +305,77 @@ class Trainer {
 
     Report report;
     const auto start = std::chrono::steady_clock::now();
-    run_.strategy.run([&](auto& replica) {
-      trainer::ReplicaLoop(run_, replica, data, plan, target, report).run();
-    });
+    const std::uint64_t first_step = run_.step;
+    std::vector<trainer::ReplicaCarry> carries = carries_for(plan);
+    for (trainer::SegmentEnd end = trainer::SegmentEnd::kCheckpoint;
+         end == trainer::SegmentEnd::kCheckpoint;) {
+      const std::uint64_t segment_end = checkpoints_.segment_end(run_.step, target);
+      run_.strategy.run([&](auto& replica) {
+        const std::size_t local = replica.index() - run_.strategy.first_local_replica();
+        const trainer::SegmentEnd ended =
+            trainer::ReplicaLoop(run_, replica, data, validation, plan, carries[local],
+                                 checkpoints_, metrics_.get(), segment_end, target, report)
+                .run();
+        if (local == 0) end = ended;  // every replica's segment ends alike
+      });
+      run_.step = first_step + report.steps;
+      if (end == trainer::SegmentEnd::kPreempted) {
+        checkpoints_.save_preempted(run_);
+      } else if (checkpoints_.enabled()) {
+        const auto stop = std::chrono::steady_clock::now();
+        report.checkpoints += checkpoints_.save(run_) ? 1 : 0;
+        report.checkpoint_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - stop).count();
+      }
+    }
+    const auto last_write = std::chrono::steady_clock::now();
+    checkpoints_.wait();
+    report.checkpoint_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_write).count();
     report.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    report.examples_per_second =
-        static_cast<double>(report.steps * run_.options.global_batch) / report.seconds;
-    run_.step += report.steps;
-    if (report.preempted) trainer::save_preempted(run_);
+    report.examples_per_second = static_cast<double>(report.steps * run_.options.global_batch) /
+                                 (report.seconds - report.validation_seconds);
     return report;
+  }
+
+  // Each local replica's state across the segments of a fit.
+  std::vector<trainer::ReplicaCarry> carries_for(const sharding::Plan& plan) const {
+    std::vector<trainer::ReplicaCarry> carries;
+    for (std::size_t local = 0; local < run_.strategy.local_replicas(); ++local) {
+      // The chief's first replica keeps the Report and prints.
+      const bool reports = local == 0 && run_.strategy.is_chief();
+      carries.push_back(
+          {.window = trainer::LossWindow(reports, run_.options.progress, plan.steps_per_epoch(),
+                                         run_.options.global_batch),
+           .vote = trainer::Vote(run_.step),
+           .first_step = run_.step});
+    }
+    return carries;
+  }
+
+  // The chief's metrics log (Options::metrics, or COHORT_METRICS), opened by the first fit:
+  // appended to where the run resumes from a checkpoint, else started anew.
+  void open_metrics() {
+    if (metrics_ || !run_.strategy.is_chief()) return;
+    std::filesystem::path file = run_.options.metrics;
+    if (file.empty()) {
+      if (const char* variable = std::getenv("COHORT_METRICS"); variable && *variable) {
+        file = variable;
+      }
+    }
+    if (file.empty()) return;
+    metrics_ = std::make_unique<trainer::MetricsLog>(file, run_.options.checkpoint.resume);
+  }
+
+  // Continues from the newest checkpoint of the directory (Options::checkpoint.resume), on every
+  // process.
+  void resume(const checkpoint::Saved& point) {
+    trainer::read_checkpoint(run_, point.file);
+    if (run_.strategy.is_chief()) {
+      std::fprintf(stderr, "cohort: resuming from %s (step %llu)\n", point.file.c_str(),
+                   static_cast<unsigned long long>(point.step));
+    }
   }
 
   // A server's fit (strategy::ServesFit): it serves the workers' fit and returns when they are
@@ -301,11 +388,13 @@ class Trainer {
         trainer::server_settings(run_));
     report.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (report.preempted) trainer::save_preempted(run_);
+    if (report.preempted) checkpoints_.save_preempted(run_);
     return report;
   }
 
   Run run_;
+  trainer::PeriodicCheckpoints<Run> checkpoints_;
+  std::unique_ptr<trainer::MetricsLog> metrics_;  // on the chief, when asked
   std::optional<std::string> unsettled_;      // why the state may be inconsistent (require_settled)
   std::unique_ptr<preemption::Watch> watch_;  // when Options::preemption.enabled
 };

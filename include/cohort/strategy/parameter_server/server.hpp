@@ -714,7 +714,7 @@ class Server {
   }
 
   void send(int worker, Reply answer, std::span<const std::byte> payload) {
-    // The workers decide when to stop (trainer/preemption_vote.hpp); a signalled server only tells
+    // The workers decide when to stop (trainer/vote.hpp); a signalled server only tells
     // them.
     if (counts_.preempted || preemption::requested() != 0) answer.flags |= kPreempted;
     const transport::Send sends[] = {

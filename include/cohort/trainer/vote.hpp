@@ -1,13 +1,19 @@
+// trainer::Vote: what the job decides together while it trains, without a message of its own
+// between steps: whether to stop for preemption, and whether a checkpoint is due by time.
+//
 // Preemption. With Options::preemption.enabled (the default) SIGTERM and SIGUSR1 are latched
 // (core/preemption.hpp), and before the first step of a fit, then about every 0.1 s (a number of
 // steps computed alike everywhere from the slowest step time), every replica of every process votes
 // in one all-reduce whether any process was signalled (a parameter-server worker also counts its
 // servers' marked answers: strategy::ReportsStop). All stop at the same step, within about 0.1 s
 // plus a step of the signal; a signal between two fits stops the next before its first step.
-// Every process then saves to preemption.checkpoint, when given (Trainer::save: the chief, or a
-// parameter server's shards and manifest), and fit returns with Report::preempted: the program
-// should exit with kExitPreempted (75), and the same command continues the run bit for bit. A
-// process still alive preemption.grace (20 s) after the signal is ended with 128 + the signal.
+// Every process then saves (trainer/periodic_checkpoints.hpp: to preemption.checkpoint, else into
+// the checkpoint directory), and fit returns with Report::preempted: the program should exit with
+// kExitPreempted (75), and the same command continues the run bit for bit. A process still alive
+// preemption.grace (20 s) after the signal is ended with 128 + the signal.
+//
+// Checkpoints by time (Options::checkpoint.every): the same vote carries whether any process has
+// gone that long without a checkpoint, so that every process checkpoints after the same step.
 #pragma once
 
 #include <algorithm>
@@ -21,24 +27,31 @@
 
 namespace cohort::trainer {
 
-class PreemptionVote {
+enum class Decision {
+  kGoOn,
+  kCheckpoint,  // a checkpoint by time is due: the fit's segment ends here
+  kStop,        // preemption: the fit ends here
+};
+
+class Vote {
  public:
   // Votes come about this often, so that the job stops within about this time of a signal and a
-  // vote (one all-reduce of two numbers, some microseconds between processes) costs a small
+  // vote (one all-reduce of three numbers, some microseconds between processes) costs a small
   // model's fast steps nothing measurable.
   static constexpr double kInterval = 0.1;  // seconds
 
   // A fit that begins at `first_step` votes before it.
-  explicit PreemptionVote(std::uint64_t first_step)
+  explicit Vote(std::uint64_t first_step)
       : next_(first_step), last_(first_step), last_time_(Clock::now()) {}
 
-  // Before step `step`, on every replica: whether the job stops here. Where a vote is due, one
-  // all-reduce (max) of whether any process was asked to stop and of the slowest step time since
-  // the last vote, so that every replica of every process decides the same way and schedules the
-  // same next vote.
+  // Before step `step`, on every replica: what the job does here. Where a vote is due, one
+  // all-reduce (max) of whether any process was asked to stop, whether a checkpoint is
+  // `checkpoint_due` on any, and of the slowest step time since the last vote, so that every
+  // replica of every process decides the same way and schedules the same next vote.
   template <class S, class Replica, class D>
-  bool stops_before(std::uint64_t step, Replica& replica, Agreement<D>& agreement) {
-    if (step != next_) return false;
+  Decision before(std::uint64_t step, bool checkpoint_due, Replica& replica,
+                  Agreement<D>& agreement) {
+    if (step != next_) return Decision::kGoOn;
     const auto now = Clock::now();
     const double step_seconds = step == last_
                                     ? 0.0
@@ -46,13 +59,13 @@ class PreemptionVote {
                                           static_cast<double>(step - last_);
     bool asked = preemption::requested() != 0;
     if constexpr (strategy::ReportsStop<S>) asked = asked || replica.stop_requested();
-    double values[2] = {asked ? 1.0 : 0.0, step_seconds};
+    double values[3] = {asked ? 1.0 : 0.0, checkpoint_due ? 1.0 : 0.0, step_seconds};
     agreement.all_reduce(replica.communicator(), values, ReduceOp::kMax);
-    if (values[0] != 0.0) return true;
-    next_ = step + steps_between_votes(values[1]);
+    if (values[0] != 0.0) return Decision::kStop;
+    next_ = step + steps_between_votes(values[2]);
     last_ = step;
     last_time_ = now;
-    return false;
+    return values[1] != 0.0 ? Decision::kCheckpoint : Decision::kGoOn;
   }
 
   // Steps until the next vote: kInterval's worth at the given step time, at least 1.

@@ -1,0 +1,146 @@
+// Checkpoints during a fit (Options::checkpoint): a directory of the run's checkpoints
+// (checkpoint/directory.hpp), one every every_steps steps and/or every `every` seconds, the newest
+// `keep` kept, and one at the end of every fit. With resume, the Trainer's first fit continues
+// from the newest checkpoint in the directory, as TensorFlow's BackupAndRestore does, so that the
+// same command run again after a crash or a kill -9 of every process goes on from there, with the
+// bits of a run that was never interrupted.
+//
+// A fit with checkpoints runs in segments, one between two checkpoints: every replica ends the
+// segment as it ends a fit (the strategy's finish: a sharded optimizer state is gathered), the
+// checkpoint is taken, and the next segment starts from it. By steps, every process knows where a
+// segment ends; by time, the job's vote (trainer/vote.hpp) agrees on the step.
+//
+// The chief copies the state to the host at the segment's end (Trainer::save's checks included:
+// no infinity or NaN is saved) and writes it in the background while the next segment trains;
+// the next checkpoint, and the end of the fit, wait for that write. A write that failed fails the
+// chief's fit there (CheckpointError), and the other processes learn it as the chief's departure.
+// Preemption saves into the same directory when Options::preemption.checkpoint is empty.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <future>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "cohort/checkpoint/checkpoint.hpp"
+#include "cohort/checkpoint/directory.hpp"
+#include "cohort/core/options.hpp"
+#include "cohort/strategy/strategy.hpp"
+#include "cohort/trainer/checkpoints.hpp"
+#include "cohort/trainer/options.hpp"
+
+namespace cohort::trainer {
+
+template <class R>
+class PeriodicCheckpoints {
+  using T = typename R::value_type;
+  using Clock = std::chrono::steady_clock;
+
+ public:
+  explicit PeriodicCheckpoints(const CheckpointPolicy& policy) : policy_(policy) {}
+
+  // Refuses a policy that makes no sense, or that the strategy cannot follow (ConfigError naming
+  // the field).
+  void validate() const {
+    const CheckpointPolicy& policy = policy_;
+    const bool asked = policy.every_steps != 0 || policy.every.count() != 0 || policy.resume;
+    if (asked && policy.directory.empty()) {
+      options::reject("checkpoint.directory", "\"\"",
+                      "must name a directory when checkpoint.every_steps, checkpoint.every or "
+                      "checkpoint.resume is set");
+    }
+    if (policy.every.count() < 0) {
+      options::reject("checkpoint.every", policy.every.count(), "must not be negative");
+    }
+    if constexpr (strategy::ServesFit<typename R::Strategy, T, typename R::Optimizer>) {
+      if (!policy.directory.empty()) {
+        options::reject("checkpoint.directory", policy.directory.string(),
+                        "is not available under a parameter server yet: save between fits "
+                        "(Trainer::save) and on preemption (preemption.checkpoint)");
+      }
+    }
+  }
+
+  bool enabled() const { return !policy_.directory.empty(); }
+
+  // Where the segment that begins at `step` ends, for a fit to `target`.
+  std::uint64_t segment_end(std::uint64_t step, std::uint64_t target) const {
+    if (policy_.every_steps == 0) return target;
+    return std::min(target, (step / policy_.every_steps + 1) * policy_.every_steps);
+  }
+
+  // Whether this process has gone checkpoint.every without a checkpoint (read by every replica
+  // before the vote).
+  bool due_by_time() const {
+    return policy_.every.count() != 0 && Clock::now() - last_ >= policy_.every;
+  }
+
+  // The newest checkpoint to resume from, once per Trainer, when asked.
+  std::optional<checkpoint::Saved> resume_point() {
+    if (!policy_.resume || resumed_) return std::nullopt;
+    resumed_ = true;
+    auto newest = checkpoint::newest(policy_.directory);
+    if (newest) saved_step_ = newest->step;
+    return newest;
+  }
+
+  // After a segment: the chief snapshots the run's state and writes it in the background. Whether
+  // this step had no checkpoint yet.
+  bool save(const R& run) {
+    last_ = Clock::now();
+    if (run.step == saved_step_) return false;
+    saved_step_ = run.step;
+    if (!run.strategy.is_chief()) return true;
+    wait();
+    auto state = checkpoint_state(run);
+    writing_ = std::async(std::launch::async, [this, step = run.step, state = std::move(state)] {
+      create_directory();
+      write_state(state, checkpoint::file_for_step(policy_.directory, step), step);
+      if (policy_.keep != 0) checkpoint::keep_newest<T>(policy_.directory, policy_.keep);
+    });
+    return true;
+  }
+
+  // After a preemption: the save every process makes together (trainer/checkpoints.hpp), into
+  // preemption.checkpoint or else this directory.
+  void save_preempted(const R& run) {
+    wait();
+    const bool into_directory = run.options.preemption.checkpoint.empty() && enabled();
+    if (into_directory && run.strategy.is_chief()) create_directory();
+    save_preempted_to(run, into_directory ? checkpoint::file_for_step(policy_.directory, run.step)
+                                          : run.options.preemption.checkpoint);
+    if (into_directory && policy_.keep != 0 && run.strategy.is_chief()) {
+      checkpoint::keep_newest<T>(policy_.directory, policy_.keep);
+    }
+  }
+
+  // Waits for the write in flight; rethrows its failure.
+  void wait() {
+    if (writing_.valid()) writing_.get();
+  }
+
+ private:
+  // On the chief, before it writes there.
+  void create_directory() const {
+    std::error_code error;
+    std::filesystem::create_directories(policy_.directory, error);
+    if (error) {
+      throw CheckpointError("checkpoint.directory " + policy_.directory.string() +
+                            " cannot be created: " + error.message());
+    }
+  }
+
+  CheckpointPolicy policy_;
+  Clock::time_point last_ = Clock::now();
+  std::uint64_t saved_step_ = static_cast<std::uint64_t>(-1);
+  bool resumed_ = false;
+  std::future<void> writing_;
+};
+
+}  // namespace cohort::trainer

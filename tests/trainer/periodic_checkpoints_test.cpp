@@ -1,0 +1,161 @@
+// Checkpoints during a fit (trainer/periodic_checkpoints.hpp, checkpoint/directory.hpp): the
+// directory they fill, the bits they keep, and a job killed with SIGKILL that goes on from them.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cohort/checkpoint/directory.hpp>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "error_message.hpp"
+#include "processes.hpp"
+#include "training.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using cohort::testing::TemporaryDirectory;
+
+// The small task on Mirrored 2 to `steps`, with the given checkpoint policy, as
+// multi_worker_trainer trains it on 2 workers of 1 replica; the trainer.
+auto trained(std::uint64_t steps, const cohort::CheckpointPolicy& policy) {
+  auto trainer = std::make_unique<
+      cohort::Trainer<example::Mlp, cohort::strategy::Mirrored<>, cohort::optimizer::Adam>>(
+      cohort::testing::small_model(), cohort::strategy::Mirrored<>({.replicas = 2}),
+      cohort::optimizer::Adam({.learning_rate = 3e-3}),  // as multi_worker_trainer
+      cohort::TrainerOptions{.global_batch = 64,
+                             .seed = 11,
+                             .log_every = 4,
+                             .progress = cohort::Progress::kSilent,
+                             .checkpoint = policy});
+  trainer->fit(cohort::testing::small_task_data(), {.steps = steps});
+  return trainer;
+}
+
+std::string parameters_of(const auto& trainer) {
+  return cohort::testing::bytes_of(cohort::testing::parameters_of(trainer->model()));
+}
+
+std::vector<std::uint64_t> steps_in(const fs::path& directory) {
+  std::vector<std::uint64_t> steps;
+  for (const auto& saved : cohort::checkpoint::list(directory)) steps.push_back(saved.step);
+  return steps;
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint file's name gives its step; other names give none") {
+  CHECK(cohort::checkpoint::file_for_step("d", 1200) == fs::path("d/step-000000001200.ckpt"));
+  CHECK(cohort::checkpoint::step_of("step-000000001200.ckpt") == 1200u);
+  CHECK_FALSE(cohort::checkpoint::step_of("step-000000001200.ckpt.tmp-42").has_value());
+  CHECK_FALSE(cohort::checkpoint::step_of("step-.ckpt").has_value());
+  CHECK_FALSE(cohort::checkpoint::step_of("step-12a.ckpt").has_value());
+  CHECK_FALSE(cohort::checkpoint::step_of("notes.txt").has_value());
+}
+
+TEST_CASE(
+    "checkpoints every N steps keep the newest K, ignore a torn temporary, and change no bit") {
+  TemporaryDirectory directory("cohort-periodic");
+  const fs::path checkpoints = directory.path / "checkpoints";
+  fs::create_directories(checkpoints);
+  // What a chief killed in the middle of a write leaves, and a file of the user's.
+  std::ofstream(checkpoints / "step-000000000099.ckpt.tmp-4242") << "torn";
+  std::ofstream(checkpoints / "notes.txt") << "mine";
+
+  const auto uninterrupted = trained(23, {});
+  const auto checkpointed = trained(23, {.directory = checkpoints, .every_steps = 5, .keep = 2});
+  CHECK(parameters_of(checkpointed) == parameters_of(uninterrupted));
+  // Every 5 steps, and at the end of the fit; the newest 2 kept.
+  CHECK(steps_in(checkpoints) == std::vector<std::uint64_t>{20, 23});
+  CHECK(cohort::checkpoint::read<float>(checkpoints / "step-000000000020.ckpt").step == 20);
+  CHECK(fs::exists(checkpoints / "notes.txt"));
+
+  // The same run, resumed from the newest, goes on with an uninterrupted run's bits.
+  const auto resumed =
+      trained(40, {.directory = checkpoints, .every_steps = 5, .keep = 2, .resume = true});
+  CHECK(parameters_of(resumed) == parameters_of(trained(40, {})));
+  CHECK(steps_in(checkpoints) == std::vector<std::uint64_t>{35, 40});
+}
+
+TEST_CASE("checkpoint options without a directory are refused, naming the field") {
+  CHECK(cohort::testing::contains(
+      cohort::testing::config_error_message([] { trained(5, {.every_steps = 5}); }),
+      "checkpoint.directory"));
+  CHECK(cohort::testing::contains(
+      cohort::testing::config_error_message([] { trained(5, {.resume = true}); }),
+      "checkpoint.directory"));
+}
+
+#if defined(COHORT_RUN)
+TEST_CASE(
+    "a job whose every process is killed with SIGKILL at a random step resumes from its newest "
+    "checkpoint to an uninterrupted run's bits") {
+  TemporaryDirectory directory("cohort-periodic-kill");
+  const fs::path checkpoints = directory.path / "checkpoints";
+  const fs::path out = directory.path / "parameters.bin";
+  constexpr std::uint64_t kSteps = 200;
+  const auto start_job = [&](const std::string& name) {
+    const std::string port = std::to_string(cohort::testing::free_port());
+    std::vector<std::unique_ptr<cohort::testing::Process>> workers;
+    for (int rank = 0; rank < 2; ++rank) {
+      workers.push_back(std::make_unique<cohort::testing::Process>(
+          std::vector<std::string>{COHORT_TRAINER, "1", std::to_string(kSteps), out,
+                                   "--checkpoint-directory", checkpoints, "--checkpoint-every", "4",
+                                   "--pause-ms", "2"},
+          std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
+                                             {"COHORT_WORLD_SIZE", "2"},
+                                             {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                             {"COHORT_MASTER_PORT", port},
+                                             {"COHORT_JOB_ID", name}},
+          directory.path / (name + "-rank" + std::to_string(rank) + ".log")));
+    }
+    return workers;
+  };
+
+  // Killed once a checkpoint at least a random number of steps in is on disk.
+  std::mt19937_64 random(std::random_device{}());
+  const std::uint64_t kill_after = 8 + random() % 120;
+  CAPTURE(kill_after);
+  {
+    auto workers = start_job("killed");
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      const auto newest = cohort::checkpoint::newest(checkpoints);
+      if (newest && newest->step >= kill_after) break;
+      std::this_thread::sleep_for(2ms);
+    }
+    for (auto& worker : workers) worker->kill(SIGKILL);
+    for (auto& worker : workers) {
+      const auto exit = worker->wait(60s);
+      REQUIRE(exit.has_value());
+      CHECK_FALSE(exit->exited);
+    }
+  }
+  REQUIRE_FALSE(fs::exists(out));
+  const auto newest = cohort::checkpoint::newest(checkpoints);
+  REQUIRE(newest.has_value());
+  CHECK(newest->step >= kill_after);
+  CHECK(newest->step < kSteps);
+
+  auto workers = start_job("resumed");
+  for (auto& worker : workers) {
+    const auto exit = worker->wait(120s);
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code == 0);
+  }
+  const std::string log = cohort::testing::read_file(directory.path / "resumed-rank0.log");
+  CAPTURE(log);
+  CHECK(cohort::testing::contains(log, "cohort: resuming from " + newest->file.string()));
+  // Mirrored 2 in this process: the bits of 2 workers of 1 replica.
+  CHECK(cohort::testing::read_file(out) == parameters_of(trained(kSteps, {})));
+}
+#endif
