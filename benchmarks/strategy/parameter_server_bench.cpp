@@ -98,7 +98,7 @@ void BM_ps_push_pull(benchmark::State& state) {
           client.transfer();
           ++step;
         }
-        client.done(servers, false);
+        client.done(servers, cohort::strategy::FitEnd::kReached, step);
       },
       [&](tcp::Tcp& transport) {
         transport.isolate_peer_failures();

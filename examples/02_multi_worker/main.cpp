@@ -53,15 +53,19 @@ int main(int argc, char** argv) {
              .resume = !settings.checkpoint_directory.empty()}});
     const std::string run = std::to_string(workers) + " worker(s) x " +
                             std::to_string(local_replicas) + " local replica(s)";
-    if (settings.checkpoint.empty() && settings.validate) {
-      // One fit, evaluating the held-out set after every epoch; checkpoints as it goes with
-      // --checkpoint-dir.
+    if (settings.checkpoint.empty()) {
+      // One fit, evaluating the held-out set after every epoch (unless --no-validation), and
+      // checkpointing as it goes with --checkpoint-dir.
       const cohort::Report report =
-          trainer.fit(data.train, {.epochs = settings.epochs}, cohort::validation(data.held_out));
+          settings.validate ? trainer.fit(data.train, {.epochs = settings.epochs},
+                                          cohort::validation(data.held_out))
+                            : trainer.fit(data.train, {.epochs = settings.epochs});
       if (report.preempted) return cohort::kExitPreempted;
       if (chief) {
         std::printf("\n");
-        example::outcome_of(report, trainer.model()).print(run);
+        (settings.validate ? example::outcome_of(report, trainer.model())
+                           : example::evaluate(trainer.model(), data, report.examples_per_second))
+            .print(run);
         std::printf("fit %.3f s, of which %.3f s in %zu evaluations of the %zu held-out examples\n",
                     report.seconds, report.validation_seconds, report.validation.size(),
                     data.held_out.size());

@@ -28,7 +28,7 @@ struct DemoSettings {
   std::size_t held_out = 20'000;
   std::vector<std::size_t> layers{8, 128, 10};  // inputs, hidden..., classes
   std::size_t threads = 1;                      // per replica
-  double learning_rate = 3e-3;
+  double learning_rate = 1e-2;  // the schedule's peak (demo_schedule)
   bool quiet = false;
   std::string checkpoint;  // continue from it if it exists; save it after every epoch
   std::string

@@ -87,11 +87,9 @@ int train(const Settings& settings, Strategy strategy, const Model& model) {
        .progress = cohort::Progress::kSilent,
        .on_nonfinite = settings.on_nonfinite,
        .preemption = {.checkpoint = settings.checkpoint},
-       .schedule =
-           settings.schedule ? cohort::testing::test_schedule() : cohort::optimizer::Schedule{},
-       .checkpoint = {.directory = settings.checkpoint_directory,
-                      .every_steps = settings.checkpoint_every,
-                      .resume = !settings.checkpoint_directory.empty()}});
+       .schedule = cohort::testing::schedule_if(settings.schedule),
+       .checkpoint = cohort::testing::checkpoints_in(settings.checkpoint_directory,
+                                                     settings.checkpoint_every)});
   if (!settings.checkpoint.empty() && cohort::checkpoint::saved(settings.checkpoint)) {
     trainer.restore(settings.checkpoint);
   }

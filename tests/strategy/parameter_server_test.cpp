@@ -233,7 +233,7 @@ Served serve_with_a_silent_worker(int steps, std::chrono::milliseconds pause,
           pull(client, chunk, static_cast<std::uint64_t>(step));
           std::this_thread::sleep_for(pause);
         }
-        client.done(1, false);
+        client.done(1, cohort::strategy::FitEnd::kReached, static_cast<std::uint64_t>(steps));
       },
       [&](LoopbackClient& client, const ps::Chunk& chunk) {
         pull(client, chunk);

@@ -10,6 +10,7 @@
 //              [--seed-of W S] [--learning-rate-of-server S LR] [--timeout-ms T]
 //              [--stall-mid-frame W --stall-after N] [--stop-worker W --stop-after N]
 //              [--preempt-after N] [--schedule]
+//              [--checkpoint-directory DIR --checkpoint-every N]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
 // --every-worker-sleep-ms N  every worker sleeps N ms in every micro-batch (so that a run lasts)
@@ -42,6 +43,9 @@
 //                    a process whose fit stopped for preemption exits with kExitPreempted
 // --schedule         the tests' learning-rate schedule (training.hpp, test_schedule), which the
 //                    servers apply
+// --checkpoint-directory DIR, --checkpoint-every N  checkpoints every N steps into DIR, a shard
+//                    per server and the manifest, the newest 3 kept, and the run resumes from
+//                    the newest there (Options::checkpoint)
 // Otherwise the layout is forced small (16-element alignment, no minimum shard, 256-byte chunks),
 // so that the small model spreads over every server in several chunks.
 #include <signal.h>
@@ -131,6 +135,8 @@ struct Settings {
   int stop_after = 0;
   int preempt_after = -1;
   bool schedule = false;
+  std::string checkpoint_directory;
+  std::uint64_t checkpoint_every = 0;
 };
 
 // The test data: slowed down on one worker, with one example poisoned, on the stalling worker
@@ -266,8 +272,9 @@ int train(const Settings& settings, const Model& model) {
        .progress = cohort::Progress::kSilent,
        .on_nonfinite = settings.on_nonfinite,
        .preemption = {.checkpoint = settings.checkpoint},
-       .schedule =
-           settings.schedule ? cohort::testing::test_schedule() : cohort::optimizer::Schedule{}});
+       .schedule = cohort::testing::schedule_if(settings.schedule),
+       .checkpoint = cohort::testing::checkpoints_in(settings.checkpoint_directory,
+                                                     settings.checkpoint_every)});
   if (!settings.restore.empty()) trainer.restore(settings.restore);
   const Data data{
       &cohort::testing::small_task_data(),
@@ -277,7 +284,7 @@ int train(const Settings& settings, const Model& model) {
       settings.poison,
       cohort::testing::PreemptAt(chief ? settings.preempt_after : -1)};
   const std::uint64_t segment = settings.segment == 0 ? settings.steps : settings.segment;
-  // Every process, servers included, fits the same segments (a server's step stays put).
+  // Every process, servers included, fits the same segments.
   for (std::uint64_t at = trainer.step(); at < settings.steps;) {
     at = std::min(settings.steps, at + segment);
     if (trainer.fit(data, {.steps = at}).preempted) return cohort::kExitPreempted;
@@ -324,6 +331,10 @@ int main(int argc, char** argv) {
       settings.segment = std::stoull(next());
     else if (flag == "--checkpoint")
       settings.checkpoint = next();
+    else if (flag == "--checkpoint-directory")
+      settings.checkpoint_directory = next();
+    else if (flag == "--checkpoint-every")
+      settings.checkpoint_every = std::stoull(next());
     else if (flag == "--schedule")
       settings.schedule = true;
     else if (flag == "--reread")

@@ -75,6 +75,15 @@ inline optimizer::Schedule test_schedule() {
           .final_factor = 0.1};
 }
 
+// The test programs' Options::schedule and Options::checkpoint from their flags: the tests'
+// schedule or none; checkpoints every `every` steps into `directory`, resumed from there, or none.
+inline optimizer::Schedule schedule_if(bool scheduled) {
+  return scheduled ? test_schedule() : optimizer::Schedule{};
+}
+inline CheckpointPolicy checkpoints_in(const std::string& directory, std::uint64_t every) {
+  return {.directory = directory, .every_steps = every, .resume = !directory.empty()};
+}
+
 // A preemption at a known point of a run: the call number `at` (from 0; -1: never) sends SIGTERM
 // to this process's parent, the launcher (cohort-run), which forwards it to every rank as a job
 // controller would. Test programs call it from their data set's batch(). The call returns once

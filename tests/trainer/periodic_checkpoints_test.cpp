@@ -158,4 +158,49 @@ TEST_CASE(
   // Mirrored 2 in this process: the bits of 2 workers of 1 replica.
   CHECK(cohort::testing::read_file(out) == parameters_of(trained(kSteps, {})));
 }
+
+TEST_CASE(
+    "a synchronous parameter server checkpoints during a fit, a shard per server, keeps the "
+    "newest K and resumes to Mirrored's bits") {
+  TemporaryDirectory directory("cohort-periodic-ps");
+  const fs::path checkpoints = directory.path / "checkpoints";
+  const fs::path out = directory.path / "parameters.bin";
+  const auto job = [&](const std::string& steps) {
+    const auto result = cohort::testing::run_to_completion(
+        {COHORT_RUN, "--np", "2", "--ps", "2", "--timeout-s", "100", "--", COHORT_PS_TRAINER,
+         "sync", steps, out, "--checkpoint-directory", checkpoints, "--checkpoint-every", "7"},
+        directory.path / ("job-" + steps + ".log"));
+    REQUIRE(result.has_value());
+    const auto& [exit, output] = *result;
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+    return output;
+  };
+  const auto files_of_step = [&](std::uint64_t step) {
+    const std::string name = cohort::checkpoint::file_for_step(checkpoints, step).filename();
+    std::size_t count = 0;
+    for (const auto& entry : fs::directory_iterator(checkpoints)) {
+      count += entry.path().filename().string().starts_with(name) ? 1 : 0;
+    }
+    return count;
+  };
+
+  job("20");
+  // Every 7 steps and at the end of the fit; each a manifest and a shard per server.
+  CHECK(steps_in(checkpoints) == std::vector<std::uint64_t>{7, 14, 20});
+  CHECK(files_of_step(20) == 3);
+  CHECK(cohort::checkpoint::read<float>(cohort::checkpoint::file_for_step(checkpoints, 20)).step ==
+        20);
+
+  // The same command to 30 steps goes on from step 20, on workers and servers.
+  const std::string output = job("30");
+  CHECK(cohort::testing::contains(output, "cohort: resuming from"));
+  CHECK(cohort::testing::read_file(out) == parameters_of(trained(30, {})));
+  CHECK(steps_in(checkpoints) == std::vector<std::uint64_t>{21, 28, 30});
+  // The checkpoints no longer kept took their shards with them.
+  CHECK(files_of_step(7) == 0);
+  CHECK(files_of_step(20) == 0);
+  CHECK(files_of_step(30) == 3);
+}
 #endif

@@ -22,10 +22,10 @@ using cohort::optimizer::Schedule;
 // The small task under `schedule` (Adam unless given), trained `steps` steps on Mirrored
 // `replicas`; the parameters' bytes.
 template <class Optimizer = cohort::optimizer::Adam>
-std::string scheduled_parameters(
-    std::size_t replicas, const Schedule& schedule, std::uint64_t steps = 30,
-    Optimizer optimizer = cohort::testing::test_optimizer<Optimizer>(),
-    std::size_t micro_batches = 8) {
+std::string scheduled_parameters(std::size_t replicas, const Schedule& schedule,
+                                 std::uint64_t steps = 30,
+                                 Optimizer optimizer = cohort::testing::test_optimizer<Optimizer>(),
+                                 std::size_t micro_batches = 8) {
   cohort::Trainer trainer(cohort::testing::small_model(),
                           cohort::strategy::Mirrored<>({.replicas = replicas}), optimizer,
                           {.global_batch = 64,

@@ -147,7 +147,7 @@ class Worker {
           rows.push_back(row);
         }
       }
-      client.done(servers, false);
+      client.done(servers, cohort::strategy::FitEnd::kReached, step_);
     }
     return rows;
   }

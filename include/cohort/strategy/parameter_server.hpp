@@ -320,8 +320,8 @@ class ParameterServer {
   // Trainer's settings that a server holds too) and the chief's (parameter_server/protocol.hpp).
   // What it did goes to stderr in one line.
   template <class T, class O>
-  bool serve(std::size_t elements, const O& optimizer, const optimizer::Schedule& schedule,
-             const settings::Fields& own) {
+  Served serve(std::size_t elements, const O& optimizer, const optimizer::Schedule& schedule,
+               const settings::Fields& own) {
     check_optimizer<T>(optimizer);
     const ps::Layout shards = layout(elements, sizeof(T));
     ps::Server<Transport, T, O, C> server(*transport_, shards,
@@ -350,9 +350,10 @@ class ParameterServer {
       }
       line += "}";
     }
-    if (counts.preempted) line += ", stopped for preemption";
+    if (counts.end == FitEnd::kPreempted) line += ", stopped for preemption";
+    if (counts.end == FitEnd::kCheckpoint) line += ", for a checkpoint at step " + std::to_string(counts.step);
     std::fprintf(stderr, "%s\n", line.c_str());
-    return counts.preempted;
+    return {.end = counts.end, .step = counts.step};
   }
 
   // Trainer::restore: a server keeps its shard of the restored state, so that a save before the
@@ -414,6 +415,7 @@ class ParameterServer {
         land(host, parameters);
       });
       local_.broadcast(parameters, 0);
+      step_ = step;
     }
 
     // Before start, every worker's first replica presents the Trainer's settings to every server,
@@ -479,6 +481,7 @@ class ParameterServer {
         land(parameters, update.parameters);
       }
       local_.broadcast(update.parameters, 0);
+      step_ = update.step + 1;
     }
 
     // The end of a fit (trainer::ReplicaLoop), on every replica: the chief brings the optimizer
@@ -493,7 +496,7 @@ class ParameterServer {
         pull_state(state, optimizer_state.size() / parameters.size());
         land(state, optimizer_state);
       }
-      client_.done(owner_->servers_, end == FitEnd::kPreempted);
+      client_.done(owner_->servers_, end, step_);
     }
 
     // Whether a server said it was signalled (core/preemption.hpp; protocol.hpp): the Trainer
@@ -679,6 +682,7 @@ class ParameterServer {
     std::size_t index_;
     typename D::Place place_;
     bool speaks_for_worker_;  // the worker's first replica: the one that talks to the servers
+    std::uint64_t step_ = 0;  // the run's steps done: from start, one more at each finish_step
     Communicator communicator_;
     collective::LocalCommunicator local_;  // among this worker's replicas
     // The worker's communication thread, where the first replica's pushes run. The first replica
@@ -790,6 +794,10 @@ static_assert(ServesFit<ParameterServer<>, float, optimizer::Sgd>);
 static_assert(PresentsSettings<ParameterServer<>>);
 static_assert(ReportsStop<ParameterServer<>>);
 static_assert(SavesOwnCheckpoint<ParameterServer<>, float>);
+
+// Workers under Async and BoundedStaleness go at their own pace.
+template <class C, device::Device D, class Transport>
+inline constexpr bool kLockstep<ParameterServer<C, D, Transport>> = C::kStaleness == 0;
 
 }  // namespace cohort::strategy
 

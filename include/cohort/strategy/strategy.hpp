@@ -63,7 +63,7 @@
 //                            instead of running replicas, until the workers are done; the server
 //                            applies the updates with the schedule (optimizer/schedule.hpp) at its
 //                            own count of updates; `settings` are the Trainer's that a server holds
-//                            too; it returns whether the workers' fit stopped for preemption
+//                            too; it returns how the workers' fit or segment ended (Served)
 //   PresentsSettings<S>      s.settings(): the strategy's own settings::Fields, which every process
 //                            must share; replica.present_settings(fields) after the Trainer's own
 //                            comparison, before start(), has them compared where the strategy's
@@ -143,10 +143,19 @@ struct Update {
   NonFinite on_nonfinite = NonFinite::kRaise;
 };
 
-// How a fit ended, for replica.finish.
+// How a fit, or a segment of it, ended, for replica.finish.
 enum class FitEnd {
-  kReached,    // its target (Until)
-  kPreempted,  // the job agreed to stop (core/preemption.hpp)
+  kReached,     // its target (Until), or an early stop
+  kPreempted,   // the job agreed to stop (core/preemption.hpp)
+  kCheckpoint,  // a segment ended for a checkpoint during the fit, which goes on after it
+                // (trainer/periodic_checkpoints.hpp)
+};
+
+// What a server's serve did (ServesFit): how the workers' fit, or segment, ended, and the run's
+// step there.
+struct Served {
+  FitEnd end = FitEnd::kReached;
+  std::uint64_t step = 0;
 };
 
 // What finish_step found in the step's reduced gradient.
@@ -206,7 +215,7 @@ template <class S, class T, class O>
 concept ServesFit = requires(S& s, const S& cs, std::size_t count, const O& optimizer,
                              const optimizer::Schedule& schedule, const settings::Fields& fields) {
   { cs.serves() } -> std::same_as<bool>;
-  { s.template serve<T>(count, optimizer, schedule, fields) } -> std::same_as<bool>;
+  { s.template serve<T>(count, optimizer, schedule, fields) } -> std::same_as<Served>;
 };
 
 template <class S>
@@ -254,6 +263,12 @@ template <class S>
 concept HasPlaces = requires(const S& s, std::size_t local_index) {
   { s.place(local_index) } -> std::same_as<typename DeviceOf<S>::Place>;
 };
+
+// Whether every worker of S takes every step together with the others: false for a parameter
+// server under Async or BoundedStaleness, whose workers go at their own pace (so no step of the
+// run is one they all share, for a checkpoint during a fit to be taken at).
+template <class S>
+inline constexpr bool kLockstep = true;
 
 // Where local replica local_index of strategy lives: strategy.place(local_index), or the CPU's
 // (empty) place for a strategy without places.

@@ -55,10 +55,12 @@ template <class R>
 }
 
 // Before the first step, on every replica of a job of several processes: a difference is a
-// ConfigError on every process naming the field and both values.
+// ConfigError on every process naming the field and both values. At the start of every later
+// segment of the fit (trainer/segments.hpp) only a strategy that presents its settings does so
+// again (`compare` false): a parameter server's servers take them at every start.
 template <class R, class Replica>
 [[gnu::cold]] void require_same_settings(const R& run, Replica& replica,
-                                         Agreement<typename R::Device>& agreement) {
+                                         Agreement<typename R::Device>& agreement, bool compare) {
   using S = typename R::Strategy;
   const auto text = [](auto value) { return std::to_string(value); };
   settings::Fields fields = {
@@ -76,9 +78,11 @@ template <class R, class Replica>
                  {"step", text(run.step)}});
   const std::string who = "worker " + std::to_string(run.strategy.cluster().rank) + " (replica " +
                           std::to_string(replica.index()) + ")";
-  settings::require_same(fields, who, replica.index(), [&](std::span<double> values) {
-    agreement.all_reduce(replica.communicator(), values, ReduceOp::kMax);
-  });
+  if (compare) {
+    settings::require_same(fields, who, replica.index(), [&](std::span<double> values) {
+      agreement.all_reduce(replica.communicator(), values, ReduceOp::kMax);
+    });
+  }
   if constexpr (strategy::PresentsSettings<S>) replica.present_settings(fields);
 }
 

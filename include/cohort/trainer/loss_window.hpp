@@ -35,6 +35,10 @@ class LossWindow {
 
   bool empty() const { return losses_.empty(); }
 
+  // After a pause that is not training (an evaluation): the next progress line's examples/s
+  // leaves it out.
+  void restart_clock() { printer_.restart_clock(); }
+
   // This replica's times over the whole fit, the window's all-reduces included.
   const StepTimes& fit_times() const { return fit_times_; }
 

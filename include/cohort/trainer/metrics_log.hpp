@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -105,5 +106,17 @@ class MetricsLog {
   std::filesystem::path file_;
   std::unique_ptr<std::FILE, Close> out_;
 };
+
+// The chief's log, opened by its first fit where Options::metrics, or else COHORT_METRICS, names a
+// file: appended to where the run resumes from a checkpoint, else started anew. None otherwise.
+inline std::unique_ptr<MetricsLog> open_metrics_log(const TrainerOptions& options) {
+  std::filesystem::path file = options.metrics;
+  if (file.empty()) {
+    if (const char* variable = std::getenv("COHORT_METRICS"); variable && *variable)
+      file = variable;
+  }
+  if (file.empty()) return nullptr;
+  return std::make_unique<MetricsLog>(file, options.checkpoint.resume);
+}
 
 }  // namespace cohort::trainer

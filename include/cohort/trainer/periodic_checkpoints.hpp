@@ -14,6 +14,10 @@
 // no infinity or NaN is saved) and writes it in the background while the next segment trains;
 // the next checkpoint, and the end of the fit, wait for that write. A write that failed fails the
 // chief's fit there (CheckpointError), and the other processes learn it as the chief's departure.
+// Under a strategy that saves its own way (strategy::SavesOwnCheckpoint: a parameter server)
+// every process saves together instead, as Trainer::save does: each server its shard, the chief
+// the manifest last, and the servers serve the next segment. Workers that go at their own pace
+// (Async, BoundedStaleness: not strategy::kLockstep) share no step to checkpoint at: refused.
 // Preemption saves into the same directory when Options::preemption.checkpoint is empty.
 #pragma once
 
@@ -58,11 +62,13 @@ class PeriodicCheckpoints {
     if (policy.every.count() < 0) {
       options::reject("checkpoint.every", policy.every.count(), "must not be negative");
     }
-    if constexpr (strategy::ServesFit<typename R::Strategy, T, typename R::Optimizer>) {
+    if constexpr (!strategy::kLockstep<typename R::Strategy>) {
       if (!policy.directory.empty()) {
         options::reject("checkpoint.directory", policy.directory.string(),
-                        "is not available under a parameter server yet: save between fits "
-                        "(Trainer::save) and on preemption (preemption.checkpoint)");
+                        std::string("is not available under ") + std::string(R::Strategy::kName) +
+                            " with workers at their own pace (Async, BoundedStaleness): no step "
+                            "is every worker's; save between fits (Trainer::save) and on "
+                            "preemption (preemption.checkpoint)");
       }
     }
   }
@@ -81,21 +87,36 @@ class PeriodicCheckpoints {
     return policy_.every.count() != 0 && Clock::now() - last_ >= policy_.every;
   }
 
-  // The newest checkpoint to resume from, once per Trainer, when asked.
-  std::optional<checkpoint::Saved> resume_point() {
-    if (!policy_.resume || resumed_) return std::nullopt;
+  // On every process, at the Trainer's first fit, when asked: the run continues from the newest
+  // checkpoint of the directory, if there is one.
+  void resume(R& run) {
+    if (!policy_.resume || resumed_) return;
     resumed_ = true;
-    auto newest = checkpoint::newest(policy_.directory);
-    if (newest) saved_step_ = newest->step;
-    return newest;
+    const auto newest = checkpoint::newest(policy_.directory);
+    if (!newest) return;
+    read_checkpoint(run, newest->file);
+    saved_step_ = newest->step;
+    if (run.strategy.is_chief()) {
+      std::fprintf(stderr, "cohort: resuming from %s (step %llu)\n", newest->file.c_str(),
+                   static_cast<unsigned long long>(newest->step));
+    }
   }
 
-  // After a segment: the chief snapshots the run's state and writes it in the background. Whether
-  // this step had no checkpoint yet.
+  // After a segment: the chief snapshots the run's state and writes it in the background; under
+  // a strategy that saves its own way (a parameter server's shards), every process saves
+  // together, as Trainer::save does. Whether this step had no checkpoint yet.
   bool save(const R& run) {
     last_ = Clock::now();
     if (run.step == saved_step_) return false;
     saved_step_ = run.step;
+    if constexpr (strategy::SavesOwnCheckpoint<typename R::Strategy, T>) {
+      create_directory();  // every process writes there: the servers their shards
+      write_checkpoint(run, checkpoint::file_for_step(policy_.directory, run.step));
+      if (run.strategy.is_chief() && policy_.keep != 0) {
+        checkpoint::keep_newest<T>(policy_.directory, policy_.keep);
+      }
+      return true;
+    }
     if (!run.strategy.is_chief()) return true;
     wait();
     auto state = checkpoint_state(run);
@@ -112,7 +133,7 @@ class PeriodicCheckpoints {
   void save_preempted(const R& run) {
     wait();
     const bool into_directory = run.options.preemption.checkpoint.empty() && enabled();
-    if (into_directory && run.strategy.is_chief()) create_directory();
+    if (into_directory) create_directory();
     save_preempted_to(run, into_directory ? checkpoint::file_for_step(policy_.directory, run.step)
                                           : run.options.preemption.checkpoint);
     if (into_directory && policy_.keep != 0 && run.strategy.is_chief()) {
@@ -126,7 +147,7 @@ class PeriodicCheckpoints {
   }
 
  private:
-  // On the chief, before it writes there.
+  // Before a process writes there.
   void create_directory() const {
     std::error_code error;
     std::filesystem::create_directories(policy_.directory, error);

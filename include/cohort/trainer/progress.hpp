@@ -122,6 +122,10 @@ class ProgressPrinter {
     return line;
   }
 
+  // The next line's examples/s counts from now: after a pause that is not training (an
+  // evaluation of held-out data).
+  void restart_clock() { window_start_ = std::chrono::steady_clock::now(); }
+
  private:
   void print(const ProgressLine& line, bool epoch_end) const {
     const std::uint64_t step = line.step - 1;

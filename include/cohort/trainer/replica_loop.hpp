@@ -96,11 +96,11 @@ class ReplicaLoop {
 
   SegmentEnd run() {
     if (run_.recorder) run_.recorder->name_thread("replica " + std::to_string(replica_.index()));
-    if (!carry_.settings_checked) {
-      // Checked before anything else travels (the parameters' broadcast has their count in it).
-      if constexpr (strategy::SpansProcesses<S>) require_same_settings(run_, replica_, agreement_);
-      carry_.settings_checked = true;
+    // Checked before anything else travels (the parameters' broadcast has their count in it).
+    if constexpr (strategy::SpansProcesses<S>) {
+      require_same_settings(run_, replica_, agreement_, !carry_.settings_checked);
     }
+    carry_.settings_checked = true;
     // Every replica starts from the chief's state (replicas of other processes included).
     replica_.start(parameters_, optimizer_state_, run_.step);
     if constexpr (strategy::LendsGradientStorage<S, T>) {
@@ -145,9 +145,10 @@ class ReplicaLoop {
     if (fit_ends && step > carry_.first_step) summarize(step - carry_.first_step);
     // Every replica ends the segment as it ends a fit (a parameter server brings the optimizer
     // state home; a sharded update gathers it).
-    replica_.finish(
-        parameters_, optimizer_state_,
-        end == SegmentEnd::kPreempted ? strategy::FitEnd::kPreempted : strategy::FitEnd::kReached);
+    replica_.finish(parameters_, optimizer_state_,
+                    end == SegmentEnd::kPreempted    ? strategy::FitEnd::kPreempted
+                    : end == SegmentEnd::kCheckpoint ? strategy::FitEnd::kCheckpoint
+                                                     : strategy::FitEnd::kReached);
     return end;
   }
 
@@ -248,6 +249,7 @@ class ReplicaLoop {
     if (local_ == 0) {
       report_.validation_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     }
+    carry_.window.restart_clock();
     return stop != 0.0;
   }
 

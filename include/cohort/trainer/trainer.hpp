@@ -39,7 +39,9 @@
 // The room (include/cohort/trainer/):
 //   options.hpp          Trainer::Options, Until, Report
 //   run.hpp              what the Trainer holds between fits
-//   replica_loop.hpp     one replica's fit: the steps, the vote, the window, the summary
+//   segments.hpp         a fit as the replicas run it, segment by segment between checkpoints
+//   replica_loop.hpp     one replica's part of a segment: the steps, the vote, the window, the
+//                        evaluations, the summary
 //   step_fold.hpp        a replica's fold of its micro-batches in a step
 //   loss_window.hpp      the losses of the steps since the last progress line
 //   agreement.hpp        the job's small agreements (a few doubles all-reduced)
@@ -94,8 +96,8 @@
 #include "cohort/trainer/nonfinite.hpp"
 #include "cohort/trainer/options.hpp"
 #include "cohort/trainer/periodic_checkpoints.hpp"
-#include "cohort/trainer/replica_loop.hpp"
 #include "cohort/trainer/run.hpp"
+#include "cohort/trainer/segments.hpp"
 #include "cohort/trainer/validation.hpp"
 
 namespace cohort {
@@ -286,11 +288,11 @@ class Trainer {
     if (until.epochs == 0 && until.steps == 0) {
       options::reject("until", "{}", "give epochs or steps (or both)");
     }
+    checkpoints_.resume(run_);
     if constexpr (strategy::ServesFit<S, value_type, O>) {
       if (run_.strategy.serves()) return serve();
     }
-    if (const auto point = checkpoints_.resume_point()) resume(*point);
-    open_metrics();
+    if (!metrics_ && run_.strategy.is_chief()) metrics_ = trainer::open_metrics_log(run_.options);
     const sharding::Plan plan(data.size(), run_.options.global_batch, run_.options.micro_batches,
                               run_.strategy.replicas());
     if (run_.dataset_size != 0 && run_.dataset_size != data.size()) {
@@ -303,92 +305,31 @@ class Trainer {
     if (until.epochs != 0) target = until.epochs * plan.steps_per_epoch();
     if (until.steps != 0) target = std::min(target, until.steps);
 
-    Report report;
-    const auto start = std::chrono::steady_clock::now();
-    const std::uint64_t first_step = run_.step;
-    std::vector<trainer::ReplicaCarry> carries = carries_for(plan);
-    for (trainer::SegmentEnd end = trainer::SegmentEnd::kCheckpoint;
-         end == trainer::SegmentEnd::kCheckpoint;) {
-      const std::uint64_t segment_end = checkpoints_.segment_end(run_.step, target);
-      run_.strategy.run([&](auto& replica) {
-        const std::size_t local = replica.index() - run_.strategy.first_local_replica();
-        const trainer::SegmentEnd ended =
-            trainer::ReplicaLoop(run_, replica, data, validation, plan, carries[local],
-                                 checkpoints_, metrics_.get(), segment_end, target, report)
-                .run();
-        if (local == 0) end = ended;  // every replica's segment ends alike
-      });
-      run_.step = first_step + report.steps;
-      if (end == trainer::SegmentEnd::kPreempted) {
-        checkpoints_.save_preempted(run_);
-      } else if (checkpoints_.enabled()) {
-        const auto stop = std::chrono::steady_clock::now();
-        report.checkpoints += checkpoints_.save(run_) ? 1 : 0;
-        report.checkpoint_seconds +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - stop).count();
-      }
-    }
-    const auto last_write = std::chrono::steady_clock::now();
-    checkpoints_.wait();
-    report.checkpoint_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_write).count();
-    report.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    report.examples_per_second = static_cast<double>(report.steps * run_.options.global_batch) /
-                                 (report.seconds - report.validation_seconds);
-    return report;
+    return trainer::fit_segments(run_, checkpoints_, metrics_.get(), data, validation, plan,
+                                 target);
   }
 
-  // Each local replica's state across the segments of a fit.
-  std::vector<trainer::ReplicaCarry> carries_for(const sharding::Plan& plan) const {
-    std::vector<trainer::ReplicaCarry> carries;
-    for (std::size_t local = 0; local < run_.strategy.local_replicas(); ++local) {
-      // The chief's first replica keeps the Report and prints.
-      const bool reports = local == 0 && run_.strategy.is_chief();
-      carries.push_back(
-          {.window = trainer::LossWindow(reports, run_.options.progress, plan.steps_per_epoch(),
-                                         run_.options.global_batch),
-           .vote = trainer::Vote(run_.step),
-           .first_step = run_.step});
-    }
-    return carries;
-  }
-
-  // The chief's metrics log (Options::metrics, or COHORT_METRICS), opened by the first fit:
-  // appended to where the run resumes from a checkpoint, else started anew.
-  void open_metrics() {
-    if (metrics_ || !run_.strategy.is_chief()) return;
-    std::filesystem::path file = run_.options.metrics;
-    if (file.empty()) {
-      if (const char* variable = std::getenv("COHORT_METRICS"); variable && *variable) {
-        file = variable;
-      }
-    }
-    if (file.empty()) return;
-    metrics_ = std::make_unique<trainer::MetricsLog>(file, run_.options.checkpoint.resume);
-  }
-
-  // Continues from the newest checkpoint of the directory (Options::checkpoint.resume), on every
-  // process.
-  void resume(const checkpoint::Saved& point) {
-    trainer::read_checkpoint(run_, point.file);
-    if (run_.strategy.is_chief()) {
-      std::fprintf(stderr, "cohort: resuming from %s (step %llu)\n", point.file.c_str(),
-                   static_cast<unsigned long long>(point.step));
-    }
-  }
-
-  // A server's fit (strategy::ServesFit): it serves the workers' fit and returns when they are
-  // done.
+  // A server's fit (strategy::ServesFit): it serves the workers' fit, segment by segment, saving
+  // its shard with them after each (Options::checkpoint), and returns when they are done.
   Report serve() {
     Report report;
     const auto start = std::chrono::steady_clock::now();
-    report.preempted = run_.strategy.template serve<value_type>(
-        run_.parameter_count, run_.optimizer, run_.options.schedule,
-        trainer::server_settings(run_));
+    for (strategy::FitEnd end = strategy::FitEnd::kCheckpoint;
+         end == strategy::FitEnd::kCheckpoint;) {
+      const strategy::Served served = run_.strategy.template serve<value_type>(
+          run_.parameter_count, run_.optimizer, run_.options.schedule,
+          trainer::server_settings(run_));
+      end = served.end;
+      run_.step = served.step;
+      if (end == strategy::FitEnd::kPreempted) {
+        report.preempted = true;
+        checkpoints_.save_preempted(run_);
+      } else if (checkpoints_.enabled()) {
+        report.checkpoints += checkpoints_.save(run_) ? 1 : 0;
+      }
+    }
     report.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (report.preempted) checkpoints_.save_preempted(run_);
     return report;
   }
 

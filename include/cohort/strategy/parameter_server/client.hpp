@@ -22,6 +22,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/strategy/parameter_server/protocol.hpp"
+#include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/transport.hpp"
 
 namespace cohort::strategy::ps {
@@ -38,7 +39,7 @@ class Client {
     std::uint64_t step = 0;         // kPush: the Trainer's step; kInit: the run's step
     double inverse_batch = 1.0;     // kPush: the scale the server applies to it
     std::size_t element_bytes = 0;  // sizeof(T)
-    std::uint16_t flags = 0;        // kDone: kPreempted
+    std::uint16_t flags = 0;        // kDone: kPreempted or kCheckpoint; its step is the run's
   };
 
   // Queues a request about `chunk` that carries `payload`; the payload of its answer lands in
@@ -128,11 +129,14 @@ class Client {
     transfer();
   }
 
-  // Tells each of the job's `servers` servers that this worker's fit has ended, and whether it
-  // stopped for preemption.
-  void done(int servers, bool preempted) {
+  // Tells each of the job's `servers` servers that this worker's fit (or a segment of it) has
+  // ended, and how.
+  void done(int servers, FitEnd end, std::uint64_t step) {
+    const std::uint16_t flags = end == FitEnd::kPreempted    ? kPreempted
+                                : end == FitEnd::kCheckpoint ? kCheckpoint
+                                                             : std::uint16_t{0};
     for (int server = 0; server < servers; ++server) {
-      add({.operation = Operation::kDone, .flags = preempted ? kPreempted : std::uint16_t{0}},
+      add({.operation = Operation::kDone, .step = step, .flags = flags},
           Chunk{.server = server, .index = 0, .begin = 0, .end = 0}, {});
     }
     transfer();

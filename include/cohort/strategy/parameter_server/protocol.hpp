@@ -77,6 +77,8 @@ inline constexpr std::uint16_t kProtocolVersion = 4;
 
 // Request::flags and Reply::flags.
 inline constexpr std::uint16_t kPreempted = 1;
+// In a kDone: the fit goes on after a checkpoint (trainer/periodic_checkpoints.hpp).
+inline constexpr std::uint16_t kCheckpoint = 2;
 
 enum class Operation : std::uint16_t { kInit = 1, kPush, kPull, kPullState, kDone, kSettings };
 

@@ -73,6 +73,7 @@
 #include "cohort/optimizer/schedule.hpp"
 #include "cohort/strategy/consistency.hpp"
 #include "cohort/strategy/parameter_server/protocol.hpp"
+#include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/transport.hpp"
 
 namespace cohort::strategy::ps {
@@ -98,8 +99,10 @@ struct ServerCounts {
       dropped;  // per worker: pushes dropped by the backup rule (first chunk)
   std::map<std::uint64_t, std::uint64_t> staleness;  // updates between a worker's pull and push
   std::vector<std::string> lost;                     // workers lost, with why
-  // The workers' fit stopped for preemption (protocol.hpp).
-  bool preempted = false;
+  // How the workers' fit or segment ended (kDone's flags, protocol.hpp), and the run's step
+  // there: the updates applied, which under Sync count the run's steps.
+  FitEnd end = FitEnd::kReached;
+  std::uint64_t step = 0;
 };
 
 template <transport::Serving Tr, class T, class O, consistency::Consistency C = consistency::Sync>
@@ -362,7 +365,11 @@ class Server {
         return;
       case Operation::kDone:
         finished_[static_cast<std::size_t>(worker)] = true;
-        if ((request.flags & kPreempted) != 0) counts_.preempted = true;
+        if (worker == 0) counts_.step = request.step;  // the chief's: the run's step
+        if ((request.flags & kPreempted) != 0) counts_.end = FitEnd::kPreempted;
+        if ((request.flags & kCheckpoint) != 0 && counts_.end != FitEnd::kPreempted) {
+          counts_.end = FitEnd::kCheckpoint;
+        }
         reply(worker, request, State{}, {});
         progress();
         return;
@@ -716,7 +723,9 @@ class Server {
   void send(int worker, Reply answer, std::span<const std::byte> payload) {
     // The workers decide when to stop (trainer/vote.hpp); a signalled server only tells
     // them.
-    if (counts_.preempted || preemption::requested() != 0) answer.flags |= kPreempted;
+    if (counts_.end == FitEnd::kPreempted || preemption::requested() != 0) {
+      answer.flags |= kPreempted;
+    }
     const transport::Send sends[] = {
         {worker, header(tag::kReply), std::as_bytes(std::span(&answer, 1))},
         {worker, header(tag::kReplyPayload), payload}};
