@@ -10,8 +10,9 @@
 # Cases: launches (MultiWorkerMirrored 4x1 and 2x2 under TF_CONFIG, COHORT_*, MASTER_ADDR-style
 # variables, Slurm's and mpirun with a hostfile, ParameterServer<Sync> on 2 server and 2 worker
 # hosts), each checked for the bits of the single-host run (examples/00_mirrored_cpu with as
-# many replicas); local ranks learned at the rendezvous (2 ranks on each of 2 hosts), and local
-# variables that contradict it (a ConfigError on every rank); and faults: a partition of one host
+# many replicas); 2 ranks on each of 2 hosts with the master given by a name that is 127.0.1.1 on
+# its own host, as Debian's /etc/hosts has it; local ranks learned at the rendezvous (2 ranks on
+# each of 2 hosts), and local variables that contradict it (a ConfigError on every rank); and faults: a partition of one host
 # shorter than the timeout (same bits), one longer than the timeout (a named error on every rank
 # between half and twice the timeout after the fault), a wrong secret on one host, no rank 0 at
 # the master address.
@@ -22,7 +23,7 @@ shift
 cases=("$@")
 if ((${#cases[@]} == 0)); then
   cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host local_conflict
-         master_addr_2x2 slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
+         master_addr_2x2 names_two_per_host slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
          short_partition long_partition no_master wrong_secret)
 fi
 
@@ -222,6 +223,26 @@ case_master_addr_2x2() {
     [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
   done
   [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
+}
+
+case_names_two_per_host() {  # 2 ranks on each of 2 hosts, the master by its name
+  local rank
+  for rank in 0 1 2 3; do
+    on $((rank / 2 + 1)) RANK="${rank}" WORLD_SIZE=4 MASTER_ADDR=h1 MASTER_PORT=29500 -- \
+      "${multi_worker}" "${job[@]}"
+  done
+  finish 60
+  # On h1, h1 is 127.0.1.1: rank 1 reaches rank 0 over loopback and listens on every interface;
+  # the others reach it at h1's address.
+  grep -q "listening on 0.0.0.0" "${started[1]}.out" ||
+    fail "rank 1 does not bind every interface"
+  local out
+  for out in "${started[@]}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
+  grep -q "rank 3 is local rank 1 of 2, from the rendezvous" "${started[3]}.out" ||
+    fail "rank 3 did not learn local rank 1 of 2"
 }
 
 case_slurm_4x1() {  # the variables srun gives each task of a 4-node, 1-task-per-node step

@@ -168,6 +168,13 @@ class Expected {
 
 struct Done {};
 
+// Whether numeric address text is a loopback address (127.0.0.0/8, ::1).
+inline bool is_loopback(const std::string& text) {
+  ErrorCode ec;
+  const auto address = asio::ip::make_address(text, ec);
+  return !ec && address.is_loopback();
+}
+
 // One connection of the rendezvous, accepted or opened. Shared by the coroutine that runs its
 // handshake and the timer that drops it when the handshake takes too long.
 struct Connection {
@@ -178,6 +185,7 @@ struct Connection {
   bool authenticated = false;  // proved the secret (or, without one, completed the handshake)
   bool timed_out = false;
   std::string remote_address;  // where an accepted connection came from
+  std::string local_address;   // and where it arrived: rank 0's address as that peer reaches it
   std::string from = "a peer at an unknown address";
 };
 using ConnectionPtr = std::shared_ptr<Connection>;
@@ -301,15 +309,26 @@ class Rendezvous {
     close_listener();
     std::vector<Address> table(static_cast<std::size_t>(size()));
     table[0] = {options_.rendezvous_host, listen_port_};
+    // Rank 0's address as the ranks of other hosts reach it: where one of them arrived.
+    std::string across_hosts;
+    for (int r = 1; r < size() && across_hosts.empty(); ++r) {
+      const Connection& connection = *peers_[idx(r)]->connection;
+      if (!is_loopback(connection.remote_address)) across_hosts = connection.local_address;
+    }
     for (int r = 1; r < size(); ++r) {
       const Peer& peer = *peers_[idx(r)];
       const Hello& hello = peer.introduction.hello;
       ErrorCode ec;
       const auto declared = asio::ip::make_address(hello.listen_address, ec);
-      // A rank bound to every interface is reached where rank 0 saw it come from.
-      table[idx(r)] = {
-          ec || declared.is_unspecified() ? peer.connection->remote_address : hello.listen_address,
-          hello.listen_port};
+      std::string host = hello.listen_address;
+      if (ec || declared.is_unspecified()) {
+        // A rank bound to every interface is reached where rank 0 saw it come from; one that
+        // came over loopback shares rank 0's host (its name there may be 127.0.1.1, as Debian's
+        // /etc/hosts has it), which the other hosts reach at rank 0's own address.
+        host = peer.connection->remote_address;
+        if (is_loopback(host) && !across_hosts.empty()) host = across_hosts;
+      }
+      table[idx(r)] = {host, hello.listen_port};
     }
     const auto table_payload = encode_table(table);
     for (int r = 1; r < size(); ++r) spawn(send_table_await_ready(r, table_payload));
@@ -419,6 +438,9 @@ class Rendezvous {
       if (!ec) {
         connection->remote_address = remote.address().to_string();
         connection->from = "a peer at " + endpoint_text(remote);
+      }
+      if (const auto local = connection->socket.local_endpoint(ec); !ec) {
+        connection->local_address = local.address().to_string();
       }
       track(connection);
       spawn(admit(connection, low, high));
