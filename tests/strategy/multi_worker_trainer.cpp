@@ -27,8 +27,9 @@
 // --pause-ms N     every micro-batch sleeps N ms, so that a run lasts long enough to be killed
 //                  in its middle
 // --validate-every N  evaluates the small held-out set every N steps (cohort::validation); every
-//                  process prints "stopped early after S steps, E evaluations" when its fit
-//                  stopped early
+//                  process prints each evaluation (cohort::testing::describe: its step and each
+//                  mean's exact bits), and "stopped early after S steps, E evaluations" when its
+//                  fit stopped early
 // --chief-stops-after E  the chief's ValidationOptions::stop says stop after E evaluations (the
 //                  others' never do)
 // Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process whose
@@ -112,6 +113,9 @@ int train(const Settings& settings, Strategy strategy, const Model& model) {
                     .pause = std::chrono::milliseconds(settings.pause_ms)},
                 {.steps = settings.steps});
   std::printf("skipped %llu\n", static_cast<unsigned long long>(report.skipped_steps));
+  for (const cohort::Evaluation& evaluation : report.validation) {
+    std::printf("%s\n", cohort::testing::describe(evaluation).c_str());
+  }
   if (report.stopped_early) {
     std::printf("stopped early after %llu steps, %zu evaluations\n",
                 static_cast<unsigned long long>(report.steps), report.validation.size());

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cohort/cohort.hpp>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -82,6 +83,17 @@ inline optimizer::Schedule schedule_if(bool scheduled) {
 }
 inline CheckpointPolicy checkpoints_in(const std::string& directory, std::uint64_t every) {
   return {.directory = directory, .every_steps = every, .resume = !directory.empty()};
+}
+
+// An evaluation with its exact bits: "evaluation after 10: loss=0x1.8p-1 correct=0x1.ep-1".
+inline std::string describe(const Evaluation& evaluation) {
+  std::string text = "evaluation after " + std::to_string(evaluation.step) + ":";
+  for (const auto& [name, mean] : evaluation.means) {
+    char bits[40];
+    std::snprintf(bits, sizeof bits, "%a", mean);
+    text += " " + name + "=" + bits;
+  }
+  return text;
 }
 
 // A preemption at a known point of a run: the call number `at` (from 0; -1: never) sends SIGTERM

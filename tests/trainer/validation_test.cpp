@@ -111,6 +111,31 @@ TEST_CASE("the metrics file parses, one line per progress line and one per evalu
 }
 
 #if defined(COHORT_RUN)
+TEST_CASE("2 processes of MultiWorkerMirrored evaluate to Mirrored's figures, bit for bit") {
+  cohort::testing::TemporaryDirectory directory("cohort-validation-jobs");
+  const auto result =
+      cohort::testing::run_to_completion({COHORT_RUN, "--np", "2", "--", COHORT_TRAINER, "1", "30",
+                                          directory.path / "out.bin", "--validate-every", "10"},
+                                         directory.path / "log.txt");
+  REQUIRE(result.has_value());
+  const auto& [exit, output] = *result;
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  // As multi_worker_trainer trains: Adam at 3e-3, 8 micro-batches, seed 11.
+  cohort::Trainer trainer(cohort::testing::small_model(),
+                          cohort::strategy::Mirrored<>({.replicas = 2}),
+                          cohort::optimizer::Adam({.learning_rate = 3e-3}),
+                          {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+  const cohort::Report report =
+      trainer.fit(cohort::testing::small_task_data(), {.steps = 30},
+                  cohort::validation(cohort::testing::small_held_out_data(), {.every_steps = 10}));
+  REQUIRE(report.validation.size() == 3);
+  for (const cohort::Evaluation& evaluation : report.validation) {
+    CHECK(cohort::testing::contains(output, cohort::testing::describe(evaluation)));
+  }
+}
+
 TEST_CASE("a stop that one process says is agreed by every process of the job") {
   cohort::testing::TemporaryDirectory directory("cohort-early-stop");
   const fs::path out = directory.path / "parameters.bin";
