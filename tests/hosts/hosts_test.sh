@@ -108,12 +108,18 @@ show() {
 # The chief's fingerprint, from its "parameters HEX" line.
 fingerprint() { grep -o 'parameters [0-9a-f]*' "${started[0]}.out" | tail -1 | cut -d' ' -f2; }
 
-expect_bits() {
+# Every process of the case exited 0, and the chief's parameters are $1.
+expect_success() {
   local expected="$1" out
   for out in "${started[@]}"; do
     [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
   done
   [[ "$(fingerprint)" == "${expected}" ]] || fail "parameters $(fingerprint), expected ${expected}"
+}
+
+# The same, with no rank on the wildcard address and none through shared memory.
+expect_bits() {
+  expect_success "$1"
   grep -q "COHORT_BIND_ADDRESS\|0\.0\.0\.0" "${started[@]/%/.out}" &&
     fail "a rank bound the wildcard or read COHORT_BIND_ADDRESS"
   # Each host has a network namespace of its own: its workers stay on TCP, not shared memory.
@@ -218,11 +224,7 @@ case_master_addr_2x2() {
   # h1 is 127.0.1.1 on h1 (the master's own name), h1's address on h2.
   grep -q "listening on ${net}.2 (own address on the route to the master h1)" "${started[1]}.out" ||
     fail "rank 1 does not bind its own address"
-  local out
-  for out in "${started[@]}"; do
-    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
-  done
-  [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
+  expect_success "${bits4}"
 }
 
 case_names_two_per_host() {  # 2 ranks on each of 2 hosts, the master by its name
@@ -236,11 +238,7 @@ case_names_two_per_host() {  # 2 ranks on each of 2 hosts, the master by its nam
   # the others reach it at h1's address.
   grep -q "listening on 0.0.0.0" "${started[1]}.out" ||
     fail "rank 1 does not bind every interface"
-  local out
-  for out in "${started[@]}"; do
-    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
-  done
-  [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
+  expect_success "${bits4}"
   grep -q "rank 3 is local rank 1 of 2, from the rendezvous" "${started[3]}.out" ||
     fail "rank 3 did not learn local rank 1 of 2"
 }
@@ -253,11 +251,7 @@ case_slurm_4x1() {  # the variables srun gives each task of a 4-node, 1-task-per
       "${multi_worker}" "${job[@]}"
   done
   finish 60
-  local out
-  for out in "${started[@]}"; do
-    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
-  done
-  [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
+  expect_success "${bits4}"
   grep -q "listening on ${net}.4 (own address on the route to the master h1)" "${started[3]}.out" ||
     fail "rank 3 does not bind its own address"
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "error_message.hpp"
+#include "jobs.hpp"
 #include "processes.hpp"
 #include "training.hpp"
 
@@ -166,16 +167,10 @@ TEST_CASE(
   const fs::path checkpoints = directory.path / "checkpoints";
   const fs::path out = directory.path / "parameters.bin";
   const auto job = [&](const std::string& steps) {
-    const auto result = cohort::testing::run_to_completion(
+    return cohort::testing::output_of_success(
         {COHORT_RUN, "--np", "2", "--ps", "2", "--timeout-s", "100", "--", COHORT_PS_TRAINER,
          "sync", steps, out, "--checkpoint-directory", checkpoints, "--checkpoint-every", "7"},
         directory.path / ("job-" + steps + ".log"));
-    REQUIRE(result.has_value());
-    const auto& [exit, output] = *result;
-    CAPTURE(output);
-    REQUIRE(exit.exited);
-    REQUIRE(exit.code == 0);
-    return output;
   };
   const auto files_of_step = [&](std::uint64_t step) {
     const std::string name = cohort::checkpoint::file_for_step(checkpoints, step).filename();
