@@ -10,7 +10,7 @@
 //              [--seed-of W S] [--learning-rate-of-server S LR] [--timeout-ms T]
 //              [--stall-mid-frame W --stall-after N] [--stop-worker W --stop-after N]
 //              [--preempt-after N] [--schedule]
-//              [--checkpoint-directory DIR --checkpoint-every N]
+//              [--checkpoint-directory DIR --checkpoint-every N] [--validate-every N]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
 // --every-worker-sleep-ms N  every worker sleeps N ms in every micro-batch (so that a run lasts)
@@ -46,6 +46,8 @@
 // --checkpoint-directory DIR, --checkpoint-every N  checkpoints every N steps into DIR, a shard
 //                    per server and the manifest, the newest 3 kept, and the run resumes from
 //                    the newest there (Options::checkpoint)
+// --validate-every N evaluates the small held-out set every N steps (cohort::validation); the
+//                    chief prints each evaluation (cohort::testing::describe)
 // Otherwise the layout is forced small (16-element alignment, no minimum shard, 256-byte chunks),
 // so that the small model spreads over every server in several chunks.
 #include <signal.h>
@@ -137,6 +139,7 @@ struct Settings {
   bool schedule = false;
   std::string checkpoint_directory;
   std::uint64_t checkpoint_every = 0;
+  std::uint64_t validate_every = 0;
 };
 
 // The test data: slowed down on one worker, with one example poisoned, on the stalling worker
@@ -287,7 +290,18 @@ int train(const Settings& settings, const Model& model) {
   // Every process, servers included, fits the same segments.
   for (std::uint64_t at = trainer.step(); at < settings.steps;) {
     at = std::min(settings.steps, at + segment);
-    if (trainer.fit(data, {.steps = at}).preempted) return cohort::kExitPreempted;
+    const cohort::Report report =
+        settings.validate_every == 0
+            ? trainer.fit(data, {.steps = at})
+            : trainer.fit(data, {.steps = at},
+                          cohort::validation(cohort::testing::small_held_out_data(),
+                                             {.every_steps = settings.validate_every}));
+    if (report.preempted) return cohort::kExitPreempted;
+    if (chief) {
+      for (const cohort::Evaluation& evaluation : report.validation) {
+        std::printf("%s\n", cohort::testing::describe(evaluation).c_str());
+      }
+    }
     if (!settings.checkpoint.empty()) trainer.save(settings.checkpoint);
     if (settings.reread) trainer.restore(settings.checkpoint);
   }
@@ -335,6 +349,8 @@ int main(int argc, char** argv) {
       settings.checkpoint_directory = next();
     else if (flag == "--checkpoint-every")
       settings.checkpoint_every = std::stoull(next());
+    else if (flag == "--validate-every")
+      settings.validate_every = std::stoull(next());
     else if (flag == "--schedule")
       settings.schedule = true;
     else if (flag == "--reread")
