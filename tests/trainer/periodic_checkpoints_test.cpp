@@ -86,6 +86,28 @@ TEST_CASE(
   CHECK(steps_in(checkpoints) == std::vector<std::uint64_t>{35, 40});
 }
 
+TEST_CASE("checkpoints by time, agreed at the job's vote, change no bit") {
+  TemporaryDirectory directory("cohort-periodic-time");
+  const fs::path checkpoints = directory.path / "checkpoints";
+  cohort::Trainer trainer(
+      cohort::testing::small_model(), cohort::strategy::Mirrored<>({.replicas = 2}),
+      cohort::optimizer::Adam({.learning_rate = 3e-3}),
+      {.global_batch = 64,
+       .seed = 11,
+       .progress = cohort::Progress::kSilent,
+       .checkpoint = {.directory = checkpoints, .every = std::chrono::seconds(1), .keep = 0}});
+  // 4 micro-batches of at least 5 ms on each replica a step: 100 steps last 2 s or more.
+  trainer.fit(cohort::testing::PreemptedData{.pause = std::chrono::milliseconds(5)},
+              {.steps = 100});
+  CHECK(cohort::testing::bytes_of(cohort::testing::parameters_of(trainer.model())) ==
+        parameters_of(trained(100, {})));
+  // At least one checkpoint by time before the fit's last.
+  const std::vector<std::uint64_t> steps = steps_in(checkpoints);
+  REQUIRE(steps.size() >= 2);
+  CHECK(steps.back() == 100);
+  CHECK(steps.front() < 100);
+}
+
 TEST_CASE("checkpoint options without a directory are refused, naming the field") {
   CHECK(cohort::testing::contains(
       cohort::testing::config_error_message([] { trained(5, {.every_steps = 5}); }),

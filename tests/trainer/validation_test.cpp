@@ -78,6 +78,15 @@ TEST_CASE("validation every N steps, and a stop that ends the fit early") {
       2, 5, {.stop = [](const cohort::Report& report) { return report.validation.size() == 2; }});
   CHECK(stopped.stopped_early);
   CHECK(stopped.steps == 62);
+  CHECK(stopped.loss.size() == 62);
+  // A stop between two progress lines (every 4 steps here): the steps since the last are reported.
+  const cohort::Report between =
+      fit_with_validation(2, 5, {.every_steps = 7, .stop = [](const cohort::Report& report) {
+                                   return report.validation.size() == 2;
+                                 }});
+  CHECK(between.stopped_early);
+  CHECK(between.steps == 14);
+  CHECK(between.loss.size() == 14);
   CHECK(stopped.validation.size() == 2);
 }
 

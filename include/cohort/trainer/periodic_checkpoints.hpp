@@ -52,19 +52,18 @@ class PeriodicCheckpoints {
   // Refuses a policy that makes no sense, or that the strategy cannot follow (ConfigError naming
   // the field).
   void validate() const {
-    const CheckpointPolicy& policy = policy_;
-    const bool asked = policy.every_steps != 0 || policy.every.count() != 0 || policy.resume;
-    if (asked && policy.directory.empty()) {
+    const bool asked = policy_.every_steps != 0 || policy_.every.count() != 0 || policy_.resume;
+    if (asked && policy_.directory.empty()) {
       options::reject("checkpoint.directory", "\"\"",
                       "must name a directory when checkpoint.every_steps, checkpoint.every or "
                       "checkpoint.resume is set");
     }
-    if (policy.every.count() < 0) {
-      options::reject("checkpoint.every", policy.every.count(), "must not be negative");
+    if (policy_.every.count() < 0) {
+      options::reject("checkpoint.every", policy_.every.count(), "must not be negative");
     }
     if constexpr (!strategy::kLockstep<typename R::Strategy>) {
-      if (!policy.directory.empty()) {
-        options::reject("checkpoint.directory", policy.directory.string(),
+      if (!policy_.directory.empty()) {
+        options::reject("checkpoint.directory", policy_.directory.string(),
                         std::string("is not available under ") + std::string(R::Strategy::kName) +
                             " with workers at their own pace (Async, BoundedStaleness): no step "
                             "is every worker's; save between fits (Trainer::save) and on "

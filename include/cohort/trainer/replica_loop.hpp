@@ -52,6 +52,8 @@ struct ReplicaCarry {
   Vote vote;
   std::uint64_t first_step;  // the fit's
   bool settings_checked = false;
+  std::vector<std::size_t> order{};  // the example order of epoch order_epoch
+  std::uint64_t order_epoch = std::numeric_limits<std::uint64_t>::max();
 };
 
 template <class R, class Replica, class D, class V = NoValidation>
@@ -130,6 +132,8 @@ class ReplicaLoop {
         if (((every == 0 && epoch_end) || (every != 0 && (step + 1) % every == 0) ||
              step + 1 == target_) &&
             validate(step + 1)) {
+          // The steps since the last progress line are reported before the fit ends here.
+          if (!carry_.window.empty()) close_window(step, false);
           ++step;
           end = SegmentEnd::kStopped;
           break;
@@ -195,15 +199,15 @@ class ReplicaLoop {
   void compute(strategy::Update<T, O>& update) {
     const std::uint64_t epoch = update.step / plan_.steps_per_epoch();
     const std::size_t step_in_epoch = update.step % plan_.steps_per_epoch();
-    if (epoch != order_epoch_) {
-      order_ = plan_.epoch_order(run_.options.seed, epoch);
-      order_epoch_ = epoch;
+    if (epoch != carry_.order_epoch) {
+      carry_.order = plan_.epoch_order(run_.options.seed, epoch);
+      carry_.order_epoch = epoch;
     }
     const std::size_t first = plan_.first_micro_batch(replica_.index());
     const std::size_t end = first + plan_.micro_batches_per_replica();
     for (std::size_t micro = first; micro < end; ++micro) {
       const sharding::Range range = plan_.micro_batch(step_in_epoch, micro);
-      indices_.assign(order_.begin() + range.begin, order_.begin() + range.end);
+      indices_.assign(carry_.order.begin() + range.begin, carry_.order.begin() + range.end);
       const trace::Span span(run_.recorder.get(), trace::Phase::kForwardBackward,
                              {.step = update.step, .index = micro});
       // Which micro-batch this is, for a model that draws random numbers from it.
@@ -299,9 +303,7 @@ class ReplicaLoop {
   Agreement<Device> agreement_;
   StepFold<M, Device> fold_;
   std::optional<Evaluator<M, V>> evaluator_;  // with held-out data
-  std::vector<std::size_t> order_;            // this epoch's example order
-  std::uint64_t order_epoch_ = std::numeric_limits<std::uint64_t>::max();
-  std::vector<std::size_t> indices_;  // the micro-batch's examples
+  std::vector<std::size_t> indices_;          // the micro-batch's examples
 };
 
 }  // namespace cohort::trainer
