@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/options.hpp"
 #include "cohort/trainer/options.hpp"
 
 namespace cohort::trainer {
@@ -72,12 +73,10 @@ class MetricsLog {
     return "{\"step\": " + std::to_string(steps) + ", \"epoch\": " + number(epochs);
   }
 
-  // JSON has no infinity or NaN: those are null.
+  // Each value as the shortest text that reads back as it; JSON has no infinity or NaN: those
+  // are null.
   static std::string number(double value) {
-    if (!std::isfinite(value)) return "null";
-    char digits[32];
-    std::snprintf(digits, sizeof digits, "%.9g", value);
-    return digits;
+    return std::isfinite(value) ? options::shortest(value) : "null";
   }
 
   static std::string quoted(std::string_view text) {
