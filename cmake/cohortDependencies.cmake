@@ -2,7 +2,8 @@
 # cohort with add_subdirectory or FetchContent; cohortConfig.cmake finds the same for an installed
 # cohort (docs/dependencies.md):
 #
-#   cohort::cohort  threads and Boost (headers, plus Boost.Serialization for checkpoints): always
+#   cohort::cohort  threads, Boost (headers, plus Boost.Serialization for checkpoints) and zlib
+#                   (checkpoints' CRC-32): always
 #   cohort::tcp     OpenSSL's libcrypto, nlohmann_json and xxHash (cohortTcpDependencies.cmake):
 #                   defined when they are found
 #   cohort::cuda    the CUDA toolkit and NCCL: only with COHORT_ENABLE_CUDA
@@ -13,6 +14,7 @@
 include(GNUInstallDirs)
 find_package(Threads REQUIRED)
 find_package(Boost 1.74 REQUIRED COMPONENTS serialization)
+find_package(ZLIB REQUIRED)
 
 # cohort::tcp. cohort's own tests, benchmarks, examples and tools use it, so building any of them
 # requires its dependencies; a project that only trains in one process may lack them, and then

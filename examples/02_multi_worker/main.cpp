@@ -25,8 +25,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   example::add_demo_options(app, settings);
   example::add_threads_option(app, settings);
-  example::add_checkpoint_option(app, settings);
-  example::add_checkpoint_directory_option(app, settings);
+  example::add_checkpoint_options(app, settings);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -45,44 +44,29 @@ int main(int argc, char** argv) {
          .log_every = 100,
          .progress = settings.quiet || !chief ? cohort::Progress::kSilent : cohort::Progress::kAuto,
          .on_nonfinite = settings.on_nonfinite,
-         .preemption = {.checkpoint = settings.checkpoint},
          .schedule = example::demo_schedule(settings),
-         .checkpoint = {
-             .directory = settings.checkpoint_directory,
-             .every_steps = settings.checkpoint_directory.empty() ? 0 : settings.checkpoint_every,
-             .resume = !settings.checkpoint_directory.empty()}});
-    const std::string run = std::to_string(workers) + " worker(s) x " +
-                            std::to_string(local_replicas) + " local replica(s)";
-    if (settings.checkpoint.empty()) {
-      // One fit, evaluating the held-out set after every epoch (unless --no-validation), and
-      // checkpointing as it goes with --checkpoint-dir.
-      const cohort::Report report =
-          settings.validate ? trainer.fit(data.train, {.epochs = settings.epochs},
-                                          cohort::validation(data.held_out))
-                            : trainer.fit(data.train, {.epochs = settings.epochs});
-      if (report.preempted) return cohort::kExitPreempted;
-      if (chief) {
-        std::printf("\n");
-        (settings.validate ? example::outcome_of(report, trainer.model())
-                           : example::evaluate(trainer.model(), data, report.examples_per_second))
-            .print(run);
-        std::printf("fit %.3f s, of which %.3f s in %zu evaluations of the %zu held-out examples\n",
-                    report.seconds, report.validation_seconds, report.validation.size(),
-                    data.held_out.size());
-        if (report.checkpoints != 0) {
-          std::printf("%llu checkpoints into %s; the fit stood still %.3f s for them\n",
-                      static_cast<unsigned long long>(report.checkpoints),
-                      settings.checkpoint_directory.c_str(), report.checkpoint_seconds);
-        }
-      }
-      return 0;
-    }
-    const example::Fitted fitted =
-        example::fit_with_checkpoints(trainer, data.train, settings, chief);
-    if (fitted.preempted) return cohort::kExitPreempted;
+         .checkpoint = example::checkpoint_policy(settings)});
+    // One fit, evaluating the held-out set after every epoch (unless --no-validation), and
+    // checkpointing as it goes with --checkpoint-dir.
+    const cohort::Report report = settings.validate
+                                      ? trainer.fit(data.train, {.epochs = settings.epochs},
+                                                    cohort::validation(data.held_out))
+                                      : trainer.fit(data.train, {.epochs = settings.epochs});
+    if (report.preempted) return cohort::kExitPreempted;
     if (chief) {
       std::printf("\n");
-      example::evaluate(trainer.model(), data, fitted.examples_per_second).print(run);
+      (settings.validate ? example::outcome_of(report, trainer.model())
+                         : example::evaluate(trainer.model(), data, report.examples_per_second))
+          .print(std::to_string(workers) + " worker(s) x " + std::to_string(local_replicas) +
+                 " local replica(s)");
+      std::printf("fit %.3f s, of which %.3f s in %zu evaluations of the %zu held-out examples\n",
+                  report.seconds, report.validation_seconds, report.validation.size(),
+                  data.held_out.size());
+      if (report.checkpoints != 0) {
+        std::printf("%llu checkpoints into %s; the fit stood still %.3f s for them\n",
+                    static_cast<unsigned long long>(report.checkpoints),
+                    settings.checkpoint_directory.c_str(), report.checkpoint_seconds);
+      }
     }
     return 0;
   } catch (const cohort::Error& error) {

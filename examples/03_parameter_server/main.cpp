@@ -40,14 +40,13 @@ int run(const example::DemoSettings& settings, std::size_t local_replicas) {
        .log_every = 100,
        .progress = settings.quiet || !chief ? cohort::Progress::kSilent : cohort::Progress::kAuto,
        .on_nonfinite = settings.on_nonfinite,
-       .preemption = {.checkpoint = settings.checkpoint},
-       .schedule = example::demo_schedule(settings)});
-  const example::Fitted fitted =
-      example::fit_with_checkpoints(trainer, data.train, settings, chief);
-  if (fitted.preempted) return cohort::kExitPreempted;
+       .schedule = example::demo_schedule(settings),
+       .checkpoint = example::checkpoint_policy(settings)});
+  const cohort::Report report = trainer.fit(data.train, {.epochs = settings.epochs});
+  if (report.preempted) return cohort::kExitPreempted;
   if (chief && !serves) {
     std::printf("\n");
-    example::evaluate(trainer.model(), data, fitted.examples_per_second)
+    example::evaluate(trainer.model(), data, report.examples_per_second)
         .print(std::string(Consistency::kName) + ": " + std::to_string(workers) + " worker(s) x " +
                std::to_string(local_replicas) + " local replica(s), " + std::to_string(servers) +
                " server(s)");
@@ -69,7 +68,7 @@ int main(int argc, char** argv) {
                  "replica threads in each worker process (a power of two)");
   example::add_demo_options(app, settings);
   example::add_threads_option(app, settings);
-  example::add_checkpoint_option(app, settings);
+  example::add_checkpoint_options(app, settings);
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -1,5 +1,5 @@
-// What the demo programs share: their settings and command line, the task they train on, a
-// checkpointed fit, and what they print about a run.
+// What the demo programs share: their settings and command line, the task they train on, their
+// checkpoints, and what they print about a run.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -30,7 +30,6 @@ struct DemoSettings {
   std::size_t threads = 1;                      // per replica
   double learning_rate = 1e-2;  // the schedule's peak (demo_schedule)
   bool quiet = false;
-  std::string checkpoint;  // continue from it if it exists; save it after every epoch
   std::string
       checkpoint_directory;  // checkpoints during the fit, resumed from (Options::checkpoint)
   std::uint64_t checkpoint_every = 1000;  // steps
@@ -86,22 +85,23 @@ inline void add_threads_option(CLI::App& app, DemoSettings& settings) {
 }
 
 // For the programs that train one model once (not 00, which trains several).
-inline void add_checkpoint_option(CLI::App& app, DemoSettings& settings) {
-  app.add_option("--checkpoint", settings.checkpoint,
-                 "continue from this checkpoint if it exists, and save it after every epoch "
-                 "and on SIGTERM or SIGUSR1, which stop the job with exit status 75 (every "
-                 "process calls save; a parameter-server job writes a shard per server and this "
-                 "file, the manifest, last)");
-}
-
-// For the programs that checkpoint as they train (Trainer::Options::checkpoint).
-inline void add_checkpoint_directory_option(CLI::App& app, DemoSettings& settings) {
+inline void add_checkpoint_options(CLI::App& app, DemoSettings& settings) {
   app.add_option("--checkpoint-dir", settings.checkpoint_directory,
-                 "checkpoint into this directory every --checkpoint-every steps (the newest 3 "
-                 "kept), and continue from the newest there: after a kill -9 of every process, "
-                 "the same command goes on to the same bits");
+                 "checkpoint into this directory every --checkpoint-every steps, at the end of "
+                 "the fit and on SIGTERM or SIGUSR1, which stop the job with exit status 75 (the "
+                 "newest 3 kept), and continue from the newest there: after a kill -9 of every "
+                 "process, the same command goes on to the same bits");
   app.add_option("--checkpoint-every", settings.checkpoint_every, "steps between checkpoints")
       ->check(CLI::PositiveNumber);
+}
+
+// The Trainer's checkpoint policy of --checkpoint-dir and --checkpoint-every (none without a
+// directory).
+inline cohort::CheckpointPolicy checkpoint_policy(const DemoSettings& settings) {
+  if (settings.checkpoint_directory.empty()) return {};
+  return {.directory = settings.checkpoint_directory,
+          .every_steps = settings.checkpoint_every,
+          .resume = true};
 }
 
 // "784-1024-1024-10"
@@ -177,43 +177,6 @@ Outcome evaluate(Model model, const DemoData& data, double examples_per_second) 
   const auto parameters = cohort::ModelTraits<Model>::parameters(model);
   return {
       examples_per_second, accuracy(model, data.held_out), {parameters.begin(), parameters.end()}};
-}
-
-// What fit_with_checkpoints did: the examples per second of the epochs trained here, and whether
-// the job stopped for preemption (the program then exits with cohort::kExitPreempted).
-struct Fitted {
-  double examples_per_second = 0.0;
-  bool preempted = false;
-};
-
-// Trains to settings.epochs. With a checkpoint: continues from it if it exists, and fits one
-// epoch at a time, saving after each (fit's targets are absolute, so a restored run goes on where
-// it stopped); on SIGTERM or SIGUSR1 the Trainer saves it (Options::preemption) and the job
-// stops. Every process calls it, a parameter server too (its fit serves the workers).
-template <class Trainer, class Data>
-Fitted fit_with_checkpoints(Trainer& trainer, const Data& data, const DemoSettings& settings,
-                            bool chief) {
-  const bool checkpoints = !settings.checkpoint.empty();
-  // saved() refuses shards left without their manifest: starting over would discard them.
-  if (checkpoints && cohort::checkpoint::saved(settings.checkpoint)) {
-    trainer.restore(settings.checkpoint);
-    if (chief) {
-      std::printf("continuing from %s at step %llu\n", settings.checkpoint.c_str(),
-                  static_cast<unsigned long long>(trainer.step()));
-    }
-  }
-  double seconds = 0.0;
-  std::uint64_t steps = 0;
-  bool preempted = false;
-  for (std::uint64_t epoch = checkpoints ? 1 : settings.epochs;
-       epoch <= settings.epochs && !preempted; ++epoch) {
-    const cohort::Report report = trainer.fit(data, {.epochs = epoch});
-    seconds += report.seconds;
-    steps += report.steps;
-    preempted = report.preempted;  // saved by the Trainer
-    if (checkpoints && !preempted) trainer.save(settings.checkpoint);
-  }
-  return {seconds > 0.0 ? static_cast<double>(steps * settings.batch) / seconds : 0.0, preempted};
 }
 
 }  // namespace example

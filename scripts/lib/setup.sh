@@ -13,7 +13,7 @@ COHORT_JOBS="${COHORT_JOBS:-2}"
 
 # Debian packages for building the library, its tests, benchmarks and examples
 # (docs/dependencies.md says what each is for).
-COHORT_PACKAGES=(cmake ninja-build g++ git libboost-dev libboost-serialization-dev libssl-dev
+COHORT_PACKAGES=(cmake ninja-build g++ git libboost-dev libboost-serialization-dev zlib1g-dev libssl-dev
                  libxxhash-dev nlohmann-json3-dev doctest-dev libbenchmark-dev libcli11-dev
                  openmpi-bin libeigen3-dev libtorch-dev libopenblas0-pthread iproute2)
 

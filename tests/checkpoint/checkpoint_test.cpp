@@ -1,6 +1,9 @@
 #include <doctest/doctest.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+
+#include <csignal>
 
 #include <cohort/checkpoint/checkpoint.hpp>
 #include <cstring>
@@ -430,6 +433,34 @@ TEST_CASE("a shard declaring more parameters than the shard files hold is refuse
   }
   CHECK(message.find("checkpoint " + manifest_file.string()) != std::string::npos);
   CHECK(message.find("declares 1099511627776 parameters") != std::string::npos);
+}
+
+TEST_CASE("a save the file system refuses midway names the error and keeps the file it replaces") {
+  TemporaryDirectory directory;
+  const fs::path checkpoint = directory.path / "run.ckpt";
+  auto trainer = make_trainer();
+  trainer.fit(small_task_data(), {.steps = 2});
+  trainer.save(checkpoint);
+  const std::string before = bytes_of(checkpoint);
+  trainer.fit(small_task_data(), {.steps = 4});
+  std::string message;
+  {
+    // Files of this process may not grow past 64 bytes: the payload's write fails with EFBIG.
+    rlimit limit{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &limit) == 0);
+    const rlimit saved = limit;
+    const auto handler = std::signal(SIGXFSZ, SIG_IGN);
+    limit.rlim_cur = 64;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+    message = save_refusal(trainer, checkpoint);
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    std::signal(SIGXFSZ, handler);
+  }
+  CAPTURE(message);
+  CHECK(message.find("checkpoint " + checkpoint.string()) != std::string::npos);
+  CHECK(message.find(std::string("write failed: ") + std::strerror(EFBIG)) != std::string::npos);
+  CHECK(bytes_of(checkpoint) == before);
+  CHECK(std::distance(fs::directory_iterator(directory.path), fs::directory_iterator()) == 1);
 }
 
 TEST_CASE("a checkpoint path that is a directory is refused naming it, by restore and by save") {

@@ -6,7 +6,7 @@
 # header_only: every file compiles the definitions it uses (the default). separate: every file is
 # compiled with COHORT_SEPARATE_COMPILATION and one more file, the whole of which is
 # `#include <cohort/src.hpp>`, compiles cohort's definitions once (core/compilation.hpp). Both
-# link Boost.Serialization and libcrypto themselves, as a hand build does.
+# link Boost.Serialization, zlib and libcrypto themselves, as a hand build does.
 cmake_minimum_required(VERSION 3.21)
 
 include("${CMAKE_CURRENT_LIST_DIR}/script.cmake")
@@ -30,5 +30,5 @@ foreach(source IN LISTS sources)
   list(APPEND objects "${stem}.o")
 endforeach()
 step("linking" "${CMAKE_CXX_COMPILER}" -pthread ${objects} -o consumer -lboost_serialization
-     -lcrypto)
+     -lz -lcrypto)
 step("running the consumer" "${work}/consumer")

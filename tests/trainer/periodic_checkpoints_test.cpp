@@ -76,7 +76,10 @@ TEST_CASE(
   CHECK(parameters_of(checkpointed) == parameters_of(uninterrupted));
   // Every 5 steps, and at the end of the fit; the newest 2 kept.
   CHECK(steps_in(checkpoints) == std::vector<std::uint64_t>{20, 23});
-  CHECK(cohort::checkpoint::read<float>(checkpoints / "step-000000000020.ckpt").step == 20);
+  // Taken between two steps, without the fit's end: the parameters of a fit that stopped there.
+  const auto at_20 = cohort::checkpoint::read<float>(checkpoints / "step-000000000020.ckpt");
+  CHECK(at_20.step == 20);
+  CHECK(cohort::testing::bytes_of(at_20.parameters) == parameters_of(trained(20, {})));
   CHECK(fs::exists(checkpoints / "notes.txt"));
 
   // The same run, resumed from the newest, goes on with an uninterrupted run's bits.

@@ -49,7 +49,6 @@
 #include <array>
 #include <boost/archive/binary_iarchive.hpp>
 #include <boost/archive/binary_oarchive.hpp>
-#include <boost/crc.hpp>
 #include <boost/serialization/array_wrapper.hpp>
 #include <boost/serialization/collection_size_type.hpp>
 #include <boost/serialization/item_version_type.hpp>
@@ -73,6 +72,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cohort/checkpoint/detail/checksummed_file.hpp"
 #include "cohort/core/compilation.hpp"
 #include "cohort/core/error.hpp"
 
@@ -291,12 +291,6 @@ inline bool is_shard_file_name(std::string_view manifest, std::string_view name)
          name.empty();
 }
 
-inline std::uint32_t crc32(std::string_view bytes) {
-  boost::crc_32_type crc;
-  crc.process_bytes(bytes.data(), bytes.size());
-  return crc.checksum();
-}
-
 // What a refusal names: "checkpoint <file>" or, for a shard read for its manifest,
 // "checkpoint <manifest>: shard <file>".
 inline std::string subject_of(const std::filesystem::path& file) {
@@ -320,19 +314,6 @@ inline void refuse_directory(const std::filesystem::path& file, const std::strin
   std::error_code ignored;  // a path that cannot be examined fails where it is opened
   if (!file.has_filename() || std::filesystem::is_directory(file, ignored)) {
     refuse_as(subject, "is a directory; a checkpoint is a file");
-  }
-}
-
-inline void write_all(int fd, const char* data, std::size_t size,
-                      const std::filesystem::path& file) {
-  while (size > 0) {
-    const ssize_t written = ::write(fd, data, size);
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      refuse(file, std::string("write failed: ") + std::strerror(errno));
-    }
-    data += written;
-    size -= static_cast<std::size_t>(written);
   }
 }
 
@@ -361,33 +342,49 @@ Integer extract(std::string_view bytes, std::size_t offset) {
   return value;
 }
 
-// Writes `payload` in the container with `magic`, atomically; returns the payload's CRC-32.
+// The payload of `content` streamed to `fd` after the container's header with `magic`, which is
+// written last, once the payload's length and checksum are known; returns the checksum.
 template <class T, class Payload>
-std::uint32_t write_container(const std::filesystem::path& file, const Magic& magic,
-                              const Payload& content) {
-  refuse_directory(file, subject_of(file));
-  std::ostringstream payload_stream(std::ios::binary);
-  {
-    boost::archive::binary_oarchive archive(payload_stream);
-    archive << content;
+std::uint32_t write_payload(int fd, const std::filesystem::path& file, const Magic& magic,
+                            const Payload& content) {
+  if (::lseek(fd, static_cast<off_t>(kHeaderBytes), SEEK_SET) < 0) {
+    refuse(file, std::string("cannot seek: ") + std::strerror(errno));
   }
-  const std::string payload = std::move(payload_stream).str();
-  const std::uint32_t checksum = crc32(payload);
+  ChecksummedFileBuffer payload(fd);
+  try {
+    boost::archive::binary_oarchive archive(payload);
+    archive << content;
+  } catch (const boost::archive::archive_exception&) {
+    if (payload.error() == 0) throw;  // not the file's: the archive's own
+  }
+  if (!payload.flush()) {
+    refuse(file, std::string("write failed: ") + std::strerror(payload.error()));
+  }
 
   std::string header(magic.begin(), magic.end());
   append(header, kFormatVersion);
   append(header, static_cast<std::uint32_t>(sizeof(T)));
-  append(header, static_cast<std::uint64_t>(payload.size()));
-  append(header, checksum);
+  append(header, payload.bytes());
+  append(header, payload.crc32());
+  if (::pwrite(fd, header.data(), header.size(), 0) != static_cast<ssize_t>(header.size())) {
+    refuse(file, std::string("write failed: ") + std::strerror(errno));
+  }
+  return payload.crc32();
+}
 
+// Writes `content` in the container with `magic`, atomically; returns the payload's CRC-32.
+template <class T, class Payload>
+std::uint32_t write_container(const std::filesystem::path& file, const Magic& magic,
+                              const Payload& content) {
+  refuse_directory(file, subject_of(file));
   const std::filesystem::path directory = directory_of(file);
   const std::filesystem::path temporary =
       directory / (file.filename().string() + ".tmp-" + std::to_string(::getpid()));
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) refuse(file, "cannot create " + temporary.string() + ": " + std::strerror(errno));
+  std::uint32_t checksum = 0;
   try {
-    write_all(fd, header.data(), header.size(), file);
-    write_all(fd, payload.data(), payload.size(), file);
+    checksum = write_payload<T>(fd, file, magic, content);
     if (::fsync(fd) != 0) refuse(file, std::string("fsync failed: ") + std::strerror(errno));
   } catch (...) {
     ::close(fd);

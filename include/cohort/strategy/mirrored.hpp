@@ -105,5 +105,6 @@ static_assert(Strategy<Mirrored<>>);
 static_assert(ChecksGradient<Mirrored<>, float, optimizer::Sgd>);
 static_assert(AbandonsStep<Mirrored<>>);
 static_assert(LendsGradientStorage<Mirrored<>, float>);
+static_assert(SnapshotsBetweenSteps<Mirrored<>, float>);
 
 }  // namespace cohort::strategy

@@ -137,5 +137,6 @@ static_assert(HasPlaces<Mirrored<device::Cuda, collective::Nccl>>);
 static_assert(ChecksGradient<Mirrored<device::Cuda, collective::Nccl>, float, optimizer::Sgd>);
 static_assert(AbandonsStep<Mirrored<device::Cuda, collective::Nccl>>);
 static_assert(LendsGradientStorage<Mirrored<device::Cuda, collective::Nccl>, float>);
+static_assert(SnapshotsBetweenSteps<Mirrored<device::Cuda, collective::Nccl>, float>);
 
 }  // namespace cohort::strategy

@@ -238,6 +238,7 @@ static_assert(SharesSaveOutcome<MultiWorkerMirrored<>>);
 static_assert(ChecksGradient<MultiWorkerMirrored<>, float, optimizer::Sgd>);
 static_assert(AbandonsStep<MultiWorkerMirrored<>>);
 static_assert(LendsGradientStorage<MultiWorkerMirrored<>, float>);
+static_assert(SnapshotsBetweenSteps<MultiWorkerMirrored<>, float>);
 
 }  // namespace cohort::strategy
 

@@ -213,5 +213,6 @@ static_assert(SharesSaveOutcome<MultiWorkerMirrored<device::Cuda>>);
 static_assert(ChecksGradient<MultiWorkerMirrored<device::Cuda>, float, optimizer::Sgd>);
 static_assert(AbandonsStep<MultiWorkerMirrored<device::Cuda>>);
 static_assert(LendsGradientStorage<MultiWorkerMirrored<device::Cuda>, float>);
+static_assert(SnapshotsBetweenSteps<MultiWorkerMirrored<device::Cuda>, float>);
 
 }  // namespace cohort::strategy

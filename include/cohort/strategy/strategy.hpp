@@ -90,6 +90,14 @@
 //                            the chief's write, the chief's failure ("" when `file` is complete)
 //                            made known to every process and returned, so that save returns
 //                            nowhere before the file exists (the multi-worker strategies)
+//   SnapshotsBetweenSteps<S, T>  replica.make_state_whole<T>(optimizer_state): between two steps,
+//                            on every replica together, leaves the replica's whole state in its
+//                            spans, as finish does, and the fit goes on: every replica of a
+//                            mirrored strategy holds the parameters after every step, and a
+//                            sharded update gathers the optimizer state's stripes (a collective).
+//                            A checkpoint during the fit is then the chief's copy of its first
+//                            replica's state, taken between two steps, without the end of a
+//                            segment (trainer/periodic_checkpoints.hpp)
 //   HasPlaces<S>             s.place(local_index): below
 //
 // Replicas on a device other than the host (Mirrored<device::Cuda, collective::Nccl>) say where
@@ -257,6 +265,11 @@ template <class S>
 concept SharesSaveOutcome = requires(const S& s, const std::filesystem::path& file,
                                      std::string_view chief_failure) {
   { s.save_outcome(file, chief_failure) } -> std::same_as<std::string>;
+};
+
+template <class S, class T>
+concept SnapshotsBetweenSteps = requires(typename S::Replica& replica, std::span<T> state) {
+  replica.template make_state_whole<T>(state);
 };
 
 template <class S>

@@ -20,13 +20,15 @@
 
 namespace cohort::trainer {
 
-// The training state of this process's first replica, on the host, as a checkpoint holds it;
-// without `values` (or without replicas), the run's settings and step only.
+// Into `state`: the training state of this process's first replica after `step` steps, on the
+// host, as a checkpoint holds it; without `values` (or without replicas), the run's settings and
+// step only. A state filled before keeps its memory (no allocation, no page faults: the copy is
+// what a checkpoint during a fit stalls its replica for).
 template <class R>
-checkpoint::TrainingState<typename R::value_type> checkpoint_state(const R& run,
-                                                                   bool values = true) {
+void fill_checkpoint_state(const R& run, std::uint64_t step,
+                           checkpoint::TrainingState<typename R::value_type>& state,
+                           bool values = true) {
   using T = typename R::value_type;
-  checkpoint::TrainingState<T> state;
   state.optimizer = R::Optimizer::kName;
   if (values && !run.models.empty()) {
     const auto parameters =
@@ -38,12 +40,20 @@ checkpoint::TrainingState<typename R::value_type> checkpoint_state(const R& run,
     R::Device::to_host(run.place(0), run.optimizer_states[0].span(),
                        std::span<T>(state.optimizer_state));
   }
-  state.step = run.step;
+  state.step = step;
   state.seed = run.options.seed;
   state.global_batch = run.options.global_batch;
   state.micro_batches = run.options.micro_batches;
   state.dataset_size = run.dataset_size;
   state.schedule = run.options.schedule.description();
+}
+
+// The run's state as fill_checkpoint_state leaves it, at run.step.
+template <class R>
+checkpoint::TrainingState<typename R::value_type> checkpoint_state(const R& run,
+                                                                   bool values = true) {
+  checkpoint::TrainingState<typename R::value_type> state;
+  fill_checkpoint_state(run, run.step, state, values);
   return state;
 }
 

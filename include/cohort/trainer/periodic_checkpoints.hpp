@@ -5,19 +5,22 @@
 // same command run again after a crash or a kill -9 of every process goes on from there, with the
 // bits of a run that was never interrupted.
 //
-// A fit with checkpoints runs in segments, one between two checkpoints: every replica ends the
-// segment as it ends a fit (the strategy's finish: a sharded optimizer state is gathered), the
-// checkpoint is taken, and the next segment starts from it. By steps, every process knows where a
-// segment ends; by time, the job's vote (trainer/vote.hpp) agrees on the step.
+// By steps, every process knows after which step a checkpoint falls; by time, the job's vote
+// (trainer/vote.hpp) agrees on the step. Under a strategy whose replicas hold the whole state
+// between two steps (strategy::SnapshotsBetweenSteps: the mirrored strategies), the checkpoint is
+// taken there, inside the fit: every replica makes its state whole (a sharded update gathers its
+// optimizer state), the chief's first replica copies it to the host into a buffer kept from one
+// checkpoint to the next, and the fit goes on. A background thread checks the copy (Trainer::
+// save's checks: no infinity or NaN is saved) and writes it while the fit trains; the next
+// checkpoint, and the end of the fit, wait for that write. A write that failed fails the chief's
+// fit there (CheckpointError), and the other processes learn it as the chief's departure.
 //
-// The chief copies the state to the host at the segment's end (Trainer::save's checks included:
-// no infinity or NaN is saved) and writes it in the background while the next segment trains;
-// the next checkpoint, and the end of the fit, wait for that write. A write that failed fails the
-// chief's fit there (CheckpointError), and the other processes learn it as the chief's departure.
-// Under a strategy that saves its own way (strategy::SavesOwnCheckpoint: a parameter server)
-// every process saves together instead, as Trainer::save does: each server its shard, the chief
-// the manifest last, and the servers serve the next segment. Workers that go at their own pace
-// (Async, BoundedStaleness: not strategy::kLockstep) share no step to checkpoint at: refused.
+// Under a strategy that saves its own way (strategy::SavesOwnCheckpoint: a parameter server) the
+// fit runs in segments instead, one between two checkpoints: every replica ends the segment as it
+// ends a fit (the strategy's finish: the optimizer state comes home from the servers), every
+// process saves together, as Trainer::save does (each server its shard, the chief the manifest
+// last), and the servers serve the next segment. Workers that go at their own pace (Async,
+// BoundedStaleness: not strategy::kLockstep) share no step to checkpoint at: refused.
 // Preemption saves into the same directory when Options::preemption.checkpoint is empty.
 #pragma once
 
@@ -47,6 +50,9 @@ class PeriodicCheckpoints {
   using Clock = std::chrono::steady_clock;
 
  public:
+  // Whether checkpoints are taken between two steps (snapshot), not at a segment's end.
+  static constexpr bool kBetweenSteps = strategy::SnapshotsBetweenSteps<typename R::Strategy, T>;
+
   explicit PeriodicCheckpoints(const CheckpointPolicy& policy) : policy_(policy) {}
 
   // Refuses a policy that makes no sense, or that the strategy cannot follow (ConfigError naming
@@ -76,12 +82,17 @@ class PeriodicCheckpoints {
 
   // Where the segment that begins at `step` ends, for a fit to `target`.
   std::uint64_t segment_end(std::uint64_t step, std::uint64_t target) const {
-    if (policy_.every_steps == 0) return target;
+    if (kBetweenSteps || policy_.every_steps == 0) return target;
     return std::min(target, (step / policy_.every_steps + 1) * policy_.every_steps);
   }
 
-  // Whether this process has gone checkpoint.every without a checkpoint (read by every replica
-  // before the vote).
+  // Whether a checkpoint by steps falls after `step` steps.
+  bool due_by_steps(std::uint64_t step) const {
+    return policy_.every_steps != 0 && step % policy_.every_steps == 0;
+  }
+
+  // Whether this process has gone checkpoint.every without a checkpoint (read by the first
+  // replica of the process before the vote, the one that takes the checkpoints).
   bool due_by_time() const {
     return policy_.every.count() != 0 && Clock::now() - last_ >= policy_.every;
   }
@@ -101,30 +112,37 @@ class PeriodicCheckpoints {
     }
   }
 
-  // After a segment: the chief snapshots the run's state and writes it in the background; under
-  // a strategy that saves its own way (a parameter server's shards), every process saves
-  // together, as Trainer::save does. Whether this step had no checkpoint yet.
+  // Between two steps (kBetweenSteps), on the first replica of every process, once every replica
+  // has made its state whole: the chief copies the state after `step` steps and writes it in the
+  // background. Whether this step had no checkpoint yet.
+  bool snapshot(const R& run, std::uint64_t step) {
+    if (!mark(step)) return false;
+    if (!run.strategy.is_chief()) return true;
+    wait();
+    fill_checkpoint_state(run, step, state_);
+    writing_ = std::async(std::launch::async, [this, step] {
+      create_directory();
+      write_state(state_, checkpoint::file_for_step(policy_.directory, step), step);
+      if (policy_.keep != 0) checkpoint::keep_newest<T>(policy_.directory, policy_.keep);
+    });
+    return true;
+  }
+
+  // After a segment, on every process: a snapshot of the run's state; under a strategy that saves
+  // its own way (a parameter server's shards), every process saves together, as Trainer::save
+  // does. Whether this step had no checkpoint yet.
   bool save(const R& run) {
-    last_ = Clock::now();
-    if (run.step == saved_step_) return false;
-    saved_step_ = run.step;
     if constexpr (strategy::SavesOwnCheckpoint<typename R::Strategy, T>) {
+      if (!mark(run.step)) return false;
       create_directory();  // every process writes there: the servers their shards
       write_checkpoint(run, checkpoint::file_for_step(policy_.directory, run.step));
       if (run.strategy.is_chief() && policy_.keep != 0) {
         checkpoint::keep_newest<T>(policy_.directory, policy_.keep);
       }
       return true;
+    } else {
+      return snapshot(run, run.step);
     }
-    if (!run.strategy.is_chief()) return true;
-    wait();
-    auto state = checkpoint_state(run);
-    writing_ = std::async(std::launch::async, [this, step = run.step, state = std::move(state)] {
-      create_directory();
-      write_state(state, checkpoint::file_for_step(policy_.directory, step), step);
-      if (policy_.keep != 0) checkpoint::keep_newest<T>(policy_.directory, policy_.keep);
-    });
-    return true;
   }
 
   // After a preemption: the save every process makes together (trainer/checkpoints.hpp), into
@@ -156,10 +174,19 @@ class PeriodicCheckpoints {
     }
   }
 
+  // Records a checkpoint after `step` steps; false where that step has one already.
+  bool mark(std::uint64_t step) {
+    last_ = Clock::now();
+    if (step == saved_step_) return false;
+    saved_step_ = step;
+    return true;
+  }
+
   CheckpointPolicy policy_;
   Clock::time_point last_ = Clock::now();
   std::uint64_t saved_step_ = static_cast<std::uint64_t>(-1);
   bool resumed_ = false;
+  checkpoint::TrainingState<T> state_;  // the chief's copy being written
   std::future<void> writing_;
 };
 

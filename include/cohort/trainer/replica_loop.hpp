@@ -69,9 +69,8 @@ class ReplicaLoop {
   // Steps from run.step up to segment_end (exclusive) of a fit to `target`; `report` is shared by
   // the process's replicas. `validation`: none for NoValidation; `metrics`: the chief's log.
   ReplicaLoop(R& run, Replica& replica, const D& data, const Validation<V>* validation,
-              const sharding::Plan& plan, ReplicaCarry& carry,
-              const PeriodicCheckpoints<R>& checkpoints, MetricsLog* metrics,
-              std::uint64_t segment_end, std::uint64_t target, Report& report)
+              const sharding::Plan& plan, ReplicaCarry& carry, PeriodicCheckpoints<R>& checkpoints,
+              MetricsLog* metrics, std::uint64_t segment_end, std::uint64_t target, Report& report)
       : run_(run),
         replica_(replica),
         data_(data),
@@ -113,14 +112,18 @@ class ReplicaLoop {
     SegmentEnd end = segment_end_ == target_ ? SegmentEnd::kTarget : SegmentEnd::kCheckpoint;
     std::uint64_t step = run_.step;
     for (; step < segment_end_; ++step) {
-      const Decision decision = votes ? carry_.vote.template before<S>(
-                                            step, checkpoints_.due_by_time(), replica_, agreement_)
-                                      : Decision::kGoOn;
-      if (decision == Decision::kStop || (decision == Decision::kCheckpoint && step > run_.step)) {
+      const Decision decision =
+          votes ? carry_.vote.template before<S>(step, local_ == 0 && checkpoints_.due_by_time(),
+                                                 replica_, agreement_)
+                : Decision::kGoOn;
+      const bool checkpoint = step > run_.step && (decision == Decision::kCheckpoint ||
+                                                   checkpoints_.due_by_steps(step));
+      if (decision == Decision::kStop || (checkpoint && !kBetweenSteps)) {
         if (!carry_.window.empty()) close_window(step - 1, false);
         end = decision == Decision::kStop ? SegmentEnd::kPreempted : SegmentEnd::kCheckpoint;
         break;
       }
+      if (checkpoint) checkpoint_between_steps(step);
       train_step(step);
       const std::size_t step_in_epoch = step % plan_.steps_per_epoch();
       const bool periodic =
@@ -158,6 +161,22 @@ class ReplicaLoop {
 
  private:
   static constexpr bool kValidates = !std::same_as<V, NoValidation>;
+  static constexpr bool kBetweenSteps = PeriodicCheckpoints<R>::kBetweenSteps;
+
+  // A checkpoint after `step` steps, taken between two steps without ending the segment
+  // (strategy::SnapshotsBetweenSteps): every replica makes its state whole, and the first replica
+  // of each process takes it (the chief's copies it and writes it in the background).
+  void checkpoint_between_steps(std::uint64_t step) {
+    if constexpr (kBetweenSteps) {
+      const auto start = Clock::now();
+      const trace::Span span(run_.recorder.get(), trace::Phase::kCheckpoint, {.step = step});
+      replica_.make_state_whole(optimizer_state_);
+      if (local_ == 0 && checkpoints_.snapshot(run_, step)) {
+        ++report_.checkpoints;
+        report_.checkpoint_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      }
+    }
+  }
 
   // One step: the micro-batches, the fold, the strategy's synchronization and update. A step that
   // an exception ends releases the other replicas and waits until no collective uses its buffers
@@ -289,7 +308,7 @@ class ReplicaLoop {
   const D& data_;
   const sharding::Plan& plan_;
   ReplicaCarry& carry_;
-  const PeriodicCheckpoints<R>& checkpoints_;
+  PeriodicCheckpoints<R>& checkpoints_;
   MetricsLog* const metrics_;
   const Validation<V>* const validation_;
   const std::uint64_t segment_end_;

@@ -13,7 +13,8 @@
 // preemption.grace (20 s) after the signal is ended with 128 + the signal.
 //
 // Checkpoints by time (Options::checkpoint.every): the same vote carries whether any process has
-// gone that long without a checkpoint, so that every process checkpoints after the same step.
+// gone that long without a checkpoint (its first replica's word), so that every process
+// checkpoints after the same step.
 #pragma once
 
 #include <algorithm>
@@ -29,7 +30,7 @@ namespace cohort::trainer {
 
 enum class Decision {
   kGoOn,
-  kCheckpoint,  // a checkpoint by time is due: the fit's segment ends here
+  kCheckpoint,  // a checkpoint by time is due: taken here (trainer/periodic_checkpoints.hpp)
   kStop,        // preemption: the fit ends here
 };
 

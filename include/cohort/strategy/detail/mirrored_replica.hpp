@@ -189,13 +189,20 @@ class MirroredReplica {
     pending_.clear();
   }
 
-  // The end of a fit: every replica already holds the final parameters, and the final optimizer
-  // state once a sharded update's is gathered.
+  // Between two steps (strategy::SnapshotsBetweenSteps), on every replica together: every replica
+  // already holds the parameters, and the whole optimizer state once a sharded update's stripes
+  // are gathered.
   template <class T>
-  void finish(std::span<T> /*parameters*/, std::span<T> optimizer_state, FitEnd /*end*/) {
+  void make_state_whole(std::span<T> optimizer_state) {
     if constexpr (kShardable<T>) {
       if (shard_) gather_state(optimizer_state);
     }
+  }
+
+  // The end of a fit: the state made whole.
+  template <class T>
+  void finish(std::span<T> /*parameters*/, std::span<T> optimizer_state, FitEnd /*end*/) {
+    make_state_whole(optimizer_state);
   }
 
  private:
