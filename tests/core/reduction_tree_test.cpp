@@ -171,3 +171,59 @@ TEST_CASE("StreamingFold of non-associative floating-point values equals fold") 
     CHECK(streaming.result() == expected);
   }
 }
+
+TEST_CASE(
+    "deal splits leaves into consecutive nodes, the largest first, as even as the tree allows") {
+  using cohort::tree::deal;
+  using Counts = std::vector<std::size_t>;
+  CHECK(deal(8, 1) == Counts{8});
+  CHECK(deal(8, 2) == Counts{4, 4});
+  CHECK(deal(8, 3) == Counts{2, 2, 4});
+  CHECK(deal(8, 4) == Counts{2, 2, 2, 2});
+  CHECK(deal(8, 5) == Counts{1, 1, 2, 2, 2});
+  CHECK(deal(8, 8) == Counts(8, 1));
+  CHECK(deal(12, 3) == Counts{4, 4, 4});
+  CHECK(deal(7, 3) == Counts{2, 2, 3});
+  for (std::size_t leaves = 1; leaves <= 40; ++leaves) {
+    for (std::size_t parts = 1; parts <= leaves; ++parts) {
+      CAPTURE(leaves);
+      CAPTURE(parts);
+      const Counts counts = deal(leaves, parts);
+      CHECK(counts.size() == parts);
+      CHECK(cohort::tree::are_nodes(counts));
+      // Parts of a power of two leaves each, where they exist, are the equal blocks that were the
+      // only deal once.
+      if (leaves % parts == 0 && cohort::tree::is_subtree(0, leaves / parts)) {
+        CHECK(counts == Counts(parts, leaves / parts));
+      }
+    }
+  }
+}
+
+TEST_CASE("are_nodes accepts consecutive nodes of the canonical tree only") {
+  using Counts = std::vector<std::size_t>;
+  CHECK(cohort::tree::are_nodes(Counts{4, 2, 2}));
+  CHECK(cohort::tree::are_nodes(Counts(5, 1)));
+  CHECK_FALSE(cohort::tree::are_nodes(Counts{1, 2, 1}));  // [1, 3) is no node
+  CHECK_FALSE(cohort::tree::are_nodes(Counts{3, 1}));     // [0, 3) is no node of 4 leaves
+  CHECK_FALSE(cohort::tree::are_nodes(Counts{}));
+}
+
+TEST_CASE("fold_parts over any deal is the fold over every leaf, n = 1..40") {
+  for (std::size_t leaves = 1; leaves <= 40; ++leaves) {
+    for (std::size_t parts = 1; parts <= leaves; ++parts) {
+      CAPTURE(leaves);
+      CAPTURE(parts);
+      const std::vector<std::size_t> counts = cohort::tree::deal(leaves, parts);
+      std::vector<std::size_t> first(parts, 0);
+      for (std::size_t p = 1; p < parts; ++p) first[p] = first[p - 1] + counts[p - 1];
+      // Each part folds its own leaves, as a replica folds its micro-batches.
+      const auto part = [&](std::size_t p) {
+        return cohort::tree::fold(
+            counts[p], [&](std::size_t i) { return leaf_name(first[p] + i); }, join);
+      };
+      CHECK(cohort::tree::fold_parts(std::span<const std::size_t>(counts), part, join) ==
+            fold_expression(leaves));
+    }
+  }
+}

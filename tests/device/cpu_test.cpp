@@ -55,6 +55,37 @@ TEST_CASE("reduce_tree adds buffers in the canonical tree order, element by elem
   }
 }
 
+TEST_CASE("reduce_tree over inputs of several leaves each gives the fold over every leaf") {
+  const std::size_t leaves = 8;
+  const std::size_t length = 2 * cpu::kReduceBlock + 5;
+  const auto values = order_sensitive_inputs(leaves, length);
+  for (std::size_t parts : {1, 2, 3, 5, 6, 8}) {
+    CAPTURE(parts);
+    // Each input is its part's leaves folded, as a replica folds its micro-batches.
+    const std::vector<std::size_t> counts = cohort::tree::deal(leaves, parts);
+    std::vector<std::vector<float>> inputs;
+    std::size_t first = 0;
+    for (const std::size_t count : counts) {
+      std::vector<const float*> own;
+      for (std::size_t leaf = first; leaf < first + count; ++leaf)
+        own.push_back(values[leaf].data());
+      inputs.emplace_back(length);
+      cpu::reduce_tree<float>(cohort::ReduceOp::kSum, own, inputs.back());
+      first += count;
+    }
+    std::vector<const float*> pointers;
+    for (const auto& input : inputs) pointers.push_back(input.data());
+    std::vector<float> out(length);
+    cpu::reduce_tree<float>(cohort::ReduceOp::kSum, pointers, out, counts);
+
+    std::vector<const float*> every;
+    for (const auto& value : values) every.push_back(value.data());
+    std::vector<float> expected(length);
+    cpu::reduce_tree<float>(cohort::ReduceOp::kSum, every, expected);
+    CHECK(std::memcmp(out.data(), expected.data(), length * sizeof(float)) == 0);
+  }
+}
+
 TEST_CASE("reduce_tree applies min, max and product") {
   const std::vector<double> a{1, -4, 3}, b{2, 5, -6}, c{-1, 2, 2};
   const double* inputs[] = {a.data(), b.data(), c.data()};

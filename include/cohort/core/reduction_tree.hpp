@@ -13,12 +13,19 @@
 // contribute a single buffer: the cross-replica fold over replicas, in the same tree, then gives
 // exactly the bits of the fold over all micro-batches. That is why parameters are bit-identical
 // for 1, 2, 4 or 8 replicas, threads or processes; it is also why every collective in cohort
-// combines ranks in this order, and why Trainer requires micro_batches / replicas to be a power
-// of two (core/sharding.hpp).
+// combines ranks in this order.
+//
+// A replica count that is not a power of two is dealt nodes of different sizes (deal below: 8
+// micro-batches over 3 replicas are the nodes of 2, 2 and 4 leaves), and the fold across replicas
+// is then the canonical tree over the leaves, each replica's node taken whole (fold_parts): the
+// same bits again, the collectives told each rank's leaf count.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
+#include <numeric>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -53,6 +60,62 @@ template <class Leaf, class Combine>
 auto fold(std::size_t n, Leaf leaf, Combine combine) {
   COHORT_ASSERT(n >= 1);
   return detail::fold_range(0, n, leaf, combine);
+}
+
+// A deal of `leaves` leaves into `parts` consecutive nodes of the canonical tree, as even as the
+// tree allows: from the root, the node with the most leaves (the leftmost of them) is split into
+// its two children until there are `parts`. Each part's leaf count, in leaf order. Where
+// leaves / parts is a whole power of two, every part has that many. Requires 1 <= parts <= leaves.
+inline std::vector<std::size_t> deal(std::size_t leaves, std::size_t parts) {
+  COHORT_ASSERT(parts >= 1 && parts <= leaves);
+  std::vector<std::size_t> counts{leaves};
+  counts.reserve(parts);
+  while (counts.size() < parts) {
+    const auto largest = std::max_element(counts.begin(), counts.end());
+    const std::size_t count = *largest;
+    *largest = split(count);
+    counts.insert(largest + 1, count - split(count));
+  }
+  return counts;
+}
+
+// Whether `counts` are consecutive nodes of the canonical tree over their sum (a deal, or every
+// count 1).
+inline bool are_nodes(std::span<const std::size_t> counts) {
+  std::size_t next = 0;
+  const auto covers = [&](const auto& self, std::size_t leaves) -> bool {
+    if (next == counts.size() || counts[next] > leaves) return false;
+    if (counts[next] == leaves) {
+      ++next;
+      return true;
+    }
+    return self(self, split(leaves)) && self(self, leaves - split(leaves));
+  };
+  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  return total >= 1 && covers(covers, total) && next == counts.size();
+}
+
+namespace detail {
+template <class Part, class Combine>
+auto fold_parts_range(std::span<const std::size_t> counts, std::size_t& next, std::size_t leaves,
+                      Part& part, Combine& combine) {
+  if (counts[next] == leaves) return part(next++);
+  const std::size_t left_leaves = split(leaves);
+  auto left = fold_parts_range(counts, next, left_leaves, part, combine);
+  auto right = fold_parts_range(counts, next, leaves - left_leaves, part, combine);
+  return combine(std::move(left), std::move(right));
+}
+}  // namespace detail
+
+// Folds part(0) .. part(n - 1), the values of n consecutive nodes of the canonical tree with
+// `counts` leaves each (are_nodes), in the canonical tree over all their leaves, visiting parts in
+// order: fold(n, ...) where every count is 1.
+template <class Part, class Combine>
+auto fold_parts(std::span<const std::size_t> counts, Part part, Combine combine) {
+  COHORT_ASSERT(are_nodes(counts));
+  std::size_t next = 0;
+  return detail::fold_parts_range(
+      counts, next, std::accumulate(counts.begin(), counts.end(), std::size_t{0}), part, combine);
 }
 
 // Folds leaves that arrive one at a time, in order, keeping O(log n) partial results: the
