@@ -51,7 +51,7 @@ std::string bytes_of(const std::vector<cohort::Evaluation>& evaluations) {
 }  // namespace
 
 TEST_CASE(
-    "validation figures are the same bits on 1, 2 and 4 replicas, each epoch and at the end") {
+    "validation figures are the same bits on 1, 2, 3 and 4 replicas, each epoch and at the end") {
   const cohort::Report one = fit_with_validation(1, 2);
   // 31 steps per epoch: after each epoch; the end of the fit is the second.
   REQUIRE(one.validation.size() == 2);
@@ -62,6 +62,8 @@ TEST_CASE(
   CHECK(accuracy <= 1.0);
   CHECK(one.validation.back().mean("loss") < one.validation.front().mean("loss"));
   CHECK(bytes_of(fit_with_validation(2, 2).validation) == bytes_of(one.validation));
+  // 3 replicas fold 2, 2 and 4 of the 8 micro-batches (core/sharding.hpp, Deal).
+  CHECK(bytes_of(fit_with_validation(3, 2).validation) == bytes_of(one.validation));
   CHECK(bytes_of(fit_with_validation(4, 2).validation) == bytes_of(one.validation));
   CHECK(cohort::testing::contains(
       cohort::testing::config_error_message([&] { (void)one.validation[0].mean("accuracy"); }),

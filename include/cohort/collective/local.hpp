@@ -78,6 +78,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduce_op.hpp"
+#include "cohort/core/reduction_tree.hpp"
 #include "cohort/device/cpu.hpp"
 
 namespace cohort::collective {
@@ -150,13 +151,15 @@ class Group {
   // rank has finished reading and writing.
   enum class Exit : std::uint8_t { kOnPoison, kWhenAllArrive };
 
-  Group(int ranks, std::chrono::milliseconds timeout)
+  Group(int ranks, std::chrono::milliseconds timeout, std::vector<std::size_t> leaf_counts)
       : ranks_(ranks),
         timeout_(timeout),
         pause_(static_cast<unsigned>(ranks) <= std::thread::hardware_concurrency()),
-        rank_(std::make_unique<Rank[]>(static_cast<std::size_t>(ranks))) {}
+        rank_(std::make_unique<Rank[]>(static_cast<std::size_t>(ranks))),
+        leaf_counts_(std::move(leaf_counts)) {}
 
   int size() const { return ranks_; }
+  std::span<const std::size_t> leaf_counts() const { return leaf_counts_; }
 
   // Counts one more call of `rank` and returns where it is; throws if the group is poisoned.
   Site begin(int rank, Operation operation) {
@@ -342,6 +345,7 @@ class Group {
   const std::chrono::milliseconds timeout_;
   const bool pause_;
   std::unique_ptr<Rank[]> rank_;
+  const std::vector<std::size_t> leaf_counts_;
 
   alignas(kCacheLine) std::atomic<std::uint64_t> barrier_{0};
   alignas(kCacheLine) std::atomic<int> sleepers_{0};
@@ -417,7 +421,8 @@ class LocalCommunicator {
       for (std::size_t offset = first; offset < last; offset += detail::local::kBlock) {
         const std::size_t count = std::min(detail::local::kBlock, last - offset);
         for (int r = 0; r < size(); ++r) w.leaves[r] = w.inputs[r] + offset;
-        device::cpu::reduce_tree<T>(op, w.leaves, std::span<T>(w.scratch.data(), count));
+        device::cpu::reduce_tree<T>(op, w.leaves, std::span<T>(w.scratch.data(), count),
+                                    group_->leaf_counts());
         for (T* destination : w.outputs) {
           std::copy_n(w.scratch.data(), count, destination + offset);
         }
@@ -520,14 +525,15 @@ class LocalCommunicator {
                                                      chunk * sizeof(T));
       }
       if (!aliased) {
-        device::cpu::reduce_tree<T>(op, w.leaves, output);
+        device::cpu::reduce_tree<T>(op, w.leaves, output, group_->leaf_counts());
         return;
       }
       // In place: reduce_tree may not write over an input, so go block by block via scratch.
       for (std::size_t done = 0; done < chunk; done += detail::local::kBlock) {
         const std::size_t count = std::min(detail::local::kBlock, chunk - done);
         for (int r = 0; r < size(); ++r) w.leaves[r] = w.inputs[r] + offset + done;
-        device::cpu::reduce_tree<T>(op, w.leaves, std::span<T>(w.scratch.data(), count));
+        device::cpu::reduce_tree<T>(op, w.leaves, std::span<T>(w.scratch.data(), count),
+                                    group_->leaf_counts());
         std::copy_n(w.scratch.data(), count, output.data() + done);
       }
     });
@@ -612,11 +618,16 @@ class Local {
     int ranks = 0;
     // How long a rank waits for the others in one collective before it throws CommError; > 0.
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    // How many leaves of the canonical tree each rank's buffer stands for, in rank order
+    // (core/reduction_tree.hpp: the micro-batches a replica folds, tree::deal): reductions fold
+    // the ranks as nodes of those sizes. Empty: one each, the tree over ranks.
+    std::vector<std::size_t> leaf_counts{};
   };
 
   explicit Local(Options options)
       : options_(validate(options)),
-        group_(std::make_shared<detail::local::Group>(options_.ranks, options_.timeout)) {}
+        group_(std::make_shared<detail::local::Group>(options_.ranks, options_.timeout,
+                                                      options_.leaf_counts)) {}
 
   const Options& options() const { return options_; }
   int size() const { return options_.ranks; }
@@ -633,6 +644,13 @@ class Local {
     if (options.timeout.count() <= 0) {
       options::reject("timeout", std::to_string(options.timeout.count()) + " ms",
                       "must be greater than 0");
+    }
+    if (!options.leaf_counts.empty() &&
+        (options.leaf_counts.size() != static_cast<std::size_t>(options.ranks) ||
+         !tree::are_nodes(options.leaf_counts))) {
+      options::reject("leaf_counts", options.leaf_counts.size(),
+                      "must give every rank's count, consecutive nodes of the canonical tree "
+                      "(tree::deal)");
     }
     return options;
   }

@@ -5,12 +5,14 @@
 // (size mod global_batch examples) is dropped for that epoch, and since every epoch draws a new
 // order, every example is still visited over the run. Each global batch is split into
 // micro_batches micro-batches whose sizes differ by at most one (micro-batch j holds positions
-// [j*B/M, (j+1)*B/M)), and replica r of R computes micro-batches [r*M/R, (r+1)*M/R).
+// [j*B/M, (j+1)*B/M)), and the micro-batches are dealt to the replicas as consecutive nodes of the
+// canonical tree over them (Deal, below).
 //
 // None of this depends on the replica count, which is what lets the gradient sum be the same tree
-// (core/reduction_tree.hpp) for any R that divides M with a power-of-two quotient.
+// (core/reduction_tree.hpp) for any replica count up to micro_batches.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -30,25 +32,84 @@ struct Range {
   std::size_t end;
 };
 
+// Which micro-batches each replica folds. The job's workers (replicas / local_replicas processes)
+// are dealt consecutive nodes of the canonical tree over the micro-batches (tree::deal), and each
+// worker's node is dealt to its local replicas the same way, so that a worker's replicas together
+// fold one node and a reduction across workers folds whole workers. Where micro_batches / replicas
+// is a power of two every replica folds that many (equal blocks); otherwise the counts differ, at
+// most twice the smallest, and the collectives fold each replica as a node of its count
+// (strategy::FoldsAnyDeal). Valid for the counts validate() accepts.
+class Deal {
+ public:
+  Deal(std::size_t micro_batches, std::size_t replicas, std::size_t local_replicas) {
+    for (const std::size_t node : tree::deal(micro_batches, replicas / local_replicas)) {
+      worker_counts_.push_back(node);
+      const std::vector<std::size_t> parts = tree::deal(node, local_replicas);
+      counts_.insert(counts_.end(), parts.begin(), parts.end());
+    }
+    firsts_.push_back(0);
+    for (const std::size_t count : counts_) firsts_.push_back(firsts_.back() + count);
+  }
+
+  // The checks of a deal of positive counts: names the field that makes it impossible.
+  static void validate(std::size_t micro_batches, std::size_t replicas,
+                       std::size_t local_replicas) {
+    if (micro_batches < replicas) {
+      options::reject("micro_batches", micro_batches,
+                      "must be at least the replicas (" + std::to_string(replicas) +
+                          "), so that every replica folds a micro-batch");
+    }
+    const std::vector<std::size_t> workers = tree::deal(micro_batches, replicas / local_replicas);
+    if (const std::size_t least = *std::min_element(workers.begin(), workers.end());
+        least < local_replicas) {
+      options::reject("micro_batches", micro_batches,
+                      "deals a worker " + std::to_string(least) +
+                          " micro-batches, fewer than its " + std::to_string(local_replicas) +
+                          " local replicas: give at least local_replicas x workers, a power of "
+                          "two times the workers");
+    }
+  }
+
+  // Each replica's micro-batch count, in replica order: the leaf counts of the replicas' folds.
+  std::span<const std::size_t> counts() const { return counts_; }
+  // Each worker's, in worker order.
+  std::span<const std::size_t> worker_counts() const { return worker_counts_; }
+  std::size_t first(std::size_t replica) const { return firsts_[replica]; }
+  std::size_t count(std::size_t replica) const { return counts_[replica]; }
+  // Whether every replica folds as many micro-batches as every other.
+  bool even() const {
+    return std::all_of(counts_.begin(), counts_.end(),
+                       [&](std::size_t count) { return count == counts_.front(); });
+  }
+
+ private:
+  std::vector<std::size_t> counts_;
+  std::vector<std::size_t> worker_counts_;
+  std::vector<std::size_t> firsts_;
+};
+
 class Plan {
  public:
-  // Validates the split: names the field that makes it impossible.
+  // Validates the split: names the field that makes it impossible. `any_deal`: whether the
+  // strategy folds replicas of different micro-batch counts (strategy::FoldsAnyDeal); without it
+  // micro_batches / replicas must be a power of two.
   Plan(std::size_t dataset_size, std::size_t global_batch, std::size_t micro_batches,
-       std::size_t replicas)
+       std::size_t replicas, std::size_t local_replicas, bool any_deal)
       : dataset_size_(dataset_size),
         global_batch_(global_batch),
         micro_batches_(micro_batches),
-        replicas_(replicas) {
-    validate_split(global_batch, micro_batches, replicas);
+        deal_(validated_deal(global_batch, micro_batches, replicas, local_replicas, any_deal)) {
     if (global_batch > dataset_size) {
       options::reject("global_batch", global_batch,
                       "exceeds the data set's " + std::to_string(dataset_size) + " examples");
     }
   }
 
-  // The checks that do not need the data set, shared with Trainer's constructor.
+  // The checks that do not need the data set, shared with Trainer's constructor (on every process:
+  // a parameter server's too, which has no local replicas and whose strategy takes equal blocks
+  // only, the rule that leaves nothing else to check).
   static void validate_split(std::size_t global_batch, std::size_t micro_batches,
-                             std::size_t replicas) {
+                             std::size_t replicas, std::size_t local_replicas, bool any_deal) {
     options::require_positive("replicas", replicas);
     options::require_positive("micro_batches", micro_batches);
     options::require_positive("global_batch", global_batch);
@@ -56,20 +117,20 @@ class Plan {
       options::reject("global_batch", global_batch,
                       "must be at least micro_batches (" + std::to_string(micro_batches) + ")");
     }
-    if (micro_batches % replicas != 0 || !tree::is_subtree(0, micro_batches / replicas)) {
+    if (any_deal) {
+      Deal::validate(micro_batches, replicas, local_replicas);
+    } else if (micro_batches % replicas != 0 || !tree::is_subtree(0, micro_batches / replicas)) {
       options::reject("micro_batches", micro_batches,
                       "must be replicas (" + std::to_string(replicas) +
                           ") times a power of two, so that every replica folds a whole subtree "
-                          "of the reduction (core/reduction_tree.hpp)");
+                          "of the reduction (core/reduction_tree.hpp): this strategy's "
+                          "collectives fold equal blocks only");
     }
   }
 
-  std::size_t steps_per_epoch() const { return dataset_size_ / global_batch_; }
-  std::size_t micro_batches_per_replica() const { return micro_batches_ / replicas_; }
-  std::size_t first_micro_batch(std::size_t replica) const {
-    return replica * micro_batches_per_replica();
-  }
+  const Deal& deal() const { return deal_; }
 
+  std::size_t steps_per_epoch() const { return dataset_size_ / global_batch_; }
   // Positions, in the epoch's order, of micro-batch `micro` of step `step_in_epoch`.
   Range micro_batch(std::size_t step_in_epoch, std::size_t micro) const {
     const std::size_t start = step_in_epoch * global_batch_;
@@ -86,10 +147,16 @@ class Plan {
   std::size_t global_batch() const { return global_batch_; }
 
  private:
+  static Deal validated_deal(std::size_t global_batch, std::size_t micro_batches,
+                             std::size_t replicas, std::size_t local_replicas, bool any_deal) {
+    validate_split(global_batch, micro_batches, replicas, local_replicas, any_deal);
+    return Deal(micro_batches, replicas, local_replicas);
+  }
+
   std::size_t dataset_size_;
   std::size_t global_batch_;
   std::size_t micro_batches_;
-  std::size_t replicas_;
+  Deal deal_;
 };
 
 }  // namespace cohort::sharding

@@ -81,20 +81,21 @@ void combine_into(ReduceOp op, std::span<T> inout, std::span<const T> in) {
 namespace detail {
 
 // Computes the node of `leaves` leaves whose first is input `next`'s (which it advances past the
-// node's inputs), for elements [offset, offset + count). Input i stands for leaves[i] leaves (one
-// where `leaves_of` is empty): a node that is one input is returned as a pointer into it, without
-// a copy. An inner node writes into dst; its left child may use dst too (finished before the right
-// child starts), its right child uses the next scratch block, so the scratch is one block per tree
-// level.
+// node's inputs), for elements [offset, offset + count). Input i stands for leaf_counts[i] leaves
+// (one where leaf_counts is empty): a node that is one input is returned as a pointer into it,
+// without a copy. An inner node writes into dst; its left child may use dst too (finished before
+// the right child starts), its right child uses the next scratch block, so the scratch is one block
+// per tree level.
 template <class T>
 const T* reduce_node(ReduceOp op, std::span<const T* const> inputs,
-                     std::span<const std::size_t> leaves_of, std::size_t& next, std::size_t leaves,
-                     std::size_t offset, std::size_t count, T* dst, T* scratch) {
-  if ((leaves_of.empty() ? 1 : leaves_of[next]) == leaves) return inputs[next++] + offset;
+                     std::span<const std::size_t> leaf_counts, std::size_t& next,
+                     std::size_t leaves, std::size_t offset, std::size_t count, T* dst,
+                     T* scratch) {
+  if ((leaf_counts.empty() ? 1 : leaf_counts[next]) == leaves) return inputs[next++] + offset;
   const std::size_t left_leaves = tree::split(leaves);
   const T* left =
-      reduce_node(op, inputs, leaves_of, next, left_leaves, offset, count, dst, scratch);
-  const T* right = reduce_node(op, inputs, leaves_of, next, leaves - left_leaves, offset, count,
+      reduce_node(op, inputs, leaf_counts, next, left_leaves, offset, count, dst, scratch);
+  const T* right = reduce_node(op, inputs, leaf_counts, next, leaves - left_leaves, offset, count,
                                scratch, scratch + kReduceBlock);
   combine_block(op, left, right, dst, count);
   return dst;
@@ -105,27 +106,28 @@ const T* reduce_node(ReduceOp op, std::span<const T* const> inputs,
 // out[i] = the canonical-tree reduction of inputs[0][i], ..., inputs[n-1][i]. out may alias no
 // input. Works block by block so every input is read once and out written once.
 //
-// With `leaves`, input i is the fold of leaves[i] leaves, a node of the canonical tree over all of
-// them (tree::are_nodes), and out is that tree's root: tree::fold_parts, element by element.
+// With `leaf_counts`, input i is the fold of leaf_counts[i] leaves, a node of the canonical tree
+// over all of them (tree::are_nodes), and out is that tree's root: tree::fold_parts, element by
+// element.
 template <class T>
 void reduce_tree(ReduceOp op, std::span<const T* const> inputs, std::span<T> out,
-                 std::span<const std::size_t> leaves = {}) {
+                 std::span<const std::size_t> leaf_counts = {}) {
   COHORT_ASSERT(!inputs.empty());
-  COHORT_ASSERT(leaves.empty() || leaves.size() == inputs.size());
+  COHORT_ASSERT(leaf_counts.empty() || leaf_counts.size() == inputs.size());
   if (inputs.size() == 1) {
     std::copy_n(inputs[0], out.size(), out.data());
     return;
   }
-  const std::size_t total = leaves.empty()
-                                ? inputs.size()
-                                : std::accumulate(leaves.begin(), leaves.end(), std::size_t{0});
+  const std::size_t total =
+      leaf_counts.empty() ? inputs.size()
+                          : std::accumulate(leaf_counts.begin(), leaf_counts.end(), std::size_t{0});
   thread_local std::vector<T> scratch;
   const std::size_t levels = std::bit_width(total);
   if (scratch.size() < levels * kReduceBlock) scratch.resize(levels * kReduceBlock);
   for (std::size_t offset = 0; offset < out.size(); offset += kReduceBlock) {
     const std::size_t count = std::min(kReduceBlock, out.size() - offset);
     std::size_t next = 0;
-    const T* root = detail::reduce_node(op, inputs, leaves, next, total, offset, count,
+    const T* root = detail::reduce_node(op, inputs, leaf_counts, next, total, offset, count,
                                         out.data() + offset, scratch.data());
     COHORT_ASSERT(root == out.data() + offset && next == inputs.size());
   }

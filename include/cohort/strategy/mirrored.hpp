@@ -12,7 +12,9 @@
 // device::Cuda with collective::Nccl. Any other pair is refused at compile time with a sentence.
 //
 // Options:
-//   replicas   number of replicas (threads), at least 1
+//   replicas   number of replicas (threads), at least 1 and at most the Trainer's micro_batches:
+//              a count that does not divide them is dealt micro-batches as the reduction's tree
+//              allows (core/sharding.hpp, Deal; 8 over 3 replicas: 2, 2 and 4), with the same bits
 //   timeout    how long a replica waits in a collective for the others before the step fails
 //              with a CommError naming it (a replica stuck in user code is then reported, not
 //              waited for forever); left at its default, COHORT_TIMEOUT sets it
@@ -22,13 +24,15 @@
 #include <cstddef>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "cohort/collective/local.hpp"
 #include "cohort/core/options.hpp"
+#include "cohort/core/sharding.hpp"
 #include "cohort/device/cpu.hpp"
+#include "cohort/strategy/detail/environment_options.hpp"
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
-#include "cohort/strategy/detail/environment_options.hpp"
 #include "cohort/strategy/strategy.hpp"
 
 // Declared only, so that the sentences below can name them without a CUDA header: defined in
@@ -84,10 +88,18 @@ class Mirrored {
 
   using Replica = detail::MirroredReplica<Communicator>;
 
+  // The micro-batches each replica folds (strategy::FoldsAnyDeal): the group folds each replica as
+  // a node of its count.
+  void use_deal(const sharding::Deal& deal) {
+    leaf_counts_.assign(deal.counts().begin(), deal.counts().end());
+  }
+
   template <class Body>
   void run(Body&& body) {
     // A fresh group per run: a group that saw a failure stays poisoned.
-    Collective group({.ranks = static_cast<int>(options_.replicas), .timeout = options_.timeout});
+    Collective group({.ranks = static_cast<int>(options_.replicas),
+                      .timeout = options_.timeout,
+                      .leaf_counts = leaf_counts_});
     detail::run_replica_threads(
         options_.replicas,
         [&](std::size_t index) {
@@ -98,6 +110,7 @@ class Mirrored {
 
  private:
   Options options_;
+  std::vector<std::size_t> leaf_counts_;  // empty: one each
 };
 
 static_assert(Strategy<Mirrored<>>);
@@ -106,5 +119,6 @@ static_assert(ChecksGradient<Mirrored<>, float, optimizer::Sgd>);
 static_assert(AbandonsStep<Mirrored<>>);
 static_assert(LendsGradientStorage<Mirrored<>, float>);
 static_assert(SnapshotsBetweenSteps<Mirrored<>, float>);
+static_assert(FoldsAnyDeal<Mirrored<>>);
 
 }  // namespace cohort::strategy

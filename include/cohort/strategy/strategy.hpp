@@ -98,6 +98,12 @@
 //                            A checkpoint during the fit is then the chief's copy of its first
 //                            replica's state, taken between two steps, without the end of a
 //                            segment (trainer/periodic_checkpoints.hpp)
+//   FoldsAnyDeal<S>          s.use_deal(deal), once, before the first fit: the micro-batches each
+//                            replica folds (core/sharding.hpp, Deal), which the strategy's
+//                            collectives then fold as nodes of those sizes, so that any replica
+//                            count up to micro_batches gives the bits of one replica. A strategy
+//                            without it takes equal blocks only (micro_batches / replicas a power
+//                            of two)
 //   HasPlaces<S>             s.place(local_index): below
 //
 // Replicas on a device other than the host (Mirrored<device::Cuda, collective::Nccl>) say where
@@ -122,6 +128,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/role.hpp"
 #include "cohort/core/settings.hpp"
+#include "cohort/core/sharding.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/device/device.hpp"
 #include "cohort/optimizer/optimizer.hpp"
@@ -270,6 +277,11 @@ concept SharesSaveOutcome = requires(const S& s, const std::filesystem::path& fi
 template <class S, class T>
 concept SnapshotsBetweenSteps = requires(typename S::Replica& replica, std::span<T> state) {
   replica.template make_state_whole<T>(state);
+};
+
+template <class S>
+concept FoldsAnyDeal = requires(S& s, const sharding::Deal& deal) {
+  s.use_deal(deal);
 };
 
 template <class S>

@@ -91,7 +91,7 @@ class ReplicaLoop {
         fold_(run.models[local_], place_) {
     if constexpr (kValidates) {
       evaluator_.emplace(validation->data, run.options.global_batch, run.options.micro_batches,
-                         run.strategy.replicas(), replica.index());
+                         plan.deal().first(replica.index()), plan.deal().count(replica.index()));
     }
   }
 
@@ -222,8 +222,8 @@ class ReplicaLoop {
       carry_.order = plan_.epoch_order(run_.options.seed, epoch);
       carry_.order_epoch = epoch;
     }
-    const std::size_t first = plan_.first_micro_batch(replica_.index());
-    const std::size_t end = first + plan_.micro_batches_per_replica();
+    const std::size_t first = plan_.deal().first(replica_.index());
+    const std::size_t end = first + plan_.deal().count(replica_.index());
     for (std::size_t micro = first; micro < end; ++micro) {
       const sharding::Range range = plan_.micro_batch(step_in_epoch, micro);
       indices_.assign(carry_.order.begin() + range.begin, carry_.order.begin() + range.end);

@@ -206,7 +206,12 @@ class Trainer {
     watch_ = std::make_unique<preemption::Watch>(run_.options.preemption);
     run_.parameter_count = ModelTraits<M>::parameters(const_cast<M&>(model)).size();
     sharding::Plan::validate_split(run_.options.global_batch, run_.options.micro_batches,
-                                   run_.strategy.replicas());
+                                   run_.strategy.replicas(), run_.strategy.local_replicas(),
+                                   strategy::FoldsAnyDeal<S>);
+    if constexpr (strategy::FoldsAnyDeal<S>) {
+      run_.strategy.use_deal(sharding::Deal(run_.options.micro_batches, run_.strategy.replicas(),
+                                            run_.strategy.local_replicas()));
+    }
     if (const std::size_t gradients = ModelTraits<M>::gradients(const_cast<M&>(model)).size();
         gradients != run_.parameter_count) {
       options::reject(
@@ -294,7 +299,8 @@ class Trainer {
     }
     if (!metrics_ && run_.strategy.is_chief()) metrics_ = trainer::open_metrics_log(run_.options);
     const sharding::Plan plan(data.size(), run_.options.global_batch, run_.options.micro_batches,
-                              run_.strategy.replicas());
+                              run_.strategy.replicas(), run_.strategy.local_replicas(),
+                              strategy::FoldsAnyDeal<S>);
     if (run_.dataset_size != 0 && run_.dataset_size != data.size()) {
       options::reject("data.size()", data.size(),
                       "differs from the " + std::to_string(run_.dataset_size) +

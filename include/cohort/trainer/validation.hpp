@@ -74,13 +74,14 @@ struct NoValidation {};
 template <class M, class V>
 class Evaluator {
  public:
-  Evaluator(const V& data, std::size_t global_batch, std::size_t micro_batches,
-            std::size_t replicas, std::size_t replica)
+  // The replica folds micro-batches [first, first + count) of each batch (sharding::Deal).
+  Evaluator(const V& data, std::size_t global_batch, std::size_t micro_batches, std::size_t first,
+            std::size_t count)
       : data_(data),
         global_batch_(global_batch),
         micro_batches_(micro_batches),
-        first_(replica * (micro_batches / replicas)),
-        end_(first_ + micro_batches / replicas) {
+        first_(first),
+        end_(first + count) {
     if (data.size() < micro_batches) {
       options::reject("validation data.size()", data.size(),
                       "must be at least micro_batches (" + std::to_string(micro_batches) +
