@@ -115,6 +115,41 @@ TEST_CASE("the deterministic all-reduce gives the canonical tree's bits on every
   }
 }
 
+TEST_CASE(
+    "the deterministic all-reduce folds ranks of uneven leaf counts as nodes: every leaf's tree") {
+  constexpr int kLeaves = 8;
+  for (int ranks : {3, 5, 6}) {
+    for (std::size_t length : {std::size_t{5}, std::size_t{300'000}}) {  // direct and segmented
+      CAPTURE(ranks);
+      CAPTURE(length);
+      const auto leaves = cohort::testing::cancelling_inputs(kLeaves, length, 7);
+      const std::vector<float> expected = cohort::testing::canonical_sum(leaves);
+      // Each rank's input is its node of the tree (tree::deal), folded as a replica folds.
+      const std::vector<std::size_t> counts = cohort::tree::deal(kLeaves, ranks);
+      std::vector<std::vector<float>> inputs;
+      for (std::size_t rank = 0, first = 0; rank < counts.size(); first += counts[rank++]) {
+        inputs.push_back(cohort::testing::canonical_sum(std::vector<std::vector<float>>(
+            leaves.begin() + static_cast<std::ptrdiff_t>(first),
+            leaves.begin() + static_cast<std::ptrdiff_t>(first + counts[rank]))));
+      }
+      const auto failures = on_ranks<cohort::collective::Deterministic>(ranks, [&](auto& c) {
+        c.set_leaf_counts(counts);
+        auto buffer = inputs[static_cast<std::size_t>(c.rank())];
+        c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+        if (std::memcmp(buffer.data(), expected.data(), length * sizeof(float)) != 0) {
+          throw std::runtime_error("bits differ from the canonical tree over every leaf");
+        }
+      });
+      for (const auto& failure : failures) CHECK(failure == "");
+    }
+  }
+  // Counts that are not consecutive nodes are refused, naming the field.
+  const auto failures = on_ranks<cohort::collective::Deterministic>(3, [&](auto& c) {
+    c.set_leaf_counts({1, 2, 1});
+  });
+  for (const auto& failure : failures) CHECK(failure.find("leaf_counts") != std::string::npos);
+}
+
 TEST_CASE("the ring all-reduce gives the same bits on every rank, in place or not") {
   const int ranks = 5;
   for (const std::size_t length : {std::size_t{10'001}, std::size_t{1'500'001}}) {  // segmented

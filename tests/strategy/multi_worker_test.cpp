@@ -115,6 +115,30 @@ TEST_CASE(
   CHECK(cohort::testing::shared_memory_segments() == segments);
 }
 
+TEST_CASE(
+    "3 workers of 1 or 2 replicas, dealt 8 micro-batches unevenly, give one replica's bits, "
+    "through shared memory and over TCP") {
+  TemporaryDirectory directory("cohort-multi-worker");
+  const std::string expected = mirrored_parameters(30, 1, 8);
+  const auto segments = cohort::testing::shared_memory_segments();
+  for (const std::string shared : {"1", "0"}) {
+    // The workers fold 2, 2 and 4 micro-batches; with 2 replicas each, 1, 1 | 1, 1 | 2, 2.
+    for (const std::string local : {"1", "2"}) {
+      CAPTURE(shared);
+      CAPTURE(local);
+      const fs::path out = directory.path / ("parameters-" + local + ".bin");
+      const auto [exit, output] =
+          run({COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, local, "30", out},
+              directory.path / "log.txt", {{"COHORT_SHARED_MEMORY", shared}});
+      CAPTURE(output);
+      REQUIRE(exit.exited);
+      REQUIRE(exit.code == 0);
+      CHECK(read_file(out) == expected);
+    }
+  }
+  CHECK(cohort::testing::shared_memory_segments() == segments);
+}
+
 TEST_CASE("3 workers x 1 replica and Mirrored 3 give bit-identical parameters") {
   TemporaryDirectory directory("cohort-multi-worker");
   const fs::path out = directory.path / "parameters.bin";

@@ -35,7 +35,10 @@
 //
 // The summation order is fixed: ranks are combined in the canonical tree of
 // core/reduction_tree.hpp, so the result is bit-identical on every rank and equals the same
-// tree computed anywhere else (for example over micro-batches in one replica).
+// tree computed anywhere else (for example over micro-batches in one replica). A communicator
+// whose ranks fold different numbers of micro-batches (sharding::Deal) is told each rank's count,
+// and combines the ranks as nodes of those sizes: collective::Local by its Options::leaf_counts,
+// a communicator between processes by set_leaf_counts (FoldsNodes, below).
 //
 // Required of the caller, and checked where it is cheap: every rank calls the same collectives in
 // the same order, with the same length, element type, operation and root. A mismatch is a
@@ -45,12 +48,14 @@
 
 #include <algorithm>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "cohort/core/reduce_op.hpp"
 
@@ -69,6 +74,14 @@ concept Communicator = requires(C& c, std::span<float> buffer, std::span<const f
   c.reduce_scatter(input, buffer, ReduceOp::kSum);
   c.barrier();
   c.abort(reason);
+};
+
+// A communicator between processes that can fold its ranks as nodes of given leaf counts:
+// c.set_leaf_counts(counts), on every rank alike, before the reductions it applies to
+// (collective::Deterministic). collective::Ring adds in its own order and has no such call.
+template <class C>
+concept FoldsNodes = requires(C& c, std::vector<std::size_t> counts) {
+  c.set_leaf_counts(std::move(counts));
 };
 
 // What makes `input` and `output` unfit for an out-of-place all_reduce, in words for the error

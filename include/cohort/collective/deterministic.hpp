@@ -53,6 +53,8 @@
 #include "cohort/collective/collective.hpp"
 #include "cohort/collective/detail/over_transport.hpp"
 #include "cohort/collective/detail/shared_segment.hpp"
+#include "cohort/core/options.hpp"
+#include "cohort/core/reduction_tree.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/transport/loopback.hpp"
@@ -73,6 +75,20 @@ class Deterministic : public detail::OverTransport<T> {
   static constexpr std::size_t kMostSharedBufferBytes = std::size_t{1} << 48;
 
   explicit Deterministic(T transport) : Base(std::move(transport)) {}
+
+  // How many leaves of the canonical tree each rank's buffer stands for, in rank order (the
+  // micro-batches a worker's replicas fold: sharding::Deal): every reduction folds the ranks as
+  // nodes of those sizes (collective::FoldsNodes). Empty, the default: one each, the tree over
+  // ranks. Every rank sets the same counts before its next reduction.
+  void set_leaf_counts(std::vector<std::size_t> leaf_counts) {
+    if (!leaf_counts.empty() && (leaf_counts.size() != static_cast<std::size_t>(this->size()) ||
+                                 !tree::are_nodes(leaf_counts))) {
+      options::reject("leaf_counts", leaf_counts.size(),
+                      "must give every rank's count, consecutive nodes of the canonical tree "
+                      "(tree::deal)");
+    }
+    leaf_counts_ = std::move(leaf_counts);
+  }
 
   template <class E>
   void all_reduce(std::span<E> buffer, ReduceOp op) {
@@ -350,7 +366,7 @@ class Deterministic : public detail::OverTransport<T> {
         for (int rank = 0; rank < this->size(); ++rank) {
           inputs[static_cast<std::size_t>(rank)] = slot(set, rank).data();
         }
-        device::cpu::reduce_tree<E>(op, inputs, result);
+        device::cpu::reduce_tree<E>(op, inputs, result, leaf_counts_);
         continue;
       }
       // Every chunk but this rank's own goes into its slot; its own it folds from its input.
@@ -555,8 +571,8 @@ class Deterministic : public detail::OverTransport<T> {
   // Each of `outputs` = the canonical-tree fold of `count` elements of inputs, where an output
   // may alias an input, a block at a time (fold_block).
   template <class E>
-  static void fold_into(ReduceOp op, std::span<const E* const> inputs, std::span<E* const> outputs,
-                        std::size_t count) {
+  void fold_into(ReduceOp op, std::span<const E* const> inputs, std::span<E* const> outputs,
+                 std::size_t count) const {
     for (std::size_t begin = 0; begin < count; begin += Base::kWorkBlock) {
       fold_block<E>(op, inputs, outputs, begin, std::min(Base::kWorkBlock, count - begin));
     }
@@ -566,8 +582,8 @@ class Deterministic : public detail::OverTransport<T> {
   // into the first output where no output overlaps an input (an out-of-place all-reduce), else
   // into a small buffer, copied out while hot, so the fold costs no extra pass over memory.
   template <class E>
-  static void fold_block(ReduceOp op, std::span<const E* const> inputs, std::span<E* const> outputs,
-                         std::size_t begin, std::size_t length) {
+  void fold_block(ReduceOp op, std::span<const E* const> inputs, std::span<E* const> outputs,
+                  std::size_t begin, std::size_t length) const {
     thread_local std::vector<E> block(Base::kWorkBlock);
     thread_local std::vector<const E*> offset;
     offset.resize(inputs.size());
@@ -582,12 +598,13 @@ class Deterministic : public detail::OverTransport<T> {
           return overlaps_an_input(output + begin);
         });
     E* const folded = direct ? outputs.front() + begin : block.data();
-    device::cpu::reduce_tree<E>(op, offset, std::span<E>(folded, length));
+    device::cpu::reduce_tree<E>(op, offset, std::span<E>(folded, length), leaf_counts_);
     for (E* const output : outputs) {
       if (output + begin != folded) std::copy_n(folded, length, output + begin);
     }
   }
 
+  std::vector<std::size_t> leaf_counts_;  // set_leaf_counts; empty: one each
   std::optional<detail::SharedSegment> segment_;
   Waiting waiting_{};
   std::vector<int> peers_;    // every rank but this one
@@ -598,5 +615,6 @@ class Deterministic : public detail::OverTransport<T> {
 // Checked over the in-process transport; any transport::Transport gives a Communicator the same
 // way.
 static_assert(Communicator<Deterministic<transport::Loopback::Endpoint>>);
+static_assert(FoldsNodes<Deterministic<transport::Loopback::Endpoint>>);
 
 }  // namespace cohort::collective

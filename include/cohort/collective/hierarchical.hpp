@@ -5,9 +5,10 @@
 // Global rank = worker * local_size + local rank. An all-reduce is, for each bucket of the buffer:
 // the local all-reduce (canonical tree over the local replicas), then the cross-worker all-reduce
 // of that bucket (canonical tree over workers) on the communication thread, which runs while the
-// local replicas already reduce the next bucket; finally a local broadcast of the result. With a
-// power-of-two local size the local subtrees are exactly the canonical tree's lower levels, so
-// the result has the bits of the canonical tree over all replicas.
+// local replicas already reduce the next bucket; finally a local broadcast of the result. The
+// local replicas of a worker fold one node of the canonical tree together (sharding::Deal), which
+// the local communicator folds from theirs and the cross communicator takes whole, so the result
+// has the bits of the canonical tree over all micro-batches.
 //
 // Required: local_size is a power of two; the cross communicator's abort (closing its
 // transport) may be called from any thread.

@@ -23,7 +23,10 @@
 // returns once every worker is connected, or throws CommError naming the missing ranks.
 //
 // Options:
-//   local_replicas   replica threads in this process (a power of two, the same on every worker)
+//   local_replicas   replica threads in this process (a power of two, the same on every worker);
+//                    any number of workers up to micro_batches / local_replicas is dealt the
+//                    micro-batches as the reduction's tree allows (core/sharding.hpp, Deal),
+//                    with the bits of one replica
 //   cluster          explicit overrides of what the launcher says
 //   bind_address     where this process listens; unset (and COHORT_BIND_ADDRESS unset), the
 //                    cluster description decides: this rank's own address in it, loopback for a
@@ -73,6 +76,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "cohort/cluster/cluster.hpp"
 #include "cohort/collective/communication_thread.hpp"
@@ -80,6 +84,7 @@
 #include "cohort/collective/hierarchical.hpp"
 #include "cohort/collective/local.hpp"
 #include "cohort/core/options.hpp"
+#include "cohort/core/sharding.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
@@ -165,10 +170,23 @@ class MultiWorkerMirrored {
 
   using Replica = detail::MirroredReplica<Communicator>;
 
+  // The micro-batches each replica folds (strategy::FoldsAnyDeal): the local group folds this
+  // worker's replicas as nodes of their counts, which together make the worker's node, and the
+  // collective between workers folds the workers as nodes of theirs. collective::Ring adds in an
+  // order of its own, so it keeps its own bits under any deal.
+  void use_deal(const sharding::Deal& deal) {
+    const auto mine = deal.counts().subspan(first_local_replica(), local_replicas());
+    local_leaf_counts_.assign(mine.begin(), mine.end());
+    if constexpr (collective::FoldsNodes<Cross>) {
+      cross_->set_leaf_counts({deal.worker_counts().begin(), deal.worker_counts().end()});
+    }
+  }
+
   template <class Body>
   void run(Body&& body) {
-    collective::Local local(
-        {.ranks = static_cast<int>(local_replicas()), .timeout = options().timeout});
+    collective::Local local({.ranks = static_cast<int>(local_replicas()),
+                             .timeout = options().timeout,
+                             .leaf_counts = local_leaf_counts_});
     detail::run_replica_threads(
         local_replicas(),
         [&](std::size_t local_index) {
@@ -229,6 +247,7 @@ class MultiWorkerMirrored {
   std::size_t bucket_bytes_ = process_.options().bucket_bytes.value_or(kBucketBytes);
   std::unique_ptr<Cross> cross_;
   std::unique_ptr<collective::CommunicationThread> thread_;  // after cross_: stopped before it
+  std::vector<std::size_t> local_leaf_counts_;               // use_deal; empty: one each
 };
 
 static_assert(Strategy<MultiWorkerMirrored<>>);
@@ -239,6 +258,7 @@ static_assert(ChecksGradient<MultiWorkerMirrored<>, float, optimizer::Sgd>);
 static_assert(AbandonsStep<MultiWorkerMirrored<>>);
 static_assert(LendsGradientStorage<MultiWorkerMirrored<>, float>);
 static_assert(SnapshotsBetweenSteps<MultiWorkerMirrored<>, float>);
+static_assert(FoldsAnyDeal<MultiWorkerMirrored<>>);
 
 }  // namespace cohort::strategy
 
