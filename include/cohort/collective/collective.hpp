@@ -84,6 +84,17 @@ concept FoldsNodes = requires(C& c, std::vector<std::size_t> counts) {
   c.set_leaf_counts(std::move(counts));
 };
 
+// What a communicator's share_buffer gives (collective::Local, collective::Deterministic): memory
+// of this rank where the sharded update of strategy/detail/mirrored_replica.hpp keeps the
+// gradient sum, and from which gather_shared_stripes gathers.
+template <class E>
+struct SharedBuffer {
+  std::span<E> values{};  // empty where the buffer is not shared
+  // Why not, where all_reduce goes through shared memory but this buffer could not be made
+  // there: this rank's reason, or the first rank that could not. Empty otherwise.
+  std::string why_not{};
+};
+
 // What makes `input` and `output` unfit for an out-of-place all_reduce, in words for the error
 // that names the call, or empty where they are fit: they differ in length, or they overlap
 // without being the same memory (a fold would read what it already wrote).

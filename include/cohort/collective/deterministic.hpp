@@ -180,15 +180,6 @@ class Deterministic : public detail::OverTransport<T> {
     return {.shared = true};
   }
 
-  // What share_buffer gives.
-  template <class E>
-  struct SharedBuffer {
-    std::span<E> values{};  // empty where the buffer is not shared
-    // Why not, where all_reduce goes through shared memory but this buffer could not be made
-    // there: this rank's reason, or the first rank that could not. Empty otherwise.
-    std::string why_not{};
-  };
-
   // Where all_reduce goes through shared memory (share_host_memory), `count` elements of this
   // rank in the segment, where its peers read and write them: an all-reduce of any part of them
   // (at the same offset on every rank) needs no copy in or out, as between threads. A rank that

@@ -147,8 +147,8 @@ class Hierarchical {
         [this, part, into, stripe] { cross_->gather_shared_stripes(part, into, stripe); }));
   }
 
-  // Replicas of this process.
-  int local_size() const { return local_.size(); }
+  // Whether gather_shared_stripes reaches every rank: where each process has one replica.
+  bool stripes_reach_every_rank() const { return local_.size() == 1; }
 
   void barrier() {
     local_.barrier();

@@ -539,6 +539,55 @@ class LocalCommunicator {
     });
   }
 
+  // `count` elements of this rank's own, for the sharded update (strategy/detail/
+  // mirrored_replica.hpp) to keep the gradient sum in and gather parameters from
+  // (gather_shared_stripes); nothing in a group of one. Lives until the next call or the
+  // communicator's end.
+  template <class T>
+  SharedBuffer<T> share_buffer(std::size_t count) {
+    check_element<T>();
+    if (size() == 1) return {};
+    shared_ = std::make_unique<std::byte[]>(count * sizeof(T));
+    return {.values = std::span<T>(reinterpret_cast<T*>(shared_.get()), count)};
+  }
+
+  // The all-gather of a buffer striped over the ranks: stripe k of `part` (elements
+  // [k x stripe, (k + 1) x stripe)) belongs to rank k mod size(), which has written it there and
+  // into its own `into`; each rank copies its stripes from its part into every other rank's
+  // `into`, so that every `into` ends whole. A collective.
+  template <class T>
+  void gather_shared_stripes(std::span<const T> part, std::span<T> into, std::size_t stripe) {
+    check_element<T>();
+    auto& w = workspace<T>();  // allocates (first use) before the call is counted
+    w.prepare(size());
+    const detail::local::Site site = group_->begin(rank_, Operation::kAllGather);
+    if (into.size() != part.size() || stripe == 0) {
+      fail(site, "called gather_shared_stripes with " + std::to_string(part.size()) + " and " +
+                     std::to_string(into.size()) + " elements in stripes of " +
+                     std::to_string(stripe) +
+                     ": it needs buffers of one length and stripes of at least one element");
+    }
+    group_->publish(site,
+                    {{{Operation::kAllGather, data_type_of<T>(), 0, part.size()}, site.sequence},
+                     part.data(),
+                     into.data()});
+    if (part.empty()) return;
+    run_data_phase(site, [&] {
+      gather_pointers(w, site);
+      const std::size_t stride = stripe * static_cast<std::size_t>(size());
+      for (std::size_t begin = static_cast<std::size_t>(rank_) * stripe; begin < part.size();
+           begin += stride) {
+        const std::size_t count = std::min(stripe, part.size() - begin);
+        for (int r = 0; r < size(); ++r) {
+          if (r != rank_) std::copy_n(part.data() + begin, count, w.outputs[r] + begin);
+        }
+      }
+    });
+  }
+
+  // Every rank is this process's: gather_shared_stripes reaches all of them.
+  bool stripes_reach_every_rank() const { return true; }
+
   void barrier() {
     const detail::local::Site site = group_->begin(rank_, Operation::kBarrier);
     group_->publish(site, {{{Operation::kBarrier}, site.sequence}, nullptr, nullptr});
@@ -603,6 +652,7 @@ class LocalCommunicator {
 
   std::shared_ptr<detail::local::Group> group_;
   int rank_;
+  std::unique_ptr<std::byte[]> shared_;  // share_buffer's
   std::tuple<detail::local::Workspace<float>, detail::local::Workspace<double>,
              detail::local::Workspace<std::int32_t>, detail::local::Workspace<std::int64_t>>
       workspaces_;

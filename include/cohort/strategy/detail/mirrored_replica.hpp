@@ -103,10 +103,11 @@ class MirroredReplica {
     communicator_.broadcast(parameters, 0);
   }
 
-  // Where the Trainer keeps this replica's gradient sum (strategy.hpp): memory that the
-  // communicator shares with the other processes of this host, where it does
-  // (collective::Deterministic::share_buffer: the sum's all-reduce then copies nothing in or
-  // out), else nothing, and the Trainer keeps its own. A collective.
+  // Where the Trainer keeps this replica's gradient sum (strategy.hpp): the communicator's
+  // shared buffer, where it has one (collective::Deterministic::share_buffer, memory the processes
+  // of this host share: the sum's all-reduce then copies nothing in or out; collective::Local's,
+  // the replica's own for the sharded update), else nothing, and the Trainer keeps its own. A
+  // collective.
   template <class T>
   std::span<T> gradient_sum_storage(std::size_t count) {
     if constexpr (std::same_as<D, device::Cpu> &&
@@ -120,7 +121,7 @@ class MirroredReplica {
       }
       shard_.reset();
       if constexpr (kShardable<T>) {
-        if (!shared.values.empty() && communicator_.local_size() == 1) {
+        if (!shared.values.empty() && communicator_.stripes_reach_every_rank()) {
           shard_ = Shard{.shared = std::as_writable_bytes(shared.values),
                          .stripe = stripe_for(count, static_cast<std::size_t>(communicator_.size()),
                                               sizeof(T))};
@@ -206,19 +207,21 @@ class MirroredReplica {
   }
 
  private:
-  // The sharded update. Where each worker process of the job has one replica and its gradient sum
-  // lies in memory shared with the others (gradient_sum_storage), every worker holds the whole
-  // reduced gradient after the all-reduce, decides alike (clipping, the non-finite policy), and
-  // applies the optimizer to its own stripes of the parameters only (stripe k is worker k's,
-  // modulo the workers: stripe_for), with its own part of the optimizer state; then it writes its
-  // new parameters where its stripes of the gradient lay, and each worker gathers the others'
-  // (Deterministic::gather_shared_stripes). Every update is elementwise, so the bits are those of
-  // the whole update; each worker does 1/n of it. Stripes, not halves: an update's cost varies
-  // along the parameters (for the examples' MLP, Adam took 2.1 ms for the half holding most of
-  // the second layer against 1.2 ms for the other, its tiny squares subnormal floats), and the
-  // stripes give every worker its share of each layer. The optimizer state outside a worker's
-  // stripes is gathered when the fit ends, or before a non-finite step raises; until then each
-  // worker's is current on its own stripes.
+  // The sharded update. Where the gradient sum lies in the communicator's shared buffer
+  // (gradient_sum_storage) and its gather of stripes reaches every replica (the threads of
+  // Mirrored; worker processes of one replica each that share memory), every replica holds the
+  // whole reduced gradient after the all-reduce, decides alike (clipping, the non-finite policy),
+  // and applies the optimizer to its own stripes of the parameters only (stripe k is replica k's,
+  // modulo the replicas: stripe_for), with its own part of the optimizer state; then it writes
+  // its new parameters where its stripes of the gradient lay, and the stripes are gathered
+  // (gather_shared_stripes: collective::Local copies each replica's into the others',
+  // collective::Deterministic each worker's from the others' in shared memory). Every update is
+  // elementwise, so the bits are those of the whole update; each worker does 1/n of it. Stripes,
+  // not halves: an update's cost varies along the parameters (for the examples' MLP, Adam took 2.1
+  // ms for the half holding most of the second layer against 1.2 ms for the other, its tiny squares
+  // subnormal floats), and the stripes give every worker its share of each layer. The optimizer
+  // state outside a worker's stripes is gathered when the fit ends, or before a non-finite step
+  // raises; until then each worker's is current on its own stripes.
   struct Shard {
     std::span<std::byte> shared;  // the whole gradient sum, in this worker's shared buffer
     std::size_t stripe = 1;       // elements
@@ -237,7 +240,7 @@ class MirroredReplica {
   static constexpr bool kShardable = std::same_as<D, device::Cpu>&& requires(
       Communicator& c, std::span<const T> part, std::span<T> into) {
     c.gather_shared_stripes(part, into, std::size_t{1});
-    c.local_size();
+    c.stripes_reach_every_rank();
   };
 
   template <class T>
