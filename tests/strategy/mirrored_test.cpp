@@ -81,6 +81,33 @@ TEST_CASE_TEMPLATE(
   }
 }
 
+TEST_CASE(
+    "replicas of a model of 64 KiB or more share the update in stripes and end with one "
+    "replica's parameters and optimizer state, clipped or not") {
+  cohort::testing::TemporaryDirectory directory("cohort-mirrored-stripes");
+  // 26,628 parameters: above LocalCommunicator::kShareMinimumBytes, so the update is shared out.
+  static_assert((8 * 2048 + 2048 + 2048 * 4 + 4) * sizeof(float) >=
+                cohort::collective::LocalCommunicator::kShareMinimumBytes);
+  const auto checkpoint_of = [&](std::size_t replicas, double max_norm) {
+    cohort::Trainer trainer(
+        example::Mlp({8, 2048, 4}, 7), cohort::strategy::Mirrored<>({.replicas = replicas}),
+        cohort::optimizer::Adam({.learning_rate = 3e-3, .max_gradient_norm = max_norm}),
+        {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+    trainer.fit(small_task_data(), {.steps = 20});
+    const auto file = directory.path / ("replicas-" + std::to_string(replicas) + ".ckpt");
+    trainer.save(file);  // the optimizer state gathered from the stripes
+    return cohort::testing::read_file(file);
+  };
+  for (const double max_norm : {0.0, 0.05}) {
+    CAPTURE(max_norm);
+    const std::string one = checkpoint_of(1, max_norm);
+    for (std::size_t replicas : {2, 3}) {
+      CAPTURE(replicas);
+      CHECK(checkpoint_of(replicas, max_norm) == one);
+    }
+  }
+}
+
 TEST_CASE("the micro-batch count is part of the result's definition") {
   // The guarantee is per micro_batches: a different split is a different sum order, and this test
   // shows the comparison above is sharp enough to see it.

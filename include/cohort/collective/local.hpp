@@ -541,12 +541,12 @@ class LocalCommunicator {
 
   // `count` elements of this rank's own, for the sharded update (strategy/detail/
   // mirrored_replica.hpp) to keep the gradient sum in and gather parameters from
-  // (gather_shared_stripes); nothing in a group of one. Lives until the next call or the
-  // communicator's end.
+  // (gather_shared_stripes); nothing in a group of one, or for fewer than kShareMinimumBytes.
+  // Lives until the next call or the communicator's end.
   template <class T>
   SharedBuffer<T> share_buffer(std::size_t count) {
     check_element<T>();
-    if (size() == 1) return {};
+    if (size() == 1 || count * sizeof(T) < kShareMinimumBytes) return {};
     shared_ = std::make_unique<std::byte[]>(count * sizeof(T));
     return {.values = std::span<T>(reinterpret_cast<T*>(shared_.get()), count)};
   }
@@ -584,6 +584,12 @@ class LocalCommunicator {
       }
     });
   }
+
+  // Below this many bytes of parameters an update shared out costs more than it saves: the gather
+  // is one more meeting of the threads a step. On 2 replicas of 2 cores, Mirrored trained an MLP
+  // of 9,226 parameters 5-6% slower that way, one of 36,874 15-20% faster, and the examples' MLP
+  // 784-1024-1024-10 26% faster (docs/benchmarks.md, "Mirrored: the update shared out").
+  static constexpr std::size_t kShareMinimumBytes = std::size_t{64} << 10;
 
   // Every rank is this process's: gather_shared_stripes reaches all of them.
   bool stripes_reach_every_rank() const { return true; }
