@@ -588,7 +588,7 @@ class LocalCommunicator {
   // Below this many bytes of parameters an update shared out costs more than it saves: the gather
   // is one more meeting of the threads a step. On 2 replicas of 2 cores, Mirrored trained an MLP
   // of 9,226 parameters 5-6% slower that way, one of 36,874 15-20% faster, and the examples' MLP
-  // 784-1024-1024-10 26% faster (docs/benchmarks.md, "Mirrored: the update shared out").
+  // 784-1024-1024-10 29% faster (docs/benchmarks.md, "Processes of one host").
   static constexpr std::size_t kShareMinimumBytes = std::size_t{64} << 10;
 
   // Every rank is this process's: gather_shared_stripes reaches all of them.
