@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -59,14 +60,17 @@ class Deal {
                       "must be at least the replicas (" + std::to_string(replicas) +
                           "), so that every replica folds a micro-batch");
     }
-    const std::vector<std::size_t> workers = tree::deal(micro_batches, replicas / local_replicas);
-    if (const std::size_t least = *std::min_element(workers.begin(), workers.end());
+    const std::size_t workers = replicas / local_replicas;
+    const std::vector<std::size_t> nodes = tree::deal(micro_batches, workers);
+    if (const std::size_t least = *std::min_element(nodes.begin(), nodes.end());
         least < local_replicas) {
-      options::reject("micro_batches", micro_batches,
-                      "deals a worker " + std::to_string(least) +
-                          " micro-batches, fewer than its " + std::to_string(local_replicas) +
-                          " local replicas: give at least local_replicas x workers, a power of "
-                          "two times the workers");
+      options::reject(
+          "micro_batches", micro_batches,
+          "deals a worker " + std::to_string(least) + " micro-batches, fewer than its " +
+              std::to_string(local_replicas) +
+              " local replicas: " + std::to_string(local_replicas * std::bit_ceil(workers)) +
+              " (local_replicas times the workers rounded up to a power of two) deal "
+              "every worker enough");
     }
   }
 
@@ -76,11 +80,6 @@ class Deal {
   std::span<const std::size_t> worker_counts() const { return worker_counts_; }
   std::size_t first(std::size_t replica) const { return firsts_[replica]; }
   std::size_t count(std::size_t replica) const { return counts_[replica]; }
-  // Whether every replica folds as many micro-batches as every other.
-  bool even() const {
-    return std::all_of(counts_.begin(), counts_.end(),
-                       [&](std::size_t count) { return count == counts_.front(); });
-  }
 
  private:
   std::vector<std::size_t> counts_;

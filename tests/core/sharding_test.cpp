@@ -1,0 +1,38 @@
+#include "cohort/core/sharding.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "error_message.hpp"
+
+namespace {
+
+using Counts = std::vector<std::size_t>;
+
+Counts counts_of(std::span<const std::size_t> counts) { return {counts.begin(), counts.end()}; }
+
+}  // namespace
+
+TEST_CASE("a deal gives workers nodes first, then each worker's node to its local replicas") {
+  const cohort::sharding::Deal deal(8, 6, 2);  // 3 workers of 2 replicas
+  CHECK(counts_of(deal.worker_counts()) == Counts{2, 2, 4});
+  CHECK(counts_of(deal.counts()) == Counts{1, 1, 1, 1, 2, 2});
+  CHECK(deal.first(4) == 4);
+  CHECK(deal.count(4) == 2);
+  // Equal blocks where micro_batches / replicas is a power of two.
+  CHECK(counts_of(cohort::sharding::Deal(16, 4, 2).counts()) == Counts(4, 4));
+}
+
+TEST_CASE("a deal that leaves a replica without a micro-batch is refused, naming what would do") {
+  // 2 workers of 2 replicas: 5 micro-batches deal them 4 and 1.
+  const std::string message =
+      cohort::testing::config_error_message([] { cohort::sharding::Deal::validate(5, 4, 2); });
+  CHECK(message.find("micro_batches") != std::string::npos);
+  CHECK(message.find("deals a worker 1 micro-batches, fewer than its 2 local replicas: 4") !=
+        std::string::npos);
+  CHECK(cohort::testing::config_error_message([] { cohort::sharding::Deal::validate(4, 5, 1); })
+            .find("must be at least the replicas (5)") != std::string::npos);
+}
