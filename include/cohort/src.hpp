@@ -28,4 +28,5 @@
 #include "cohort/strategy/multi_worker_mirrored.hpp"
 #include "cohort/strategy/parameter_server.hpp"
 #include "cohort/transport/tcp/impl/listener.ipp"
+#include "cohort/transport/tcp/impl/regroup.ipp"
 #include "cohort/transport/tcp/impl/tcp.ipp"

@@ -18,7 +18,7 @@
 //
 // Compatibility promise: the magic and the version keep their place in every version, and a
 // hello's payload starts with the sender's rank, so that a peer of another version can always be
-// named in the error ("rank 1 speaks protocol version 3, this is version 2").
+// named in the error ("rank 1 speaks protocol version 4, this is version 3").
 #pragma once
 
 #include <array>
@@ -68,7 +68,7 @@
 namespace cohort::transport::tcp {
 
 inline constexpr std::uint32_t kMagic = 0x54524843;  // "CHRT" read as a little-endian integer
-inline constexpr std::uint16_t kProtocolVersion = 2;
+inline constexpr std::uint16_t kProtocolVersion = 3;
 inline constexpr std::size_t kHeaderBytes = 32;
 inline constexpr std::size_t kTrailerBytes = 8;
 

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cohort/core/error.hpp"
+#include "cohort/transport/tcp/address.hpp"
 #include "cohort/transport/tcp/frame.hpp"
 #include "cohort/transport/tcp/frame_mac.hpp"
 
@@ -58,14 +59,8 @@ struct Hello {
   std::uint16_t listen_port = 0;
   std::string listen_address{};
   std::string job_id{};
+  std::uint32_t epoch = 0;
   Nonce nonce{};
-};
-
-// Where a rank accepts its mesh connections; rank 0 sends the table of all of them.
-struct Address {
-  std::string host{};
-  std::uint16_t port = 0;
-  friend bool operator==(const Address&, const Address&) = default;
 };
 
 namespace detail {
@@ -149,6 +144,7 @@ inline std::vector<std::byte> encode_hello(const Hello& hello) {
   out.put_bytes(hello.nonce);
   out.put_string(hello.listen_address);
   out.put_string(hello.job_id);
+  out.put(hello.epoch);
   return out.take();
 }
 
@@ -162,6 +158,7 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
   in.get_bytes(hello.nonce);
   hello.listen_address = in.get_string();
   hello.job_id = in.get_string();
+  hello.epoch = in.get<std::uint32_t>();
   if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~7u) != 0) {
     return std::nullopt;
   }
@@ -219,6 +216,7 @@ struct Expectation {
   int rank = 0;                  // this rank
   int size = 1;                  // the job's size
   std::string_view job_id = {};  // this rank's job id
+  std::uint32_t epoch = 0;       // this rank's membership epoch
   bool authenticates = false;    // whether this rank has a secret
   bool checksums = true;         // Options::checksum of this rank
   bool encrypts = false;         // Options::encrypt of this rank
@@ -228,6 +226,12 @@ struct Expectation {
 
 inline std::string rank_name(int rank) { return "rank " + std::to_string(rank); }
 
+// Whether a peer's hello is of this job but another membership epoch (Options::epoch): refused
+// as a stranger is, not as a rank that fails the rendezvous.
+inline bool of_another_epoch(const Hello& peer, const Expectation& mine) {
+  return peer.job_id == mine.job_id && peer.epoch != mine.epoch;
+}
+
 // The first difference between a peer's hello and what this rank expects, in words naming both
 // values; empty when there is none. The version was checked on the frame header already.
 inline std::string check_hello(const Hello& peer, const Expectation& mine) {
@@ -235,6 +239,11 @@ inline std::string check_hello(const Hello& peer, const Expectation& mine) {
   if (peer.job_id != mine.job_id) {
     return who + " belongs to another job: job id " + quote_peer_text(peer.job_id) +
            " differs from " + quote_peer_text(mine.job_id);
+  }
+  if (peer.epoch != mine.epoch) {
+    return who + " is of membership epoch " + std::to_string(peer.epoch) + " of this job, " +
+           rank_name(mine.rank) + " of epoch " + std::to_string(mine.epoch) +
+           ": the job regrouped without " + (peer.epoch < mine.epoch ? who : rank_name(mine.rank));
   }
   if (peer.size != mine.size) {
     return who + " was told the job has " + std::to_string(peer.size) + " ranks, " +

@@ -51,6 +51,9 @@ class Listener {
  private:
   friend class Tcp;
 
+  // Tcp::listener_for: a Listener on a duplicate of `listening`'s socket, with its own io_context.
+  [[gnu::cold]] COHORT_DECL Listener(Options options, detail::Acceptor& listening);
+
   Options options_;
   std::chrono::steady_clock::time_point started_;
   std::unique_ptr<boost::asio::io_context> io_;

@@ -20,6 +20,11 @@ struct Options {
   // Names the job; a peer with another job id is refused (a stale process from an earlier run,
   // two jobs sharing a port). At most 255 bytes.
   std::string job_id = "cohort";
+  // The job's membership epoch: 0 for the ranks that started it, one more at each regroup
+  // (Tcp::regroup). A peer of another epoch of the same job is refused without failing the
+  // rendezvous: a rank left out of a regroup, or a frame of an earlier membership, cannot cross
+  // into this one.
+  std::uint32_t epoch = 0;
   // Where rank 0 listens and every other rank connects first. Rank 0 binds bind_address at
   // rendezvous_port; rank 0 may ask for port 0, any free port, and report the one it got through
   // Listener::rendezvous_port() (tests do); the other ranks must be told the real port.
@@ -35,6 +40,11 @@ struct Options {
   // Rank 0 listens at rendezvous_port whatever this says.
   std::uint16_t listen_port_first = 0;
   std::uint16_t listen_port_last = 0;
+  // Whether this rank's listening socket stays bound once the mesh is up, so that the ranks left
+  // after a failure can regroup (Tcp::regroup; strategy::Elastic): each finds the others where
+  // they listened at the rendezvous. A connection that arrives meanwhile waits in the kernel's
+  // queue and is handled, as any stranger's, by the next rendezvous.
+  bool keep_listening = false;
   // Shared by every rank of the job. Empty: no authentication. Otherwise every connection proves
   // knowledge of it with HMAC-SHA256 challenge-response, the connecting side first
   // (handshake.hpp), and a connection that cannot is dropped and logged while the rendezvous goes

@@ -141,6 +141,7 @@ struct Refusal {
     kProtocol,  // a cohort frame that is wrong: version, length, checksum, type, contents
     kAborted,   // the peer gave up and said why (its text, quoted, is in the reason)
     kMismatch,  // a well-formed hello that does not fit this job (check_hello's words)
+    kStale,     // a hello of this job's another membership epoch (of_another_epoch)
     kForged,    // a proof that does not verify
   };
   Kind kind;
@@ -266,6 +267,9 @@ class Rendezvous {
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
 
+  // Where every rank listens, once run() has returned.
+  const std::vector<Address>& table() const { return table_; }
+
   // The connection to every other rank, indexed by rank (this rank's own entry is a closed
   // socket). Throws CommError naming this rank, the operation "rendezvous", the peer when one
   // rank is to blame, and what went wrong.
@@ -331,6 +335,7 @@ class Rendezvous {
       table[idx(r)] = {host, hello.listen_port};
     }
     const auto table_payload = encode_table(table);
+    table_ = std::move(table);
     for (int r = 1; r < size(); ++r) spawn(send_table_await_ready(r, table_payload));
     drive([&] { return ready_count_ == size() - 1; },
           [&] {
@@ -420,7 +425,7 @@ class Rendezvous {
       auto connection = std::make_shared<Connection>(io_, /*outbound=*/false);
       ErrorCode ec;
       co_await listener_.async_accept(connection->socket, asio::redirect_error(use_awaitable, ec));
-      if (stopping()) co_return;
+      if (stopping() || !accepting_) co_return;
       if (ec == asio::error::connection_aborted) continue;  // gone before it was accepted
       if (ec == asio::error::no_descriptors) {
         // Out of descriptors: free the oldest handshake's and let the kernel queue the rest.
@@ -487,18 +492,25 @@ class Rendezvous {
     const Refusal& refusal = introduced.refusal();
     using Kind = Refusal::Kind;
     // With a secret only a peer that proved it may fail the rendezvous: it is refused with
-    // kMismatch alone, after its proof. Without one, whoever speaks the protocol may.
+    // kMismatch alone, after its proof. Without one, whoever speaks the protocol may. A rank of
+    // another membership epoch never does.
     const bool fatal = authenticating()
                            ? refusal.kind == Kind::kMismatch
-                           : refusal.kind != Kind::kClosed && refusal.kind != Kind::kStranger;
+                           : refusal.kind != Kind::kClosed && refusal.kind != Kind::kStranger &&
+                                 refusal.kind != Kind::kStale;
     if (fatal) {
       fail(refusal.told());  // abandon() tells this connection why, with the others
       co_return;
     }
     if (stopping()) co_return;
+    // A rank of another epoch is told why, as a rank that fails the rendezvous would be, so that
+    // one left out of a regroup stops with the reason.
+    if (refusal.kind == Kind::kStale) tell(connection->socket, refusal.reason);
     // A stranger's own words are not repeated: it has proved nothing. Without a secret, what is
-    // dropped spoke no cohort protocol at all, and goes unlogged.
-    if (authenticating()) {
+    // dropped spoke no cohort protocol at all, and goes unlogged; a connection that closes in its
+    // handshake (a rank of a regroup probing this one's listener, a health check) too.
+    const bool quiet_close = refusal.kind == Kind::kClosed && !connection->timed_out;
+    if (refusal.kind == Kind::kStale || (authenticating() && !quiet_close)) {
       refusals_.add(prefix(), "refused a connection: " + refusal.reason);
     }
     close(connection->socket);
@@ -520,8 +532,9 @@ class Rendezvous {
                                 : rank_name(theirs->rank);
     std::string mismatch = check_hello(*theirs, expectation(low, high));
     if (mismatch.empty() && holds_live(theirs->rank)) mismatch = who + " joined twice";
-    if (!mismatch.empty() && !authenticating())
-      co_return Refusal{Refusal::Kind::kMismatch, mismatch};
+    const auto kind = of_another_epoch(*theirs, expectation(low, high)) ? Refusal::Kind::kStale
+                                                                        : Refusal::Kind::kMismatch;
+    if (!mismatch.empty() && !authenticating()) co_return Refusal{kind, mismatch};
     const std::vector<std::byte> mine = make_frame({setup_type::kHello}, encode_hello(my_hello()));
     if (auto sent = co_await write_setup(socket, who, mine); !sent) {
       co_return handshake_refusal(connection, sent.refusal());
@@ -533,7 +546,7 @@ class Rendezvous {
       co_return Refusal{Refusal::Kind::kForged, who + ": authentication failed"};
     }
     connection.authenticated = true;
-    if (!mismatch.empty()) co_return Refusal{Refusal::Kind::kMismatch, mismatch};
+    if (!mismatch.empty()) co_return Refusal{kind, mismatch};
     const auto proof =
         make_frame({setup_type::kConfirm}, proof_or_empty(Role::kAcceptor, hello->bytes, mine));
     if (auto sent = co_await write_setup(socket, who, proof); !sent) co_return sent.refusal();
@@ -835,6 +848,7 @@ class Rendezvous {
             .listen_port = listen_port_,
             .listen_address = options_.bind_address,
             .job_id = options_.job_id,
+            .epoch = options_.epoch,
             .nonce = random_nonce()};
   }
 
@@ -842,6 +856,7 @@ class Rendezvous {
     return {.rank = options_.rank,
             .size = options_.size,
             .job_id = options_.job_id,
+            .epoch = options_.epoch,
             .authenticates = authenticating(),
             .checksums = options_.checksum,
             .encrypts = options_.encrypt,
@@ -922,20 +937,23 @@ class Rendezvous {
   // ones only: a stranger learns nothing of the job), closes everything and lets the coroutines
   // finish on their aborted operations.
   void abandon() {
-    const auto abort =
-        make_frame({setup_type::kAbort}, encode_text(CommError::sentence(failure())));
+    const std::string why = CommError::sentence(failure());
     for (const ConnectionPtr& connection : connections_) {
       Socket& socket = connection->socket;
       if (!socket.is_open()) continue;
-      if (connection->authenticated || !authenticating()) {
-        ErrorCode ignored;
-        socket.non_blocking(true, ignored);  // best effort: never wait for a slow peer here
-        socket.write_some(asio::buffer(abort), ignored);
-      }
+      if (connection->authenticated || !authenticating()) tell(socket, why);
       close(socket);
     }
-    close_listener();
+    close_listener(/*for_good=*/true);
     drain();
+  }
+
+  // Sends an abort message that says why, best effort: never waits for a slow peer.
+  static void tell(Socket& socket, const std::string& why) {
+    const auto abort = make_frame({setup_type::kAbort}, encode_text(why));
+    ErrorCode ignored;
+    socket.non_blocking(true, ignored);
+    socket.write_some(asio::buffer(abort), ignored);
   }
 
   void drain() {
@@ -944,9 +962,16 @@ class Rendezvous {
     io_.run_for(std::chrono::milliseconds(500));
   }
 
-  void close_listener() {
+  // Stops accepting. Under Options::keep_listening the socket stays bound for a regroup, unless
+  // the rendezvous failed (for_good).
+  void close_listener(bool for_good = false) {
+    accepting_ = false;
     ErrorCode ignored;
-    listener_.close(ignored);
+    if (options_.keep_listening && !for_good) {
+      listener_.cancel(ignored);
+    } else {
+      listener_.close(ignored);
+    }
   }
   static void close(Socket& socket) {
     ErrorCode ignored;
@@ -978,13 +1003,14 @@ class Rendezvous {
 
   std::vector<ConnectionPtr> connections_;  // open ones, in the order they were made
   std::vector<std::optional<Peer>> peers_;  // by rank: the peer whose handshake succeeded
-  std::vector<Address> table_;              // a member: where every rank listens
+  std::vector<Address> table_;              // where every rank listens
   std::vector<bool> ready_;                 // rank 0: who reported its mesh complete
   int established_ = 0;
   int ready_count_ = 0;
   int go_sent_ = 0;
   bool connected_to_root_ = false;
   bool go_received_ = false;
+  bool accepting_ = true;
   std::string last_connect_error_;
   bool last_connect_refused_ = false;
   RefusalLog refusals_;

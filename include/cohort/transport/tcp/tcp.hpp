@@ -51,6 +51,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/transport/tcp/abort_signal.hpp"
+#include "cohort/transport/tcp/address.hpp"
 #include "cohort/transport/tcp/listener.hpp"
 #include "cohort/transport/tcp/options.hpp"
 #include "cohort/transport/transport.hpp"
@@ -82,6 +83,18 @@ class Tcp {
   const Options& options() const noexcept { return options_; }
   // Where rank 0 listened: the port it bound (the real one when it asked for port 0).
   std::uint16_t rendezvous_port() const noexcept { return rendezvous_port_; }
+  // Where each rank listened at the rendezvous, by rank.
+  const std::vector<Address>& addresses() const noexcept { return addresses_; }
+
+  // Under Options::keep_listening: a Listener on this rank's listening socket, for the rendezvous
+  // of the next membership epoch (`next`: regroup.hpp), which the ranks that regroup find where
+  // they found this rank before.
+  [[gnu::cold]] COHORT_DECL Listener listener_for(Options next) const;
+
+  // Under Options::keep_listening: stops listening for good, so that ranks that regroup find this
+  // one gone (connecting to it is refused). For a rank that leaves the job: before it tells its
+  // peers, so that none counts it in. Safe from any thread at any time.
+  COHORT_DECL void stop_listening() noexcept;
 
   COHORT_DECL void transfer(std::span<const Send> sends, std::span<const Receive> receives);
 
@@ -234,6 +247,8 @@ class Tcp {
   std::uint16_t rendezvous_port_ = 0;  // read from the listener before its options move here
   Options options_;
   std::unique_ptr<boost::asio::io_context> io_;
+  std::unique_ptr<detail::Acceptor> acceptor_;  // Options::keep_listening; on io_, so after it
+  std::vector<Address> addresses_;              // where each rank listened, by rank
   std::vector<Connection> connections_;  // by rank; this rank's own entry holds a closed socket
   std::vector<Queue> queues_;            // by rank
   std::vector<int> descriptors_;  // of connections_' sockets, fixed at construction, for close()

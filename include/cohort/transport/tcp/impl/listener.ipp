@@ -3,6 +3,10 @@
 
 #include "cohort/transport/tcp/listener.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -64,6 +68,27 @@ COHORT_DECL Listener::Listener(Options options)
                      .detail = "cannot listen on " + detail::endpoint_text(endpoint) + setting +
                                ": " + ec.message()});
   }
+}
+
+COHORT_DECL Listener::Listener(Options options, detail::Acceptor& listening)
+    : options_(std::move(options)), started_(std::chrono::steady_clock::now()) {
+  detail::validate(options_);
+  io_ = std::make_unique<boost::asio::io_context>(1);
+  boost::system::error_code ec;
+  const auto endpoint = listening.local_endpoint(ec);
+  const int descriptor = ec ? -1 : ::dup(listening.native_handle());
+  if (descriptor >= 0) {
+    acceptor_ = std::make_unique<detail::Acceptor>(*io_);
+    acceptor_->assign(endpoint.protocol(), descriptor, ec);
+    if (ec) ::close(descriptor);
+  }
+  if (descriptor < 0 || ec) {
+    throw CommError({.rank = options_.rank,
+                     .operation = "regroup",
+                     .detail = "cannot keep listening: " +
+                               (ec ? ec.message() : std::string(std::strerror(errno)))});
+  }
+  port_ = endpoint.port();
 }
 
 COHORT_DECL Listener::Listener(Listener&&) noexcept = default;

@@ -26,9 +26,11 @@ COHORT_DECL Tcp::Tcp(Listener&& listener)
       io_(std::move(listener.io_)) {
   if (options_.size == 1) return;
   // The acceptor belongs to io_: a local here, destroyed before io_ even when this throws.
-  const auto acceptor = std::move(listener.acceptor_);
+  auto acceptor = std::move(listener.acceptor_);
   detail::Rendezvous rendezvous(options_, *io_, *acceptor, listener.port_, listener.started_);
   auto links = rendezvous.run();
+  addresses_ = rendezvous.table();
+  if (options_.keep_listening) acceptor_ = std::move(acceptor);
   connections_.reserve(links.size());
   queues_.resize(links.size());
   for (int rank = 0; rank < size(); ++rank) {
@@ -53,6 +55,8 @@ COHORT_DECL Tcp::Tcp(Tcp&& other) noexcept
     : rendezvous_port_(other.rendezvous_port_),
       options_(std::move(other.options_)),
       io_(std::move(other.io_)),
+      acceptor_(std::move(other.acceptor_)),
+      addresses_(std::move(other.addresses_)),
       connections_(std::move(other.connections_)),
       queues_(std::move(other.queues_)),
       descriptors_(std::move(other.descriptors_)),
@@ -64,7 +68,28 @@ COHORT_DECL Tcp::Tcp(Tcp&& other) noexcept
       leaving_(other.leaving_.load()),
       isolate_peer_failures_(other.isolate_peer_failures_) {}
 
-COHORT_DECL Tcp::~Tcp() { close(); }
+// A rank that ends stops listening before its peers see its connections end, so that ranks that
+// regroup do not count it in.
+COHORT_DECL Tcp::~Tcp() {
+  stop_listening();
+  close();
+}
+
+COHORT_DECL Listener Tcp::listener_for(Options next) const {
+  if (!acceptor_) {
+    throw CommError({.rank = rank(),
+                     .operation = "regroup",
+                     .detail = "this rank no longer listens (Options::keep_listening unset, or "
+                               "stop_listening called)"});
+  }
+  return Listener(std::move(next), *acceptor_);
+}
+
+COHORT_DECL void Tcp::stop_listening() noexcept {
+  // shutdown, not close: the descriptor stays this acceptor's until the destructor, so that no
+  // other thread's socket can take its number meanwhile.
+  if (acceptor_) ::shutdown(acceptor_->native_handle(), SHUT_RDWR);
+}
 
 COHORT_DECL void Tcp::transfer(std::span<const Send> sends, std::span<const Receive> receives) {
   const Busy busy(*this);

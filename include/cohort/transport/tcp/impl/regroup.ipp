@@ -1,0 +1,89 @@
+// The definitions of regroup.hpp (core/compilation.hpp).
+#pragma once
+
+#include "cohort/transport/tcp/regroup.hpp"
+
+#include <algorithm>
+#include <boost/asio/connect.hpp>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "cohort/core/error.hpp"
+#include "cohort/transport/tcp/asio.hpp"
+#include "cohort/transport/tcp/impl/tcp.ipp"
+#include "cohort/transport/tcp/rendezvous.hpp"
+
+namespace cohort::transport::tcp {
+
+namespace detail {
+
+// The roll call: for each rank of `table`, whether its listener accepts a connection within
+// `timeout` (this rank's own, `self`, counts as answering). The connections close at once; the
+// ranks' next rendezvous drops them unlogged.
+[[gnu::cold]] COHORT_DECL std::vector<bool> answering(const std::vector<Address>& table, int self,
+                                                      std::chrono::milliseconds timeout) {
+  asio::io_context io(1);
+  std::vector<bool> answered(table.size(), false);
+  answered[static_cast<std::size_t>(self)] = true;
+  asio::ip::basic_resolver<asio::ip::tcp, Executor> resolver(io.get_executor());
+  std::vector<std::unique_ptr<Socket>> probes;
+  for (std::size_t rank = 0; rank < table.size(); ++rank) {
+    if (rank == static_cast<std::size_t>(self)) continue;
+    const Address& address = table[rank];
+    ErrorCode ec;
+    std::vector<asio::ip::tcp::endpoint> endpoints;
+    if (const auto numeric = asio::ip::make_address(address.host, ec); !ec) {
+      endpoints.emplace_back(numeric, address.port);
+    } else {  // rank 0's, where the job named its host
+      for (const auto& entry : resolver.resolve(address.host, std::to_string(address.port), ec)) {
+        endpoints.push_back(entry.endpoint());
+      }
+    }
+    Socket& probe = *probes.emplace_back(std::make_unique<Socket>(io));
+    asio::async_connect(probe, endpoints,
+                        [&answered, rank](const ErrorCode& error, const auto& /*endpoint*/) {
+                          answered[rank] = !error;
+                        });
+  }
+  io.run_for(timeout);  // returns as soon as every probe has its answer
+  return answered;
+}
+
+}  // namespace detail
+
+COHORT_DECL Regrouped regroup(const Tcp& failed, RegroupOptions options) {
+  const Options& old = failed.options();
+  const std::vector<Address>& table = failed.addresses();
+  const auto refuse = [&](const std::string& why) {
+    throw CommError({.rank = old.rank, .operation = "regroup", .detail = why});
+  };
+  if (table.size() != static_cast<std::size_t>(old.size) || old.size < 2) {
+    refuse("the mesh never formed, so there is nobody to regroup with");
+  }
+  const std::vector<bool> answered = detail::answering(table, old.rank, options.probe_timeout);
+  std::vector<int> members;
+  std::vector<int> gone;
+  for (int rank = 0; rank < old.size; ++rank) {
+    (answered[static_cast<std::size_t>(rank)] ? members : gone).push_back(rank);
+  }
+  if (static_cast<int>(members.size()) < options.min_size) {
+    refuse(std::to_string(members.size()) + " of " + std::to_string(old.size) +
+           " ranks answer (" + detail::rank_list(members) + "; " + detail::rank_list(gone) +
+           " ended, left or did not answer within " +
+           std::to_string(options.probe_timeout.count()) + " ms), fewer than the " +
+           std::to_string(options.min_size) + " the job needs");
+  }
+  Options next = old;
+  next.rank = static_cast<int>(std::ranges::find(members, old.rank) - members.begin());
+  next.size = static_cast<int>(members.size());
+  next.epoch = old.epoch + 1;
+  const Address& host = table[static_cast<std::size_t>(members.front())];
+  next.rendezvous_host = host.host;
+  next.rendezvous_port = host.port;
+  Tcp transport(failed.listener_for(std::move(next)));
+  return {std::move(transport), std::move(members)};
+}
+
+}  // namespace cohort::transport::tcp

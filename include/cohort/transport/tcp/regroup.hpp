@@ -1,0 +1,49 @@
+// tcp::regroup: the ranks of a mesh that failed, as a mesh of their own, without a restart. Every
+// rank that goes on calls it on its failed Tcp, which kept listening (Options::keep_listening):
+//
+//   tcp::Regrouped next = tcp::regroup(failed, {.min_size = 2, .probe_timeout = 2s});
+//   // next.transport: the new mesh; next.members[r]: the old rank of its rank r
+//
+//   1. The roll call: the rank connects to every other rank where it listened at the rendezvous
+//      (Tcp::addresses). A rank that answers is alive and regroups too; one whose process ended,
+//      or that left (Tcp::stop_listening, before it told anyone), is refused at once; one whose
+//      host is cut off is not heard within probe_timeout. Every rank that goes on sees the same
+//      answers, since a rank that ended stopped listening before its peers failed.
+//   2. The members are the ranks that answered, in the order of their old ranks: rank r of the
+//      new mesh is the r-th of them, and the first, the lowest old rank alive, hosts the
+//      rendezvous on the socket it listened on. Fewer than min_size is a CommError naming who
+//      answered and who did not.
+//   3. The rendezvous (rendezvous.hpp) of the next membership epoch (Options::epoch + 1), under
+//      the same secret and authentication: a rank of the old epoch, and any frame of the old
+//      mesh, is refused there.
+//
+// The old Tcp may be destroyed once this returns; its connections are not used again.
+#pragma once
+
+#include <chrono>
+#include <vector>
+
+#include "cohort/core/compilation.hpp"
+#include "cohort/transport/tcp/tcp.hpp"
+
+namespace cohort::transport::tcp {
+
+struct RegroupOptions {
+  int min_size = 1;  // fewer ranks alive: CommError, and no new mesh
+  // How long the roll call waits for a rank's listener to answer: a host cut off is counted out
+  // after this.
+  std::chrono::milliseconds probe_timeout{std::chrono::seconds(2)};
+};
+
+struct Regrouped {
+  Tcp transport;
+  std::vector<int> members;  // by new rank: the old rank
+};
+
+[[gnu::cold]] COHORT_DECL Regrouped regroup(const Tcp& failed, RegroupOptions options);
+
+}  // namespace cohort::transport::tcp
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include "cohort/transport/tcp/impl/regroup.ipp"
+#endif

@@ -1,0 +1,151 @@
+// tcp::regroup: ranks of a mesh that lost one form the next membership epoch's mesh among
+// themselves, as threads of this process on 127.0.0.1, under a secret; and a rank of another
+// epoch is refused without failing the rendezvous.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cohort/transport/tcp/regroup.hpp>
+#include <cstdint>
+#include <future>
+#include <latch>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tcp_peers.hpp"
+
+using namespace tcp_test;  // NOLINT: the helpers are this file's vocabulary
+
+namespace {
+
+void elastic(tcp::Options& options) {
+  options.secret = "correct horse battery staple";
+  options.keep_listening = true;
+}
+
+// Waits for a frame from `peer` that never comes: returns once the transfer fails, as it does
+// when the peer's process ends.
+void wait_for_loss_of(tcp::Tcp& transport, int peer) {
+  std::vector<std::byte> in(8);
+  const Receive receive{peer, {kCollective, 0, 1}, in};
+  CHECK_THROWS_AS(transport.transfer({}, {&receive, 1}), cohort::CommError);
+}
+
+// `size` ranks meet; rank `lost` ends at once and the others regroup with at least min_size
+// ranks. Returns, by old rank, the members each saw (empty for the lost rank) and its new rank,
+// or what it threw.
+struct Outcome {
+  std::vector<int> members;
+  int rank = -1;
+  int size = 0;
+  std::string error;
+};
+std::vector<Outcome> lose_one(int size, int lost, int min_size) {
+  std::vector<Outcome> outcomes(static_cast<std::size_t>(size));
+  // The survivors keep their old meshes until each has regrouped or failed to, so that none
+  // ends before the others' roll call counts it.
+  std::latch regrouped(size - 1);
+  const auto errors = run_ranks(
+      size,
+      [&](tcp::Tcp& transport) {
+        if (transport.rank() == lost) return;  // its Tcp ends here: the process "dies"
+        Outcome& outcome = outcomes[static_cast<std::size_t>(transport.rank())];
+        wait_for_loss_of(transport, lost);
+        std::optional<tcp::Regrouped> next;
+        try {
+          next.emplace(tcp::regroup(transport, {.min_size = min_size}));
+        } catch (const cohort::CommError& error) {
+          outcome.error = error.what();
+        }
+        regrouped.arrive_and_wait();
+        if (!next) return;
+        tcp::Tcp& mesh = next->transport;
+        outcome.members = next->members;
+        outcome.rank = mesh.rank();
+        outcome.size = mesh.size();
+        CHECK(mesh.options().epoch == 1);
+        // The new mesh carries data: a ring over its ranks.
+        const int right = (mesh.rank() + 1) % mesh.size();
+        const int left = (mesh.rank() + mesh.size() - 1) % mesh.size();
+        auto out = filled(mesh.rank(), 0, 4099);
+        std::vector<std::byte> in(4099);
+        const Send send{right, {kCollective, 0, 2}, out};
+        const Receive receive{left, {kCollective, 0, 2}, in};
+        mesh.transfer({&send, 1}, {&receive, 1});
+        CHECK(holds(in, left, 0));
+      },
+      elastic);
+  require_no_errors(errors);
+  return outcomes;
+}
+
+}  // namespace
+
+TEST_CASE("the ranks left after one ends regroup as the next epoch, in the order of old ranks") {
+  for (const int lost : {2, 0}) {
+    CAPTURE(lost);
+    const auto outcomes = lose_one(4, lost, 2);
+    std::vector<int> survivors;
+    for (int rank = 0; rank < 4; ++rank) {
+      if (rank != lost) survivors.push_back(rank);
+    }
+    for (const int rank : survivors) {
+      const Outcome& outcome = outcomes[static_cast<std::size_t>(rank)];
+      CAPTURE(rank);
+      CHECK(outcome.error == "");
+      CHECK(outcome.members == survivors);
+      CHECK(outcome.size == 3);
+      CHECK(outcome.rank ==
+            static_cast<int>(std::ranges::find(survivors, rank) - survivors.begin()));
+    }
+  }
+}
+
+TEST_CASE("fewer ranks left than min_size is an error naming who answered and who did not") {
+  const auto outcomes = lose_one(3, 1, 3);
+  for (const int rank : {0, 2}) {
+    CAPTURE(rank);
+    CHECK(outcomes[static_cast<std::size_t>(rank)].error ==
+          "rank " + std::to_string(rank) +
+              ": regroup: 2 of 3 ranks answer (ranks 0, 2; rank 1 ended, left or did not answer "
+              "within 2000 ms), fewer than the 3 the job needs");
+  }
+}
+
+TEST_CASE("a rank of an earlier membership epoch is refused, and the epoch's mesh still forms") {
+  const auto configure = [](tcp::Options& options) {
+    elastic(options);
+    options.epoch = 1;
+  };
+  std::promise<std::uint16_t> port_promise;
+  auto port = port_promise.get_future().share();
+  std::string refused;
+  std::thread stale([&] {
+    tcp::Options options = options_for(1, 2);
+    elastic(options);  // epoch 0
+    options.rendezvous_port = port.get();
+    try {
+      tcp::Tcp transport(options);
+    } catch (const cohort::CommError& error) {
+      refused = error.what();
+    }
+  });
+  std::thread current([&] {
+    stale.join();  // rank 1 of epoch 1 joins after the stale one was refused
+    tcp::Options options = options_for(1, 2);
+    configure(options);
+    options.rendezvous_port = port.get();
+    tcp::Tcp transport(options);
+    CHECK(transport.options().epoch == 1);
+  });
+  tcp::Options options = options_for(0, 2);
+  configure(options);
+  tcp::Listener listener(options);
+  port_promise.set_value(listener.rendezvous_port());
+  tcp::Tcp transport(std::move(listener));
+  current.join();
+  CHECK(refused ==
+        "rank 1: rendezvous: rank 0 is of membership epoch 1 of this job, rank 1 of epoch 0: the "
+        "job regrouped without rank 1");
+}
