@@ -25,25 +25,11 @@
 namespace {
 
 namespace fs = std::filesystem;
+using cohort::testing::mirrored_parameters;
 using cohort::testing::Process;
 using cohort::testing::read_file;
 using cohort::testing::TemporaryDirectory;
 using namespace std::chrono_literals;
-
-// The reference: Mirrored in this process, same data, seed and options, and the same model
-// without gradient readiness, so that the workers' overlap is checked against none.
-std::string mirrored_parameters(std::uint64_t steps, std::size_t replicas = 4,
-                                std::size_t micro_batches = 8) {
-  cohort::Trainer trainer(cohort::testing::WithoutReadiness{cohort::testing::small_model()},
-                          cohort::strategy::Mirrored<>({.replicas = replicas}),
-                          cohort::optimizer::Adam({.learning_rate = 3e-3}),
-                          {.global_batch = 64,
-                           .micro_batches = micro_batches,
-                           .seed = 11,
-                           .progress = cohort::Progress::kSilent});
-  trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
-  return cohort::testing::bytes_of(cohort::testing::parameters_of(trainer.model()));
-}
 
 // Runs one command to completion within a deadline; returns its exit and output.
 std::pair<cohort::testing::Exit, std::string> run(const std::vector<std::string>& command,

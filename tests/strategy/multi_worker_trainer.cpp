@@ -6,7 +6,7 @@
 //                        [--checkpoint FILE] [--preempt-after N] [--fail-in-backward N]
 //                        [--save-restore FILE] [--schedule]
 //                        [--checkpoint-directory DIR --checkpoint-every N] [--pause-ms N]
-//                        [--validate-every N [--chief-stops-after E]]
+//                        [--validate-every N [--chief-stops-after E]] [--elastic MIN]
 //
 // ring             the ring all-reduce across processes instead of the deterministic one
 // --eigen THREADS  the examples' Eigen MLP on THREADS threads per replica (eigen_training.hpp)
@@ -32,6 +32,9 @@
 //                  fit stopped early
 // --chief-stops-after E  the chief's ValidationOptions::stop says stop after E evaluations (the
 //                  others' never do)
+// --elastic MIN    an elastic job (strategy::Elastic) of at least MIN workers: a process that ends
+//                  is gone, and the others go on; each prints "membership W -> W' at step S" per
+//                  change, and the chief at the end writes the parameters
 // Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process whose
 // fit stopped for preemption exits with cohort::kExitPreempted and writes no parameters.
 // Both models report their gradient readiness per layer, and buckets are 64 bytes, so the buckets
@@ -70,6 +73,7 @@ struct Settings {
   int pause_ms = 0;
   std::uint64_t validate_every = 0;
   std::size_t chief_stops_after = 0;
+  std::size_t min_workers = 0;
 };
 
 template <class Strategy, class Model>
@@ -120,12 +124,16 @@ int train(const Settings& settings, Strategy strategy, const Model& model) {
     std::printf("stopped early after %llu steps, %zu evaluations\n",
                 static_cast<unsigned long long>(report.steps), report.validation.size());
   }
+  for (const cohort::strategy::MembershipChange& change : report.membership) {
+    std::printf("membership %zu -> %zu at step %llu\n", change.workers_before, change.workers_after,
+                static_cast<unsigned long long>(change.step));
+  }
   if (report.preempted) return cohort::kExitPreempted;
   if (!settings.save_restore.empty()) {
     trainer.save(settings.save_restore);
     trainer.restore(settings.save_restore);
   }
-  if (chief) {
+  if (trainer.strategy().is_chief()) {  // a worker that became chief when the chief was lost
     cohort::testing::write_parameters(settings.out,
                                       cohort::testing::parameters_of(trainer.model()));
   }
@@ -154,7 +162,8 @@ int train(const Settings& settings) {
                              {.local_replicas = settings.local_replicas,
                               .connect_timeout = std::chrono::seconds(30),
                               .timeout = std::chrono::seconds(10),
-                              .bucket_bytes = 64}));
+                              .bucket_bytes = 64,
+                              .elastic = {.min_workers = settings.min_workers}}));
 }
 
 }  // namespace
@@ -168,7 +177,8 @@ int main(int argc, char** argv) {
                  "[--on-nonfinite raise|skip_step] [--mirrored] [--checkpoint FILE] "
                  "[--preempt-after N] [--fail-in-backward N] [--save-restore FILE] "
                  "[--schedule] [--checkpoint-directory DIR --checkpoint-every N] "
-                 "[--pause-ms N] [--validate-every N [--chief-stops-after E]]\n");
+                 "[--pause-ms N] [--validate-every N [--chief-stops-after E]] "
+                 "[--elastic MIN]\n");
     return 64;
   }
   try {
@@ -211,6 +221,8 @@ int main(int argc, char** argv) {
         settings.validate_every = std::stoull(next());
       } else if (flag == "--chief-stops-after") {
         settings.chief_stops_after = std::stoul(next());
+      } else if (flag == "--elastic") {
+        settings.min_workers = std::stoul(next());
       } else if (flag == "--pause-ms") {
         settings.pause_ms = std::stoi(next());
       } else if (flag == "--schedule") {

@@ -266,3 +266,23 @@ struct cohort::ModelTraits<cohort::testing::FailingBackward>
     });
   }
 };
+
+namespace cohort::testing {
+
+// The reference of the multi-process tests: Mirrored in this process on small_task_data(), with
+// the workers' seed and options (multi_worker_trainer), and the model without gradient readiness,
+// so that the workers' overlap is checked against none. The parameters' bytes.
+inline std::string mirrored_parameters(std::uint64_t steps, std::size_t replicas = 4,
+                                       std::size_t micro_batches = 8) {
+  cohort::Trainer trainer(WithoutReadiness{small_model()},
+                          cohort::strategy::Mirrored<>({.replicas = replicas}),
+                          cohort::optimizer::Adam({.learning_rate = 3e-3}),
+                          {.global_batch = 64,
+                           .micro_batches = micro_batches,
+                           .seed = 11,
+                           .progress = cohort::Progress::kSilent});
+  trainer.fit(small_task_data(), {.steps = steps});
+  return bytes_of(parameters_of(trainer.model()));
+}
+
+}  // namespace cohort::testing

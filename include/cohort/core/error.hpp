@@ -231,6 +231,18 @@ inline std::string what_of(std::exception_ptr failure) {
   }
 }
 
+// Whether a captured exception is a CommError: a failure of the job's communication, rather than
+// of this process's own work.
+inline bool is_comm_error(std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const CommError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 namespace detail {
 [[noreturn]] inline void assertion_failed(const char* condition, const char* file, int line) {
   std::fprintf(stderr, "cohort: internal error: %s failed at %s:%d\n", condition, file, line);

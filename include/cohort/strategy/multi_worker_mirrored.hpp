@@ -59,13 +59,20 @@
 //                    the optimizer's update shared out in stripes (detail/mirrored_replica.hpp).
 //                    Default true; false on any worker turns it off for all (left at its default:
 //                    COHORT_SHARED_MEMORY)
+//   elastic          the job goes on without a lost worker, down to elastic.min_workers
+//                    (strategy/elastic.hpp; or COHORT_MIN_WORKERS): the workers left regroup
+//                    over TCP (transport/tcp/regroup.hpp) and the Trainer retries the step, with
+//                    the bits of a job that lost nobody. Every worker then updates the whole
+//                    optimizer state, rather than its stripes of it, so that none is lost with a
+//                    worker. Default: not elastic
 //
 // Only the chief (worker 0) prints progress and writes checkpoints; every worker returns from
 // Trainer::save once the chief's file is complete, or fails with the chief's reason
 // (save_outcome). A worker that fails closes its connections, and every other worker's step
-// fails within the timeout naming it.
+// fails within the timeout naming it, unless the job is elastic.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
@@ -91,6 +98,7 @@
 #include "cohort/strategy/detail/tcp_options.hpp"
 #include "cohort/strategy/detail/worker_process.hpp"
 #include "cohort/strategy/strategy.hpp"
+#include "cohort/transport/tcp/regroup.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
 // Declared only, so that the sentence below can name it without a CUDA header.
@@ -132,6 +140,7 @@ class MultiWorkerMirrored {
     std::optional<std::size_t> bucket_bytes{};
     collective::ThreadPriority communication_priority = collective::ThreadPriority::kAuto;
     bool shared_memory = true;
+    Elastic elastic{};
   };
 
   explicit MultiWorkerMirrored(Options options)
@@ -146,6 +155,14 @@ class MultiWorkerMirrored {
         process_.template connect<Transport>(spec.rank, spec.size, cluster::describe(spec)));
     process_.learn_local_ranks(*cross_, spec.rank, 0);
     share_host_memory();
+    if (this->options().elastic.enabled() && !kRegroups) {
+      options::reject("elastic.min_workers", this->options().elastic.min_workers,
+                      "needs the TCP transport (transport::tcp::Tcp), whose ranks regroup");
+    }
+    if (this->options().elastic.min_workers > static_cast<std::size_t>(spec.size)) {
+      options::reject("elastic.min_workers", this->options().elastic.min_workers,
+                      "exceeds the " + std::to_string(spec.size) + " workers the job starts with");
+    }
   }
 
   std::size_t replicas() const {
@@ -182,6 +199,38 @@ class MultiWorkerMirrored {
     }
   }
 
+  // strategy::Regroups (strategy/elastic.hpp), over TCP.
+  static constexpr bool kRegroups = std::same_as<Transport, transport::tcp::Tcp>;
+  const Elastic& elastic() const requires kRegroups { return options().elastic; }
+
+  // The workers that answer the roll call, as the job's next membership: this process's
+  // collective between workers is rebuilt over them, its rank and the job's size are theirs, and
+  // through shared memory where they all share this host. Throws CommError below min_workers.
+  [[gnu::cold]] MembershipChange regroup(const CommError& cause) requires kRegroups {
+    const int before = cluster().size;
+    std::fprintf(stderr, "cohort: rank %d: regrouping after: %s\n", cluster().rank, cause.what());
+    transport::tcp::Regrouped next = transport::tcp::regroup(
+        cross_->transport(), {.min_size = static_cast<int>(elastic().min_workers),
+                              .probe_timeout = elastic().probe_timeout});
+    MembershipChange change{.workers_before = static_cast<std::size_t>(before),
+                            .workers_after = next.members.size(),
+                            .cause = cause.what()};
+    for (int rank = 0; rank < before; ++rank) {
+      if (std::ranges::find(next.members, rank) == next.members.end()) change.lost.push_back(rank);
+    }
+    process_.regrouped(next.transport.rank(), next.transport.size());
+    thread_.reset();  // its failure stays with it: a thread of its own for the new membership
+    cross_ = std::make_unique<Cross>(std::move(next.transport));
+    thread_ = process_.start_communication_thread();
+    process_.learn_local_ranks(*cross_, cluster().rank, 0);
+    bucket_bytes_ = options().bucket_bytes.value_or(kBucketBytes);
+    share_host_memory();
+    return change;
+  }
+
+  // A process whose own failure ends its fit: the workers that regroup will not count it in.
+  void withdraw() noexcept requires kRegroups { cross_->transport().stop_listening(); }
+
   template <class Body>
   void run(Body&& body) {
     collective::Local local({.ranks = static_cast<int>(local_replicas()),
@@ -193,7 +242,7 @@ class MultiWorkerMirrored {
           return Replica(first_local_replica() + local_index,
                          Communicator(local.communicator(static_cast<int>(local_index)), *cross_,
                                       *thread_, options().bucket_bytes.value_or(kBucketBytes)),
-                         {}, bucket_bytes_);
+                         {}, bucket_bytes_, !options().elastic.enabled());
         },
         body);
   }
@@ -259,6 +308,7 @@ static_assert(AbandonsStep<MultiWorkerMirrored<>>);
 static_assert(LendsGradientStorage<MultiWorkerMirrored<>, float>);
 static_assert(SnapshotsBetweenSteps<MultiWorkerMirrored<>, float>);
 static_assert(FoldsAnyDeal<MultiWorkerMirrored<>>);
+static_assert(Regroups<MultiWorkerMirrored<>>);
 
 }  // namespace cohort::strategy
 

@@ -104,6 +104,16 @@
 //                            count up to micro_batches gives the bits of one replica. A strategy
 //                            without it takes equal blocks only (micro_batches / replicas a power
 //                            of two)
+//   Regroups<S>              s.elastic(), s.regroup(cause), s.withdraw() noexcept: a job that
+//                            goes on when a worker is lost (strategy/elastic.hpp). Where
+//                            s.elastic().enabled() and a segment fails with a CommError (`cause`),
+//                            every process that goes on calls s.regroup(cause), which returns
+//                            once the workers left form the job's next membership (or throws
+//                            below min_workers), with replicas(), first_local_replica() and
+//                            is_chief() theirs; the Trainer then deals the micro-batches anew and
+//                            takes the newest state (trainer/elastic.hpp). A process whose own
+//                            failure ends its fit calls s.withdraw() before it tells the others,
+//                            so that none counts it in
 //   HasPlaces<S>             s.place(local_index): below
 //
 // Replicas on a device other than the host (Mirrored<device::Cuda, collective::Nccl>) say where
@@ -134,6 +144,7 @@
 #include "cohort/optimizer/optimizer.hpp"
 #include "cohort/optimizer/schedule.hpp"
 #include "cohort/optimizer/sgd.hpp"  // the optimizer strategies state their capabilities with
+#include "cohort/strategy/elastic.hpp"
 
 namespace cohort::checkpoint {
 template <class T>
@@ -282,6 +293,14 @@ concept SnapshotsBetweenSteps = requires(typename S::Replica& replica, std::span
 template <class S>
 concept FoldsAnyDeal = requires(S& s, const sharding::Deal& deal) {
   s.use_deal(deal);
+};
+
+template <class S>
+concept Regroups = requires(S& s, const S& cs, const CommError& cause) {
+  { cs.elastic() } -> std::same_as<const Elastic&>;
+  { s.regroup(cause) } -> std::same_as<MembershipChange>;
+  { s.withdraw() }
+  noexcept;
 };
 
 template <class S>

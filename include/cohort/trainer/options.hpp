@@ -14,6 +14,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/preemption.hpp"
 #include "cohort/optimizer/schedule.hpp"
+#include "cohort/strategy/elastic.hpp"
 #include "cohort/trainer/progress.hpp"
 
 namespace cohort {
@@ -127,6 +128,11 @@ struct Report {
   double checkpoint_seconds = 0.0;
   // The fit stopped before its target because a ValidationOptions::stop said so.
   bool stopped_early = false;
+  // Each time an elastic job (strategy/elastic.hpp) went on without a lost worker during this
+  // fit, on every process that went on. The steps whose losses were lost with the worker (since
+  // the last progress line) are not in `loss`, nor are those before this process became the
+  // chief.
+  std::vector<strategy::MembershipChange> membership;
 };
 
 }  // namespace cohort

@@ -54,6 +54,9 @@ struct ReplicaCarry {
   bool settings_checked = false;
   std::vector<std::size_t> order{};  // the example order of epoch order_epoch
   std::uint64_t order_epoch = std::numeric_limits<std::uint64_t>::max();
+  // The run's steps this replica's state holds: where an elastic job that lost a worker takes the
+  // newest state from (trainer/elastic.hpp).
+  std::uint64_t applied = 0;
 };
 
 template <class R, class Replica, class D, class V = NoValidation>
@@ -111,6 +114,7 @@ class ReplicaLoop {
         run_.options.preemption.enabled || run_.options.checkpoint.every.count() != 0;
     SegmentEnd end = segment_end_ == target_ ? SegmentEnd::kTarget : SegmentEnd::kCheckpoint;
     std::uint64_t step = run_.step;
+    carry_.applied = step;
     for (; step < segment_end_; ++step) {
       const Decision decision =
           votes ? carry_.vote.template before<S>(step, local_ == 0 && checkpoints_.due_by_time(),
@@ -125,6 +129,7 @@ class ReplicaLoop {
       }
       if (checkpoint) checkpoint_between_steps(step);
       train_step(step);
+      carry_.applied = step + 1;
       const std::size_t step_in_epoch = step % plan_.steps_per_epoch();
       const bool periodic =
           run_.options.log_every != 0 && (step_in_epoch + 1) % run_.options.log_every == 0;
@@ -202,6 +207,11 @@ class ReplicaLoop {
         ++report_.skipped_steps;
       }
     } catch (...) {
+      // A process that fails on its own leaves an elastic job: it stops listening before the
+      // abandoned step tells the others, so that the workers that regroup do not count it in.
+      if constexpr (strategy::Regroups<S>) {
+        if (!is_comm_error(std::current_exception())) run_.strategy.withdraw();
+      }
       if constexpr (strategy::AbandonsStep<S>) {
         replica_.abandon_step(what_of(std::current_exception()));
       }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cohort/core/model.hpp"
+#include "cohort/core/sharding.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/device/device.hpp"
 #include "cohort/strategy/strategy.hpp"
@@ -60,6 +61,22 @@ struct Run {
   std::unique_ptr<trace::Recorder> recorder;  // when tracing (Options::trace)
 
   Place place(std::size_t local) const { return strategy::place_of(strategy, local); }
+
+  // The data's order and deal for `examples` training examples over the job's replicas.
+  sharding::Plan plan(std::size_t examples) const {
+    return sharding::Plan(examples, options.global_batch, options.micro_batches,
+                          strategy.replicas(), strategy.local_replicas(),
+                          strategy::FoldsAnyDeal<S>);
+  }
+
+  // Tells a strategy that folds any deal (strategy::FoldsAnyDeal) the micro-batches of each of
+  // its replicas: at the start, and after an elastic job's regroup.
+  void deal() {
+    if constexpr (strategy::FoldsAnyDeal<S>) {
+      strategy.use_deal(
+          sharding::Deal(options.micro_batches, strategy.replicas(), strategy.local_replicas()));
+    }
+  }
 
   // Replica `index` as progress and errors name it: "worker 1 (rank 1), replica 2" where the job is
   // processes (workers are numbered alike in the cluster and in the replicas' order), else

@@ -1,7 +1,8 @@
 // trainer::fit_segments: a fit as the replicas run it, segment by segment
 // (trainer/periodic_checkpoints.hpp: one segment between two checkpoints, the whole fit without
 // them). Each segment runs every local replica's ReplicaLoop on the strategy's threads; between
-// two, the checkpoint; after a preemption, its save. The Report sums the segments.
+// two, the checkpoint; after a preemption, its save; after a lost worker of an elastic job, the
+// regroup (trainer/elastic.hpp), and the fit goes on. The Report sums the segments.
 #pragma once
 
 #include <chrono>
@@ -9,7 +10,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "cohort/core/error.hpp"
 #include "cohort/core/sharding.hpp"
+#include "cohort/strategy/strategy.hpp"
+#include "cohort/trainer/elastic.hpp"
 #include "cohort/trainer/metrics_log.hpp"
 #include "cohort/trainer/options.hpp"
 #include "cohort/trainer/periodic_checkpoints.hpp"
@@ -18,9 +22,11 @@
 
 namespace cohort::trainer {
 
-// Each local replica's state across the segments of a fit that begins at run.step.
+// Each local replica's state across the segments of a fit that began at first_step and goes on
+// from run.step.
 template <class R>
-std::vector<ReplicaCarry> carries_for(const R& run, const sharding::Plan& plan) {
+std::vector<ReplicaCarry> carries_for(const R& run, const sharding::Plan& plan,
+                                      std::uint64_t first_step) {
   std::vector<ReplicaCarry> carries;
   for (std::size_t local = 0; local < run.strategy.local_replicas(); ++local) {
     // The chief's first replica keeps the Report and prints.
@@ -28,7 +34,7 @@ std::vector<ReplicaCarry> carries_for(const R& run, const sharding::Plan& plan) 
     carries.push_back({.window = LossWindow(reports, run.options.progress, plan.steps_per_epoch(),
                                             run.options.global_batch),
                        .vote = Vote(run.step),
-                       .first_step = run.step});
+                       .first_step = first_step});
   }
   return carries;
 }
@@ -36,8 +42,7 @@ std::vector<ReplicaCarry> carries_for(const R& run, const sharding::Plan& plan) 
 // The fit from run.step to `target` (run.step advances with it).
 template <class R, class D, class V>
 Report fit_segments(R& run, PeriodicCheckpoints<R>& checkpoints, MetricsLog* metrics, const D& data,
-                    const Validation<V>* validation, const sharding::Plan& plan,
-                    std::uint64_t target) {
+                    const Validation<V>* validation, sharding::Plan plan, std::uint64_t target) {
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point start) {
     return std::chrono::duration<double>(Clock::now() - start).count();
@@ -45,16 +50,29 @@ Report fit_segments(R& run, PeriodicCheckpoints<R>& checkpoints, MetricsLog* met
   Report report;
   const auto start = Clock::now();
   const std::uint64_t first_step = run.step;
-  std::vector<ReplicaCarry> carries = carries_for(run, plan);
+  std::vector<ReplicaCarry> carries = carries_for(run, plan, first_step);
   for (SegmentEnd end = SegmentEnd::kCheckpoint; end == SegmentEnd::kCheckpoint;) {
     const std::uint64_t segment_end = checkpoints.segment_end(run.step, target);
-    run.strategy.run([&](auto& replica) {
-      const std::size_t local = replica.index() - run.strategy.first_local_replica();
-      const SegmentEnd ended = ReplicaLoop(run, replica, data, validation, plan, carries[local],
-                                           checkpoints, metrics, segment_end, target, report)
-                                   .run();
-      if (local == 0) end = ended;  // every replica's segment ends alike
-    });
+    try {
+      run.strategy.run([&](auto& replica) {
+        const std::size_t local = replica.index() - run.strategy.first_local_replica();
+        const SegmentEnd ended = ReplicaLoop(run, replica, data, validation, plan, carries[local],
+                                             checkpoints, metrics, segment_end, target, report)
+                                     .run();
+        if (local == 0) end = ended;  // every replica's segment ends alike
+      });
+    } catch (const CommError& cause) {
+      if constexpr (strategy::Regroups<typename R::Strategy>) {
+        if (run.strategy.elastic().enabled()) {
+          report.membership.push_back(go_on_without(run, cause, carries[0].applied));
+          report.steps = run.step - first_step;
+          plan = run.plan(data.size());
+          carries = carries_for(run, plan, first_step);
+          continue;
+        }
+      }
+      throw;
+    }
     run.step = first_step + report.steps;
     if (end == SegmentEnd::kPreempted) {
       checkpoints.save_preempted(run);

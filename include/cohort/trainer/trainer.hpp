@@ -49,6 +49,7 @@
 //   nonfinite.hpp        non-finite gradients: Options::on_nonfinite
 //   vote.hpp             what the job decides together: preemption (Options::preemption), a
 //                        checkpoint by time
+//   elastic.hpp          an elastic job's fit going on without a lost worker
 //   checkpoints.hpp      save and restore
 //   periodic_checkpoints.hpp  checkpoints during a fit: Options::checkpoint
 //   validation.hpp       evaluation on held-out data inside fit, and stopping early
@@ -208,10 +209,7 @@ class Trainer {
     sharding::Plan::validate_split(run_.options.global_batch, run_.options.micro_batches,
                                    run_.strategy.replicas(), run_.strategy.local_replicas(),
                                    strategy::FoldsAnyDeal<S>);
-    if constexpr (strategy::FoldsAnyDeal<S>) {
-      run_.strategy.use_deal(sharding::Deal(run_.options.micro_batches, run_.strategy.replicas(),
-                                            run_.strategy.local_replicas()));
-    }
+    run_.deal();
     if (const std::size_t gradients = ModelTraits<M>::gradients(const_cast<M&>(model)).size();
         gradients != run_.parameter_count) {
       options::reject(
@@ -298,9 +296,7 @@ class Trainer {
       if (run_.strategy.serves()) return serve();
     }
     if (!metrics_ && run_.strategy.is_chief()) metrics_ = trainer::open_metrics_log(run_.options);
-    const sharding::Plan plan(data.size(), run_.options.global_batch, run_.options.micro_batches,
-                              run_.strategy.replicas(), run_.strategy.local_replicas(),
-                              strategy::FoldsAnyDeal<S>);
+    const sharding::Plan plan = run_.plan(data.size());
     if (run_.dataset_size != 0 && run_.dataset_size != data.size()) {
       options::reject("data.size()", data.size(),
                       "differs from the " + std::to_string(run_.dataset_size) +

@@ -1,10 +1,12 @@
 // A strategy's options from the environment, where the program leaves the Options defaults:
 // COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT (cluster/environment.hpp, parse_duration),
 // COHORT_COMMUNICATION_PRIORITY (auto, normal or realtime: collective/thread_priority.hpp)
-// and COHORT_SHARED_MEMORY (0 or 1: cluster::parse_switch).
+// COHORT_SHARED_MEMORY (0 or 1: cluster::parse_switch) and COHORT_MIN_WORKERS (a count:
+// strategy/elastic.hpp).
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -30,7 +32,7 @@ inline collective::ThreadPriority parse_thread_priority(std::string_view name,
 // value is a ConfigError naming the variable, also where the program's value wins.
 // StrategyOptions has timeout, connect_timeout where the strategy connects processes, and
 // communication_priority where it has a communication thread, shared_memory where its processes
-// can all-reduce through shared memory.
+// can all-reduce through shared memory, elastic where its job may go on without a lost worker.
 template <class StrategyOptions>
 StrategyOptions with_environment(StrategyOptions options, const cluster::Environment& environment =
                                                               cluster::process_environment()) {
@@ -54,6 +56,14 @@ StrategyOptions with_environment(StrategyOptions options, const cluster::Environ
   if constexpr (requires { options.shared_memory; }) {
     apply(cluster::variable::kSharedMemory, options.shared_memory, defaults.shared_memory,
           cluster::parse_switch);
+  }
+  if constexpr (requires { options.elastic.min_workers; }) {
+    apply(cluster::variable::kMinWorkers, options.elastic.min_workers, defaults.elastic.min_workers,
+          [](std::string_view name, std::string_view value) {
+            const int count = cluster::parse_integer(name, value);
+            if (count < 0) cluster::detail::reject_text(name, value, "expected a count, 0 or more");
+            return static_cast<std::size_t>(count);
+          });
   }
   return options;
 }

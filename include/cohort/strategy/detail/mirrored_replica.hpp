@@ -84,13 +84,17 @@ class MirroredReplica {
   using Place = typename D::Place;
 
   // bucket_bytes: the unit in which the gradient is reduced while the backward pass goes on
-  // (the default, one bucket: the whole gradient once it is final).
+  // (the default, one bucket: the whole gradient once it is final). shares_update: whether the
+  // replicas may share out the update in stripes (below); not in an elastic job, where a worker
+  // lost would take the only current copy of its stripes' optimizer state with it.
   MirroredReplica(std::size_t index, Communicator communicator, Place place = {},
-                  std::size_t bucket_bytes = std::numeric_limits<std::size_t>::max())
+                  std::size_t bucket_bytes = std::numeric_limits<std::size_t>::max(),
+                  bool shares_update = true)
       : index_(index),
         communicator_(std::move(communicator)),
         place_(place),
-        bucket_bytes_(bucket_bytes) {}
+        bucket_bytes_(bucket_bytes),
+        shares_update_(shares_update) {}
 
   std::size_t index() const { return index_; }
   Communicator& communicator() { return communicator_; }
@@ -121,7 +125,7 @@ class MirroredReplica {
       }
       shard_.reset();
       if constexpr (kShardable<T>) {
-        if (!shared.values.empty() && communicator_.stripes_reach_every_rank()) {
+        if (shares_update_ && !shared.values.empty() && communicator_.stripes_reach_every_rank()) {
           shard_ = Shard{.shared = std::as_writable_bytes(shared.values),
                          .stripe = stripe_for(count, static_cast<std::size_t>(communicator_.size()),
                                               sizeof(T))};
@@ -314,6 +318,7 @@ class MirroredReplica {
   Communicator communicator_;
   [[no_unique_address]] Place place_;
   std::size_t bucket_bytes_;
+  bool shares_update_;
   GradientBuckets buckets_;
   std::vector<collective::Pending> pending_;
   std::optional<Shard> shard_;  // the sharded update, where the replica's gradient sum allows it

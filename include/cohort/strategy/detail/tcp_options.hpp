@@ -11,6 +11,8 @@
 //   deadlines     the strategy's Options::connect_timeout and timeout; where the program leaves
 //                 them at their defaults, COHORT_CONNECT_TIMEOUT and COHORT_TIMEOUT
 //                 (with_environment, applied by every strategy's constructor)
+//   listening     kept after the rendezvous where the strategy's Options::elastic is enabled, for
+//                 a regroup (transport/tcp/regroup.hpp)
 //   local ranks   where the launcher gives none, the ranks that share an own address
 //                 (learn_local_ranks, after the rendezvous)
 #pragma once
@@ -54,7 +56,8 @@ struct TcpSetup {
   cluster::Binding binding;
 };
 
-// StrategyOptions has bind_address, secret, listen_ports, connect_timeout and timeout.
+// StrategyOptions has bind_address, secret, listen_ports, connect_timeout and timeout, and elastic
+// where the strategy regroups.
 template <class StrategyOptions>
 [[gnu::cold]] TcpSetup tcp_setup(const cluster::Spec& spec, int rank, int size,
                                  const StrategyOptions& options) {
@@ -80,6 +83,9 @@ template <class StrategyOptions>
       .connect_timeout = options.connect_timeout,
       .operation_timeout = options.timeout,
   };
+  if constexpr (requires { options.elastic.enabled(); }) {
+    tcp.keep_listening = options.elastic.enabled();
+  }
   const std::string encrypt = environment_or(std::string(cluster::variable::kEncrypt).c_str(), "");
   if (!encrypt.empty()) {
     tcp.encrypt = cluster::parse_switch(cluster::variable::kEncrypt, encrypt);

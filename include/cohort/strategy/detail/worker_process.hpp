@@ -125,6 +125,15 @@ class WorkerProcess {
     return thread;
   }
 
+  // After a regroup (transport/tcp/regroup.hpp): this process's rank and the job's size in the
+  // new membership. Its local ranks are learned again (learn_local_ranks), since the launcher's
+  // counted the workers lost.
+  [[gnu::cold]] void regrouped(int rank, int size) {
+    spec_.rank = rank;
+    spec_.size = size;
+    spec_.local_given = false;
+  }
+
   const StrategyOptions& options() const { return options_; }
   const cluster::Spec& spec() const { return spec_; }
 

@@ -5,10 +5,11 @@
 //   // next.transport: the new mesh; next.members[r]: the old rank of its rank r
 //
 //   1. The roll call: the rank connects to every other rank where it listened at the rendezvous
-//      (Tcp::addresses). A rank that answers is alive and regroups too; one whose process ended,
-//      or that left (Tcp::stop_listening, before it told anyone), is refused at once; one whose
-//      host is cut off is not heard within probe_timeout. Every rank that goes on sees the same
-//      answers, since a rank that ended stopped listening before its peers failed.
+//      (Tcp::addresses). A rank whose listener accepts, and does not reset the connection within
+//      a settling time (200 ms: a process that ended may still accept for a few milliseconds after
+//      its connections failed), is alive and regroups too; one whose process ended, or that left
+//      (Tcp::stop_listening, before it told anyone), is refused or reset; one whose host is cut
+//      off is not heard within probe_timeout. Every rank that goes on sees the same answers.
 //   2. The members are the ranks that answered, in the order of their old ranks: rank r of the
 //      new mesh is the r-th of them, and the first, the lowest old rank alive, hosts the
 //      rendezvous on the socket it listened on. Fewer than min_size is a CommError naming who
@@ -17,7 +18,8 @@
 //      the same secret and authentication: a rank of the old epoch, and any frame of the old
 //      mesh, is refused there.
 //
-// The old Tcp may be destroyed once this returns; its connections are not used again.
+// The old Tcp hands its listening socket over (Tcp::listener_for), and may be destroyed once this
+// returns; its connections are not used again.
 #pragma once
 
 #include <chrono>
@@ -40,7 +42,7 @@ struct Regrouped {
   std::vector<int> members;  // by new rank: the old rank
 };
 
-[[gnu::cold]] COHORT_DECL Regrouped regroup(const Tcp& failed, RegroupOptions options);
+[[gnu::cold]] COHORT_DECL Regrouped regroup(Tcp& failed, RegroupOptions options);
 
 }  // namespace cohort::transport::tcp
 

@@ -86,10 +86,10 @@ class Tcp {
   // Where each rank listened at the rendezvous, by rank.
   const std::vector<Address>& addresses() const noexcept { return addresses_; }
 
-  // Under Options::keep_listening: a Listener on this rank's listening socket, for the rendezvous
-  // of the next membership epoch (`next`: regroup.hpp), which the ranks that regroup find where
-  // they found this rank before.
-  [[gnu::cold]] COHORT_DECL Listener listener_for(Options next) const;
+  // Under Options::keep_listening: hands this rank's listening socket over to a Listener for the
+  // rendezvous of the next membership epoch (`next`: regroup.hpp), where the ranks that regroup
+  // find this rank as before. This Tcp listens no more.
+  [[gnu::cold]] COHORT_DECL Listener listener_for(Options next);
 
   // Under Options::keep_listening: stops listening for good, so that ranks that regroup find this
   // one gone (connecting to it is refused). For a rank that leaves the job: before it tells its

@@ -75,14 +75,19 @@ COHORT_DECL Tcp::~Tcp() {
   close();
 }
 
-COHORT_DECL Listener Tcp::listener_for(Options next) const {
+COHORT_DECL Listener Tcp::listener_for(Options next) {
   if (!acceptor_) {
     throw CommError({.rank = rank(),
                      .operation = "regroup",
                      .detail = "this rank no longer listens (Options::keep_listening unset, or "
                                "stop_listening called)"});
   }
-  return Listener(std::move(next), *acceptor_);
+  Listener listener(std::move(next), *acceptor_);
+  // Closed, not shut down: the socket lives on in the listener's duplicate of the descriptor.
+  boost::system::error_code ignored;
+  acceptor_->close(ignored);
+  acceptor_.reset();
+  return listener;
 }
 
 COHORT_DECL void Tcp::stop_listening() noexcept {

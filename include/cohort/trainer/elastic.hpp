@@ -1,0 +1,66 @@
+// trainer::go_on_without: how a fit of an elastic job (strategy/elastic.hpp) goes on when a
+// worker is lost. The segment failed with a CommError on every process that goes on, each at a
+// step boundary or in a step it abandoned (strategy::AbandonsStep: nothing of that step applied).
+// Then:
+//   1. the strategy regroups (strategy::Regroups): the workers left form the next membership;
+//   2. the micro-batches are dealt over their replicas (core/sharding.hpp, Deal);
+//   3. the job agrees on the newest state: a worker may have applied the last step before the
+//      loss (its all-reduce completed) where another did not. Every replica takes the parameters
+//      and optimizer state of the first worker that holds the most steps, which are the bits of
+//      a job that lost nobody, since that step's sum was complete;
+//   4. the fit goes on from there, retrying the lost step with the same micro-batches.
+// The new chief prints one line: "cohort: workers 4 -> 3 at step 17 (rank 2 lost: ...)".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "cohort/core/error.hpp"
+#include "cohort/core/model.hpp"
+#include "cohort/core/reduce_op.hpp"
+#include "cohort/strategy/elastic.hpp"
+#include "cohort/trainer/agreement.hpp"
+
+namespace cohort::trainer {
+
+// After `cause` ended a segment, with `applied` the steps of the run this process's state holds:
+// the job's next membership, and run.step the step it goes on from. Throws CommError where fewer
+// than min_workers are left.
+template <class R>
+[[gnu::cold]] strategy::MembershipChange go_on_without(R& run, const CommError& cause,
+                                                       std::uint64_t applied) {
+  strategy::MembershipChange change = run.strategy.regroup(cause);
+  run.deal();
+  std::uint64_t newest = 0;
+  run.strategy.run([&](auto& replica) {
+    const std::size_t local = replica.index() - run.strategy.first_local_replica();
+    Agreement<typename R::Device> agreement(run.place(local));
+    double most = static_cast<double>(applied);  // exact: steps stay far below 2^53
+    agreement.all_reduce(replica.communicator(), std::span<double>(&most, 1), ReduceOp::kMax);
+    double source = most == static_cast<double>(applied)
+                        ? static_cast<double>(run.strategy.first_local_replica())
+                        : std::numeric_limits<double>::infinity();
+    agreement.all_reduce(replica.communicator(), std::span<double>(&source, 1), ReduceOp::kMin);
+    const int root = static_cast<int>(source);
+    replica.communicator().broadcast(ModelTraits<typename R::Model>::parameters(run.models[local]),
+                                     root);
+    replica.communicator().broadcast(run.optimizer_states[local].span(), root);
+    if (local == 0) newest = static_cast<std::uint64_t>(most);
+  });
+  run.step = newest;
+  change.step = newest;
+  if (run.strategy.is_chief()) {
+    std::string lost;
+    for (const int rank : change.lost)
+      lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(rank);
+    std::fprintf(stderr, "cohort: workers %zu -> %zu at step %llu (%s lost: %s)\n",
+                 change.workers_before, change.workers_after,
+                 static_cast<unsigned long long>(newest), lost.c_str(), change.cause.c_str());
+  }
+  return change;
+}
+
+}  // namespace cohort::trainer

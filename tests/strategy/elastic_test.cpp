@@ -1,0 +1,128 @@
+// Elastic MultiWorkerMirrored (strategy/elastic.hpp) across real processes on 127.0.0.1: a
+// worker SIGKILLed at a random point of the fit, the chief included, and the others go on to the
+// parameters of a job that lost nobody, over TCP and through shared memory; below min_workers,
+// the job stops naming who is left.
+#include <doctest/doctest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "processes.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using cohort::testing::Process;
+using cohort::testing::read_file;
+using cohort::testing::TemporaryDirectory;
+using namespace std::chrono_literals;
+
+constexpr std::uint64_t kSteps = 40;
+
+// `count` elastic workers of 1 replica, started by hand, training kSteps steps with a pause in
+// each micro-batch (so that a kill lands in the middle of the fit); worker r logs to
+// rank<r>.log, and the chief writes parameters.bin. Returns once every one has met the others.
+std::vector<std::unique_ptr<Process>> start_elastic_workers(const fs::path& directory, int count,
+                                                            int min_workers,
+                                                            const std::string& shared_memory) {
+  const std::string port = std::to_string(cohort::testing::free_port());
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int rank = 0; rank < count; ++rank) {
+    workers.push_back(std::make_unique<Process>(
+        std::vector<std::string>{COHORT_TRAINER, "1", std::to_string(kSteps),
+                                 directory / "parameters.bin", "--pause-ms", "4", "--elastic",
+                                 std::to_string(min_workers)},
+        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
+                                           {"COHORT_WORLD_SIZE", std::to_string(count)},
+                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                           {"COHORT_MASTER_PORT", port},
+                                           {"COHORT_JOB_ID", "elastic-test"},
+                                           {"COHORT_SECRET", "correct horse battery staple"},
+                                           {"COHORT_SHARED_MEMORY", shared_memory}},
+        directory / ("rank" + std::to_string(rank) + ".log")));
+  }
+  for (int rank = 0; rank < count; ++rank) {
+    const fs::path log = directory / ("rank" + std::to_string(rank) + ".log");
+    REQUIRE_MESSAGE(
+        cohort::testing::when_logged(log, "multi_worker_trainer: connected", 60s).has_value(),
+        read_file(log));
+  }
+  return workers;
+}
+
+std::string log_of(const fs::path& directory, int rank) {
+  return read_file(directory / ("rank" + std::to_string(rank) + ".log"));
+}
+
+// The reference: the same program's Mirrored with 4 replicas in one process, which lost nobody.
+std::string uninterrupted_parameters(const fs::path& directory) {
+  const fs::path out = directory / "uninterrupted.bin";
+  const auto result = cohort::testing::run_to_completion(
+      {COHORT_TRAINER, "4", std::to_string(kSteps), out, "--mirrored"}, directory / "mirrored.log",
+      {});
+  REQUIRE(result.has_value());
+  REQUIRE(result->first.exited);
+  REQUIRE(result->first.code == 0);
+  return read_file(out);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "an elastic job of 4 workers that loses one at a random step, the chief included, ends with "
+    "the parameters of a job that lost nobody, over TCP and through shared memory") {
+  TemporaryDirectory reference("cohort-elastic-reference");
+  const std::string expected = uninterrupted_parameters(reference.path);
+  std::mt19937 random(std::random_device{}());
+  for (const std::string shared_memory : {"0", "1"}) {
+    for (const int lost : {2, 0}) {
+      CAPTURE(shared_memory);
+      CAPTURE(lost);
+      TemporaryDirectory directory("cohort-elastic");
+      auto workers = start_elastic_workers(directory.path, 4, 2, shared_memory);
+      // A random point of the fit: a step, or between two.
+      const auto delay = std::chrono::milliseconds(std::uniform_int_distribution(20, 300)(random));
+      CAPTURE(delay.count());
+      std::this_thread::sleep_for(delay);
+      workers[static_cast<std::size_t>(lost)]->kill(SIGKILL);
+      for (int rank = 0; rank < 4; ++rank) {
+        if (rank == lost) continue;
+        CAPTURE(rank);
+        const auto exit = workers[static_cast<std::size_t>(rank)]->wait(60s);
+        const std::string log = log_of(directory.path, rank);
+        CAPTURE(log);
+        REQUIRE(exit.has_value());
+        CHECK(exit->exited);
+        CHECK(exit->code == 0);
+        // A kill after the fit's last step leaves nobody to go on without.
+        CHECK(log.find("membership 4 -> 3 at step ") != std::string::npos);
+      }
+      CHECK(read_file(directory.path / "parameters.bin") == expected);
+    }
+  }
+}
+
+TEST_CASE("an elastic job that falls below min_workers stops every worker naming who is left") {
+  TemporaryDirectory directory("cohort-elastic-below");
+  auto workers = start_elastic_workers(directory.path, 3, 3, "0");
+  std::this_thread::sleep_for(50ms);
+  workers[1]->kill(SIGKILL);
+  for (const int rank : {0, 2}) {
+    CAPTURE(rank);
+    const auto exit = workers[static_cast<std::size_t>(rank)]->wait(60s);
+    const std::string log = log_of(directory.path, rank);
+    CAPTURE(log);
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code != 0);
+    CHECK(log.find("error: rank " + std::to_string(rank) + ": regroup: ") != std::string::npos);
+    CHECK(log.find("fewer than the 3 the job needs") != std::string::npos);
+  }
+}
