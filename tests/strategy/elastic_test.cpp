@@ -109,6 +109,33 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "under cohort-run --min-np, a rank SIGKILLed mid-fit is lost, not fatal: the others end with "
+    "the parameters of a job that lost nobody, and the launcher exits 0") {
+  TemporaryDirectory reference("cohort-elastic-reference");
+  const std::string expected = uninterrupted_parameters(reference.path);
+  TemporaryDirectory directory("cohort-elastic-run");
+  const fs::path out = directory.path / "parameters.bin";
+  Process launcher({COHORT_RUN, "--np", "4", "--min-np", "3", "--", COHORT_TRAINER, "1",
+                    std::to_string(kSteps), out, "--pause-ms", "4"},
+                   {}, directory.path / "log.txt");
+  const fs::path log = directory.path / "log.txt";
+  REQUIRE(cohort::testing::when_logged(log, "multi_worker_trainer: connected", 60s).has_value());
+  std::this_thread::sleep_for(100ms);
+  const auto rank = cohort::testing::child_with(launcher.pid(), "COHORT_RANK=1");
+  REQUIRE(rank.has_value());
+  ::kill(*rank, SIGKILL);
+  const auto exit = launcher.wait(60s);
+  CAPTURE(read_file(log));
+  REQUIRE(exit.has_value());
+  CHECK(exit->exited);
+  CHECK(exit->code == 0);
+  CHECK(read_file(log).find("cohort-run: rank 1 was killed by signal 9 (Killed); 3 ranks go on "
+                            "without it (--min-np 3)") != std::string::npos);
+  CHECK(read_file(log).find("cohort: workers 4 -> 3 at step ") != std::string::npos);
+  CHECK(read_file(out) == expected);
+}
+
 TEST_CASE("an elastic job that falls below min_workers stops every worker naming who is left") {
   TemporaryDirectory directory("cohort-elastic-below");
   auto workers = start_elastic_workers(directory.path, 3, 3, "0");

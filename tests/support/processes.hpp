@@ -135,6 +135,19 @@ inline std::vector<std::string> shared_memory_segments() {
 }
 
 // Runs a command to completion, output in `log`; nothing if it outlives `limit` (then killed).
+// The child of `parent` (a launcher's rank) whose environment holds `entry` ("COHORT_RANK=1").
+inline std::optional<pid_t> child_with(pid_t parent, const std::string& entry) {
+  const std::string task = "/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent);
+  std::ifstream children(task + "/children");
+  for (pid_t child = 0; children >> child;) {
+    std::ifstream environment("/proc/" + std::to_string(child) + "/environ");
+    for (std::string variable; std::getline(environment, variable, '\0');) {
+      if (variable == entry) return child;
+    }
+  }
+  return std::nullopt;
+}
+
 inline std::optional<std::pair<Exit, std::string>> run_to_completion(
     const std::vector<std::string>& command, const std::filesystem::path& log,
     const std::map<std::string, std::string>& env = {},

@@ -1,7 +1,7 @@
 // cohort-run: starts N ranks of a program on this host, as `torchrun --standalone` does.
 //
-//   cohort-run --np N [--ps S] [--port P] [--job-id ID] [--timeout-s S] [--grace-s G]
-//              -- program args...
+//   cohort-run --np N [--min-np M] [--ps S] [--port P] [--job-id ID] [--timeout-s S]
+//              [--grace-s G] -- program args...
 //
 // With --ps S (a parameter-server job, strategy/parameter_server.hpp) it starts N workers and S
 // servers of the same program: workers get COHORT_ROLE=worker, COHORT_RANK 0..N-1,
@@ -25,9 +25,12 @@
 // those still running after the grace period (30 s: a preempted job's ranks save and end within
 // their own, 20 s by default), and exits non-zero. A rank that exits with cohort::kExitPreempted
 // (75) stopped for preemption (core/preemption.hpp) and is no failure: the others stop at the
-// same step by themselves. When all ranks are done, anything left in
-// their process groups is killed, and every rank has been waited for: no zombie, no orphan. Should
-// cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the kernel
+// same step by themselves. With --min-np M (an elastic job: every rank gets COHORT_MIN_WORKERS=M,
+// strategy/elastic.hpp), a rank that fails while at least M others run is lost, not fatal: the
+// others go on without it ("cohort-run: rank 2 was killed by signal 9 (Killed); 3 ranks go on
+// without it (--min-np 2)"), and the job's exit status is theirs. When all ranks are done, anything
+// left in their process groups is killed, and every rank has been waited for: no zombie, no orphan.
+// Should cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the kernel
 // (PR_SET_PDEATHSIG).
 //
 // Timeline: with COHORT_TRACE=DIR (which every rank inherits, as every COHORT_* setting that does
@@ -73,7 +76,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   int processes = 0;
-  int servers = 0;  // --ps: parameter servers started after the workers
+  int min_processes = 0;  // --min-np: an elastic job's fewest ranks; 0: not elastic
+  int servers = 0;        // --ps: parameter servers started after the workers
   int port = 0;     // 0: pick a free one
   std::string job_id;
   double timeout_s = 0;  // 0: none
@@ -151,6 +155,7 @@ std::vector<std::string> rank_environment(const Options& options, int rank, std:
   set(variable::kMasterAddr, "127.0.0.1");
   set(variable::kMasterPort, std::to_string(port));
   set(variable::kJobId, options.job_id);
+  if (options.min_processes > 0) set(variable::kMinWorkers, std::to_string(options.min_processes));
   return entries;
 }
 
@@ -417,6 +422,12 @@ class Launch {
           ++preempted_;
           continue;
         }
+        if (!success && !stopping_ && options_.min_processes > 0 &&
+            running() >= options_.min_processes) {
+          say(who(rank) + " " + describe_status(status) + "; " + std::to_string(running()) +
+              " ranks go on without it (--min-np " + std::to_string(options_.min_processes) + ")");
+          continue;
+        }
         if (!success && !stopping_) {
           exit_code_ = std::max(exit_code_of(status), 1);
           say(who(rank) + " " + describe_status(status) + "; stopping " +
@@ -450,6 +461,11 @@ int main(int argc, char** argv) {
   app.add_option("--np", options.processes, "number of ranks to start")
       ->required()
       ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--min-np", options.min_processes,
+                 "an elastic job: a rank that fails while at least this many others run is lost, "
+                 "and they go on without it (COHORT_MIN_WORKERS for every rank; default: not "
+                 "elastic, a failed rank stops the others)")
+      ->check(CLI::Range(0, 1 << 16));
   app.add_option("--ps", options.servers,
                  "also start this many parameter servers (COHORT_ROLE=ps; the --np ranks are "
                  "workers)")
@@ -477,6 +493,16 @@ int main(int argc, char** argv) {
   }
   if (options.command.empty()) {
     std::cerr << "cohort-run: no program given\n" << app.help();
+    return 2;
+  }
+  if (options.min_processes > options.processes) {
+    say("--min-np " + std::to_string(options.min_processes) + " exceeds --np " +
+        std::to_string(options.processes));
+    return 2;
+  }
+  if (options.min_processes > 0 && options.servers > 0) {
+    say("--min-np: a parameter-server job is not elastic (its servers hold shards nobody else "
+        "has); restart it from its last checkpoint instead");
     return 2;
   }
   if (options.job_id.empty()) options.job_id = make_job_id();
