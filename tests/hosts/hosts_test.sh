@@ -14,8 +14,9 @@
 # its own host, as Debian's /etc/hosts has it; local ranks learned at the rendezvous (2 ranks on
 # each of 2 hosts), and local variables that contradict it (a ConfigError on every rank); and faults: a partition of one host
 # shorter than the timeout (same bits), one longer than the timeout (a named error on every rank
-# between half and twice the timeout after the fault), a wrong secret on one host, no rank 0 at
-# the master address.
+# between half and twice the timeout after the fault), one host cut off for good from an elastic
+# job (the others go on to the same bits), a wrong secret on one host, no rank 0 at the master
+# address.
 set -uo pipefail
 
 build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
@@ -24,7 +25,7 @@ cases=("$@")
 if ((${#cases[@]} == 0)); then
   cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host local_conflict
          master_addr_2x2 names_two_per_host slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
-         short_partition long_partition no_master wrong_secret)
+         short_partition long_partition elastic_host_lost no_master wrong_secret)
 fi
 
 multi_worker="${build}/examples/02_multi_worker/multi_worker"
@@ -367,6 +368,38 @@ case_long_partition() {
     grep -qE "no progress within [0-9]+ ms" "${out}.out" ||
       fail "$(basename "${out}") does not say it found no progress within the deadline"
   done
+}
+
+case_elastic_host_lost() {  # an elastic job of 4 hosts, one cut off for good: the others go on
+  local reference_long out
+  reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
+  local h
+  for h in 1 2 3 4; do
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
+      COHORT_MASTER_PORT=29500 COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- "${multi_worker}" \
+      "${long_job[@]}"
+  done
+  local waited=0
+  while (($(cat "${started[@]/%/.out}" 2>/dev/null | grep -c "listening on") < 4)); do
+    sleep 0.1
+    waited=$((waited + 1))
+    ((waited < 300)) || break
+  done
+  sleep 1
+  ip link set "$(hosts_link 4)" down
+  finish 120
+  ip link set "$(hosts_link 4)" up
+  for out in "${started[@]:0:3}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  [[ "$(fingerprint)" == "${reference_long}" ]] ||
+    fail "parameters $(fingerprint), expected ${reference_long}"
+  grep -q "cohort: workers 4 -> 3 at step .*(rank 3 lost: " "${started[0]}.out" ||
+    fail "the chief does not say the job went on without rank 3"
+  # The host cut off finds nobody at the roll call, and stops below min_workers.
+  [[ "$(status_of "${started[3]}")" != 0 ]] || fail "the host cut off succeeded"
+  grep -q "regroup: 1 of 4 ranks answer" "${started[3]}.out" ||
+    fail "the host cut off does not say it stopped below min_workers"
 }
 
 case_no_master() {  # ranks 1 to 3 with no rank 0: each names what it could not reach
