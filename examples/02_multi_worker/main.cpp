@@ -53,12 +53,15 @@ int main(int argc, char** argv) {
                                                     cohort::validation(data.held_out))
                                       : trainer.fit(data.train, {.epochs = settings.epochs});
     if (report.preempted) return cohort::kExitPreempted;
-    if (chief) {
+    // The chief at the end: another worker where an elastic job (COHORT_MIN_WORKERS) lost it.
+    if (trainer.strategy().is_chief()) {
+      const std::size_t left = trainer.strategy().replicas() / local_replicas;
       std::printf("\n");
       (settings.validate ? example::outcome_of(report, trainer.model())
                          : example::evaluate(trainer.model(), data, report.examples_per_second))
-          .print(std::to_string(workers) + " worker(s) x " + std::to_string(local_replicas) +
-                 " local replica(s)");
+          .print(std::to_string(left) + " worker(s)" +
+                 (left != workers ? " (" + std::to_string(workers) + " at the start)" : "") +
+                 " x " + std::to_string(local_replicas) + " local replica(s)");
       std::printf("fit %.3f s, of which %.3f s in %zu evaluations of the %zu held-out examples\n",
                   report.seconds, report.validation_seconds, report.validation.size(),
                   data.held_out.size());

@@ -57,6 +57,8 @@ enum class Phase : std::uint8_t {
   kPull,             // parameter server: a worker's pull of every chunk, or one answered
   kApply,            // parameter server: the optimizer applied to a shard
   kValidation,       // an evaluation on held-out data (trainer/validation.hpp)
+  kRegroup,          // an elastic job going on without a lost worker (trainer/elastic.hpp; step:
+                     // the one it goes on from, index: the workers left)
 };
 
 constexpr std::string_view name(Phase phase) {
@@ -87,6 +89,8 @@ constexpr std::string_view name(Phase phase) {
       return "apply";
     case Phase::kValidation:
       return "validation";
+    case Phase::kRegroup:
+      return "regroup";
   }
   return "unknown";
 }

@@ -9,7 +9,8 @@
 //      and optimizer state of the first worker that holds the most steps, which are the bits of
 //      a job that lost nobody, since that step's sum was complete;
 //   4. the fit goes on from there, retrying the lost step with the same micro-batches.
-// The new chief prints one line: "cohort: workers 4 -> 3 at step 17 (rank 2 lost: ...)".
+// The new chief prints one line: "cohort: workers 4 -> 3 at step 17 (rank 2 lost: ...)", and the
+// timeline (core/trace.hpp) has a "regroup" span from the failure to the newest state taken.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +22,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/model.hpp"
 #include "cohort/core/reduce_op.hpp"
+#include "cohort/core/trace.hpp"
 #include "cohort/strategy/elastic.hpp"
 #include "cohort/trainer/agreement.hpp"
 
@@ -32,6 +34,7 @@ namespace cohort::trainer {
 template <class R>
 [[gnu::cold]] strategy::MembershipChange go_on_without(R& run, const CommError& cause,
                                                        std::uint64_t applied) {
+  const auto start = trace::Recorder::Clock::now();
   strategy::MembershipChange change = run.strategy.regroup(cause);
   run.deal();
   std::uint64_t newest = 0;
@@ -52,6 +55,10 @@ template <class R>
   });
   run.step = newest;
   change.step = newest;
+  if (run.recorder) {
+    run.recorder->record(trace::Phase::kRegroup, start, trace::Recorder::Clock::now(),
+                         {.step = newest, .index = change.workers_after});
+  }
   if (run.strategy.is_chief()) {
     std::string lost;
     for (const int rank : change.lost)

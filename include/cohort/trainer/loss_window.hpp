@@ -42,6 +42,10 @@ class LossWindow {
   // This replica's times over the whole fit, the window's all-reduces included.
   const StepTimes& fit_times() const { return fit_times_; }
 
+  // A window that takes over from `earlier` of the same fit (after an elastic job's regroup:
+  // trainer/elastic.hpp): its times count in the fit's. Its losses are lost with the worker.
+  void continue_fit(const LossWindow& earlier) { fit_times_ += earlier.fit_times_; }
+
   // Ends the window at `last_step`: the all-reduce of its losses, then on the reporting replica
   // the Report's losses, the progress line (`periodic`: a log_every line) and its line in the
   // metrics log, when there is one (`learning_rate`: the last step's).

@@ -67,7 +67,11 @@ Report fit_segments(R& run, PeriodicCheckpoints<R>& checkpoints, MetricsLog* met
           report.membership.push_back(go_on_without(run, cause, carries[0].applied));
           report.steps = run.step - first_step;
           plan = run.plan(data.size());
-          carries = carries_for(run, plan, first_step);
+          std::vector<ReplicaCarry> next = carries_for(run, plan, first_step);
+          for (std::size_t local = 0; local < next.size(); ++local) {
+            next[local].window.continue_fit(carries[local].window);
+          }
+          carries = std::move(next);
           continue;
         }
       }

@@ -1,0 +1,186 @@
+"""What an elastic job costs: cohort's elastic MultiWorkerMirrored against itself without elastic,
+and a lost worker's time in cohort against torchrun's elastic restart of PyTorch DDP.
+
+Run by benchmarks/training/elastic, which builds the programs and installs Debian's PyTorch. Every
+job trains the benchmark's MLP (784-1024-1024-10, Adam, a global batch of 128) with one intra-op
+thread per process, on this host:
+
+  no failure    examples/02_multi_worker under cohort-run, 2 workers through shared memory and 2
+                over TCP, each with and without COHORT_MIN_WORKERS=1, --rounds rounds with the
+                series in turn; the median examples/s of each and the ratio elastic / plain
+  a failure     4 workers, worker 3 SIGKILLed --kill-after seconds into the fit, --kills times:
+    cohort      cohort-run --np 4 --min-np 3, COHORT_TRACE: from the chief's timeline, the time
+                from the kill to the end of the first step completed after it, less the median
+                step after it (what a step costs anyway); and the regroup span alone
+    torchrun    python3 -m torch.distributed.run --standalone --nproc_per_node 4 --max_restarts 3
+                of torch_elastic.py (DDP over gloo, the state saved after every step and loaded
+                when a worker starts): the same time, from rank 0's log of completed steps; every
+                worker of the node is restarted, then resumes from the file
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODEL = ["--layers", "784,1024,1024,10", "--batch", "128", "--micro-batches", "4",
+         "--threads", "1", "--no-validation", "--quiet"]
+
+
+def environment(**extra):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    env.update({name: str(value) for name, value in extra.items()})
+    return env
+
+
+def descendant_with(pid, entry):
+    """The descendant process of `pid` whose environment holds `entry`, or None."""
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            with open(f"/proc/{parent}/task/{parent}/children") as children:
+                kids = [int(kid) for kid in children.read().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            try:
+                with open(f"/proc/{kid}/environ", "rb") as env:
+                    if entry.encode() in env.read().split(b"\0"):
+                        return kid
+            except OSError:
+                pass
+            pending.append(kid)
+    return None
+
+
+def cohort_rate(build, workers, elastic, shared_memory, examples):
+    command = [f"{build}/tools/cohort-run/cohort-run", "--np", str(workers), "--",
+               f"{build}/examples/02_multi_worker/multi_worker", *MODEL,
+               "--examples", str(examples), "--epochs", "1"]
+    extra = {"COHORT_SHARED_MEMORY": int(shared_memory)}
+    if elastic:
+        extra["COHORT_MIN_WORKERS"] = 1
+    output = subprocess.run(command, env=environment(**extra), capture_output=True, text=True,
+                            timeout=600, check=True).stdout
+    line = next(line for line in output.splitlines() if "examples/s" in line)
+    return float(line.split(":")[1].split()[0])
+
+
+def kill_worker_at(process, rank_entry, kill_after):
+    """Sleeps kill_after seconds, SIGKILLs the descendant of `process` with `rank_entry`; the
+    kill's wall time."""
+    time.sleep(kill_after)
+    victim = descendant_with(process.pid, rank_entry)
+    if victim is None:
+        raise RuntimeError(f"no worker with {rank_entry} to kill")
+    killed = time.time()
+    os.kill(victim, signal.SIGKILL)
+    return killed
+
+
+def cohort_failure(build, kill_after, examples):
+    with tempfile.TemporaryDirectory() as trace:
+        command = [f"{build}/tools/cohort-run/cohort-run", "--np", "4", "--min-np", "3", "--",
+                   f"{build}/examples/02_multi_worker/multi_worker", *MODEL,
+                   "--examples", str(examples), "--epochs", "3"]
+        process = subprocess.Popen(command, env=environment(COHORT_TRACE=trace),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        killed = kill_worker_at(process, "COHORT_RANK=3", kill_after)
+        output, _ = process.communicate(timeout=600)
+        if process.returncode != 0 or "workers 4 -> 3" not in output:
+            raise RuntimeError("the elastic job did not go on:\n" + output)
+        with open(os.path.join(trace, "worker-0.json")) as file:
+            events = json.load(file)["traceEvents"]
+    spans = [event for event in events if event.get("ph") == "X"]
+    regroup = next(span for span in spans if span["name"] == "regroup")
+    steps = sorted((span for span in spans if span["name"] == "step"),
+                   key=lambda span: span["ts"])
+    ends = [(span["ts"] + span["dur"]) / 1e6 for span in steps]
+    regrouped = (regroup["ts"] + regroup["dur"]) / 1e6
+    after = [end for end in ends if end > regrouped]
+    durations = [span["dur"] / 1e6 for span in steps if span["ts"] / 1e6 > regrouped]
+    return {"lost": after[0] - killed - statistics.median(durations),
+            "regroup": regroup["dur"] / 1e6, "detected": regroup["ts"] / 1e6 - killed}
+
+
+def torch_failure(python, kill_after):
+    with tempfile.TemporaryDirectory() as work:
+        log = os.path.join(work, "steps.txt")
+        command = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+                   "--max_restarts", "3", os.path.join(HERE, "torch_elastic.py"),
+                   "--steps", "1000000", "--checkpoint", os.path.join(work, "state.pt"),
+                   "--log", log]
+        process = subprocess.Popen(command, env=environment(), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            killed = kill_worker_at(process, "RANK=3", kill_after)
+            deadline = time.time() + 300
+            completed = []
+            while time.time() < deadline:
+                time.sleep(0.5)
+                with open(log) as file:
+                    completed = [float(line.split()[1]) for line in file if line.strip()]
+                if sum(1 for wall in completed if wall > killed) >= 20:
+                    break
+        finally:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    after = [wall for wall in completed if wall > killed]
+    if len(after) < 20:
+        raise RuntimeError("torchrun's job did not go on after the kill")
+    steps = [b - a for a, b in zip(after[1:], after[2:])]
+    return {"lost": after[0] - killed - statistics.median(steps)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", required=True)
+    parser.add_argument("--torch-python", default="")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--kill-after", type=float, default=4.0)
+    parser.add_argument("--examples", type=int, default=25600)
+    args = parser.parse_args()
+
+    print("no failure: examples/s, median of", args.rounds, "rounds")
+    series = [("2 workers, shared memory", 2, True), ("2 workers, TCP", 2, False)]
+    rates = {(name, elastic): [] for name, _, _ in series for elastic in (False, True)}
+    for _ in range(args.rounds):
+        for name, workers, shared in series:
+            for elastic in (False, True):
+                rates[(name, elastic)].append(
+                    cohort_rate(args.build, workers, elastic, shared, args.examples))
+    print("| job | plain | elastic | elastic / plain |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, _, _ in series:
+        plain = statistics.median(rates[(name, False)])
+        elastic = statistics.median(rates[(name, True)])
+        print(f"| {name} | {plain:,.0f} | {elastic:,.0f} | {elastic / plain:.3f} |")
+    sys.stdout.flush()
+
+    print(f"\na worker SIGKILLed {args.kill_after} s into a fit of 4 workers, {args.kills} times:")
+    print("| system | time lost per failure (s), each | median |")
+    print("| --- | --- | ---: |")
+    cohort = [cohort_failure(args.build, args.kill_after, args.examples) for _ in range(args.kills)]
+    print("| cohort, elastic (cohort-run --min-np 3) | " +
+          ", ".join(f"{run['lost']:.3f}" for run in cohort) +
+          f" | {statistics.median(run['lost'] for run in cohort):.3f} |")
+    if args.torch_python:
+        torch = [torch_failure(args.torch_python, args.kill_after) for _ in range(args.kills)]
+        print("| PyTorch DDP, torchrun --max_restarts, state saved every step | " +
+              ", ".join(f"{run['lost']:.3f}" for run in torch) +
+              f" | {statistics.median(run['lost'] for run in torch):.3f} |")
+    print("\ncohort's regroup spans (s): " +
+          ", ".join(f"{run['regroup']:.3f}" for run in cohort) +
+          "; from the kill to the regroup's start (s): " +
+          ", ".join(f"{run['detected']:.3f}" for run in cohort))
+
+
+if __name__ == "__main__":
+    main()
