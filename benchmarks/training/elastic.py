@@ -14,8 +14,9 @@ thread per process, on this host:
                 step after it (what a step costs anyway); and the regroup span alone
     torchrun    python3 -m torch.distributed.run --standalone --nproc_per_node 4 --max_restarts 3
                 of torch_elastic.py (DDP over gloo, the state saved after every step and loaded
-                when a worker starts): the same time, from rank 0's log of completed steps; every
-                worker of the node is restarted, then resumes from the file
+                when a worker starts): the same time, from rank 0's log of completed steps, to the
+                first step of the restarted workers; every worker of the node is restarted, then
+                resumes from the file
 """
 import argparse
 import json
@@ -112,8 +113,11 @@ def cohort_failure(build, kill_after, examples):
 def torch_failure(python, kill_after):
     with tempfile.TemporaryDirectory() as work:
         log = os.path.join(work, "steps.txt")
+        # --redirects 1 --tee 1: Debian's torch 1.13 under Python 3.11 cannot parse the default
+        # (0: nothing redirected), so each worker's stdout goes to a file under --log_dir too.
         command = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
-                   "--max_restarts", "3", os.path.join(HERE, "torch_elastic.py"),
+                   "--max_restarts", "3", "--redirects", "1", "--tee", "1", "--log_dir",
+                   os.path.join(work, "logs"), os.path.join(HERE, "torch_elastic.py"),
                    "--steps", "1000000", "--checkpoint", os.path.join(work, "state.pt"),
                    "--log", log]
         process = subprocess.Popen(command, env=environment(), stdout=subprocess.DEVNULL,
@@ -121,17 +125,18 @@ def torch_failure(python, kill_after):
         try:
             killed = kill_worker_at(process, "RANK=3", kill_after)
             deadline = time.time() + 300
-            completed = []
-            while time.time() < deadline:
+            after = []
+            while time.time() < deadline and len(after) < 20:
                 time.sleep(0.5)
                 with open(log) as file:
-                    completed = [float(line.split()[1]) for line in file if line.strip()]
-                if sum(1 for wall in completed if wall > killed) >= 20:
-                    break
+                    completed = [line.split() for line in file if line.strip()]
+                before = [pid for _, wall, pid in completed if float(wall) < killed]
+                # Steps of the restarted workers: rank 0's process is a new one.
+                after = [float(wall) for _, wall, pid in completed
+                         if float(wall) > killed and before and pid != before[-1]]
         finally:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    after = [wall for wall in completed if wall > killed]
     if len(after) < 20:
         raise RuntimeError("torchrun's job did not go on after the kill")
     steps = [b - a for a, b in zip(after[1:], after[2:])]
@@ -142,27 +147,28 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", required=True)
     parser.add_argument("--torch-python", default="")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="0: measure the failures only")
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--kill-after", type=float, default=4.0)
     parser.add_argument("--examples", type=int, default=25600)
     args = parser.parse_args()
 
-    print("no failure: examples/s, median of", args.rounds, "rounds")
-    series = [("2 workers, shared memory", 2, True), ("2 workers, TCP", 2, False)]
-    rates = {(name, elastic): [] for name, _, _ in series for elastic in (False, True)}
-    for _ in range(args.rounds):
-        for name, workers, shared in series:
-            for elastic in (False, True):
-                rates[(name, elastic)].append(
-                    cohort_rate(args.build, workers, elastic, shared, args.examples))
-    print("| job | plain | elastic | elastic / plain |")
-    print("| --- | ---: | ---: | ---: |")
-    for name, _, _ in series:
-        plain = statistics.median(rates[(name, False)])
-        elastic = statistics.median(rates[(name, True)])
-        print(f"| {name} | {plain:,.0f} | {elastic:,.0f} | {elastic / plain:.3f} |")
-    sys.stdout.flush()
+    if args.rounds > 0:  # 0: the failures only
+        print("no failure: examples/s, median of", args.rounds, "rounds")
+        series = [("2 workers, shared memory", 2, True), ("2 workers, TCP", 2, False)]
+        rates = {(name, elastic): [] for name, _, _ in series for elastic in (False, True)}
+        for _ in range(args.rounds):
+            for name, workers, shared in series:
+                for elastic in (False, True):
+                    rates[(name, elastic)].append(
+                        cohort_rate(args.build, workers, elastic, shared, args.examples))
+        print("| job | plain | elastic | elastic / plain |")
+        print("| --- | ---: | ---: | ---: |")
+        for name, _, _ in series:
+            plain = statistics.median(rates[(name, False)])
+            elastic = statistics.median(rates[(name, True)])
+            print(f"| {name} | {plain:,.0f} | {elastic:,.0f} | {elastic / plain:.3f} |")
+        sys.stdout.flush()
 
     print(f"\na worker SIGKILLed {args.kill_after} s into a fit of 4 workers, {args.kills} times:")
     print("| system | time lost per failure (s), each | median |")

@@ -3,7 +3,8 @@
 restarts every worker of the node when one fails (--max_restarts). Rank 0 saves the model and
 optimizer state after every step (torch.save to a temporary, then os.replace), and every worker
 resumes from that file when it starts, as a job that must not lose a step does. Rank 0 appends
-"STEP WALL_TIME" to --log after each completed step (time.time(), seconds since the epoch).
+"STEP WALL_TIME PID" to --log after each completed step (time.time(), seconds since the epoch;
+its process id, which a restart changes).
 
     python3 -m torch.distributed.run --standalone --nproc_per_node 4 --max_restarts 3 \\
         torch_elastic.py --steps 300 --checkpoint /tmp/ckpt.pt --log /tmp/steps.txt
@@ -64,7 +65,7 @@ def main():
                         "step": step}, temporary)
             os.replace(temporary, args.checkpoint)
             with open(args.log, "a") as log:
-                log.write(f"{step} {time.time():.6f}\n")
+                log.write(f"{step} {time.time():.6f} {os.getpid()}\n")
     dist.destroy_process_group()
 
 

@@ -26,17 +26,18 @@ using namespace std::chrono_literals;
 
 constexpr std::uint64_t kSteps = 40;
 
-// `count` elastic workers of 1 replica, started by hand, training kSteps steps with a pause in
-// each micro-batch (so that a kill lands in the middle of the fit); worker r logs to
+// `count` elastic workers of `local` replicas, started by hand, training kSteps steps with a pause
+// in each micro-batch (so that a kill lands in the middle of the fit); worker r logs to
 // rank<r>.log, and the chief writes parameters.bin. Returns once every one has met the others.
 std::vector<std::unique_ptr<Process>> start_elastic_workers(const fs::path& directory, int count,
                                                             int min_workers,
-                                                            const std::string& shared_memory) {
+                                                            const std::string& shared_memory,
+                                                            const std::string& local = "1") {
   const std::string port = std::to_string(cohort::testing::free_port());
   std::vector<std::unique_ptr<Process>> workers;
   for (int rank = 0; rank < count; ++rank) {
     workers.push_back(std::make_unique<Process>(
-        std::vector<std::string>{COHORT_TRAINER, "1", std::to_string(kSteps),
+        std::vector<std::string>{COHORT_TRAINER, local, std::to_string(kSteps),
                                  directory / "parameters.bin", "--pause-ms", "4", "--elastic",
                                  std::to_string(min_workers)},
         std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
@@ -76,36 +77,47 @@ std::string uninterrupted_parameters(const fs::path& directory) {
 }  // namespace
 
 TEST_CASE(
-    "an elastic job of 4 workers that loses one at a random step, the chief included, ends with "
-    "the parameters of a job that lost nobody, over TCP and through shared memory") {
+    "an elastic job that loses a worker at a random step, the chief included, ends with the "
+    "parameters of a job that lost nobody: 4 workers over TCP and through shared memory, and 3 "
+    "workers of 2 replicas") {
   TemporaryDirectory reference("cohort-elastic-reference");
   const std::string expected = uninterrupted_parameters(reference.path);
   std::mt19937 random(std::random_device{}());
-  for (const std::string shared_memory : {"0", "1"}) {
-    for (const int lost : {2, 0}) {
-      CAPTURE(shared_memory);
-      CAPTURE(lost);
-      TemporaryDirectory directory("cohort-elastic");
-      auto workers = start_elastic_workers(directory.path, 4, 2, shared_memory);
-      // A random point of the fit: a step, or between two.
-      const auto delay = std::chrono::milliseconds(std::uniform_int_distribution(20, 300)(random));
-      CAPTURE(delay.count());
-      std::this_thread::sleep_for(delay);
-      workers[static_cast<std::size_t>(lost)]->kill(SIGKILL);
-      for (int rank = 0; rank < 4; ++rank) {
-        if (rank == lost) continue;
-        CAPTURE(rank);
-        const auto exit = workers[static_cast<std::size_t>(rank)]->wait(60s);
-        const std::string log = log_of(directory.path, rank);
-        CAPTURE(log);
-        REQUIRE(exit.has_value());
-        CHECK(exit->exited);
-        CHECK(exit->code == 0);
-        // A kill after the fit's last step leaves nobody to go on without.
-        CHECK(log.find("membership 4 -> 3 at step ") != std::string::npos);
-      }
-      CHECK(read_file(directory.path / "parameters.bin") == expected);
+  struct Job {
+    int workers;
+    std::string local;
+    std::string shared_memory;
+    int lost;
+  };
+  for (const Job& job : {Job{4, "1", "0", 2}, Job{4, "1", "0", 0}, Job{4, "1", "1", 2},
+                         Job{4, "1", "1", 0}, Job{3, "2", "1", 1}}) {
+    CAPTURE(job.workers);
+    CAPTURE(job.local);
+    CAPTURE(job.shared_memory);
+    CAPTURE(job.lost);
+    TemporaryDirectory directory("cohort-elastic");
+    auto workers =
+        start_elastic_workers(directory.path, job.workers, 2, job.shared_memory, job.local);
+    // A random point of the fit: a step, or between two.
+    const auto delay = std::chrono::milliseconds(std::uniform_int_distribution(20, 300)(random));
+    CAPTURE(delay.count());
+    std::this_thread::sleep_for(delay);
+    workers[static_cast<std::size_t>(job.lost)]->kill(SIGKILL);
+    const std::string change = "membership " + std::to_string(job.workers) + " -> " +
+                               std::to_string(job.workers - 1) + " at step ";
+    for (int rank = 0; rank < job.workers; ++rank) {
+      if (rank == job.lost) continue;
+      CAPTURE(rank);
+      const auto exit = workers[static_cast<std::size_t>(rank)]->wait(60s);
+      const std::string log = log_of(directory.path, rank);
+      CAPTURE(log);
+      REQUIRE(exit.has_value());
+      CHECK(exit->exited);
+      CHECK(exit->code == 0);
+      // A kill after the fit's last step leaves nobody to go on without.
+      CHECK(log.find(change) != std::string::npos);
     }
+    CHECK(read_file(directory.path / "parameters.bin") == expected);
   }
 }
 
