@@ -17,10 +17,16 @@ thread per process, on this host:
                 when a worker starts): the same time, from rank 0's log of completed steps, to the
                 first step of the restarted workers; every worker of the node is restarted, then
                 resumes from the file
+  soak          with --soak N: N fits of 4 workers (a smaller MLP, 8-256-256-10) under cohort-run
+                --min-np 2, each with a random worker SIGKILLed at a random point, every one
+                checked for exit status 0 and the fingerprint of the uninterrupted fit; a fit
+                still running after 120 s counts as a hang
 """
 import argparse
 import json
 import os
+import random
+import re
 import signal
 import statistics
 import subprocess
@@ -143,6 +149,54 @@ def torch_failure(python, kill_after):
     return {"lost": after[0] - killed - statistics.median(steps)}
 
 
+SOAK_MODEL = ["--layers", "8,256,256,10", "--examples", "20000", "--epochs", "4", "--batch",
+              "128", "--micro-batches", "8", "--threads", "1", "--no-validation", "--quiet"]
+
+
+def fingerprint_of(output):
+    found = re.search(r"parameters ([0-9a-f]+)", output)
+    return found.group(1) if found else None
+
+
+def soak(build, runs):
+    """Returns the number of fits that ended otherwise than with the uninterrupted bits."""
+    program = [f"{build}/examples/02_multi_worker/multi_worker", *SOAK_MODEL]
+    launcher = f"{build}/tools/cohort-run/cohort-run"
+    start = time.time()
+    reference = fingerprint_of(subprocess.run([launcher, "--np", "4", "--", *program],
+                                              env=environment(), capture_output=True, text=True,
+                                              timeout=600, check=True).stdout)
+    duration = time.time() - start
+    print(f"\nsoak: {runs} fits of 4 workers, one SIGKILLed at random; uninterrupted: "
+          f"{reference} in {duration:.1f} s")
+    print("| fit | worker killed | after (s) | went on | parameters | |")
+    print("| ---: | --- | ---: | --- | --- | --- |")
+    wrong = 0
+    for run in range(runs):
+        victim = random.randrange(4)
+        delay = random.uniform(0.1, 0.8) * duration
+        process = subprocess.Popen([launcher, "--np", "4", "--min-np", "2", "--", *program],
+                                   env=environment(), stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        try:
+            kill_worker_at(process, f"COHORT_RANK={victim}", delay)
+            output, _ = process.communicate(timeout=120)
+            parameters = fingerprint_of(output)
+            verdict = "same" if process.returncode == 0 and parameters == reference else "WRONG"
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, parameters, verdict = process.communicate()[0], None, "HANG"
+        except RuntimeError:  # the fit ended before the kill
+            output, _ = process.communicate(timeout=120)
+            parameters, verdict = fingerprint_of(output), "ended first"
+        wrong += verdict in ("WRONG", "HANG")
+        print(f"| {run + 1} | rank {victim} | {delay:.2f} | {'workers 4 -> 3' in output} | "
+              f"{parameters} | {verdict} |")
+        sys.stdout.flush()
+    print(f"wrong or hung: {wrong} of {runs}")
+    return wrong
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", required=True)
@@ -151,7 +205,10 @@ def main():
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--kill-after", type=float, default=4.0)
     parser.add_argument("--examples", type=int, default=25600)
+    parser.add_argument("--soak", type=int, default=0, help="fits with a random kill; 0: none")
     args = parser.parse_args()
+    if args.soak > 0:
+        sys.exit(1 if soak(args.build, args.soak) else 0)
 
     if args.rounds > 0:  # 0: the failures only
         print("no failure: examples/s, median of", args.rounds, "rounds")
