@@ -83,6 +83,13 @@ TEST_CASE("reduce_tree over inputs of several leaves each gives the fold over ev
     std::vector<float> expected(length);
     cpu::reduce_tree<float>(cohort::ReduceOp::kSum, every, expected);
     CHECK(std::memcmp(out.data(), expected.data(), length * sizeof(float)) == 0);
+    // And element by element, the specification: tree::fold_parts over the parts.
+    for (std::size_t i = 0; i < length; ++i) {
+      const float folded = cohort::tree::fold_parts(
+          std::span<const std::size_t>(counts), [&](std::size_t p) { return inputs[p][i]; },
+          [](float a, float b) { return a + b; });
+      CHECK(std::memcmp(&folded, &out[i], sizeof(float)) == 0);
+    }
   }
 }
 

@@ -57,7 +57,9 @@
 #include <utility>
 #include <vector>
 
+#include "cohort/core/options.hpp"
 #include "cohort/core/reduce_op.hpp"
+#include "cohort/core/reduction_tree.hpp"
 
 namespace cohort::collective {
 
@@ -83,6 +85,19 @@ template <class C>
 concept FoldsNodes = requires(C& c, std::vector<std::size_t> counts) {
   c.set_leaf_counts(std::move(counts));
 };
+
+// Leaf counts a collective of `ranks` ranks can fold its ranks as (FoldsNodes,
+// collective::Local's Options::leaf_counts): none (one each), or every rank's, consecutive nodes
+// of the canonical tree. Anything else is a ConfigError naming the field.
+inline void require_leaf_counts(std::span<const std::size_t> counts, int ranks) {
+  if (counts.empty() ||
+      (counts.size() == static_cast<std::size_t>(ranks) && tree::are_nodes(counts))) {
+    return;
+  }
+  options::reject("leaf_counts", counts.size(),
+                  "must give every rank's count, consecutive nodes of the canonical tree "
+                  "(tree::deal)");
+}
 
 // What a communicator's share_buffer gives (collective::Local, collective::Deterministic): memory
 // of this rank where the sharded update of strategy/detail/mirrored_replica.hpp keeps the

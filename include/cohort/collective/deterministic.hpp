@@ -81,12 +81,7 @@ class Deterministic : public detail::OverTransport<T> {
   // nodes of those sizes (collective::FoldsNodes). Empty, the default: one each, the tree over
   // ranks. Every rank sets the same counts before its next reduction.
   void set_leaf_counts(std::vector<std::size_t> leaf_counts) {
-    if (!leaf_counts.empty() && (leaf_counts.size() != static_cast<std::size_t>(this->size()) ||
-                                 !tree::are_nodes(leaf_counts))) {
-      options::reject("leaf_counts", leaf_counts.size(),
-                      "must give every rank's count, consecutive nodes of the canonical tree "
-                      "(tree::deal)");
-    }
+    require_leaf_counts(leaf_counts, this->size());
     leaf_counts_ = std::move(leaf_counts);
   }
 

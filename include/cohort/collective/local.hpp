@@ -701,13 +701,7 @@ class Local {
       options::reject("timeout", std::to_string(options.timeout.count()) + " ms",
                       "must be greater than 0");
     }
-    if (!options.leaf_counts.empty() &&
-        (options.leaf_counts.size() != static_cast<std::size_t>(options.ranks) ||
-         !tree::are_nodes(options.leaf_counts))) {
-      options::reject("leaf_counts", options.leaf_counts.size(),
-                      "must give every rank's count, consecutive nodes of the canonical tree "
-                      "(tree::deal)");
-    }
+    require_leaf_counts(options.leaf_counts, options.ranks);
     return options;
   }
 
