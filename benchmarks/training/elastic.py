@@ -17,10 +17,11 @@ thread per process, on this host:
                 when a worker starts): the same time, from rank 0's log of completed steps, to the
                 first step of the restarted workers; every worker of the node is restarted, then
                 resumes from the file
-  soak          with --soak N: N fits of 4 workers (a smaller MLP, 8-256-256-10) under cohort-run
-                --min-np 2, each with a random worker SIGKILLed at a random point, every one
-                checked for exit status 0 and the fingerprint of the uninterrupted fit; a fit
-                still running after 120 s counts as a hang
+  soak          with --soak N: fits of 4 workers (a smaller MLP, 8-256-256-10) under cohort-run
+                --min-np 2, each with a random worker SIGKILLed at a random point, until N kills
+                landed in the middle of a fit (3N fits at most), every one checked for exit status
+                0 and the fingerprint of the uninterrupted fit; a fit still running after 120 s
+                counts as a hang
 """
 import argparse
 import json
@@ -172,9 +173,12 @@ def soak(build, runs):
     print("| fit | worker killed | after (s) | went on | parameters | |")
     print("| ---: | --- | ---: | --- | --- | --- |")
     wrong = 0
-    for run in range(runs):
+    landed = 0
+    for run in range(3 * runs):
+        if landed == runs:
+            break
         victim = random.randrange(4)
-        delay = random.uniform(0.1, 0.8) * duration
+        delay = random.uniform(0.05, 0.6) * duration
         process = subprocess.Popen([launcher, "--np", "4", "--min-np", "2", "--", *program],
                                    env=environment(), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)
@@ -190,10 +194,12 @@ def soak(build, runs):
             output, _ = process.communicate(timeout=120)
             parameters, verdict = fingerprint_of(output), "ended first"
         wrong += verdict in ("WRONG", "HANG")
-        print(f"| {run + 1} | rank {victim} | {delay:.2f} | {'workers 4 -> 3' in output} | "
-              f"{parameters} | {verdict} |")
+        went_on = "workers 4 -> 3" in output
+        landed += went_on
+        print(f"| {run + 1} | rank {victim} | {delay:.2f} | {went_on} | {parameters} | "
+              f"{verdict} |")
         sys.stdout.flush()
-    print(f"wrong or hung: {wrong} of {runs}")
+    print(f"kills in the middle of a fit: {landed}; wrong or hung: {wrong} of {run + 1} fits")
     return wrong
 
 
