@@ -29,17 +29,23 @@ constexpr std::uint64_t kSteps = 40;
 // `count` elastic workers of `local` replicas, started by hand, training kSteps steps with a pause
 // in each micro-batch (so that a kill lands in the middle of the fit); worker r logs to
 // rank<r>.log, and the chief writes parameters.bin. Returns once every one has met the others.
-std::vector<std::unique_ptr<Process>> start_elastic_workers(const fs::path& directory, int count,
-                                                            int min_workers,
-                                                            const std::string& shared_memory,
-                                                            const std::string& local = "1") {
+std::vector<std::unique_ptr<Process>> start_elastic_workers(
+    const fs::path& directory, int count, int min_workers, const std::string& shared_memory,
+    const std::string& local = "1", const std::vector<std::string>& more = {}) {
   const std::string port = std::to_string(cohort::testing::free_port());
   std::vector<std::unique_ptr<Process>> workers;
   for (int rank = 0; rank < count; ++rank) {
+    std::vector<std::string> command{COHORT_TRAINER,
+                                     local,
+                                     std::to_string(kSteps),
+                                     directory / "parameters.bin",
+                                     "--pause-ms",
+                                     "4",
+                                     "--elastic",
+                                     std::to_string(min_workers)};
+    command.insert(command.end(), more.begin(), more.end());
     workers.push_back(std::make_unique<Process>(
-        std::vector<std::string>{COHORT_TRAINER, local, std::to_string(kSteps),
-                                 directory / "parameters.bin", "--pause-ms", "4", "--elastic",
-                                 std::to_string(min_workers)},
+        command,
         std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
                                            {"COHORT_WORLD_SIZE", std::to_string(count)},
                                            {"COHORT_MASTER_ADDR", "127.0.0.1"},
@@ -148,9 +154,17 @@ TEST_CASE(
   CHECK(read_file(out) == expected);
 }
 
-TEST_CASE("an elastic job that falls below min_workers stops every worker naming who is left") {
+TEST_CASE(
+    "an elastic job that falls below min_workers stops every worker naming who is left, each "
+    "saves its last step into the checkpoint directory, and the same command goes on from there "
+    "to the bits of a job that lost nobody") {
+  TemporaryDirectory reference("cohort-elastic-reference");
+  const std::string expected = uninterrupted_parameters(reference.path);
   TemporaryDirectory directory("cohort-elastic-below");
-  auto workers = start_elastic_workers(directory.path, 3, 3, "0");
+  const fs::path checkpoints = directory.path / "checkpoints";
+  const std::vector<std::string> checkpointing{"--checkpoint-directory", checkpoints,
+                                               "--checkpoint-every", "1000"};
+  auto workers = start_elastic_workers(directory.path, 3, 3, "0", "1", checkpointing);
   std::this_thread::sleep_for(50ms);
   workers[1]->kill(SIGKILL);
   for (const int rank : {0, 2}) {
@@ -163,5 +177,20 @@ TEST_CASE("an elastic job that falls below min_workers stops every worker naming
     CHECK(exit->code != 0);
     CHECK(log.find("error: rank " + std::to_string(rank) + ": regroup: ") != std::string::npos);
     CHECK(log.find("fewer than the 3 the job needs") != std::string::npos);
+    CHECK(log.find("cohort: rank " + std::to_string(rank) +
+                   ": the job fell below min_workers: its state after step ") != std::string::npos);
   }
+  CHECK_FALSE(fs::is_empty(checkpoints));
+  // The same command again: every worker resumes from the newest step saved.
+  workers = start_elastic_workers(directory.path, 3, 3, "0", "1", checkpointing);
+  for (int rank = 0; rank < 3; ++rank) {
+    CAPTURE(rank);
+    const auto exit = workers[static_cast<std::size_t>(rank)]->wait(60s);
+    CAPTURE(log_of(directory.path, rank));
+    REQUIRE(exit.has_value());
+    CHECK(exit->exited);
+    CHECK(exit->code == 0);
+  }
+  CHECK(log_of(directory.path, 0).find("cohort: resuming from ") != std::string::npos);
+  CHECK(read_file(directory.path / "parameters.bin") == expected);
 }

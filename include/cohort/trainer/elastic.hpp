@@ -11,12 +11,16 @@
 //   4. the fit goes on from there, retrying the lost step with the same micro-batches.
 // The new chief prints one line: "cohort: workers 4 -> 3 at step 17 (rank 2 lost: ...)", and the
 // timeline (core/trace.hpp) has a "regroup" span from the failure to the newest state taken.
+// Below min_workers every process left saves its state into the checkpoint directory, where there
+// is one, and fails with the regroup's CommError.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "cohort/core/error.hpp"
@@ -25,17 +29,47 @@
 #include "cohort/core/trace.hpp"
 #include "cohort/strategy/elastic.hpp"
 #include "cohort/trainer/agreement.hpp"
+#include "cohort/trainer/periodic_checkpoints.hpp"
 
 namespace cohort::trainer {
 
+// Below min_workers: this process's state after `applied` steps into the checkpoint directory,
+// with a line that says where; a write that fails says why, and the job's own error follows.
+template <class R>
+[[gnu::cold]] void save_last_step(const R& run, std::uint64_t applied,
+                                  PeriodicCheckpoints<R>& checkpoints) {
+  const int rank = run.strategy.cluster().rank;
+  try {
+    const std::filesystem::path file = checkpoints.save_alone(run, applied);
+    std::fprintf(stderr,
+                 "cohort: rank %d: the job fell below min_workers: its state after step %llu is "
+                 "saved to %s, where the job started again goes on\n",
+                 rank, static_cast<unsigned long long>(applied), file.c_str());
+  } catch (const Error& error) {
+    std::fprintf(stderr,
+                 "cohort: rank %d: the job fell below min_workers, and its state could "
+                 "not be saved: %s\n",
+                 rank, error.what());
+  }
+}
+
 // After `cause` ended a segment, with `applied` the steps of the run this process's state holds:
 // the job's next membership, and run.step the step it goes on from. Throws CommError where fewer
-// than min_workers are left.
+// than min_workers are left, after saving this process's state into the checkpoint directory,
+// where there is one (PeriodicCheckpoints::save_alone).
 template <class R>
 [[gnu::cold]] strategy::MembershipChange go_on_without(R& run, const CommError& cause,
-                                                       std::uint64_t applied) {
+                                                       std::uint64_t applied,
+                                                       PeriodicCheckpoints<R>& checkpoints) {
   const auto start = trace::Recorder::Clock::now();
-  strategy::MembershipChange change = run.strategy.regroup(cause);
+  std::optional<strategy::MembershipChange> regrouped;
+  try {
+    regrouped = run.strategy.regroup(cause);
+  } catch (const CommError&) {
+    if (checkpoints.enabled()) save_last_step(run, applied, checkpoints);
+    throw;
+  }
+  strategy::MembershipChange change = std::move(*regrouped);
   run.deal();
   std::uint64_t newest = 0;
   run.strategy.run([&](auto& replica) {

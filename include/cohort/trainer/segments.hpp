@@ -64,7 +64,7 @@ Report fit_segments(R& run, PeriodicCheckpoints<R>& checkpoints, MetricsLog* met
     } catch (const CommError& cause) {
       if constexpr (strategy::Regroups<typename R::Strategy>) {
         if (run.strategy.elastic().enabled()) {
-          report.membership.push_back(go_on_without(run, cause, carries[0].applied));
+          report.membership.push_back(go_on_without(run, cause, carries[0].applied, checkpoints));
           report.steps = run.step - first_step;
           plan = run.plan(data.size());
           std::vector<ReplicaCarry> next = carries_for(run, plan, first_step);
