@@ -174,9 +174,9 @@ def soak(build, runs):
     print("| ---: | --- | ---: | --- | --- | --- |")
     wrong = 0
     landed = 0
-    for run in range(3 * runs):
-        if landed == runs:
-            break
+    fits = 0
+    while landed < runs and fits < 3 * runs:
+        fits += 1
         victim = random.randrange(4)
         delay = random.uniform(0.05, 0.6) * duration
         process = subprocess.Popen([launcher, "--np", "4", "--min-np", "2", "--", *program],
@@ -196,10 +196,10 @@ def soak(build, runs):
         wrong += verdict in ("WRONG", "HANG")
         went_on = "workers 4 -> 3" in output
         landed += went_on
-        print(f"| {run + 1} | rank {victim} | {delay:.2f} | {went_on} | {parameters} | "
+        print(f"| {fits} | rank {victim} | {delay:.2f} | {went_on} | {parameters} | "
               f"{verdict} |")
         sys.stdout.flush()
-    print(f"kills in the middle of a fit: {landed}; wrong or hung: {wrong} of {run + 1} fits")
+    print(f"kills in the middle of a fit: {landed}; wrong or hung: {wrong} of {fits} fits")
     return wrong
 
 
