@@ -30,6 +30,7 @@
 #include "cohort/strategy/elastic.hpp"
 #include "cohort/trainer/agreement.hpp"
 #include "cohort/trainer/periodic_checkpoints.hpp"
+#include "cohort/trainer/progress.hpp"
 
 namespace cohort::trainer {
 
@@ -94,12 +95,7 @@ template <class R>
                          {.step = newest, .index = change.workers_after});
   }
   if (run.strategy.is_chief()) {
-    std::string lost;
-    for (const int rank : change.lost)
-      lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(rank);
-    std::fprintf(stderr, "cohort: workers %zu -> %zu at step %llu (%s lost: %s)\n",
-                 change.workers_before, change.workers_after,
-                 static_cast<unsigned long long>(newest), lost.c_str(), change.cause.c_str());
+    std::fprintf(stderr, "cohort: %s\n", membership_text(change).c_str());
   }
   return change;
 }

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "cohort/strategy/elastic.hpp"
+
 namespace cohort {
 
 enum class Progress {
@@ -80,6 +82,18 @@ std::string fit_summary(const std::vector<double>& per_replica, std::uint64_t st
   std::snprintf(line, sizeof line, " (it waited %.2f s, the others %.2f s on average)", waited,
                 others_waited);
   return summary + "; the others waited most for " + name_of(straggler) + line;
+}
+
+// One change of an elastic job's membership, as the chief prints it when it happens and in the
+// fit's summary: "workers 4 -> 3 at step 17 (rank 2 lost: <the failure that began it>)".
+inline std::string membership_text(const strategy::MembershipChange& change) {
+  std::string lost;
+  for (const int rank : change.lost) {
+    lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(rank);
+  }
+  return "workers " + std::to_string(change.workers_before) + " -> " +
+         std::to_string(change.workers_after) + " at step " + std::to_string(change.step) + " (" +
+         lost + " lost: " + change.cause + ")";
 }
 
 // The figures of one progress line.

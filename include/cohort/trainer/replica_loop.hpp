@@ -310,6 +310,9 @@ class ReplicaLoop {
     const std::string summary =
         fit_summary(all, steps, [&](std::size_t index) { return run_.replica_name(index); });
     std::printf("%s\n", summary.c_str());
+    for (const strategy::MembershipChange& change : report_.membership) {
+      std::printf("fit: %s\n", membership_text(change).c_str());
+    }
     std::fflush(stdout);
   }
 
