@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_mlp import make_adam, make_task  # noqa: E402: the benchmark's own task and Adam
+from torch_mlp import make_adam, make_model, make_task  # noqa: E402: the benchmark's own
 
 
 def main():
@@ -36,13 +36,7 @@ def main():
     layers = [int(size) for size in args.layers.split(",")]
     global_batch = args.per_replica_batch * world_size
     x, y = make_task(layers[0], layers[-1], global_batch * 64)
-    torch.manual_seed(1)
-    modules = []
-    for index in range(len(layers) - 1):
-        modules.append(torch.nn.Linear(layers[index], layers[index + 1]))
-        if index + 2 < len(layers):
-            modules.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*modules)
+    model = make_model(layers)
     optimizer = make_adam(model.parameters(), "foreach", args.learning_rate)
     step = 0
     if os.path.exists(args.checkpoint):

@@ -70,6 +70,17 @@ def make_adam(parameters, implementation, learning_rate):
     return torch.optim.Adam(parameters, lr=learning_rate, **choice)
 
 
+def make_model(layers):
+    """The MLP: Linear layers of the given sizes, ReLU between them, initialized from seed 1."""
+    torch.manual_seed(1)
+    modules = []
+    for index in range(len(layers) - 1):
+        modules.append(torch.nn.Linear(layers[index], layers[index + 1]))
+        if index + 2 < len(layers):
+            modules.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*modules)
+
+
 def worker(rank, args, results):
     torch.set_num_threads(1)
     world_size = args.world_size
@@ -82,13 +93,7 @@ def worker(rank, args, results):
     global_batch = per_replica * world_size
     steps = args.warmup + args.steps
     x, y = make_task(layers[0], layers[-1], max(global_batch * steps, global_batch))
-    torch.manual_seed(1)
-    modules = []
-    for index in range(len(layers) - 1):
-        modules.append(torch.nn.Linear(layers[index], layers[index + 1]))
-        if index + 2 < len(layers):
-            modules.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*modules)
+    model = make_model(layers)
     trained = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
     optimizer = make_adam(trained.parameters(), args.adam, args.learning_rate)
     loss_fn = torch.nn.CrossEntropyLoss()

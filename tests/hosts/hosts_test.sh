@@ -373,19 +373,7 @@ case_long_partition() {
 case_elastic_host_lost() {  # an elastic job of 4 hosts, one cut off for good: the others go on
   local reference_long out
   reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
-  local h
-  for h in 1 2 3 4; do
-    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
-      COHORT_MASTER_PORT=29500 COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- "${multi_worker}" \
-      "${long_job[@]}"
-  done
-  local waited=0
-  while (($(cat "${started[@]/%/.out}" 2>/dev/null | grep -c "listening on") < 4)); do
-    sleep 0.1
-    waited=$((waited + 1))
-    ((waited < 300)) || break
-  done
-  sleep 1
+  COHORT_MIN_WORKERS=3 start_partition_job 4 "${long_job[@]}"
   ip link set "$(hosts_link 4)" down
   finish 120
   ip link set "$(hosts_link 4)" up

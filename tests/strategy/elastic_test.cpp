@@ -68,16 +68,33 @@ std::string log_of(const fs::path& directory, int rank) {
   return read_file(directory / ("rank" + std::to_string(rank) + ".log"));
 }
 
-// The reference: the same program's Mirrored with 4 replicas in one process, which lost nobody.
-std::string uninterrupted_parameters(const fs::path& directory) {
-  const fs::path out = directory / "uninterrupted.bin";
-  const auto result = cohort::testing::run_to_completion(
-      {COHORT_TRAINER, "4", std::to_string(kSteps), out, "--mirrored"}, directory / "mirrored.log",
-      {});
-  REQUIRE(result.has_value());
-  REQUIRE(result->first.exited);
-  REQUIRE(result->first.code == 0);
-  return read_file(out);
+// Waits for worker `rank` (60 s at most) and checks how it exited, 0 or not (`succeeded`); its log.
+std::string ended(std::vector<std::unique_ptr<Process>>& workers, const fs::path& directory,
+                  int rank, bool succeeded) {
+  const auto exit = workers[static_cast<std::size_t>(rank)]->wait(60s);
+  const std::string log = log_of(directory, rank);
+  CAPTURE(log);
+  REQUIRE(exit.has_value());
+  CHECK(exit->exited);
+  CHECK((exit->code == 0) == succeeded);
+  return log;
+}
+
+// The reference: the same program's Mirrored with 4 replicas in one process, which lost nobody;
+// trained once per test program.
+const std::string& uninterrupted_parameters() {
+  static const std::string parameters = [] {
+    TemporaryDirectory directory("cohort-elastic-reference");
+    const fs::path out = directory.path / "uninterrupted.bin";
+    const auto result = cohort::testing::run_to_completion(
+        {COHORT_TRAINER, "4", std::to_string(kSteps), out, "--mirrored"},
+        directory.path / "mirrored.log", {});
+    REQUIRE(result.has_value());
+    REQUIRE(result->first.exited);
+    REQUIRE(result->first.code == 0);
+    return read_file(out);
+  }();
+  return parameters;
 }
 
 }  // namespace
@@ -86,8 +103,7 @@ TEST_CASE(
     "an elastic job that loses a worker at a random step, the chief included, ends with the "
     "parameters of a job that lost nobody: 4 workers over TCP and through shared memory, and 3 "
     "workers of 2 replicas") {
-  TemporaryDirectory reference("cohort-elastic-reference");
-  const std::string expected = uninterrupted_parameters(reference.path);
+  const std::string& expected = uninterrupted_parameters();
   std::mt19937 random(std::random_device{}());
   struct Job {
     int workers;
@@ -114,12 +130,8 @@ TEST_CASE(
     for (int rank = 0; rank < job.workers; ++rank) {
       if (rank == job.lost) continue;
       CAPTURE(rank);
-      const auto exit = workers[static_cast<std::size_t>(rank)]->wait(60s);
-      const std::string log = log_of(directory.path, rank);
+      const std::string log = ended(workers, directory.path, rank, true);
       CAPTURE(log);
-      REQUIRE(exit.has_value());
-      CHECK(exit->exited);
-      CHECK(exit->code == 0);
       // A kill after the fit's last step leaves nobody to go on without.
       CHECK(log.find(change) != std::string::npos);
     }
@@ -130,8 +142,7 @@ TEST_CASE(
 TEST_CASE(
     "under cohort-run --min-np, a rank SIGKILLed mid-fit is lost, not fatal: the others end with "
     "the parameters of a job that lost nobody, and the launcher exits 0") {
-  TemporaryDirectory reference("cohort-elastic-reference");
-  const std::string expected = uninterrupted_parameters(reference.path);
+  const std::string& expected = uninterrupted_parameters();
   TemporaryDirectory directory("cohort-elastic-run");
   const fs::path out = directory.path / "parameters.bin";
   Process launcher({COHORT_RUN, "--np", "4", "--min-np", "3", "--", COHORT_TRAINER, "1",
@@ -158,8 +169,7 @@ TEST_CASE(
     "an elastic job that falls below min_workers stops every worker naming who is left, each "
     "saves its last step into the checkpoint directory, and the same command goes on from there "
     "to the bits of a job that lost nobody") {
-  TemporaryDirectory reference("cohort-elastic-reference");
-  const std::string expected = uninterrupted_parameters(reference.path);
+  const std::string& expected = uninterrupted_parameters();
   TemporaryDirectory directory("cohort-elastic-below");
   const fs::path checkpoints = directory.path / "checkpoints";
   const std::vector<std::string> checkpointing{"--checkpoint-directory", checkpoints,
@@ -169,12 +179,8 @@ TEST_CASE(
   workers[1]->kill(SIGKILL);
   for (const int rank : {0, 2}) {
     CAPTURE(rank);
-    const auto exit = workers[static_cast<std::size_t>(rank)]->wait(60s);
-    const std::string log = log_of(directory.path, rank);
+    const std::string log = ended(workers, directory.path, rank, false);
     CAPTURE(log);
-    REQUIRE(exit.has_value());
-    CHECK(exit->exited);
-    CHECK(exit->code != 0);
     CHECK(log.find("error: rank " + std::to_string(rank) + ": regroup: ") != std::string::npos);
     CHECK(log.find("fewer than the 3 the job needs") != std::string::npos);
     CHECK(log.find("cohort: rank " + std::to_string(rank) +
@@ -185,11 +191,7 @@ TEST_CASE(
   workers = start_elastic_workers(directory.path, 3, 3, "0", "1", checkpointing);
   for (int rank = 0; rank < 3; ++rank) {
     CAPTURE(rank);
-    const auto exit = workers[static_cast<std::size_t>(rank)]->wait(60s);
-    CAPTURE(log_of(directory.path, rank));
-    REQUIRE(exit.has_value());
-    CHECK(exit->exited);
-    CHECK(exit->code == 0);
+    ended(workers, directory.path, rank, true);
   }
   CHECK(log_of(directory.path, 0).find("cohort: resuming from ") != std::string::npos);
   CHECK(read_file(directory.path / "parameters.bin") == expected);

@@ -32,18 +32,6 @@ void with_secret(tcp::Options& options) {
   options.handshake_timeout = milliseconds(500);
 }
 
-// A ring transfer of `size` ranks: each sends its pattern right and checks what came from left.
-void ring_once(tcp::Tcp& transport) {
-  const int size = transport.size();
-  const int right = (transport.rank() + 1) % size, left = (transport.rank() + size - 1) % size;
-  auto out = filled(transport.rank(), 0, 4099);
-  std::vector<std::byte> in(4099);
-  const Send send{right, {kCollective, 0, 0}, out};
-  const Receive receive{left, {kCollective, 0, 0}, in};
-  transport.transfer({&send, 1}, {&receive, 1});
-  CHECK(holds(in, left, 0));
-}
-
 // Ranks 1 to size - 1 as threads joining rank 0 at `port`, each running ring_once; returns what
 // each threw, by rank (entry 0 unused).
 std::vector<std::string> join_and_ring(std::uint16_t port, int size) {

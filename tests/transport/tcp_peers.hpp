@@ -135,6 +135,19 @@ inline bool holds(const std::vector<std::byte>& bytes, int sender, std::uint64_t
   return true;
 }
 
+// A ring transfer over every rank of `transport`: each sends its pattern right and checks what
+// came from left.
+inline void ring_once(tcp::Tcp& transport) {
+  const int size = transport.size();
+  const int right = (transport.rank() + 1) % size, left = (transport.rank() + size - 1) % size;
+  auto out = filled(transport.rank(), 0, 4099);
+  std::vector<std::byte> in(4099);
+  const Send send{right, {kCollective, 0, 0}, out};
+  const Receive receive{left, {kCollective, 0, 0}, in};
+  transport.transfer({&send, 1}, {&receive, 1});
+  CHECK(holds(in, left, 0));
+}
+
 inline const std::vector<std::size_t> kLengths = {0, 1, 7, 4099, std::size_t{1} << 22};
 
 // --- a peer speaking the wire format by hand, over a plain POSIX socket ----------------------

@@ -42,6 +42,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,6 +58,7 @@
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/vector.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -701,8 +703,18 @@ std::vector<std::filesystem::path> shard_files(const std::filesystem::path& file
   return files;
 }
 
+// Whether the process `pid` of this host runs: a temporary of its save is in use.
+inline bool process_runs(std::string_view pid) {
+  pid_t number = 0;
+  const auto [end, error] = std::from_chars(pid.data(), pid.data() + pid.size(), number);
+  return error == std::errc() && end == pid.data() + pid.size() &&
+         (::kill(number, 0) == 0 || errno == EPERM);
+}
+
 // Removes the temporary files that saves of `file`, or of its shards, left when their process
-// died before the rename (write_container's "<name>.tmp-<pid>").
+// died before the rename (write_container's "<name>.tmp-<pid>"); not those of a process of this
+// host that runs, which may be writing the same file (the processes of an elastic job that fell
+// below its minimum: trainer/periodic_checkpoints.hpp, save_alone).
 inline void remove_stale_temporaries(const std::filesystem::path& file) {
   const std::string name = file.filename().string();
   const auto stale = files_beside(file, [&](std::string_view entry) {
@@ -711,7 +723,7 @@ inline void remove_stale_temporaries(const std::filesystem::path& file) {
     const std::string_view pid = entry.substr(mark + 5);
     const std::string_view target = entry.substr(0, mark);
     return !pid.empty() && pid.find_first_not_of("0123456789") == std::string_view::npos &&
-           (target == name || is_shard_file_name(name, target));
+           (target == name || is_shard_file_name(name, target)) && !process_runs(pid);
   });
   std::error_code ignored;  // one left behind costs space, never correctness
   for (const auto& temporary : stale) std::filesystem::remove(temporary, ignored);

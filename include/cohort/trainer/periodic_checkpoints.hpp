@@ -161,15 +161,16 @@ class PeriodicCheckpoints {
   // When an elastic job fell below min_workers (trainer/elastic.hpp), on every process left, where
   // checkpoints are on: its own state, the run's after `step` steps (the last step it applied,
   // whole: an elastic job shares out no update), written at once, so that the job started again
-  // goes on from there. Each process's state is the run's bits at its step, and a file of the same
-  // step written by two of them holds the same bits (each writes its own temporary, then renames
-  // it). Returns the file.
+  // goes on from there. Each process's state is the run's bits at its step, so a file of that
+  // step that another process wrote already is this one's too; two that write it at once each
+  // write a temporary of their own, then rename it. Returns the file.
   std::filesystem::path save_alone(const R& run, std::uint64_t step) {
     if (writing_.valid()) writing_.wait();  // the chief's write in flight, which may have failed
+    const std::filesystem::path file = checkpoint::file_for_step(policy_.directory, step);
+    if (checkpoint::saved(file)) return file;
     checkpoint::TrainingState<T> state;
     fill_checkpoint_state(run, step, state);
     create_directory();
-    const std::filesystem::path file = checkpoint::file_for_step(policy_.directory, step);
     write_state(state, file, step);
     return file;
   }
