@@ -196,3 +196,28 @@ TEST_CASE(
   CHECK(log_of(directory.path, 0).find("cohort: resuming from ") != std::string::npos);
   CHECK(read_file(directory.path / "parameters.bin") == expected);
 }
+
+TEST_CASE("an elastic job's minimum is refused before the rendezvous when it cannot hold") {
+  TemporaryDirectory directory("cohort-elastic-refused");
+  // Alone, rank 1 of 4 would wait 30 s for the others: it is refused at once instead.
+  const auto refused = [&](const std::map<std::string, std::string>& variables,
+                           const std::vector<std::string>& flags) {
+    std::vector<std::string> command{COHORT_TRAINER, "1", "1", directory.path / "none.bin"};
+    command.insert(command.end(), flags.begin(), flags.end());
+    std::map<std::string, std::string> environment{{"COHORT_RANK", "1"},
+                                                   {"COHORT_WORLD_SIZE", "4"},
+                                                   {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                                   {"COHORT_MASTER_PORT", "29999"}};
+    environment.insert(variables.begin(), variables.end());
+    const auto result =
+        cohort::testing::run_to_completion(command, directory.path / "log.txt", environment, 20s);
+    REQUIRE(result.has_value());
+    CHECK(result->first.code != 0);
+    return result->second;
+  };
+  CHECK(refused({}, {"--elastic", "5"})
+            .find("elastic.min_workers = 5: exceeds the 4 workers the job starts with") !=
+        std::string::npos);
+  CHECK(refused({{"COHORT_MIN_WORKERS", "-1"}}, {})
+            .find("COHORT_MIN_WORKERS = \"-1\": expected a count, 0 or more") != std::string::npos);
+}

@@ -149,12 +149,8 @@ class MultiWorkerMirrored {
     if (this->options().bucket_bytes) {
       options::require_positive("bucket_bytes", *this->options().bucket_bytes);
     }
-    thread_ = process_.start_communication_thread();
     const cluster::Spec& spec = process_.spec();
-    cross_ = std::make_unique<Cross>(
-        process_.template connect<Transport>(spec.rank, spec.size, cluster::describe(spec)));
-    process_.learn_local_ranks(*cross_, spec.rank, 0);
-    share_host_memory();
+    // Refused before the rendezvous, on every process alike.
     if (this->options().elastic.enabled() && !kRegroups) {
       options::reject("elastic.min_workers", this->options().elastic.min_workers,
                       "needs the TCP transport (transport::tcp::Tcp), whose ranks regroup");
@@ -163,6 +159,11 @@ class MultiWorkerMirrored {
       options::reject("elastic.min_workers", this->options().elastic.min_workers,
                       "exceeds the " + std::to_string(spec.size) + " workers the job starts with");
     }
+    thread_ = process_.start_communication_thread();
+    cross_ = std::make_unique<Cross>(
+        process_.template connect<Transport>(spec.rank, spec.size, cluster::describe(spec)));
+    process_.learn_local_ranks(*cross_, spec.rank, 0);
+    share_host_memory();
   }
 
   std::size_t replicas() const {
