@@ -50,19 +50,11 @@ std::vector<typename Model::value_type> gradients_of(Model& model, const example
   return {gradients.begin(), gradients.end()};
 }
 
-// The reference of the multi-process tests: Mirrored in this process, with the settings of
-// tests/strategy's programs (global batch 64, seed 11, Adam at 3e-3).
+// The reference of the multi-process tests, on the Eigen MLP of `threads` threads.
 std::vector<float> mirrored_parameters(std::size_t replicas, std::size_t threads,
                                        std::size_t micro_batches, std::uint64_t steps) {
-  cohort::Trainer trainer(small_eigen_model(threads),
-                          cohort::strategy::Mirrored<>({.replicas = replicas}),
-                          cohort::optimizer::Adam({.learning_rate = 3e-3}),
-                          {.global_batch = 64,
-                           .micro_batches = micro_batches,
-                           .seed = 11,
-                           .progress = cohort::Progress::kSilent});
-  trainer.fit(small_task_data(), {.steps = steps});
-  return parameters_of(trainer.model());
+  return cohort::testing::mirrored_training(small_eigen_model(threads), steps, replicas,
+                                            micro_batches);
 }
 
 }  // namespace

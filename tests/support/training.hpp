@@ -269,20 +269,29 @@ struct cohort::ModelTraits<cohort::testing::FailingBackward>
 
 namespace cohort::testing {
 
-// The reference of the multi-process tests: Mirrored in this process on small_task_data(), with
-// the workers' seed and options (multi_worker_trainer), and the model without gradient readiness,
-// so that the workers' overlap is checked against none. The parameters' bytes.
-inline std::string mirrored_parameters(std::uint64_t steps, std::size_t replicas = 4,
-                                       std::size_t micro_batches = 8) {
-  cohort::Trainer trainer(WithoutReadiness{small_model()},
-                          cohort::strategy::Mirrored<>({.replicas = replicas}),
+// The reference of the multi-process tests: `model` trained by Mirrored in this process on
+// small_task_data(), with the workers' settings (multi_worker_trainer: global batch 64, seed 11,
+// Adam at 3e-3). Its parameters.
+template <class M>
+std::vector<float> mirrored_training(const M& model, std::uint64_t steps, std::size_t replicas,
+                                     std::size_t micro_batches) {
+  cohort::Trainer trainer(model, cohort::strategy::Mirrored<>({.replicas = replicas}),
                           cohort::optimizer::Adam({.learning_rate = 3e-3}),
                           {.global_batch = 64,
                            .micro_batches = micro_batches,
                            .seed = 11,
                            .progress = cohort::Progress::kSilent});
   trainer.fit(small_task_data(), {.steps = steps});
-  return bytes_of(parameters_of(trainer.model()));
+  const auto parameters = cohort::ModelTraits<M>::parameters(const_cast<M&>(trainer.model()));
+  return {parameters.begin(), parameters.end()};
+}
+
+// The same of the test model without gradient readiness, so that the workers' overlap is checked
+// against none: the parameters' bytes.
+inline std::string mirrored_parameters(std::uint64_t steps, std::size_t replicas = 4,
+                                       std::size_t micro_batches = 8) {
+  return bytes_of(
+      mirrored_training(WithoutReadiness{small_model()}, steps, replicas, micro_batches));
 }
 
 }  // namespace cohort::testing

@@ -551,18 +551,8 @@ TEST_CASE("a wrong secret is refused on both sides; the right one is accepted") 
   CHECK(contains(message_of(one_sided[0]), "rank 1 never joined"));
   CHECK(contains(message_of(one_sided[1]), "rank 1 has no secret"));
 
-  require_no_errors(run_ranks(
-      3,
-      [](tcp::Tcp& transport) {
-        const int right = (transport.rank() + 1) % 3, left = (transport.rank() + 2) % 3;
-        auto out = filled(transport.rank(), 0, 100);
-        std::vector<std::byte> in(100);
-        const Send send{right, {kCollective, 0, 0}, out};
-        const Receive receive{left, {kCollective, 0, 0}, in};
-        transport.transfer({&send, 1}, {&receive, 1});
-        CHECK(holds(in, left, 0));
-      },
-      [](tcp::Options& options) { options.secret = "shared"; }));
+  require_no_errors(
+      run_ranks(3, ring_once, [](tcp::Options& options) { options.secret = "shared"; }));
 }
 
 TEST_CASE("checksums can be turned off, by every rank or by none") {
