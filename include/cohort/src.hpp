@@ -27,6 +27,7 @@
 #include "cohort/core/impl/trace.ipp"
 #include "cohort/strategy/multi_worker_mirrored.hpp"
 #include "cohort/strategy/parameter_server.hpp"
+#include "cohort/transport/tcp/impl/door.ipp"
 #include "cohort/transport/tcp/impl/listener.ipp"
 #include "cohort/transport/tcp/impl/regroup.ipp"
 #include "cohort/transport/tcp/impl/tcp.ipp"

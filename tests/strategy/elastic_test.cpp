@@ -1,7 +1,7 @@
 // Elastic MultiWorkerMirrored (strategy/elastic.hpp) across real processes on 127.0.0.1: a
 // worker SIGKILLed at a random point of the fit, the chief included, and the others go on to the
-// parameters of a job that lost nobody, over TCP and through shared memory; below min_workers,
-// the job stops naming who is left.
+// parameters of a job that lost nobody, over TCP and through shared memory; a worker started again
+// rejoins, to the same bits; below min_workers, the job stops naming who is left.
 #include <doctest/doctest.h>
 #include <signal.h>
 
@@ -26,34 +26,48 @@ using namespace std::chrono_literals;
 
 constexpr std::uint64_t kSteps = 40;
 
-// `count` elastic workers of `local` replicas, started by hand, training kSteps steps with a pause
-// in each micro-batch (so that a kill lands in the middle of the fit); worker r logs to
-// rank<r>.log, and the chief writes parameters.bin. Returns once every one has met the others.
+// Elastic worker `rank` of a job of `count` workers of `local` replicas at `port`, started by
+// hand, training kSteps steps with a pause in each micro-batch (so that a kill lands in the middle
+// of the fit); it logs to rank<rank><suffix>.log, and the chief writes parameters.bin.
+std::unique_ptr<Process> start_elastic_worker(const fs::path& directory, int rank, int count,
+                                              const std::string& port, int min_workers,
+                                              const std::string& shared_memory,
+                                              const std::string& local,
+                                              const std::vector<std::string>& more,
+                                              const std::string& suffix = "") {
+  std::vector<std::string> command{COHORT_TRAINER,
+                                   local,
+                                   std::to_string(kSteps),
+                                   directory / "parameters.bin",
+                                   "--pause-ms",
+                                   "4",
+                                   "--elastic",
+                                   std::to_string(min_workers)};
+  command.insert(command.end(), more.begin(), more.end());
+  return std::make_unique<Process>(
+      command,
+      std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
+                                         {"COHORT_WORLD_SIZE", std::to_string(count)},
+                                         {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                         {"COHORT_MASTER_PORT", port},
+                                         {"COHORT_JOB_ID", "elastic-test"},
+                                         {"COHORT_SECRET", "correct horse battery staple"},
+                                         {"COHORT_SHARED_MEMORY", shared_memory}},
+      directory / ("rank" + std::to_string(rank) + suffix + ".log"));
+}
+
+// `count` elastic workers (start_elastic_worker) at a free port, returned once every one has met
+// the others; `port` is where they met.
 std::vector<std::unique_ptr<Process>> start_elastic_workers(
     const fs::path& directory, int count, int min_workers, const std::string& shared_memory,
-    const std::string& local = "1", const std::vector<std::string>& more = {}) {
+    const std::string& local = "1", const std::vector<std::string>& more = {},
+    std::string* port_out = nullptr) {
   const std::string port = std::to_string(cohort::testing::free_port());
+  if (port_out) *port_out = port;
   std::vector<std::unique_ptr<Process>> workers;
   for (int rank = 0; rank < count; ++rank) {
-    std::vector<std::string> command{COHORT_TRAINER,
-                                     local,
-                                     std::to_string(kSteps),
-                                     directory / "parameters.bin",
-                                     "--pause-ms",
-                                     "4",
-                                     "--elastic",
-                                     std::to_string(min_workers)};
-    command.insert(command.end(), more.begin(), more.end());
-    workers.push_back(std::make_unique<Process>(
-        command,
-        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
-                                           {"COHORT_WORLD_SIZE", std::to_string(count)},
-                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
-                                           {"COHORT_MASTER_PORT", port},
-                                           {"COHORT_JOB_ID", "elastic-test"},
-                                           {"COHORT_SECRET", "correct horse battery staple"},
-                                           {"COHORT_SHARED_MEMORY", shared_memory}},
-        directory / ("rank" + std::to_string(rank) + ".log")));
+    workers.push_back(start_elastic_worker(directory, rank, count, port, min_workers, shared_memory,
+                                           local, more));
   }
   for (int rank = 0; rank < count; ++rank) {
     const fs::path log = directory / ("rank" + std::to_string(rank) + ".log");
@@ -140,6 +154,43 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a worker SIGKILLed mid-fit and started again rejoins at a step boundary, and the job ends "
+    "with the parameters of a job that lost nobody: over TCP and through shared memory") {
+  const std::string& expected = uninterrupted_parameters();
+  std::mt19937 random(std::random_device{}());
+  for (const std::string shared_memory : {"0", "1"}) {
+    CAPTURE(shared_memory);
+    TemporaryDirectory directory("cohort-elastic-rejoin");
+    // Longer pauses, so that the fit outlasts the restart on a busy machine.
+    const std::vector<std::string> slower{"--pause-ms", "50"};
+    std::string port;
+    auto workers = start_elastic_workers(directory.path, 3, 2, shared_memory, "1", slower, &port);
+    const auto delay = std::chrono::milliseconds(std::uniform_int_distribution(20, 200)(random));
+    CAPTURE(delay.count());
+    std::this_thread::sleep_for(delay);
+    workers[2]->kill(SIGKILL);
+    workers[2]->wait(10s);
+    // The same command and environment again, as a launcher's restart policy would.
+    workers[2] =
+        start_elastic_worker(directory.path, 2, 3, port, 2, shared_memory, "1", slower, "-again");
+    for (const int rank : {0, 1}) {
+      CAPTURE(rank);
+      const std::string log = ended(workers, directory.path, rank, true);
+      CHECK(log.find("membership 3 -> 2 at step ") != std::string::npos);
+      CHECK(log.find("membership 2 -> 3 at step ") != std::string::npos);
+    }
+    const auto again = workers[2]->wait(60s);
+    const std::string log = read_file(directory.path / "rank2-again.log");
+    CAPTURE(log);
+    REQUIRE(again.has_value());
+    CHECK(again->exited);
+    CHECK(again->code == 0);
+    CHECK(log.find("cohort: rank 2 joined the job of 3 workers at step ") != std::string::npos);
+    CHECK(read_file(directory.path / "parameters.bin") == expected);
+  }
+}
+
+TEST_CASE(
     "under cohort-run --min-np, a rank SIGKILLed mid-fit is lost, not fatal: the others end with "
     "the parameters of a job that lost nobody, and the launcher exits 0") {
   const std::string& expected = uninterrupted_parameters();
@@ -162,6 +213,35 @@ TEST_CASE(
   CHECK(read_file(log).find("cohort-run: rank 1 was killed by signal 9 (Killed); 3 ranks go on "
                             "without it (--min-np 3)") != std::string::npos);
   CHECK(read_file(log).find("cohort: workers 4 -> 3 at step ") != std::string::npos);
+  CHECK(read_file(out) == expected);
+}
+
+TEST_CASE(
+    "under cohort-run --min-np --max-restarts, a rank SIGKILLed mid-fit is started again and "
+    "rejoins: the job ends with the parameters of a job that lost nobody, and exits 0") {
+  const std::string& expected = uninterrupted_parameters();
+  TemporaryDirectory directory("cohort-elastic-restart");
+  const fs::path out = directory.path / "parameters.bin";
+  Process launcher({COHORT_RUN, "--np", "3", "--min-np", "2", "--max-restarts", "1", "--",
+                    COHORT_TRAINER, "1", std::to_string(kSteps), out, "--pause-ms", "50"},
+                   {}, directory.path / "log.txt");
+  const fs::path log = directory.path / "log.txt";
+  REQUIRE(cohort::testing::when_logged(log, "multi_worker_trainer: connected", 60s).has_value());
+  std::this_thread::sleep_for(100ms);
+  const auto rank = cohort::testing::child_with(launcher.pid(), "COHORT_RANK=1");
+  REQUIRE(rank.has_value());
+  ::kill(*rank, SIGKILL);
+  const auto exit = launcher.wait(60s);
+  const std::string text = read_file(log);
+  CAPTURE(text);
+  REQUIRE(exit.has_value());
+  CHECK(exit->exited);
+  CHECK(exit->code == 0);
+  CHECK(text.find("cohort-run: rank 1 was killed by signal 9 (Killed); starting it again "
+                  "(restart 1 of 1)") != std::string::npos);
+  CHECK(text.find("cohort: workers 3 -> 2 at step ") != std::string::npos);
+  CHECK(text.find("cohort: workers 2 -> 3 at step ") != std::string::npos);
+  CHECK(text.find("cohort: rank 2 joined the job of 3 workers at step ") != std::string::npos);
   CHECK(read_file(out) == expected);
 }
 

@@ -1,6 +1,6 @@
 // tcp::regroup: ranks of a mesh that lost one form the next membership epoch's mesh among
-// themselves, as threads of this process on 127.0.0.1, under a secret; and a rank of another
-// epoch is refused without failing the rendezvous.
+// themselves, as threads of this process on 127.0.0.1, under a secret; a rank of a later epoch
+// is refused, and one of an earlier epoch held off, without failing the rendezvous.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -105,7 +105,7 @@ TEST_CASE("fewer ranks left than min_size is an error naming who answered and wh
   }
 }
 
-TEST_CASE("a rank of an earlier membership epoch is refused, and the epoch's mesh still forms") {
+TEST_CASE("a rank of a later membership epoch is refused, and the epoch's mesh still forms") {
   const auto configure = [](tcp::Options& options) {
     elastic(options);
     options.epoch = 1;
@@ -113,9 +113,10 @@ TEST_CASE("a rank of an earlier membership epoch is refused, and the epoch's mes
   std::promise<std::uint16_t> port_promise;
   auto port = port_promise.get_future().share();
   std::string refused;
-  std::thread stale([&] {
+  std::thread ahead([&] {
     tcp::Options options = options_for(1, 2);
-    elastic(options);  // epoch 0
+    elastic(options);
+    options.epoch = 2;  // a rank that regrouped once more, without rank 0
     options.rendezvous_port = port.get();
     try {
       tcp::Tcp transport(options);
@@ -124,7 +125,7 @@ TEST_CASE("a rank of an earlier membership epoch is refused, and the epoch's mes
     }
   });
   std::thread current([&] {
-    stale.join();  // rank 1 of epoch 1 joins after the stale one was refused
+    ahead.join();  // rank 1 of epoch 1 joins after the other one was refused
     tcp::Options options = options_for(1, 2);
     configure(options);
     options.rendezvous_port = port.get();
@@ -138,6 +139,44 @@ TEST_CASE("a rank of an earlier membership epoch is refused, and the epoch's mes
   tcp::Tcp transport(std::move(listener));
   current.join();
   CHECK(refused ==
-        "rank 1: rendezvous: rank 0 is of membership epoch 1 of this job, rank 1 of epoch 0: the "
-        "job regrouped without rank 1");
+        "rank 1: rendezvous: rank 0 is of membership epoch 1 of this job, rank 1 of epoch 2: the "
+        "job regrouped without rank 0");
+}
+
+TEST_CASE(
+    "a rank of an earlier membership epoch (a process started again) is held off without a word: "
+    "it knocks again until its own deadline, and the epoch's mesh forms meanwhile") {
+  const auto configure = [](tcp::Options& options) {
+    elastic(options);
+    options.epoch = 1;
+  };
+  std::promise<std::uint16_t> port_promise;
+  auto port = port_promise.get_future().share();
+  std::string held_off;
+  std::thread earlier([&] {
+    tcp::Options options = options_for(1, 2);
+    elastic(options);  // epoch 0
+    options.connect_timeout = std::chrono::milliseconds(1500);
+    options.rendezvous_port = port.get();
+    try {
+      tcp::Tcp transport(options);
+    } catch (const cohort::CommError& error) {
+      held_off = error.what();
+    }
+  });
+  std::thread current([&] {
+    tcp::Options options = options_for(1, 2);
+    configure(options);
+    options.rendezvous_port = port.get();
+    tcp::Tcp transport(options);
+    CHECK(transport.options().epoch == 1);
+  });
+  tcp::Options options = options_for(0, 2);
+  configure(options);
+  tcp::Listener listener(options);
+  port_promise.set_value(listener.rendezvous_port());
+  tcp::Tcp transport(std::move(listener));
+  current.join();
+  earlier.join();
+  CHECK(contains(held_off, "rank 1: rendezvous: timed out after 1500 ms: rank 0 never answered"));
 }

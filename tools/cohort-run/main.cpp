@@ -1,7 +1,7 @@
 // cohort-run: starts N ranks of a program on this host, as `torchrun --standalone` does.
 //
-//   cohort-run --np N [--min-np M] [--ps S] [--port P] [--job-id ID] [--timeout-s S]
-//              [--grace-s G] -- program args...
+//   cohort-run --np N [--min-np M [--max-restarts K]] [--ps S] [--port P] [--job-id ID]
+//              [--timeout-s S] [--grace-s G] -- program args...
 //
 // With --ps S (a parameter-server job, strategy/parameter_server.hpp) it starts N workers and S
 // servers of the same program: workers get COHORT_ROLE=worker, COHORT_RANK 0..N-1,
@@ -28,7 +28,12 @@
 // same step by themselves. With --min-np M (an elastic job: every rank gets COHORT_MIN_WORKERS=M,
 // strategy/elastic.hpp), a rank that fails while at least M others run is lost, not fatal: the
 // others go on without it ("cohort-run: rank 2 was killed by signal 9 (Killed); 3 ranks go on
-// without it (--min-np 2)"), and the job's exit status is theirs. When all ranks are done, anything
+// without it (--min-np 2)"), and the job's exit status is theirs. With --max-restarts K as well,
+// such a rank is started again, K times in all, with the same environment, and joins the running
+// job at a step boundary (strategy/elastic.hpp; "cohort-run: rank 2 was killed by signal 9
+// (Killed); starting it again (restart 1 of 3)"); rank 0 is not: the job takes processes in at
+// rank 0's address only. A rank started again that the job ended without taking in is no failure
+// of the job. When all ranks are done, anything
 // left in their process groups is killed, and every rank has been waited for: no zombie, no orphan.
 // Should cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the kernel
 // (PR_SET_PDEATHSIG).
@@ -77,6 +82,7 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   int processes = 0;
   int min_processes = 0;  // --min-np: an elastic job's fewest ranks; 0: not elastic
+  int max_restarts = 0;   // --max-restarts: how many times a failed rank of it starts again
   int servers = 0;        // --ps: parameter servers started after the workers
   int port = 0;     // 0: pick a free one
   std::string job_id;
@@ -273,6 +279,7 @@ class Launch {
       }
       ranks_.push_back({started.pid, std::nullopt});
     }
+    original_mask_ = original_mask;
     if (options_.timeout_s > 0) {
       timeout_at_ = start + std::chrono::duration_cast<Clock::duration>(
                                 std::chrono::duration<double>(options_.timeout_s));
@@ -355,7 +362,38 @@ class Launch {
   struct Rank {
     pid_t pid;
     std::optional<int> status;  // set once waited for
+    bool restarted = false;     // started again (--max-restarts)
   };
+
+  // --max-restarts: starts failed rank `rank` of an elastic job again, which joins the job;
+  // whether it did.
+  bool restart(std::size_t rank, int status) {
+    if (restarts_ >= options_.max_restarts) return false;
+    if (rank == 0) {
+      say("rank 0 " + describe_status(status) +
+          "; it is not started again: the job takes processes in at rank 0's address only");
+      return false;
+    }
+    const Started started =
+        start_rank(options_.command, rank_environment(options_, static_cast<int>(rank), port_),
+                   original_mask_);
+    if (started.pid < 0) return false;
+    ++restarts_;
+    say(who(rank) + " " + describe_status(status) + "; starting it again (restart " +
+        std::to_string(restarts_) + " of " + std::to_string(options_.max_restarts) + ")");
+    ranks_[rank] = {started.pid, std::nullopt, true};
+    return true;
+  }
+
+  // Whether every rank but `rank` exited 0: a job that ended.
+  bool others_succeeded(std::size_t rank) const {
+    for (std::size_t other = 0; other < ranks_.size(); ++other) {
+      if (other == rank) continue;
+      const std::optional<int>& status = ranks_[other].status;
+      if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) return false;
+    }
+    return true;
+  }
 
   static std::string format_seconds(double seconds) {
     char text[32];
@@ -422,6 +460,15 @@ class Launch {
           ++preempted_;
           continue;
         }
+        if (!success && !stopping_ && ranks_[rank].restarted && others_succeeded(rank)) {
+          say(who(rank) + ", started again, " + describe_status(status) +
+              " after the job ended without taking it in");
+          continue;
+        }
+        if (!success && !stopping_ && options_.min_processes > 0 &&
+            running() >= options_.min_processes && restart(rank, status)) {
+          continue;
+        }
         if (!success && !stopping_ && options_.min_processes > 0 &&
             running() >= options_.min_processes) {
           say(who(rank) + " " + describe_status(status) + "; " + std::to_string(running()) +
@@ -445,6 +492,8 @@ class Launch {
   bool stopping_ = false;
   int exit_code_ = 0;
   int preempted_ = 0;  // ranks that exited with cohort::kExitPreempted
+  int restarts_ = 0;   // ranks started again (--max-restarts)
+  sigset_t original_mask_{};
   std::optional<Clock::time_point> timeout_at_;
   std::optional<Clock::time_point> kill_at_;
 };
@@ -465,6 +514,10 @@ int main(int argc, char** argv) {
                  "an elastic job: a rank that fails while at least this many others run is lost, "
                  "and they go on without it (COHORT_MIN_WORKERS for every rank; default: not "
                  "elastic, a failed rank stops the others)")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_option("--max-restarts", options.max_restarts,
+                 "with --min-np: start a rank that fails again, this many times in all; it joins "
+                 "the running job (COHORT_MAX_WORKERS stays the --np it started with)")
       ->check(CLI::Range(0, 1 << 16));
   app.add_option("--ps", options.servers,
                  "also start this many parameter servers (COHORT_ROLE=ps; the --np ranks are "
@@ -498,6 +551,10 @@ int main(int argc, char** argv) {
   if (options.min_processes > options.processes) {
     say("--min-np " + std::to_string(options.min_processes) + " exceeds --np " +
         std::to_string(options.processes));
+    return 2;
+  }
+  if (options.max_restarts > 0 && options.min_processes == 0) {
+    say("--max-restarts needs --min-np: only an elastic job takes a rank back while it runs");
     return 2;
   }
   if (options.min_processes > 0 && options.servers > 0) {

@@ -55,6 +55,7 @@ inline constexpr std::string_view kPortRange = "COHORT_PORT_RANGE";
 inline constexpr std::string_view kCommunicationPriority = "COHORT_COMMUNICATION_PRIORITY";
 inline constexpr std::string_view kSharedMemory = "COHORT_SHARED_MEMORY";
 inline constexpr std::string_view kMinWorkers = "COHORT_MIN_WORKERS";
+inline constexpr std::string_view kMaxWorkers = "COHORT_MAX_WORKERS";
 // Roles of a parameter-server job (strategy/parameter_server.hpp). COHORT_ROLE is "worker" (the
 // default), "chief" or "ps"; COHORT_RANK and COHORT_WORLD_SIZE then count the processes of that
 // role only (chief and workers together), as TF_CONFIG's task index does. A worker learns the

@@ -14,6 +14,13 @@
 //
 // Below min_workers the job stops as a job without Elastic does, every process with a CommError
 // that names the ranks that answered and the ones that did not.
+//
+// The job also grows back, up to max_workers: a process started for it with the same settings (a
+// worker its launcher started again, a new host) finds the job running at its rendezvous address
+// (transport/tcp/door.hpp), which rank 0 keeps while it is a member; at the next vote (about every
+// 0.1 s, trainer/vote.hpp) the job takes it in at the step boundary, and it joins the fit with the
+// newest state, from where its program's fit begins. A job whose first rank 0 was lost goes on,
+// but takes nobody in: nobody listens at its rendezvous address any more.
 #pragma once
 
 #include <chrono>
@@ -22,26 +29,32 @@
 #include <string>
 #include <vector>
 
+#include "cohort/transport/tcp/regroup_options.hpp"
+
 namespace cohort::strategy {
 
 struct Elastic {
   // The fewest workers the job goes on with after a loss; 0: not elastic, a lost worker stops
   // the job.
   std::size_t min_workers = 0;
+  // The most workers the job grows to when processes started for it ask to join (door.hpp): 0,
+  // the number it started with, so that a worker started again takes its place.
+  std::size_t max_workers = 0;
   // How long the roll call waits for a worker's listener to answer: a host cut off is counted
   // out after this.
-  std::chrono::milliseconds probe_timeout{std::chrono::seconds(2)};
+  std::chrono::milliseconds probe_timeout = transport::tcp::RegroupOptions{}.probe_timeout;
 
   bool enabled() const { return min_workers > 0; }
 };
 
 // One change of a job's membership, as every worker that goes on sees it.
 struct MembershipChange {
-  std::uint64_t step = 0;  // the step the job retried first with its new membership
+  std::uint64_t step = 0;  // the first step of the new membership
   std::size_t workers_before = 0;
   std::size_t workers_after = 0;
   std::vector<int> lost{};  // the ranks, before the change, of the workers lost
   std::string cause{};      // this process's failure that began it
+  std::size_t joined = 0;   // the workers taken in
 };
 
 }  // namespace cohort::strategy

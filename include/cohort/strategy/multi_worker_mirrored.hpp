@@ -64,7 +64,10 @@
 //                    over TCP (transport/tcp/regroup.hpp) and the Trainer retries the step, with
 //                    the bits of a job that lost nobody. Every worker then updates the whole
 //                    optimizer state, rather than its stripes of it, so that none is lost with a
-//                    worker. Default: not elastic
+//                    worker. A process started for the job meanwhile joins it at a step boundary,
+//                    up to elastic.max_workers (or COHORT_MAX_WORKERS; default: the workers it
+//                    started with), through rank 0's door (transport/tcp/door.hpp). Default: not
+//                    elastic
 //
 // Only the chief (worker 0) prints progress and writes checkpoints; every worker returns from
 // Trainer::save once the chief's file is complete, or fails with the chief's reason
@@ -98,6 +101,7 @@
 #include "cohort/strategy/detail/tcp_options.hpp"
 #include "cohort/strategy/detail/worker_process.hpp"
 #include "cohort/strategy/strategy.hpp"
+#include "cohort/transport/tcp/door.hpp"
 #include "cohort/transport/tcp/regroup.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
@@ -159,11 +163,20 @@ class MultiWorkerMirrored {
       options::reject("elastic.min_workers", this->options().elastic.min_workers,
                       "exceeds the " + std::to_string(spec.size) + " workers the job starts with");
     }
+    started_workers_ = static_cast<std::size_t>(spec.size);
     thread_ = process_.start_communication_thread();
     cross_ = std::make_unique<Cross>(
         process_.template connect<Transport>(spec.rank, spec.size, cluster::describe(spec)));
-    process_.learn_local_ranks(*cross_, spec.rank, 0);
+    if constexpr (kRegroups) {
+      // A job starts at epoch 0: a later one is the place a running job's door gave this process.
+      const transport::tcp::Tcp& mesh = cross_->transport();
+      joined_ = mesh.options().epoch > 0;
+      if (joined_) process_.regrouped(mesh.rank(), mesh.size());
+      holds_rendezvous_address_ = spec.rank == 0;
+    }
+    process_.learn_local_ranks(*cross_, cluster().rank, 0);
     share_host_memory();
+    open_door();
   }
 
   std::size_t replicas() const {
@@ -219,18 +232,38 @@ class MultiWorkerMirrored {
     for (int rank = 0; rank < before; ++rank) {
       if (std::ranges::find(next.members, rank) == next.members.end()) change.lost.push_back(rank);
     }
-    process_.regrouped(next.transport.rank(), next.transport.size());
-    thread_.reset();  // its failure stays with it: a thread of its own for the new membership
-    cross_ = std::make_unique<Cross>(std::move(next.transport));
-    thread_ = process_.start_communication_thread();
-    process_.learn_local_ranks(*cross_, cluster().rank, 0);
-    bucket_bytes_ = options().bucket_bytes.value_or(kBucketBytes);
-    share_host_memory();
+    holds_rendezvous_address_ = holds_rendezvous_address_ && next.members.front() == 0;
+    adopt(std::move(next.transport));
     return change;
   }
 
   // A process whose own failure ends its fit: the workers that regroup will not count it in.
   void withdraw() noexcept requires kRegroups { cross_->transport().stop_listening(); }
+
+  // On the chief, at a vote: the processes at its door that the job takes in now, up to
+  // elastic.max_workers (or the workers it started with); 0 on the others.
+  std::size_t joiners_waiting() requires kRegroups {
+    const std::size_t most = elastic().max_workers != 0 ? elastic().max_workers : started_workers_;
+    const auto workers = static_cast<std::size_t>(cluster().size);
+    if (!door_ || workers >= most) return 0;
+    return std::min(door_->waiting(), most - workers);
+  }
+
+  // Every process together, at the step boundary where the vote counted `joiners`: the mesh of
+  // the next epoch, with them after the members (the chief tells them their places).
+  [[gnu::cold]] MembershipChange admit(std::size_t joiners) requires kRegroups {
+    const auto before = static_cast<std::size_t>(cluster().size);
+    if (door_) door_->welcome(joiners);
+    door_.reset();
+    adopt(transport::tcp::grow(cross_->transport(), static_cast<int>(joiners)));
+    return {.workers_before = before,
+            .workers_after = static_cast<std::size_t>(cluster().size),
+            .joined = joiners};
+  }
+
+  // Whether this process joined a running job through its door, rather than starting with it:
+  // its Trainer's first fit then takes the job's newest state (trainer/elastic.hpp).
+  bool joined() const requires kRegroups { return joined_; }
 
   template <class Body>
   void run(Body&& body) {
@@ -258,6 +291,31 @@ class MultiWorkerMirrored {
   // the examples' MLP trained 14,954 examples/s that way, 14,468 in 256 KiB buckets during the
   // backward pass and 12,819 with those at real-time priority (docs/benchmarks.md, "Processes of
   // one host"). A program that sets bucket_bytes keeps its buckets.
+  // The mesh of a new membership (regroup, admit): this process's rank and the job's size are
+  // its, the communication thread is new (the old one's failure stays with it), the local ranks
+  // and shared memory are learned again, and the chief opens its door again.
+  [[gnu::cold]] void adopt(transport::tcp::Tcp next) requires kRegroups {
+    door_.reset();
+    process_.regrouped(next.rank(), next.size());
+    thread_.reset();
+    cross_ = std::make_unique<Cross>(std::move(next));
+    thread_ = process_.start_communication_thread();
+    process_.learn_local_ranks(*cross_, cluster().rank, 0);
+    bucket_bytes_ = options().bucket_bytes.value_or(kBucketBytes);
+    share_host_memory();
+    open_door();
+  }
+
+  // On an elastic job's chief while it listens at the job's rendezvous address, where a process
+  // started for the job comes.
+  [[gnu::cold]] void open_door() {
+    if constexpr (kRegroups) {
+      if (elastic().enabled() && holds_rendezvous_address_ && cluster().rank == 0) {
+        door_ = std::make_unique<transport::tcp::Door>(cross_->transport());
+      }
+    }
+  }
+
   [[gnu::cold]] void share_host_memory() {
     if constexpr (requires { cross_->share_host_memory(true, {}); }) {
       const cluster::Spec& spec = process_.spec();
@@ -298,6 +356,10 @@ class MultiWorkerMirrored {
   std::unique_ptr<Cross> cross_;
   std::unique_ptr<collective::CommunicationThread> thread_;  // after cross_: stopped before it
   std::vector<std::size_t> local_leaf_counts_;               // use_deal; empty: one each
+  std::size_t started_workers_ = 0;                          // the job's size at the start
+  bool joined_ = false;                                      // joined(): through a door
+  bool holds_rendezvous_address_ = false;  // this process listens at the job's rendezvous address
+  std::unique_ptr<transport::tcp::Door> door_;  // the chief's, while it holds that address
 };
 
 static_assert(Strategy<MultiWorkerMirrored<>>);

@@ -1,7 +1,8 @@
-// trainer::go_on_without: how a fit of an elastic job (strategy/elastic.hpp) goes on when a
-// worker is lost. The segment failed with a CommError on every process that goes on, each at a
-// step boundary or in a step it abandoned (strategy::AbandonsStep: nothing of that step applied).
-// Then:
+// How a fit of an elastic job (strategy/elastic.hpp) goes on when its membership changes.
+//
+// go_on_without: when a worker is lost. The segment failed with a CommError on every process that
+// goes on, each at a step boundary or in a step it abandoned (strategy::AbandonsStep: nothing of
+// that step applied). Then:
 //   1. the strategy regroups (strategy::Regroups): the workers left form the next membership;
 //   2. the micro-batches are dealt over their replicas (core/sharding.hpp, Deal);
 //   3. the job agrees on the newest state: a worker may have applied the last step before the
@@ -13,6 +14,13 @@
 // timeline (core/trace.hpp) has a "regroup" span from the failure to the newest state taken.
 // Below min_workers every process left saves its state into the checkpoint directory, where there
 // is one, and fails with the regroup's CommError.
+//
+// take_in: when processes wait at the chief's door, every member at the step boundary where the
+// vote counted them (trainer/vote.hpp). The strategy admits them (strategy::Regroups), the
+// micro-batches are dealt over the grown job, and every replica takes the state as above: the
+// joiners' first fit (join_fit) runs the same agreement, from the step its program's fit begins
+// at, so that the members' state, whose step is the newest, is the job's. The chief prints
+// "cohort: workers 3 -> 4 at step 17 (1 joined)", and the timeline has a "regroup" span.
 #pragma once
 
 #include <cstddef>
@@ -54,24 +62,10 @@ template <class R>
   }
 }
 
-// After `cause` ended a segment, with `applied` the steps of the run this process's state holds:
-// the job's next membership, and run.step the step it goes on from. Throws CommError where fewer
-// than min_workers are left, after saving this process's state into the checkpoint directory,
-// where there is one (PeriodicCheckpoints::save_alone).
+// Every replica of every process: the parameters and optimizer state of the first worker that
+// holds the most steps, `applied` being this process's; run.step is then that count, returned.
 template <class R>
-[[gnu::cold]] strategy::MembershipChange go_on_without(R& run, const CommError& cause,
-                                                       std::uint64_t applied,
-                                                       PeriodicCheckpoints<R>& checkpoints) {
-  const auto start = trace::Recorder::Clock::now();
-  std::optional<strategy::MembershipChange> regrouped;
-  try {
-    regrouped = run.strategy.regroup(cause);
-  } catch (const CommError&) {
-    if (checkpoints.enabled()) save_last_step(run, applied, checkpoints);
-    throw;
-  }
-  strategy::MembershipChange change = std::move(*regrouped);
-  run.deal();
+[[gnu::cold]] std::uint64_t take_newest_state(R& run, std::uint64_t applied) {
   std::uint64_t newest = 0;
   run.strategy.run([&](auto& replica) {
     const std::size_t local = replica.index() - run.strategy.first_local_replica();
@@ -89,6 +83,17 @@ template <class R>
     if (local == 0) newest = static_cast<std::uint64_t>(most);
   });
   run.step = newest;
+  return newest;
+}
+
+// After a membership change that began at `start`: the micro-batches dealt over the job's
+// replicas, the newest state taken, the change recorded and printed by the chief.
+template <class R>
+[[gnu::cold]] strategy::MembershipChange changed_membership(
+    R& run, strategy::MembershipChange change, std::uint64_t applied,
+    trace::Recorder::Clock::time_point start) {
+  run.deal();
+  const std::uint64_t newest = take_newest_state(run, applied);
   change.step = newest;
   if (run.recorder) {
     run.recorder->record(trace::Phase::kRegroup, start, trace::Recorder::Clock::now(),
@@ -98,6 +103,48 @@ template <class R>
     std::fprintf(stderr, "cohort: %s\n", membership_text(change).c_str());
   }
   return change;
+}
+
+// After `cause` ended a segment, with `applied` the steps of the run this process's state holds:
+// the job's next membership, and run.step the step it goes on from. Throws CommError where fewer
+// than min_workers are left, after saving this process's state into the checkpoint directory,
+// where there is one (PeriodicCheckpoints::save_alone).
+template <class R>
+[[gnu::cold]] strategy::MembershipChange go_on_without(R& run, const CommError& cause,
+                                                       std::uint64_t applied,
+                                                       PeriodicCheckpoints<R>& checkpoints) {
+  const auto start = trace::Recorder::Clock::now();
+  std::optional<strategy::MembershipChange> regrouped;
+  try {
+    regrouped = run.strategy.regroup(cause);
+  } catch (const CommError&) {
+    if (checkpoints.enabled()) save_last_step(run, applied, checkpoints);
+    throw;
+  }
+  return changed_membership(run, std::move(*regrouped), applied, start);
+}
+
+// Every process of an elastic job at the step boundary where the vote counted `joiners` waiting:
+// the job with them, and run.step unchanged.
+template <class R>
+[[gnu::cold]] strategy::MembershipChange take_in(R& run, std::size_t joiners) {
+  const auto start = trace::Recorder::Clock::now();
+  return changed_membership(run, run.strategy.admit(joiners), run.step, start);
+}
+
+// The first fit of a process that joined a running job through its door (strategy::Regroups,
+// joined()): the agreement the members run in take_in, and the step the job is at.
+template <class R>
+[[gnu::cold]] void join_fit(R& run) {
+  const auto start = trace::Recorder::Clock::now();
+  const std::uint64_t step = take_newest_state(run, run.step);
+  if (run.recorder) {
+    run.recorder->record(trace::Phase::kRegroup, start, trace::Recorder::Clock::now(),
+                         {.step = step, .index = run.strategy.cluster().size});
+  }
+  std::fprintf(stderr, "cohort: rank %d joined the job of %d workers at step %llu\n",
+               run.strategy.cluster().rank, run.strategy.cluster().size,
+               static_cast<unsigned long long>(step));
 }
 
 }  // namespace cohort::trainer

@@ -87,13 +87,17 @@ std::string fit_summary(const std::vector<double>& per_replica, std::uint64_t st
 // One change of an elastic job's membership, as the chief prints it when it happens and in the
 // fit's summary: "workers 4 -> 3 at step 17 (rank 2 lost: <the failure that began it>)".
 inline std::string membership_text(const strategy::MembershipChange& change) {
-  std::string lost;
+  std::string why;
   for (const int rank : change.lost) {
-    lost += (lost.empty() ? "rank " : ", rank ") + std::to_string(rank);
+    why += (why.empty() ? "rank " : ", rank ") + std::to_string(rank);
+  }
+  if (!change.lost.empty()) why += " lost: " + change.cause;
+  if (change.joined != 0) {
+    why += (why.empty() ? "" : "; ") + std::to_string(change.joined) + " joined";
   }
   return "workers " + std::to_string(change.workers_before) + " -> " +
          std::to_string(change.workers_after) + " at step " + std::to_string(change.step) + " (" +
-         lost + " lost: " + change.cause + ")";
+         why + ")";
 }
 
 // The figures of one progress line.

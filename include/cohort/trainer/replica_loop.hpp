@@ -44,6 +44,7 @@ enum class SegmentEnd {
   kCheckpoint,  // a checkpoint is due: the fit goes on after it
   kPreempted,   // the job agreed to stop
   kStopped,     // a validation's stop said so (early stopping)
+  kAdmit,       // processes join the job here (trainer/elastic.hpp): the fit goes on after it
 };
 
 // What a replica's fit carries from one segment to the next.
@@ -111,15 +112,20 @@ class ReplicaLoop {
       fold_.lend_sum_storage(replica_.template gradient_sum_storage<T>(parameters_.size()));
     }
     const bool votes =
-        run_.options.preemption.enabled || run_.options.checkpoint.every.count() != 0;
+        run_.options.preemption.enabled || run_.options.checkpoint.every.count() != 0 || grows();
     SegmentEnd end = segment_end_ == target_ ? SegmentEnd::kTarget : SegmentEnd::kCheckpoint;
     std::uint64_t step = run_.step;
     carry_.applied = step;
     for (; step < segment_end_; ++step) {
       const Decision decision =
           votes ? carry_.vote.template before<S>(step, local_ == 0 && checkpoints_.due_by_time(),
-                                                 replica_, agreement_)
+                                                 joiners_waiting(), replica_, agreement_)
                 : Decision::kGoOn;
+      if (decision == Decision::kAdmit) {
+        if (!carry_.window.empty()) close_window(step - 1, false);
+        end = SegmentEnd::kAdmit;
+        break;
+      }
       const bool checkpoint = step > run_.step && (decision == Decision::kCheckpoint ||
                                                    checkpoints_.due_by_steps(step));
       if (decision == Decision::kStop || (checkpoint && !kBetweenSteps)) {
@@ -148,7 +154,7 @@ class ReplicaLoop {
         }
       }
     }
-    const bool fit_ends = end != SegmentEnd::kCheckpoint;
+    const bool fit_ends = end != SegmentEnd::kCheckpoint && end != SegmentEnd::kAdmit;
     if (local_ == 0) {
       report_.steps += step - run_.step;
       report_.preempted = end == SegmentEnd::kPreempted;
@@ -158,14 +164,28 @@ class ReplicaLoop {
     // Every replica ends the segment as it ends a fit (a parameter server brings the optimizer
     // state home; a sharded update gathers it).
     replica_.finish(parameters_, optimizer_state_,
-                    end == SegmentEnd::kPreempted    ? strategy::FitEnd::kPreempted
-                    : end == SegmentEnd::kCheckpoint ? strategy::FitEnd::kCheckpoint
-                                                     : strategy::FitEnd::kReached);
+                    end == SegmentEnd::kPreempted ? strategy::FitEnd::kPreempted
+                    : fit_ends                    ? strategy::FitEnd::kReached
+                                                  : strategy::FitEnd::kCheckpoint);
     return end;
   }
 
  private:
   static constexpr bool kValidates = !std::same_as<V, NoValidation>;
+
+  // Whether processes may join this fit (an elastic job: strategy::Regroups).
+  bool grows() const {
+    if constexpr (strategy::Regroups<S>) return run_.strategy.elastic().enabled();
+    return false;
+  }
+
+  // The processes the chief takes in at this vote, 0 elsewhere.
+  std::size_t joiners_waiting() {
+    if constexpr (strategy::Regroups<S>) {
+      if (local_ == 0 && run_.strategy.is_chief()) return run_.strategy.joiners_waiting();
+    }
+    return 0;
+  }
   static constexpr bool kBetweenSteps = PeriodicCheckpoints<R>::kBetweenSteps;
 
   // A checkpoint after `step` steps, taken between two steps without ending the segment

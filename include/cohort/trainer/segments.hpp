@@ -51,7 +51,19 @@ Report fit_segments(R& run, PeriodicCheckpoints<R>& checkpoints, MetricsLog* met
   const auto start = Clock::now();
   const std::uint64_t first_step = run.step;
   std::vector<ReplicaCarry> carries = carries_for(run, plan, first_step);
-  for (SegmentEnd end = SegmentEnd::kCheckpoint; end == SegmentEnd::kCheckpoint;) {
+  // After an elastic job's membership changed: the fit goes on over the new replicas.
+  const auto go_on_as = [&](strategy::MembershipChange change) {
+    report.membership.push_back(std::move(change));
+    report.steps = run.step - first_step;
+    plan = run.plan(data.size());
+    std::vector<ReplicaCarry> next = carries_for(run, plan, first_step);
+    for (std::size_t local = 0; local < next.size(); ++local) {
+      next[local].window.continue_fit(carries[local].window);
+    }
+    carries = std::move(next);
+  };
+  for (SegmentEnd end = SegmentEnd::kCheckpoint;
+       end == SegmentEnd::kCheckpoint || end == SegmentEnd::kAdmit;) {
     const std::uint64_t segment_end = checkpoints.segment_end(run.step, target);
     try {
       run.strategy.run([&](auto& replica) {
@@ -64,20 +76,19 @@ Report fit_segments(R& run, PeriodicCheckpoints<R>& checkpoints, MetricsLog* met
     } catch (const CommError& cause) {
       if constexpr (strategy::Regroups<typename R::Strategy>) {
         if (run.strategy.elastic().enabled()) {
-          report.membership.push_back(go_on_without(run, cause, carries[0].applied, checkpoints));
-          report.steps = run.step - first_step;
-          plan = run.plan(data.size());
-          std::vector<ReplicaCarry> next = carries_for(run, plan, first_step);
-          for (std::size_t local = 0; local < next.size(); ++local) {
-            next[local].window.continue_fit(carries[local].window);
-          }
-          carries = std::move(next);
+          go_on_as(go_on_without(run, cause, carries[0].applied, checkpoints));
           continue;
         }
       }
       throw;
     }
     run.step = first_step + report.steps;
+    if constexpr (strategy::Regroups<typename R::Strategy>) {
+      if (end == SegmentEnd::kAdmit) {
+        go_on_as(take_in(run, carries[0].vote.admitted()));
+        continue;
+      }
+    }
     if (end == SegmentEnd::kPreempted) {
       checkpoints.save_preempted(run);
     } else if (checkpoints.enabled()) {

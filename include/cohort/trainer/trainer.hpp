@@ -92,6 +92,7 @@
 #include "cohort/strategy/mirrored.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/trainer/checkpoints.hpp"
+#include "cohort/trainer/elastic.hpp"
 #include "cohort/trainer/job_settings.hpp"
 #include "cohort/trainer/metrics_log.hpp"
 #include "cohort/trainer/nonfinite.hpp"
@@ -303,6 +304,12 @@ class Trainer {
                           " examples this run began with; its data order would change");
     }
     run_.dataset_size = data.size();
+    if constexpr (strategy::Regroups<S>) {
+      if (run_.strategy.joined() && !joined_fit_) {
+        joined_fit_ = true;
+        trainer::join_fit(run_);
+      }
+    }
     std::uint64_t target = std::numeric_limits<std::uint64_t>::max();
     if (until.epochs != 0) target = until.epochs * plan.steps_per_epoch();
     if (until.steps != 0) target = std::min(target, until.steps);
@@ -340,6 +347,7 @@ class Trainer {
   std::unique_ptr<trainer::MetricsLog> metrics_;  // on the chief, when asked
   std::optional<std::string> unsettled_;      // why the state may be inconsistent (require_settled)
   std::unique_ptr<preemption::Watch> watch_;  // when Options::preemption.enabled
+  bool joined_fit_ = false;  // a process that joined a running job took its state (join_fit)
 };
 
 }  // namespace cohort

@@ -15,10 +15,15 @@
 // Checkpoints by time (Options::checkpoint.every): the same vote carries whether any process has
 // gone that long without a checkpoint (its first replica's word), so that every process
 // checkpoints after the same step.
+//
+// Growth (strategy::Regroups): the same vote carries how many processes wait at the chief's door
+// to join an elastic job (strategy/elastic.hpp), so that every process takes them in at the same
+// step boundary.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 
 #include "cohort/core/preemption.hpp"
@@ -32,6 +37,7 @@ enum class Decision {
   kGoOn,
   kCheckpoint,  // a checkpoint by time is due: taken here (trainer/periodic_checkpoints.hpp)
   kStop,        // preemption: the fit ends here
+  kAdmit,       // processes wait to join: taken in here (admitted(); trainer/elastic.hpp)
 };
 
 class Vote {
@@ -47,10 +53,11 @@ class Vote {
 
   // Before step `step`, on every replica: what the job does here. Where a vote is due, one
   // all-reduce (max) of whether any process was asked to stop, whether a checkpoint is
-  // `checkpoint_due` on any, and of the slowest step time since the last vote, so that every
-  // replica of every process decides the same way and schedules the same next vote.
+  // `checkpoint_due` on any, the slowest step time since the last vote, and the `joiners` the
+  // chief takes in, so that every replica of every process decides the same way and schedules
+  // the same next vote.
   template <class S, class Replica, class D>
-  Decision before(std::uint64_t step, bool checkpoint_due, Replica& replica,
+  Decision before(std::uint64_t step, bool checkpoint_due, std::size_t joiners, Replica& replica,
                   Agreement<D>& agreement) {
     if (step != next_) return Decision::kGoOn;
     const auto now = Clock::now();
@@ -60,14 +67,20 @@ class Vote {
                                           static_cast<double>(step - last_);
     bool asked = preemption::requested() != 0;
     if constexpr (strategy::ReportsStop<S>) asked = asked || replica.stop_requested();
-    double values[3] = {asked ? 1.0 : 0.0, checkpoint_due ? 1.0 : 0.0, step_seconds};
+    double values[4] = {asked ? 1.0 : 0.0, checkpoint_due ? 1.0 : 0.0, step_seconds,
+                        static_cast<double>(joiners)};
     agreement.all_reduce(replica.communicator(), values, ReduceOp::kMax);
     if (values[0] != 0.0) return Decision::kStop;
     next_ = step + steps_between_votes(values[2]);
     last_ = step;
     last_time_ = now;
+    admitted_ = static_cast<std::size_t>(values[3]);
+    if (admitted_ != 0) return Decision::kAdmit;
     return values[1] != 0.0 ? Decision::kCheckpoint : Decision::kGoOn;
   }
+
+  // After Decision::kAdmit: how many processes the job takes in.
+  std::size_t admitted() const { return admitted_; }
 
   // Steps until the next vote: kInterval's worth at the given step time, at least 1.
   static std::uint64_t steps_between_votes(double step_seconds) {
@@ -80,6 +93,7 @@ class Vote {
   std::uint64_t next_;
   std::uint64_t last_;
   Clock::time_point last_time_;
+  std::size_t admitted_ = 0;
 };
 
 }  // namespace cohort::trainer

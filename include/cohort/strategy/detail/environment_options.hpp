@@ -1,8 +1,8 @@
 // A strategy's options from the environment, where the program leaves the Options defaults:
 // COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT (cluster/environment.hpp, parse_duration),
 // COHORT_COMMUNICATION_PRIORITY (auto, normal or realtime: collective/thread_priority.hpp)
-// COHORT_SHARED_MEMORY (0 or 1: cluster::parse_switch) and COHORT_MIN_WORKERS (a count:
-// strategy/elastic.hpp).
+// COHORT_SHARED_MEMORY (0 or 1: cluster::parse_switch), COHORT_MIN_WORKERS and
+// COHORT_MAX_WORKERS (counts: strategy/elastic.hpp).
 #pragma once
 
 #include <chrono>
@@ -57,13 +57,16 @@ StrategyOptions with_environment(StrategyOptions options, const cluster::Environ
     apply(cluster::variable::kSharedMemory, options.shared_memory, defaults.shared_memory,
           cluster::parse_switch);
   }
-  if constexpr (requires { options.elastic.min_workers; }) {
+  if constexpr (requires { options.elastic; }) {
+    const auto parse_count = [](std::string_view name, std::string_view value) {
+      const int count = cluster::parse_integer(name, value);
+      if (count < 0) cluster::detail::reject_text(name, value, "expected a count, 0 or more");
+      return static_cast<std::size_t>(count);
+    };
     apply(cluster::variable::kMinWorkers, options.elastic.min_workers, defaults.elastic.min_workers,
-          [](std::string_view name, std::string_view value) {
-            const int count = cluster::parse_integer(name, value);
-            if (count < 0) cluster::detail::reject_text(name, value, "expected a count, 0 or more");
-            return static_cast<std::size_t>(count);
-          });
+          parse_count);
+    apply(cluster::variable::kMaxWorkers, options.elastic.max_workers, defaults.elastic.max_workers,
+          parse_count);
   }
   return options;
 }

@@ -68,7 +68,7 @@
 namespace cohort::transport::tcp {
 
 inline constexpr std::uint32_t kMagic = 0x54524843;  // "CHRT" read as a little-endian integer
-inline constexpr std::uint16_t kProtocolVersion = 3;
+inline constexpr std::uint16_t kProtocolVersion = 4;
 inline constexpr std::size_t kHeaderBytes = 32;
 inline constexpr std::size_t kTrailerBytes = 8;
 
@@ -81,6 +81,7 @@ inline constexpr std::uint16_t kTable = 0xff03;    // rank 0: where every rank l
 inline constexpr std::uint16_t kReady = 0xff04;    // to rank 0: all my connections are up
 inline constexpr std::uint16_t kGo = 0xff05;       // rank 0: every rank is ready
 inline constexpr std::uint16_t kAbort = 0xff06;    // the rendezvous failed; payload says why
+inline constexpr std::uint16_t kWelcome = 0xff07;  // a running job's rank 0: join as rank r of n
 }  // namespace setup_type
 
 namespace detail {

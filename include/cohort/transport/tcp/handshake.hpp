@@ -60,6 +60,9 @@ struct Hello {
   std::string listen_address{};
   std::string job_id{};
   std::uint32_t epoch = 0;
+  // The hello of a running job's door (door.hpp), not of a rendezvous: it admits the connecting
+  // process into the job's next membership epoch, whatever rank, size and epoch it was given.
+  bool door = false;
   Nonce nonce{};
 };
 
@@ -131,7 +134,8 @@ class Reader {
 }  // namespace detail
 
 // Hello payload, version 1: rank u32 (first in every version, frame.hpp), size u32,
-// flags u16 (bit 0: authenticates, bit 1: checksums data frames, bit 2: encrypts data frames),
+// flags u16 (bit 0: authenticates, bit 1: checksums data frames, bit 2: encrypts data frames,
+// bit 3: a door),
 // listen port u16, nonce,
 // listen address, job id (strings: u16 length, bytes).
 inline std::vector<std::byte> encode_hello(const Hello& hello) {
@@ -139,7 +143,7 @@ inline std::vector<std::byte> encode_hello(const Hello& hello) {
   out.put(static_cast<std::uint32_t>(hello.rank));
   out.put(static_cast<std::uint32_t>(hello.size));
   out.put(static_cast<std::uint16_t>((hello.authenticates ? 1 : 0) | (hello.checksums ? 2 : 0) |
-                                     (hello.encrypts ? 4 : 0)));
+                                     (hello.encrypts ? 4 : 0) | (hello.door ? 8 : 0)));
   out.put(hello.listen_port);
   out.put_bytes(hello.nonce);
   out.put_string(hello.listen_address);
@@ -159,7 +163,7 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
   hello.listen_address = in.get_string();
   hello.job_id = in.get_string();
   hello.epoch = in.get<std::uint32_t>();
-  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~7u) != 0) {
+  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~15u) != 0) {
     return std::nullopt;
   }
   hello.rank = static_cast<int>(rank);
@@ -167,6 +171,7 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
   hello.authenticates = (flags & 1u) != 0;
   hello.checksums = (flags & 2u) != 0;
   hello.encrypts = (flags & 4u) != 0;
+  hello.door = (flags & 8u) != 0;
   return hello;
 }
 
@@ -202,6 +207,33 @@ inline std::optional<std::vector<Address>> decode_table(std::span<const std::byt
   return table;
 }
 
+// What a running job's rank 0 tells a process it admits (door.hpp): its place in the next
+// membership epoch, whose rendezvous it then joins.
+struct Welcome {
+  int rank = 0;
+  int size = 0;
+  std::uint32_t epoch = 0;
+  friend bool operator==(const Welcome&, const Welcome&) = default;
+};
+
+// Welcome payload: rank u32, size u32, epoch u32.
+inline std::vector<std::byte> encode_welcome(const Welcome& welcome) {
+  detail::Writer out;
+  out.put(static_cast<std::uint32_t>(welcome.rank));
+  out.put(static_cast<std::uint32_t>(welcome.size));
+  out.put(welcome.epoch);
+  return out.take();
+}
+
+inline std::optional<Welcome> decode_welcome(std::span<const std::byte> payload) {
+  detail::Reader in(payload);
+  const auto rank = in.get<std::uint32_t>();
+  const auto size = in.get<std::uint32_t>();
+  const auto epoch = in.get<std::uint32_t>();
+  if (!in.complete() || size < 2 || size > 0x7fffffffu || rank >= size) return std::nullopt;
+  return Welcome{static_cast<int>(rank), static_cast<int>(size), epoch};
+}
+
 inline std::vector<std::byte> encode_text(std::string_view text) {
   const auto* begin = reinterpret_cast<const std::byte*>(text.data());
   return {begin, begin + text.size()};
@@ -222,6 +254,8 @@ struct Expectation {
   bool encrypts = false;         // Options::encrypt of this rank
   int lowest_peer = 0;           // the peer's rank must lie in [lowest_peer, highest_peer]
   int highest_peer = 0;
+  bool door =
+      false;  // this rank is a running job's door (door.hpp), which gives the peer its place
 };
 
 inline std::string rank_name(int rank) { return "rank " + std::to_string(rank); }
@@ -229,7 +263,7 @@ inline std::string rank_name(int rank) { return "rank " + std::to_string(rank); 
 // Whether a peer's hello is of this job but another membership epoch (Options::epoch): refused
 // as a stranger is, not as a rank that fails the rendezvous.
 inline bool of_another_epoch(const Hello& peer, const Expectation& mine) {
-  return peer.job_id == mine.job_id && peer.epoch != mine.epoch;
+  return peer.job_id == mine.job_id && peer.epoch != mine.epoch && !peer.door && !mine.door;
 }
 
 // The first difference between a peer's hello and what this rank expects, in words naming both
@@ -240,16 +274,19 @@ inline std::string check_hello(const Hello& peer, const Expectation& mine) {
     return who + " belongs to another job: job id " + quote_peer_text(peer.job_id) +
            " differs from " + quote_peer_text(mine.job_id);
   }
-  if (peer.epoch != mine.epoch) {
+  // Where a door admits the peer, the door gives it its rank, size and epoch: the peer's own are
+  // those it was started with.
+  const bool placed_by_door = peer.door || mine.door;
+  if (!placed_by_door && peer.epoch != mine.epoch) {
     return who + " is of membership epoch " + std::to_string(peer.epoch) + " of this job, " +
            rank_name(mine.rank) + " of epoch " + std::to_string(mine.epoch) +
            ": the job regrouped without " + (peer.epoch < mine.epoch ? who : rank_name(mine.rank));
   }
-  if (peer.size != mine.size) {
+  if (!placed_by_door && peer.size != mine.size) {
     return who + " was told the job has " + std::to_string(peer.size) + " ranks, " +
            rank_name(mine.rank) + " was told " + std::to_string(mine.size);
   }
-  if (peer.rank < mine.lowest_peer || peer.rank > mine.highest_peer) {
+  if (!placed_by_door && (peer.rank < mine.lowest_peer || peer.rank > mine.highest_peer)) {
     if (mine.lowest_peer == mine.highest_peer) {
       return "expected " + rank_name(mine.lowest_peer) + " but the peer says it is " + who;
     }

@@ -24,6 +24,7 @@ class io_context;
 namespace cohort::transport::tcp {
 
 class Tcp;
+class Door;
 
 namespace detail {
 struct Acceptor;  // asio.hpp
@@ -50,6 +51,7 @@ class Listener {
 
  private:
   friend class Tcp;
+  friend class Door;
 
   // Tcp::listener_for: a Listener on a duplicate of `listening`'s socket, with its own io_context.
   [[gnu::cold]] COHORT_DECL Listener(Options options, detail::Acceptor& listening);

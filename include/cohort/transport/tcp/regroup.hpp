@@ -1,5 +1,6 @@
-// tcp::regroup: the ranks of a mesh that failed, as a mesh of their own, without a restart. Every
-// rank that goes on calls it on its failed Tcp, which kept listening (Options::keep_listening):
+// tcp::regroup and tcp::grow: a mesh's next membership epoch, without a restart. regroup: the
+// ranks of a mesh that failed, as a mesh of their own. Every rank that goes on calls it on its
+// failed Tcp, which kept listening (Options::keep_listening):
 //
 //   tcp::Regrouped next = tcp::regroup(failed, {.min_size = 2, .probe_timeout = 2s});
 //   // next.transport: the new mesh; next.members[r]: the old rank of its rank r
@@ -22,20 +23,13 @@
 // returns; its connections are not used again.
 #pragma once
 
-#include <chrono>
 #include <vector>
 
 #include "cohort/core/compilation.hpp"
+#include "cohort/transport/tcp/regroup_options.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
 namespace cohort::transport::tcp {
-
-struct RegroupOptions {
-  int min_size = 1;  // fewer ranks alive: CommError, and no new mesh
-  // How long the roll call waits for a rank's listener to answer: a host cut off is counted out
-  // after this.
-  std::chrono::milliseconds probe_timeout{std::chrono::seconds(2)};
-};
 
 struct Regrouped {
   Tcp transport;
@@ -43,6 +37,12 @@ struct Regrouped {
 };
 
 [[gnu::cold]] COHORT_DECL Regrouped regroup(Tcp& failed, RegroupOptions options);
+
+// Every member of `mesh`, when its rank 0's door (door.hpp) took `joiners` processes in: the mesh
+// of the next epoch, one rank more for each, who come after the members in the order the door
+// welcomed them. Rank 0 hosts its rendezvous where it listened, the job's rendezvous address,
+// where the joiners came. The old Tcp hands its listening socket over, as for regroup.
+[[gnu::cold]] COHORT_DECL Tcp grow(Tcp& mesh, int joiners);
 
 }  // namespace cohort::transport::tcp
 

@@ -47,6 +47,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -65,9 +66,9 @@
 #include <vector>
 
 #include "cohort/core/error.hpp"
+#include "cohort/transport/tcp/asio.hpp"
 #include "cohort/transport/tcp/frame.hpp"
 #include "cohort/transport/tcp/handshake.hpp"
-#include "cohort/transport/tcp/asio.hpp"
 #include "cohort/transport/tcp/options.hpp"
 
 namespace cohort::transport::tcp::detail {
@@ -264,6 +265,68 @@ class Rendezvous {
         peers_(static_cast<std::size_t>(options.size)),
         ready_(static_cast<std::size_t>(options.size), false) {}
 
+  // A running job's door (door.hpp): rank 0's listener, once its mesh is up, where processes
+  // started for the job ask to join. It runs as long as it is polled, with no deadline of its own.
+  struct DoorMode {};
+  Rendezvous(DoorMode, const Options& options, asio::io_context& io, Acceptor& listener,
+             std::uint16_t listen_port)
+      : options_(options),
+        io_(io),
+        listener_(listener),
+        listen_port_(listen_port),
+        deadline_(Clock::time_point::max()),
+        door_(true) {
+    spawn(accept_loop(0, 0));
+  }
+
+  // The door: runs what is ready without waiting; the processes that proved themselves and wait
+  // for a place, in the order they came.
+  [[gnu::cold]] std::size_t poll_door() {
+    if (io_.stopped()) io_.restart();
+    io_.poll();
+    std::erase_if(joiners_,
+                  [](const Peer& joiner) { return !joiner.connection->socket.is_open(); });
+    return joiners_.size();
+  }
+
+  // The door: tells the first `count` joiners their places, ranks first_rank, first_rank + 1, ...
+  // of `size` in membership epoch `epoch`, and lets them go to its rendezvous. Returns how many
+  // were told (fewer where some left since they were counted).
+  [[gnu::cold]] std::size_t welcome(std::size_t count, int first_rank, int size,
+                                    std::uint32_t epoch) {
+    std::size_t told = 0;
+    for (Peer& joiner : joiners_) {
+      if (told == count) break;
+      Socket& socket = joiner.connection->socket;
+      const Welcome place{
+          .rank = first_rank + static_cast<int>(told), .size = size, .epoch = epoch};
+      ErrorCode ec;
+      asio::write(socket, asio::buffer(make_frame({setup_type::kWelcome}, encode_welcome(place))),
+                  ec);
+      close(socket);
+      if (!ec) ++told;
+    }
+    std::erase_if(joiners_,
+                  [](const Peer& joiner) { return !joiner.connection->socket.is_open(); });
+    return told;
+  }
+
+  // The door: closes every connection it holds and stops accepting.
+  [[gnu::cold]] void close_door() {
+    finished_ = true;
+    accepting_ = false;
+    ErrorCode ignored;
+    listener_.close(ignored);  // this door's own descriptor of the listening socket
+    for (const ConnectionPtr& connection : connections_) close(connection->socket);
+    for (const Peer& joiner : joiners_) close(joiner.connection->socket);
+    joiners_.clear();
+    drain();
+  }
+
+  // Where a running job's door admitted this rank instead of a rendezvous's table: its place in
+  // the job's next membership epoch, whose rendezvous it joins next (Tcp's construction).
+  const std::optional<Welcome>& welcomed() const { return welcome_; }
+
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
 
@@ -284,6 +347,11 @@ class Rendezvous {
       throw CommError(failure());
     }
     finished_ = true;
+    if (welcome_) {  // the listener serves the next rendezvous, as this rank's place there
+      for (const ConnectionPtr& connection : connections_) close(connection->socket);
+      drain();
+      return {};
+    }
     close_listener();
     std::vector<Link> links;
     links.reserve(peers_.size());
@@ -352,9 +420,9 @@ class Rendezvous {
     spawn(join_root());
     // Only rank 0 knows who is missing; once connected to it, give it time to say so.
     const auto grace = std::min<Clock::duration>(options_.connect_timeout, std::chrono::seconds(1));
-    drive([&] { return !table_.empty(); }, [&] { return join_timeout_message(); },
+    drive([&] { return !table_.empty() || welcome_; }, [&] { return join_timeout_message(); },
           [&] { return connected_to_root_ ? grace : Clock::duration::zero(); });
-    if (!failure_.empty()) return;
+    if (!failure_.empty() || welcome_) return;
     spawn(watch_root());
     if (options_.rank < size() - 1) spawn(accept_loop(options_.rank + 1, size() - 1));
     for (int r = 1; r < options_.rank; ++r) spawn(connect_peer(r));
@@ -414,6 +482,11 @@ class Rendezvous {
       }
       return text;
     }
+    if (waited_at_door_) {
+      return "the job at " + where +
+             " runs already, and took this rank in at no step boundary (it takes a process that "
+             "joins up to elastic.max_workers)";
+    }
     return "rank 0 at " + where + " accepted this rank but sent no address table";
   }
 
@@ -455,8 +528,9 @@ class Rendezvous {
   // Keeps an accepted connection in connections_ (in accept order), forgets the ones that
   // ended, and drops the oldest handshakes beyond max_pending_connections.
   void track(const ConnectionPtr& connection) {
-    std::erase_if(connections_,
-                  [](const ConnectionPtr& c) { return !c->socket.is_open() && !c->authenticated; });
+    std::erase_if(connections_, [this](const ConnectionPtr& c) {
+      return !c->socket.is_open() && (door_ || !c->authenticated);
+    });
     connections_.push_back(connection);
     const auto pending = std::ranges::count_if(connections_, [](const ConnectionPtr& c) {
       return !c->outbound && !c->authenticated && c->socket.is_open();
@@ -484,6 +558,11 @@ class Rendezvous {
   [[gnu::cold]] Awaitable<void> admit(ConnectionPtr connection, int low, int high) {
     Expected<Introduction> introduced = co_await handshake_as_acceptor(*connection, low, high);
     connection->deadline.cancel();
+    if (introduced && door_) {
+      joiners_.push_back(Peer{connection, std::move(*introduced)});
+      spawn(watch_joiner(connection));
+      co_return;
+    }
     if (introduced) {
       const int rank = introduced->hello.rank;
       establish(rank, Peer{connection, std::move(*introduced)});
@@ -493,11 +572,11 @@ class Rendezvous {
     using Kind = Refusal::Kind;
     // With a secret only a peer that proved it may fail the rendezvous: it is refused with
     // kMismatch alone, after its proof. Without one, whoever speaks the protocol may. A rank of
-    // another membership epoch never does.
-    const bool fatal = authenticating()
-                           ? refusal.kind == Kind::kMismatch
-                           : refusal.kind != Kind::kClosed && refusal.kind != Kind::kStranger &&
-                                 refusal.kind != Kind::kStale;
+    // another membership epoch never does, nor anyone at a door, which turns the peer away.
+    const bool fatal = !door_ && (authenticating() ? refusal.kind == Kind::kMismatch
+                                                   : refusal.kind != Kind::kClosed &&
+                                                         refusal.kind != Kind::kStranger &&
+                                                         refusal.kind != Kind::kStale);
     if (fatal) {
       fail(refusal.told());  // abandon() tells this connection why, with the others
       co_return;
@@ -505,12 +584,13 @@ class Rendezvous {
     if (stopping()) co_return;
     // A rank of another epoch is told why, as a rank that fails the rendezvous would be, so that
     // one left out of a regroup stops with the reason.
-    if (refusal.kind == Kind::kStale) tell(connection->socket, refusal.reason);
+    const bool told = refusal.kind == Kind::kStale || (door_ && refusal.kind == Kind::kMismatch);
+    if (told) tell(connection->socket, refusal.reason);
     // A stranger's own words are not repeated: it has proved nothing. Without a secret, what is
     // dropped spoke no cohort protocol at all, and goes unlogged; a connection that closes in its
     // handshake (a rank of a regroup probing this one's listener, a health check) too.
     const bool quiet_close = refusal.kind == Kind::kClosed && !connection->timed_out;
-    if (refusal.kind == Kind::kStale || (authenticating() && !quiet_close)) {
+    if (told || (authenticating() && !quiet_close)) {
       refusals_.add(prefix(), "refused a connection: " + refusal.reason);
     }
     close(connection->socket);
@@ -530,8 +610,13 @@ class Rendezvous {
     const std::string who = authenticating()
                                 ? connection.from + " claiming to be " + rank_name(theirs->rank)
                                 : rank_name(theirs->rank);
+    if (comes_too_soon(*theirs)) {
+      co_return Refusal{Refusal::Kind::kClosed, who + " is of membership epoch " +
+                                                    std::to_string(theirs->epoch) +
+                                                    ", not yet served here"};
+    }
     std::string mismatch = check_hello(*theirs, expectation(low, high));
-    if (mismatch.empty() && holds_live(theirs->rank)) mismatch = who + " joined twice";
+    if (mismatch.empty() && !door_ && holds_live(theirs->rank)) mismatch = who + " joined twice";
     const auto kind = of_another_epoch(*theirs, expectation(low, high)) ? Refusal::Kind::kStale
                                                                         : Refusal::Kind::kMismatch;
     if (!mismatch.empty() && !authenticating()) co_return Refusal{kind, mismatch};
@@ -619,13 +704,20 @@ class Rendezvous {
         last_connect_refused_ = ec == asio::error::connection_refused;
         close(connection->socket);
       }
+      if (ec && peer == 0 && waited_at_door_ && last_connect_refused_) {
+        // Where a running job's door was, nobody listens: its rank 0 ended, or left the job.
+        co_return Refusal{Refusal::Kind::kClosed,
+                          "the job at " + options_.rendezvous_host + ":" +
+                              std::to_string(options_.rendezvous_port) +
+                              " ended, or lost its rank 0, before it took this rank in"};
+      }
       if (stopping()) co_return Refusal{Refusal::Kind::kClosed, "stopped"};
       if (!ec) {
-        if (peer == 0) connected_to_root_ = true;
         tune(connection->socket, options_);
         Expected<Introduction> introduced =
             co_await handshake_as_connector(connection->socket, peer);
         if (introduced) {
+          if (peer == 0) connected_to_root_ = true;
           connection->authenticated = true;
           co_return Peer{connection, std::move(*introduced)};
         }
@@ -659,25 +751,52 @@ class Rendezvous {
       }
       for (const auto& entry : results) endpoints.push_back(entry.endpoint());
     }
-    Expected<Peer> root = co_await connect_to(std::move(endpoints), 0);
-    if (!root) {
-      fail(root.refusal().told(), 0);
+    for (;;) {
+      Expected<Peer> root = co_await connect_to(endpoints, 0);
+      if (!root) {
+        fail(root.refusal().told(), 0);
+        co_return;
+      }
+      Socket& socket = root->connection->socket;
+      const bool door = root->introduction.hello.door;
+      waited_at_door_ = waited_at_door_ || door;
+      establish(0, std::move(*root));
+      Expected<SetupMessage> answer =
+          co_await read_expected(socket, "rank 0", door ? setup_type::kWelcome : setup_type::kTable,
+                                 kMaxSetupPayloadBytes);
+      if (!answer && door && answer.refusal().kind == Refusal::Kind::kClosed && !stopping()) {
+        // A door closes while the job changes its membership: knock again.
+        close(socket);
+        peers_[0].reset();
+        --established_;
+        continue;
+      }
+      if (!answer) {
+        fail(answer.refusal().told(), 0);
+        co_return;
+      }
+      if (door) {
+        welcome_ = decode_welcome(answer->payload());
+        if (!welcome_) fail("rank 0 sent a malformed welcome", 0);
+        co_return;
+      }
+      auto decoded = decode_table(answer->payload(), size());
+      if (!decoded) {
+        fail("rank 0 sent a malformed address table", 0);
+        co_return;
+      }
+      table_ = std::move(*decoded);
       co_return;
     }
-    Socket& socket = root->connection->socket;
-    establish(0, std::move(*root));
-    Expected<SetupMessage> table =
-        co_await read_expected(socket, "rank 0", setup_type::kTable, kMaxSetupPayloadBytes);
-    if (!table) {
-      fail(table.refusal().told(), 0);
-      co_return;
-    }
-    auto decoded = decode_table(table->payload(), size());
-    if (!decoded) {
-      fail("rank 0 sent a malformed address table", 0);
-      co_return;
-    }
-    table_ = std::move(*decoded);
+  }
+
+  // The door: a joiner sends nothing while it waits; whatever comes (its end) lets it go.
+  [[gnu::cold]] Awaitable<void> watch_joiner(ConnectionPtr connection) {
+    std::array<std::byte, 1> unused{};
+    ErrorCode ec;
+    co_await connection->socket.async_read_some(asio::buffer(unused),
+                                                asio::redirect_error(use_awaitable, ec));
+    close(connection->socket);
   }
 
   [[gnu::cold]] Awaitable<void> connect_peer(int peer) {
@@ -839,6 +958,16 @@ class Rendezvous {
 
   bool authenticating() const { return !options_.secret.empty(); }
 
+  // A hello that this listener does not serve yet, closed before anything is answered so that
+  // its sender connects again: at a rendezvous, one of an earlier membership epoch (a process
+  // started again, or one the job regrouped without), which a door admits once the epoch's mesh
+  // is up; at a door, one of a later epoch (a rank that regroups before this one has noticed the
+  // loss), which this rank's next rendezvous serves.
+  bool comes_too_soon(const Hello& theirs) const {
+    if (theirs.job_id != options_.job_id || theirs.door) return false;
+    return door_ ? theirs.epoch > options_.epoch : theirs.epoch < options_.epoch;
+  }
+
   Hello my_hello() const {
     return {.rank = options_.rank,
             .size = options_.size,
@@ -849,6 +978,7 @@ class Rendezvous {
             .listen_address = options_.bind_address,
             .job_id = options_.job_id,
             .epoch = options_.epoch,
+            .door = door_,
             .nonce = random_nonce()};
   }
 
@@ -861,7 +991,8 @@ class Rendezvous {
             .checksums = options_.checksum,
             .encrypts = options_.encrypt,
             .lowest_peer = low,
-            .highest_peer = high};
+            .highest_peer = high,
+            .door = door_};
   }
 
   std::vector<std::byte> proof_or_empty(Role role, std::span<const std::byte> connector_hello,
@@ -1017,6 +1148,10 @@ class Rendezvous {
   std::string failure_;
   int failed_peer_ = -1;
   bool finished_ = false;
+  bool door_ = false;
+  bool waited_at_door_ = false;       // a member that found the job running
+  std::vector<Peer> joiners_;         // the door: who waits for a place, in the order they came
+  std::optional<Welcome> welcome_{};  // a door's answer instead of the table
 };
 
 }  // namespace cohort::transport::tcp::detail

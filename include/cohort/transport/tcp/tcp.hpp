@@ -91,6 +91,10 @@ class Tcp {
   // find this rank as before. This Tcp listens no more.
   [[gnu::cold]] COHORT_DECL Listener listener_for(Options next);
 
+  // Under Options::keep_listening: a second listener on this rank's listening socket, which this
+  // Tcp keeps too, for a door of the job (door.hpp) to accept on while the mesh runs.
+  [[gnu::cold]] COHORT_DECL Listener shared_listener() const;
+
   // Under Options::keep_listening: stops listening for good, so that ranks that regroup find this
   // one gone (connecting to it is refused). For a rank that leaves the job: before it tells its
   // peers, so that none counts it in. Safe from any thread at any time.

@@ -109,4 +109,14 @@ COHORT_DECL Regrouped regroup(Tcp& failed, RegroupOptions options) {
   return {std::move(transport), std::move(members)};
 }
 
+COHORT_DECL Tcp grow(Tcp& mesh, int joiners) {
+  Options next = mesh.options();
+  next.size += joiners;
+  next.epoch += 1;
+  const Address& host = mesh.addresses().front();
+  next.rendezvous_host = host.host;
+  next.rendezvous_port = host.port;
+  return Tcp(mesh.listener_for(std::move(next)));
+}
+
 }  // namespace cohort::transport::tcp

@@ -27,9 +27,23 @@ COHORT_DECL Tcp::Tcp(Listener&& listener)
   if (options_.size == 1) return;
   // The acceptor belongs to io_: a local here, destroyed before io_ even when this throws.
   auto acceptor = std::move(listener.acceptor_);
-  detail::Rendezvous rendezvous(options_, *io_, *acceptor, listener.port_, listener.started_);
-  auto links = rendezvous.run();
-  addresses_ = rendezvous.table();
+  auto started = listener.started_;
+  std::vector<detail::Link> links;
+  for (;;) {
+    detail::Rendezvous rendezvous(options_, *io_, *acceptor, listener.port_, started);
+    links = rendezvous.run();
+    if (const auto& welcome = rendezvous.welcomed()) {
+      // A running elastic job's door took this process in (door.hpp): the rendezvous of the
+      // place it was given, with the job's members, from a deadline of its own.
+      options_.rank = welcome->rank;
+      options_.size = welcome->size;
+      options_.epoch = welcome->epoch;
+      started = std::chrono::steady_clock::now();
+      continue;
+    }
+    addresses_ = rendezvous.table();
+    break;
+  }
   if (options_.keep_listening) acceptor_ = std::move(acceptor);
   connections_.reserve(links.size());
   queues_.resize(links.size());
@@ -88,6 +102,16 @@ COHORT_DECL Listener Tcp::listener_for(Options next) {
   acceptor_->close(ignored);
   acceptor_.reset();
   return listener;
+}
+
+COHORT_DECL Listener Tcp::shared_listener() const {
+  if (!acceptor_) {
+    throw CommError({.rank = rank(),
+                     .operation = "door",
+                     .detail = "this rank no longer listens (Options::keep_listening unset, or "
+                               "stop_listening called)"});
+  }
+  return Listener(options_, *acceptor_);
 }
 
 COHORT_DECL void Tcp::stop_listening() noexcept {

@@ -1,0 +1,61 @@
+// tcp::Door: where a process started for a running elastic job asks to join it. Rank 0 of the job,
+// where it listens at the job's rendezvous address (Options::keep_listening), keeps a door open
+// there while the mesh runs:
+//
+//   tcp::Door door(mesh);                 // once the mesh is up
+//   if (door.waiting() > 0) { ... }       // at a step boundary, polled: who waits for a place
+//   door.welcome(count);                  // every rank then grows: tcp::grow(mesh, count)
+//
+// A process that comes to the rendezvous address with the job's id (a worker started again, a new
+// host) meets the door instead of a rendezvous: the same handshake under the same secret, so that
+// a stranger is refused as at a rendezvous, and a hello that says it is a door. The door holds the
+// connection until the job admits it at a step boundary, then tells it its place (Welcome: rank,
+// size and membership epoch of the grown mesh), and the process joins the rendezvous of that
+// epoch with every member (rendezvous.hpp; its Tcp's construction returns then). A process that
+// waits while the door closes (the job changes its membership) knocks again until its deadline
+// (connect_timeout). A door takes no step of the job: it moves only when polled, so the job pays
+// a poll of its sockets per vote (trainer/vote.hpp), a few microseconds.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "cohort/core/compilation.hpp"
+#include "cohort/transport/tcp/listener.hpp"
+#include "cohort/transport/tcp/options.hpp"
+#include "cohort/transport/tcp/tcp.hpp"
+
+namespace cohort::transport::tcp {
+
+namespace detail {
+class Rendezvous;  // rendezvous.hpp
+}  // namespace detail
+
+class Door {
+ public:
+  // On `mesh`'s listener (rank 0's, under Options::keep_listening), in the mesh's epoch.
+  [[gnu::cold]] COHORT_DECL explicit Door(const Tcp& mesh);
+  Door(const Door&) = delete;
+  Door& operator=(const Door&) = delete;
+  // Closes every connection it holds: a process still waiting knocks again.
+  COHORT_DECL ~Door();
+
+  // The processes that proved themselves and wait for a place, after what has come meanwhile.
+  COHORT_DECL std::size_t waiting();
+
+  // Tells the first `count` waiting processes their places: ranks size(), size() + 1, ... of a
+  // mesh of size() + count in the next epoch, which every member then forms (tcp::grow). Returns
+  // how many were told: fewer where some left since waiting() counted them.
+  [[gnu::cold]] COHORT_DECL std::size_t welcome(std::size_t count);
+
+ private:
+  Options options_;
+  Listener listener_;
+  std::unique_ptr<detail::Rendezvous> rendezvous_;
+};
+
+}  // namespace cohort::transport::tcp
+
+#if !defined(COHORT_SEPARATE_COMPILATION)
+#include "cohort/transport/tcp/impl/door.ipp"
+#endif

@@ -1,0 +1,122 @@
+// tcp::Door and tcp::grow: a process started for a running job (here a thread of this process,
+// on 127.0.0.1, under a secret) meets rank 0's door instead of a rendezvous, waits there until
+// the members take it in, and joins the mesh of the next epoch in the place the door gave it; a
+// stranger is refused at the door, and the door goes on.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cohort/transport/tcp/door.hpp>
+#include <cohort/transport/tcp/regroup.hpp>
+#include <cstdint>
+#include <future>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "tcp_peers.hpp"
+
+using namespace tcp_test;  // NOLINT: the helpers are this file's vocabulary
+
+namespace {
+
+constexpr const char* kSecret = "correct horse battery staple";
+
+void elastic(tcp::Options& options) {
+  options.secret = kSecret;
+  options.keep_listening = true;
+}
+
+// Polls `door` until `count` processes wait there, for 10 s at most.
+bool wait_at(tcp::Door& door, std::size_t count) {
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (door.waiting() < count) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// A process started again as rank `rank` of the job's first `size`, at the job's rendezvous port.
+tcp::Options started_again(int rank, int size, std::uint16_t port, const std::string& secret) {
+  tcp::Options options = options_for(rank, size);
+  elastic(options);
+  options.secret = secret;
+  options.rendezvous_port = port;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a process started for a running job waits at rank 0's door, is taken in, and joins the mesh "
+    "of the next epoch after the members") {
+  std::promise<std::uint16_t> port_promise;
+  std::shared_future<std::uint16_t> port = port_promise.get_future().share();
+  std::promise<void> admitted;  // rank 0 tells rank 1 that the job grows by one
+  std::shared_future<void> grow = admitted.get_future().share();
+  std::optional<tcp::Tcp> joiner;
+  std::thread joining([&] {
+    // It claims rank 1 of 2, as the worker it replaces was; the door places it.
+    joiner.emplace(started_again(1, 2, port.get(), kSecret));
+    ring_once(*joiner);
+  });
+  const auto errors = run_ranks(
+      2,
+      [&](tcp::Tcp& mesh) {
+        if (mesh.rank() == 0) {
+          port_promise.set_value(mesh.rendezvous_port());
+          tcp::Door door(mesh);
+          REQUIRE(wait_at(door, 1));
+          CHECK(door.welcome(1) == 1);
+          admitted.set_value();
+        } else {
+          grow.wait();
+        }
+        tcp::Tcp next = tcp::grow(mesh, 1);
+        CHECK(next.size() == 3);
+        CHECK(next.rank() == mesh.rank());
+        CHECK(next.options().epoch == 1);
+        ring_once(next);
+      },
+      elastic);
+  joining.join();
+  require_no_errors(errors);
+  REQUIRE(joiner.has_value());
+  CHECK(joiner->rank() == 2);
+  CHECK(joiner->size() == 3);
+  CHECK(joiner->options().epoch == 1);
+}
+
+TEST_CASE("a stranger without the secret is refused at the door, and the door goes on") {
+  std::promise<std::uint16_t> port_promise;
+  std::shared_future<std::uint16_t> port = port_promise.get_future().share();
+  std::string refused;
+  std::size_t waiting_after_stranger = 99;
+  const auto errors = run_ranks(
+      2,
+      [&](tcp::Tcp& mesh) {
+        if (mesh.rank() != 0) return;
+        tcp::Door door(mesh);
+        port_promise.set_value(mesh.rendezvous_port());
+        std::atomic<bool> done = false;
+        std::thread stranger([&] {
+          try {
+            tcp::Tcp transport(started_again(1, 2, port.get(), "not the secret"));
+          } catch (const cohort::CommError& error) {
+            refused = error.what();
+          }
+          done = true;
+        });
+        while (!done) {
+          door.waiting();
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        stranger.join();
+        waiting_after_stranger = door.waiting();
+      },
+      elastic);
+  require_no_errors(errors);
+  CHECK(waiting_after_stranger == 0);
+  CHECK(contains(refused, "rank 1: rendezvous: authentication failed with rank 0"));
+}
