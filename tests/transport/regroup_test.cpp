@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cohort/transport/tcp/regroup.hpp>
 #include <cstdint>
 #include <future>
@@ -54,7 +55,8 @@ std::vector<Outcome> lose_one(int size, int lost, int min_size) {
         wait_for_loss_of(transport, lost);
         std::optional<tcp::Regrouped> next;
         try {
-          next.emplace(tcp::regroup(transport, {.min_size = min_size}));
+          next.emplace(tcp::regroup(
+              transport, {.min_size = min_size, .probe_timeout = std::chrono::seconds(2)}));
         } catch (const cohort::CommError& error) {
           outcome.error = error.what();
         }

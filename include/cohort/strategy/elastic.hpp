@@ -29,8 +29,6 @@
 #include <string>
 #include <vector>
 
-#include "cohort/transport/tcp/regroup_options.hpp"
-
 namespace cohort::strategy {
 
 struct Elastic {
@@ -42,7 +40,7 @@ struct Elastic {
   std::size_t max_workers = 0;
   // How long the roll call waits for a worker's listener to answer: a host cut off is counted
   // out after this.
-  std::chrono::milliseconds probe_timeout = transport::tcp::RegroupOptions{}.probe_timeout;
+  std::chrono::milliseconds probe_timeout{std::chrono::seconds(2)};
 
   bool enabled() const { return min_workers > 0; }
 };
@@ -55,6 +53,9 @@ struct MembershipChange {
   std::vector<int> lost{};  // the ranks, before the change, of the workers lost
   std::string cause{};      // this process's failure that began it
   std::size_t joined = 0;   // the workers taken in
+  // From the change's start (the failure noticed, or the vote that took workers in) to the newest
+  // state held by every replica: the fit stood still this long, the transfer of the state included.
+  double seconds = 0.0;
 };
 
 }  // namespace cohort::strategy

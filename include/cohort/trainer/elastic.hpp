@@ -23,6 +23,7 @@
 // "cohort: workers 3 -> 4 at step 17 (1 joined)", and the timeline has a "regroup" span.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -94,9 +95,11 @@ template <class R>
     trace::Recorder::Clock::time_point start) {
   run.deal();
   const std::uint64_t newest = take_newest_state(run, applied);
+  const auto end = trace::Recorder::Clock::now();
   change.step = newest;
+  change.seconds = std::chrono::duration<double>(end - start).count();
   if (run.recorder) {
-    run.recorder->record(trace::Phase::kRegroup, start, trace::Recorder::Clock::now(),
+    run.recorder->record(trace::Phase::kRegroup, start, end,
                          {.step = newest, .index = change.workers_after});
   }
   if (run.strategy.is_chief()) {

@@ -95,9 +95,11 @@ inline std::string membership_text(const strategy::MembershipChange& change) {
   if (change.joined != 0) {
     why += (why.empty() ? "" : "; ") + std::to_string(change.joined) + " joined";
   }
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.3f", change.seconds);
   return "workers " + std::to_string(change.workers_before) + " -> " +
          std::to_string(change.workers_after) + " at step " + std::to_string(change.step) + " (" +
-         why + ")";
+         why + "), " + seconds + " s";
 }
 
 // The figures of one progress line.

@@ -16,20 +16,28 @@
 //      rendezvous on the socket it listened on. Fewer than min_size is a CommError naming who
 //      answered and who did not.
 //   3. The rendezvous (rendezvous.hpp) of the next membership epoch (Options::epoch + 1), under
-//      the same secret and authentication: a rank of the old epoch, and any frame of the old
-//      mesh, is refused there.
+//      the same secret and authentication: a rank of the old epoch is held off (it knocks again,
+//      and may join through rank 0's door once the mesh is up: door.hpp), a rank of a later one
+//      refused, and no frame of the old mesh crosses into the new one.
 //
 // The old Tcp hands its listening socket over (Tcp::listener_for), and may be destroyed once this
 // returns; its connections are not used again.
 #pragma once
 
+#include <chrono>
 #include <vector>
 
 #include "cohort/core/compilation.hpp"
-#include "cohort/transport/tcp/regroup_options.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
 namespace cohort::transport::tcp {
+
+struct RegroupOptions {
+  int min_size = 1;  // fewer ranks alive: CommError, and no new mesh
+  // How long the roll call waits for a rank's listener to answer: a host cut off is counted out
+  // after this. Given by the caller (strategy::Elastic holds the job's); not positive: ConfigError.
+  std::chrono::milliseconds probe_timeout{0};
+};
 
 struct Regrouped {
   Tcp transport;

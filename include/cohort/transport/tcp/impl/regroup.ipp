@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/options.hpp"
 #include "cohort/transport/tcp/asio.hpp"
 #include "cohort/transport/tcp/impl/tcp.ipp"
 #include "cohort/transport/tcp/rendezvous.hpp"
@@ -82,6 +83,10 @@ COHORT_DECL Regrouped regroup(Tcp& failed, RegroupOptions options) {
   const auto refuse = [&](const std::string& why) {
     throw CommError({.rank = old.rank, .operation = "regroup", .detail = why});
   };
+  if (options.probe_timeout.count() <= 0) {
+    options::reject("probe_timeout", std::to_string(options.probe_timeout.count()) + " ms",
+                    "must be positive");
+  }
   if (table.size() != static_cast<std::size_t>(old.size) || old.size < 2) {
     refuse("the mesh never formed, so there is nobody to regroup with");
   }
