@@ -18,9 +18,11 @@ thread per process, on this host:
                 first step of the restarted workers; every worker of the node is restarted, then
                 resumes from the file
   soak          with --soak N: fits of 4 workers (a smaller MLP, 8-256-256-10) under cohort-run
-                --min-np 2, each with a random worker SIGKILLed at a random point, until N kills
-                landed in the middle of a fit (3N fits at most), every one checked for exit status
-                0 and the fingerprint of the uninterrupted fit; a fit still running after 120 s
+                --min-np 2 --max-restarts 1, each with a random worker SIGKILLed at a random point
+                and started again by cohort-run (rank 0 is not: the job goes on with 3), until N
+                kills landed in the middle of a fit (3N fits at most), every one checked for exit
+                status 0 and the fingerprint of the uninterrupted fit, and whether the worker
+                started again was taken back before the fit ended; a fit still running after 120 s
                 counts as a hang
 """
 import argparse
@@ -168,18 +170,20 @@ def soak(build, runs):
                                               env=environment(), capture_output=True, text=True,
                                               timeout=600, check=True).stdout)
     duration = time.time() - start
-    print(f"\nsoak: {runs} fits of 4 workers, one SIGKILLed at random; uninterrupted: "
-          f"{reference} in {duration:.1f} s")
-    print("| fit | worker killed | after (s) | went on | parameters | |")
-    print("| ---: | --- | ---: | --- | --- | --- |")
+    print(f"\nsoak: {runs} fits of 4 workers, one SIGKILLed at random and started again; "
+          f"uninterrupted: {reference} in {duration:.1f} s")
+    print("| fit | worker killed | after (s) | went on | taken back | parameters | |")
+    print("| ---: | --- | ---: | --- | --- | --- | --- |")
     wrong = 0
     landed = 0
+    rejoined = 0
     fits = 0
     while landed < runs and fits < 3 * runs:
         fits += 1
         victim = random.randrange(4)
         delay = random.uniform(0.05, 0.6) * duration
-        process = subprocess.Popen([launcher, "--np", "4", "--min-np", "2", "--", *program],
+        process = subprocess.Popen([launcher, "--np", "4", "--min-np", "2", "--max-restarts", "1",
+                                    "--", *program],
                                    env=environment(), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)
         try:
@@ -195,11 +199,14 @@ def soak(build, runs):
             parameters, verdict = fingerprint_of(output), "ended first"
         wrong += verdict in ("WRONG", "HANG")
         went_on = "workers 4 -> 3" in output
+        taken_back = "workers 3 -> 4" in output
         landed += went_on
-        print(f"| {fits} | rank {victim} | {delay:.2f} | {went_on} | {parameters} | "
+        rejoined += taken_back
+        print(f"| {fits} | rank {victim} | {delay:.2f} | {went_on} | {taken_back} | {parameters} | "
               f"{verdict} |")
         sys.stdout.flush()
-    print(f"kills in the middle of a fit: {landed}; wrong or hung: {wrong} of {fits} fits")
+    print(f"kills in the middle of a fit: {landed}, of which taken back: {rejoined}; wrong or hung: "
+          f"{wrong} of {fits} fits")
     return wrong
 
 

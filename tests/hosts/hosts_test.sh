@@ -15,8 +15,9 @@
 # each of 2 hosts), and local variables that contradict it (a ConfigError on every rank); and faults: a partition of one host
 # shorter than the timeout (same bits), one longer than the timeout (a named error on every rank
 # between half and twice the timeout after the fault), one host cut off for good from an elastic
-# job (the others go on to the same bits), a wrong secret on one host, no rank 0 at the master
-# address.
+# job (the others go on to the same bits), a worker of an elastic job killed on its host and started
+# there again (it rejoins across the hosts, to the same bits), a wrong secret on one host, no rank
+# 0 at the master address.
 set -uo pipefail
 
 build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
@@ -25,7 +26,8 @@ cases=("$@")
 if ((${#cases[@]} == 0)); then
   cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host local_conflict
          master_addr_2x2 names_two_per_host slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
-         short_partition long_partition elastic_host_lost no_master wrong_secret)
+         short_partition long_partition elastic_host_lost elastic_host_rejoins no_master
+         wrong_secret)
 fi
 
 multi_worker="${build}/examples/02_multi_worker/multi_worker"
@@ -388,6 +390,28 @@ case_elastic_host_lost() {  # an elastic job of 4 hosts, one cut off for good: t
   [[ "$(status_of "${started[3]}")" != 0 ]] || fail "the host cut off succeeded"
   grep -q "regroup: 1 of 4 ranks answer" "${started[3]}.out" ||
     fail "the host cut off does not say it stopped below min_workers"
+}
+
+case_elastic_host_rejoins() {  # an elastic job of 4 hosts: host 4's worker killed, started again
+  local reference_long pid
+  reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
+  COHORT_MIN_WORKERS=3 start_partition_job 4 "${long_job[@]}"
+  for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
+  # The same command on the same host, as a pod's restart policy would start it.
+  on 4 COHORT_RANK=3 COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 COHORT_MASTER_PORT=29500 \
+    COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${long_job[@]}"
+  finish 120
+  for out in "${started[@]:0:3}" "${started[4]}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  [[ "$(fingerprint)" == "${reference_long}" ]] ||
+    fail "parameters $(fingerprint), expected ${reference_long}"
+  grep -q "cohort: workers 4 -> 3 at step .*(rank 3 lost: " "${started[0]}.out" ||
+    fail "the chief does not say the job went on without rank 3"
+  grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${started[0]}.out" ||
+    fail "the chief does not say the job took a worker back"
+  grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||
+    fail "the worker started again does not say it joined"
 }
 
 case_no_master() {  # ranks 1 to 3 with no rank 0: each names what it could not reach
