@@ -372,20 +372,27 @@ case_long_partition() {
   done
 }
 
+# went_on_without_rank_3 PARAMETERS OUT...: each process OUT exited 0, the chief's parameters are
+# PARAMETERS, and it said that the job went on without rank 3.
+went_on_without_rank_3() {
+  local expected="$1" out
+  shift
+  for out in "$@"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  [[ "$(fingerprint)" == "${expected}" ]] || fail "parameters $(fingerprint), expected ${expected}"
+  grep -q "cohort: workers 4 -> 3 at step .*(rank 3 lost: " "${started[0]}.out" ||
+    fail "the chief does not say the job went on without rank 3"
+}
+
 case_elastic_host_lost() {  # an elastic job of 4 hosts, one cut off for good: the others go on
-  local reference_long out
+  local reference_long
   reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
   COHORT_MIN_WORKERS=3 start_partition_job 4 "${long_job[@]}"
   ip link set "$(hosts_link 4)" down
   finish 120
   ip link set "$(hosts_link 4)" up
-  for out in "${started[@]:0:3}"; do
-    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
-  done
-  [[ "$(fingerprint)" == "${reference_long}" ]] ||
-    fail "parameters $(fingerprint), expected ${reference_long}"
-  grep -q "cohort: workers 4 -> 3 at step .*(rank 3 lost: " "${started[0]}.out" ||
-    fail "the chief does not say the job went on without rank 3"
+  went_on_without_rank_3 "${reference_long}" "${started[@]:0:3}"
   # The host cut off finds nobody at the roll call, and stops below min_workers.
   [[ "$(status_of "${started[3]}")" != 0 ]] || fail "the host cut off succeeded"
   grep -q "regroup: 1 of 4 ranks answer" "${started[3]}.out" ||
@@ -401,13 +408,7 @@ case_elastic_host_rejoins() {  # an elastic job of 4 hosts: host 4's worker kill
   on 4 COHORT_RANK=3 COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 COHORT_MASTER_PORT=29500 \
     COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${long_job[@]}"
   finish 120
-  for out in "${started[@]:0:3}" "${started[4]}"; do
-    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
-  done
-  [[ "$(fingerprint)" == "${reference_long}" ]] ||
-    fail "parameters $(fingerprint), expected ${reference_long}"
-  grep -q "cohort: workers 4 -> 3 at step .*(rank 3 lost: " "${started[0]}.out" ||
-    fail "the chief does not say the job went on without rank 3"
+  went_on_without_rank_3 "${reference_long}" "${started[@]:0:3}" "${started[4]}"
   grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${started[0]}.out" ||
     fail "the chief does not say the job took a worker back"
   grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||

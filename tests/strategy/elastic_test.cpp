@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -155,16 +156,27 @@ TEST_CASE(
 
 TEST_CASE(
     "a worker SIGKILLed mid-fit and started again rejoins at a step boundary, and the job ends "
-    "with the parameters of a job that lost nobody: over TCP and through shared memory") {
+    "with the parameters of a job that lost nobody: over TCP and through shared memory, and while "
+    "the chief checkpoints every step") {
   const std::string& expected = uninterrupted_parameters();
   std::mt19937 random(std::random_device{}());
-  for (const std::string shared_memory : {"0", "1"}) {
-    CAPTURE(shared_memory);
+  struct Job {
+    std::string shared_memory;
+    bool checkpoints;
+  };
+  for (const Job& job : {Job{"0", false}, Job{"1", false}, Job{"0", true}}) {
+    CAPTURE(job.shared_memory);
+    CAPTURE(job.checkpoints);
     TemporaryDirectory directory("cohort-elastic-rejoin");
     // Longer pauses, so that the fit outlasts the restart on a busy machine.
-    const std::vector<std::string> slower{"--pause-ms", "50"};
+    std::vector<std::string> more{"--pause-ms", "50"};
+    if (job.checkpoints) {
+      // A snapshot written in the background between every two steps: the join meets one.
+      more.insert(more.end(), {"--checkpoint-directory", (directory.path / "checkpoints").string(),
+                               "--checkpoint-every", "1"});
+    }
     std::string port;
-    auto workers = start_elastic_workers(directory.path, 3, 2, shared_memory, "1", slower, &port);
+    auto workers = start_elastic_workers(directory.path, 3, 2, job.shared_memory, "1", more, &port);
     const auto delay = std::chrono::milliseconds(std::uniform_int_distribution(20, 200)(random));
     CAPTURE(delay.count());
     std::this_thread::sleep_for(delay);
@@ -172,7 +184,7 @@ TEST_CASE(
     workers[2]->wait(10s);
     // The same command and environment again, as a launcher's restart policy would.
     workers[2] =
-        start_elastic_worker(directory.path, 2, 3, port, 2, shared_memory, "1", slower, "-again");
+        start_elastic_worker(directory.path, 2, 3, port, 2, job.shared_memory, "1", more, "-again");
     for (const int rank : {0, 1}) {
       CAPTURE(rank);
       const std::string log = ended(workers, directory.path, rank, true);
@@ -190,59 +202,71 @@ TEST_CASE(
   }
 }
 
-TEST_CASE(
-    "under cohort-run --min-np, a rank SIGKILLed mid-fit is lost, not fatal: the others end with "
-    "the parameters of a job that lost nobody, and the launcher exits 0") {
-  const std::string& expected = uninterrupted_parameters();
+namespace {
+
+// A job under cohort-run with `options` (before --) whose rank 1 is SIGKILLed 100 ms after every
+// rank met the others, the trainer's micro-batches pausing `pause_ms`: how cohort-run exited, what
+// it and every rank printed, and the parameters the chief wrote.
+struct LaunchedRun {
+  std::optional<cohort::testing::Exit> exit;
+  std::string log;
+  std::string parameters;
+};
+LaunchedRun kill_rank_1_under_cohort_run(const std::vector<std::string>& options,
+                                         const std::string& pause_ms) {
   TemporaryDirectory directory("cohort-elastic-run");
   const fs::path out = directory.path / "parameters.bin";
-  Process launcher({COHORT_RUN, "--np", "4", "--min-np", "3", "--", COHORT_TRAINER, "1",
-                    std::to_string(kSteps), out, "--pause-ms", "4"},
-                   {}, directory.path / "log.txt");
   const fs::path log = directory.path / "log.txt";
+  std::vector<std::string> command{COHORT_RUN};
+  command.insert(command.end(), options.begin(), options.end());
+  command.insert(command.end(), {"--", COHORT_TRAINER, "1", std::to_string(kSteps), out.string(),
+                                 "--pause-ms", pause_ms});
+  Process launcher(command, {}, log);
   REQUIRE(cohort::testing::when_logged(log, "multi_worker_trainer: connected", 60s).has_value());
   std::this_thread::sleep_for(100ms);
   const auto rank = cohort::testing::child_with(launcher.pid(), "COHORT_RANK=1");
   REQUIRE(rank.has_value());
   ::kill(*rank, SIGKILL);
-  const auto exit = launcher.wait(60s);
-  CAPTURE(read_file(log));
-  REQUIRE(exit.has_value());
-  CHECK(exit->exited);
-  CHECK(exit->code == 0);
-  CHECK(read_file(log).find("cohort-run: rank 1 was killed by signal 9 (Killed); 3 ranks go on "
-                            "without it (--min-np 3)") != std::string::npos);
-  CHECK(read_file(log).find("cohort: workers 4 -> 3 at step ") != std::string::npos);
-  CHECK(read_file(out) == expected);
+  LaunchedRun run{.exit = launcher.wait(60s)};
+  run.log = read_file(log);
+  run.parameters = read_file(out);
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "under cohort-run --min-np, a rank SIGKILLed mid-fit is lost, not fatal: the others end with "
+    "the parameters of a job that lost nobody, and the launcher exits 0") {
+  const std::string& expected = uninterrupted_parameters();
+  const LaunchedRun run = kill_rank_1_under_cohort_run({"--np", "4", "--min-np", "3"}, "4");
+  CAPTURE(run.log);
+  REQUIRE(run.exit.has_value());
+  CHECK(run.exit->exited);
+  CHECK(run.exit->code == 0);
+  CHECK(run.log.find("cohort-run: rank 1 was killed by signal 9 (Killed); 3 ranks go on "
+                     "without it (--min-np 3)") != std::string::npos);
+  CHECK(run.log.find("cohort: workers 4 -> 3 at step ") != std::string::npos);
+  CHECK(run.parameters == expected);
 }
 
 TEST_CASE(
     "under cohort-run --min-np --max-restarts, a rank SIGKILLed mid-fit is started again and "
     "rejoins: the job ends with the parameters of a job that lost nobody, and exits 0") {
   const std::string& expected = uninterrupted_parameters();
-  TemporaryDirectory directory("cohort-elastic-restart");
-  const fs::path out = directory.path / "parameters.bin";
-  Process launcher({COHORT_RUN, "--np", "3", "--min-np", "2", "--max-restarts", "1", "--",
-                    COHORT_TRAINER, "1", std::to_string(kSteps), out, "--pause-ms", "50"},
-                   {}, directory.path / "log.txt");
-  const fs::path log = directory.path / "log.txt";
-  REQUIRE(cohort::testing::when_logged(log, "multi_worker_trainer: connected", 60s).has_value());
-  std::this_thread::sleep_for(100ms);
-  const auto rank = cohort::testing::child_with(launcher.pid(), "COHORT_RANK=1");
-  REQUIRE(rank.has_value());
-  ::kill(*rank, SIGKILL);
-  const auto exit = launcher.wait(60s);
-  const std::string text = read_file(log);
-  CAPTURE(text);
-  REQUIRE(exit.has_value());
-  CHECK(exit->exited);
-  CHECK(exit->code == 0);
-  CHECK(text.find("cohort-run: rank 1 was killed by signal 9 (Killed); starting it again "
-                  "(restart 1 of 1)") != std::string::npos);
-  CHECK(text.find("cohort: workers 3 -> 2 at step ") != std::string::npos);
-  CHECK(text.find("cohort: workers 2 -> 3 at step ") != std::string::npos);
-  CHECK(text.find("cohort: rank 2 joined the job of 3 workers at step ") != std::string::npos);
-  CHECK(read_file(out) == expected);
+  // Longer pauses, so that the fit outlasts the restart on a busy machine.
+  const LaunchedRun run =
+      kill_rank_1_under_cohort_run({"--np", "3", "--min-np", "2", "--max-restarts", "1"}, "50");
+  CAPTURE(run.log);
+  REQUIRE(run.exit.has_value());
+  CHECK(run.exit->exited);
+  CHECK(run.exit->code == 0);
+  CHECK(run.log.find("cohort-run: rank 1 was killed by signal 9 (Killed); starting it again "
+                     "(restart 1 of 1)") != std::string::npos);
+  CHECK(run.log.find("cohort: workers 3 -> 2 at step ") != std::string::npos);
+  CHECK(run.log.find("cohort: workers 2 -> 3 at step ") != std::string::npos);
+  CHECK(run.log.find("cohort: rank 2 joined the job of 3 workers at step ") != std::string::npos);
+  CHECK(run.parameters == expected);
 }
 
 TEST_CASE(

@@ -107,40 +107,52 @@ TEST_CASE("fewer ranks left than min_size is an error naming who answered and wh
   }
 }
 
-TEST_CASE("a rank of a later membership epoch is refused, and the epoch's mesh still forms") {
-  const auto configure = [](tcp::Options& options) {
-    elastic(options);
-    options.epoch = 1;
-  };
+namespace {
+
+// Ranks 0 and 1 of membership epoch 1 meet while another rank 1, of epoch `epoch` and with
+// `connect_timeout`, comes to the same rendezvous (`first`: and is done before the real rank 1
+// starts). Returns what the other one threw.
+std::string another_epoch_at_rendezvous(std::uint32_t epoch,
+                                        std::chrono::milliseconds connect_timeout, bool first) {
   std::promise<std::uint16_t> port_promise;
   auto port = port_promise.get_future().share();
-  std::string refused;
-  std::thread ahead([&] {
-    tcp::Options options = options_for(1, 2);
+  const auto rank_of_epoch = [&](int rank, std::uint32_t of_epoch) {
+    tcp::Options options = options_for(rank, 2);
     elastic(options);
-    options.epoch = 2;  // a rank that regrouped once more, without rank 0
+    options.epoch = of_epoch;
+    return options;
+  };
+  std::string error;
+  std::thread other([&] {
+    tcp::Options options = rank_of_epoch(1, epoch);
+    options.connect_timeout = connect_timeout;
     options.rendezvous_port = port.get();
     try {
       tcp::Tcp transport(options);
-    } catch (const cohort::CommError& error) {
-      refused = error.what();
+    } catch (const cohort::CommError& failure) {
+      error = failure.what();
     }
   });
   std::thread current([&] {
-    ahead.join();  // rank 1 of epoch 1 joins after the other one was refused
-    tcp::Options options = options_for(1, 2);
-    configure(options);
+    if (first) other.join();
+    tcp::Options options = rank_of_epoch(1, 1);
     options.rendezvous_port = port.get();
     tcp::Tcp transport(options);
     CHECK(transport.options().epoch == 1);
   });
-  tcp::Options options = options_for(0, 2);
-  configure(options);
-  tcp::Listener listener(options);
+  tcp::Listener listener(rank_of_epoch(0, 1));
   port_promise.set_value(listener.rendezvous_port());
   tcp::Tcp transport(std::move(listener));
   current.join();
-  CHECK(refused ==
+  if (!first) other.join();
+  return error;
+}
+
+}  // namespace
+
+TEST_CASE("a rank of a later membership epoch is refused, and the epoch's mesh still forms") {
+  // A rank that regrouped once more, without rank 0.
+  CHECK(another_epoch_at_rendezvous(2, std::chrono::seconds(10), true) ==
         "rank 1: rendezvous: rank 0 is of membership epoch 1 of this job, rank 1 of epoch 2: the "
         "job regrouped without rank 0");
 }
@@ -148,37 +160,6 @@ TEST_CASE("a rank of a later membership epoch is refused, and the epoch's mesh s
 TEST_CASE(
     "a rank of an earlier membership epoch (a process started again) is held off without a word: "
     "it knocks again until its own deadline, and the epoch's mesh forms meanwhile") {
-  const auto configure = [](tcp::Options& options) {
-    elastic(options);
-    options.epoch = 1;
-  };
-  std::promise<std::uint16_t> port_promise;
-  auto port = port_promise.get_future().share();
-  std::string held_off;
-  std::thread earlier([&] {
-    tcp::Options options = options_for(1, 2);
-    elastic(options);  // epoch 0
-    options.connect_timeout = std::chrono::milliseconds(1500);
-    options.rendezvous_port = port.get();
-    try {
-      tcp::Tcp transport(options);
-    } catch (const cohort::CommError& error) {
-      held_off = error.what();
-    }
-  });
-  std::thread current([&] {
-    tcp::Options options = options_for(1, 2);
-    configure(options);
-    options.rendezvous_port = port.get();
-    tcp::Tcp transport(options);
-    CHECK(transport.options().epoch == 1);
-  });
-  tcp::Options options = options_for(0, 2);
-  configure(options);
-  tcp::Listener listener(options);
-  port_promise.set_value(listener.rendezvous_port());
-  tcp::Tcp transport(std::move(listener));
-  current.join();
-  earlier.join();
-  CHECK(contains(held_off, "rank 1: rendezvous: timed out after 1500 ms: rank 0 never answered"));
+  CHECK(contains(another_epoch_at_rendezvous(0, std::chrono::milliseconds(1500), false),
+                 "rank 1: rendezvous: timed out after 1500 ms: rank 0 never answered"));
 }
