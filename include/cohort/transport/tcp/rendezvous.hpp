@@ -279,11 +279,14 @@ class Rendezvous {
     spawn(accept_loop(0, 0));
   }
 
-  // The door: runs what is ready without waiting; the processes that proved themselves and wait
-  // for a place, in the order they came.
+  // The door: runs what is ready without waiting, at most kDoorHandlersPerPoll pieces of it, so
+  // that strangers who flood the door take the step that polls it a bounded time; the processes
+  // that proved themselves and wait for a place, in the order they came.
   [[gnu::cold]] std::size_t poll_door() {
+    constexpr int kDoorHandlersPerPoll = 64;
     if (io_.stopped()) io_.restart();
-    io_.poll();
+    for (int handled = 0; handled < kDoorHandlersPerPoll && io_.poll_one() > 0; ++handled) {
+    }
     std::erase_if(joiners_,
                   [](const Peer& joiner) { return !joiner.connection->socket.is_open(); });
     return joiners_.size();
