@@ -169,7 +169,7 @@ TEST_CASE(
     CAPTURE(job.checkpoints);
     TemporaryDirectory directory("cohort-elastic-rejoin");
     // Longer pauses, so that the fit outlasts the restart on a busy machine.
-    std::vector<std::string> more{"--pause-ms", "50"};
+    std::vector<std::string> more{"--pause-ms", "25"};
     if (job.checkpoints) {
       // A snapshot written in the background between every two steps: the join meets one.
       more.insert(more.end(), {"--checkpoint-directory", (directory.path / "checkpoints").string(),
@@ -256,7 +256,7 @@ TEST_CASE(
   const std::string& expected = uninterrupted_parameters();
   // Longer pauses, so that the fit outlasts the restart on a busy machine.
   const LaunchedRun run =
-      kill_rank_1_under_cohort_run({"--np", "3", "--min-np", "2", "--max-restarts", "1"}, "50");
+      kill_rank_1_under_cohort_run({"--np", "3", "--min-np", "2", "--max-restarts", "1"}, "25");
   CAPTURE(run.log);
   REQUIRE(run.exit.has_value());
   CHECK(run.exit->exited);
