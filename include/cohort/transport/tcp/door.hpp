@@ -14,7 +14,7 @@
 // epoch with every member (rendezvous.hpp; its Tcp's construction returns then). A process that
 // waits while the door closes (the job changes its membership) knocks again until its deadline
 // (connect_timeout). A door takes no step of the job: it moves only when polled, so the job pays
-// a poll of its sockets per vote (trainer/vote.hpp), a few microseconds.
+// a poll of its sockets per vote (trainer/vote.hpp), with at most a bounded amount of work each.
 #pragma once
 
 #include <cstddef>
