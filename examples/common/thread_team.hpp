@@ -3,12 +3,12 @@
 //
 // Each model replica owns its team, so replicas that train side by side (Mirrored runs one
 // replica per thread) never share threads or a thread count. A copy is a new team of the same
-// size. A waiting thread waits as collective::Local's ranks do: it pauses up to 10 us (only when
-// every thread of the team can have a hardware thread), yields its core up to 100 us, then sleeps
-// (C++20 atomic wait, a futex). A model's threads meet several times per micro-batch, and a
-// wake-up from sleep costs tens of microseconds (measured, 2 threads on 784-1024-1024-10:
-// 17,600-17,800 examples/s sleeping at once, 19,900-20,300 spinning first); an idle team costs no
-// processor time.
+// size. A waiting thread waits as collective::Local's ranks do, with the same spinner
+// (cohort/core/spin.hpp, which says how it spins): it spins up to 100 us, then sleeps (C++20 atomic
+// wait, a futex). A model's threads meet several times
+// per micro-batch, and a wake-up from sleep costs tens of microseconds (measured, 2 threads on
+// 784-1024-1024-10: 17,600-17,800 examples/s sleeping at once, 19,900-20,300 spinning first); an
+// idle team costs no processor time.
 //
 // A task must not throw: an exception on a team thread ends the program (std::terminate).
 #pragma once
@@ -24,12 +24,15 @@
 #include <utility>
 #include <vector>
 
+#include "cohort/core/spin.hpp"
+
 namespace example {
 
 class ThreadTeam {
  public:
   explicit ThreadTeam(std::size_t size) : state_(std::make_unique<State>()) {
-    state_->pause = size <= std::max(1u, std::thread::hardware_concurrency());
+    state_->own_cpus = size <= std::max(1u, std::thread::hardware_concurrency());
+    state_->caller = cohort::waiting::Spinner(state_->own_cpus);
     threads_.reserve(size > 0 ? size - 1 : 0);
     for (std::size_t index = 1; index < size; ++index) {
       threads_.emplace_back([state = state_.get(), index] { serve(*state, index); });
@@ -67,7 +70,7 @@ class ThreadTeam {
     state.generation.fetch_add(1, std::memory_order_release);
     state.generation.notify_all();
     task(std::size_t{0});
-    spin_while(state, [&] { return state.pending.load(std::memory_order_acquire) != 0; });
+    state.caller.until([&] { return state.pending.load(std::memory_order_acquire) == 0; }, kSpin);
     for (std::uint32_t pending; (pending = state.pending.load(std::memory_order_acquire)) != 0;) {
       state.pending.wait(pending, std::memory_order_acquire);
     }
@@ -81,34 +84,16 @@ class ThreadTeam {
     void* task = nullptr;
     void (*call)(void*, std::size_t) = nullptr;
     bool stopping = false;
-    bool pause = false;  // whether waiting threads may pause before they yield
+    bool own_cpus = false;  // whether every thread of the team can have a hardware thread
+    cohort::waiting::Spinner caller{false};  // run()'s, on the team's owner thread
   };
-
-  // Spins while `waiting()`: pauses, then yields, then returns (the caller sleeps).
-  template <class Condition>
-  static void spin_while(const State& state, const Condition& waiting) {
-    const auto start = std::chrono::steady_clock::now();
-    bool pausing = state.pause;
-    for (unsigned i = 1; waiting(); ++i) {
-      if (!pausing || i % 16 == 0) {
-        const auto spun = std::chrono::steady_clock::now() - start;
-        if (spun > kSpinYield) return;
-        pausing = pausing && spun < kSpinPause;
-      }
-      if (pausing) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-      } else {
-        std::this_thread::yield();
-      }
-    }
-  }
 
   static void serve(State& state, std::size_t index) noexcept {
     std::uint32_t seen = 0;
+    cohort::waiting::Spinner spinner(state.own_cpus);
     for (;;) {
-      spin_while(state, [&] { return state.generation.load(std::memory_order_acquire) == seen; });
+      spinner.until([&] { return state.generation.load(std::memory_order_acquire) != seen; },
+                    kSpin);
       state.generation.wait(seen, std::memory_order_acquire);
       seen = state.generation.load(std::memory_order_acquire);
       if (state.stopping) return;
@@ -117,8 +102,7 @@ class ThreadTeam {
     }
   }
 
-  static constexpr std::chrono::microseconds kSpinPause{10};
-  static constexpr std::chrono::microseconds kSpinYield{100};
+  static constexpr std::chrono::microseconds kSpin{100};
 
   std::unique_ptr<State> state_;
   std::vector<std::thread> threads_;

@@ -73,12 +73,12 @@
 #include <vector>
 
 #include "cohort/collective/collective.hpp"
-#include "cohort/collective/detail/cpu_relax.hpp"
 #include "cohort/collective/fingerprint.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduce_op.hpp"
 #include "cohort/core/reduction_tree.hpp"
+#include "cohort/core/spin.hpp"
 #include "cohort/device/cpu.hpp"
 
 namespace cohort::collective {
@@ -93,11 +93,8 @@ inline constexpr std::size_t kBlock = 4 * device::cpu::kReduceBlock;
 // type), so two ranks never write into the same cache line of a buffer that starts on one.
 inline constexpr std::size_t kSliceGrain = 64;
 
-// How long a waiting rank spins with a pause instruction (only when every rank can have a hardware
-// thread), and how long it spins in all, yielding after the pauses, before it sleeps on the
-// condition variable.
-inline constexpr std::chrono::microseconds kSpinPause{10};
-inline constexpr std::chrono::microseconds kSpinYield{100};
+// How long a waiting rank spins (spin.hpp) before it sleeps on the condition variable.
+inline constexpr std::chrono::microseconds kSpin{100};
 
 // What one rank asked for in one call, and which of its calls it is.
 struct Fingerprint {
@@ -154,9 +151,11 @@ class Group {
   Group(int ranks, std::chrono::milliseconds timeout, std::vector<std::size_t> leaf_counts)
       : ranks_(ranks),
         timeout_(timeout),
-        pause_(static_cast<unsigned>(ranks) <= std::thread::hardware_concurrency()),
         rank_(std::make_unique<Rank[]>(static_cast<std::size_t>(ranks))),
-        leaf_counts_(std::move(leaf_counts)) {}
+        leaf_counts_(std::move(leaf_counts)) {
+    const bool own_cpus = static_cast<unsigned>(ranks) <= std::thread::hardware_concurrency();
+    for (int r = 0; r < ranks; ++r) rank_[r].spin = waiting::Spinner(own_cpus);
+  }
 
   int size() const { return ranks_; }
   std::span<const std::size_t> leaf_counts() const { return leaf_counts_; }
@@ -220,12 +219,13 @@ class Group {
   }
 
  private:
-  struct alignas(kCacheLine) Rank {
+  struct alignas(waiting::kCacheLine) Rank {
     // Indexed by the parity of the sequence number: a rank that has left a barrier may publish its
     // next call while a slower rank still reads this one.
     Call calls[2];
     std::uint64_t sequence = 0;              // written and read by the rank's own thread only
     std::atomic<std::uint64_t> barriers{0};  // barriers it has arrived at; names missing ranks
+    waiting::Spinner spin{false};            // the rank's own thread's
   };
 
   static std::size_t parity(std::uint64_t sequence) { return sequence & 1; }
@@ -296,22 +296,8 @@ class Group {
     const auto may_leave = [&] { return exit == Exit::kOnPoison && poisoned_.load(); };
     const auto start = std::chrono::steady_clock::now();
     enum class Outcome : std::uint8_t { kPassed, kPoisoned, kTimedOut } outcome = Outcome::kPassed;
-    // Spin: pause while the others are likely on their way, then yield so that ranks sharing a
-    // core (or other programs) can run, then sleep.
-    bool pausing = pause_;
-    for (unsigned i = 1;; ++i) {
-      if (passed()) return;
-      if (may_leave()) break;
-      if (!pausing || i % 16 == 0) {
-        const auto spun = std::chrono::steady_clock::now() - start;
-        if (spun > kSpinYield) break;
-        pausing = pausing && spun < kSpinPause;
-      }
-      if (pausing) {
-        cpu_relax();
-      } else {
-        std::this_thread::yield();
-      }
+    if (me.spin.until([&] { return passed() || may_leave(); }, kSpin) && passed()) {
+      return;
     }
     {
       const auto deadline = start + timeout_;
@@ -343,12 +329,11 @@ class Group {
 
   const int ranks_;
   const std::chrono::milliseconds timeout_;
-  const bool pause_;
   std::unique_ptr<Rank[]> rank_;
   const std::vector<std::size_t> leaf_counts_;
 
-  alignas(kCacheLine) std::atomic<std::uint64_t> barrier_{0};
-  alignas(kCacheLine) std::atomic<int> sleepers_{0};
+  alignas(waiting::kCacheLine) std::atomic<std::uint64_t> barrier_{0};
+  alignas(waiting::kCacheLine) std::atomic<int> sleepers_{0};
   std::atomic<bool> poisoned_{false};
   std::mutex mutex_;
   std::condition_variable wake_;

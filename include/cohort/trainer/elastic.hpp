@@ -142,8 +142,9 @@ template <class R>
   const auto start = trace::Recorder::Clock::now();
   const std::uint64_t step = take_newest_state(run, run.step);
   if (run.recorder) {
-    run.recorder->record(trace::Phase::kRegroup, start, trace::Recorder::Clock::now(),
-                         {.step = step, .index = run.strategy.cluster().size});
+    run.recorder->record(
+        trace::Phase::kRegroup, start, trace::Recorder::Clock::now(),
+        {.step = step, .index = static_cast<std::uint64_t>(run.strategy.cluster().size)});
   }
   std::fprintf(stderr, "cohort: rank %d joined the job of %d workers at step %llu\n",
                run.strategy.cluster().rank, run.strategy.cluster().size,

@@ -18,17 +18,13 @@
 // that from then on nothing is left in /dev/shm, whatever way the job ends. The same user's other
 // processes could map it while the name exists; they could as well attach a debugger to the job.
 //
-// Waiting: spin for `spin` (zero: sleep at once), pausing for the first kSpinPause where every
-// rank can have a CPU and yielding the CPU after that (so that a peer that shares it runs at
-// once), then sleep on the counter (a futex between processes), waking at least every
-// kWatchInterval so that the caller can watch for a peer that died or left (its sockets) and for
-// the deadline. With 4 processes on 2 cores, spinning without yielding made a 4-byte all-reduce
-// take 330 us; yielding, 2.9 us.
+// Waiting: spin for `spin` (zero: sleep at once; spin.hpp says how), then sleep on the counter (a
+// futex between processes), waking at least every kWatchInterval so that the caller can watch for a
+// peer that died or left (its sockets) and for the deadline.
 #pragma once
 
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -52,8 +48,8 @@
 #include <thread>
 #include <utility>
 
-#include "cohort/collective/detail/cpu_relax.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/spin.hpp"
 
 namespace cohort::collective::detail {
 
@@ -123,8 +119,6 @@ class SharedSegment {
   // How long a sleeping rank sleeps at most before it looks at its peers' sockets and its
   // deadline again.
   static constexpr std::chrono::milliseconds kWatchInterval{1};
-  // How long a waiting rank spins with a pause instruction, where every rank can have a CPU.
-  static constexpr std::chrono::microseconds kSpinPause{10};
 
   // A new segment for `ranks` ranks, mapped by `rank`, with a region of `region_bytes` per rank;
   // throws std::system_error naming the call that failed.
@@ -194,7 +188,7 @@ class SharedSegment {
   SharedSegment(SharedSegment&& other) noexcept
       : rank_(other.rank_),
         ranks_(other.ranks_),
-        pause_(other.pause_),
+        spin_(other.spin_),
         slot_bytes_(other.slot_bytes_),
         region_bytes_(other.region_bytes_),
         bytes_(other.bytes_),
@@ -253,23 +247,8 @@ class SharedSegment {
   Stamp stamp(int peer, std::uint32_t phase) const { return arrival(peer).stamps[phase % 2]; }
 
   // Spins for up to `spin` until `peer` has made its `phase`-th arrival; true if it has.
-  bool spin_for(int peer, std::uint32_t phase, std::chrono::microseconds spin) const {
-    if (spin.count() <= 0) return arrived(peer, phase);
-    const auto start = std::chrono::steady_clock::now();
-    bool pausing = pause_;
-    for (unsigned i = 1;; ++i) {
-      if (arrived(peer, phase)) return true;
-      if (!pausing || i % 64 == 0) {
-        const auto spun = std::chrono::steady_clock::now() - start;
-        if (spun >= spin) return false;
-        pausing = pausing && spun < kSpinPause;
-      }
-      if (pausing) {
-        cpu_relax();
-      } else {
-        ::sched_yield();
-      }
-    }
+  bool spin_for(int peer, std::uint32_t phase, std::chrono::microseconds spin) {
+    return spin_.until([&] { return arrived(peer, phase); }, spin);
   }
 
   // Sleeps until `peer` has made its `phase`-th arrival or kWatchInterval has passed.
@@ -296,13 +275,13 @@ class SharedSegment {
 
   // One rank's arrivals, on cache lines of their own. The stamp of arrival k sits at k % 2: a
   // peer may make its next arrival while this rank still reads the stamp of the last.
-  struct alignas(2 * kCacheLine) Arrival {
+  struct alignas(2 * waiting::kCacheLine) Arrival {
     std::atomic<std::uint32_t> phase;
     std::atomic<std::uint32_t> sleepers;
     Stamp stamps[2];
   };
   static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
-  static_assert(sizeof(Arrival) == 2 * kCacheLine);
+  static_assert(sizeof(Arrival) == 2 * waiting::kCacheLine);
 
   static constexpr std::size_t kPage = 4096;
   static constexpr std::size_t kArrivalsOffset = kPage;
@@ -314,7 +293,7 @@ class SharedSegment {
   SharedSegment(int rank, int ranks, std::size_t region_bytes)
       : rank_(rank),
         ranks_(ranks),
-        pause_(static_cast<unsigned>(ranks) <= std::thread::hardware_concurrency()),
+        spin_(static_cast<unsigned>(ranks) <= std::thread::hardware_concurrency()),
         slot_bytes_(slot_bytes_for(ranks)),
         region_bytes_((region_bytes + kPage - 1) / kPage * kPage),
         bytes_(slots_offset(ranks) +
@@ -359,7 +338,7 @@ class SharedSegment {
 
   int rank_;
   int ranks_;
-  bool pause_;  // whether every rank can have a CPU, so that a waiting rank may pause first
+  waiting::Spinner spin_;
   std::size_t slot_bytes_;
   std::size_t region_bytes_;
   std::size_t bytes_;

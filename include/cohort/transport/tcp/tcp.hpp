@@ -49,6 +49,7 @@
 
 #include "cohort/core/compilation.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/spin.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/transport/tcp/abort_signal.hpp"
 #include "cohort/transport/tcp/address.hpp"
@@ -271,6 +272,7 @@ class Tcp {
   std::vector<int> next_receive_;  // per receive: the next receive from the same peer
   std::vector<pollfd> poll_fds_;
   std::vector<char> heard_;  // per rank, under a timeline: sent its first byte (PeerWait)
+  waiting::Spinner spinner_{false};  // transfer()'s, between busy polls
 };
 
 static_assert(Transport<Tcp>);

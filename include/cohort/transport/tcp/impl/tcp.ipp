@@ -238,6 +238,7 @@ COHORT_DECL std::optional<Tcp::Failure> Tcp::progress(std::span<const Send> send
         return record(std::move(*failure));
       }
     }
+    spinner_.looked(moved || pending == 0);
     if (pending == 0) break;
     const auto now = std::chrono::steady_clock::now();
     if (moved) {
@@ -252,12 +253,9 @@ COHORT_DECL std::optional<Tcp::Failure> Tcp::progress(std::span<const Send> send
       if (!(*meanwhile)()) meanwhile.reset();
       continue;
     }
-    if (now - last_progress < options_.spin) {
-      // Another runnable thread on this core (a peer rank on an oversubscribed machine) gets
-      // the core now rather than at the end of this spin; alone, a yield costs a syscall.
-      std::this_thread::yield();
-      continue;
-    }
+    // Busy-polls for options_.spin, yielding between polls so that a peer rank that shares this
+    // core runs at once, unless yields are slow here (core/spin.hpp).
+    if (now - last_progress < options_.spin && spinner_.yield()) continue;
     const auto deadline = last_progress + options_.operation_timeout;
     const bool warning_due = options_.stall_warning > 0 && !warned;
     if (warning_due && now >= last_progress + warn_after) {
