@@ -1,7 +1,8 @@
 // tcp::Door and tcp::grow: a process started for a running job (here a thread of this process,
 // on 127.0.0.1, under a secret) meets rank 0's door instead of a rendezvous, waits there until
 // the members take it in, and joins the mesh of the next epoch in the place the door gave it; a
-// stranger is refused at the door, and the door goes on.
+// stranger is refused at the door, and the door goes on; a newcomer that never comes fails the
+// grow within its timeout, and the members regroup from the mesh they had.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tcp_peers.hpp"
 
@@ -73,7 +75,7 @@ TEST_CASE(
         } else {
           grow.wait();
         }
-        tcp::Tcp next = tcp::grow(mesh, 1);
+        tcp::Tcp next = tcp::grow(mesh, 1, std::chrono::seconds(10));
         CHECK(next.size() == 3);
         CHECK(next.rank() == mesh.rank());
         CHECK(next.options().epoch == 1);
@@ -119,4 +121,28 @@ TEST_CASE("a stranger without the secret is refused at the door, and the door go
   require_no_errors(errors);
   CHECK(waiting_after_stranger == 0);
   CHECK(contains(refused, "rank 1: rendezvous: authentication failed with rank 0"));
+}
+
+TEST_CASE(
+    "a newcomer that never comes after its welcome fails the grow on every member within its "
+    "timeout, and the members regroup from the mesh they had") {
+  std::vector<std::string> failures(2);
+  const auto errors = run_ranks(
+      2,
+      [&](tcp::Tcp& mesh) {
+        try {
+          tcp::grow(mesh, 1, std::chrono::seconds(1));  // the vote counted one; it is gone
+        } catch (const cohort::CommError& error) {
+          failures[static_cast<std::size_t>(mesh.rank())] = error.what();
+        }
+        tcp::Regrouped next =
+            tcp::regroup(mesh, {.min_size = 2, .probe_timeout = std::chrono::seconds(2)});
+        CHECK(next.members == std::vector<int>{0, 1});
+        CHECK(next.transport.rank() == mesh.rank());
+        ring_once(next.transport);
+      },
+      elastic);
+  require_no_errors(errors);
+  CHECK(contains(failures[0], "rank 0: rendezvous: timed out after 1000 ms"));
+  CHECK(contains(failures[1], "rank 1: rendezvous"));
 }

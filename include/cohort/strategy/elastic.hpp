@@ -39,7 +39,8 @@ struct Elastic {
   // the number it started with, so that a worker started again takes its place.
   std::size_t max_workers = 0;
   // How long the roll call waits for a worker's listener to answer: a host cut off is counted
-  // out after this.
+  // out after this. Also how long the job waits for the processes it takes in to meet it: one
+  // that left after the vote is counted out after this, and the members go on without it.
   std::chrono::milliseconds probe_timeout{std::chrono::seconds(2)};
 
   bool enabled() const { return min_workers > 0; }

@@ -255,7 +255,8 @@ class MultiWorkerMirrored {
     const auto before = static_cast<std::size_t>(cluster().size);
     if (door_) door_->welcome(joiners);
     door_.reset();
-    adopt(transport::tcp::grow(cross_->transport(), static_cast<int>(joiners)));
+    adopt(transport::tcp::grow(cross_->transport(), static_cast<int>(joiners),
+                               elastic().probe_timeout));
     return {.workers_before = before,
             .workers_after = static_cast<std::size_t>(cluster().size),
             .joined = joiners};

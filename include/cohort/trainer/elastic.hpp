@@ -128,11 +128,18 @@ template <class R>
 }
 
 // Every process of an elastic job at the step boundary where the vote counted `joiners` waiting:
-// the job with them, and run.step unchanged.
+// the job with them, and run.step unchanged. Where a newcomer or a member is lost on the way (it
+// left after the vote, or the state could not reach it), the workers left go on without it, as
+// after any loss.
 template <class R>
-[[gnu::cold]] strategy::MembershipChange take_in(R& run, std::size_t joiners) {
+[[gnu::cold]] strategy::MembershipChange take_in(R& run, std::size_t joiners,
+                                                 PeriodicCheckpoints<R>& checkpoints) {
   const auto start = trace::Recorder::Clock::now();
-  return changed_membership(run, run.strategy.admit(joiners), run.step, start);
+  try {
+    return changed_membership(run, run.strategy.admit(joiners), run.step, start);
+  } catch (const CommError& cause) {
+    return go_on_without(run, cause, run.step, checkpoints);
+  }
 }
 
 // The first fit of a process that joined a running job through its door (strategy::Regroups,

@@ -53,7 +53,7 @@ class Listener {
   friend class Tcp;
   friend class Door;
 
-  // Tcp::listener_for: a Listener on a duplicate of `listening`'s socket, with its own io_context.
+  // Tcp::listener: a Listener on a duplicate of `listening`'s socket, with its own io_context.
   [[gnu::cold]] COHORT_DECL Listener(Options options, detail::Acceptor& listening);
 
   Options options_;

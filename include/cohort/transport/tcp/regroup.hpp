@@ -20,8 +20,10 @@
 //      and may join through rank 0's door once the mesh is up: door.hpp), a rank of a later one
 //      refused, and no frame of the old mesh crosses into the new one.
 //
-// The old Tcp hands its listening socket over (Tcp::listener_for), and may be destroyed once this
-// returns; its connections are not used again.
+// The old Tcp shares its listening socket with the new one (Tcp::listener) and hands it over once
+// the new mesh stands; it may be destroyed once this returns, and its connections are not used
+// again. Where the next epoch's rendezvous fails, it still listens, so that its ranks can regroup
+// from it.
 #pragma once
 
 #include <chrono>
@@ -49,8 +51,10 @@ struct Regrouped {
 // Every member of `mesh`, when its rank 0's door (door.hpp) took `joiners` processes in: the mesh
 // of the next epoch, one rank more for each, who come after the members in the order the door
 // welcomed them. Rank 0 hosts its rendezvous where it listened, the job's rendezvous address,
-// where the joiners came. The old Tcp hands its listening socket over, as for regroup.
-[[gnu::cold]] COHORT_DECL Tcp grow(Tcp& mesh, int joiners);
+// where the joiners came. Every rank has reached it within `timeout` (or connect_timeout, if
+// shorter), or it fails on every rank with a CommError: a newcomer that left after its welcome
+// costs the members that long. The members can then regroup from `mesh`, which still listens.
+[[gnu::cold]] COHORT_DECL Tcp grow(Tcp& mesh, int joiners, std::chrono::milliseconds timeout);
 
 }  // namespace cohort::transport::tcp
 

@@ -87,14 +87,16 @@ class Tcp {
   // Where each rank listened at the rendezvous, by rank.
   const std::vector<Address>& addresses() const noexcept { return addresses_; }
 
-  // Under Options::keep_listening: hands this rank's listening socket over to a Listener for the
-  // rendezvous of the next membership epoch (`next`: regroup.hpp), where the ranks that regroup
-  // find this rank as before. This Tcp listens no more.
-  [[gnu::cold]] COHORT_DECL Listener listener_for(Options next);
+  // Under Options::keep_listening: a Listener with `options` on this rank's listening socket,
+  // which this Tcp keeps listening on too: for the rendezvous of the next membership epoch
+  // (regroup.hpp), where the ranks that regroup find this rank as before, and should that
+  // rendezvous fail, find it again for another; or for a door of the job (door.hpp) to accept on
+  // while the mesh runs.
+  [[gnu::cold]] COHORT_DECL Listener listener(Options options) const;
 
-  // Under Options::keep_listening: a second listener on this rank's listening socket, which this
-  // Tcp keeps too, for a door of the job (door.hpp) to accept on while the mesh runs.
-  [[gnu::cold]] COHORT_DECL Listener shared_listener() const;
+  // Once the mesh of the next membership epoch stands on the socket listener() shared: this Tcp
+  // lets go of it without shutting it down (its destructor would, as for a rank that ends).
+  [[gnu::cold]] COHORT_DECL void hand_listener_over() noexcept;
 
   // Under Options::keep_listening: stops listening for good, so that ranks that regroup find this
   // one gone (connecting to it is refused). For a rank that leaves the job: before it tells its

@@ -11,7 +11,7 @@ namespace cohort::transport::tcp {
 
 COHORT_DECL Door::Door(const Tcp& mesh)
     : options_(mesh.options()),
-      listener_(mesh.shared_listener()),
+      listener_(mesh.listener(options_)),
       rendezvous_(std::make_unique<detail::Rendezvous>(detail::Rendezvous::DoorMode{}, options_,
                                                        *listener_.io_, *listener_.acceptor_,
                                                        listener_.port())) {}

@@ -110,18 +110,22 @@ COHORT_DECL Regrouped regroup(Tcp& failed, RegroupOptions options) {
   const Address& host = table[static_cast<std::size_t>(members.front())];
   next.rendezvous_host = host.host;
   next.rendezvous_port = host.port;
-  Tcp transport(failed.listener_for(std::move(next)));
+  Tcp transport(failed.listener(std::move(next)));
+  failed.hand_listener_over();
   return {std::move(transport), std::move(members)};
 }
 
-COHORT_DECL Tcp grow(Tcp& mesh, int joiners) {
+COHORT_DECL Tcp grow(Tcp& mesh, int joiners, std::chrono::milliseconds timeout) {
   Options next = mesh.options();
   next.size += joiners;
   next.epoch += 1;
+  next.connect_timeout = std::min(next.connect_timeout, timeout);
   const Address& host = mesh.addresses().front();
   next.rendezvous_host = host.host;
   next.rendezvous_port = host.port;
-  return Tcp(mesh.listener_for(std::move(next)));
+  Tcp grown(mesh.listener(std::move(next)));
+  mesh.hand_listener_over();
+  return grown;
 }
 
 }  // namespace cohort::transport::tcp

@@ -89,29 +89,22 @@ COHORT_DECL Tcp::~Tcp() {
   close();
 }
 
-COHORT_DECL Listener Tcp::listener_for(Options next) {
+COHORT_DECL Listener Tcp::listener(Options options) const {
   if (!acceptor_) {
     throw CommError({.rank = rank(),
-                     .operation = "regroup",
+                     .operation = "listen",
                      .detail = "this rank no longer listens (Options::keep_listening unset, or "
                                "stop_listening called)"});
   }
-  Listener listener(std::move(next), *acceptor_);
-  // Closed, not shut down: the socket lives on in the listener's duplicate of the descriptor.
+  return Listener(std::move(options), *acceptor_);
+}
+
+COHORT_DECL void Tcp::hand_listener_over() noexcept {
+  // Closed, not shut down: the socket lives on in the successor's duplicate of the descriptor.
+  if (!acceptor_) return;
   boost::system::error_code ignored;
   acceptor_->close(ignored);
   acceptor_.reset();
-  return listener;
-}
-
-COHORT_DECL Listener Tcp::shared_listener() const {
-  if (!acceptor_) {
-    throw CommError({.rank = rank(),
-                     .operation = "door",
-                     .detail = "this rank no longer listens (Options::keep_listening unset, or "
-                               "stop_listening called)"});
-  }
-  return Listener(options_, *acceptor_);
 }
 
 COHORT_DECL void Tcp::stop_listening() noexcept {
