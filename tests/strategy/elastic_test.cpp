@@ -29,7 +29,8 @@ constexpr std::uint64_t kSteps = 40;
 
 // Elastic worker `rank` of a job of `count` workers of `local` replicas at `port`, started by
 // hand, training kSteps steps with a pause in each micro-batch (so that a kill lands in the middle
-// of the fit); it logs to rank<rank><suffix>.log, and the chief writes parameters.bin.
+// of the fit); it logs to rank<rank><suffix>.log, and the chief writes parameters.bin and the
+// metrics file metrics.jsonl.
 std::unique_ptr<Process> start_elastic_worker(const fs::path& directory, int rank, int count,
                                               const std::string& port, int min_workers,
                                               const std::string& shared_memory,
@@ -53,7 +54,8 @@ std::unique_ptr<Process> start_elastic_worker(const fs::path& directory, int ran
                                          {"COHORT_MASTER_PORT", port},
                                          {"COHORT_JOB_ID", "elastic-test"},
                                          {"COHORT_SECRET", "correct horse battery staple"},
-                                         {"COHORT_SHARED_MEMORY", shared_memory}},
+                                         {"COHORT_SHARED_MEMORY", shared_memory},
+                                         {"COHORT_METRICS", directory / "metrics.jsonl"}},
       directory / ("rank" + std::to_string(rank) + suffix + ".log"));
 }
 
@@ -116,8 +118,8 @@ const std::string& uninterrupted_parameters() {
 
 TEST_CASE(
     "an elastic job that loses a worker at a random step, the chief included, ends with the "
-    "parameters of a job that lost nobody: 4 workers over TCP and through shared memory, and 3 "
-    "workers of 2 replicas") {
+    "parameters of a job that lost nobody and a metrics file to the last step: 4 workers over TCP "
+    "and through shared memory, and 3 workers of 2 replicas") {
   const std::string& expected = uninterrupted_parameters();
   std::mt19937 random(std::random_device{}());
   struct Job {
@@ -151,6 +153,10 @@ TEST_CASE(
       CHECK(log.find(change) != std::string::npos);
     }
     CHECK(read_file(directory.path / "parameters.bin") == expected);
+    // Whoever is the chief at the end wrote the metrics file's last line, the fit's last step.
+    const std::string metrics = read_file(directory.path / "metrics.jsonl");
+    CAPTURE(metrics);
+    CHECK(metrics.rfind("{\"step\": " + std::to_string(kSteps) + ",") != std::string::npos);
   }
 }
 
@@ -227,10 +233,8 @@ LaunchedRun kill_rank_1_under_cohort_run(const std::vector<std::string>& options
   const auto rank = cohort::testing::child_with(launcher.pid(), "COHORT_RANK=1");
   REQUIRE(rank.has_value());
   ::kill(*rank, SIGKILL);
-  LaunchedRun run{.exit = launcher.wait(60s)};
-  run.log = read_file(log);
-  run.parameters = read_file(out);
-  return run;
+  // In this order (designated initializers are evaluated in order): the files once it ended.
+  return {.exit = launcher.wait(60s), .log = read_file(log), .parameters = read_file(out)};
 }
 
 }  // namespace

@@ -6,14 +6,14 @@
 //   51234}
 //   {"step": 200, "epoch": 2, "validation": {"loss": 0.0901, "correct": 0.9712}}
 //
-// A "loss" line for every progress line (Options::log_every steps, and each epoch's end): step is
-// the number of steps done, epoch the epochs done (a fraction within one), loss the mean loss per
-// example over the steps since the line before, learning_rate the one the last of them used
-// (the optimizer's, times the schedule's factor), examples_per_second over those steps. A
-// "validation" line after every evaluation (trainer/validation.hpp): each mean by its name. The
-// file is started anew by a Trainer's first fit, and appended to when the run resumes from a
-// checkpoint (Options::checkpoint.resume), where the steps redone since that checkpoint appear
-// twice: the later line is the one that counts.
+// A "loss" line for every progress line (Options::log_every steps, each epoch's end and the fit's
+// last step): step is the number of steps done, epoch the epochs done (a fraction within one),
+// loss the mean loss per example over the steps since the line before, learning_rate the one the
+// last of them used (the optimizer's, times the schedule's factor), examples_per_second over
+// those steps. A "validation" line after every evaluation (trainer/validation.hpp): each mean by
+// its name. The file is started anew by a Trainer's first fit, and appended to when the run
+// resumes from a checkpoint (Options::checkpoint.resume), where the steps redone since that
+// checkpoint appear twice: the later line is the one that counts.
 #pragma once
 
 #include <cmath>
@@ -106,16 +106,19 @@ class MetricsLog {
   std::unique_ptr<std::FILE, Close> out_;
 };
 
-// The chief's log, opened by its first fit where Options::metrics, or else COHORT_METRICS, names a
-// file: appended to where the run resumes from a checkpoint, else started anew. None otherwise.
-inline std::unique_ptr<MetricsLog> open_metrics_log(const TrainerOptions& options) {
+// The chief's log where Options::metrics, or else COHORT_METRICS, names a file, appended to where
+// `append`, else started anew; none otherwise. Opened by the chief's first fit, appending where
+// the run resumes from a checkpoint, and by a worker that becomes the chief of an elastic job
+// (trainer/segments.hpp), appending: where the file lies on a file system both chiefs see, it goes
+// on as one.
+inline std::unique_ptr<MetricsLog> open_metrics_log(const TrainerOptions& options, bool append) {
   std::filesystem::path file = options.metrics;
   if (file.empty()) {
     if (const char* variable = std::getenv("COHORT_METRICS"); variable && *variable)
       file = variable;
   }
   if (file.empty()) return nullptr;
-  return std::make_unique<MetricsLog>(file, options.checkpoint.resume);
+  return std::make_unique<MetricsLog>(file, append);
 }
 
 }  // namespace cohort::trainer

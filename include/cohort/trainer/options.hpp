@@ -23,7 +23,8 @@ namespace cohort {
 //   global_batch   examples per step, over all replicas (>= micro_batches)
 //   micro_batches  pieces of each global batch; the unit of work and of the reduction tree
 //   seed           defines every epoch's example order
-//   log_every      steps between progress lines on the chief (0: only at the end of epochs)
+//   log_every      steps between progress lines on the chief (0: only at the end of epochs and
+//                  of the fit)
 //   progress       Progress::kAuto, kLines or kSilent
 //   trace          a directory for this process's timeline (Chrome trace JSON, core/trace.hpp),
 //                  written at the end of every fit, also of a failed one; or COHORT_TRACE

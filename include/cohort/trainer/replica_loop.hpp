@@ -140,7 +140,11 @@ class ReplicaLoop {
       const bool periodic =
           run_.options.log_every != 0 && (step_in_epoch + 1) % run_.options.log_every == 0;
       const bool epoch_end = step_in_epoch + 1 == plan_.steps_per_epoch();
-      if (periodic || epoch_end || step + 1 == segment_end_) close_window(step, periodic);
+      // The fit's last step has a line of its own, as an epoch's last does.
+      const bool fit_end = step + 1 == target_;
+      if (periodic || epoch_end || step + 1 == segment_end_) {
+        close_window(step, periodic || fit_end);
+      }
       if constexpr (kValidates) {
         const std::uint64_t every = validation_->options.every_steps;
         if (((every == 0 && epoch_end) || (every != 0 && (step + 1) % every == 0) ||

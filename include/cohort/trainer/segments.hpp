@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cohort/core/error.hpp"
@@ -39,9 +40,11 @@ std::vector<ReplicaCarry> carries_for(const R& run, const sharding::Plan& plan,
   return carries;
 }
 
-// The fit from run.step to `target` (run.step advances with it).
+// The fit from run.step to `target` (run.step advances with it). `metrics`: the chief's log, which
+// a worker that becomes the chief opens.
 template <class R, class D, class V>
-Report fit_segments(R& run, PeriodicCheckpoints<R>& checkpoints, MetricsLog* metrics, const D& data,
+Report fit_segments(R& run, PeriodicCheckpoints<R>& checkpoints,
+                    std::unique_ptr<MetricsLog>& metrics, const D& data,
                     const Validation<V>* validation, sharding::Plan plan, std::uint64_t target) {
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point start) {
@@ -54,6 +57,7 @@ Report fit_segments(R& run, PeriodicCheckpoints<R>& checkpoints, MetricsLog* met
   // After an elastic job's membership changed: the fit goes on over the new replicas.
   const auto go_on_as = [&](strategy::MembershipChange change) {
     report.membership.push_back(std::move(change));
+    if (!metrics && run.strategy.is_chief()) metrics = open_metrics_log(run.options, true);
     report.steps = run.step - first_step;
     plan = run.plan(data.size());
     std::vector<ReplicaCarry> next = carries_for(run, plan, first_step);
@@ -68,9 +72,10 @@ Report fit_segments(R& run, PeriodicCheckpoints<R>& checkpoints, MetricsLog* met
     try {
       run.strategy.run([&](auto& replica) {
         const std::size_t local = replica.index() - run.strategy.first_local_replica();
-        const SegmentEnd ended = ReplicaLoop(run, replica, data, validation, plan, carries[local],
-                                             checkpoints, metrics, segment_end, target, report)
-                                     .run();
+        const SegmentEnd ended =
+            ReplicaLoop(run, replica, data, validation, plan, carries[local], checkpoints,
+                        metrics.get(), segment_end, target, report)
+                .run();
         if (local == 0) end = ended;  // every replica's segment ends alike
       });
     } catch (const CommError& cause) {

@@ -296,7 +296,9 @@ class Trainer {
     if constexpr (strategy::ServesFit<S, value_type, O>) {
       if (run_.strategy.serves()) return serve();
     }
-    if (!metrics_ && run_.strategy.is_chief()) metrics_ = trainer::open_metrics_log(run_.options);
+    if (!metrics_ && run_.strategy.is_chief()) {
+      metrics_ = trainer::open_metrics_log(run_.options, run_.options.checkpoint.resume);
+    }
     const sharding::Plan plan = run_.plan(data.size());
     if (run_.dataset_size != 0 && run_.dataset_size != data.size()) {
       options::reject("data.size()", data.size(),
@@ -314,8 +316,7 @@ class Trainer {
     if (until.epochs != 0) target = until.epochs * plan.steps_per_epoch();
     if (until.steps != 0) target = std::min(target, until.steps);
 
-    return trainer::fit_segments(run_, checkpoints_, metrics_.get(), data, validation, plan,
-                                 target);
+    return trainer::fit_segments(run_, checkpoints_, metrics_, data, validation, plan, target);
   }
 
   // A server's fit (strategy::ServesFit): it serves the workers' fit, segment by segment, saving
