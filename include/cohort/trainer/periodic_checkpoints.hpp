@@ -24,9 +24,6 @@
 // Preemption saves into the same directory when Options::preemption.checkpoint is empty.
 #pragma once
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -124,7 +121,6 @@ class PeriodicCheckpoints {
     wait();
     fill_checkpoint_state(run, step, state_);
     writing_ = std::async(std::launch::async, [this, step] {
-      give_way_to_training();
       create_directory();
       write_state(state_, checkpoint::file_for_step(policy_.directory, step), step);
       if (policy_.keep != 0) checkpoint::keep_newest<T>(policy_.directory, policy_.keep);
@@ -185,15 +181,6 @@ class PeriodicCheckpoints {
   }
 
  private:
-  // The background write runs at a lower priority (nice +10) than the replicas, so that where
-  // they fill every core it takes the time they leave, their waits at each all-reduce, rather
-  // than theirs. Linux sets a thread's nice value by its thread id; where it cannot, the write
-  // runs as before.
-  static void give_way_to_training() {
-    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
-  }
-  static constexpr int kWriterNice = 10;
-
   // Before a process writes there.
   void create_directory() const {
     std::error_code error;
