@@ -4,11 +4,11 @@
 // Each model replica owns its team, so replicas that train side by side (Mirrored runs one
 // replica per thread) never share threads or a thread count. A copy is a new team of the same
 // size. A waiting thread waits as collective::Local's ranks do, with the same spinner
-// (cohort/core/spin.hpp, which says how it spins): it spins up to 100 us, then sleeps (C++20 atomic
-// wait, a futex). A model's threads meet several times
-// per micro-batch, and a wake-up from sleep costs tens of microseconds (measured, 2 threads on
-// 784-1024-1024-10: 17,600-17,800 examples/s sleeping at once, 19,900-20,300 spinning first); an
-// idle team costs no processor time.
+// (cohort/core/spin.hpp, which says how it spins): it spins up to 100 us, then sleeps (C++20
+// atomic wait, a futex). A model's threads meet several times per micro-batch, and a wake-up from
+// sleep costs tens of microseconds (measured, 2 threads on 784-1024-1024-10: 17,600-17,800
+// examples/s sleeping at once, 19,900-20,300 spinning first); an idle team costs no processor
+// time.
 //
 // A task must not throw: an exception on a team thread ends the program (std::terminate).
 #pragma once

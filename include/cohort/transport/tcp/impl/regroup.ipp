@@ -75,6 +75,18 @@ inline constexpr std::chrono::milliseconds kSettle{200};
   return answered;
 }
 
+// The mesh of `old`'s next membership epoch, `next` giving this rank's place and the size, met at
+// `host` on the listening socket `old` shares: `old` hands the socket over once the new mesh
+// stands, and keeps listening where its rendezvous fails.
+[[gnu::cold]] COHORT_DECL Tcp next_epoch(Tcp& old, Options next, const Address& host) {
+  next.epoch = old.options().epoch + 1;
+  next.rendezvous_host = host.host;
+  next.rendezvous_port = host.port;
+  Tcp mesh(old.listener(std::move(next)));
+  old.hand_listener_over();
+  return mesh;
+}
+
 }  // namespace detail
 
 COHORT_DECL Regrouped regroup(Tcp& failed, RegroupOptions options) {
@@ -106,26 +118,16 @@ COHORT_DECL Regrouped regroup(Tcp& failed, RegroupOptions options) {
   Options next = old;
   next.rank = static_cast<int>(std::ranges::find(members, old.rank) - members.begin());
   next.size = static_cast<int>(members.size());
-  next.epoch = old.epoch + 1;
-  const Address& host = table[static_cast<std::size_t>(members.front())];
-  next.rendezvous_host = host.host;
-  next.rendezvous_port = host.port;
-  Tcp transport(failed.listener(std::move(next)));
-  failed.hand_listener_over();
+  Tcp transport = detail::next_epoch(failed, std::move(next),
+                                     table[static_cast<std::size_t>(members.front())]);
   return {std::move(transport), std::move(members)};
 }
 
 COHORT_DECL Tcp grow(Tcp& mesh, int joiners, std::chrono::milliseconds timeout) {
   Options next = mesh.options();
   next.size += joiners;
-  next.epoch += 1;
   next.connect_timeout = std::min(next.connect_timeout, timeout);
-  const Address& host = mesh.addresses().front();
-  next.rendezvous_host = host.host;
-  next.rendezvous_port = host.port;
-  Tcp grown(mesh.listener(std::move(next)));
-  mesh.hand_listener_over();
-  return grown;
+  return detail::next_epoch(mesh, std::move(next), mesh.addresses().front());
 }
 
 }  // namespace cohort::transport::tcp
