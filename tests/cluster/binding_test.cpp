@@ -134,6 +134,38 @@ TEST_CASE("the program's bind address, then COHORT_BIND_ADDRESS, override the cl
   CHECK(given.origin == "Options::bind_address");
 }
 
+TEST_CASE(
+    "a later rank 0 may keep the job's rendezvous address where it is of its host: at that "
+    "address, or on every interface where it binds them all; not where it is another host's") {
+  FakeHost host;  // this is w1 (10.77.0.2)
+  host.routes["10.77.0.2"] = "10.77.0.2";
+  const auto here = [&](const Variables& variables) {
+    const Environment environment = environment_from(variables);
+    const Spec spec = resolve({}, environment);
+    return rendezvous_address_here(
+        spec, decide_binding(spec, "", "Options::bind_address", environment, host.probe()),
+        host.probe());
+  };
+  // One host: every address is loopback.
+  CHECK(here({{"COHORT_RANK", "1"}, {"COHORT_WORLD_SIZE", "4"}}) == "127.0.0.1");
+  // The master is this host, named by its address.
+  CHECK(here({{"COHORT_RANK", "1"},
+              {"COHORT_WORLD_SIZE", "4"},
+              {"COHORT_MASTER_ADDR", "10.77.0.2"}}) == "10.77.0.2");
+  // The master is this host by a name that is 127.0.1.1 here: the others reach it on every
+  // interface, where this rank listens.
+  CHECK(here({{"COHORT_RANK", "1"},
+              {"COHORT_WORLD_SIZE", "4"},
+              {"COHORT_MASTER_ADDR", "me"},
+              {"COHORT_BIND_ADDRESS", "0.0.0.0"}}) == "0.0.0.0");
+  // The master is another host, or nowhere.
+  CHECK(here({{"COHORT_RANK", "1"}, {"COHORT_WORLD_SIZE", "4"}, {"COHORT_MASTER_ADDR", "w0"}}) ==
+        std::nullopt);
+  CHECK(
+      here({{"COHORT_RANK", "1"}, {"COHORT_WORLD_SIZE", "4"}, {"COHORT_MASTER_ADDR", "nowhere"}}) ==
+      std::nullopt);
+}
+
 TEST_CASE("the system probe finds the route to loopback and this host's loopback interface") {
   const Probe probe = system_probe();
   CHECK(probe.resolve("127.0.0.1") == "127.0.0.1");

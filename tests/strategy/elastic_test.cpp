@@ -1,7 +1,8 @@
 // Elastic MultiWorkerMirrored (strategy/elastic.hpp) across real processes on 127.0.0.1: a
 // worker SIGKILLed at a random point of the fit, the chief included, and the others go on to the
 // parameters of a job that lost nobody, over TCP and through shared memory; a worker started again
-// rejoins, to the same bits; below min_workers, the job stops naming who is left.
+// rejoins, to the same bits, the rank 0 that started the job included; below min_workers, the job
+// stops naming who is left.
 #include <doctest/doctest.h>
 #include <signal.h>
 
@@ -210,16 +211,16 @@ TEST_CASE(
 
 namespace {
 
-// A job under cohort-run with `options` (before --) whose rank 1 is SIGKILLed 100 ms after every
-// rank met the others, the trainer's micro-batches pausing `pause_ms`: how cohort-run exited, what
-// it and every rank printed, and the parameters the chief wrote.
+// A job under cohort-run with `options` (before --) whose rank `lost` is SIGKILLed 100 ms after
+// every rank met the others, the trainer's micro-batches pausing `pause_ms`: how cohort-run
+// exited, what it and every rank printed, and the parameters the chief wrote.
 struct LaunchedRun {
   std::optional<cohort::testing::Exit> exit;
   std::string log;
   std::string parameters;
 };
-LaunchedRun kill_rank_1_under_cohort_run(const std::vector<std::string>& options,
-                                         const std::string& pause_ms) {
+LaunchedRun kill_rank_under_cohort_run(const std::vector<std::string>& options,
+                                       const std::string& pause_ms, int lost = 1) {
   TemporaryDirectory directory("cohort-elastic-run");
   const fs::path out = directory.path / "parameters.bin";
   const fs::path log = directory.path / "log.txt";
@@ -230,7 +231,8 @@ LaunchedRun kill_rank_1_under_cohort_run(const std::vector<std::string>& options
   Process launcher(command, {}, log);
   REQUIRE(cohort::testing::when_logged(log, "multi_worker_trainer: connected", 60s).has_value());
   std::this_thread::sleep_for(100ms);
-  const auto rank = cohort::testing::child_with(launcher.pid(), "COHORT_RANK=1");
+  const auto rank =
+      cohort::testing::child_with(launcher.pid(), "COHORT_RANK=" + std::to_string(lost));
   REQUIRE(rank.has_value());
   ::kill(*rank, SIGKILL);
   // In this order (designated initializers are evaluated in order): the files once it ended.
@@ -243,7 +245,7 @@ TEST_CASE(
     "under cohort-run --min-np, a rank SIGKILLed mid-fit is lost, not fatal: the others end with "
     "the parameters of a job that lost nobody, and the launcher exits 0") {
   const std::string& expected = uninterrupted_parameters();
-  const LaunchedRun run = kill_rank_1_under_cohort_run({"--np", "4", "--min-np", "3"}, "4");
+  const LaunchedRun run = kill_rank_under_cohort_run({"--np", "4", "--min-np", "3"}, "4");
   CAPTURE(run.log);
   REQUIRE(run.exit.has_value());
   CHECK(run.exit->exited);
@@ -256,21 +258,29 @@ TEST_CASE(
 
 TEST_CASE(
     "under cohort-run --min-np --max-restarts, a rank SIGKILLed mid-fit is started again and "
-    "rejoins: the job ends with the parameters of a job that lost nobody, and exits 0") {
+    "rejoins, rank 0 too: the job ends with the parameters of a job that lost nobody, and exits "
+    "0") {
   const std::string& expected = uninterrupted_parameters();
-  // Longer pauses, so that the fit outlasts the restart on a busy machine.
-  const LaunchedRun run =
-      kill_rank_1_under_cohort_run({"--np", "3", "--min-np", "2", "--max-restarts", "1"}, "25");
-  CAPTURE(run.log);
-  REQUIRE(run.exit.has_value());
-  CHECK(run.exit->exited);
-  CHECK(run.exit->code == 0);
-  CHECK(run.log.find("cohort-run: rank 1 was killed by signal 9 (Killed); starting it again "
-                     "(restart 1 of 1)") != std::string::npos);
-  CHECK(run.log.find("cohort: workers 3 -> 2 at step ") != std::string::npos);
-  CHECK(run.log.find("cohort: workers 2 -> 3 at step ") != std::string::npos);
-  CHECK(run.log.find("cohort: rank 2 joined the job of 3 workers at step ") != std::string::npos);
-  CHECK(run.parameters == expected);
+  for (const int lost : {1, 0}) {
+    CAPTURE(lost);
+    // Longer pauses, so that the fit outlasts the restart on a busy machine.
+    const LaunchedRun run = kill_rank_under_cohort_run(
+        {"--np", "3", "--min-np", "2", "--max-restarts", "1"}, "25", lost);
+    CAPTURE(run.log);
+    REQUIRE(run.exit.has_value());
+    CHECK(run.exit->exited);
+    CHECK(run.exit->code == 0);
+    CHECK(run.log.find("cohort-run: rank " + std::to_string(lost) +
+                       " was killed by signal 9 (Killed); starting it again (restart 1 of 1)") !=
+          std::string::npos);
+    CHECK(run.log.find("cohort: workers 3 -> 2 at step ") != std::string::npos);
+    CHECK(run.log.find("cohort: workers 2 -> 3 at step ") != std::string::npos);
+    CHECK(run.log.find("cohort: rank 2 joined the job of 3 workers at step ") != std::string::npos);
+    // Where the rank 0 that started the job is lost, its successor keeps the door.
+    CHECK((run.log.find("cohort: rank 0: keeps the job's door at 127.0.0.1:") !=
+           std::string::npos) == (lost == 0));
+    CHECK(run.parameters == expected);
+  }
 }
 
 TEST_CASE(
@@ -305,7 +315,9 @@ TEST_CASE(
   CHECK(read_file(directory.path / "parameters.bin") == expected);
 }
 
-TEST_CASE("an elastic job's minimum is refused before the rendezvous when it cannot hold") {
+TEST_CASE(
+    "an elastic job's minimum, and a process that joins a job that is not elastic, are refused "
+    "before the rendezvous") {
   TemporaryDirectory directory("cohort-elastic-refused");
   // Alone, rank 1 of 4 would wait 30 s for the others: it is refused at once instead.
   const auto refused = [&](const std::map<std::string, std::string>& variables,
@@ -328,4 +340,11 @@ TEST_CASE("an elastic job's minimum is refused before the rendezvous when it can
         std::string::npos);
   CHECK(refused({{"COHORT_MIN_WORKERS", "-1"}}, {})
             .find("COHORT_MIN_WORKERS = \"-1\": expected a count, 0 or more") != std::string::npos);
+  // A process that comes to join a running job that is not elastic: nobody would take it in.
+  CHECK(refused({{"COHORT_JOIN", "1"}}, {})
+            .find("elastic.joins_running_job = true: needs elastic.min_workers "
+                  "(COHORT_MIN_WORKERS): only an elastic job takes a process in") !=
+        std::string::npos);
+  CHECK(refused({{"COHORT_JOIN", "yes"}}, {"--elastic", "2"}).find("COHORT_JOIN = \"yes\"") !=
+        std::string::npos);
 }

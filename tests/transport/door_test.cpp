@@ -2,7 +2,9 @@
 // on 127.0.0.1, under a secret) meets rank 0's door instead of a rendezvous, waits there until
 // the members take it in, and joins the mesh of the next epoch in the place the door gave it; a
 // stranger is refused at the door, and the door goes on; a newcomer that never comes fails the
-// grow within its timeout, and the members regroup from the mesh they had.
+// grow within its timeout, and the members regroup from the mesh they had; once the rank 0 that
+// started the job is lost, the next one keeps the door at the job's rendezvous address, where a
+// process started again as rank 0 joins; a process that joins finds no door at a job that starts.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -11,6 +13,7 @@
 #include <cohort/transport/tcp/regroup.hpp>
 #include <cstdint>
 #include <future>
+#include <latch>
 #include <optional>
 #include <string>
 #include <thread>
@@ -145,4 +148,93 @@ TEST_CASE(
   require_no_errors(errors);
   CHECK(contains(failures[0], "rank 0: rendezvous: timed out after 1000 ms"));
   CHECK(contains(failures[1], "rank 1: rendezvous"));
+}
+
+TEST_CASE(
+    "once the rank 0 that started the job is lost, the next rank 0 keeps the door at the job's "
+    "rendezvous address, and a process started again as rank 0 joins there") {
+  std::promise<std::uint16_t> port_promise;
+  std::shared_future<std::uint16_t> port = port_promise.get_future().share();
+  std::promise<void> admitted;  // the new rank 0 tells the other that the job grows by one
+  std::shared_future<void> grow = admitted.get_future().share();
+  std::latch regrouped(2);  // the survivors keep their old meshes until both regrouped
+  std::optional<tcp::Tcp> joiner;
+  std::string joiner_error;
+  std::thread joining([&] {
+    // Started again at once, as a launcher would: it knocks before the survivors regrouped.
+    tcp::Options options = started_again(0, 3, port.get(), kSecret);
+    options.joins_running_job = true;
+    try {
+      joiner.emplace(options);
+      ring_once(*joiner);
+    } catch (const cohort::CommError& error) {
+      joiner_error = error.what();
+    }
+  });
+  const auto errors = run_ranks(
+      3,
+      [&](tcp::Tcp& mesh) {
+        if (mesh.rank() == 0) {
+          port_promise.set_value(mesh.rendezvous_port());
+          return;  // its Tcp ends here: the process "dies", and its listener with it
+        }
+        wait_for_loss_of(mesh, 0);
+        tcp::Regrouped next =
+            tcp::regroup(mesh, {.min_size = 2, .probe_timeout = std::chrono::seconds(2)});
+        regrouped.arrive_and_wait();
+        REQUIRE(next.members == std::vector<int>{1, 2});
+        if (next.transport.rank() == 0) {
+          const tcp::Listener held(next.transport.options(), {"127.0.0.1", port.get()});
+          tcp::Door door(next.transport, held);
+          REQUIRE(wait_at(door, 1));
+          CHECK(door.welcome(1) == 1);
+          admitted.set_value();
+        } else {
+          grow.wait();
+        }
+        tcp::Tcp grown = tcp::grow(next.transport, 1, std::chrono::seconds(10));
+        CHECK(grown.size() == 3);
+        CHECK(grown.options().epoch == 2);
+        ring_once(grown);
+      },
+      elastic);
+  joining.join();
+  require_no_errors(errors);
+  CHECK(joiner_error == "");
+  REQUIRE(joiner.has_value());
+  CHECK(joiner->rank() == 2);
+  CHECK(joiner->size() == 3);
+  CHECK(joiner->options().epoch == 2);
+}
+
+TEST_CASE(
+    "a process that joins a running job and finds one starting at its address is refused with a "
+    "sentence, and the job forms without it") {
+  tcp::Options first = options_for(0, 2);
+  elastic(first);
+  tcp::Listener listener(first);
+  const std::uint16_t port = listener.rendezvous_port();
+  std::optional<tcp::Tcp> rank_0;
+  std::thread starting([&] { rank_0.emplace(std::move(listener)); });
+  std::string refused;
+  std::thread joining([&] {
+    tcp::Options options = started_again(0, 2, port, kSecret);
+    options.joins_running_job = true;
+    try {
+      tcp::Tcp transport(options);
+    } catch (const cohort::CommError& error) {
+      refused = error.what();
+    }
+  });
+  joining.join();
+  tcp::Tcp rank_1(started_again(1, 2, port, kSecret));
+  starting.join();
+  REQUIRE(rank_0.has_value());
+  std::thread ring([&] { ring_once(*rank_0); });
+  ring_once(rank_1);
+  ring.join();
+  CHECK(contains(refused,
+                 "rank 0: rendezvous: came to join a running job (joins_running_job, "
+                 "COHORT_JOIN), and found the job at 127.0.0.1:" +
+                     std::to_string(port) + " starting"));
 }

@@ -25,14 +25,6 @@ void elastic(tcp::Options& options) {
   options.keep_listening = true;
 }
 
-// Waits for a frame from `peer` that never comes: returns once the transfer fails, as it does
-// when the peer's process ends.
-void wait_for_loss_of(tcp::Tcp& transport, int peer) {
-  std::vector<std::byte> in(8);
-  const Receive receive{peer, {kCollective, 0, 1}, in};
-  CHECK_THROWS_AS(transport.transfer({}, {&receive, 1}), cohort::CommError);
-}
-
 // `size` ranks meet; rank `lost` ends at once and the others regroup with at least min_size
 // ranks. Returns, by old rank, the members each saw (empty for the lost rank) and its new rank,
 // or what it threw.

@@ -148,6 +148,14 @@ inline void ring_once(tcp::Tcp& transport) {
   CHECK(holds(in, left, 0));
 }
 
+// Waits for a frame from `peer` that never comes: returns once the transfer fails, as it does
+// when the peer's process ends.
+inline void wait_for_loss_of(tcp::Tcp& transport, int peer) {
+  std::vector<std::byte> in(8);
+  const Receive receive{peer, {kCollective, 0, 1}, in};
+  CHECK_THROWS_AS(transport.transfer({}, {&receive, 1}), cohort::CommError);
+}
+
 inline const std::vector<std::size_t> kLengths = {0, 1, 7, 4099, std::size_t{1} << 22};
 
 // --- a peer speaking the wire format by hand, over a plain POSIX socket ----------------------

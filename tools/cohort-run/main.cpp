@@ -29,11 +29,11 @@
 // strategy/elastic.hpp), a rank that fails while at least M others run is lost, not fatal: the
 // others go on without it ("cohort-run: rank 2 was killed by signal 9 (Killed); 3 ranks go on
 // without it (--min-np 2)"), and the job's exit status is theirs. With --max-restarts K as well,
-// such a rank is started again, K times in all, with the same environment, and joins the running
-// job at a step boundary (strategy/elastic.hpp; "cohort-run: rank 2 was killed by signal 9
-// (Killed); starting it again (restart 1 of 3)"); rank 0 is not: the job takes processes in at
-// rank 0's address only. A rank started again that the job ended without taking in is no failure
-// of the job. When all ranks are done, anything
+// such a rank is started again, K times in all, with the same environment and COHORT_JOIN=1, and
+// joins the running job at a step boundary (strategy/elastic.hpp; "cohort-run: rank 2 was killed
+// by signal 9 (Killed); starting it again (restart 1 of 3)"), rank 0 too: the job's next rank 0
+// keeps its door at the same address. A rank started again that the job ended without taking in
+// is no failure of the job. When all ranks are done, anything
 // left in their process groups is killed, and every rank has been waited for: no zombie, no orphan.
 // Should cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the kernel
 // (PR_SET_PDEATHSIG).
@@ -369,14 +369,10 @@ class Launch {
   // whether it did.
   bool restart(std::size_t rank, int status) {
     if (restarts_ >= options_.max_restarts) return false;
-    if (rank == 0) {
-      say("rank 0 " + describe_status(status) +
-          "; it is not started again: the job takes processes in at rank 0's address only");
-      return false;
-    }
-    const Started started =
-        start_rank(options_.command, rank_environment(options_, static_cast<int>(rank), port_),
-                   original_mask_);
+    std::vector<std::string> environment =
+        rank_environment(options_, static_cast<int>(rank), port_);
+    environment.push_back(std::string(variable::kJoin) + "=1");
+    const Started started = start_rank(options_.command, std::move(environment), original_mask_);
     if (started.pid < 0) return false;
     ++restarts_;
     say(who(rank) + " " + describe_status(status) + "; starting it again (restart " +

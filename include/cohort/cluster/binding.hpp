@@ -76,6 +76,14 @@ COHORT_DECL bool is_loopback_address(std::string_view address);
     const Spec& spec, std::string_view given, std::string_view given_name = "Options::bind_address",
     const Environment& environment = process_environment());
 
+// Where this process, bound as `binding` says, can listen at the job's rendezvous address
+// (spec.master_address) once the rank 0 that bound it first is lost, so that an elastic job keeps
+// its door there (strategy/elastic.hpp): every interface where this process binds them all, else
+// the master's address itself. nullopt where that address is another host's, or does not resolve.
+[[gnu::cold]] COHORT_DECL std::optional<std::string> rendezvous_address_here(const Spec& spec,
+                                                                             const Binding& binding,
+                                                                             const Probe& probe);
+
 // "listening on 10.77.0.2 (own address in TF_CONFIG worker[1])", for the start-up line.
 [[gnu::cold]] COHORT_DECL std::string describe(const Binding& binding);
 

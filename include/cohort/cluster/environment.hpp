@@ -56,6 +56,10 @@ inline constexpr std::string_view kCommunicationPriority = "COHORT_COMMUNICATION
 inline constexpr std::string_view kSharedMemory = "COHORT_SHARED_MEMORY";
 inline constexpr std::string_view kMinWorkers = "COHORT_MIN_WORKERS";
 inline constexpr std::string_view kMaxWorkers = "COHORT_MAX_WORKERS";
+// 1: this process joins a running elastic job through its door (a worker started again, whatever
+// its COHORT_RANK: strategy/elastic.hpp); 0 or unset: it starts the job with the others
+// (parse_switch). cohort-run sets it on the ranks it starts again.
+inline constexpr std::string_view kJoin = "COHORT_JOIN";
 // Roles of a parameter-server job (strategy/parameter_server.hpp). COHORT_ROLE is "worker" (the
 // default), "chief" or "ps"; COHORT_RANK and COHORT_WORLD_SIZE then count the processes of that
 // role only (chief and workers together), as TF_CONFIG's task index does. A worker learns the
@@ -83,8 +87,8 @@ inline constexpr std::string_view kWorkerCount = "COHORT_WORKER_COUNT";
 //                           program leaves its default; parse_switch)
 // The two timeouts are durations (parse_duration): "30" or "30s", "500ms", "5min".
 inline constexpr std::array kCohortDescription = {
-    kRank,       kWorldSize, kLocalRank, kLocalWorldSize, kMasterAddr,
-    kMasterPort, kJobId,     kRole,      kPsCount,        kWorkerCount};
+    kRank,  kWorldSize, kLocalRank, kLocalWorldSize, kMasterAddr, kMasterPort,
+    kJobId, kRole,      kPsCount,   kWorkerCount,    kJoin};
 
 // The variables by which other launchers (torchrun, Open MPI, the TensorFlow training operator)
 // give a rank and a world size. A launcher that defines its children's world itself, as

@@ -19,8 +19,11 @@
 // worker its launcher started again, a new host) finds the job running at its rendezvous address
 // (transport/tcp/door.hpp), which rank 0 keeps while it is a member; at the next vote (about every
 // 0.1 s, trainer/vote.hpp) the job takes it in at the step boundary, and it joins the fit with the
-// newest state, from where its program's fit begins. A job whose first rank 0 was lost goes on,
-// but takes nobody in: nobody listens at its rendezvous address any more.
+// newest state, from where its program's fit begins. Where rank 0 is lost, the next rank 0 keeps
+// the door at the job's rendezvous address if that address is of its host (on one host, always);
+// otherwise the job goes on but takes nobody in. A process started for the job knows it joins by
+// joins_running_job (COHORT_JOIN=1): a worker started again as rank 0 must not start a job of its
+// own.
 #pragma once
 
 #include <chrono>
@@ -42,6 +45,10 @@ struct Elastic {
   // out after this. Also how long the job waits for the processes it takes in to meet it: one
   // that left after the vote is counted out after this, and the members go on without it.
   std::chrono::milliseconds probe_timeout{std::chrono::seconds(2)};
+  // Whether this process joins the running job through its door rather than starting it with the
+  // others: a worker started again after a loss (COHORT_JOIN=1, which cohort-run sets on the ranks
+  // it starts again). Its rank, 0 included, is only where it was: the door gives it its place.
+  bool joins_running_job = false;
 
   bool enabled() const { return min_workers > 0; }
 };

@@ -88,11 +88,13 @@
 #include <string_view>
 #include <vector>
 
+#include "cohort/cluster/binding.hpp"
 #include "cohort/cluster/cluster.hpp"
 #include "cohort/collective/communication_thread.hpp"
 #include "cohort/collective/deterministic.hpp"
 #include "cohort/collective/hierarchical.hpp"
 #include "cohort/collective/local.hpp"
+#include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/sharding.hpp"
 #include "cohort/device/cpu.hpp"
@@ -102,6 +104,7 @@
 #include "cohort/strategy/detail/worker_process.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/tcp/door.hpp"
+#include "cohort/transport/tcp/listener.hpp"
 #include "cohort/transport/tcp/regroup.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
@@ -158,6 +161,11 @@ class MultiWorkerMirrored {
     if (this->options().elastic.enabled() && !kRegroups) {
       options::reject("elastic.min_workers", this->options().elastic.min_workers,
                       "needs the TCP transport (transport::tcp::Tcp), whose ranks regroup");
+    }
+    if (this->options().elastic.joins_running_job && !this->options().elastic.enabled()) {
+      options::reject("elastic.joins_running_job", "true",
+                      "needs elastic.min_workers (COHORT_MIN_WORKERS): only an elastic job takes a "
+                      "process in");
     }
     if (this->options().elastic.min_workers > static_cast<std::size_t>(spec.size)) {
       options::reject("elastic.min_workers", this->options().elastic.min_workers,
@@ -307,13 +315,48 @@ class MultiWorkerMirrored {
     open_door();
   }
 
-  // On an elastic job's chief while it listens at the job's rendezvous address, where a process
-  // started for the job comes.
+  // On an elastic job's chief, at the job's rendezvous address, where a process started for the
+  // job comes: on the listener it met the others on where it is the rank 0 that started the job,
+  // else on one it binds there once, where that address is of its host.
   [[gnu::cold]] void open_door() {
     if constexpr (kRegroups) {
-      if (elastic().enabled() && holds_rendezvous_address_ && cluster().rank == 0) {
-        door_ = std::make_unique<transport::tcp::Door>(cross_->transport());
+      if (!elastic().enabled() || cluster().rank != 0) return;
+      const transport::tcp::Tcp& mesh = cross_->transport();
+      if (holds_rendezvous_address_) {
+        door_ = std::make_unique<transport::tcp::Door>(mesh);
+        return;
       }
+      if (!tried_rendezvous_address_) hold_rendezvous_address();
+      if (held_rendezvous_address_) {
+        door_ = std::make_unique<transport::tcp::Door>(mesh, *held_rendezvous_address_);
+      }
+    }
+  }
+
+  // A chief that is not the rank 0 that started the job (that one was lost): binds the job's
+  // rendezvous address for its door, once, and says whether it could.
+  [[gnu::cold]] void hold_rendezvous_address() requires kRegroups {
+    tried_rendezvous_address_ = true;
+    const cluster::Spec& spec = process_.spec();
+    const std::string address = spec.master_address + ":" + std::to_string(spec.master_port);
+    const std::optional<std::string> here =
+        cluster::rendezvous_address_here(spec, process_.binding(), cluster::system_probe());
+    if (!here) {
+      std::fprintf(stderr,
+                   "cohort: rank 0: the job takes no process in from now on: its rendezvous "
+                   "address %s, where its first rank 0 was, is another host's\n",
+                   address.c_str());
+      return;
+    }
+    try {
+      held_rendezvous_address_.emplace(cross_->transport().options(),
+                                       transport::tcp::Address{*here, spec.master_port});
+      std::fprintf(stderr,
+                   "cohort: rank 0: keeps the job's door at %s, where its first rank 0 was\n",
+                   address.c_str());
+    } catch (const CommError& failure) {
+      std::fprintf(stderr, "cohort: rank 0: the job takes no process in from now on: %s\n",
+                   failure.what());
     }
   }
 
@@ -360,7 +403,11 @@ class MultiWorkerMirrored {
   std::size_t started_workers_ = 0;                          // the job's size at the start
   bool joined_ = false;                                      // joined(): through a door
   bool holds_rendezvous_address_ = false;  // this process listens at the job's rendezvous address
-  std::unique_ptr<transport::tcp::Door> door_;  // the chief's, while it holds that address
+  // A later chief's socket at the job's rendezvous address (hold_rendezvous_address), kept while
+  // the membership changes so that a process knocking there waits in its queue meanwhile.
+  std::optional<transport::tcp::Listener> held_rendezvous_address_;
+  bool tried_rendezvous_address_ = false;
+  std::unique_ptr<transport::tcp::Door> door_;  // the chief's, at that address
 };
 
 static_assert(Strategy<MultiWorkerMirrored<>>);

@@ -214,6 +214,17 @@ COHORT_DECL bool Binding::loopback() const { return detail::is_loopback_address(
   return decide_binding(spec, given, given_name, environment, system_probe());
 }
 
+[[gnu::cold]] COHORT_DECL std::optional<std::string> rendezvous_address_here(
+    const Spec& spec, const Binding& binding, const Probe& probe) {
+  const std::optional<std::string> master = probe.resolve(spec.master_address);
+  if (!master || !(detail::is_loopback_address(*master) || probe.is_local(*master))) {
+    return std::nullopt;
+  }
+  const bool every_interface =
+      binding.wildcard || binding.address == "0.0.0.0" || binding.address == "::";
+  return every_interface ? binding.address : *master;
+}
+
 [[gnu::cold]] COHORT_DECL std::string describe(const Binding& binding) {
   return "listening on " + binding.address + " (" + binding.origin + ")";
 }

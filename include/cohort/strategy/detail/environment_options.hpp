@@ -2,7 +2,7 @@
 // COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT (cluster/environment.hpp, parse_duration),
 // COHORT_COMMUNICATION_PRIORITY (auto, normal or realtime: collective/thread_priority.hpp)
 // COHORT_SHARED_MEMORY (0 or 1: cluster::parse_switch), COHORT_MIN_WORKERS and
-// COHORT_MAX_WORKERS (counts: strategy/elastic.hpp).
+// COHORT_MAX_WORKERS (counts: strategy/elastic.hpp), COHORT_JOIN (0 or 1).
 #pragma once
 
 #include <chrono>
@@ -67,6 +67,8 @@ StrategyOptions with_environment(StrategyOptions options, const cluster::Environ
           parse_count);
     apply(cluster::variable::kMaxWorkers, options.elastic.max_workers, defaults.elastic.max_workers,
           parse_count);
+    apply(cluster::variable::kJoin, options.elastic.joins_running_job,
+          defaults.elastic.joins_running_job, cluster::parse_switch);
   }
   return options;
 }

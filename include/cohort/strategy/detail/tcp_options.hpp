@@ -85,6 +85,7 @@ template <class StrategyOptions>
   };
   if constexpr (requires { options.elastic.enabled(); }) {
     tcp.keep_listening = options.elastic.enabled();
+    tcp.joins_running_job = options.elastic.joins_running_job;
   }
   const std::string encrypt = environment_or(std::string(cluster::variable::kEncrypt).c_str(), "");
   if (!encrypt.empty()) {
@@ -117,9 +118,12 @@ inline std::string deadline_text(std::chrono::milliseconds deadline) {
 // a launcher may start the processes far apart.
 [[gnu::cold]] inline void announce(const std::string& what, const TcpSetup& setup) {
   std::fprintf(stderr,
-               "cohort: %s, %s; meets the others within %s (connect_timeout or %s), then "
+               "cohort: %s, %s; %s within %s (connect_timeout or %s), then "
                "each transfer within %s (timeout or %s)\n",
                what.c_str(), cluster::describe(setup.binding).c_str(),
+               setup.options.joins_running_job
+                   ? "joins the running job through its door (COHORT_JOIN)"
+                   : "meets the others",
                deadline_text(setup.options.connect_timeout).c_str(),
                std::string(cluster::variable::kConnectTimeout).c_str(),
                deadline_text(setup.options.operation_timeout).c_str(),

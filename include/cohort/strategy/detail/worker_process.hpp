@@ -136,6 +136,8 @@ class WorkerProcess {
 
   const StrategyOptions& options() const { return options_; }
   const cluster::Spec& spec() const { return spec_; }
+  // Where this process listens and why (cluster/binding.hpp), once connect has chosen it.
+  const cluster::Binding& binding() const { return binding_; }
 
  private:
   StrategyOptions options_;

@@ -63,6 +63,9 @@ struct Hello {
   // The hello of a running job's door (door.hpp), not of a rendezvous: it admits the connecting
   // process into the job's next membership epoch, whatever rank, size and epoch it was given.
   bool door = false;
+  // The hello of a process that joins a running job (Options::joins_running_job): only a door
+  // takes it in; a rendezvous turns it away without failing.
+  bool joins = false;
   Nonce nonce{};
 };
 
@@ -135,7 +138,7 @@ class Reader {
 
 // Hello payload, version 1: rank u32 (first in every version, frame.hpp), size u32,
 // flags u16 (bit 0: authenticates, bit 1: checksums data frames, bit 2: encrypts data frames,
-// bit 3: a door),
+// bit 3: a door, bit 4: joins a running job),
 // listen port u16, nonce,
 // listen address, job id (strings: u16 length, bytes).
 inline std::vector<std::byte> encode_hello(const Hello& hello) {
@@ -143,7 +146,8 @@ inline std::vector<std::byte> encode_hello(const Hello& hello) {
   out.put(static_cast<std::uint32_t>(hello.rank));
   out.put(static_cast<std::uint32_t>(hello.size));
   out.put(static_cast<std::uint16_t>((hello.authenticates ? 1 : 0) | (hello.checksums ? 2 : 0) |
-                                     (hello.encrypts ? 4 : 0) | (hello.door ? 8 : 0)));
+                                     (hello.encrypts ? 4 : 0) | (hello.door ? 8 : 0) |
+                                     (hello.joins ? 16 : 0)));
   out.put(hello.listen_port);
   out.put_bytes(hello.nonce);
   out.put_string(hello.listen_address);
@@ -163,7 +167,7 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
   hello.listen_address = in.get_string();
   hello.job_id = in.get_string();
   hello.epoch = in.get<std::uint32_t>();
-  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~15u) != 0) {
+  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~31u) != 0) {
     return std::nullopt;
   }
   hello.rank = static_cast<int>(rank);
@@ -172,6 +176,7 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
   hello.checksums = (flags & 2u) != 0;
   hello.encrypts = (flags & 4u) != 0;
   hello.door = (flags & 8u) != 0;
+  hello.joins = (flags & 16u) != 0;
   return hello;
 }
 
@@ -207,21 +212,25 @@ inline std::optional<std::vector<Address>> decode_table(std::span<const std::byt
   return table;
 }
 
-// What a running job's rank 0 tells a process it admits (door.hpp): its place in the next
-// membership epoch, whose rendezvous it then joins.
+// What a running job's door tells a process it admits (door.hpp): its place in the next
+// membership epoch, and where that epoch's rendezvous is (its rank 0's listener, which need not
+// be the door's: the door stays at the job's rendezvous address after the first rank 0 is lost).
 struct Welcome {
   int rank = 0;
   int size = 0;
   std::uint32_t epoch = 0;
+  Address rendezvous{};
   friend bool operator==(const Welcome&, const Welcome&) = default;
 };
 
-// Welcome payload: rank u32, size u32, epoch u32.
+// Welcome payload: rank u32, size u32, epoch u32, the rendezvous's port u16 and host (a string).
 inline std::vector<std::byte> encode_welcome(const Welcome& welcome) {
   detail::Writer out;
   out.put(static_cast<std::uint32_t>(welcome.rank));
   out.put(static_cast<std::uint32_t>(welcome.size));
   out.put(welcome.epoch);
+  out.put(welcome.rendezvous.port);
+  out.put_string(welcome.rendezvous.host);
   return out.take();
 }
 
@@ -230,8 +239,14 @@ inline std::optional<Welcome> decode_welcome(std::span<const std::byte> payload)
   const auto rank = in.get<std::uint32_t>();
   const auto size = in.get<std::uint32_t>();
   const auto epoch = in.get<std::uint32_t>();
-  if (!in.complete() || size < 2 || size > 0x7fffffffu || rank >= size) return std::nullopt;
-  return Welcome{static_cast<int>(rank), static_cast<int>(size), epoch};
+  Address rendezvous;
+  rendezvous.port = in.get<std::uint16_t>();
+  rendezvous.host = in.get_string();
+  if (!in.complete() || size < 2 || size > 0x7fffffffu || rank >= size || rendezvous.host.empty() ||
+      rendezvous.port == 0) {
+    return std::nullopt;
+  }
+  return Welcome{static_cast<int>(rank), static_cast<int>(size), epoch, std::move(rendezvous)};
 }
 
 inline std::vector<std::byte> encode_text(std::string_view text) {
@@ -260,10 +275,12 @@ struct Expectation {
 
 inline std::string rank_name(int rank) { return "rank " + std::to_string(rank); }
 
-// Whether a peer's hello is of this job but another membership epoch (Options::epoch): refused
-// as a stranger is, not as a rank that fails the rendezvous.
-inline bool of_another_epoch(const Hello& peer, const Expectation& mine) {
-  return peer.job_id == mine.job_id && peer.epoch != mine.epoch && !peer.door && !mine.door;
+// Whether a peer's hello is of this job but not for this rendezvous: of another membership epoch
+// (Options::epoch), or a process that joins a running job where no door is. Refused as a stranger
+// is, not as a rank that fails the rendezvous.
+inline bool turned_away(const Hello& peer, const Expectation& mine) {
+  if (peer.job_id != mine.job_id || peer.door || mine.door) return false;
+  return peer.epoch != mine.epoch || peer.joins;
 }
 
 // The first difference between a peer's hello and what this rank expects, in words naming both
@@ -277,6 +294,11 @@ inline std::string check_hello(const Hello& peer, const Expectation& mine) {
   // Where a door admits the peer, the door gives it its rank, size and epoch: the peer's own are
   // those it was started with.
   const bool placed_by_door = peer.door || mine.door;
+  if (peer.joins && !mine.door) {
+    return who +
+           " came to join a running job, and found this one starting: only a running "
+           "job's door takes a process in";
+  }
   if (!placed_by_door && peer.epoch != mine.epoch) {
     return who + " is of membership epoch " + std::to_string(peer.epoch) + " of this job, " +
            rank_name(mine.rank) + " of epoch " + std::to_string(mine.epoch) +

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "cohort/core/compilation.hpp"
+#include "cohort/transport/tcp/address.hpp"
 #include "cohort/transport/tcp/options.hpp"
 
 namespace boost::asio {
@@ -35,6 +36,11 @@ class Listener {
   // Once per process, so compiled for size, as the rendezvous is (rendezvous.hpp).
   [[gnu::cold]] COHORT_DECL explicit Listener(Options options);
 
+  // Listens at `at` (a numeric address and its port) whatever the rank, under `options`' job:
+  // where a later rank 0 keeps the job's door at the job's rendezvous address, once the rank 0
+  // that bound it first is lost (door.hpp). Throws CommError naming the address when it cannot.
+  [[gnu::cold]] COHORT_DECL Listener(Options options, const Address& at);
+
   COHORT_DECL Listener(Listener&&) noexcept;
   Listener& operator=(Listener&&) = delete;
   COHORT_DECL ~Listener();  // acceptor_ is declared after io_, so it goes first, as it must
@@ -42,9 +48,11 @@ class Listener {
   int rank() const noexcept { return options_.rank; }
   const Options& options() const noexcept { return options_; }
   // Where rank 0 listens: the port it bound for rank 0 (the real one when it asked for 0), the
-  // configured one for the other ranks.
+  // configured one for the other ranks and a process that joins a running job.
   std::uint16_t rendezvous_port() const noexcept {
-    return options_.rank == 0 && acceptor_ ? port_ : options_.rendezvous_port;
+    return options_.rank == 0 && !options_.joins_running_job && acceptor_
+               ? port_
+               : options_.rendezvous_port;
   }
   // This rank's own listening port (rank 0: the rendezvous port).
   std::uint16_t port() const noexcept { return port_; }

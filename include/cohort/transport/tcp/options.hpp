@@ -45,6 +45,11 @@ struct Options {
   // they listened at the rendezvous. A connection that arrives meanwhile waits in the kernel's
   // queue and is handled, as any stranger's, by the next rendezvous.
   bool keep_listening = false;
+  // Whether this process joins a running elastic job through its door (door.hpp) rather than
+  // starting it: a worker started again after a loss (COHORT_JOIN). Whatever its rank, rank 0's
+  // included, it knocks at rendezvous_host:rendezvous_port as the other ranks do, and never hosts
+  // a rendezvous of its own; the door gives it its place. A job that is starting there refuses it.
+  bool joins_running_job = false;
   // Shared by every rank of the job. Empty: no authentication. Otherwise every connection proves
   // knowledge of it with HMAC-SHA256 challenge-response, the connecting side first
   // (handshake.hpp), and a connection that cannot is dropped and logged while the rendezvous goes
@@ -112,10 +117,17 @@ inline void validate(const Options& options) {
   if (options.size > 1 && options.rendezvous_host.empty()) {
     options::reject("rendezvous_host", quoted(options.rendezvous_host), "must not be empty");
   }
-  if (options.size > 1 && options.rank != 0 && options.rendezvous_port == 0) {
+  if (options.size > 1 && (options.rank != 0 || options.joins_running_job) &&
+      options.rendezvous_port == 0) {
     options::reject("rendezvous_port", options.rendezvous_port,
-                    "only rank 0 may ask for any free port; the other ranks must be given the "
-                    "port rank 0 listens on");
+                    "only the rank 0 that starts the job may ask for any free port; the other "
+                    "ranks, and a process that joins a running job, must be given the port "
+                    "rank 0 listens on");
+  }
+  if (options.joins_running_job && options.size < 2) {
+    options::reject(
+        "joins_running_job", "true",
+        "needs the size of the job it joins (at least 2), not " + std::to_string(options.size));
   }
   if ((options.listen_port_first == 0) != (options.listen_port_last == 0) ||
       options.listen_port_first > options.listen_port_last) {

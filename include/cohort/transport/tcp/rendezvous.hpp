@@ -123,6 +123,11 @@ inline void tune(Socket& socket, const Options& options) {
   }
 }
 
+// How long a process that waited at a running job's door knocks again where nobody listens any
+// more, before it concludes that the job ended: a job that lost its rank 0 opens the door there
+// again once it has regrouped (about 0.3 s on one host: docs/launching.md, "Elastic jobs").
+inline constexpr std::chrono::seconds kDoorRegroupGrace{3};
+
 // A setup message as read: the frame's bytes, kept whole because the handshake's HMAC covers
 // the hellos exactly as they travelled.
 struct SetupMessage {
@@ -142,7 +147,7 @@ struct Refusal {
     kProtocol,  // a cohort frame that is wrong: version, length, checksum, type, contents
     kAborted,   // the peer gave up and said why (its text, quoted, is in the reason)
     kMismatch,  // a well-formed hello that does not fit this job (check_hello's words)
-    kStale,     // a hello of this job's another membership epoch (of_another_epoch)
+    kStale,     // a hello of this job not for this rendezvous (turned_away)
     kForged,    // a proof that does not verify
   };
   Kind kind;
@@ -293,16 +298,18 @@ class Rendezvous {
   }
 
   // The door: tells the first `count` joiners their places, ranks first_rank, first_rank + 1, ...
-  // of `size` in membership epoch `epoch`, and lets them go to its rendezvous. Returns how many
-  // were told (fewer where some left since they were counted).
+  // of `size` in membership epoch `epoch`, and lets them go to its rendezvous at `rendezvous`.
+  // Returns how many were told (fewer where some left since they were counted).
   [[gnu::cold]] std::size_t welcome(std::size_t count, int first_rank, int size,
-                                    std::uint32_t epoch) {
+                                    std::uint32_t epoch, const Address& rendezvous) {
     std::size_t told = 0;
     for (Peer& joiner : joiners_) {
       if (told == count) break;
       Socket& socket = joiner.connection->socket;
-      const Welcome place{
-          .rank = first_rank + static_cast<int>(told), .size = size, .epoch = epoch};
+      const Welcome place{.rank = first_rank + static_cast<int>(told),
+                          .size = size,
+                          .epoch = epoch,
+                          .rendezvous = rendezvous};
       ErrorCode ec;
       asio::write(socket, asio::buffer(make_frame({setup_type::kWelcome}, encode_welcome(place))),
                   ec);
@@ -340,7 +347,7 @@ class Rendezvous {
   // socket). Throws CommError naming this rank, the operation "rendezvous", the peer when one
   // rank is to blame, and what went wrong.
   [[gnu::cold]] std::vector<Link> run() {
-    if (options_.rank == 0) {
+    if (options_.rank == 0 && !options_.joins_running_job) {
       run_root();
     } else {
       run_member();
@@ -473,9 +480,12 @@ class Rendezvous {
     drive(done, timeout_text, [] { return Clock::duration::zero(); });
   }
 
+  std::string where_rank_0() const {
+    return options_.rendezvous_host + ":" + std::to_string(options_.rendezvous_port);
+  }
+
   std::string join_timeout_message() const {
-    const std::string where =
-        options_.rendezvous_host + ":" + std::to_string(options_.rendezvous_port);
+    const std::string where = where_rank_0();
     if (!connected_to_root_) {
       std::string text = "rank 0 never answered at " + where;
       if (!last_connect_error_.empty()) text += " (last attempt: " + last_connect_error_ + ")";
@@ -620,8 +630,8 @@ class Rendezvous {
     }
     std::string mismatch = check_hello(*theirs, expectation(low, high));
     if (mismatch.empty() && !door_ && holds_live(theirs->rank)) mismatch = who + " joined twice";
-    const auto kind = of_another_epoch(*theirs, expectation(low, high)) ? Refusal::Kind::kStale
-                                                                        : Refusal::Kind::kMismatch;
+    const auto kind = turned_away(*theirs, expectation(low, high)) ? Refusal::Kind::kStale
+                                                                   : Refusal::Kind::kMismatch;
     if (!mismatch.empty() && !authenticating()) co_return Refusal{kind, mismatch};
     const std::vector<std::byte> mine = make_frame({setup_type::kHello}, encode_hello(my_hello()));
     if (auto sent = co_await write_setup(socket, who, mine); !sent) {
@@ -663,6 +673,17 @@ class Rendezvous {
     if (!hello) co_return hello.refusal();
     auto theirs = decode_hello(hello->payload());
     if (!theirs) co_return Refusal{Refusal::Kind::kProtocol, who + " sent a malformed hello"};
+    if (options_.joins_running_job && !theirs->door && theirs->job_id == options_.job_id) {
+      // Where the job changes its membership, its next rendezvous stands where the door was: the
+      // door comes back once that mesh is up.
+      if (theirs->epoch > 0) co_return Refusal{Refusal::Kind::kClosed, "the job regroups"};
+      co_return Refusal{Refusal::Kind::kMismatch,
+                        "came to join a running job (joins_running_job, COHORT_JOIN), and found "
+                        "the job at " +
+                            where_rank_0() +
+                            " starting: only a running job's door "
+                            "takes a process in"};
+    }
     if (std::string mismatch = check_hello(*theirs, expectation(peer, peer)); !mismatch.empty()) {
       co_return Refusal{Refusal::Kind::kMismatch, mismatch};
     }
@@ -708,11 +729,17 @@ class Rendezvous {
         close(connection->socket);
       }
       if (ec && peer == 0 && waited_at_door_ && last_connect_refused_) {
-        // Where a running job's door was, nobody listens: its rank 0 ended, or left the job.
-        co_return Refusal{Refusal::Kind::kClosed,
-                          "the job at " + options_.rendezvous_host + ":" +
-                              std::to_string(options_.rendezvous_port) +
-                              " ended, or lost its rank 0, before it took this rank in"};
+        // Where a running job's door was, nobody listens: the job ended, or lost its rank 0, whose
+        // successor opens the door there again once the job has regrouped, where it can.
+        if (door_gone_since_ == Clock::time_point{}) door_gone_since_ = Clock::now();
+        if (Clock::now() - door_gone_since_ > kDoorRegroupGrace) {
+          co_return Refusal{Refusal::Kind::kClosed,
+                            "the job at " + where_rank_0() +
+                                " ended, or lost its rank 0 and opened no door there again, "
+                                "before it took this rank in"};
+        }
+      } else if (!ec) {
+        door_gone_since_ = {};
       }
       if (stopping()) co_return Refusal{Refusal::Kind::kClosed, "stopped"};
       if (!ec) {
@@ -982,6 +1009,7 @@ class Rendezvous {
             .job_id = options_.job_id,
             .epoch = options_.epoch,
             .door = door_,
+            .joins = options_.joins_running_job,
             .nonce = random_nonce()};
   }
 
@@ -1153,6 +1181,7 @@ class Rendezvous {
   bool finished_ = false;
   bool door_ = false;
   bool waited_at_door_ = false;       // a member that found the job running
+  Clock::time_point door_gone_since_{};  // a member that waited: since its door was refused
   std::vector<Peer> joiners_;         // the door: who waits for a place, in the order they came
   std::optional<Welcome> welcome_{};  // a door's answer instead of the table
 };

@@ -45,11 +45,13 @@ COHORT_DECL Listener::Listener(Options options)
   }
   io_ = std::make_unique<boost::asio::io_context>(1);
   if (options_.size == 1) return;  // nobody to meet
-  // Rank 0 at the rendezvous port; the others at the first free port of their range, if any.
-  const bool ranged = options_.rank != 0 && options_.listen_port_first != 0;
-  const std::uint16_t first = options_.rank == 0 ? options_.rendezvous_port
-                              : ranged           ? options_.listen_port_first
-                                                 : 0;
+  // The rank 0 that starts the job at the rendezvous port; the others at the first free port of
+  // their range, if any.
+  const bool hosts = options_.rank == 0 && !options_.joins_running_job;
+  const bool ranged = !hosts && options_.listen_port_first != 0;
+  const std::uint16_t first = hosts    ? options_.rendezvous_port
+                              : ranged ? options_.listen_port_first
+                                       : 0;
   const std::uint16_t last = ranged ? options_.listen_port_last : first;
   for (std::uint32_t port = first; port <= last; ++port) {
     const boost::asio::ip::tcp::endpoint endpoint(address, static_cast<std::uint16_t>(port));
@@ -59,7 +61,7 @@ COHORT_DECL Listener::Listener(Options options)
     acceptor_.reset();
     const bool busy = ec == boost::asio::error::address_in_use;
     if (busy && port < last) continue;
-    std::string setting = options_.rank == 0 ? " (bind_address, rendezvous_port)" : "";
+    std::string setting = hosts ? " (bind_address, rendezvous_port)" : "";
     if (ranged && busy) {
       setting = " (every port of listen_port_first-listen_port_last, " + std::to_string(first) +
                 "-" + std::to_string(last) + ", is taken)";
@@ -68,6 +70,26 @@ COHORT_DECL Listener::Listener(Options options)
                      .detail = "cannot listen on " + detail::endpoint_text(endpoint) + setting +
                                ": " + ec.message()});
   }
+}
+
+COHORT_DECL Listener::Listener(Options options, const Address& at)
+    : options_(std::move(options)), started_(std::chrono::steady_clock::now()) {
+  detail::validate(options_);
+  boost::system::error_code ec;
+  const auto address = boost::asio::ip::make_address(at.host, ec);
+  if (ec) {
+    throw CommError({.rank = options_.rank,
+                     .detail = "cannot listen on '" + at.host + "': not a numeric address"});
+  }
+  io_ = std::make_unique<boost::asio::io_context>(1);
+  const boost::asio::ip::tcp::endpoint endpoint(address, at.port);
+  acceptor_ = detail::listen_at(*io_, endpoint, ec);
+  if (!acceptor_) {
+    throw CommError({.rank = options_.rank,
+                     .detail = "cannot listen on " + detail::endpoint_text(endpoint) + ": " +
+                               ec.message()});
+  }
+  port_ = at.port;
 }
 
 COHORT_DECL Listener::Listener(Options options, detail::Acceptor& listening)

@@ -34,10 +34,14 @@ COHORT_DECL Tcp::Tcp(Listener&& listener)
     links = rendezvous.run();
     if (const auto& welcome = rendezvous.welcomed()) {
       // A running elastic job's door took this process in (door.hpp): the rendezvous of the
-      // place it was given, with the job's members, from a deadline of its own.
+      // place it was given, where the door said, with the job's members, from a deadline of its
+      // own. It is one of them from now on.
       options_.rank = welcome->rank;
       options_.size = welcome->size;
       options_.epoch = welcome->epoch;
+      options_.rendezvous_host = welcome->rendezvous.host;
+      options_.rendezvous_port = welcome->rendezvous.port;
+      options_.joins_running_job = false;
       started = std::chrono::steady_clock::now();
       continue;
     }
