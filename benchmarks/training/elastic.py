@@ -19,11 +19,17 @@ thread per process, on this host:
                 resumes from the file
   soak          with --soak N: fits of 4 workers (a smaller MLP, 8-256-256-10) under cohort-run
                 --min-np 2 --max-restarts 1, each with a random worker SIGKILLed at a random point
-                and started again by cohort-run (rank 0 is not: the job goes on with 3), until N
-                kills landed in the middle of a fit (3N fits at most), every one checked for exit
-                status 0 and the fingerprint of the uninterrupted fit, and whether the worker
-                started again was taken back before the fit ended; a fit still running after 120 s
-                counts as a hang
+                and started again by cohort-run, rank 0 included, until N kills landed in the
+                middle of a fit (3N fits at most), every one checked for exit status 0 and the
+                fingerprint of the uninterrupted fit, and whether the worker started again was
+                taken back before the fit ended; a fit still running after 120 s counts as a hang
+  cycles        with --cycles N: one long fit of 4 workers of that MLP under cohort-run --min-np 3
+                --max-restarts N, in which a random worker other than rank 1 (rank 0 included) is
+                SIGKILLed N times, each time once cohort-run has started the last one again and the
+                job has taken it back; rank 1 lives through them all, and its open descriptors and
+                resident memory are read after each cycle (as are cohort-run's descriptors). The
+                fit ends with the fingerprint of the same fit without kills, or the run says
+                which cycle went wrong; a cycle not taken back within 60 s counts as a hang
 """
 import argparse
 import json
@@ -35,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -210,6 +217,100 @@ def soak(build, runs):
     return wrong
 
 
+CYCLES_MODEL = ["--layers", "8,256,256,10", "--batch", "128", "--micro-batches", "8", "--threads",
+                "1", "--no-validation", "--quiet"]
+
+
+def process_usage(pid):
+    """(open descriptors, resident KiB) of process `pid`."""
+    descriptors = len(os.listdir(f"/proc/{pid}/fd"))
+    with open(f"/proc/{pid}/status") as status:
+        resident = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    return descriptors, resident
+
+
+def cycles(build, count):
+    """Returns whether the fit ended with the uninterrupted bits and every cycle was taken back."""
+    launcher = f"{build}/tools/cohort-run/cohort-run"
+    # About 2.5 s of fit per cycle (0.6 s an epoch at 4 workers on 2 cores): the kills end well
+    # before the fit.
+    program = [f"{build}/examples/02_multi_worker/multi_worker", *CYCLES_MODEL, "--examples",
+               "20000", "--epochs", str(8 + 4 * count)]
+    start = time.time()
+    reference = fingerprint_of(subprocess.run([launcher, "--np", "4", "--", *program],
+                                              env=environment(), capture_output=True, text=True,
+                                              timeout=3600, check=True).stdout)
+    print(f"\ncycles: {count} kills of a random worker but rank 1 in one fit of 4 workers, each "
+          f"started again and taken back; uninterrupted: {reference} in {time.time() - start:.1f} s")
+    process = subprocess.Popen([launcher, "--np", "4", "--min-np", "3", "--max-restarts",
+                                str(count), "--", *program], env=environment(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    taken_back = threading.Semaphore(0)
+
+    def read():
+        for line in process.stdout:
+            lines.append(line)
+            if "workers 3 -> 4" in line:
+                taken_back.release()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    observer = None
+    while observer is None and process.poll() is None:
+        time.sleep(0.2)
+        observer = descendant_with(process.pid, "COHORT_RANK=1")
+    time.sleep(2.0)  # the job formed, its first steps taken
+    baseline = process_usage(observer)
+    launcher_baseline = process_usage(process.pid)[0]
+    print(f"rank 1 before the first kill: {baseline[0]} descriptors, {baseline[1]} KiB resident; "
+          f"cohort-run: {launcher_baseline} descriptors")
+    print("| cycle | worker killed | taken back after (s) | rank 1 descriptors | rank 1 KiB | "
+          "cohort-run descriptors |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
+    done = 0
+    failure = ""
+    samples = []
+    for cycle in range(1, count + 1):
+        victim_rank = random.choice([0, 2, 3])
+        victim = descendant_with(process.pid, f"COHORT_RANK={victim_rank}")
+        if victim is None or process.poll() is not None:
+            failure = f"cycle {cycle}: the fit ended, or no worker of rank {victim_rank} ran"
+            break
+        time.sleep(random.uniform(0.0, 0.5))  # a random point of a step
+        killed = time.time()
+        os.kill(victim, signal.SIGKILL)
+        if not taken_back.acquire(timeout=60):
+            failure = f"cycle {cycle}: HANG, rank {victim_rank} not taken back within 60 s"
+            break
+        back = time.time() - killed
+        time.sleep(0.3)  # the step after the change
+        usage = process_usage(observer)
+        launcher_usage = process_usage(process.pid)[0]
+        samples.append(usage)
+        done = cycle
+        if cycle <= 3 or cycle % 10 == 0 or cycle == count:
+            print(f"| {cycle} | rank {victim_rank} | {back:.2f} | {usage[0]} | {usage[1]} | "
+                  f"{launcher_usage} |")
+            sys.stdout.flush()
+    try:
+        process.wait(timeout=3600)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        failure = failure or "HANG: the fit did not end"
+    reader.join(timeout=10)
+    output = "".join(lines)
+    parameters = fingerprint_of(output)
+    same = process.returncode == 0 and parameters == reference
+    if samples:
+        print(f"rank 1 after {done} cycles: descriptors {baseline[0]} -> {samples[-1][0]} (most "
+              f"{max(s[0] for s in samples)}), resident KiB {baseline[1]} -> {samples[-1][1]} "
+              f"(most {max(s[1] for s in samples)})")
+    print(f"parameters {parameters}: {'the same' if same else 'WRONG'} (exit "
+          f"{process.returncode}); {failure or f'all {done} cycles taken back'}")
+    return same and not failure
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", required=True)
@@ -219,9 +320,13 @@ def main():
     parser.add_argument("--kill-after", type=float, default=4.0)
     parser.add_argument("--examples", type=int, default=25600)
     parser.add_argument("--soak", type=int, default=0, help="fits with a random kill; 0: none")
+    parser.add_argument("--cycles", type=int, default=0,
+                        help="kill-and-rejoin cycles in one fit; 0: none")
     args = parser.parse_args()
     if args.soak > 0:
         sys.exit(1 if soak(args.build, args.soak) else 0)
+    if args.cycles > 0:
+        sys.exit(0 if cycles(args.build, args.cycles) else 1)
 
     if args.rounds > 0:  # 0: the failures only
         print("no failure: examples/s, median of", args.rounds, "rounds")

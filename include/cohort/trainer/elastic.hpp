@@ -109,14 +109,14 @@ template <class R>
 }
 
 // After `cause` ended a segment, with `applied` the steps of the run this process's state holds:
-// the job's next membership, and run.step the step it goes on from. Throws CommError where fewer
-// than min_workers are left, after saving this process's state into the checkpoint directory,
-// where there is one (PeriodicCheckpoints::save_alone).
+// the job's next membership, and run.step the step it goes on from; the change counts its time
+// from `start` (a failed growth's began before the loss was noticed). Throws CommError where
+// fewer than min_workers are left, after saving this process's state into the checkpoint
+// directory, where there is one (PeriodicCheckpoints::save_alone).
 template <class R>
-[[gnu::cold]] strategy::MembershipChange go_on_without(R& run, const CommError& cause,
-                                                       std::uint64_t applied,
-                                                       PeriodicCheckpoints<R>& checkpoints) {
-  const auto start = trace::Recorder::Clock::now();
+[[gnu::cold]] strategy::MembershipChange go_on_without(
+    R& run, const CommError& cause, std::uint64_t applied, PeriodicCheckpoints<R>& checkpoints,
+    trace::Recorder::Clock::time_point start = trace::Recorder::Clock::now()) {
   std::optional<strategy::MembershipChange> regrouped;
   try {
     regrouped = run.strategy.regroup(cause);
@@ -138,7 +138,7 @@ template <class R>
   try {
     return changed_membership(run, run.strategy.admit(joiners), run.step, start);
   } catch (const CommError& cause) {
-    return go_on_without(run, cause, run.step, checkpoints);
+    return go_on_without(run, cause, run.step, checkpoints, start);
   }
 }
 
