@@ -2,8 +2,9 @@
 // between steps: whether to stop for preemption, and whether a checkpoint is due by time.
 //
 // Preemption. With Options::preemption.enabled (the default) SIGTERM and SIGUSR1 are latched
-// (core/preemption.hpp), and before the first step of a fit, then about every 0.1 s (a number of
-// steps computed alike everywhere from the slowest step time), every replica of every process votes
+// (core/preemption.hpp), and before the first step of a fit, then about every 0.1 s or 256 steps,
+// whichever comes first (a number of steps computed alike everywhere from the slowest step time,
+// at most doubling from one vote to the next), every replica of every process votes
 // in one all-reduce whether any process was signalled (a parameter-server worker also counts its
 // servers' marked answers: strategy::ReportsStop). All stop at the same step, within about 0.1 s
 // plus a step of the signal; a signal between two fits stops the next before its first step.
@@ -71,7 +72,8 @@ class Vote {
                         static_cast<double>(joiners)};
     agreement.all_reduce(replica.communicator(), values, ReduceOp::kMax);
     if (values[0] != 0.0) return Decision::kStop;
-    next_ = step + steps_between_votes(values[2]);
+    interval_ = steps_between_votes(values[2], interval_);
+    next_ = step + interval_;
     last_ = step;
     last_time_ = now;
     admitted_ = static_cast<std::size_t>(values[3]);
@@ -82,10 +84,20 @@ class Vote {
   // After Decision::kAdmit: how many processes the job takes in.
   std::size_t admitted() const { return admitted_; }
 
-  // Steps until the next vote: kInterval's worth at the given step time, at least 1.
-  static std::uint64_t steps_between_votes(double step_seconds) {
+  // At most this many steps between two votes, whatever they cost: a job of steps of some
+  // microseconds (a small model in threads) votes more often than kInterval, at one all-reduce of
+  // four numbers per kMostSteps steps.
+  static constexpr std::uint64_t kMostSteps = 256;
+
+  // Steps until the next vote: kInterval's worth at the given step time, at least 1, at most
+  // twice `last` (the steps between the last two votes) and kMostSteps. A step time measured over
+  // a few fast steps (the first, or before the machine got busy) cannot put the next vote far out:
+  // a fit of 3,000 steps of 13 us once scheduled its next vote past its end from its first step,
+  // and a signal at step 100 went unheard (tests/strategy/preemption_test.cpp, beside busy loops).
+  static std::uint64_t steps_between_votes(double step_seconds, std::uint64_t last) {
+    const double most = static_cast<double>(std::min(2 * last, kMostSteps));
     if (!(step_seconds > 0.0)) return 1;
-    return static_cast<std::uint64_t>(std::clamp(kInterval / step_seconds, 1.0, 1e6));
+    return static_cast<std::uint64_t>(std::clamp(kInterval / step_seconds, 1.0, most));
   }
 
  private:
@@ -94,6 +106,7 @@ class Vote {
   std::uint64_t last_;
   Clock::time_point last_time_;
   std::size_t admitted_ = 0;
+  std::uint64_t interval_ = 1;  // steps between the last two votes
 };
 
 }  // namespace cohort::trainer
