@@ -77,26 +77,18 @@ class ChecksummedFileBuffer : public std::streambuf {
     return put(held);
   }
 
-  // A block goes in pieces that stay in the cache between the checksum that reads each and the
-  // write that copies it to the kernel: the block is read from memory once, not twice.
-  static constexpr std::size_t kPieceBytes = std::size_t{256} << 10;
-
   bool put(std::string_view bytes) {
     if (error_ != 0) return false;
+    crc32_ = crc32_update(crc32_, bytes);
     bytes_ += bytes.size();
     while (!bytes.empty()) {
-      std::string_view piece = bytes.substr(0, kPieceBytes);
-      bytes.remove_prefix(piece.size());
-      crc32_ = crc32_update(crc32_, piece);
-      while (!piece.empty()) {
-        const ssize_t written = ::write(fd_, piece.data(), piece.size());
-        if (written < 0) {
-          if (errno == EINTR) continue;
-          error_ = errno;
-          return false;
-        }
-        piece.remove_prefix(static_cast<std::size_t>(written));
+      const ssize_t written = ::write(fd_, bytes.data(), bytes.size());
+      if (written < 0) {
+        if (errno == EINTR) continue;
+        error_ = errno;
+        return false;
       }
+      bytes.remove_prefix(static_cast<std::size_t>(written));
     }
     return true;
   }
