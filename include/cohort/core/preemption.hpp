@@ -4,9 +4,10 @@
 // process. While a Trainer lives with Trainer::Options::preemption enabled (the default):
 //   1. The signal is latched (preemption::requested()) and the process goes on; the signal
 //      handler prints one line and arms the grace period.
-//   2. Before the first step of a fit, then about every 0.1 s, the replicas of the whole job agree
-//      whether any process was signalled (trainer/vote.hpp: one all-reduce; under
-//      ParameterServer a signalled server marks its answers, so that the workers hear of it).
+//   2. Before the first step of a fit, then about every 0.1 s (or 256 steps, where they are
+//      faster), the replicas of the whole job agree whether any process was signalled
+//      (trainer/vote.hpp: one all-reduce; under ParameterServer a signalled server marks its
+//      answers, so that the workers hear of it).
 //      They all stop at the same step; a signal between two fits stops the next one before its
 //      first step.
 //   3. fit returns with Report::preempted, after the chief saved the training state to
