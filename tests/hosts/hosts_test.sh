@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Jobs across hosts: 4 network namespaces h1..h4 (10.77.N.1 to 10.77.N.4, names in each one's
+# Jobs across hosts: 8 network namespaces h1..h8 (10.77.N.1 to 10.77.N.8, names in each one's
 # /etc/hosts) on a bridge, real processes of the example programs in them, no bind variable set
-# anywhere. Needs root and iproute2; skips (exit 77, ctest's SKIP_RETURN_CODE) where namespaces
+# anywhere; most cases use the first 4. Needs root and iproute2; skips (exit 77, ctest's SKIP_RETURN_CODE) where namespaces
 # cannot be made.
 #
 #   tests/hosts/hosts_test.sh BUILD_DIR [CASE...]      (ctest runs it with every case)
 #   COHORT_HOSTS_VERBOSE=1 shows every process's output, also of the cases that pass.
 #
 # Cases: launches (MultiWorkerMirrored 4x1 and 2x2 under TF_CONFIG, COHORT_*, MASTER_ADDR-style
-# variables, Slurm's and mpirun with a hostfile, ParameterServer<Sync> on 2 server and 2 worker
+# variables, 8 hosts x 1 and 4 hosts x 2 processes under COHORT_*, Slurm's and mpirun with a hostfile, ParameterServer<Sync> on 2 server and 2 worker
 # hosts), each checked for the bits of the single-host run (examples/00_mirrored_cpu with as
 # many replicas); 2 ranks on each of 2 hosts with the master given by a name that is 127.0.1.1 on
 # its own host, as Debian's /etc/hosts has it; local ranks learned at the rendezvous (2 ranks on
@@ -24,7 +24,8 @@ build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
 shift
 cases=("$@")
 if ((${#cases[@]} == 0)); then
-  cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host local_conflict
+  cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host cohort_8x1 cohort_4x2
+         local_conflict
          master_addr_2x2 names_two_per_host slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
          short_partition long_partition elastic_host_lost elastic_host_rejoins no_master
          wrong_secret)
@@ -51,7 +52,7 @@ cleanup() {
   rm -rf "${work}"
 }
 trap cleanup EXIT
-hosts_create 4 || skip "${HOSTS_PROBLEM}"
+hosts_create 8 || skip "${HOSTS_PROBLEM}"
 
 failures=0
 fail() {
@@ -136,8 +137,10 @@ reference() {
 }
 bits2="$(reference 2)"
 bits4="$(reference 4)"
-echo "single-host parameters: 2 replicas ${bits2}, 4 replicas ${bits4}"
-[[ -n "${bits2}" && -n "${bits4}" ]] || { echo "FAIL: no single-host fingerprint"; exit 1; }
+bits8="$(reference 8)"
+echo "single-host parameters: 2 replicas ${bits2}, 4 replicas ${bits4}, 8 replicas ${bits8}"
+[[ -n "${bits2}" && -n "${bits4}" && -n "${bits8}" ]] ||
+  { echo "FAIL: no single-host fingerprint"; exit 1; }
 
 tf_config() {  # tf_config "\"h1:2222\",..." TYPE INDEX [PS_LIST]
   local ps=""
@@ -198,6 +201,30 @@ case_cohort_two_per_host() {  # 4 ranks on 2 hosts, no local variables: local ra
   expect_bits "${bits4}"
   grep -q "rank 3 is local rank 1 of 2, from the rendezvous (ranks of its role at ${net}.2)" \
     "${started[3]}.out" || fail "rank 3 did not learn local rank 1 of 2"
+}
+
+case_cohort_8x1() {  # 8 hosts of one process each
+  local h
+  for h in 1 2 3 4 5 6 7 8; do
+    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=8 COHORT_MASTER_ADDR=${net}.1 \
+      COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
+  done
+  finish 90
+  expect_bits "${bits8}"
+  grep -q "rank 7 is local rank 0 of 1, from the rendezvous (ranks of its role at ${net}.8)" \
+    "${started[7]}.out" || fail "rank 7 did not learn its local rank"
+}
+
+case_cohort_4x2() {  # 4 hosts of 2 processes each, local ranks learned
+  local rank
+  for rank in 0 1 2 3 4 5 6 7; do
+    on $((rank / 2 + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE=8 COHORT_MASTER_ADDR=${net}.1 \
+      COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
+  done
+  finish 90
+  expect_bits "${bits8}"
+  grep -q "rank 7 is local rank 1 of 2, from the rendezvous (ranks of its role at ${net}.4)" \
+    "${started[7]}.out" || fail "rank 7 did not learn local rank 1 of 2"
 }
 
 case_local_conflict() {  # local variables that say one host, for ranks on four
