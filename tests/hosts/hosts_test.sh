@@ -8,8 +8,8 @@
 #   COHORT_HOSTS_VERBOSE=1 shows every process's output, also of the cases that pass.
 #
 # Cases: launches (MultiWorkerMirrored 4x1 and 2x2 under TF_CONFIG, COHORT_*, MASTER_ADDR-style
-# variables, 8 hosts x 1 and 4 hosts x 2 processes under COHORT_*, Slurm's and mpirun with a hostfile, ParameterServer<Sync> on 2 server and 2 worker
-# hosts), each checked for the bits of the single-host run (examples/00_mirrored_cpu with as
+# variables, 8 hosts x 1 and 4 hosts x 2 processes under COHORT_*, Slurm's and mpirun with a
+# hostfile, ParameterServer<Sync> on 2 server and 2 worker hosts), each checked for the bits of the single-host run (examples/00_mirrored_cpu with as
 # many replicas); 2 ranks on each of 2 hosts with the master given by a name that is 127.0.1.1 on
 # its own host, as Debian's /etc/hosts has it; local ranks learned at the rendezvous (2 ranks on
 # each of 2 hosts), and local variables that contradict it (a ConfigError on every rank); and faults: a partition of one host
