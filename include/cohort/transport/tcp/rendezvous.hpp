@@ -673,16 +673,15 @@ class Rendezvous {
     if (!hello) co_return hello.refusal();
     auto theirs = decode_hello(hello->payload());
     if (!theirs) co_return Refusal{Refusal::Kind::kProtocol, who + " sent a malformed hello"};
+    // A rendezvous of a later epoch closes a joiner's connection unanswered (comes_too_soon), so
+    // one that answers without a door is a job that starts.
     if (options_.joins_running_job && !theirs->door && theirs->job_id == options_.job_id) {
-      // Where the job changes its membership, its next rendezvous stands where the door was: the
-      // door comes back once that mesh is up.
-      if (theirs->epoch > 0) co_return Refusal{Refusal::Kind::kClosed, "the job regroups"};
-      co_return Refusal{Refusal::Kind::kMismatch,
-                        "came to join a running job (joins_running_job, COHORT_JOIN), and found "
-                        "the job at " +
-                            where_rank_0() +
-                            " starting: only a running job's door "
-                            "takes a process in"};
+      const std::string where = where_rank_0();
+      co_return Refusal{
+          Refusal::Kind::kMismatch,
+          "came to join a running job (joins_running_job, COHORT_JOIN), and found the "
+          "job at " +
+              where + " starting: only a running job's door takes a process in"};
     }
     if (std::string mismatch = check_hello(*theirs, expectation(peer, peer)); !mismatch.empty()) {
       co_return Refusal{Refusal::Kind::kMismatch, mismatch};
