@@ -11,7 +11,10 @@ thread per process, on this host:
   a failure     4 workers, worker 3 SIGKILLed --kill-after seconds into the fit, --kills times:
     cohort      cohort-run --np 4 --min-np 3, COHORT_TRACE: from the chief's timeline, the time
                 from the kill to the end of the first step completed after it, less the median
-                step after it (what a step costs anyway); and the regroup span alone
+                step after it (what a step costs anyway); and the regroup span alone. Again with
+                --max-restarts 1, the worker started again and taken back: that time plus the
+                span of the change that took it back (the fit stands still for both), and the
+                time from the kill to 4 workers again
     torchrun    python3 -m torch.distributed.run --standalone --nproc_per_node 4 --max_restarts 3
                 of torch_elastic.py (DDP over gloo, the state saved after every step and loaded
                 when a worker starts): the same time, from rank 0's log of completed steps, to the
@@ -101,29 +104,38 @@ def kill_worker_at(process, rank_entry, kill_after):
     return killed
 
 
-def cohort_failure(build, kill_after, examples):
+def cohort_failure(build, kill_after, examples, restart=False):
     with tempfile.TemporaryDirectory() as trace:
-        command = [f"{build}/tools/cohort-run/cohort-run", "--np", "4", "--min-np", "3", "--",
-                   f"{build}/examples/02_multi_worker/multi_worker", *MODEL,
+        restarts = ["--max-restarts", "1"] if restart else []
+        command = [f"{build}/tools/cohort-run/cohort-run", "--np", "4", "--min-np", "3",
+                   *restarts, "--", f"{build}/examples/02_multi_worker/multi_worker", *MODEL,
                    "--examples", str(examples), "--epochs", "3"]
         process = subprocess.Popen(command, env=environment(COHORT_TRACE=trace),
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         killed = kill_worker_at(process, "COHORT_RANK=3", kill_after)
         output, _ = process.communicate(timeout=600)
-        if process.returncode != 0 or "workers 4 -> 3" not in output:
-            raise RuntimeError("the elastic job did not go on:\n" + output)
+        if process.returncode != 0 or "workers 4 -> 3" not in output or (
+                restart and "workers 3 -> 4" not in output):
+            raise RuntimeError("the elastic job did not go on, or took nobody back:\n" + output)
         with open(os.path.join(trace, "worker-0.json")) as file:
             events = json.load(file)["traceEvents"]
     spans = [event for event in events if event.get("ph") == "X"]
-    regroup = next(span for span in spans if span["name"] == "regroup")
+    regroups = sorted((span for span in spans if span["name"] == "regroup"),
+                      key=lambda span: span["ts"])
+    regroup = regroups[0]
     steps = sorted((span for span in spans if span["name"] == "step"),
                    key=lambda span: span["ts"])
     ends = [(span["ts"] + span["dur"]) / 1e6 for span in steps]
     regrouped = (regroup["ts"] + regroup["dur"]) / 1e6
     after = [end for end in ends if end > regrouped]
     durations = [span["dur"] / 1e6 for span in steps if span["ts"] / 1e6 > regrouped]
-    return {"lost": after[0] - killed - statistics.median(durations),
-            "regroup": regroup["dur"] / 1e6, "detected": regroup["ts"] / 1e6 - killed}
+    result = {"lost": after[0] - killed - statistics.median(durations),
+              "regroup": regroup["dur"] / 1e6, "detected": regroup["ts"] / 1e6 - killed}
+    if restart:  # the second change took the worker back: the fit stood still for it too
+        rejoin = regroups[1]
+        result["rejoin"] = rejoin["dur"] / 1e6
+        result["whole"] = (rejoin["ts"] + rejoin["dur"]) / 1e6 - killed
+    return result
 
 
 def torch_failure(python, kill_after):
@@ -352,6 +364,11 @@ def main():
     print("| cohort, elastic (cohort-run --min-np 3) | " +
           ", ".join(f"{run['lost']:.3f}" for run in cohort) +
           f" | {statistics.median(run['lost'] for run in cohort):.3f} |")
+    again = [cohort_failure(args.build, args.kill_after, args.examples, restart=True)
+             for _ in range(args.kills)]
+    print("| cohort, the worker started again (--max-restarts 1): lost + its rejoin | " +
+          ", ".join(f"{run['lost']:.3f} + {run['rejoin']:.3f}" for run in again) +
+          f" | {statistics.median(run['lost'] + run['rejoin'] for run in again):.3f} |")
     if args.torch_python:
         torch = [torch_failure(args.torch_python, args.kill_after) for _ in range(args.kills)]
         print("| PyTorch DDP, torchrun --max_restarts, state saved every step | " +
@@ -360,7 +377,9 @@ def main():
     print("\ncohort's regroup spans (s): " +
           ", ".join(f"{run['regroup']:.3f}" for run in cohort) +
           "; from the kill to the regroup's start (s): " +
-          ", ".join(f"{run['detected']:.3f}" for run in cohort))
+          ", ".join(f"{run['detected']:.3f}" for run in cohort) +
+          "; with the worker started again, from the kill to 4 workers again (s): " +
+          ", ".join(f"{run['whole']:.3f}" for run in again))
 
 
 if __name__ == "__main__":
