@@ -16,7 +16,8 @@
 # shorter than the timeout (same bits), one longer than the timeout (a named error on every rank
 # between half and twice the timeout after the fault), one host cut off for good from an elastic
 # job (the others go on to the same bits), a worker of an elastic job killed on its host and started
-# there again (it rejoins across the hosts, to the same bits), a wrong secret on one host, no rank
+# there again (it rejoins across the hosts, to the same bits), the same for rank 0 of 2 hosts of 2
+# workers (rank 1, on its host, keeps the job's door at the master address), a wrong secret on one host, no rank
 # 0 at the master address.
 set -uo pipefail
 
@@ -27,7 +28,8 @@ if ((${#cases[@]} == 0)); then
   cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host cohort_8x1 cohort_4x2
          local_conflict
          master_addr_2x2 names_two_per_host slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
-         short_partition long_partition elastic_host_lost elastic_host_rejoins no_master
+         short_partition long_partition elastic_host_lost elastic_host_rejoins
+         elastic_chief_rejoins no_master
          wrong_secret)
 fi
 
@@ -345,19 +347,25 @@ endless_job=(--layers "8,512,512,10" --examples 32768 --epochs 1000 --quiet)
 
 # Starts the 4x1 COHORT_* job of the partitions with COHORT_TIMEOUT=$1 and the demo settings
 # ${@:2}, and waits until every rank has started training.
+# Waits until $1 processes of the case said where they listen (30 s at most), then 1 s more: the
+# job is training.
+wait_until_training() {
+  local waited=0
+  while (($(cat "${started[@]/%/.out}" 2>/dev/null | grep -c "listening on") < $1)); do
+    sleep 0.1
+    waited=$((waited + 1))
+    ((waited < 300)) || break
+  done
+  sleep 1
+}
+
 start_partition_job() {
   local h
   for h in 1 2 3 4; do
     on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
       COHORT_MASTER_PORT=29500 COHORT_TIMEOUT="$1" -- "${multi_worker}" "${@:2}"
   done
-  local waited=0
-  while (($(cat "${started[@]/%/.out}" 2>/dev/null | grep -c "listening on") < 4)); do
-    sleep 0.1
-    waited=$((waited + 1))
-    ((waited < 300)) || break
-  done
-  sleep 1
+  wait_until_training 4
 }
 
 case_short_partition() {
@@ -440,6 +448,41 @@ case_elastic_host_rejoins() {  # an elastic job of 4 hosts: host 4's worker kill
     fail "the chief does not say the job took a worker back"
   grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||
     fail "the worker started again does not say it joined"
+}
+
+case_elastic_chief_rejoins() {  # 2 hosts of 2 workers: rank 0 killed, started again on its host
+  local reference_long rank pid
+  reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
+  local elastic=(COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 COHORT_MASTER_PORT=29500
+                 COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3)
+  for rank in 0 1 2 3; do
+    on $((rank / 2 + 1)) COHORT_RANK="${rank}" "${elastic[@]}" -- "${multi_worker}" "${long_job[@]}"
+  done
+  wait_until_training 4
+  for pid in $(ip netns pids "$(namespace 1)"); do
+    tr '\0' '\n' <"/proc/${pid}/environ" 2>/dev/null | grep -qx COHORT_RANK=0 && kill -9 "${pid}"
+  done
+  # Started again on its host, as cohort-run would: it says that it joins.
+  on 1 COHORT_JOIN=1 COHORT_RANK=0 "${elastic[@]}" -- "${multi_worker}" "${long_job[@]}"
+  finish 120
+  local out
+  for out in "${started[@]:1}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  # Rank 1, on rank 0's host, is the chief now, and keeps the job's door at the master address.
+  local chief="${started[1]}.out"
+  grep -q "cohort: rank 0: keeps the job's door at ${net}.1:29500, where its first rank 0 was" \
+    "${chief}" || fail "the next chief does not keep the door at the master address"
+  grep -q "cohort: workers 4 -> 3 at step .*(rank 0 lost: " "${chief}" ||
+    fail "the chief does not say the job went on without rank 0"
+  grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${chief}" ||
+    fail "the chief does not say the job took a worker back"
+  grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||
+    fail "rank 0 started again does not say it joined"
+  local parameters
+  parameters="$(grep -o 'parameters [0-9a-f]*' "${chief}" | tail -1 | cut -d' ' -f2)"
+  [[ "${parameters}" == "${reference_long}" ]] ||
+    fail "parameters ${parameters}, expected ${reference_long}"
 }
 
 case_no_master() {  # ranks 1 to 3 with no rank 0: each names what it could not reach
