@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # Jobs across hosts: 8 network namespaces h1..h8 (10.77.N.1 to 10.77.N.8, names in each one's
 # /etc/hosts) on a bridge, real processes of the example programs in them, no bind variable set
-# anywhere; most cases use the first 4. Needs root and iproute2; skips (exit 77, ctest's SKIP_RETURN_CODE) where namespaces
-# cannot be made.
+# anywhere; most cases use the first 4. Needs root and iproute2; skips (exit 77, ctest's
+# SKIP_RETURN_CODE) where namespaces cannot be made.
 #
 #   tests/hosts/hosts_test.sh BUILD_DIR [CASE...]      (ctest runs it with every case)
 #   COHORT_HOSTS_VERBOSE=1 shows every process's output, also of the cases that pass.
 #
 # Cases: launches (MultiWorkerMirrored 4x1 and 2x2 under TF_CONFIG, COHORT_*, MASTER_ADDR-style
 # variables, 8 hosts x 1 and 4 hosts x 2 processes under COHORT_*, Slurm's and mpirun with a
-# hostfile, ParameterServer<Sync> on 2 server and 2 worker hosts), each checked for the bits of the single-host run (examples/00_mirrored_cpu with as
-# many replicas); 2 ranks on each of 2 hosts with the master given by a name that is 127.0.1.1 on
-# its own host, as Debian's /etc/hosts has it; local ranks learned at the rendezvous (2 ranks on
-# each of 2 hosts), and local variables that contradict it (a ConfigError on every rank); and faults: a partition of one host
-# shorter than the timeout (same bits), one longer than the timeout (a named error on every rank
-# between half and twice the timeout after the fault), one host cut off for good from an elastic
-# job (the others go on to the same bits), a worker of an elastic job killed on its host and started
-# there again (it rejoins across the hosts, to the same bits), the same for rank 0 of 2 hosts of 2
-# workers (rank 1, on its host, keeps the job's door at the master address), a wrong secret on one host, no rank
-# 0 at the master address.
+# hostfile, ParameterServer<Sync> on 2 server and 2 worker hosts), each checked for the bits of
+# the single-host run (examples/00_mirrored_cpu with as many replicas); 2 ranks on each of 2 hosts
+# with the master given by a name that is 127.0.1.1 on its own host, as Debian's /etc/hosts has
+# it; local ranks learned at the rendezvous (2 ranks on each of 2 hosts), and local variables that
+# contradict it (a ConfigError on every rank); and faults: a partition of one host shorter than
+# the timeout (same bits), one longer than the timeout (a named error on every rank between half
+# and twice the timeout after the fault), one host cut off for good from an elastic job (the
+# others go on to the same bits), a worker of an elastic job killed on its host and started there
+# again (it rejoins across the hosts, to the same bits), the same for rank 0 of 2 hosts of 2
+# workers (rank 1, on its host, keeps the job's door at the master address), a wrong secret on one
+# host, no rank 0 at the master address.
 set -uo pipefail
 
 build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
