@@ -182,53 +182,26 @@ case_tf_config_names_2x2() {
   [[ "$(fingerprint)" == "${bits4}" ]] || fail "parameters $(fingerprint), expected ${bits4}"
 }
 
-case_cohort_4x1() {
-  local h
-  for h in 1 2 3 4; do
-    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
-      COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
-  done
-  finish 60
-  expect_bits "${bits4}"
-  grep -q "rank 3 is local rank 0 of 1, from the rendezvous (ranks of its role at ${net}.4)" \
-    "${started[3]}.out" || fail "rank 3 did not learn its local rank"
-}
-
-case_cohort_two_per_host() {  # 4 ranks on 2 hosts, no local variables: local ranks learned
-  local rank
-  for rank in 0 1 2 3; do
-    on $((rank / 2 + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
-      COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
-  done
-  finish 60
-  expect_bits "${bits4}"
-  grep -q "rank 3 is local rank 1 of 2, from the rendezvous (ranks of its role at ${net}.2)" \
-    "${started[3]}.out" || fail "rank 3 did not learn local rank 1 of 2"
-}
-
-case_cohort_8x1() {  # 8 hosts of one process each
-  local h
-  for h in 1 2 3 4 5 6 7 8; do
-    on "${h}" COHORT_RANK=$((h - 1)) COHORT_WORLD_SIZE=8 COHORT_MASTER_ADDR=${net}.1 \
-      COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
+# A job of $1 ranks, $2 on each host, under COHORT_* variables without local ones: the bits of the
+# single host ($3), and its last rank learned its local rank at the rendezvous.
+cohort_job() {
+  local ranks="$1" per_host="$2" bits="$3" rank
+  for ((rank = 0; rank < ranks; ++rank)); do
+    on $((rank / per_host + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE="${ranks}" \
+      COHORT_MASTER_ADDR=${net}.1 COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
   done
   finish 90
-  expect_bits "${bits8}"
-  grep -q "rank 7 is local rank 0 of 1, from the rendezvous (ranks of its role at ${net}.8)" \
-    "${started[7]}.out" || fail "rank 7 did not learn its local rank"
+  expect_bits "${bits}"
+  local last=$((ranks - 1))
+  grep -q "rank ${last} is local rank $((last % per_host)) of ${per_host}, from the rendezvous \
+(ranks of its role at ${net}.$((last / per_host + 1)))" "${started[last]}.out" ||
+    fail "rank ${last} did not learn local rank $((last % per_host)) of ${per_host}"
 }
 
-case_cohort_4x2() {  # 4 hosts of 2 processes each, local ranks learned
-  local rank
-  for rank in 0 1 2 3 4 5 6 7; do
-    on $((rank / 2 + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE=8 COHORT_MASTER_ADDR=${net}.1 \
-      COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
-  done
-  finish 90
-  expect_bits "${bits8}"
-  grep -q "rank 7 is local rank 1 of 2, from the rendezvous (ranks of its role at ${net}.4)" \
-    "${started[7]}.out" || fail "rank 7 did not learn local rank 1 of 2"
-}
+case_cohort_4x1() { cohort_job 4 1 "${bits4}"; }
+case_cohort_two_per_host() { cohort_job 4 2 "${bits4}"; }  # 4 ranks on 2 hosts
+case_cohort_8x1() { cohort_job 8 1 "${bits8}"; }
+case_cohort_4x2() { cohort_job 8 2 "${bits8}"; }  # 4 hosts of 2 processes each
 
 case_local_conflict() {  # local variables that say one host, for ranks on four
   local h
