@@ -72,8 +72,7 @@ class Vote {
                         static_cast<double>(joiners)};
     agreement.all_reduce(replica.communicator(), values, ReduceOp::kMax);
     if (values[0] != 0.0) return Decision::kStop;
-    interval_ = steps_between_votes(values[2], interval_);
-    next_ = step + interval_;
+    next_ = step + steps_between_votes(values[2], std::max<std::uint64_t>(step - last_, 1));
     last_ = step;
     last_time_ = now;
     admitted_ = static_cast<std::size_t>(values[3]);
@@ -106,7 +105,6 @@ class Vote {
   std::uint64_t last_;
   Clock::time_point last_time_;
   std::size_t admitted_ = 0;
-  std::uint64_t interval_ = 1;  // steps between the last two votes
 };
 
 }  // namespace cohort::trainer

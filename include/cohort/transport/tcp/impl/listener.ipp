@@ -32,6 +32,14 @@ COHORT_DECL std::unique_ptr<Acceptor> listen_at(asio::io_context& io,
   return acceptor;
 }
 
+// What a rank that cannot listen at `endpoint` throws; `setting` names the options that chose it.
+COHORT_DECL CommError cannot_listen(int rank, const asio::ip::tcp::endpoint& endpoint,
+                                    const std::string& setting, const boost::system::error_code& ec) {
+  return CommError(
+      {.rank = rank, .detail = "cannot listen on " + endpoint_text(endpoint) + setting + ": " +
+                               ec.message()});
+}
+
 }  // namespace detail
 
 COHORT_DECL Listener::Listener(Options options)
@@ -66,9 +74,7 @@ COHORT_DECL Listener::Listener(Options options)
       setting = " (every port of listen_port_first-listen_port_last, " + std::to_string(first) +
                 "-" + std::to_string(last) + ", is taken)";
     }
-    throw CommError({.rank = options_.rank,
-                     .detail = "cannot listen on " + detail::endpoint_text(endpoint) + setting +
-                               ": " + ec.message()});
+    throw detail::cannot_listen(options_.rank, endpoint, setting, ec);
   }
 }
 
@@ -84,11 +90,7 @@ COHORT_DECL Listener::Listener(Options options, const Address& at)
   io_ = std::make_unique<boost::asio::io_context>(1);
   const boost::asio::ip::tcp::endpoint endpoint(address, at.port);
   acceptor_ = detail::listen_at(*io_, endpoint, ec);
-  if (!acceptor_) {
-    throw CommError({.rank = options_.rank,
-                     .detail = "cannot listen on " + detail::endpoint_text(endpoint) + ": " +
-                               ec.message()});
-  }
+  if (!acceptor_) throw detail::cannot_listen(options_.rank, endpoint, "", ec);
   port_ = at.port;
 }
 
