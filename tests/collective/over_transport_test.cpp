@@ -267,6 +267,116 @@ TEST_CASE("the pipelined reductions keep their bits when the work runs during th
   }
 }
 
+namespace {
+
+// A loopback endpoint that counts the payload bytes its rank sends.
+class CountingLoopback {
+ public:
+  CountingLoopback(Loopback::Endpoint endpoint, std::size_t& sent)
+      : endpoint_(std::move(endpoint)), sent_(&sent) {}
+  int rank() const { return endpoint_.rank(); }
+  int size() const { return endpoint_.size(); }
+  void transfer(std::span<const cohort::transport::Send> sends,
+                std::span<const cohort::transport::Receive> receives) {
+    for (const auto& send : sends) *sent_ += send.payload.size();
+    endpoint_.transfer(sends, receives);
+  }
+  void close() { endpoint_.close(); }
+  void leave(std::string_view reason) { endpoint_.leave(reason); }
+  void abort(std::string_view reason) { endpoint_.abort(reason); }
+
+ private:
+  Loopback::Endpoint endpoint_;
+  std::size_t* sent_;
+};
+
+}  // namespace
+
+// 8 leaves dealt over 1 to 8 ranks (tree::deal): each rank's input is its node of the bfloat16
+// tree, as a worker's replicas fold it.
+TEST_CASE(
+    "a bfloat16 sum gives the bits of the tree of bfloat16 nodes on any rank count, sending "
+    "half the bytes of a float sum") {
+  constexpr int kLeaves = 8;
+  for (std::size_t length : {std::size_t{5}, std::size_t{300'000}}) {  // direct and segmented
+    CAPTURE(length);
+    const auto leaves = cohort::testing::bfloat16_inputs(kLeaves, length, 11);
+    const std::vector<float> expected = cohort::testing::bfloat16_tree_sum(leaves);
+    // The rounding happened: a float tree gives other bits.
+    CHECK(expected != cohort::testing::canonical_sum(leaves));
+    for (int ranks : {1, 2, 3, 4, 5, 8}) {
+      CAPTURE(ranks);
+      const std::vector<std::size_t> counts = cohort::tree::deal(kLeaves, ranks);
+      std::vector<std::vector<float>> inputs;
+      for (std::size_t rank = 0, first = 0; rank < counts.size(); first += counts[rank++]) {
+        inputs.push_back(cohort::testing::bfloat16_tree_sum(std::vector<std::vector<float>>(
+            leaves.begin() + static_cast<std::ptrdiff_t>(first),
+            leaves.begin() + static_cast<std::ptrdiff_t>(first + counts[rank]))));
+      }
+      Loopback group({.ranks = ranks, .timeout = std::chrono::seconds(20)});
+      std::vector<std::size_t> sent(2 * static_cast<std::size_t>(ranks));  // bfloat16, float
+      std::vector<std::string> failures(static_cast<std::size_t>(ranks));
+      std::vector<std::jthread> threads;
+      for (int rank = 0; rank < ranks; ++rank) {
+        threads.emplace_back([&, rank] {
+          const auto r = static_cast<std::size_t>(rank);
+          cohort::collective::Deterministic<CountingLoopback> narrow(
+              CountingLoopback(group.endpoint(rank), sent[2 * r]));
+          try {
+            narrow.set_leaf_counts(counts);
+            auto buffer = inputs[r];
+            narrow.all_reduce(std::span<float>(buffer), ReduceOp::kSumBfloat16);
+            std::vector<float> output(length);
+            narrow.all_reduce(std::span<const float>(inputs[r]), std::span<float>(output),
+                              ReduceOp::kSumBfloat16);
+            if (buffer != expected || output != expected) {
+              throw std::runtime_error("bits differ from the tree of bfloat16 nodes");
+            }
+          } catch (const std::exception& error) {
+            failures[r] = error.what();
+            narrow.abort(error.what());
+          }
+        });
+      }
+      threads.clear();
+      for (const auto& failure : failures) CHECK(failure == "");
+      // The same two all-reduces as float sums, over a group of their own.
+      Loopback wide_group({.ranks = ranks, .timeout = std::chrono::seconds(20)});
+      for (int rank = 0; rank < ranks; ++rank) {
+        threads.emplace_back([&, rank] {
+          const auto r = static_cast<std::size_t>(rank);
+          cohort::collective::Deterministic<CountingLoopback> wide(
+              CountingLoopback(wide_group.endpoint(rank), sent[2 * r + 1]));
+          auto buffer = inputs[r];
+          wide.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+          std::vector<float> output(length);
+          wide.all_reduce(std::span<const float>(inputs[r]), std::span<float>(output),
+                          ReduceOp::kSum);
+        });
+      }
+      threads.clear();
+      for (std::size_t rank = 0; rank < static_cast<std::size_t>(ranks); ++rank) {
+        CAPTURE(rank);
+        // Half, up to how the segments cut chunks that do not divide evenly.
+        CHECK(2.0 * static_cast<double>(sent[2 * rank]) ==
+              doctest::Approx(static_cast<double>(sent[2 * rank + 1])).epsilon(0.001));
+        if (ranks > 1) CHECK(sent[2 * rank] > 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("a bfloat16 sum of other elements than float is refused, naming the operator") {
+  const auto failures = on_ranks<cohort::collective::Deterministic>(2, [](auto& c) {
+    std::vector<double> buffer(3, 1.0);
+    c.all_reduce(std::span<double>(buffer), ReduceOp::kSumBfloat16);
+  });
+  for (const auto& failure : failures) {
+    CAPTURE(failure);
+    CHECK(failure.find("sum_bf16 reduces float elements only") != std::string::npos);
+  }
+}
+
 TEST_CASE("process collectives apply min, max and product") {
   const auto failures = on_ranks<cohort::collective::Deterministic>(3, [](auto& c) {
     std::vector<double> minimum{double(c.rank()), -double(c.rank())};

@@ -2,6 +2,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <limits>
+
 using cohort::ReduceOp;
 
 TEST_CASE("combine applies each reduce op") {
@@ -17,4 +20,39 @@ TEST_CASE("every reduce op has a distinct name") {
   CHECK(cohort::name(ReduceOp::kProduct) == "prod");
   CHECK(cohort::name(ReduceOp::kMin) == "min");
   CHECK(cohort::name(ReduceOp::kMax) == "max");
+}
+
+TEST_CASE("a float rounds to the nearest bfloat16, ties to even") {
+  using cohort::round_to_bfloat16;
+  constexpr float kUlp = 1.0f / 128;  // of a bfloat16 in [1, 2): 7 bits of mantissa
+  CHECK(round_to_bfloat16(1.0f) == 1.0f);
+  CHECK(round_to_bfloat16(1.0f + kUlp / 2) == 1.0f);                            // a tie, to even
+  CHECK(round_to_bfloat16(1.0f + 3 * kUlp / 2) == 1.0f + 2 * kUlp);             // a tie, to even
+  CHECK(round_to_bfloat16(1.0f + kUlp / 2 + 1.0f / (1 << 20)) == 1.0f + kUlp);  // past the tie
+  CHECK(round_to_bfloat16(-1.0f - kUlp / 4) == -1.0f);
+  CHECK(std::signbit(round_to_bfloat16(-0.0f)));
+  CHECK(round_to_bfloat16(std::numeric_limits<float>::infinity()) ==
+        std::numeric_limits<float>::infinity());
+  CHECK(round_to_bfloat16(std::numeric_limits<float>::max()) ==
+        std::numeric_limits<float>::infinity());  // beyond the largest bfloat16
+  CHECK(std::isnan(round_to_bfloat16(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(std::isnan(round_to_bfloat16(std::numeric_limits<float>::signaling_NaN())));
+  static_assert(round_to_bfloat16(3.0f) == 3.0f);  // usable at compile time
+}
+
+TEST_CASE("a bfloat16 packs and unpacks a rounded float unchanged, and adds as a rounded sum") {
+  for (const float value : {1.0f, -3.5f, 1e-30f, 6.02e23f, 0.1f}) {
+    const float rounded = cohort::round_to_bfloat16(value);
+    CHECK(cohort::Bfloat16::round(value).widen() == rounded);
+    CHECK(cohort::Bfloat16::round(rounded).widen() == rounded);
+  }
+  const auto one = cohort::Bfloat16::round(1.0f);
+  const auto small = cohort::Bfloat16::round(1.0f / 256);  // half an ulp of 1: a tie, to even
+  CHECK((one + small).widen() == 1.0f);
+  CHECK(cohort::combine(ReduceOp::kSumBfloat16, 1.0f, 1.0f / 256) == 1.0f);
+  CHECK(cohort::combine(ReduceOp::kSum, 1.0f, 1.0f / 256) == 1.0f + 1.0f / 256);
+  CHECK(cohort::name(ReduceOp::kSumBfloat16) == "sum_bf16");
+  CHECK(cohort::reduces<float>(ReduceOp::kSumBfloat16));
+  CHECK_FALSE(cohort::reduces<double>(ReduceOp::kSumBfloat16));
+  CHECK(cohort::reduces<double>(ReduceOp::kSum));
 }

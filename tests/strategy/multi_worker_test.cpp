@@ -125,6 +125,42 @@ TEST_CASE(
   CHECK(cohort::testing::shared_memory_segments() == segments);
 }
 
+TEST_CASE(
+    "gradients on the wire in bfloat16 (COHORT_WIRE=bf16) give one replica's bfloat16 bits on any "
+    "worker and replica count, through shared memory and over TCP") {
+  TemporaryDirectory directory("cohort-multi-worker-bf16");
+  const auto train = [&](const std::string& workers, const std::string& local,
+                         const std::string& shared) {
+    CAPTURE(workers);
+    CAPTURE(local);
+    CAPTURE(shared);
+    const fs::path out = directory.path / ("parameters-" + workers + "x" + local + ".bin");
+    const auto [exit, output] = run(
+        {COHORT_RUN, "--np", workers, "--", COHORT_TRAINER, local, "30", out},
+        directory.path / "log.txt", {{"COHORT_WIRE", "bf16"}, {"COHORT_SHARED_MEMORY", shared}});
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+    return read_file(out);
+  };
+  // One process of one replica: every micro-batch's gradient and every sum rounded in its fold.
+  const std::string expected = train("1", "1", "1");
+  // Other bits than the float tree's, yet a run of them: the rounding happened, on every path.
+  CHECK(expected != mirrored_parameters(30));
+  CHECK(train("2", "2", "1") == expected);
+  CHECK(train("3", "1", "1") == expected);  // 2, 2 and 4 micro-batches: nodes of uneven sizes
+  CHECK(train("4", "1", "0") == expected);
+  CHECK(train("2", "2", "0") == expected);
+
+  const auto [refused, refusal] =
+      run({COHORT_RUN, "--np", "1", "--", COHORT_TRAINER, "1", "1", directory.path / "never.bin"},
+          directory.path / "refused.txt", {{"COHORT_WIRE", "fp16"}});
+  CAPTURE(refusal);
+  CHECK(refused.code != 0);
+  CHECK(refusal.find("COHORT_WIRE") != std::string::npos);
+  CHECK(refusal.find("expected fp32 or bf16") != std::string::npos);
+}
+
 TEST_CASE("3 workers x 1 replica and Mirrored 3 give bit-identical parameters") {
   TemporaryDirectory directory("cohort-multi-worker");
   const fs::path out = directory.path / "parameters.bin";

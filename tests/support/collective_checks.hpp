@@ -4,7 +4,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <cohort/core/bfloat16.hpp>
 #include <cohort/core/reduce_op.hpp>
+#include <cohort/core/reduction_tree.hpp>
 #include <cohort/device/cpu.hpp>
 #include <cstddef>
 #include <random>
@@ -101,6 +104,36 @@ inline std::vector<float> canonical_sum(const std::vector<std::vector<float>>& i
   for (const auto& input : inputs) pointers.push_back(input.data());
   std::vector<float> sum(inputs.front().size());
   device::cpu::reduce_tree<float>(ReduceOp::kSum, pointers, sum);
+  return sum;
+}
+
+// Values of every magnitude and sign, each a bfloat16 (round_to_bfloat16), so that sums of them
+// round at every node of a bfloat16 tree.
+inline std::vector<std::vector<float>> bfloat16_inputs(int ranks, std::size_t length,
+                                                       unsigned seed) {
+  std::mt19937 engine(seed);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-12, 12);
+  std::vector<std::vector<float>> inputs(static_cast<std::size_t>(ranks),
+                                         std::vector<float>(length));
+  for (auto& input : inputs) {
+    for (float& value : input) {
+      value = round_to_bfloat16(std::ldexp(mantissa(engine), exponent(engine)));
+    }
+  }
+  return inputs;
+}
+
+// Their elementwise sum in the canonical tree whose every node is rounded to bfloat16
+// (ReduceOp::kSumBfloat16), computed one element at a time by tree::fold: a reference that shares
+// no code with the communicators' blocked folds.
+inline std::vector<float> bfloat16_tree_sum(const std::vector<std::vector<float>>& inputs) {
+  std::vector<float> sum(inputs.front().size());
+  for (std::size_t i = 0; i < sum.size(); ++i) {
+    sum[i] = tree::fold(
+        inputs.size(), [&](std::size_t leaf) { return inputs[leaf][i]; },
+        [](float a, float b) { return round_to_bfloat16(a + b); });
+  }
   return sum;
 }
 

@@ -76,14 +76,17 @@ void add_collective_options(CLI::App& app, Settings& s) {
   app.add_option_function<std::string>(
          "-o,--op",
          [&s](const std::string& op) {
-           const std::map<std::string, cohort::ReduceOp> ops{{"sum", cohort::ReduceOp::kSum},
-                                                             {"prod", cohort::ReduceOp::kProduct},
-                                                             {"min", cohort::ReduceOp::kMin},
-                                                             {"max", cohort::ReduceOp::kMax}};
+           const std::map<std::string, cohort::ReduceOp> ops{
+               {"sum", cohort::ReduceOp::kSum},
+               {"prod", cohort::ReduceOp::kProduct},
+               {"min", cohort::ReduceOp::kMin},
+               {"max", cohort::ReduceOp::kMax},
+               {"sum_bf16", cohort::ReduceOp::kSumBfloat16}};
            s.op = ops.at(op);
          },
-         "reduce op: sum, prod, min, max (default sum)")
-      ->check(CLI::IsMember({"sum", "prod", "min", "max"}));
+         "reduce op: sum, prod, min, max, or sum_bf16 (a sum whose every partial sum is "
+         "rounded to bfloat16, on the wire in 2 bytes an element; float only) (default sum)")
+      ->check(CLI::IsMember({"sum", "prod", "min", "max", "sum_bf16"}));
   app.add_option_function<std::string>(
          "-d,--datatype",
          [&s](const std::string& type) {
@@ -232,6 +235,9 @@ int main(int argc, char** argv) {
     if (backend == nullptr) {
       throw cohort::ConfigError("--backend '" + settings.backend +
                                 "' is not one of local, tcp, shm, ps, nccl");
+    }
+    if (settings.op == cohort::ReduceOp::kSumBfloat16 && settings.element != Element::kFloat) {
+      throw cohort::ConfigError("-o/--op sum_bf16 reduces float only (-d float)");
     }
     if (settings.servers && settings.backend != "ps") {
       throw cohort::ConfigError("--ps applies to the ps backend only (--backend ps)");

@@ -54,6 +54,7 @@ inline constexpr std::string_view kConnectTimeout = "COHORT_CONNECT_TIMEOUT";
 inline constexpr std::string_view kPortRange = "COHORT_PORT_RANGE";
 inline constexpr std::string_view kCommunicationPriority = "COHORT_COMMUNICATION_PRIORITY";
 inline constexpr std::string_view kSharedMemory = "COHORT_SHARED_MEMORY";
+inline constexpr std::string_view kWire = "COHORT_WIRE";
 inline constexpr std::string_view kMinWorkers = "COHORT_MIN_WORKERS";
 inline constexpr std::string_view kMaxWorkers = "COHORT_MAX_WORKERS";
 // 1: this process joins a running elastic job through its door (a worker started again, whatever
@@ -85,6 +86,9 @@ inline constexpr std::string_view kWorkerCount = "COHORT_WORKER_COUNT";
 //   COHORT_SHARED_MEMORY    0: the worker processes of one host all-reduce over TCP, not through
 //                           shared memory (MultiWorkerMirrored's Options::shared_memory, where the
 //                           program leaves its default; parse_switch)
+//   COHORT_WIRE             fp32 or bf16: the format the gradient crosses between processes in
+//                           (MultiWorkerMirrored's Options::wire, collective/wire.hpp), where the
+//                           program leaves its default
 // The two timeouts are durations (parse_duration): "30" or "30s", "500ms", "5min".
 inline constexpr std::array kCohortDescription = {
     kRank,  kWorldSize, kLocalRank, kLocalWorldSize, kMasterAddr, kMasterPort,

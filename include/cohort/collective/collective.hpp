@@ -110,6 +110,14 @@ struct SharedBuffer {
   std::string why_not{};
 };
 
+// What makes `op` unfit for elements of T (reduces<T>, core/reduce_op.hpp), in words for the error
+// that names the call, or empty where it is fit.
+template <class T>
+std::string reduction_problem(ReduceOp op) {
+  if (reduces<T>(op)) return {};
+  return std::string(name(op)) + " reduces float elements only";
+}
+
 // What makes `input` and `output` unfit for an out-of-place all_reduce, in words for the error
 // that names the call, or empty where they are fit: they differ in length, or they overlap
 // without being the same memory (a fold would read what it already wrote).

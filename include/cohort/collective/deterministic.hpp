@@ -15,6 +15,9 @@
 //     2 (n-1)/n x B sent and received in 2 (n-1) steps, as in a ring. Two segments are in flight
 //     at a time, so that one's fold is done while the other's chunks travel.
 // reduce_scatter is the first half alone. broadcast, all_gather and barrier are direct.
+// A kSumBfloat16 all-reduce of float (core/reduce_op.hpp) runs the same algorithm on the buffer
+// packed into Bfloat16: every value that travels is a node of that tree, so half the bytes carry
+// the same bits.
 //
 // Processes of one host (share_host_memory, which MultiWorkerMirrored calls): the all-reduce goes
 // through a shared segment (detail/shared_segment.hpp) instead of the transport, by the same
@@ -108,20 +111,20 @@ class Deterministic : public detail::OverTransport<T> {
       }
       return;
     }
-    if (output.size_bytes() * ranks <= kDirectBytes) {
-      fold_whole_buffers(call, input, output, op);
-      return;
+    if constexpr (std::is_same_v<E, float>) {
+      if (op == ReduceOp::kSumBfloat16) {
+        // Every node of this tree is a bfloat16 (core/reduce_op.hpp): it travels in 2 bytes.
+        if (packed_.size() < output.size()) packed_.resize(output.size());
+        const std::span<Bfloat16> packed(packed_.data(), output.size());
+        std::transform(input.begin(), input.end(), packed.begin(),
+                       [](float value) { return Bfloat16::round(value); });
+        reduce_over_transport<Bfloat16>(call, packed, packed, op);
+        std::transform(packed.begin(), packed.end(), output.begin(),
+                       [](Bfloat16 value) { return value.widen(); });
+        return;
+      }
     }
-    const std::size_t segment = this->template segment_length<E>();
-    const std::size_t me = static_cast<std::size_t>(this->rank());
-    fold_and_gather<E>(
-        call, (output.size() + segment - 1) / segment, 2 * (ranks - 1), op, [&](std::size_t index) {
-          const std::size_t length = std::min(segment, output.size() - index * segment);
-          const std::span<E> part = output.subspan(index * segment, length);
-          const auto mine = detail::chunk(length, ranks, me);
-          return Segment<E>{input.subspan(index * segment, length),
-                            part.subspan(mine.begin, mine.size()), part};
-        });
+    reduce_over_transport(call, input, output, op);
   }
 
   template <class E>
@@ -234,6 +237,27 @@ class Deterministic : public detail::OverTransport<T> {
   }
 
  private:
+  // The all-reduce of `call` over the transport (top of this file).
+  template <class E>
+  void reduce_over_transport(const Call& call, std::span<const E> input, std::span<E> output,
+                             ReduceOp op) {
+    const std::size_t ranks = static_cast<std::size_t>(this->size());
+    if (output.size_bytes() * ranks <= kDirectBytes) {
+      fold_whole_buffers(call, input, output, op);
+      return;
+    }
+    const std::size_t segment = this->template segment_length<E>();
+    const std::size_t me = static_cast<std::size_t>(this->rank());
+    fold_and_gather<E>(
+        call, (output.size() + segment - 1) / segment, 2 * (ranks - 1), op, [&](std::size_t index) {
+          const std::size_t length = std::min(segment, output.size() - index * segment);
+          const std::span<E> part = output.subspan(index * segment, length);
+          const auto mine = detail::chunk(length, ranks, me);
+          return Segment<E>{input.subspan(index * segment, length),
+                            part.subspan(mine.begin, mine.size()), part};
+        });
+  }
+
   // How a rank waits for its peers in the segment.
   struct Waiting {
     std::chrono::milliseconds timeout{};
@@ -591,6 +615,7 @@ class Deterministic : public detail::OverTransport<T> {
   }
 
   std::vector<std::size_t> leaf_counts_;  // set_leaf_counts; empty: one each
+  std::vector<Bfloat16> packed_;          // a kSumBfloat16 all-reduce's buffer on the wire
   std::optional<detail::SharedSegment> segment_;
   Waiting waiting_{};
   std::vector<int> peers_;    // every rank but this one

@@ -8,29 +8,33 @@
 #include <type_traits>
 
 #include "cohort/collective/collective.hpp"
+#include "cohort/core/bfloat16.hpp"
 #include "cohort/core/reduce_op.hpp"
 
 namespace cohort::collective {
 
-enum class DataType : std::uint8_t { kFloat32, kFloat64, kInt32, kInt64 };
+enum class DataType : std::uint8_t { kFloat32, kFloat64, kInt32, kInt64, kBfloat16 };
 
 template <class T>
 inline constexpr bool is_element =
     std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
-    std::is_same_v<T, std::int64_t>;
+    std::is_same_v<T, std::int64_t> || std::is_same_v<T, Bfloat16>;
 
 template <class T>
 constexpr DataType data_type_of() {
   static_assert(is_element<T>,
-                "cohort: collectives take float, double, std::int32_t or std::int64_t elements");
+                "cohort: collectives take float, double, std::int32_t, std::int64_t or Bfloat16 "
+                "elements");
   if constexpr (std::is_same_v<T, float>) {
     return DataType::kFloat32;
   } else if constexpr (std::is_same_v<T, double>) {
     return DataType::kFloat64;
   } else if constexpr (std::is_same_v<T, std::int32_t>) {
     return DataType::kInt32;
-  } else {
+  } else if constexpr (std::is_same_v<T, std::int64_t>) {
     return DataType::kInt64;
+  } else {
+    return DataType::kBfloat16;
   }
 }
 
@@ -44,6 +48,8 @@ constexpr const char* name(DataType type) {
       return "int32";
     case DataType::kInt64:
       return "int64";
+    case DataType::kBfloat16:
+      return "bfloat16";
   }
   return "unknown";
 }

@@ -388,8 +388,10 @@ class LocalCommunicator {
     auto& w = workspace<T>();  // allocates (first use) before the call is counted
     w.prepare(size());
     const detail::local::Site site = group_->begin(rank_, Operation::kAllReduce);
-    const std::string problem = out_of_place_problem(input, std::span<const T>(output));
-    if (!problem.empty()) fail(site, problem);
+    for (const std::string& problem :
+         {out_of_place_problem(input, std::span<const T>(output)), reduction_problem<T>(op)}) {
+      if (!problem.empty()) fail(site, problem);
+    }
     group_->publish(
         site,
         {{{Operation::kAllReduce, data_type_of<T>(), static_cast<std::uint16_t>(op), output.size()},
@@ -492,6 +494,7 @@ class LocalCommunicator {
                      std::to_string(chunk) + " output elements; the input needs " +
                      std::to_string(size()) + " x " + std::to_string(chunk));
     }
+    if (const std::string problem = reduction_problem<T>(op); !problem.empty()) fail(site, problem);
     group_->publish(
         site,
         {{{Operation::kReduceScatter, data_type_of<T>(), static_cast<std::uint16_t>(op), chunk},

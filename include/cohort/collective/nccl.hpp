@@ -135,6 +135,8 @@ inline ncclRedOp_t reduction(ReduceOp op) {
       return ncclMin;
     case ReduceOp::kMax:
       return ncclMax;
+    case ReduceOp::kSumBfloat16:  // refused before it gets here (NcclCommunicator::refuse_unfit)
+      break;
   }
   return ncclSum;
 }
@@ -360,6 +362,7 @@ class NcclCommunicator {
       fail_shape(call, "input of " + std::to_string(input.size()) + " for output of " +
                            std::to_string(count));
     }
+    refuse_unfit<T>(call, op);
     if (count > 0) {
       if (deterministic<T>()) {
         reduce_chunks<T>(
@@ -448,6 +451,7 @@ class NcclCommunicator {
     const Call call = begin(Operation::kAllReduce);
     const std::string problem = out_of_place_problem(input, std::span<const T>(output));
     if (!problem.empty()) fail_shape(call, problem);
+    refuse_unfit<T>(call, op);
     if (deterministic<T>() && size_ > 1 && !output.empty()) {
       reduce_chunks<T>(
           input.data(), [&](int r) { return chunk(output.size(), r); },
@@ -516,6 +520,17 @@ class NcclCommunicator {
     if (peer < 0 || peer >= size_ || peer == rank_) {
       throw failure(call, "peer " + std::to_string(peer) + " is not another rank of the group",
                     peer);
+    }
+  }
+
+  // kSumBfloat16 (core/reduce_op.hpp) is a tree of rounded nodes: float elements only, and only
+  // the deterministic mode's kernels compute it; NCCL's own reductions have no such operator.
+  template <class T>
+  void refuse_unfit(const Call& call, ReduceOp op) {
+    if (op != ReduceOp::kSumBfloat16) return;
+    if (!std::is_same_v<T, float>) throw failure(call, "sum_bf16 reduces float elements only");
+    if (!deterministic<T>()) {
+      throw failure(call, "sum_bf16 needs the deterministic mode (Options::deterministic)");
     }
   }
 

@@ -57,6 +57,15 @@ void combine_block(ReduceOp op, const T* left, const T* right, T* out, std::size
     case ReduceOp::kSum:
       for (std::size_t i = 0; i < count; ++i) out[i] = left[i] + right[i];
       return;
+    case ReduceOp::kSumBfloat16:
+      if constexpr (std::is_same_v<T, float>) {
+        for (std::size_t i = 0; i < count; ++i) out[i] = round_to_bfloat16(left[i] + right[i]);
+        return;
+      } else if constexpr (std::is_same_v<T, Bfloat16>) {
+        for (std::size_t i = 0; i < count; ++i) out[i] = left[i] + right[i];
+        return;
+      }
+      [[fallthrough]];
     default:
       for (std::size_t i = 0; i < count; ++i) out[i] = combine(op, left[i], right[i]);
   }
@@ -70,6 +79,17 @@ void combine_into(ReduceOp op, std::span<const T> left, std::span<const T> right
                   std::span<T> out) {
   COHORT_ASSERT(left.size() == out.size() && right.size() == out.size());
   detail::combine_block(op, left.data(), right.data(), out.data(), out.size());
+}
+
+// `values` made leaves of a tree that `op` reduces: under kSumBfloat16 (core/reduce_op.hpp) each
+// is rounded to bfloat16; every other op takes them as they are.
+template <class T>
+void round_to_leaves(ReduceOp op, std::span<T> values) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (op == ReduceOp::kSumBfloat16) {
+      for (float& value : values) value = round_to_bfloat16(value);
+    }
+  }
 }
 
 // inout = inout (op) in, elementwise.

@@ -59,6 +59,11 @@
 //                    the optimizer's update shared out in stripes (detail/mirrored_replica.hpp).
 //                    Default true; false on any worker turns it off for all (left at its default:
 //                    COHORT_SHARED_MEMORY)
+//   wire             the format the gradient crosses between processes in (collective/wire.hpp):
+//                    kFloat32 (the default), or kBfloat16, half the bytes, every sum of the
+//                    canonical tree rounded to bfloat16 wherever it is computed, so that the bits
+//                    still do not depend on the replica count (float models only; left at its
+//                    default: COHORT_WIRE)
 //   elastic          the job goes on without a lost worker, down to elastic.min_workers
 //                    (strategy/elastic.hpp; or COHORT_MIN_WORKERS): the workers left regroup
 //                    over TCP (transport/tcp/regroup.hpp) and the Trainer retries the step, with
@@ -94,6 +99,7 @@
 #include "cohort/collective/deterministic.hpp"
 #include "cohort/collective/hierarchical.hpp"
 #include "cohort/collective/local.hpp"
+#include "cohort/collective/wire.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/sharding.hpp"
@@ -147,6 +153,7 @@ class MultiWorkerMirrored {
     std::optional<std::size_t> bucket_bytes{};
     collective::ThreadPriority communication_priority = collective::ThreadPriority::kAuto;
     bool shared_memory = true;
+    collective::Wire wire = collective::Wire::kFloat32;
     Elastic elastic{};
   };
 
@@ -285,7 +292,8 @@ class MultiWorkerMirrored {
           return Replica(first_local_replica() + local_index,
                          Communicator(local.communicator(static_cast<int>(local_index)), *cross_,
                                       *thread_, options().bucket_bytes.value_or(kBucketBytes)),
-                         {}, bucket_bytes_, !options().elastic.enabled());
+                         {}, bucket_bytes_, !options().elastic.enabled(),
+                         collective::gradient_sum(options().wire));
         },
         body);
   }
@@ -420,6 +428,7 @@ static_assert(LendsGradientStorage<MultiWorkerMirrored<>, float>);
 static_assert(SnapshotsBetweenSteps<MultiWorkerMirrored<>, float>);
 static_assert(FoldsAnyDeal<MultiWorkerMirrored<>>);
 static_assert(Regroups<MultiWorkerMirrored<>>);
+static_assert(ChoosesGradientSum<MultiWorkerMirrored<>>);
 
 }  // namespace cohort::strategy
 

@@ -119,6 +119,11 @@
 //                            that ask to join, as many as the job takes; every process then calls
 //                            s.admit(count) together, and each joiner, whose s.joined() is true
 //                            from its construction, takes the newest state with them
+//   ChoosesGradientSum<S>    replica.gradient_sum_op(): the ReduceOp of the gradient's sum, which
+//                            the Trainer's fold of the replica's micro-batches follows too, so that
+//                            every node of the canonical tree is computed alike wherever it is:
+//                            ReduceOp::kSumBfloat16 under MultiWorkerMirrored's wire kBfloat16
+//                            (collective/wire.hpp). A strategy without it sums in kSum
 //   HasPlaces<S>             s.place(local_index): below
 //
 // Replicas on a device other than the host (Mirrored<device::Cuda, collective::Nccl>) say where
@@ -312,6 +317,11 @@ concept Regroups = requires(S& s, const S& cs, const CommError& cause) {
 };
 
 template <class S>
+concept ChoosesGradientSum = requires(const typename S::Replica& replica) {
+  { replica.gradient_sum_op() } -> std::same_as<ReduceOp>;
+};
+
+template <class S>
 concept HasPlaces = requires(const S& s, std::size_t local_index) {
   { s.place(local_index) } -> std::same_as<typename DeviceOf<S>::Place>;
 };
@@ -321,6 +331,16 @@ concept HasPlaces = requires(const S& s, std::size_t local_index) {
 // run is one they all share, for a checkpoint during a fit to be taken at).
 template <class S>
 inline constexpr bool kLockstep = true;
+
+// The ReduceOp of a replica's gradient sum (ChoosesGradientSum), else kSum.
+template <class S>
+ReduceOp gradient_sum_of(const typename S::Replica& replica) {
+  if constexpr (ChoosesGradientSum<S>) {
+    return replica.gradient_sum_op();
+  } else {
+    return ReduceOp::kSum;
+  }
+}
 
 // Where local replica local_index of strategy lives: strategy.place(local_index), or the CPU's
 // (empty) place for a strategy without places.

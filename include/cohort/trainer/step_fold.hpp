@@ -3,15 +3,20 @@
 // model with gradient readiness (core/model.hpp) the ranges of the last micro-batch are folded
 // and handed to the replica while its backward pass goes on, so the strategy can reduce the first
 // buckets meanwhile; otherwise the whole fold is one range after the last micro-batch. Either way
-// each element's sum follows the same tree, so the bits are the same.
+// each element's sum follows the same tree, so the bits are the same. The fold's reduction is the
+// strategy's (strategy::ChoosesGradientSum): under ReduceOp::kSumBfloat16 every leaf is rounded to
+// bfloat16 and every merge rounds, as the communicators' merges do, on the host's replicas.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <span>
 
 #include "cohort/core/model.hpp"
 #include "cohort/core/readiness.hpp"
+#include "cohort/core/reduce_op.hpp"
 #include "cohort/core/reduction_tree.hpp"
+#include "cohort/device/cpu.hpp"
 #include "cohort/device/device.hpp"
 #include "cohort/strategy/strategy.hpp"
 
@@ -52,22 +57,37 @@ class StepFold {
   // with 1% more instructions: another register allocation of the model's loops).
   struct AddInto {
     Place place;
+    ReduceOp sum = ReduceOp::kSum;
     [[gnu::noinline]] void operator()(Gradient& left, const Gradient& right) const {
-      D::add_into(place, left.span(), right.span());
+      add(left.span(), right.span());
     }
     [[gnu::noinline]] void part(Gradient& left, const Gradient& right, std::size_t begin,
                                 std::size_t count) const {
-      D::add_into(place, left.span().subspan(begin, count),
-                  std::span<const T>(right.span()).subspan(begin, count));
+      add(left.span().subspan(begin, count),
+          std::span<const T>(right.span()).subspan(begin, count));
+    }
+    void add(std::span<T> left, std::span<const T> right) const {
+      if constexpr (std::same_as<D, device::Cpu>) {
+        if (sum != ReduceOp::kSum) {
+          device::cpu::combine_into<T>(sum, left, right);
+          return;
+        }
+      }
+      D::add_into(place, left, right);
     }
   };
 
-  StepFold(M& model, const Place& place)
+  // `sum`: the reduction of the strategy's gradient sum, kSum or, for replicas on the host,
+  // kSumBfloat16.
+  StepFold(M& model, const Place& place, ReduceOp sum = ReduceOp::kSum)
       : model_(model),
         gradients_(ModelTraits<M>::gradients(model)),
         place_(place),
-        gradient_fold_(AddInto{place}),
-        loss_fold_(&add_loss) {}
+        sum_(sum),
+        gradient_fold_(AddInto{place, sum}),
+        loss_fold_(&add_loss) {
+    COHORT_ASSERT((sum == ReduceOp::kSum || std::same_as<D, device::Cpu>));
+  }
 
   // Where the strategy keeps the sum for every step of the fit (empty: a buffer of the fold's).
   void lend_sum_storage(std::span<T> storage) { gradient_fold_.result_slot().lend(storage); }
@@ -83,7 +103,7 @@ class StepFold {
     const double loss = ModelTraits<M>::forward_backward(model_, batch);
     gradient_fold_.push([&](Gradient& slot) {
       slot.hold(gradients_.size(), place_);
-      D::copy(place_, gradients_, slot.span());
+      take_leaf(gradients_, slot.span());
     });
     loss_fold_.push([&](double& slot) { slot = loss; });
   }
@@ -111,9 +131,9 @@ class StepFold {
     auto ready = [&](std::size_t begin, std::size_t end) {
       readiness.add(begin, end);
       const std::size_t count = end - begin;
-      D::copy(place_, gradients_.subspan(begin, count), leaf.span().subspan(begin, count));
+      take_leaf(gradients_.subspan(begin, count), leaf.span().subspan(begin, count));
       gradient_fold_.finish_part([&](Gradient& left, Gradient& right) {
-        AddInto{place_}.part(left, right, begin, count);
+        AddInto{place_, sum_}.part(left, right, begin, count);
       });
       replica.gradients_ready(update, begin, end);
     };
@@ -129,9 +149,17 @@ class StepFold {
  private:
   static void add_loss(double& left, const double& right) { left += right; }
 
+  // A micro-batch's gradient as a leaf of the fold's tree: copied, and rounded under
+  // kSumBfloat16.
+  void take_leaf(std::span<const T> gradient, std::span<T> leaf) const {
+    D::copy(place_, gradient, leaf);
+    if constexpr (std::same_as<D, device::Cpu>) device::cpu::round_to_leaves<T>(sum_, leaf);
+  }
+
   M& model_;
   std::span<const T> gradients_;
   Place place_;
+  ReduceOp sum_;
   tree::StreamingFold<Gradient, AddInto> gradient_fold_;
   tree::StreamingFold<double, decltype(&add_loss)> loss_fold_;
 };

@@ -128,8 +128,10 @@ class OverTransport {
   Call begin_all_reduce(std::span<const E> input, std::span<E> output, ReduceOp op) {
     const Call call = begin(
         {Operation::kAllReduce, data_type_of<E>(), static_cast<std::uint16_t>(op), output.size()});
-    const std::string problem = out_of_place_problem(input, std::span<const E>(output));
-    if (!problem.empty()) fail(call, problem);
+    for (const std::string& problem :
+         {out_of_place_problem(input, std::span<const E>(output)), reduction_problem<E>(op)}) {
+      if (!problem.empty()) fail(call, problem);
+    }
     return call;
   }
 
@@ -141,6 +143,7 @@ class OverTransport {
       fail(call, "input has " + std::to_string(input.size()) + " elements, needs size() x " +
                      std::to_string(output.size()));
     }
+    if (const std::string problem = reduction_problem<E>(op); !problem.empty()) fail(call, problem);
     return call;
   }
 

@@ -1,7 +1,8 @@
 // A strategy's options from the environment, where the program leaves the Options defaults:
 // COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT (cluster/environment.hpp, parse_duration),
 // COHORT_COMMUNICATION_PRIORITY (auto, normal or realtime: collective/thread_priority.hpp)
-// COHORT_SHARED_MEMORY (0 or 1: cluster::parse_switch), COHORT_MIN_WORKERS and
+// COHORT_SHARED_MEMORY (0 or 1: cluster::parse_switch), COHORT_WIRE (fp32 or bf16:
+// collective/wire.hpp), COHORT_MIN_WORKERS and
 // COHORT_MAX_WORKERS (counts: strategy/elastic.hpp), COHORT_JOIN (0 or 1).
 #pragma once
 
@@ -13,6 +14,7 @@
 
 #include "cohort/cluster/environment.hpp"
 #include "cohort/collective/thread_priority.hpp"
+#include "cohort/collective/wire.hpp"
 
 namespace cohort::strategy::detail {
 
@@ -27,12 +29,21 @@ inline collective::ThreadPriority parse_thread_priority(std::string_view name,
   cluster::detail::reject_text(name, value, "expected auto, normal or realtime");
 }
 
+// The format a variable names; a ConfigError naming the variable for anything else.
+inline collective::Wire parse_wire(std::string_view name, std::string_view value) {
+  for (const collective::Wire wire : {collective::Wire::kFloat32, collective::Wire::kBfloat16}) {
+    if (value == collective::name(wire)) return wire;
+  }
+  cluster::detail::reject_text(name, value, "expected fp32 or bf16");
+}
+
 // `options` with the variables above applied to the fields the program left at their defaults (a
 // value the program chose wins, as Options::bind_address beats COHORT_BIND_ADDRESS). A malformed
 // value is a ConfigError naming the variable, also where the program's value wins.
 // StrategyOptions has timeout, connect_timeout where the strategy connects processes, and
 // communication_priority where it has a communication thread, shared_memory where its processes
-// can all-reduce through shared memory, elastic where its job may go on without a lost worker.
+// can all-reduce through shared memory, wire where its gradient crosses between them, elastic
+// where its job may go on without a lost worker.
 template <class StrategyOptions>
 StrategyOptions with_environment(StrategyOptions options, const cluster::Environment& environment =
                                                               cluster::process_environment()) {
@@ -56,6 +67,9 @@ StrategyOptions with_environment(StrategyOptions options, const cluster::Environ
   if constexpr (requires { options.shared_memory; }) {
     apply(cluster::variable::kSharedMemory, options.shared_memory, defaults.shared_memory,
           cluster::parse_switch);
+  }
+  if constexpr (requires { options.wire; }) {
+    apply(cluster::variable::kWire, options.wire, defaults.wire, parse_wire);
   }
   if constexpr (requires { options.elastic; }) {
     const auto parse_count = [](std::string_view name, std::string_view value) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cohort/collective/collective.hpp"
+#include "cohort/core/options.hpp"
 #include "cohort/core/reduce_op.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
@@ -87,16 +88,20 @@ class MirroredReplica {
   // (the default, one bucket: the whole gradient once it is final). shares_update: whether the
   // replicas may share out the update in stripes (below); not in an elastic job, where a worker
   // lost would take the only current copy of its stripes' optimizer state with it.
+  // gradient_sum: the reduction of the gradient (collective/wire.hpp), which the Trainer's fold
+  // follows inside the replica too (strategy::ChoosesGradientSum).
   MirroredReplica(std::size_t index, Communicator communicator, Place place = {},
                   std::size_t bucket_bytes = std::numeric_limits<std::size_t>::max(),
-                  bool shares_update = true)
+                  bool shares_update = true, ReduceOp gradient_sum = ReduceOp::kSum)
       : index_(index),
         communicator_(std::move(communicator)),
         place_(place),
         bucket_bytes_(bucket_bytes),
-        shares_update_(shares_update) {}
+        shares_update_(shares_update),
+        gradient_sum_(gradient_sum) {}
 
   std::size_t index() const { return index_; }
+  ReduceOp gradient_sum_op() const { return gradient_sum_; }
   Communicator& communicator() { return communicator_; }
   const Place& place() const { return place_; }
 
@@ -114,6 +119,10 @@ class MirroredReplica {
   // collective.
   template <class T>
   std::span<T> gradient_sum_storage(std::size_t count) {
+    if (!reduces<T>(gradient_sum_)) {
+      options::reject("wire", "bf16",
+                      "sums float gradients only, and this model's values are double");
+    }
     if constexpr (std::same_as<D, device::Cpu> &&
                   requires { communicator_.template share_buffer<T>(count); }) {
       const auto shared = communicator_.template share_buffer<T>(count);
@@ -147,7 +156,7 @@ class MirroredReplica {
   void gradients_ready(Update<T, O>& update, std::size_t begin, std::size_t end) {
     buckets_.ready(begin, end, [&](std::size_t /*bucket*/, std::size_t first, std::size_t last) {
       pending_.push_back(collective::start_all_reduce(
-          communicator_, update.gradient_sum.subspan(first, last - first), ReduceOp::kSum));
+          communicator_, update.gradient_sum.subspan(first, last - first), gradient_sum_));
     });
   }
 
@@ -319,6 +328,7 @@ class MirroredReplica {
   [[no_unique_address]] Place place_;
   std::size_t bucket_bytes_;
   bool shares_update_;
+  ReduceOp gradient_sum_;
   GradientBuckets buckets_;
   std::vector<collective::Pending> pending_;
   std::optional<Shard> shard_;  // the sharded update, where the replica's gradient sum allows it
