@@ -16,6 +16,9 @@ OPENBLAS_NUM_THREADS=1 (compare.py does, for every system).
     for-loop  torch's default on CPU: one parameter at a time, several operations each, which
               costs a third of this model's step
 
+--compress bf16 or fp16 registers DDP's communication hook of that name: each bucket is cast to the
+narrow type, all-reduced, and divided by the world size, so its bits change with the world size.
+
 or, across hosts, one process per rank started by hand (gloo over MASTER_ADDR, e.g. one per network
 namespace):
 
@@ -95,6 +98,9 @@ def worker(rank, args, results):
     x, y = make_task(layers[0], layers[-1], max(global_batch * steps, global_batch))
     model = make_model(layers)
     trained = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
+    if world_size > 1 and args.compress != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        trained.register_comm_hook(None, getattr(default_hooks, f"{args.compress}_compress_hook"))
     optimizer = make_adam(trained.parameters(), args.adam, args.learning_rate)
     loss_fn = torch.nn.CrossEntropyLoss()
     start = None
@@ -126,6 +132,9 @@ def main():
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--adam", choices=["fused", "foreach", "for-loop"], default="fused",
                         help="torch.optim.Adam's implementation (the docstring says which)")
+    parser.add_argument("--compress", choices=["none", "bf16", "fp16"], default="none",
+                        help="DDP's gradient compression hook (bf16_compress_hook, "
+                             "fp16_compress_hook): gradients all-reduced at half the bytes")
     parser.add_argument("--port", type=int, default=29610)
     parser.add_argument("--master-addr", default="127.0.0.1")
     parser.add_argument("--rank", type=int, help="run this rank only (the others elsewhere)")
@@ -139,7 +148,7 @@ def main():
     else:
         mp.spawn(worker, args=(args, results), nprocs=args.world_size)
     rate, parameters = results.get()
-    print(f"torch {torch.__version__} blas={blas_name()} adam={args.adam} "
+    print(f"torch {torch.__version__} blas={blas_name()} adam={args.adam} compress={args.compress} "
           f"world_size={args.world_size} "
           f"examples_per_second={rate:.0f} parameters={parameters}")
 
