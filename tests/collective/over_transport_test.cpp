@@ -126,12 +126,8 @@ TEST_CASE(
       const std::vector<float> expected = cohort::testing::canonical_sum(leaves);
       // Each rank's input is its node of the tree (tree::deal), folded as a replica folds.
       const std::vector<std::size_t> counts = cohort::tree::deal(kLeaves, ranks);
-      std::vector<std::vector<float>> inputs;
-      for (std::size_t rank = 0, first = 0; rank < counts.size(); first += counts[rank++]) {
-        inputs.push_back(cohort::testing::canonical_sum(std::vector<std::vector<float>>(
-            leaves.begin() + static_cast<std::ptrdiff_t>(first),
-            leaves.begin() + static_cast<std::ptrdiff_t>(first + counts[rank]))));
-      }
+      const auto inputs =
+          cohort::testing::dealt_nodes(leaves, counts, &cohort::testing::canonical_sum);
       const auto failures = on_ranks<cohort::collective::Deterministic>(ranks, [&](auto& c) {
         c.set_leaf_counts(counts);
         auto buffer = inputs[static_cast<std::size_t>(c.rank())];
@@ -307,12 +303,8 @@ TEST_CASE(
     for (int ranks : {1, 2, 3, 4, 5, 8}) {
       CAPTURE(ranks);
       const std::vector<std::size_t> counts = cohort::tree::deal(kLeaves, ranks);
-      std::vector<std::vector<float>> inputs;
-      for (std::size_t rank = 0, first = 0; rank < counts.size(); first += counts[rank++]) {
-        inputs.push_back(cohort::testing::bfloat16_tree_sum(std::vector<std::vector<float>>(
-            leaves.begin() + static_cast<std::ptrdiff_t>(first),
-            leaves.begin() + static_cast<std::ptrdiff_t>(first + counts[rank]))));
-      }
+      const auto inputs =
+          cohort::testing::dealt_nodes(leaves, counts, &cohort::testing::bfloat16_tree_sum);
       Loopback group({.ranks = ranks, .timeout = std::chrono::seconds(20)});
       std::vector<std::size_t> sent(2 * static_cast<std::size_t>(ranks));  // bfloat16, float
       std::vector<std::string> failures(static_cast<std::size_t>(ranks));

@@ -137,4 +137,18 @@ inline std::vector<float> bfloat16_tree_sum(const std::vector<std::vector<float>
   return sum;
 }
 
+// Each rank's input where `leaves` are dealt to ranks by `counts` (tree::deal): its node of the
+// tree, sum(its leaves), as a replica folds them (sum: canonical_sum or bfloat16_tree_sum).
+template <class Sum>
+std::vector<std::vector<float>> dealt_nodes(const std::vector<std::vector<float>>& leaves,
+                                            const std::vector<std::size_t>& counts, Sum sum) {
+  std::vector<std::vector<float>> nodes;
+  for (std::size_t rank = 0, first = 0; rank < counts.size(); first += counts[rank++]) {
+    nodes.push_back(sum(std::vector<std::vector<float>>(
+        leaves.begin() + static_cast<std::ptrdiff_t>(first),
+        leaves.begin() + static_cast<std::ptrdiff_t>(first + counts[rank]))));
+  }
+  return nodes;
+}
+
 }  // namespace cohort::testing
