@@ -527,9 +527,10 @@ class NcclCommunicator {
   // the deterministic mode's kernels compute it; NCCL's own reductions have no such operator.
   template <class T>
   void refuse_unfit(const Call& call, ReduceOp op) {
-    if (op != ReduceOp::kSumBfloat16) return;
-    if (!std::is_same_v<T, float>) throw failure(call, "sum_bf16 reduces float elements only");
-    if (!deterministic<T>()) {
+    if (const std::string problem = reduction_problem<T>(op); !problem.empty()) {
+      throw failure(call, problem);
+    }
+    if (op == ReduceOp::kSumBfloat16 && !deterministic<T>()) {
       throw failure(call, "sum_bf16 needs the deterministic mode (Options::deterministic)");
     }
   }
