@@ -14,7 +14,7 @@
 // --micro-batches  micro-batches per global batch (default 8)
 // --seed, --learning-rate   the Trainer's seed (default 11) and Adam's learning rate (3e-3)
 // --max-gradient-norm N      Adam's global-norm clipping (default 0: none)
-// --poison INDEX   example INDEX has a NaN feature (PoisonedData)
+// --poison INDEX   example INDEX has a NaN feature (as PoisonedData)
 // --on-nonfinite   the Trainer's policy for a non-finite gradient (default raise)
 // --mirrored       Mirrored with LOCAL_REPLICAS replicas in this one process instead
 // --checkpoint FILE  continue from FILE if it exists; the Trainer saves it on preemption
@@ -44,6 +44,7 @@
 #include <cohort/strategy/multi_worker_mirrored.hpp>
 #include <cstdio>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "eigen_training.hpp"
@@ -76,6 +77,21 @@ struct Settings {
   std::size_t min_workers = 0;
 };
 
+// The data of every fit: small_task_data(), with one example poisoned (--poison), the chief's
+// micro-batch N preempting (--preempt-after) and every micro-batch pausing (--pause-ms). One type
+// for all, so that each model and strategy compiles two fits, with evaluation and without.
+struct Data {
+  cohort::testing::PreemptedData preempted;
+  std::optional<std::size_t> poisoned;
+
+  std::size_t size() const { return preempted.size(); }
+  example::Batch batch(std::span<const std::size_t> indices) const {
+    example::Batch batch = preempted.batch(indices);
+    if (poisoned) cohort::testing::PoisonedData::poison(batch, indices, *poisoned);
+    return batch;
+  }
+};
+
 template <class Strategy, class Model>
 int train(const Settings& settings, Strategy strategy, const Model& model) {
   const bool chief = strategy.is_chief();
@@ -99,11 +115,13 @@ int train(const Settings& settings, Strategy strategy, const Model& model) {
     trainer.restore(settings.checkpoint);
   }
   const std::size_t stop_after = chief ? settings.chief_stops_after : 0;
+  const Data data{
+      .preempted = {.preempt = cohort::testing::PreemptAt(chief ? settings.preempt_after : -1),
+                    .pause = std::chrono::milliseconds(settings.pause_ms)},
+      .poisoned = settings.poison};
   const cohort::Report report =
-      settings.poison ? trainer.fit(cohort::testing::PoisonedData{.poisoned = *settings.poison},
-                                    {.steps = settings.steps})
-      : settings.validate_every != 0
-          ? trainer.fit(cohort::testing::small_task_data(), {.steps = settings.steps},
+      settings.validate_every != 0
+          ? trainer.fit(data, {.steps = settings.steps},
                         cohort::validation(cohort::testing::small_held_out_data(),
                                            {.every_steps = settings.validate_every,
                                             .stop =
@@ -111,11 +129,7 @@ int train(const Settings& settings, Strategy strategy, const Model& model) {
                                                   return stop_after != 0 &&
                                                          so_far.validation.size() >= stop_after;
                                                 }}))
-          : trainer.fit(
-                cohort::testing::PreemptedData{
-                    .preempt = cohort::testing::PreemptAt(chief ? settings.preempt_after : -1),
-                    .pause = std::chrono::milliseconds(settings.pause_ms)},
-                {.steps = settings.steps});
+          : trainer.fit(data, {.steps = settings.steps});
   std::printf("skipped %llu\n", static_cast<unsigned long long>(report.skipped_steps));
   for (const cohort::Evaluation& evaluation : report.validation) {
     std::printf("%s\n", cohort::testing::describe(evaluation).c_str());

@@ -142,12 +142,19 @@ struct PoisonedData {
   std::size_t size() const { return data->size(); }
   example::Batch batch(std::span<const std::size_t> indices) const {
     example::Batch batch = data->batch(indices);
+    poison(batch, indices, poisoned);
+    return batch;
+  }
+
+  // Makes the first feature of example `poisoned` NaN where `batch` (of examples `indices`) holds
+  // it.
+  static void poison(example::Batch& batch, std::span<const std::size_t> indices,
+                     std::size_t poisoned) {
     for (std::size_t i = 0; i < indices.size(); ++i) {
       if (indices[i] == poisoned) {
         batch.inputs[i * batch.features] = std::numeric_limits<float>::quiet_NaN();
       }
     }
-    return batch;
   }
 };
 
