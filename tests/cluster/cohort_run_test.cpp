@@ -20,11 +20,13 @@
 #include <thread>
 #include <vector>
 
+#include "error_message.hpp"
 #include "processes.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
+using cohort::testing::contains;
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kLimit = std::chrono::seconds(30);
@@ -46,10 +48,6 @@ std::string text_of(const fs::path& file) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 // The NAME=value lines a probe wrote.

@@ -22,11 +22,12 @@ namespace {
 
 using cohort::ReduceOp;
 using Cross = cohort::collective::Deterministic<cohort::transport::Loopback::Endpoint>;
-using Communicator = cohort::collective::Hierarchical<cohort::collective::LocalCommunicator, Cross>;
+using HostsCommunicator =
+    cohort::collective::Hierarchical<cohort::collective::LocalCommunicator, Cross>;
 
 // Runs body on workers x local_size threads wired as the strategy wires them; returns failures.
 std::vector<std::string> on_workers(int workers, int local_size, std::size_t bucket_bytes,
-                                    const std::function<void(Communicator&)>& body) {
+                                    const std::function<void(HostsCommunicator&)>& body) {
   cohort::transport::Loopback network({.ranks = workers, .timeout = std::chrono::seconds(20)});
   std::vector<std::string> failures(static_cast<std::size_t>(workers * local_size));
   std::vector<std::jthread> processes;
@@ -38,7 +39,7 @@ std::vector<std::string> on_workers(int workers, int local_size, std::size_t buc
       std::vector<std::jthread> replicas;
       for (int l = 0; l < local_size; ++l) {
         replicas.emplace_back([&, l] {
-          Communicator communicator(local.communicator(l), cross, thread, bucket_bytes);
+          HostsCommunicator communicator(local.communicator(l), cross, thread, bucket_bytes);
           try {
             body(communicator);
           } catch (const std::exception& error) {
@@ -65,7 +66,7 @@ TEST_CASE("hierarchical all-reduce gives the canonical tree's bits over all repl
     const auto inputs = cohort::testing::cancelling_inputs(ranks, length, 3);
     const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
 
-    const auto failures = on_workers(workers, local_size, 64 * 1024, [&](Communicator& c) {
+    const auto failures = on_workers(workers, local_size, 64 * 1024, [&](HostsCommunicator& c) {
       auto buffer = inputs[static_cast<std::size_t>(c.rank())];
       c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
       if (std::memcmp(buffer.data(), expected.data(), length * sizeof(float)) != 0) {
@@ -88,7 +89,7 @@ TEST_CASE("hierarchical all-reduce gives the canonical tree's bits over all repl
 }
 
 TEST_CASE("a failing replica in one worker releases every replica of every worker") {
-  const auto failures = on_workers(2, 2, 1024, [](Communicator& c) {
+  const auto failures = on_workers(2, 2, 1024, [](HostsCommunicator& c) {
     std::vector<float> buffer(5000, 1.0f);
     c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
     if (c.rank() == 3) throw std::runtime_error("replica 3 failed");

@@ -25,14 +25,10 @@ using cohort::device::Cpu;
 using cohort::device::Cuda;
 using cohort::test::gpu_only;
 using cohort::test::random_floats;
+using cohort::test::same_bits;
 
 static_assert(cohort::device::Device<Cpu>);
 static_assert(cohort::device::Device<Cuda>);
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
 
 std::vector<float> host_copy(const cohort::device::cuda::Place& place,
                              const Cuda::Buffer<float>& buffer) {

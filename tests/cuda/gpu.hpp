@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <stop_token>
@@ -28,6 +29,13 @@ inline bool gpu_present() {
   return present;
 }
 inline auto gpu_only() { return doctest::skip(!gpu_present()); }
+
+// Bitwise equality: the claim is identical bits, and it also holds for NaN payloads.
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
 
 // For cases that need `count` GPUs (their names say how many): skipped where fewer are present.
 inline auto gpus_only(int count) { return doctest::skip(device::cuda::device_count() < count); }

@@ -28,6 +28,7 @@ using cohort::test::DeviceBuffer;
 using cohort::test::gpu_only;
 using cohort::test::odd_lengths;
 using cohort::test::random_floats;
+using cohort::test::same_bits;
 
 // The host side of cuda/common.cuh's Arithmetic: half and bfloat16 computed in float, rounded.
 template <class T>
@@ -55,13 +56,6 @@ std::vector<T> random_values(std::size_t n, std::uint64_t seed) {
   values.reserve(n);
   for (float x : random_floats(n, seed)) values.push_back(Host<T>::from(x));
   return values;
-}
-
-// Bitwise equality: the claim is identical bits, and it also holds for NaN payloads.
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 template <class T>

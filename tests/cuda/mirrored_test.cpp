@@ -30,11 +30,12 @@ using cohort::test::CudaTwin;
 using cohort::test::gpu_only;
 using cohort::test::gpus_only;
 using cohort::test::kTestTimeout;
+using cohort::test::same_bits;
 using GpuMirrored = cohort::strategy::Mirrored<cohort::device::Cuda, cohort::collective::Nccl>;
 
 constexpr cohort::test::twin::Shape kShape = cohort::test::kTwinShape;
 constexpr std::uint64_t kModelSeed = cohort::test::kTwinSeed;
-constexpr std::uint64_t kSteps = 30;
+constexpr std::uint64_t kMirroredSteps = 30;
 
 template <class Optimizer, class Model, class Strategy>
 auto make_trainer(Strategy strategy) {
@@ -48,7 +49,7 @@ struct Run {
 };
 
 template <class Optimizer>
-Run on_cpu(std::size_t replicas, std::uint64_t steps = kSteps) {
+Run on_cpu(std::size_t replicas, std::uint64_t steps = kMirroredSteps) {
   auto trainer =
       make_trainer<Optimizer, CpuTwin>(cohort::strategy::Mirrored<>({.replicas = replicas}));
   const cohort::Report report = trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
@@ -56,19 +57,11 @@ Run on_cpu(std::size_t replicas, std::uint64_t steps = kSteps) {
 }
 
 template <class Optimizer>
-Run on_gpus(std::size_t gpus, std::uint64_t steps = kSteps) {
+Run on_gpus(std::size_t gpus, std::uint64_t steps = kMirroredSteps) {
   auto trainer =
       make_trainer<Optimizer, CudaTwin>(GpuMirrored({.replicas = gpus, .timeout = kTestTimeout}));
   const cohort::Report report = trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
   return {trainer.model().host_parameters(), report.loss};
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
 }
 
 // The CPU reference on 1 replica (itself the bits of 2, 4 and 8: tests/strategy) against the GPUs.
@@ -76,7 +69,7 @@ template <class Optimizer>
 void check_gpus_equal_cpu(std::size_t gpus) {
   CAPTURE(gpus);
   const Run cpu = on_cpu<Optimizer>(1);
-  REQUIRE(cpu.loss.size() == kSteps);
+  REQUIRE(cpu.loss.size() == kMirroredSteps);
   CHECK(cpu.loss.back() < cpu.loss.front());  // it trains
   CHECK_FALSE(same_bits(cpu.parameters, cohort::test::twin_initial_parameters(kShape, kModelSeed)));
   const Run gpu = on_gpus<Optimizer>(gpus);
@@ -183,31 +176,31 @@ TEST_CASE("save on the GPU and restore continue with the bits of an uninterrupte
   const auto& data = cohort::testing::small_task_data();
   using Adam = cohort::optimizer::Adam;
 
-  const std::vector<float> uninterrupted = on_cpu<Adam>(1, 2 * kSteps).parameters;
+  const std::vector<float> uninterrupted = on_cpu<Adam>(1, 2 * kMirroredSteps).parameters;
 
   auto first = make_trainer<Adam, CudaTwin>(GpuMirrored({.replicas = 1, .timeout = kTestTimeout}));
-  first.fit(data, {.steps = kSteps});
+  first.fit(data, {.steps = kMirroredSteps});
   first.save(gpu_file);
   auto cpu_first = make_trainer<Adam, CpuTwin>(cohort::strategy::Mirrored<>({.replicas = 1}));
-  cpu_first.fit(data, {.steps = kSteps});
+  cpu_first.fit(data, {.steps = kMirroredSteps});
   cpu_first.save(cpu_file);
 
   SUBCASE("a GPU checkpoint continues on the GPU") {
     auto resumed =
         make_trainer<Adam, CudaTwin>(GpuMirrored({.replicas = 1, .timeout = kTestTimeout}));
     resumed.restore(gpu_file);
-    resumed.fit(data, {.steps = 2 * kSteps});
+    resumed.fit(data, {.steps = 2 * kMirroredSteps});
     CHECK(same_bits(resumed.model().host_parameters(), uninterrupted));
   }
   SUBCASE("a CPU checkpoint continues on the GPU, and a GPU checkpoint on the CPU") {
     auto on_gpu =
         make_trainer<Adam, CudaTwin>(GpuMirrored({.replicas = 1, .timeout = kTestTimeout}));
     on_gpu.restore(cpu_file);
-    on_gpu.fit(data, {.steps = 2 * kSteps});
+    on_gpu.fit(data, {.steps = 2 * kMirroredSteps});
     CHECK(same_bits(on_gpu.model().host_parameters(), uninterrupted));
     auto on_cpu_again = make_trainer<Adam, CpuTwin>(cohort::strategy::Mirrored<>({.replicas = 1}));
     on_cpu_again.restore(gpu_file);
-    on_cpu_again.fit(data, {.steps = 2 * kSteps});
+    on_cpu_again.fit(data, {.steps = 2 * kMirroredSteps});
     CHECK(same_bits(on_cpu_again.model().host_parameters(), uninterrupted));
   }
   fs::remove_all(directory);

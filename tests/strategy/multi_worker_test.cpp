@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cohort/strategy/multi_worker_mirrored.hpp>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "jobs.hpp"
 #include "processes.hpp"
 #include "rendezvous_attacks.hpp"
 #include "training.hpp"
@@ -25,20 +27,12 @@
 namespace {
 
 namespace fs = std::filesystem;
+using cohort::testing::completed;
 using cohort::testing::mirrored_parameters;
 using cohort::testing::Process;
 using cohort::testing::read_file;
 using cohort::testing::TemporaryDirectory;
 using namespace std::chrono_literals;
-
-// Runs one command to completion within a deadline; returns its exit and output.
-std::pair<cohort::testing::Exit, std::string> run(const std::vector<std::string>& command,
-                                                  const fs::path& log,
-                                                  std::map<std::string, std::string> env = {}) {
-  auto result = cohort::testing::run_to_completion(command, log, env);
-  REQUIRE_MESSAGE(result.has_value(), "still running after 120 s: " << command[0]);
-  return *result;
-}
 
 // `count` workers of 1 replica started by hand with COHORT_* variables, training until stopped;
 // worker r logs to rank<r>.log in `directory`. Returns once every one has met the others, so
@@ -85,8 +79,8 @@ TEST_CASE(
       CAPTURE(workers);
       const fs::path out = directory.path / ("parameters-" + std::string(workers) + ".bin");
       const auto [exit, output] =
-          run({COHORT_RUN, "--np", workers, "--", COHORT_TRAINER, local, "50", out},
-              directory.path / "log.txt", {{"COHORT_SHARED_MEMORY", shared}});
+          completed({COHORT_RUN, "--np", workers, "--", COHORT_TRAINER, local, "50", out},
+                    directory.path / "log.txt", {{"COHORT_SHARED_MEMORY", shared}});
       CAPTURE(output);
       REQUIRE(exit.exited);
       REQUIRE(exit.code == 0);
@@ -114,8 +108,8 @@ TEST_CASE(
       CAPTURE(local);
       const fs::path out = directory.path / ("parameters-" + local + ".bin");
       const auto [exit, output] =
-          run({COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, local, "30", out},
-              directory.path / "log.txt", {{"COHORT_SHARED_MEMORY", shared}});
+          completed({COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, local, "30", out},
+                    directory.path / "log.txt", {{"COHORT_SHARED_MEMORY", shared}});
       CAPTURE(output);
       REQUIRE(exit.exited);
       REQUIRE(exit.code == 0);
@@ -135,7 +129,7 @@ TEST_CASE(
     CAPTURE(local);
     CAPTURE(shared);
     const fs::path out = directory.path / ("parameters-" + workers + "x" + local + ".bin");
-    const auto [exit, output] = run(
+    const auto [exit, output] = completed(
         {COHORT_RUN, "--np", workers, "--", COHORT_TRAINER, local, "30", out},
         directory.path / "log.txt", {{"COHORT_WIRE", "bf16"}, {"COHORT_SHARED_MEMORY", shared}});
     CAPTURE(output);
@@ -152,9 +146,9 @@ TEST_CASE(
   CHECK(train("4", "1", "0") == expected);
   CHECK(train("2", "2", "0") == expected);
 
-  const auto [refused, refusal] =
-      run({COHORT_RUN, "--np", "1", "--", COHORT_TRAINER, "1", "1", directory.path / "never.bin"},
-          directory.path / "refused.txt", {{"COHORT_WIRE", "fp16"}});
+  const auto [refused, refusal] = completed(
+      {COHORT_RUN, "--np", "1", "--", COHORT_TRAINER, "1", "1", directory.path / "never.bin"},
+      directory.path / "refused.txt", {{"COHORT_WIRE", "fp16"}});
   CAPTURE(refusal);
   CHECK(refused.code != 0);
   CHECK(refusal.find("COHORT_WIRE") != std::string::npos);
@@ -164,9 +158,9 @@ TEST_CASE(
 TEST_CASE("3 workers x 1 replica and Mirrored 3 give bit-identical parameters") {
   TemporaryDirectory directory("cohort-multi-worker");
   const fs::path out = directory.path / "parameters.bin";
-  const auto [exit, output] =
-      run({COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, "1", "30", out, "--micro-batches", "3"},
-          directory.path / "log.txt");
+  const auto [exit, output] = completed(
+      {COHORT_RUN, "--np", "3", "--", COHORT_TRAINER, "1", "30", out, "--micro-batches", "3"},
+      directory.path / "log.txt");
   CAPTURE(output);
   REQUIRE(exit.exited);
   REQUIRE(exit.code == 0);
@@ -189,7 +183,7 @@ TEST_CASE(
   std::vector<std::string> probe = without_permission;
   probe.push_back("/bin/true");
   if (!fs::exists(without_permission.front()) || !fs::exists(without_permission[4]) ||
-      run(probe, directory.path / "probe.txt").first.code != 0) {
+      completed(probe, directory.path / "probe.txt").first.code != 0) {
     MESSAGE(
         "skipped: setpriv and prlimit (util-linux) cannot drop CAP_SYS_NICE and the real-time "
         "limit here (dropping the capability needs CAP_SETPCAP)");
@@ -205,7 +199,7 @@ TEST_CASE(
     return command;
   };
   const fs::path out = directory.path / "parameters.bin";
-  const auto [exit, output] = run(job(out), directory.path / "log.txt");
+  const auto [exit, output] = completed(job(out), directory.path / "log.txt");
   CAPTURE(output);
   REQUIRE(exit.exited);
   REQUIRE(exit.code == 0);
@@ -218,8 +212,8 @@ TEST_CASE(
   CHECK(read_file(out) == mirrored_parameters(20, 2));
 
   const auto [refused, refusal] =
-      run(job(directory.path / "never.bin"), directory.path / "refused.txt",
-          {{"COHORT_COMMUNICATION_PRIORITY", "realtime"}});
+      completed(job(directory.path / "never.bin"), directory.path / "refused.txt",
+                {{"COHORT_COMMUNICATION_PRIORITY", "realtime"}});
   CAPTURE(refusal);
   CHECK(refused.exited);
   CHECK(refused.code != 0);
@@ -245,7 +239,7 @@ std::optional<std::string> trained_with_dev_shm_of(const std::string& size,
       "sh"};
   std::vector<std::string> probe = command;
   probe.push_back("/bin/true");
-  if (!fs::exists(command.front()) || run(probe, directory / "probe.txt").first.code != 0) {
+  if (!fs::exists(command.front()) || completed(probe, directory / "probe.txt").first.code != 0) {
     MESSAGE("skipped: unshare (util-linux) cannot make a mount namespace here (needs root)");
     return std::nullopt;
   }
@@ -254,7 +248,7 @@ std::optional<std::string> trained_with_dev_shm_of(const std::string& size,
         std::string(COHORT_TRAINER), std::string("1"), std::string("20"), out.string()}) {
     command.push_back(word);
   }
-  const auto [exit, output] = run(command, directory / "log.txt");
+  const auto [exit, output] = completed(command, directory / "log.txt");
   CAPTURE(output);
   REQUIRE(exit.exited);
   REQUIRE(exit.code == 0);
@@ -305,9 +299,9 @@ TEST_CASE(
   for (const char* encrypt : {"0", "1"}) {
     CAPTURE(encrypt);
     const fs::path out = directory.path / ("parameters-" + std::string(encrypt) + ".bin");
-    const auto [exit, output] =
-        run({COHORT_RUN, "--np", "2", "--", COHORT_TRAINER, "2", "20", out},
-            directory.path / "log.txt", {{"COHORT_SECRET", "s3cret"}, {"COHORT_ENCRYPT", encrypt}});
+    const auto [exit, output] = completed(
+        {COHORT_RUN, "--np", "2", "--", COHORT_TRAINER, "2", "20", out}, directory.path / "log.txt",
+        {{"COHORT_SECRET", "s3cret"}, {"COHORT_ENCRYPT", encrypt}});
     CAPTURE(output);
     REQUIRE(exit.exited);
     REQUIRE(exit.code == 0);
@@ -319,8 +313,8 @@ TEST_CASE("the ring collective trains across processes too, with its own bits") 
   TemporaryDirectory directory("cohort-multi-worker-ring");
   const fs::path out = directory.path / "ring.bin";
   const auto [exit, output] =
-      run({COHORT_RUN, "--np", "4", "--", COHORT_TRAINER, "1", "20", out, "ring"},
-          directory.path / "log");
+      completed({COHORT_RUN, "--np", "4", "--", COHORT_TRAINER, "1", "20", out, "ring"},
+                directory.path / "log");
   CAPTURE(output);
   REQUIRE(exit.exited);
   CHECK(exit.code == 0);
@@ -335,12 +329,12 @@ TEST_CASE("the same binary runs under mpirun and gives the same bits") {
   TemporaryDirectory directory("cohort-multi-worker-mpi");
   const fs::path out = directory.path / "mpi.bin";
   const auto [exit, output] =
-      run({COHORT_MPIRUN, "--oversubscribe", "--mca", "btl", "self,tcp", "-np", "2", COHORT_TRAINER,
-           "2", "50", out},
-          directory.path / "log",
-          {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
-           {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
-           {"COHORT_MASTER_PORT", std::to_string(cohort::testing::free_port())}});
+      completed({COHORT_MPIRUN, "--oversubscribe", "--mca", "btl", "self,tcp", "-np", "2",
+                 COHORT_TRAINER, "2", "50", out},
+                directory.path / "log",
+                {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+                 {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+                 {"COHORT_MASTER_PORT", std::to_string(cohort::testing::free_port())}});
   CAPTURE(output);
   REQUIRE(exit.exited);
   REQUIRE(exit.code == 0);
@@ -643,19 +637,28 @@ TEST_CASE(
 TEST_CASE(
     "a stopped worker (SIGSTOP) is reported, then fails every other worker at the timeout, "
     "through shared memory or over TCP") {
-  for (const bool shared : {true, false}) {
+  // Both jobs at once: each waits out its timeout, which takes time, not the cores.
+  const std::array<bool, 2> shared_memory{true, false};
+  std::vector<std::unique_ptr<TemporaryDirectory>> directories;
+  std::vector<std::vector<std::unique_ptr<Process>>> jobs;
+  for (const bool shared : shared_memory) {
+    directories.push_back(std::make_unique<TemporaryDirectory>(
+        shared ? "cohort-multi-worker-stop-shared" : "cohort-multi-worker-stop-tcp"));
+    jobs.push_back(start_training_workers(directories.back()->path, 2, "stop-test",
+                                          {{"COHORT_SHARED_MEMORY", shared ? "1" : "0"}}));
+    jobs.back()[1]->kill(SIGSTOP);
+  }
+  for (std::size_t job = 0; job < jobs.size(); ++job) {
+    const bool shared = shared_memory[job];
     CAPTURE(shared);
-    TemporaryDirectory directory("cohort-multi-worker-stop");
-    const auto workers = start_training_workers(directory.path, 2, "stop-test",
-                                                {{"COHORT_SHARED_MEMORY", shared ? "1" : "0"}});
-    workers[1]->kill(SIGSTOP);
+    const auto& workers = jobs[job];
     {
       const auto exit = workers[0]->wait(40s);
       REQUIRE(exit.has_value());
       CHECK(exit->exited);
       CHECK(exit->code != 0);
     }
-    const std::string log = read_file(directory.path / "rank0.log");
+    const std::string log = read_file(directories[job]->path / "rank0.log");
     CAPTURE(log);
     // The warning at a quarter of the timeout, then the error, both naming the stopped rank.
     const std::string waiting =

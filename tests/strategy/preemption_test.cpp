@@ -11,48 +11,42 @@
 #include <string>
 #include <vector>
 
+#include "jobs.hpp"
 #include "processes.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
+using cohort::testing::completed;
 using cohort::testing::read_file;
 using cohort::testing::TemporaryDirectory;
 
 // 97 epochs of the small task at 64 examples per step: long enough that the vote after the signal
 // (about 0.1 s later, trainer/vote.hpp) comes before the end.
-constexpr std::uint64_t kSteps = 3000;
+constexpr std::uint64_t kPreemptedJobSteps = 3000;
 
-struct Job {
+struct LaunchedJob {
   std::vector<std::string> launcher;  // cohort-run and its options, through "--"
   std::vector<std::string> program;   // the program and its arguments before OUT-dependent ones
 };
 
-std::pair<cohort::testing::Exit, std::string> run(std::vector<std::string> command,
-                                                  const fs::path& log) {
-  auto result = cohort::testing::run_to_completion(command, log);
-  REQUIRE_MESSAGE(result.has_value(), "still running after 120 s: " << command[0]);
-  return *result;
-}
-
 // Runs `job` three times: uninterrupted; preempted after the chief's micro-batch `preempt_after`
 // with a checkpoint; then again with that checkpoint, to the end. The last run's parameters
 // must be the first's.
-void check_preemption(const Job& job, const std::string& preempt_after,
+void check_preemption(const LaunchedJob& job, const std::string& preempt_after,
                       const std::vector<std::string>& checkpoint_arguments,
-                      const std::vector<std::string>& resume_arguments,
-                      const fs::path& directory) {
+                      const std::vector<std::string>& resume_arguments, const fs::path& directory) {
   const auto command = [&](const fs::path& out, const std::vector<std::string>& extra) {
     std::vector<std::string> command = job.launcher;
     command.insert(command.end(), job.program.begin(), job.program.end());
-    command.push_back(std::to_string(kSteps));
+    command.push_back(std::to_string(kPreemptedJobSteps));
     command.push_back(out);
     command.insert(command.end(), extra.begin(), extra.end());
     return command;
   };
   const fs::path reference = directory / "reference.bin";
   {
-    const auto [exit, output] = run(command(reference, {}), directory / "reference.log");
+    const auto [exit, output] = completed(command(reference, {}), directory / "reference.log");
     CAPTURE(output);
     REQUIRE(exit.exited);
     REQUIRE(exit.code == 0);
@@ -64,7 +58,8 @@ void check_preemption(const Job& job, const std::string& preempt_after,
   preempting.push_back("--preempt-after");
   preempting.push_back(preempt_after);
   {
-    const auto [exit, output] = run(command(resumed, preempting), directory / "preempted.log");
+    const auto [exit, output] =
+        completed(command(resumed, preempting), directory / "preempted.log");
     CAPTURE(output);
     REQUIRE(exit.exited);
     CHECK(exit.code == cohort::kExitPreempted);
@@ -78,10 +73,11 @@ void check_preemption(const Job& job, const std::string& preempt_after,
     // case below sends at step 100.
     const std::uint64_t step = cohort::checkpoint::read<float>(checkpoint).step;
     CHECK(step >= 100);
-    CHECK(step < kSteps);
+    CHECK(step < kPreemptedJobSteps);
   }
   {
-    const auto [exit, output] = run(command(resumed, resume_arguments), directory / "resumed.log");
+    const auto [exit, output] =
+        completed(command(resumed, resume_arguments), directory / "resumed.log");
     CAPTURE(output);
     REQUIRE(exit.exited);
     REQUIRE(exit.code == 0);
@@ -95,7 +91,8 @@ TEST_CASE("SIGTERM mid-epoch under Mirrored: the saved run resumes to an uninter
   TemporaryDirectory directory("cohort-preemption-mirrored");
   const fs::path checkpoint = directory.path / "run.ckpt";
   // 2 replica threads, 8 micro-batches: 8 calls of batch() per step.
-  const Job job{{COHORT_RUN, "--np", "1", "--timeout-s", "100", "--"}, {COHORT_TRAINER, "2"}};
+  const LaunchedJob job{{COHORT_RUN, "--np", "1", "--timeout-s", "100", "--"},
+                        {COHORT_TRAINER, "2"}};
   check_preemption(job, "800", {"--mirrored", "--checkpoint", checkpoint},
                    {"--mirrored", "--checkpoint", checkpoint}, directory.path);
 }
@@ -106,7 +103,8 @@ TEST_CASE(
   TemporaryDirectory directory("cohort-preemption-multi-worker");
   const fs::path checkpoint = directory.path / "run.ckpt";
   // 2 workers of 1 replica: the chief computes 4 micro-batches per step.
-  const Job job{{COHORT_RUN, "--np", "2", "--timeout-s", "100", "--"}, {COHORT_TRAINER, "1"}};
+  const LaunchedJob job{{COHORT_RUN, "--np", "2", "--timeout-s", "100", "--"},
+                        {COHORT_TRAINER, "1"}};
   check_preemption(job, "400", {"--checkpoint", checkpoint}, {"--checkpoint", checkpoint},
                    directory.path);
 }
@@ -116,8 +114,8 @@ TEST_CASE(
     "manifest, and the job resumes to an uninterrupted run's bits") {
   TemporaryDirectory directory("cohort-preemption-ps");
   const fs::path checkpoint = directory.path / "run.ckpt";
-  const Job job{{COHORT_RUN, "--np", "2", "--ps", "2", "--timeout-s", "100", "--"},
-                {COHORT_PS_TRAINER, "sync"}};
+  const LaunchedJob job{{COHORT_RUN, "--np", "2", "--ps", "2", "--timeout-s", "100", "--"},
+                        {COHORT_PS_TRAINER, "sync"}};
   check_preemption(job, "400", {"--checkpoint", checkpoint},
                    {"--restore", checkpoint, "--checkpoint", checkpoint}, directory.path);
 }

@@ -25,13 +25,6 @@ using namespace tcp_test;  // NOLINT: the helpers are this file's vocabulary
 
 namespace {
 
-constexpr const char* kSecret = "correct horse battery staple";
-
-void elastic(tcp::Options& options) {
-  options.secret = kSecret;
-  options.keep_listening = true;
-}
-
 // Polls `door` until `count` processes wait there, for 10 s at most.
 bool wait_at(tcp::Door& door, std::size_t count) {
   const auto deadline = Clock::now() + std::chrono::seconds(10);

@@ -20,11 +20,6 @@ using namespace tcp_test;  // NOLINT: the helpers are this file's vocabulary
 
 namespace {
 
-void elastic(tcp::Options& options) {
-  options.secret = "correct horse battery staple";
-  options.keep_listening = true;
-}
-
 // `size` ranks meet; rank `lost` ends at once and the others regroup with at least min_size
 // ranks. Returns, by old rank, the members each saw (empty for the lost rank) and its new rank,
 // or what it threw.

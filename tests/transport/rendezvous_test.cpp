@@ -25,8 +25,6 @@ using namespace tcp_test;  // NOLINT: the helpers are this file's vocabulary
 
 namespace {
 
-constexpr char kSecret[] = "correct horse battery staple";
-
 void with_secret(tcp::Options& options) {
   options.secret = kSecret;
   options.handshake_timeout = milliseconds(500);

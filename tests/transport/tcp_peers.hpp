@@ -51,6 +51,15 @@ inline tcp::Options options_for(int rank, int size) {
           .operation_timeout = std::chrono::seconds(10)};
 }
 
+// The secret of the tests' jobs that have one.
+inline constexpr char kSecret[] = "correct horse battery staple";
+
+// A member of an elastic job: under the secret, its door kept open for newcomers.
+inline void elastic(tcp::Options& options) {
+  options.secret = kSecret;
+  options.keep_listening = true;
+}
+
 inline std::string message_of(const std::exception_ptr& error) {
   if (!error) return "";
   try {
