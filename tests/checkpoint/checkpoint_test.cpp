@@ -181,6 +181,15 @@ TEST_CASE("a checkpoint of another run is refused naming what differs") {
   CHECK(refusal(other_model, checkpoint).find("parameter count") != std::string::npos);
   CHECK(parameters_of(other_model.model()) == before);
 
+  // Gradients summed in bfloat16 (MultiWorkerMirrored's wire), here in float.
+  auto state = cohort::checkpoint::read<float>(checkpoint);
+  CHECK(state.gradient_sum == "sum");
+  state.gradient_sum = "sum_bf16";
+  cohort::checkpoint::write(directory.path / "bf16.ckpt", state);
+  CHECK(refusal(source, directory.path / "bf16.ckpt")
+            .find("gradient sum (the wire's) is sum_bf16 in the file but sum in this trainer") !=
+        std::string::npos);
+
   cohort::checkpoint::TrainingState<double> doubles;
   doubles.optimizer = "adam";
   cohort::checkpoint::write(checkpoint, doubles);
@@ -291,12 +300,13 @@ namespace {
 // `payload` framed as write() frames a payload, with its true checksum: what a file damaged by
 // someone who recomputes the checksum holds.
 std::string container(const cohort::checkpoint::Magic& magic, std::uint32_t value_bytes,
-                      std::string_view payload) {
+                      std::string_view payload,
+                      std::uint32_t version = cohort::checkpoint::kFormatVersion) {
   std::string bytes(magic.begin(), magic.end());
   const auto append = [&](auto value) {
     bytes.append(reinterpret_cast<const char*>(&value), sizeof value);
   };
-  append(cohort::checkpoint::kFormatVersion);
+  append(version);
   append(value_bytes);
   append(static_cast<std::uint64_t>(payload.size()));
   append(cohort::checkpoint::detail::crc32(payload));
@@ -315,6 +325,32 @@ std::string save_refusal(const Trainer& trainer, const fs::path& file) {
 }
 
 }  // namespace
+
+TEST_CASE(
+    "a checkpoint of format 3, before the gradient sum was recorded, restores as summed in "
+    "float; an older format is refused naming both") {
+  TemporaryDirectory directory;
+  const fs::path checkpoint = directory.path / "run.ckpt";
+  auto source = make_trainer();
+  source.fit(small_task_data(), {.steps = 2});
+  source.save(checkpoint);
+  // Format 3's payload is format 4's without its last field, the string "sum" (its length, then
+  // its characters).
+  const std::string payload = bytes_of(checkpoint).substr(cohort::checkpoint::kHeaderBytes);
+  const std::string sum = bytes_of_value(std::size_t{3}) + "sum";
+  REQUIRE(payload.ends_with(sum));
+  const std::string old_payload = payload.substr(0, payload.size() - sum.size());
+  overwrite(checkpoint, container(cohort::checkpoint::kMagic, 4, old_payload, 3));
+
+  auto target = make_trainer();
+  REQUIRE(refusal(target, checkpoint) == "restored");
+  CHECK(target.step() == 2);
+  CHECK(parameters_of(target.model()) == parameters_of(source.model()));
+
+  overwrite(checkpoint, container(cohort::checkpoint::kMagic, 4, old_payload, 2));
+  CHECK(refusal(target, checkpoint).find("format version 2, this build reads 3 to 4") !=
+        std::string::npos);
+}
 
 TEST_CASE("a manifest naming shards outside its directory is refused and a save deletes nothing") {
   TemporaryDirectory directory;
@@ -387,12 +423,13 @@ TEST_CASE("a payload declaring more values than it holds is refused before they 
   // A manifest's record count.
   cohort::checkpoint::TrainingState<float> manifest;
   manifest.optimizer = "adam";
-  manifest.shards.assign(3, {.file = "x"});
+  manifest.shards.assign(5, {.file = "x"});  // a count no other field of it holds
   cohort::checkpoint::write(checkpoint, manifest);
   std::string manifest_payload = bytes_of(checkpoint).substr(cohort::checkpoint::kHeaderBytes);
-  const std::size_t count_at = manifest_payload.find(length);
+  const std::string count = bytes_of_value(std::uint64_t{5});
+  const std::size_t count_at = manifest_payload.find(count);
   REQUIRE(count_at != std::string::npos);
-  REQUIRE(manifest_payload.find(length, count_at + 1) == std::string::npos);
+  REQUIRE(manifest_payload.find(count, count_at + 1) == std::string::npos);
   const std::uint64_t records = std::uint64_t{1} << 40;
   std::memcpy(manifest_payload.data() + count_at, &records, sizeof records);
   overwrite(checkpoint, container(cohort::checkpoint::kManifestMagic, 4, manifest_payload));

@@ -146,6 +146,24 @@ TEST_CASE(
   CHECK(train("4", "1", "0") == expected);
   CHECK(train("2", "2", "0") == expected);
 
+  // A checkpoint records the sum: the run resumed under bf16 ends with the uninterrupted run's
+  // bits, and one resumed under float is refused, naming it, before it trains a step.
+  const fs::path resumed = directory.path / "resumed.bin";
+  const auto resume = [&](const std::string& steps, const std::string& wire) {
+    return completed(
+        {COHORT_RUN, "--np", "2", "--", COHORT_TRAINER, "1", steps, resumed,
+         "--checkpoint-directory", directory.path / "checkpoints", "--checkpoint-every", "10"},
+        directory.path / ("resumed-" + steps + "-" + wire + ".txt"), {{"COHORT_WIRE", wire}});
+  };
+  REQUIRE(resume("20", "bf16").first.code == 0);
+  const auto [in_float, float_output] = resume("30", "fp32");
+  CAPTURE(float_output);
+  CHECK(in_float.code != 0);
+  CHECK(float_output.find("gradient sum (the wire's) is sum_bf16 in the file but sum in this "
+                          "trainer") != std::string::npos);
+  REQUIRE(resume("30", "bf16").first.code == 0);
+  CHECK(read_file(resumed) == expected);
+
   const auto [refused, refusal] = completed(
       {COHORT_RUN, "--np", "1", "--", COHORT_TRAINER, "1", "1", directory.path / "never.bin"},
       directory.path / "refused.txt", {{"COHORT_WIRE", "fp16"}});

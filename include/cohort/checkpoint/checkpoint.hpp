@@ -4,7 +4,7 @@
 // Every file has the same container (little-endian, as written by this host):
 //   8 bytes   magic: "COHORTCK" a complete training state, "COHORTMF" a manifest, "COHORTSH" a
 //             shard
-//   4 bytes   format version (kFormatVersion)
+//   4 bytes   format version (kFormatVersion; read() also reads kOldestFormatVersion and up)
 //   4 bytes   bytes per parameter value (4: float, 8: double), checked before anything is decoded
 //   8 bytes   payload length in bytes
 //   4 bytes   CRC-32 of the payload
@@ -84,7 +84,9 @@ using Magic = std::array<char, 8>;
 inline constexpr Magic kMagic = {'C', 'O', 'H', 'O', 'R', 'T', 'C', 'K'};
 inline constexpr Magic kManifestMagic = {'C', 'O', 'H', 'O', 'R', 'T', 'M', 'F'};
 inline constexpr Magic kShardMagic = {'C', 'O', 'H', 'O', 'R', 'T', 'S', 'H'};
-inline constexpr std::uint32_t kFormatVersion = 3;
+// 4 records the gradient sum; a file of format 3, written before, summed its gradients in float.
+inline constexpr std::uint32_t kFormatVersion = 4;
+inline constexpr std::uint32_t kOldestFormatVersion = 3;
 inline constexpr std::size_t kHeaderBytes = 8 + 4 + 4 + 8 + 4;
 
 constexpr std::string_view value_type_name(std::uint32_t bytes) {
@@ -97,16 +99,18 @@ namespace detail {
 // but check each declared length against the payload before they allocate: Boost's own would
 // resize to whatever length a damaged or hostile file declares.
 
-// The size of the payload being decoded, kept in the archive's helper slot by decode(); an
-// archive opened elsewhere has no bound, as with Boost's own decoders.
-struct PayloadSize {
-  std::uint64_t bytes = std::numeric_limits<std::uint64_t>::max();
+// What decode() knows of the payload being decoded, kept in the archive's helper slot: its size
+// and the container's format version. An archive opened elsewhere has no bound, as with Boost's
+// own decoders, and is of this build's format.
+struct Decoding {
+  std::uint64_t payload_bytes = std::numeric_limits<std::uint64_t>::max();
+  std::uint32_t format_version = kFormatVersion;
 };
-inline constexpr char kPayloadSizeSlot = 0;  // its address identifies the slot
+inline constexpr char kDecodingSlot = 0;  // its address identifies the slot
 
 template <class Archive>
-std::uint64_t& payload_size(Archive& archive) {
-  return archive.template get_helper<PayloadSize>(const_cast<char*>(&kPayloadSizeSlot)).bytes;
+Decoding& decoding(Archive& archive) {
+  return archive.template get_helper<Decoding>(const_cast<char*>(&kDecodingSlot));
 }
 
 // Refuses a declared length of `count` elements taking at least `element_bytes` each in the
@@ -114,7 +118,7 @@ std::uint64_t& payload_size(Archive& archive) {
 template <class Archive>
 void require_fits(Archive& archive, std::string_view field, std::uint64_t count,
                   std::size_t element_bytes) {
-  const std::uint64_t bytes = payload_size(archive);
+  const std::uint64_t bytes = decoding(archive).payload_bytes;
   if (count > bytes / element_bytes) {
     throw std::length_error(std::string(field) + " declares " + std::to_string(count) +
                             " elements of at least " + std::to_string(element_bytes) +
@@ -215,11 +219,15 @@ struct TrainingState {
   std::string schedule;
   // A manifest: parameters and optimizer_state are in these files, not above.
   std::vector<ShardRecord> shards;
+  // The gradient's sum (core/reduce_op.hpp's name: sum, or sum_bf16 where the gradient crossed
+  // between processes in bfloat16): a run continues with the sum it began with. A file of format
+  // 3 has none: sum.
+  std::string gradient_sum = "sum";
 
   template <class Archive>
   void save(Archive& archive, unsigned /*version*/) const {
     archive << optimizer << parameters << optimizer_state << step << seed << global_batch
-            << micro_batches << dataset_size << schedule << shards;
+            << micro_batches << dataset_size << schedule << shards << gradient_sum;
   }
   template <class Archive>
   void load(Archive& archive, unsigned /*version*/) {
@@ -229,6 +237,9 @@ struct TrainingState {
     archive >> step >> seed >> global_batch >> micro_batches >> dataset_size;
     detail::load_bounded(archive, schedule, "schedule");
     archive >> shards;
+    if (detail::decoding(archive).format_version >= 4) {
+      detail::load_bounded(archive, gradient_sum, "gradient sum");
+    }
   }
   BOOST_SERIALIZATION_SPLIT_MEMBER()
 };
@@ -499,8 +510,9 @@ Contents<Payload> decode(const std::string& subject, std::string_view bytes, con
                                             : "not a cohort checkpoint (no COHORTCK header)");
   }
   const auto version = extract<std::uint32_t>(bytes, 8);
-  if (version != kFormatVersion) {
+  if (version < kOldestFormatVersion || version > kFormatVersion) {
     refuse_as(subject, "format version " + std::to_string(version) + ", this build reads " +
+                           std::to_string(kOldestFormatVersion) + " to " +
                            std::to_string(kFormatVersion));
   }
   const auto value_bytes = extract<std::uint32_t>(bytes, 12);
@@ -536,7 +548,7 @@ Contents<Payload> decode(const std::string& subject, std::string_view bytes, con
   try {
     ViewBuffer buffer(payload);
     boost::archive::binary_iarchive archive(buffer);
-    payload_size(archive) = payload.size();
+    decoding(archive) = {.payload_bytes = payload.size(), .format_version = version};
     archive >> contents.payload;
   } catch (const std::exception& failure) {
     refuse_as(subject, std::string("cannot decode the payload: ") + failure.what());

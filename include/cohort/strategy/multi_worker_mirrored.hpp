@@ -210,6 +210,8 @@ class MultiWorkerMirrored {
   }
   const cluster::Spec& cluster() const { return process_.spec(); }
   const Options& options() const { return process_.options(); }
+  // strategy::ChoosesGradientSum: the wire's (collective/wire.hpp).
+  ReduceOp gradient_sum_op() const { return collective::gradient_sum(options().wire); }
   // The unit in which the replicas all-reduce the gradient while the backward pass goes on:
   // Options::bucket_bytes, kBucketBytes, or SIZE_MAX (one bucket after the backward pass:
   // share_host_memory).
@@ -293,8 +295,7 @@ class MultiWorkerMirrored {
           return Replica(first_local_replica() + local_index,
                          Communicator(local.communicator(static_cast<int>(local_index)), *cross_,
                                       *thread_, options().bucket_bytes.value_or(kBucketBytes)),
-                         {}, bucket_bytes_, !options().elastic.enabled(),
-                         collective::gradient_sum(options().wire));
+                         {}, bucket_bytes_, !options().elastic.enabled(), gradient_sum_op());
         },
         body);
   }

@@ -119,11 +119,12 @@
 //                            that ask to join, as many as the job takes; every process then calls
 //                            s.admit(count) together, and each joiner, whose s.joined() is true
 //                            from its construction, takes the newest state with them
-//   ChoosesGradientSum<S>    replica.gradient_sum_op(): the ReduceOp of the gradient's sum, which
-//                            the Trainer's fold of the replica's micro-batches follows too, so that
+//   ChoosesGradientSum<S>    s.gradient_sum_op(): the ReduceOp of the gradient's sum, which the
+//                            Trainer's fold of a replica's micro-batches follows too, so that
 //                            every node of the canonical tree is computed alike wherever it is:
 //                            ReduceOp::kSumBfloat16 under MultiWorkerMirrored's wire kBfloat16
-//                            (collective/wire.hpp). A strategy without it sums in kSum
+//                            (collective/wire.hpp). A checkpoint records it, and a restore under
+//                            another refuses the file. A strategy without it sums in kSum
 //   HasPlaces<S>             s.place(local_index): below
 //
 // Replicas on a device other than the host (Mirrored<device::Cuda, collective::Nccl>) say where
@@ -317,8 +318,8 @@ concept Regroups = requires(S& s, const S& cs, const CommError& cause) {
 };
 
 template <class S>
-concept ChoosesGradientSum = requires(const typename S::Replica& replica) {
-  { replica.gradient_sum_op() } -> std::same_as<ReduceOp>;
+concept ChoosesGradientSum = requires(const S& s) {
+  { s.gradient_sum_op() } -> std::same_as<ReduceOp>;
 };
 
 template <class S>
@@ -332,11 +333,11 @@ concept HasPlaces = requires(const S& s, std::size_t local_index) {
 template <class S>
 inline constexpr bool kLockstep = true;
 
-// The ReduceOp of a replica's gradient sum (ChoosesGradientSum), else kSum.
+// The ReduceOp of the strategy's gradient sum (ChoosesGradientSum), else kSum.
 template <class S>
-ReduceOp gradient_sum_of(const typename S::Replica& replica) {
+ReduceOp gradient_sum_of(const S& s) {
   if constexpr (ChoosesGradientSum<S>) {
-    return replica.gradient_sum_op();
+    return s.gradient_sum_op();
   } else {
     return ReduceOp::kSum;
   }

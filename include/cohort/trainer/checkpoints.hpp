@@ -13,6 +13,7 @@
 
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/core/reduce_op.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/strategy/strategy.hpp"
@@ -46,6 +47,7 @@ void fill_checkpoint_state(const R& run, std::uint64_t step,
   state.micro_batches = run.options.micro_batches;
   state.dataset_size = run.dataset_size;
   state.schedule = run.options.schedule.description();
+  state.gradient_sum = name(strategy::gradient_sum_of(run.strategy));
 }
 
 // The run's state as fill_checkpoint_state leaves it, at run.step.
@@ -128,6 +130,8 @@ void read_checkpoint(R& run, const std::filesystem::path& file) {
   expect("global_batch", state.global_batch, std::uint64_t{run.options.global_batch});
   expect("micro_batches", state.micro_batches, std::uint64_t{run.options.micro_batches});
   expect("schedule", state.schedule, run.options.schedule.description());
+  expect("gradient sum (the wire's)", state.gradient_sum,
+         std::string(name(strategy::gradient_sum_of(run.strategy))));
   for (std::size_t local = 0; local < run.models.size(); ++local) {
     R::Device::from_host(run.place(local), std::span<const T>(state.parameters),
                          ModelTraits<typename R::Model>::parameters(run.models[local]));

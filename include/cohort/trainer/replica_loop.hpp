@@ -92,7 +92,7 @@ class ReplicaLoop {
         optimizer_state_(run.optimizer_states[local_].span()),
         reports_(replica.index() == 0 && run.strategy.is_chief()),
         agreement_(place_),
-        fold_(run.models[local_], place_, strategy::gradient_sum_of<S>(replica)) {
+        fold_(run.models[local_], place_, strategy::gradient_sum_of(run.strategy)) {
     if constexpr (kValidates) {
       evaluator_.emplace(validation->data, run.options.global_batch, run.options.micro_batches,
                          plan.deal().first(replica.index()), plan.deal().count(replica.index()));

@@ -101,7 +101,6 @@ class MirroredReplica {
         gradient_sum_(gradient_sum) {}
 
   std::size_t index() const { return index_; }
-  ReduceOp gradient_sum_op() const { return gradient_sum_; }
   Communicator& communicator() { return communicator_; }
   const Place& place() const { return place_; }
 
