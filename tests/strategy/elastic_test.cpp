@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "processes.hpp"
+#include "rendezvous_attacks.hpp"
 
 namespace {
 
@@ -207,6 +208,52 @@ TEST_CASE(
     CHECK(log.find("cohort: rank 2 joined the job of 3 workers at step ") != std::string::npos);
     CHECK(read_file(directory.path / "parameters.bin") == expected);
   }
+}
+
+TEST_CASE(
+    "strangers at the door of an elastic job with room to grow neither stop nor steer it: a "
+    "worker started again still joins through that door, and the job ends with the bits of one "
+    "nobody attacked") {
+  const std::string& expected = uninterrupted_parameters();
+  TemporaryDirectory directory("cohort-elastic-attacked");
+  // Long pauses: the fit outlasts the attacks and the join on a busy machine.
+  const std::vector<std::string> more{"--pause-ms", "60"};
+  std::string port;
+  auto workers = start_elastic_workers(directory.path, 3, 2, "0", "1", more, &port);
+  // Worker 2 lost: the job of 2 has room to grow, so rank 0 polls its door at every vote. Every
+  // attack of tests/transport's rendezvous test, twice, at that door, while the 2 train on; the
+  // connections the door keeps until its handshake deadline stay open while worker 2, started
+  // again, joins through the same door.
+  workers[2]->kill(SIGKILL);
+  workers[2]->wait(10s);
+  REQUIRE_MESSAGE(cohort::testing::when_logged(directory.path / "rank0.log",
+                                               "cohort: rank 0: regrouping after", 60s)
+                      .has_value(),
+                  log_of(directory.path, 0));
+  std::vector<cohort::testing::RawSocket> open;
+  for (int round = 0; round < 2; ++round) {
+    for (auto& socket :
+         cohort::testing::attack_rendezvous(static_cast<std::uint16_t>(std::stoi(port)))) {
+      open.push_back(std::move(socket));
+    }
+  }
+  workers[2] = start_elastic_worker(directory.path, 2, 3, port, 2, "0", "1", more, "-again");
+  for (const int rank : {0, 1}) {
+    CAPTURE(rank);
+    const std::string log = ended(workers, directory.path, rank, true);
+    CHECK(log.find("membership 3 -> 2 at step ") != std::string::npos);
+    CHECK(log.find("membership 2 -> 3 at step ") != std::string::npos);
+    CHECK(log.find("compromised") == std::string::npos);
+  }
+  const auto again = workers[2]->wait(60s);
+  const std::string log = read_file(directory.path / "rank2-again.log");
+  CAPTURE(log);
+  REQUIRE(again.has_value());
+  CHECK(again->code == 0);
+  CHECK(log.find("cohort: rank 2 joined the job of 3 workers at step ") != std::string::npos);
+  CHECK(read_file(directory.path / "parameters.bin") == expected);
+  for (const cohort::testing::RawSocket& socket : open)
+    CHECK(cohort::testing::closed_in_silence(socket));
 }
 
 namespace {
