@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cohort/transport/tcp/frame.hpp>
 #include <cohort/transport/tcp/handshake.hpp>
@@ -111,10 +112,13 @@ inline bool read_all(const RawSocket& socket, std::span<std::byte> bytes) {
   return true;
 }
 
-// Whether the peer ends the connection without sending a single byte (waits at most 5 s).
+// Whether the peer ends the connection (closes or resets it) without sending a single byte;
+// false where a byte comes, and where nothing at all comes within the read timeout (5 s): a
+// connection the peer forgot is not one it ended.
 inline bool closed_in_silence(const RawSocket& socket) {
   std::byte byte;
-  return ::recv(socket.fd(), &byte, 1, 0) <= 0;
+  const ssize_t got = ::recv(socket.fd(), &byte, 1, 0);
+  return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
 struct RawFrame {
