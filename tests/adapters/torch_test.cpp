@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "error_message.hpp"
+#include "jobs.hpp"
 #include "processes.hpp"
 
 namespace {
@@ -497,12 +498,7 @@ TEST_CASE(
     if (strategy == "parameter_server") command.insert(command.end(), {"--ps", "1"});
     command.insert(command.end(),
                    {"--", COHORT_ADAPTERS_TEST, std::string(kWorkerFlag), strategy, out.string()});
-    const auto result = cohort::testing::run_to_completion(command, directory.path / "log");
-    REQUIRE_MESSAGE(result.has_value(), "still running after 120 s");
-    const auto& [exit, output] = *result;
-    CAPTURE(output);
-    REQUIRE(exit.exited);
-    REQUIRE(exit.code == 0);
+    cohort::testing::output_of_success(command, directory.path / "log");
     CHECK(cohort::testing::read_file(out) == expected);
   }
 }

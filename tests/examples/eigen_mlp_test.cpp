@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "eigen_training.hpp"
+#include "jobs.hpp"
 #include "mlp.hpp"
 #include "processes.hpp"
 
@@ -194,12 +195,7 @@ using cohort::testing::TemporaryDirectory;
 std::vector<float> launched_parameters(std::vector<std::string> command, const fs::path& out,
                                        const fs::path& log) {
   command.insert(command.begin(), COHORT_RUN);
-  const auto result = cohort::testing::run_to_completion(command, log);
-  REQUIRE_MESSAGE(result.has_value(), "still running after 120 s");
-  const auto& [exit, output] = *result;
-  CAPTURE(output);
-  REQUIRE(exit.exited);
-  REQUIRE(exit.code == 0);
+  cohort::testing::output_of_success(command, log);
   const std::string bytes = read_file(out);
   std::vector<float> parameters(bytes.size() / sizeof(float));
   std::memcpy(parameters.data(), bytes.data(), parameters.size() * sizeof(float));
