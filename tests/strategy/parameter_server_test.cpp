@@ -6,16 +6,20 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cohort/collective/wire.hpp>
 #include <cohort/optimizer/sgd.hpp>
+#include <cohort/strategy/multi_worker_mirrored.hpp>
 #include <cohort/strategy/parameter_server.hpp>
 #include <cohort/transport/loopback.hpp>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "jobs.hpp"
@@ -55,14 +59,14 @@ double accuracy_of(const std::string& parameters) {
 }
 
 // cohort-run --np WORKERS --ps SERVERS -- ps_trainer ARGS..., to completion within 120 s.
-std::pair<cohort::testing::Exit, std::string> launch(int workers, int servers,
-                                                     const std::vector<std::string>& arguments,
-                                                     const fs::path& log) {
+std::pair<cohort::testing::Exit, std::string> launch(
+    int workers, int servers, const std::vector<std::string>& arguments, const fs::path& log,
+    const std::map<std::string, std::string>& env = {}) {
   std::vector<std::string> command = {
       COHORT_RUN, "--np", std::to_string(workers), "--ps", std::to_string(servers), "--timeout-s",
       "100",      "--",   COHORT_PS_TRAINER};
   command.insert(command.end(), arguments.begin(), arguments.end());
-  return cohort::testing::completed(command, log);
+  return cohort::testing::completed(command, log, env);
 }
 
 // A 2-worker, 2-server sync job that restores `checkpoint` and trains to `steps`; the chief's
@@ -84,8 +88,10 @@ struct Job {
   std::vector<std::unique_ptr<Process>> servers;
   fs::path directory;
 
+  // The environments join the workers' and the servers' own.
   Job(int worker_count, int server_count, const std::vector<std::string>& arguments,
-      const fs::path& where)
+      const fs::path& where, const std::map<std::string, std::string>& worker_environment = {},
+      const std::map<std::string, std::string>& server_environment = {})
       : directory(where) {
     const std::string port = std::to_string(cohort::testing::free_port());
     std::vector<std::string> command = {COHORT_PS_TRAINER};
@@ -100,6 +106,8 @@ struct Job {
           {"COHORT_MASTER_ADDR", "127.0.0.1"},
           {"COHORT_MASTER_PORT", port},
           {"COHORT_JOB_ID", "ps-test"}};
+      const auto& own = server ? server_environment : worker_environment;
+      env.insert(own.begin(), own.end());
       return std::make_unique<Process>(command, env, log(server, index));
     };
     for (int i = 0; i < worker_count; ++i) workers.push_back(start(false, i));
@@ -324,6 +332,49 @@ TEST_CASE("workers of 2 replica threads each: sync equals Mirrored, async trains
   fs::remove(out);
   const auto [exit, output] =
       launch(2, 1, {"async", "200", out, "--local-replicas", "2"}, directory.path / "async.log");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  CHECK(accuracy_of(read_file(out)) >= accuracy_of(mirrored_reference(200)) - 0.05);
+}
+
+TEST_CASE(
+    "pushes in bfloat16 (COHORT_WIRE=bf16) give MultiWorkerMirrored's bfloat16 bits on any worker, "
+    "replica and server count, and a server of the other format is refused by name") {
+  TemporaryDirectory directory("cohort-ps-bf16");
+  // MultiWorkerMirrored in this one process: the canonical tree over 4 replicas, every node
+  // rounded to bfloat16.
+  cohort::Trainer reference(
+      cohort::testing::WithoutReadiness{cohort::testing::small_model()},
+      cohort::strategy::MultiWorkerMirrored<>(
+          {.local_replicas = 4, .wire = cohort::collective::Wire::kBfloat16}),
+      cohort::optimizer::Adam({.learning_rate = 3e-3}),
+      {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+  reference.fit(cohort::testing::small_task_data(), {.steps = 50});
+  const std::string expected = bytes_of(cohort::testing::parameters_of(reference.model()));
+  CHECK(expected != mirrored_reference(50));  // other bits than the float tree's
+
+  const std::map<std::string, std::string> bf16 = {{"COHORT_WIRE", "bf16"}};
+  const fs::path out = directory.path / "parameters.bin";
+  for (const auto& [workers, servers, local] :
+       {std::tuple{2, 2, "1"}, std::tuple{2, 1, "2"}, std::tuple{4, 2, "1"}}) {
+    CAPTURE(workers);
+    CAPTURE(servers);
+    CAPTURE(local);
+    fs::remove(out);
+    const auto [exit, output] =
+        launch(workers, servers, {"sync", "50", out, "--local-replicas", local},
+               directory.path / "sync.log", bf16);
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+    CHECK(read_file(out) == expected);
+  }
+
+  // Asynchronous pushes in bfloat16 train as well as synchronous ones.
+  fs::remove(out);
+  const auto [exit, output] =
+      launch(2, 1, {"async", "200", out}, directory.path / "async.log", bf16);
   CAPTURE(output);
   REQUIRE(exit.exited);
   REQUIRE(exit.code == 0);
@@ -788,6 +839,28 @@ TEST_CASE(
   CHECK(results[2].first.code != 0);
   CHECK(results[2].second.find(expected) != std::string::npos);
   for (const auto& [exit, log] : results) CHECK(log.find("applied step") == std::string::npos);
+  CHECK_FALSE(fs::exists(directory.path / "out.bin"));
+}
+
+TEST_CASE(
+    "workers that push in bfloat16 to a server that sums in float are refused before the first "
+    "step, naming the gradient sum") {
+  TemporaryDirectory directory("cohort-ps-wire-settings");
+  Job job(2, 1, {"sync", "5", directory.path / "out.bin", "--log-pushes"}, directory.path,
+          {{"COHORT_WIRE", "bf16"}}, {{"COHORT_WIRE", "fp32"}});
+  const auto results = finish(job);
+  const std::string expected =
+      "the processes of this job run with different settings, refused before the first step: "
+      "gradient sum is sum on parameter server 0 but sum_bf16 on worker 0";
+  for (std::size_t process : {0, 1, 2}) {
+    const auto& [exit, log] = results[process];
+    CAPTURE(process);
+    CAPTURE(log);
+    CHECK(exit.exited);
+    CHECK(exit.code == 1);
+    CHECK(log.find("error: " + expected) != std::string::npos);
+    CHECK(log.find("applied step") == std::string::npos);
+  }
   CHECK_FALSE(fs::exists(directory.path / "out.bin"));
 }
 

@@ -91,6 +91,12 @@
 //                    a push started during the backward pass
 //   backup_workers   Sync only: a step needs the W - backup_workers lowest-indexed live workers
 //   log_pushes       servers print a line per push applied to their first chunk
+//   wire             the format a push crosses in (collective/wire.hpp): kFloat32 (the default),
+//                    or kBfloat16, half the bytes: every sum of the canonical tree rounded to
+//                    bfloat16, in each worker's fold, between its replicas and on the servers, so
+//                    that under Sync the bits are MultiWorkerMirrored's with the same wire on any
+//                    worker and replica count (float models with replicas on the host only; left
+//                    at its default: COHORT_WIRE). Pulls carry the parameters in their own type
 //   communication_priority
 //                    a worker's communication thread, which pushes chunks while the backward
 //                    pass goes on (collective/communication_thread.hpp): kNormal (the default);
@@ -131,6 +137,8 @@
 #include "cohort/collective/deterministic.hpp"
 #include "cohort/collective/hierarchical.hpp"
 #include "cohort/collective/local.hpp"
+#include "cohort/collective/wire.hpp"
+#include "cohort/core/bfloat16.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduce_op.hpp"
@@ -215,6 +223,7 @@ class ParameterServer {
     std::size_t backup_workers = 0;
     bool log_pushes = false;
     collective::ThreadPriority communication_priority = collective::ThreadPriority::kNormal;
+    collective::Wire wire = collective::Wire::kFloat32;
   };
 
   explicit ParameterServer(Options options)
@@ -242,6 +251,11 @@ class ParameterServer {
     if (kStaleness != 0 && this->options().backup_workers != 0) {
       options::reject("backup_workers", this->options().backup_workers,
                       "applies to consistency::Sync only (the others never wait for a step)");
+    }
+    if (!kOnHost && this->options().wire != collective::Wire::kFloat32) {
+      options::reject("wire", collective::name(this->options().wire),
+                      "is for workers whose replicas are on the host: a GPU worker's gradient "
+                      "sums in float");
     }
     if (this->options().backup_workers >= static_cast<std::size_t>(workers_)) {
       options::reject("backup_workers", this->options().backup_workers,
@@ -303,6 +317,9 @@ class ParameterServer {
                       {options().min_shard_bytes, options().alignment, options().chunk_bytes});
   }
 
+  // strategy::ChoosesGradientSum: the wire's (collective/wire.hpp).
+  ReduceOp gradient_sum_op() const { return collective::gradient_sum(options().wire); }
+
   // The settings of this strategy that every process of the job, servers included, must share
   // (Trainer adds them to the ones it compares: trainer/job_settings.hpp).
   settings::Fields settings() const {
@@ -323,6 +340,7 @@ class ParameterServer {
   Served serve(std::size_t elements, const O& optimizer, const optimizer::Schedule& schedule,
                const settings::Fields& own) {
     check_optimizer<T>(optimizer);
+    collective::require_gradient_sum_fits<T>(gradient_sum_op());
     const ps::Layout shards = layout(elements, sizeof(T));
     ps::Server<Transport, T, O, C> server(*transport_, shards,
                                           {.server = cluster().rank,
@@ -331,7 +349,8 @@ class ParameterServer {
                                            .worker_timeout = options().timeout,
                                            .log_pushes = options().log_pushes,
                                            .settings = own,
-                                           .schedule = schedule},
+                                           .schedule = schedule,
+                                           .wire = options().wire},
                                           optimizer);
     const ps::ServerCounts counts = server.serve();
     held_ = server.shard();
@@ -402,6 +421,9 @@ class ParameterServer {
     // to the worker's other replicas.
     template <class T>
     void start(std::span<T> parameters, std::span<T> optimizer_state, std::uint64_t step) {
+      collective::require_gradient_sum_fits<T>(owner_->gradient_sum_op());
+      narrow_ = owner_->options().wire == collective::Wire::kBfloat16;
+      if (narrow_ && speaks_for_worker_) packed_.resize(parameters.size());
       const ps::Layout layout = owner_->layout(parameters.size(), sizeof(T));
       // The buckets of every step: the layout's chunks (which tile the parameters), the last
       // first.
@@ -573,7 +595,8 @@ class ParameterServer {
     void reduce_locally(std::span<T> gradient, std::size_t first, std::size_t last) {
       if (first == last) return;
       const std::size_t begin = chunks_[last - 1].begin;
-      local_.all_reduce(gradient.subspan(begin, chunks_[first].end - begin), ReduceOp::kSum);
+      local_.all_reduce(gradient.subspan(begin, chunks_[first].end - begin),
+                        owner_->gradient_sum_op());
     }
 
     // The first replica hands buckets [first, last) to the communication thread, which pushes
@@ -588,19 +611,36 @@ class ParameterServer {
         D::to_host(place_, std::span<const T>(update.gradient_sum.subspan(begin, length)), host);
       }
       const std::span<const ps::Chunk> chunks = std::span(chunks_).subspan(first, last - first);
+      const std::size_t element_bytes = narrow_ ? sizeof(Bfloat16) : sizeof(T);
       thread_->submit([this, chunks, gradient = as_elements<const T>(gradient_), first,
-                       step = update.step, scale, bytes = length * sizeof(T)] {
+                       step = update.step, scale, element_bytes, bytes = length * element_bytes] {
         const trace::Span span(trace::current(), trace::Phase::kPush,
                                {.step = step, .index = first, .bytes = bytes});
         for (const ps::Chunk& chunk : chunks) {
           client_.add({.operation = ps::Operation::kPush,
                        .step = step,
                        .inverse_batch = scale,
-                       .element_bytes = sizeof(T)},
-                      chunk, std::as_bytes(gradient.subspan(chunk.begin, chunk.size())));
+                       .element_bytes = element_bytes},
+                      chunk, payload(gradient.subspan(chunk.begin, chunk.size()), chunk.begin));
         }
         client_.transfer();
       });
+    }
+
+    // What a push of `values`, elements [begin, begin + values.size()) of the gradient, carries:
+    // the values themselves, or under the bfloat16 wire their 2-byte form, which every value
+    // already is (the canonical tree's nodes are rounded: ReduceOp::kSumBfloat16), so that the
+    // packing changes no bit.
+    template <class T>
+    std::span<const std::byte> payload(std::span<const T> values, std::size_t begin) {
+      if constexpr (std::same_as<T, float>) {
+        if (narrow_) {
+          const std::span<Bfloat16> packed = std::span(packed_).subspan(begin, values.size());
+          std::ranges::transform(values, packed.begin(), &Bfloat16::round);
+          return std::as_bytes(packed);
+        }
+      }
+      return std::as_bytes(values);
     }
 
     // Every chunk's parameters into `parameters` (host memory), in the order of the pushes.
@@ -694,7 +734,9 @@ class ParameterServer {
     std::vector<ps::Chunk> chunks_;
     std::vector<std::size_t> edges_;
     detail::GradientBuckets buckets_;
-    std::span<std::byte> gradient_;   // this step's gradient sum on the host, as pushed
+    std::span<std::byte> gradient_;   // this step's gradient sum on the host
+    bool narrow_ = false;             // pushes in bfloat16 (Options::wire)
+    std::vector<Bfloat16> packed_;    // the gradient as pushed in bfloat16
     std::vector<std::byte> staging_;  // the chief's kInit and kPullState payloads
     // Host copies of device memory (unused on the host): what crosses every step in the place's
     // staging memory, the optimizer state (twice a fit, on the chief) in plain memory.
@@ -794,6 +836,7 @@ static_assert(ServesFit<ParameterServer<>, float, optimizer::Sgd>);
 static_assert(PresentsSettings<ParameterServer<>>);
 static_assert(ReportsStop<ParameterServer<>>);
 static_assert(SavesOwnCheckpoint<ParameterServer<>, float>);
+static_assert(ChoosesGradientSum<ParameterServer<>>);
 
 // Workers under Async and BoundedStaleness go at their own pace.
 template <class C, device::Device D, class Transport>

@@ -122,9 +122,10 @@
 //   ChoosesGradientSum<S>    s.gradient_sum_op(): the ReduceOp of the gradient's sum, which the
 //                            Trainer's fold of a replica's micro-batches follows too, so that
 //                            every node of the canonical tree is computed alike wherever it is:
-//                            ReduceOp::kSumBfloat16 under MultiWorkerMirrored's wire kBfloat16
-//                            (collective/wire.hpp). A checkpoint records it, and a restore under
-//                            another refuses the file. A strategy without it sums in kSum
+//                            ReduceOp::kSumBfloat16 under MultiWorkerMirrored's and
+//                            ParameterServer's wire kBfloat16 (collective/wire.hpp). A
+//                            checkpoint records it, and a restore under another refuses the
+//                            file. A strategy without it sums in kSum
 //   HasPlaces<S>             s.place(local_index): below
 //
 // Replicas on a device other than the host (Mirrored<device::Cuda, collective::Nccl>) say where

@@ -2,23 +2,24 @@
 // of a job of several (strategy::SpansProcesses; a one-process job's replicas share one Trainer,
 // so nothing can differ) compares (core/settings.hpp; one all-reduce of two doubles per field when
 // all agree): seed, global_batch, micro_batches, on_nonfinite, the optimizer's name and each of
-// its options, the learning-rate schedule, the parameter count, the value type, the data-set size,
-// the strategy and its device, replicas, local_replicas and the run's step (processes restored from
-// different checkpoints). A difference is a ConfigError on every process, before anything else
-// travels, that names the field and both values with a process holding each: "micro_batches is 8 on
-// worker 0 (replica 0) but 4 on worker 1 (replica 2)".
+// its options, the learning-rate schedule, the parameter count, the value type, the gradient sum
+// (sum, or sum_bf16 under wire bf16: collective/wire.hpp), the data-set size, the strategy and its
+// device, replicas, local_replicas and the run's step (processes restored from different
+// checkpoints). A difference is a ConfigError on every process, before anything else travels, that
+// names the field and both values with a process holding each: "micro_batches is 8 on worker 0
+// (replica 0) but 4 on worker 1 (replica 2)".
 //
 // Under ParameterServer the strategy's own settings join them (strategy::PresentsSettings:
 // consistency, and the options backup_workers, min_shard_bytes, alignment, chunk_bytes), Sync
 // workers compare among themselves as above, and then every worker, Async and BoundedStaleness
 // included (whose collectives never leave their process), presents its settings to every server
 // (strategy/parameter_server/protocol.hpp). A server compares the ones it holds itself (the
-// optimizer and its options, the parameter count, the value type, the consistency and the parameter
-// server options, the schedule) with its own, and the others with the chief's: "optimizer option
-// learning_rate is 0.01 on parameter server 1 but 0.003 on worker 0", "seed is 11 on worker 0 but
-// 12 on worker 2". The ConfigError comes on that server and on every worker, before any worker gets
-// its first parameters; a server that agreed learns it when the chief leaves, and its CommError
-// quotes it.
+// optimizer and its options, the parameter count, the value type, the gradient sum, the consistency
+// and the parameter server options, the schedule) with its own, and the others with the chief's:
+// "optimizer option learning_rate is 0.01 on parameter server 1 but 0.003 on worker 0", "seed is 11
+// on worker 0 but 12 on worker 2". The ConfigError comes on that server and on every worker, before
+// any worker gets its first parameters; a server that agreed learns it when the chief leaves, and
+// its CommError quotes it.
 #pragma once
 
 #include <concepts>
@@ -47,6 +48,7 @@ template <class R>
       {"value type", std::same_as<T, float>    ? std::string("float")
                      : std::same_as<T, double> ? std::string("double")
                                                : std::to_string(sizeof(T)) + "-byte"},
+      {"gradient sum", std::string(name(strategy::gradient_sum_of(run.strategy)))},
   };
   if constexpr (strategy::PresentsSettings<typename R::Strategy>) {
     for (settings::Field& field : run.strategy.settings()) fields.push_back(std::move(field));

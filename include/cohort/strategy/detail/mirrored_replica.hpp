@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "cohort/collective/collective.hpp"
-#include "cohort/core/options.hpp"
+#include "cohort/collective/wire.hpp"
 #include "cohort/core/reduce_op.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
@@ -118,10 +118,7 @@ class MirroredReplica {
   // collective.
   template <class T>
   std::span<T> gradient_sum_storage(std::size_t count) {
-    if (!reduces<T>(gradient_sum_)) {
-      options::reject("wire", "bf16",
-                      "sums float gradients only, and this model's values are double");
-    }
+    collective::require_gradient_sum_fits<T>(gradient_sum_);
     if constexpr (std::same_as<D, device::Cpu> &&
                   requires { communicator_.template share_buffer<T>(count); }) {
       const auto shared = communicator_.template share_buffer<T>(count);

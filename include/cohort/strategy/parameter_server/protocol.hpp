@@ -23,6 +23,7 @@
 //   kInit       parameters, then optimizer state  none          chief only, at the start of a fit
 //               (kStateSlots x length, slot-major)
 //   kPush       the gradient sum of one step       no answer     applied or folded, per consistency
+//               (in bfloat16 under wire kBfloat16)
 //   kPull       none                               parameters    once the worker's pushes settled
 //   kPullState  none                               optimizer state (slot-major over the chunk)
 //   kDone       none                               none          this worker's fit has ended
@@ -32,15 +33,16 @@
 // preemption sets kPreempted in its kDone, and a server that receives one sets it in its answers
 // too (so that under Async every worker hears of it) and saves like the workers after its fit.
 // One job, one set of settings: every worker's first request of a fit is kSettings, its Trainer's
-// settings (core/settings.hpp's encoding; trainer/job_settings.hpp lists them), to every server. The server
-// compares them with a settings::Reference: its own (the optimizer and its options, the parameter
-// count, the value type, the consistency and the parameter server options), and for the rest the
-// chief's, whose kSettings and kInit it takes before any other worker's request. A difference is
-// refused with status kSettingsDiffer and the sentence that names the field, both values and who
-// holds each; the server then answers the requests that wait or arrive within 2 s with it and
-// throws it as a ConfigError, and every worker throws it as a ConfigError too. No worker gets
-// parameters (its first pull's answer) before every live worker has presented its settings, so a
-// refused job stops before its first step, under every consistency.
+// settings (core/settings.hpp's encoding; trainer/job_settings.hpp lists them), to every server.
+// The server compares them with a settings::Reference: its own (the optimizer and its options, the
+// parameter count, the value type, the gradient sum, the consistency and the parameter server
+// options), and for the rest the chief's, whose kSettings and kInit it takes before any other
+// worker's request. A difference is refused with status kSettingsDiffer and the sentence that
+// names the field, both values and who holds each; the server then answers the requests that wait
+// or arrive within 2 s with it and throws it as a ConfigError, and every worker throws it as a
+// ConfigError too. No worker gets parameters (its first pull's answer) before every live worker
+// has presented its settings, so a refused job stops before its first step, under every
+// consistency.
 //
 // A pull is answered once every push of its worker has settled: under Sync (K = 0) once the
 // steps it pushed are applied, otherwise once the worker is at most K pushes ahead of the slowest
@@ -72,8 +74,8 @@
 namespace cohort::strategy::ps {
 
 // 2: pushes are not answered; 3: every worker presents its settings first (kSettings); 4: flags
-// (preemption)
-inline constexpr std::uint16_t kProtocolVersion = 4;
+// (preemption); 5: a push's elements in the job's wire format (element_bytes 2: bfloat16)
+inline constexpr std::uint16_t kProtocolVersion = 5;
 
 // Request::flags and Reply::flags.
 inline constexpr std::uint16_t kPreempted = 1;

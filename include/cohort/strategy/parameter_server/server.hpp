@@ -63,6 +63,8 @@
 #include <vector>
 
 #include "cohort/checkpoint/checkpoint.hpp"
+#include "cohort/collective/wire.hpp"
+#include "cohort/core/bfloat16.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/preemption.hpp"
 #include "cohort/core/reduce_op.hpp"
@@ -90,6 +92,10 @@ struct ServerOptions {
   settings::Fields settings{};
   // The learning-rate schedule, at this server's count of updates (under Sync the run's step).
   optimizer::Schedule schedule{};
+  // The format pushes cross in (collective/wire.hpp): under kBfloat16 a push carries 2 bytes an
+  // element, each a node of the canonical tree of rounded sums, which the server widens and
+  // merges the same way (ReduceOp::kSumBfloat16).
+  collective::Wire wire = collective::Wire::kFloat32;
 };
 
 // What one serve() did, for the end-of-fit summary and the tests.
@@ -313,9 +319,12 @@ class Server {
     const std::string field = validate(worker, request);
     const auto operation = static_cast<Operation>(request.operation);
     State* chunk = field.empty() && about_chunk(operation) ? &chunks_[request.chunk] : nullptr;
-    // The payload is read whatever the verdict, so that the stream stays in step: a Sync push
-    // straight into its worker's contribution, anything else into scratch.
-    const bool contribution = kSync && field.empty() && operation == Operation::kPush;
+    // The payload is read whatever the verdict, so that the stream stays in step: a Sync push in
+    // its own type straight into its worker's contribution, anything else into scratch (a
+    // bfloat16 push is widened from there).
+    const bool narrow = field.empty() && operation == Operation::kPush &&
+                        options_.wire == collective::Wire::kBfloat16;
+    const bool contribution = kSync && field.empty() && operation == Operation::kPush && !narrow;
     std::span<std::byte> payload;
     if constexpr (kSync) {
       if (contribution) {
@@ -328,6 +337,7 @@ class Server {
       payload = std::span(scratch_);
     }
     if (!receive(worker, tag::kRequestPayload, payload)) return;
+    if (narrow) widen_push(worker, *chunk);
     if (!field.empty()) {
       const std::string message = me() + ": refused " + std::string(name(operation)) + " from " +
                                   who(worker) + ": " + field;
@@ -447,9 +457,14 @@ class Server {
     }
     const auto operation = static_cast<Operation>(request.operation);
     if (!about_chunk(operation)) return {};
-    if (request.element_bytes != sizeof(T)) {
+    const std::size_t element_bytes =
+        operation == Operation::kPush ? push_element_bytes() : sizeof(T);
+    if (request.element_bytes != element_bytes) {
       return is("element_bytes", request.element_bytes,
-                "this server holds elements of " + std::to_string(sizeof(T)) + " bytes");
+                operation == Operation::kPush
+                    ? "a push to this server carries elements of " + std::to_string(element_bytes) +
+                          " bytes (wire " + std::string(collective::name(options_.wire)) + ")"
+                    : "this server holds elements of " + std::to_string(sizeof(T)) + " bytes");
     }
     if (request.shard != static_cast<std::uint32_t>(options_.server)) {
       return is("shard", request.shard,
@@ -469,7 +484,7 @@ class Server {
                     std::to_string(options_.server) + " has " + std::to_string(length) +
                     " elements");
     }
-    const std::size_t payload = request_elements(operation, length, O::kStateSlots) * sizeof(T);
+    const std::size_t payload = request_elements(operation, length, O::kStateSlots) * element_bytes;
     if (request.payload_bytes != payload) {
       return is("payload_bytes", request.payload_bytes,
                 "a " + std::string(name(operation)) + " of this chunk carries " +
@@ -512,8 +527,10 @@ class Server {
       try_aggregate(chunk);
       return;
     }
-    const auto gradient =
-        std::span(reinterpret_cast<const T*>(scratch_.data()), chunk.parameters.size());
+    const std::span<const T> gradient =
+        options_.wire == collective::Wire::kBfloat16
+            ? std::span<const T>(widened_)
+            : std::span(reinterpret_cast<const T*>(scratch_.data()), chunk.parameters.size());
     if (chunk.range.index == 0) {
       const std::uint64_t staleness = chunk.updates - chunk.pulled[w];
       ++counts_.staleness[staleness];
@@ -534,6 +551,22 @@ class Server {
                         .gradient_scale = request.inverse_batch,
                         .learning_rate_factor = options_.schedule.factor(chunk.updates - 1)});
     ++chunk.done[w];
+  }
+
+  // The bytes of an element of a push (ServerOptions::wire).
+  std::size_t push_element_bytes() const {
+    return options_.wire == collective::Wire::kBfloat16 ? sizeof(Bfloat16) : sizeof(T);
+  }
+
+  // A bfloat16 push of `worker`, as received into scratch, widened where it is taken: under Sync
+  // its worker's contribution to the chunk, otherwise the gradient push() applies.
+  void widen_push(int worker, State& chunk) {
+    std::vector<T>* into = &widened_;
+    if constexpr (kSync) into = &chunk.contributions[static_cast<std::size_t>(worker)];
+    into->resize(chunk.parameters.size());
+    const auto* packed = reinterpret_cast<const Bfloat16*>(scratch_.data());
+    std::transform(packed, packed + into->size(), into->begin(),
+                   [](Bfloat16 value) { return static_cast<T>(value.widen()); });
   }
 
   // Sync: applies the step in progress once its aggregate is complete.
@@ -563,8 +596,8 @@ class Server {
     // The canonical tree over the chosen workers, in index order: with every worker chosen, the
     // tree over all replicas, as the mirrored strategies' all-reduce computes it.
     chunk.sum.resize(chunk.parameters.size());
-    device::cpu::reduce_tree<T>(ReduceOp::kSum, std::span<const T* const>(inputs),
-                                std::span(chunk.sum));
+    device::cpu::reduce_tree<T>(collective::gradient_sum(options_.wire),
+                                std::span<const T* const>(inputs), std::span(chunk.sum));
     chunk.scale = chosen.size() == static_cast<std::size_t>(options_.workers)
                       ? inverse_batch_of(chunk)
                       : inverse_batch_of(chunk) * static_cast<double>(options_.workers) /
@@ -905,6 +938,7 @@ class Server {
   std::vector<std::string> why_lost_;  // per worker, for the Sync failure that names it
   std::vector<Connection> connections_;
   std::size_t max_payload_ = 0;    // bytes: the longest payload a request to this server carries
+  std::vector<T> widened_;         // an Async or BoundedStaleness push widened from bfloat16
   std::vector<bool> finished_;     // in this fit
   std::vector<bool> presented_;    // in this fit: the worker's settings agreed
   settings::Reference reference_;  // this server's settings, then the chief's
