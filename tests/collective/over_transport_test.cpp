@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "collective_checks.hpp"
@@ -288,23 +289,33 @@ class CountingLoopback {
 
 }  // namespace
 
-// 8 leaves dealt over 1 to 8 ranks (tree::deal): each rank's input is its node of the bfloat16
-// tree, as a worker's replicas fold it.
+// 8 leaves dealt over 1 to 8 ranks (tree::deal): each rank's input is its node of the tree of
+// bfloat16 (float16) nodes, as a worker's replicas fold it.
 TEST_CASE(
-    "a bfloat16 sum gives the bits of the tree of bfloat16 nodes on any rank count, sending "
-    "half the bytes of a float sum") {
+    "a bfloat16 or float16 sum gives the bits of the tree of such nodes on any rank count, "
+    "sending half the bytes of a float sum") {
   constexpr int kLeaves = 8;
-  for (std::size_t length : {std::size_t{5}, std::size_t{300'000}}) {  // direct and segmented
+  // Each format, direct and segmented.
+  for (const auto& run : {std::pair{ReduceOp::kSumBfloat16, std::size_t{5}},
+                          std::pair{ReduceOp::kSumBfloat16, std::size_t{300'000}},
+                          std::pair{ReduceOp::kSumFloat16, std::size_t{5}},
+                          std::pair{ReduceOp::kSumFloat16, std::size_t{300'000}}}) {
+    const ReduceOp op = run.first;
+    const std::size_t length = run.second;
+    const std::string op_name(cohort::name(op));
+    CAPTURE(op_name);
     CAPTURE(length);
-    const auto leaves = cohort::testing::bfloat16_inputs(kLeaves, length, 11);
-    const std::vector<float> expected = cohort::testing::bfloat16_tree_sum(leaves);
+    const auto leaves = cohort::testing::narrow_inputs(op, kLeaves, length, 11);
+    const auto tree_sum = [op](const std::vector<std::vector<float>>& inputs) {
+      return cohort::testing::narrow_tree_sum(op, inputs);
+    };
+    const std::vector<float> expected = tree_sum(leaves);
     // The rounding happened: a float tree gives other bits.
     CHECK(expected != cohort::testing::canonical_sum(leaves));
     for (int ranks : {1, 2, 3, 4, 5, 8}) {
       CAPTURE(ranks);
       const std::vector<std::size_t> counts = cohort::tree::deal(kLeaves, ranks);
-      const auto inputs =
-          cohort::testing::dealt_nodes(leaves, counts, &cohort::testing::bfloat16_tree_sum);
+      const auto inputs = cohort::testing::dealt_nodes(leaves, counts, tree_sum);
       Loopback group({.ranks = ranks, .timeout = std::chrono::seconds(20)});
       std::vector<std::size_t> sent(2 * static_cast<std::size_t>(ranks));  // bfloat16, float
       std::vector<std::string> failures(static_cast<std::size_t>(ranks));
@@ -317,12 +328,11 @@ TEST_CASE(
           try {
             narrow.set_leaf_counts(counts);
             auto buffer = inputs[r];
-            narrow.all_reduce(std::span<float>(buffer), ReduceOp::kSumBfloat16);
+            narrow.all_reduce(std::span<float>(buffer), op);
             std::vector<float> output(length);
-            narrow.all_reduce(std::span<const float>(inputs[r]), std::span<float>(output),
-                              ReduceOp::kSumBfloat16);
+            narrow.all_reduce(std::span<const float>(inputs[r]), std::span<float>(output), op);
             if (buffer != expected || output != expected) {
-              throw std::runtime_error("bits differ from the tree of bfloat16 nodes");
+              throw std::runtime_error("bits differ from the tree of rounded nodes");
             }
           } catch (const std::exception& error) {
             failures[r] = error.what();
@@ -358,14 +368,18 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("a bfloat16 sum of other elements than float is refused, naming the operator") {
-  const auto failures = on_ranks<cohort::collective::Deterministic>(2, [](auto& c) {
-    std::vector<double> buffer(3, 1.0);
-    c.all_reduce(std::span<double>(buffer), ReduceOp::kSumBfloat16);
-  });
-  for (const auto& failure : failures) {
-    CAPTURE(failure);
-    CHECK(failure.find("sum_bf16 reduces float elements only") != std::string::npos);
+TEST_CASE(
+    "a bfloat16 or float16 sum of other elements than float is refused, naming the operator") {
+  for (const ReduceOp op : {ReduceOp::kSumBfloat16, ReduceOp::kSumFloat16}) {
+    const auto failures = on_ranks<cohort::collective::Deterministic>(2, [op](auto& c) {
+      std::vector<double> buffer(3, 1.0);
+      c.all_reduce(std::span<double>(buffer), op);
+    });
+    for (const auto& failure : failures) {
+      CAPTURE(failure);
+      CHECK(failure.find(std::string(cohort::name(op)) + " reduces float elements only") !=
+            std::string::npos);
+    }
   }
 }
 

@@ -2,7 +2,9 @@
 
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 using cohort::ReduceOp;
@@ -20,6 +22,8 @@ TEST_CASE("every reduce op has a distinct name") {
   CHECK(cohort::name(ReduceOp::kProduct) == "prod");
   CHECK(cohort::name(ReduceOp::kMin) == "min");
   CHECK(cohort::name(ReduceOp::kMax) == "max");
+  CHECK(cohort::name(ReduceOp::kSumBfloat16) == "sum_bf16");
+  CHECK(cohort::name(ReduceOp::kSumFloat16) == "sum_fp16");
 }
 
 TEST_CASE("a float rounds to the nearest bfloat16, ties to even") {
@@ -55,4 +59,51 @@ TEST_CASE("a bfloat16 packs and unpacks a rounded float unchanged, and adds as a
   CHECK(cohort::reduces<float>(ReduceOp::kSumBfloat16));
   CHECK_FALSE(cohort::reduces<double>(ReduceOp::kSumBfloat16));
   CHECK(cohort::reduces<double>(ReduceOp::kSum));
+}
+
+TEST_CASE("a float rounds to the nearest float16, ties to even, overflowing to infinity") {
+  using cohort::round_to_float16;
+  constexpr float kUlp = 1.0f / 1024;                // of a float16 in [1, 2): 10 bits of mantissa
+  CHECK(round_to_float16(1.0f + kUlp / 2) == 1.0f);  // a tie, to even
+  CHECK(round_to_float16(1.0f + 3 * kUlp / 2) == 1.0f + 2 * kUlp);  // a tie, to even
+  CHECK(round_to_float16(65504.0f) == 65504.0f);                    // the largest
+  CHECK(round_to_float16(65519.99f) == 65504.0f);
+  CHECK(round_to_float16(65520.0f) == std::numeric_limits<float>::infinity());  // the tie: to even
+  CHECK(round_to_float16(-1e10f) == -std::numeric_limits<float>::infinity());
+  CHECK(round_to_float16(0x1p-24f) == 0x1p-24f);          // the smallest subnormal
+  CHECK(round_to_float16(0x1p-25f) == 0.0f);              // half of it: a tie, to even
+  CHECK(round_to_float16(0x1.000002p-25f) == 0x1p-24f);   // past the tie
+  CHECK(round_to_float16(0x1.ff8p-15f) == 0x1.ff8p-15f);  // the largest subnormal
+  CHECK(round_to_float16(0x1.ffcp-15f) == 0x1p-14f);      // a tie, to even: the smallest normal
+  CHECK(std::signbit(round_to_float16(-0.0f)));
+  CHECK(std::isnan(round_to_float16(std::numeric_limits<float>::quiet_NaN())));
+  static_assert(round_to_float16(3.0f) == 3.0f);  // usable at compile time
+#if defined(__FLT16_MAX__)
+  // Against the compiler's own conversion, at bit patterns spread over every float.
+  for (std::uint64_t bits = 0; bits <= 0xffffffffU; bits += 4093) {
+    const float value = std::bit_cast<float>(static_cast<std::uint32_t>(bits));
+    if (std::isnan(value)) continue;
+    const float expected = static_cast<float>(static_cast<_Float16>(value));
+    CAPTURE(bits);
+    REQUIRE(std::bit_cast<std::uint32_t>(round_to_float16(value)) ==
+            std::bit_cast<std::uint32_t>(expected));
+  }
+#endif
+}
+
+TEST_CASE("a float16 packs and unpacks a rounded float unchanged, and adds as a rounded sum") {
+  for (const float value : {1.0f, -3.5f, 1e-6f, 60000.0f, 0.1f}) {
+    const float rounded = cohort::round_to_float16(value);
+    CHECK(cohort::Float16::round(value).widen() == rounded);
+    CHECK(cohort::Float16::round(rounded).widen() == rounded);
+  }
+  const auto one = cohort::Float16::round(1.0f);
+  const auto small = cohort::Float16::round(1.0f / 2048);  // half an ulp of 1: a tie, to even
+  CHECK((one + small).widen() == 1.0f);
+  CHECK(cohort::combine(ReduceOp::kSumFloat16, 1.0f, 1.0f / 2048) == 1.0f);
+  CHECK(cohort::combine(ReduceOp::kSumFloat16, 1.0f, 1.0f / 256) == 1.0f + 1.0f / 256);
+  CHECK(cohort::reduces<float>(ReduceOp::kSumFloat16));
+  CHECK(cohort::reduces<cohort::Float16>(ReduceOp::kSumFloat16));
+  CHECK_FALSE(cohort::reduces<cohort::Bfloat16>(ReduceOp::kSumFloat16));
+  CHECK_FALSE(cohort::reduces<double>(ReduceOp::kSumFloat16));
 }

@@ -120,31 +120,38 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "gradients on the wire in bfloat16 (COHORT_WIRE=bf16) give one replica's bfloat16 bits on any "
-    "worker and replica count, through shared memory and over TCP") {
+    "gradients on the wire in bfloat16 or float16 (COHORT_WIRE=bf16, fp16) give one replica's bits "
+    "of that format on any worker and replica count, through shared memory and over TCP") {
   TemporaryDirectory directory("cohort-multi-worker-bf16");
-  const auto train = [&](const std::string& workers, const std::string& local,
-                         const std::string& shared) {
+  const auto train = [&](const std::string& wire, const std::string& workers,
+                         const std::string& local, const std::string& shared) {
+    CAPTURE(wire);
     CAPTURE(workers);
     CAPTURE(local);
     CAPTURE(shared);
     const fs::path out = directory.path / ("parameters-" + workers + "x" + local + ".bin");
     const auto [exit, output] = completed(
         {COHORT_RUN, "--np", workers, "--", COHORT_TRAINER, local, "30", out},
-        directory.path / "log.txt", {{"COHORT_WIRE", "bf16"}, {"COHORT_SHARED_MEMORY", shared}});
+        directory.path / "log.txt", {{"COHORT_WIRE", wire}, {"COHORT_SHARED_MEMORY", shared}});
     CAPTURE(output);
     REQUIRE(exit.exited);
     REQUIRE(exit.code == 0);
     return read_file(out);
   };
   // One process of one replica: every micro-batch's gradient and every sum rounded in its fold.
-  const std::string expected = train("1", "1", "1");
+  const std::string expected = train("bf16", "1", "1", "1");
   // Other bits than the float tree's, yet a run of them: the rounding happened, on every path.
   CHECK(expected != mirrored_parameters(30));
-  CHECK(train("2", "2", "1") == expected);
-  CHECK(train("3", "1", "1") == expected);  // 2, 2 and 4 micro-batches: nodes of uneven sizes
-  CHECK(train("4", "1", "0") == expected);
-  CHECK(train("2", "2", "0") == expected);
+  CHECK(train("bf16", "2", "2", "1") == expected);
+  CHECK(train("bf16", "3", "1", "1") == expected);  // 2, 2 and 4 micro-batches: uneven nodes
+  CHECK(train("bf16", "4", "1", "0") == expected);
+  CHECK(train("bf16", "2", "2", "0") == expected);
+  // float16: bits of its own, the same on every path.
+  const std::string half = train("fp16", "1", "1", "1");
+  CHECK(half != expected);
+  CHECK(half != mirrored_parameters(30));
+  CHECK(train("fp16", "2", "2", "1") == half);
+  CHECK(train("fp16", "3", "1", "0") == half);
 
   // A checkpoint records the sum: the run resumed under bf16 ends with the uninterrupted run's
   // bits, and one resumed under float is refused, naming it, before it trains a step.
@@ -166,11 +173,11 @@ TEST_CASE(
 
   const auto [refused, refusal] = completed(
       {COHORT_RUN, "--np", "1", "--", COHORT_TRAINER, "1", "1", directory.path / "never.bin"},
-      directory.path / "refused.txt", {{"COHORT_WIRE", "fp16"}});
+      directory.path / "refused.txt", {{"COHORT_WIRE", "fp8"}});
   CAPTURE(refusal);
   CHECK(refused.code != 0);
   CHECK(refusal.find("COHORT_WIRE") != std::string::npos);
-  CHECK(refusal.find("expected fp32 or bf16") != std::string::npos);
+  CHECK(refusal.find("expected fp32, bf16 or fp16") != std::string::npos);
 }
 
 TEST_CASE("3 workers x 1 replica and Mirrored 3 give bit-identical parameters") {

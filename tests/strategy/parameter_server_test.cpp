@@ -340,7 +340,7 @@ TEST_CASE("workers of 2 replica threads each: sync equals Mirrored, async trains
 
 TEST_CASE(
     "pushes in bfloat16 (COHORT_WIRE=bf16) give MultiWorkerMirrored's bfloat16 bits on any worker, "
-    "replica and server count, and a server of the other format is refused by name") {
+    "replica and server count, and pushes in float16 its float16 bits") {
   TemporaryDirectory directory("cohort-ps-bf16");
   // MultiWorkerMirrored in this one process: the canonical tree over 4 replicas, every node
   // rounded to bfloat16.
@@ -369,6 +369,26 @@ TEST_CASE(
     REQUIRE(exit.exited);
     REQUIRE(exit.code == 0);
     CHECK(read_file(out) == expected);
+  }
+
+  // Pushes in float16: MultiWorkerMirrored's float16 bits.
+  cohort::Trainer half_reference(
+      cohort::testing::WithoutReadiness{cohort::testing::small_model()},
+      cohort::strategy::MultiWorkerMirrored<>(
+          {.local_replicas = 4, .wire = cohort::collective::Wire::kFloat16}),
+      cohort::optimizer::Adam({.learning_rate = 3e-3}),
+      {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+  half_reference.fit(cohort::testing::small_task_data(), {.steps = 50});
+  const std::string half = bytes_of(cohort::testing::parameters_of(half_reference.model()));
+  CHECK(half != expected);
+  fs::remove(out);
+  {
+    const auto [exit, output] = launch(2, 2, {"sync", "50", out, "--local-replicas", "2"},
+                                       directory.path / "fp16.log", {{"COHORT_WIRE", "fp16"}});
+    CAPTURE(output);
+    REQUIRE(exit.exited);
+    REQUIRE(exit.code == 0);
+    CHECK(read_file(out) == half);
   }
 
   // Asynchronous pushes in bfloat16 train as well as synchronous ones.

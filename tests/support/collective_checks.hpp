@@ -5,7 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cohort/core/bfloat16.hpp>
+#include <cohort/core/narrow_float.hpp>
 #include <cohort/core/reduce_op.hpp>
 #include <cohort/core/reduction_tree.hpp>
 #include <cohort/device/cpu.hpp>
@@ -107,10 +107,11 @@ inline std::vector<float> canonical_sum(const std::vector<std::vector<float>>& i
   return sum;
 }
 
-// Values of every magnitude and sign, each a bfloat16 (round_to_bfloat16), so that sums of them
-// round at every node of a bfloat16 tree.
-inline std::vector<std::vector<float>> bfloat16_inputs(int ranks, std::size_t length,
-                                                       unsigned seed) {
+// Values of every magnitude and sign, each a value of the format whose tree `op` is
+// (kSumBfloat16, kSumFloat16: core/reduce_op.hpp), so that sums of them round at every node of that
+// tree; within float16's range, up to 8 leaves summed.
+inline std::vector<std::vector<float>> narrow_inputs(ReduceOp op, int ranks, std::size_t length,
+                                                     unsigned seed) {
   std::mt19937 engine(seed);
   std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
   std::uniform_int_distribution<int> exponent(-12, 12);
@@ -118,27 +119,28 @@ inline std::vector<std::vector<float>> bfloat16_inputs(int ranks, std::size_t le
                                          std::vector<float>(length));
   for (auto& input : inputs) {
     for (float& value : input) {
-      value = round_to_bfloat16(std::ldexp(mantissa(engine), exponent(engine)));
+      value = combine(op, std::ldexp(mantissa(engine), exponent(engine)), 0.0f);
     }
   }
   return inputs;
 }
 
-// Their elementwise sum in the canonical tree whose every node is rounded to bfloat16
-// (ReduceOp::kSumBfloat16), computed one element at a time by tree::fold: a reference that shares
-// no code with the communicators' blocked folds.
-inline std::vector<float> bfloat16_tree_sum(const std::vector<std::vector<float>>& inputs) {
+// Their elementwise sum in the canonical tree whose every node is rounded as `op` rounds
+// (kSumBfloat16, kSumFloat16), computed one element at a time by tree::fold: a reference that
+// shares no code with the communicators' blocked folds.
+inline std::vector<float> narrow_tree_sum(ReduceOp op,
+                                          const std::vector<std::vector<float>>& inputs) {
   std::vector<float> sum(inputs.front().size());
   for (std::size_t i = 0; i < sum.size(); ++i) {
     sum[i] = tree::fold(
         inputs.size(), [&](std::size_t leaf) { return inputs[leaf][i]; },
-        [](float a, float b) { return round_to_bfloat16(a + b); });
+        [op](float a, float b) { return combine(op, a, b); });
   }
   return sum;
 }
 
 // Each rank's input where `leaves` are dealt to ranks by `counts` (tree::deal): its node of the
-// tree, sum(its leaves), as a replica folds them (sum: canonical_sum or bfloat16_tree_sum).
+// tree, sum(its leaves), as a replica folds them (sum: canonical_sum, or narrow_tree_sum's).
 template <class Sum>
 std::vector<std::vector<float>> dealt_nodes(const std::vector<std::vector<float>>& leaves,
                                             const std::vector<std::size_t>& counts, Sum sum) {

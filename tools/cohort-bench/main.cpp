@@ -81,12 +81,14 @@ void add_collective_options(CLI::App& app, Settings& s) {
                {"prod", cohort::ReduceOp::kProduct},
                {"min", cohort::ReduceOp::kMin},
                {"max", cohort::ReduceOp::kMax},
-               {"sum_bf16", cohort::ReduceOp::kSumBfloat16}};
+               {"sum_bf16", cohort::ReduceOp::kSumBfloat16},
+               {"sum_fp16", cohort::ReduceOp::kSumFloat16}};
            s.op = ops.at(op);
          },
-         "reduce op: sum, prod, min, max, or sum_bf16 (a sum whose every partial sum is "
-         "rounded to bfloat16, on the wire in 2 bytes an element; float only) (default sum)")
-      ->check(CLI::IsMember({"sum", "prod", "min", "max", "sum_bf16"}));
+         "reduce op: sum, prod, min, max, sum_bf16 or sum_fp16 (a sum whose every partial sum "
+         "is rounded to bfloat16 or float16, on the wire in 2 bytes an element; float only) "
+         "(default sum)")
+      ->check(CLI::IsMember({"sum", "prod", "min", "max", "sum_bf16", "sum_fp16"}));
   app.add_option_function<std::string>(
          "-d,--datatype",
          [&s](const std::string& type) {
@@ -236,8 +238,9 @@ int main(int argc, char** argv) {
       throw cohort::ConfigError("--backend '" + settings.backend +
                                 "' is not one of local, tcp, shm, ps, nccl");
     }
-    if (settings.op == cohort::ReduceOp::kSumBfloat16 && settings.element != Element::kFloat) {
-      throw cohort::ConfigError("-o/--op sum_bf16 reduces float only (-d float)");
+    if (cohort::rounds_nodes(settings.op) && settings.element != Element::kFloat) {
+      throw cohort::ConfigError("-o/--op " + std::string(cohort::name(settings.op)) +
+                                " reduces float only (-d float)");
     }
     if (settings.servers && settings.backend != "ps") {
       throw cohort::ConfigError("--ps applies to the ps backend only (--backend ps)");

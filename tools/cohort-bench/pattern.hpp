@@ -3,8 +3,9 @@
 // a result is right when it equals the expected value with ==).
 //
 //   sum       inputs in [-4, 4]: sums stay far below 2^24, exact in float
-//   sum_bf16  the same: up to 64 ranks every partial sum is an integer of at most 256, exact in
-//             bfloat16
+//   sum_bf16, sum_fp16
+//             the same: up to 64 ranks every partial sum is an integer of at most 256, exact in
+//             bfloat16 and float16
 //   prod      inputs in {1, -1, 2}, a 2 on one rank in eight at each index: the product is
 //             +-2^k with k <= ranks / 8 + 1, exact in float, in int32 up to 240 ranks
 //   min, max  inputs in [-6, 6]
@@ -26,6 +27,7 @@ T input_value(ReduceOp op, int rank, std::size_t index) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kSumBfloat16:
+    case ReduceOp::kSumFloat16:
       return static_cast<T>(static_cast<int>((index * 7 + r * 3) % 9) - 4);
     case ReduceOp::kProduct: {
       const std::size_t k = (index + r) % 8;
@@ -61,6 +63,7 @@ T stable_value(ReduceOp op, int rank, std::size_t index) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kSumBfloat16:
+    case ReduceOp::kSumFloat16:
       return T{0};
     case ReduceOp::kProduct:
       return T{1};

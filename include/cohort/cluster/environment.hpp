@@ -86,9 +86,10 @@ inline constexpr std::string_view kWorkerCount = "COHORT_WORKER_COUNT";
 //   COHORT_SHARED_MEMORY    0: the worker processes of one host all-reduce over TCP, not through
 //                           shared memory (MultiWorkerMirrored's Options::shared_memory, where the
 //                           program leaves its default; parse_switch)
-//   COHORT_WIRE             fp32 or bf16: the format the gradient crosses between processes in
-//                           (MultiWorkerMirrored's Options::wire, collective/wire.hpp), where the
-//                           program leaves its default
+//   COHORT_WIRE             fp32, bf16 or fp16: the format the gradient crosses between
+//                           processes in (MultiWorkerMirrored's and ParameterServer's
+//                           Options::wire, collective/wire.hpp), where the program leaves its
+//                           default
 // The two timeouts are durations (parse_duration): "30" or "30s", "500ms", "5min".
 inline constexpr std::array kCohortDescription = {
     kRank,  kWorldSize, kLocalRank, kLocalWorldSize, kMasterAddr, kMasterPort,

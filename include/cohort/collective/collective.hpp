@@ -40,10 +40,10 @@
 // and combines the ranks as nodes of those sizes: collective::Local by its Options::leaf_counts,
 // a communicator between processes by set_leaf_counts (FoldsNodes, below).
 //
-// ReduceOp::kSumBfloat16 reduces float buffers in the tree whose every node is rounded to bfloat16
-// (core/reduce_op.hpp): every communicator merges that way, and its inputs are expected to be nodes
-// of that tree, bfloat16 values (the Trainer's fold rounds them). Any other element type is refused
-// (reduction_problem).
+// ReduceOp::kSumBfloat16 (kSumFloat16) reduces float buffers in the tree whose every node is
+// rounded to bfloat16 (float16; core/reduce_op.hpp): every communicator merges that way, and its
+// inputs are expected to be nodes of that tree, values of the format (the Trainer's fold rounds
+// them). Any other element type is refused (reduction_problem).
 //
 // Required of the caller, and checked where it is cheap: every rank calls the same collectives in
 // the same order, with the same length, element type, operation and root. A mismatch is a

@@ -15,9 +15,9 @@
 //     2 (n-1)/n x B sent and received in 2 (n-1) steps, as in a ring. Two segments are in flight
 //     at a time, so that one's fold is done while the other's chunks travel.
 // reduce_scatter is the first half alone. broadcast, all_gather and barrier are direct.
-// A kSumBfloat16 all-reduce of float (core/reduce_op.hpp) runs the same algorithm on the buffer
-// packed into Bfloat16: every value that travels is a node of that tree, so half the bytes carry
-// the same bits.
+// A kSumBfloat16 (kSumFloat16) all-reduce of float (core/reduce_op.hpp) runs the same algorithm on
+// the buffer packed into Bfloat16 (Float16): every value that travels is a node of that tree, so
+// half the bytes carry the same bits.
 //
 // Processes of one host (share_host_memory, which MultiWorkerMirrored calls): the all-reduce goes
 // through a shared segment (detail/shared_segment.hpp) instead of the transport, by the same
@@ -112,17 +112,10 @@ class Deterministic : public detail::OverTransport<T> {
       return;
     }
     if constexpr (std::is_same_v<E, float>) {
-      if (op == ReduceOp::kSumBfloat16) {
-        // Every node of this tree is a bfloat16 (core/reduce_op.hpp): it travels in 2 bytes.
-        if (packed_.size() < output.size()) packed_.resize(output.size());
-        const std::span<Bfloat16> packed(packed_.data(), output.size());
-        std::transform(input.begin(), input.end(), packed.begin(),
-                       [](float value) { return Bfloat16::round(value); });
-        reduce_over_transport<Bfloat16>(call, packed, packed, op);
-        std::transform(packed.begin(), packed.end(), output.begin(),
-                       [](Bfloat16 value) { return value.widen(); });
-        return;
-      }
+      if (op == ReduceOp::kSumBfloat16)
+        return reduce_packed(call, input, output, op, packed_bfloat16_);
+      if (op == ReduceOp::kSumFloat16)
+        return reduce_packed(call, input, output, op, packed_float16_);
     }
     reduce_over_transport(call, input, output, op);
   }
@@ -614,8 +607,21 @@ class Deterministic : public detail::OverTransport<T> {
     }
   }
 
+  // A rounded sum's all-reduce over the transport (core/reduce_op.hpp): every node of its tree is
+  // a value of the format, so it travels in 2 bytes an element, through `packed`.
+  template <class Narrow>
+  void reduce_packed(const Call& call, std::span<const float> input, std::span<float> output,
+                     ReduceOp op, std::vector<Narrow>& packed) {
+    if (packed.size() < output.size()) packed.resize(output.size());
+    const std::span<Narrow> wire(packed.data(), output.size());
+    std::ranges::transform(input, wire.begin(), &Narrow::round);
+    reduce_over_transport<Narrow>(call, wire, wire, op);
+    std::ranges::transform(wire, output.begin(), [](Narrow value) { return value.widen(); });
+  }
+
   std::vector<std::size_t> leaf_counts_;  // set_leaf_counts; empty: one each
-  std::vector<Bfloat16> packed_;          // a kSumBfloat16 all-reduce's buffer on the wire
+  std::vector<Bfloat16> packed_bfloat16_;  // a kSumBfloat16 all-reduce's buffer on the wire
+  std::vector<Float16> packed_float16_;    // a kSumFloat16 one's
   std::optional<detail::SharedSegment> segment_;
   Waiting waiting_{};
   std::vector<int> peers_;    // every rank but this one

@@ -8,23 +8,23 @@
 #include <type_traits>
 
 #include "cohort/collective/collective.hpp"
-#include "cohort/core/bfloat16.hpp"
+#include "cohort/core/narrow_float.hpp"
 #include "cohort/core/reduce_op.hpp"
 
 namespace cohort::collective {
 
-enum class DataType : std::uint8_t { kFloat32, kFloat64, kInt32, kInt64, kBfloat16 };
+enum class DataType : std::uint8_t { kFloat32, kFloat64, kInt32, kInt64, kBfloat16, kFloat16 };
 
 template <class T>
 inline constexpr bool is_element =
     std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
-    std::is_same_v<T, std::int64_t> || std::is_same_v<T, Bfloat16>;
+    std::is_same_v<T, std::int64_t> || std::is_same_v<T, Bfloat16> || std::is_same_v<T, Float16>;
 
 template <class T>
 constexpr DataType data_type_of() {
   static_assert(is_element<T>,
-                "cohort: collectives take float, double, std::int32_t, std::int64_t or Bfloat16 "
-                "elements");
+                "cohort: collectives take float, double, std::int32_t, std::int64_t, Bfloat16 or "
+                "Float16 elements");
   if constexpr (std::is_same_v<T, float>) {
     return DataType::kFloat32;
   } else if constexpr (std::is_same_v<T, double>) {
@@ -33,8 +33,10 @@ constexpr DataType data_type_of() {
     return DataType::kInt32;
   } else if constexpr (std::is_same_v<T, std::int64_t>) {
     return DataType::kInt64;
-  } else {
+  } else if constexpr (std::is_same_v<T, Bfloat16>) {
     return DataType::kBfloat16;
+  } else {
+    return DataType::kFloat16;
   }
 }
 
@@ -50,6 +52,8 @@ constexpr const char* name(DataType type) {
       return "int64";
     case DataType::kBfloat16:
       return "bfloat16";
+    case DataType::kFloat16:
+      return "float16";
   }
   return "unknown";
 }

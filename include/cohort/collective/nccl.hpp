@@ -135,7 +135,8 @@ inline ncclRedOp_t reduction(ReduceOp op) {
       return ncclMin;
     case ReduceOp::kMax:
       return ncclMax;
-    case ReduceOp::kSumBfloat16:  // refused before it gets here (NcclCommunicator::refuse_unfit)
+    case ReduceOp::kSumBfloat16:  // refused before they get here (NcclCommunicator::refuse_unfit)
+    case ReduceOp::kSumFloat16:
       break;
   }
   return ncclSum;
@@ -523,15 +524,17 @@ class NcclCommunicator {
     }
   }
 
-  // kSumBfloat16 (core/reduce_op.hpp) is a tree of rounded nodes: float elements only, and only
-  // the deterministic mode's kernels compute it; NCCL's own reductions have no such operator.
+  // kSumBfloat16 and kSumFloat16 (core/reduce_op.hpp) are trees of rounded nodes: float elements
+  // only, and only the deterministic mode's kernels compute them; NCCL's own reductions have no
+  // such operator.
   template <class T>
   void refuse_unfit(const Call& call, ReduceOp op) {
     if (const std::string problem = reduction_problem<T>(op); !problem.empty()) {
       throw failure(call, problem);
     }
-    if (op == ReduceOp::kSumBfloat16 && !deterministic<T>()) {
-      throw failure(call, "sum_bf16 needs the deterministic mode (Options::deterministic)");
+    if (rounds_nodes(op) && !deterministic<T>()) {
+      throw failure(
+          call, std::string(name(op)) + " needs the deterministic mode (Options::deterministic)");
     }
   }
 

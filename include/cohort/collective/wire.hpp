@@ -9,33 +9,91 @@
 //              do not depend on the replica count. They are other bits than kFloat32's: each sum
 //              keeps 8 significant bits, as PyTorch's bf16_compress_hook's does, whose result
 //              changes with the world size.
+//   kFloat16   half the bytes the same way, every node rounded to IEEE float16
+//              (ReduceOp::kSumFloat16): 11 significant bits, but a sum beyond 65504 in magnitude
+//              becomes infinity (the Trainer's non-finite check names the step) and one below
+//              6.0e-8 becomes zero; bfloat16 keeps float's range
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 
+#include "cohort/core/narrow_float.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduce_op.hpp"
 
 namespace cohort::collective {
 
-enum class Wire : std::uint8_t { kFloat32, kBfloat16 };
+enum class Wire : std::uint8_t { kFloat32, kBfloat16, kFloat16 };
 
 inline constexpr std::string_view name(Wire wire) {
-  return wire == Wire::kBfloat16 ? "bf16" : "fp32";
+  switch (wire) {
+    case Wire::kBfloat16:
+      return "bf16";
+    case Wire::kFloat16:
+      return "fp16";
+    case Wire::kFloat32:
+      break;
+  }
+  return "fp32";
 }
 
 // The reduction a gradient sum in this format is.
 inline constexpr ReduceOp gradient_sum(Wire wire) {
-  return wire == Wire::kBfloat16 ? ReduceOp::kSumBfloat16 : ReduceOp::kSum;
+  switch (wire) {
+    case Wire::kBfloat16:
+      return ReduceOp::kSumBfloat16;
+    case Wire::kFloat16:
+      return ReduceOp::kSumFloat16;
+    case Wire::kFloat32:
+      break;
+  }
+  return ReduceOp::kSum;
 }
 
-// Refuses a gradient sum that a model of T values cannot take (kSumBfloat16 sums float only): a
-// ConfigError naming the option, before the first step.
+// The format whose gradient sum `op` is (kFloat32 for any other op).
+inline constexpr Wire wire_of(ReduceOp op) {
+  if (op == ReduceOp::kSumBfloat16) return Wire::kBfloat16;
+  if (op == ReduceOp::kSumFloat16) return Wire::kFloat16;
+  return Wire::kFloat32;
+}
+
+// The bytes an element of a gradient sum of `value_bytes` values crosses in: 2 in a narrow format.
+inline constexpr std::size_t element_bytes(Wire wire, std::size_t value_bytes) {
+  return wire == Wire::kFloat32 ? value_bytes : sizeof(std::uint16_t);
+}
+
+// `values` in the 2 bytes each of a narrow format (kBfloat16, kFloat16): exact for the nodes of
+// that format's tree, which every value of its gradient sum is.
+inline void pack(Wire wire, std::span<const float> values, std::span<std::uint16_t> bits) {
+  if (wire == Wire::kBfloat16) {
+    std::ranges::transform(values, bits.begin(), [](float v) { return Bfloat16::round(v).bits; });
+  } else {
+    std::ranges::transform(values, bits.begin(), [](float v) { return Float16::round(v).bits; });
+  }
+}
+
+// The values `bits` (pack's) stand for.
+template <class T>
+void widen(Wire wire, std::span<const std::uint16_t> bits, std::span<T> values) {
+  if (wire == Wire::kBfloat16) {
+    std::ranges::transform(bits, values.begin(),
+                           [](std::uint16_t b) { return static_cast<T>(Bfloat16{b}.widen()); });
+  } else {
+    std::ranges::transform(bits, values.begin(),
+                           [](std::uint16_t b) { return static_cast<T>(Float16{b}.widen()); });
+  }
+}
+
+// Refuses a gradient sum that a model of T values cannot take (the rounded sums sum float only):
+// a ConfigError naming the option, before the first step.
 template <class T>
 void require_gradient_sum_fits(ReduceOp gradient_sum) {
   if (!reduces<T>(gradient_sum)) {
-    options::reject("wire", "bf16",
+    options::reject("wire", name(wire_of(gradient_sum)),
                     "sums float gradients only, and this model's values are double");
   }
 }

@@ -57,8 +57,10 @@ __device__ inline C combine_pair(ReduceOp op, C a, C b) {
       return (b < a) ? b : a;
     case ReduceOp::kMax:
       return (a < b) ? b : a;
-    case ReduceOp::kSumBfloat16:  // rounded as core/bfloat16.hpp's round_to_bfloat16 rounds
+    case ReduceOp::kSumBfloat16:  // rounded as core/narrow_float.hpp's round_to_bfloat16 rounds
       return static_cast<C>(__bfloat162float(__float2bfloat16_rn(static_cast<float>(a + b))));
+    case ReduceOp::kSumFloat16:  // and as its round_to_float16 rounds
+      return static_cast<C>(__half2float(__float2half_rn(static_cast<float>(a + b))));
   }
   return a;
 }

@@ -51,6 +51,20 @@ void axpy(T alpha, std::span<const T> x, std::span<T> y) {
 
 namespace detail {
 
+// A sum whose nodes are rounded to Narrow (Bfloat16, Float16): floats added and rounded, or the
+// packed values added (their own addition rounds); whether T is either.
+template <class Narrow, class T>
+bool sum_rounded(const T* left, const T* right, T* out, std::size_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (std::size_t i = 0; i < count; ++i) out[i] = Narrow::round(left[i] + right[i]).widen();
+    return true;
+  } else if constexpr (std::is_same_v<T, Narrow>) {
+    for (std::size_t i = 0; i < count; ++i) out[i] = left[i] + right[i];
+    return true;
+  }
+  return false;
+}
+
 template <class T>
 void combine_block(ReduceOp op, const T* left, const T* right, T* out, std::size_t count) {
   switch (op) {
@@ -58,17 +72,15 @@ void combine_block(ReduceOp op, const T* left, const T* right, T* out, std::size
       for (std::size_t i = 0; i < count; ++i) out[i] = left[i] + right[i];
       return;
     case ReduceOp::kSumBfloat16:
-      if constexpr (std::is_same_v<T, float>) {
-        for (std::size_t i = 0; i < count; ++i) out[i] = round_to_bfloat16(left[i] + right[i]);
-        return;
-      } else if constexpr (std::is_same_v<T, Bfloat16>) {
-        for (std::size_t i = 0; i < count; ++i) out[i] = left[i] + right[i];
-        return;
-      }
-      [[fallthrough]];
+      if (sum_rounded<Bfloat16>(left, right, out, count)) return;
+      break;
+    case ReduceOp::kSumFloat16:
+      if (sum_rounded<Float16>(left, right, out, count)) return;
+      break;
     default:
-      for (std::size_t i = 0; i < count; ++i) out[i] = combine(op, left[i], right[i]);
+      break;
   }
+  for (std::size_t i = 0; i < count; ++i) out[i] = combine(op, left[i], right[i]);
 }
 
 }  // namespace detail
@@ -81,13 +93,15 @@ void combine_into(ReduceOp op, std::span<const T> left, std::span<const T> right
   detail::combine_block(op, left.data(), right.data(), out.data(), out.size());
 }
 
-// `values` made leaves of a tree that `op` reduces: under kSumBfloat16 (core/reduce_op.hpp) each
-// is rounded to bfloat16; every other op takes them as they are.
+// `values` made leaves of a tree that `op` reduces: under kSumBfloat16 (kSumFloat16;
+// core/reduce_op.hpp) each is rounded to bfloat16 (float16); every other op takes them as they are.
 template <class T>
 void round_to_leaves(ReduceOp op, std::span<T> values) {
   if constexpr (std::is_same_v<T, float>) {
     if (op == ReduceOp::kSumBfloat16) {
       for (float& value : values) value = round_to_bfloat16(value);
+    } else if (op == ReduceOp::kSumFloat16) {
+      for (float& value : values) value = round_to_float16(value);
     }
   }
 }

@@ -60,11 +60,11 @@
 //                    Default true; false on any worker turns it off for all (left at its default:
 //                    COHORT_SHARED_MEMORY)
 //   wire             the format the gradient crosses between processes in (collective/wire.hpp):
-//                    kFloat32 (the default), or kBfloat16, half the bytes, every sum of the
-//                    canonical tree rounded to bfloat16 wherever it is computed, so that the bits
-//                    still do not depend on the replica count (float models only; left at its
-//                    default: COHORT_WIRE). collective::Ring rounds its sums alike, in its own
-//                    order, but sends them as floats
+//                    kFloat32 (the default), or kBfloat16 (kFloat16), half the bytes, every sum
+//                    of the canonical tree rounded to bfloat16 (float16) wherever it is computed,
+//                    so that the bits still do not depend on the replica count (float models
+//                    only; left at its default: COHORT_WIRE). collective::Ring rounds its sums
+//                    alike, in its own order, but sends them as floats
 //   elastic          the job goes on without a lost worker, down to elastic.min_workers
 //                    (strategy/elastic.hpp; or COHORT_MIN_WORKERS): the workers left regroup
 //                    over TCP (transport/tcp/regroup.hpp) and the Trainer retries the step, with

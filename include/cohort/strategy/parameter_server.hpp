@@ -92,8 +92,9 @@
 //   backup_workers   Sync only: a step needs the W - backup_workers lowest-indexed live workers
 //   log_pushes       servers print a line per push applied to their first chunk
 //   wire             the format a push crosses in (collective/wire.hpp): kFloat32 (the default),
-//                    or kBfloat16, half the bytes: every sum of the canonical tree rounded to
-//                    bfloat16, in each worker's fold, between its replicas and on the servers, so
+//                    or kBfloat16 (kFloat16), half the bytes: every sum of the canonical tree
+//                    rounded to bfloat16 (float16), in each worker's fold, between its replicas
+//                    and on the servers, so
 //                    that under Sync the bits are MultiWorkerMirrored's with the same wire on any
 //                    worker and replica count (float models with replicas on the host only; left
 //                    at its default: COHORT_WIRE). Pulls carry the parameters in their own type
@@ -138,7 +139,6 @@
 #include "cohort/collective/hierarchical.hpp"
 #include "cohort/collective/local.hpp"
 #include "cohort/collective/wire.hpp"
-#include "cohort/core/bfloat16.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduce_op.hpp"
@@ -422,8 +422,10 @@ class ParameterServer {
     template <class T>
     void start(std::span<T> parameters, std::span<T> optimizer_state, std::uint64_t step) {
       collective::require_gradient_sum_fits<T>(owner_->gradient_sum_op());
-      narrow_ = owner_->options().wire == collective::Wire::kBfloat16;
-      if (narrow_ && speaks_for_worker_) packed_.resize(parameters.size());
+      wire_ = owner_->options().wire;
+      if (wire_ != collective::Wire::kFloat32 && speaks_for_worker_) {
+        packed_.resize(parameters.size());
+      }
       const ps::Layout layout = owner_->layout(parameters.size(), sizeof(T));
       // The buckets of every step: the layout's chunks (which tile the parameters), the last
       // first.
@@ -611,7 +613,7 @@ class ParameterServer {
         D::to_host(place_, std::span<const T>(update.gradient_sum.subspan(begin, length)), host);
       }
       const std::span<const ps::Chunk> chunks = std::span(chunks_).subspan(first, last - first);
-      const std::size_t element_bytes = narrow_ ? sizeof(Bfloat16) : sizeof(T);
+      const std::size_t element_bytes = collective::element_bytes(wire_, sizeof(T));
       thread_->submit([this, chunks, gradient = as_elements<const T>(gradient_), first,
                        step = update.step, scale, element_bytes, bytes = length * element_bytes] {
         const trace::Span span(trace::current(), trace::Phase::kPush,
@@ -628,15 +630,15 @@ class ParameterServer {
     }
 
     // What a push of `values`, elements [begin, begin + values.size()) of the gradient, carries:
-    // the values themselves, or under the bfloat16 wire their 2-byte form, which every value
-    // already is (the canonical tree's nodes are rounded: ReduceOp::kSumBfloat16), so that the
+    // the values themselves, or under a narrow wire their 2-byte form, which every value already
+    // is (the canonical tree's nodes are rounded: ReduceOp::kSumBfloat16, kSumFloat16), so that the
     // packing changes no bit.
     template <class T>
     std::span<const std::byte> payload(std::span<const T> values, std::size_t begin) {
       if constexpr (std::same_as<T, float>) {
-        if (narrow_) {
-          const std::span<Bfloat16> packed = std::span(packed_).subspan(begin, values.size());
-          std::ranges::transform(values, packed.begin(), &Bfloat16::round);
+        if (wire_ != collective::Wire::kFloat32) {
+          const std::span<std::uint16_t> packed = std::span(packed_).subspan(begin, values.size());
+          collective::pack(wire_, values, packed);
           return std::as_bytes(packed);
         }
       }
@@ -735,8 +737,8 @@ class ParameterServer {
     std::vector<std::size_t> edges_;
     detail::GradientBuckets buckets_;
     std::span<std::byte> gradient_;   // this step's gradient sum on the host
-    bool narrow_ = false;             // pushes in bfloat16 (Options::wire)
-    std::vector<Bfloat16> packed_;    // the gradient as pushed in bfloat16
+    collective::Wire wire_ = collective::Wire::kFloat32;  // what pushes cross in (Options::wire)
+    std::vector<std::uint16_t> packed_;  // the gradient as pushed in a narrow format
     std::vector<std::byte> staging_;  // the chief's kInit and kPullState payloads
     // Host copies of device memory (unused on the host): what crosses every step in the place's
     // staging memory, the optimizer state (twice a fit, on the chief) in plain memory.

@@ -4,8 +4,9 @@
 // and handed to the replica while its backward pass goes on, so the strategy can reduce the first
 // buckets meanwhile; otherwise the whole fold is one range after the last micro-batch. Either way
 // each element's sum follows the same tree, so the bits are the same. The fold's reduction is the
-// strategy's (strategy::ChoosesGradientSum): under ReduceOp::kSumBfloat16 every leaf is rounded to
-// bfloat16 and every merge rounds, as the communicators' merges do, on the host's replicas.
+// strategy's (strategy::ChoosesGradientSum): under ReduceOp::kSumBfloat16 (kSumFloat16) every leaf
+// is rounded to bfloat16 (float16) and every merge rounds, as the communicators' merges do, on the
+// host's replicas.
 #pragma once
 
 #include <concepts>
@@ -78,7 +79,7 @@ class StepFold {
   };
 
   // `sum`: the reduction of the strategy's gradient sum, kSum or, for replicas on the host,
-  // kSumBfloat16.
+  // kSumBfloat16 or kSumFloat16.
   StepFold(M& model, const Place& place, ReduceOp sum = ReduceOp::kSum)
       : model_(model),
         gradients_(ModelTraits<M>::gradients(model)),
@@ -149,8 +150,8 @@ class StepFold {
  private:
   static void add_loss(double& left, const double& right) { left += right; }
 
-  // A micro-batch's gradient as a leaf of the fold's tree: copied, and rounded under
-  // kSumBfloat16.
+  // A micro-batch's gradient as a leaf of the fold's tree: copied, and rounded under a rounded
+  // sum (kSumBfloat16, kSumFloat16).
   void take_leaf(std::span<const T> gradient, std::span<T> leaf) const {
     D::copy(place_, gradient, leaf);
     if constexpr (std::same_as<D, device::Cpu>) device::cpu::round_to_leaves<T>(sum_, leaf);

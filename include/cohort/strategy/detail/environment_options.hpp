@@ -1,7 +1,7 @@
 // A strategy's options from the environment, where the program leaves the Options defaults:
 // COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT (cluster/environment.hpp, parse_duration),
 // COHORT_COMMUNICATION_PRIORITY (auto, normal or realtime: collective/thread_priority.hpp)
-// COHORT_SHARED_MEMORY (0 or 1: cluster::parse_switch), COHORT_WIRE (fp32 or bf16:
+// COHORT_SHARED_MEMORY (0 or 1: cluster::parse_switch), COHORT_WIRE (fp32, bf16 or fp16:
 // collective/wire.hpp), COHORT_MIN_WORKERS and
 // COHORT_MAX_WORKERS (counts: strategy/elastic.hpp), COHORT_JOIN (0 or 1).
 #pragma once
@@ -31,10 +31,11 @@ inline collective::ThreadPriority parse_thread_priority(std::string_view name,
 
 // The format a variable names; a ConfigError naming the variable for anything else.
 inline collective::Wire parse_wire(std::string_view name, std::string_view value) {
-  for (const collective::Wire wire : {collective::Wire::kFloat32, collective::Wire::kBfloat16}) {
+  for (const collective::Wire wire :
+       {collective::Wire::kFloat32, collective::Wire::kBfloat16, collective::Wire::kFloat16}) {
     if (value == collective::name(wire)) return wire;
   }
-  cluster::detail::reject_text(name, value, "expected fp32 or bf16");
+  cluster::detail::reject_text(name, value, "expected fp32, bf16 or fp16");
 }
 
 // `options` with the variables above applied to the fields the program left at their defaults (a

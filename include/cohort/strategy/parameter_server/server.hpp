@@ -64,7 +64,6 @@
 
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/collective/wire.hpp"
-#include "cohort/core/bfloat16.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/preemption.hpp"
 #include "cohort/core/reduce_op.hpp"
@@ -92,9 +91,9 @@ struct ServerOptions {
   settings::Fields settings{};
   // The learning-rate schedule, at this server's count of updates (under Sync the run's step).
   optimizer::Schedule schedule{};
-  // The format pushes cross in (collective/wire.hpp): under kBfloat16 a push carries 2 bytes an
-  // element, each a node of the canonical tree of rounded sums, which the server widens and
-  // merges the same way (ReduceOp::kSumBfloat16).
+  // The format pushes cross in (collective/wire.hpp): under kBfloat16 or kFloat16 a push carries
+  // 2 bytes an element, each a node of the canonical tree of rounded sums, which the server widens
+  // and merges the same way (ReduceOp::kSumBfloat16, kSumFloat16).
   collective::Wire wire = collective::Wire::kFloat32;
 };
 
@@ -321,9 +320,9 @@ class Server {
     State* chunk = field.empty() && about_chunk(operation) ? &chunks_[request.chunk] : nullptr;
     // The payload is read whatever the verdict, so that the stream stays in step: a Sync push in
     // its own type straight into its worker's contribution, anything else into scratch (a
-    // bfloat16 push is widened from there).
+    // narrow push is widened from there).
     const bool narrow = field.empty() && operation == Operation::kPush &&
-                        options_.wire == collective::Wire::kBfloat16;
+                        options_.wire != collective::Wire::kFloat32;
     const bool contribution = kSync && field.empty() && operation == Operation::kPush && !narrow;
     std::span<std::byte> payload;
     if constexpr (kSync) {
@@ -528,7 +527,7 @@ class Server {
       return;
     }
     const std::span<const T> gradient =
-        options_.wire == collective::Wire::kBfloat16
+        options_.wire != collective::Wire::kFloat32
             ? std::span<const T>(widened_)
             : std::span(reinterpret_cast<const T*>(scratch_.data()), chunk.parameters.size());
     if (chunk.range.index == 0) {
@@ -555,18 +554,19 @@ class Server {
 
   // The bytes of an element of a push (ServerOptions::wire).
   std::size_t push_element_bytes() const {
-    return options_.wire == collective::Wire::kBfloat16 ? sizeof(Bfloat16) : sizeof(T);
+    return collective::element_bytes(options_.wire, sizeof(T));
   }
 
-  // A bfloat16 push of `worker`, as received into scratch, widened where it is taken: under Sync
+  // A narrow push of `worker`, as received into scratch, widened where it is taken: under Sync
   // its worker's contribution to the chunk, otherwise the gradient push() applies.
   void widen_push(int worker, State& chunk) {
     std::vector<T>* into = &widened_;
     if constexpr (kSync) into = &chunk.contributions[static_cast<std::size_t>(worker)];
     into->resize(chunk.parameters.size());
-    const auto* packed = reinterpret_cast<const Bfloat16*>(scratch_.data());
-    std::transform(packed, packed + into->size(), into->begin(),
-                   [](Bfloat16 value) { return static_cast<T>(value.widen()); });
+    collective::widen(
+        options_.wire,
+        std::span(reinterpret_cast<const std::uint16_t*>(scratch_.data()), into->size()),
+        std::span(*into));
   }
 
   // Sync: applies the step in progress once its aggregate is complete.
@@ -938,7 +938,7 @@ class Server {
   std::vector<std::string> why_lost_;  // per worker, for the Sync failure that names it
   std::vector<Connection> connections_;
   std::size_t max_payload_ = 0;    // bytes: the longest payload a request to this server carries
-  std::vector<T> widened_;         // an Async or BoundedStaleness push widened from bfloat16
+  std::vector<T> widened_;         // an Async or BoundedStaleness push widened from its wire
   std::vector<bool> finished_;     // in this fit
   std::vector<bool> presented_;    // in this fit: the worker's settings agreed
   settings::Reference reference_;  // this server's settings, then the chief's
