@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 
 using cohort::ReduceOp;
@@ -44,20 +45,32 @@ TEST_CASE("a float rounds to the nearest bfloat16, ties to even") {
   static_assert(round_to_bfloat16(3.0f) == 3.0f);  // usable at compile time
 }
 
-TEST_CASE("a bfloat16 packs and unpacks a rounded float unchanged, and adds as a rounded sum") {
-  for (const float value : {1.0f, -3.5f, 1e-30f, 6.02e23f, 0.1f}) {
-    const float rounded = cohort::round_to_bfloat16(value);
-    CHECK(cohort::Bfloat16::round(value).widen() == rounded);
-    CHECK(cohort::Bfloat16::round(rounded).widen() == rounded);
+// Narrow (Bfloat16, Float16) packs and unpacks each of `values` rounded unchanged, and adds as
+// the rounded sum `op`: 1 plus half an ulp of 1 (`half_ulp`) is a tie, to even.
+template <class Narrow>
+void check_packs_and_adds(ReduceOp op, std::initializer_list<float> values, float half_ulp) {
+  for (const float value : values) {
+    const float rounded = cohort::combine(op, value, 0.0f);
+    CHECK(Narrow::round(value).widen() == rounded);
+    CHECK(Narrow::round(rounded).widen() == rounded);
   }
-  const auto one = cohort::Bfloat16::round(1.0f);
-  const auto small = cohort::Bfloat16::round(1.0f / 256);  // half an ulp of 1: a tie, to even
-  CHECK((one + small).widen() == 1.0f);
-  CHECK(cohort::combine(ReduceOp::kSumBfloat16, 1.0f, 1.0f / 256) == 1.0f);
-  CHECK(cohort::combine(ReduceOp::kSum, 1.0f, 1.0f / 256) == 1.0f + 1.0f / 256);
-  CHECK(cohort::name(ReduceOp::kSumBfloat16) == "sum_bf16");
-  CHECK(cohort::reduces<float>(ReduceOp::kSumBfloat16));
-  CHECK_FALSE(cohort::reduces<double>(ReduceOp::kSumBfloat16));
+  CHECK((Narrow::round(1.0f) + Narrow::round(half_ulp)).widen() == 1.0f);
+  CHECK(cohort::combine(op, 1.0f, half_ulp) == 1.0f);
+  CHECK(cohort::combine(ReduceOp::kSum, 1.0f, half_ulp) == 1.0f + half_ulp);
+  CHECK(cohort::combine(op, 1.0f, 4 * half_ulp) == 1.0f + 4 * half_ulp);
+  CHECK(cohort::reduces<float>(op));
+  CHECK(cohort::reduces<Narrow>(op));
+  CHECK_FALSE(cohort::reduces<double>(op));
+}
+
+TEST_CASE(
+    "each 16-bit format packs and unpacks a rounded float unchanged, and adds as a rounded sum") {
+  check_packs_and_adds<cohort::Bfloat16>(ReduceOp::kSumBfloat16,
+                                         {1.0f, -3.5f, 1e-30f, 6.02e23f, 0.1f}, 1.0f / 256);
+  check_packs_and_adds<cohort::Float16>(ReduceOp::kSumFloat16, {1.0f, -3.5f, 1e-6f, 60000.0f, 0.1f},
+                                        1.0f / 2048);
+  CHECK_FALSE(cohort::reduces<cohort::Bfloat16>(ReduceOp::kSumFloat16));
+  CHECK_FALSE(cohort::reduces<cohort::Float16>(ReduceOp::kSumBfloat16));
   CHECK(cohort::reduces<double>(ReduceOp::kSum));
 }
 
@@ -89,21 +102,4 @@ TEST_CASE("a float rounds to the nearest float16, ties to even, overflowing to i
             std::bit_cast<std::uint32_t>(expected));
   }
 #endif
-}
-
-TEST_CASE("a float16 packs and unpacks a rounded float unchanged, and adds as a rounded sum") {
-  for (const float value : {1.0f, -3.5f, 1e-6f, 60000.0f, 0.1f}) {
-    const float rounded = cohort::round_to_float16(value);
-    CHECK(cohort::Float16::round(value).widen() == rounded);
-    CHECK(cohort::Float16::round(rounded).widen() == rounded);
-  }
-  const auto one = cohort::Float16::round(1.0f);
-  const auto small = cohort::Float16::round(1.0f / 2048);  // half an ulp of 1: a tie, to even
-  CHECK((one + small).widen() == 1.0f);
-  CHECK(cohort::combine(ReduceOp::kSumFloat16, 1.0f, 1.0f / 2048) == 1.0f);
-  CHECK(cohort::combine(ReduceOp::kSumFloat16, 1.0f, 1.0f / 256) == 1.0f + 1.0f / 256);
-  CHECK(cohort::reduces<float>(ReduceOp::kSumFloat16));
-  CHECK(cohort::reduces<cohort::Float16>(ReduceOp::kSumFloat16));
-  CHECK_FALSE(cohort::reduces<cohort::Bfloat16>(ReduceOp::kSumFloat16));
-  CHECK_FALSE(cohort::reduces<double>(ReduceOp::kSumFloat16));
 }

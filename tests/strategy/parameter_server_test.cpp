@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -781,6 +782,19 @@ std::vector<std::pair<cohort::testing::Exit, std::string>> finish(Job& job) {
   return results;
 }
 
+// Each of `processes` (indices into finish's results) failed with the ConfigError `expected`.
+void check_refused(const std::vector<std::pair<cohort::testing::Exit, std::string>>& results,
+                   std::initializer_list<std::size_t> processes, const std::string& expected) {
+  for (const std::size_t process : processes) {
+    const auto& [exit, log] = results[process];
+    CAPTURE(process);
+    CAPTURE(log);
+    CHECK(exit.exited);
+    CHECK(exit.code == 1);
+    CHECK(log.find("error: " + expected) != std::string::npos);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a NaN example under on_nonfinite = raise fails every worker naming the step") {
@@ -846,14 +860,7 @@ TEST_CASE(
       "the processes of this job run with different settings, refused before the first step: "
       "optimizer option learning_rate is 0.01 on parameter server 1 but 0.003 on worker 0";
   // Both workers and the server that differs: a ConfigError with the same sentence.
-  for (std::size_t process : {0, 1, 3}) {
-    const auto& [exit, log] = results[process];
-    CAPTURE(process);
-    CAPTURE(log);
-    CHECK(exit.exited);
-    CHECK(exit.code == 1);
-    CHECK(log.find("error: " + expected) != std::string::npos);
-  }
+  check_refused(results, {0, 1, 3}, expected);
   // Server 0 agreed with the chief: it learns the cause when the chief leaves.
   CAPTURE(results[2].second);
   CHECK(results[2].first.code != 0);
@@ -869,18 +876,10 @@ TEST_CASE(
   Job job(2, 1, {"sync", "5", directory.path / "out.bin", "--log-pushes"}, directory.path,
           {{"COHORT_WIRE", "bf16"}}, {{"COHORT_WIRE", "fp32"}});
   const auto results = finish(job);
-  const std::string expected =
-      "the processes of this job run with different settings, refused before the first step: "
-      "gradient sum is sum on parameter server 0 but sum_bf16 on worker 0";
-  for (std::size_t process : {0, 1, 2}) {
-    const auto& [exit, log] = results[process];
-    CAPTURE(process);
-    CAPTURE(log);
-    CHECK(exit.exited);
-    CHECK(exit.code == 1);
-    CHECK(log.find("error: " + expected) != std::string::npos);
-    CHECK(log.find("applied step") == std::string::npos);
-  }
+  check_refused(results, {0, 1, 2},
+                "the processes of this job run with different settings, refused before the first "
+                "step: gradient sum is sum on parameter server 0 but sum_bf16 on worker 0");
+  for (const auto& [exit, log] : results) CHECK(log.find("applied step") == std::string::npos);
   CHECK_FALSE(fs::exists(directory.path / "out.bin"));
 }
 
