@@ -51,6 +51,18 @@ std::string mirrored_reference(std::uint64_t steps, double clip = 0.0) {
   return bytes_of(cohort::testing::parameters_of(trainer.model()));
 }
 
+// MultiWorkerMirrored in this one process, the gradient in `wire`'s format: the canonical tree
+// over 4 replicas, as ps_trainer trains.
+std::string multi_worker_reference(cohort::collective::Wire wire, std::uint64_t steps) {
+  cohort::Trainer trainer(
+      cohort::testing::WithoutReadiness{cohort::testing::small_model()},
+      cohort::strategy::MultiWorkerMirrored<>({.local_replicas = 4, .wire = wire}),
+      cohort::optimizer::Adam({.learning_rate = 3e-3}),
+      {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
+  trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
+  return bytes_of(cohort::testing::parameters_of(trainer.model()));
+}
+
 double accuracy_of(const std::string& parameters) {
   auto model = cohort::testing::small_model();
   auto span = cohort::ModelTraits<example::Mlp>::parameters(model);
@@ -343,16 +355,7 @@ TEST_CASE(
     "pushes in bfloat16 (COHORT_WIRE=bf16) give MultiWorkerMirrored's bfloat16 bits on any worker, "
     "replica and server count, and pushes in float16 its float16 bits") {
   TemporaryDirectory directory("cohort-ps-bf16");
-  // MultiWorkerMirrored in this one process: the canonical tree over 4 replicas, every node
-  // rounded to bfloat16.
-  cohort::Trainer reference(
-      cohort::testing::WithoutReadiness{cohort::testing::small_model()},
-      cohort::strategy::MultiWorkerMirrored<>(
-          {.local_replicas = 4, .wire = cohort::collective::Wire::kBfloat16}),
-      cohort::optimizer::Adam({.learning_rate = 3e-3}),
-      {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
-  reference.fit(cohort::testing::small_task_data(), {.steps = 50});
-  const std::string expected = bytes_of(cohort::testing::parameters_of(reference.model()));
+  const std::string expected = multi_worker_reference(cohort::collective::Wire::kBfloat16, 50);
   CHECK(expected != mirrored_reference(50));  // other bits than the float tree's
 
   const std::map<std::string, std::string> bf16 = {{"COHORT_WIRE", "bf16"}};
@@ -373,14 +376,7 @@ TEST_CASE(
   }
 
   // Pushes in float16: MultiWorkerMirrored's float16 bits.
-  cohort::Trainer half_reference(
-      cohort::testing::WithoutReadiness{cohort::testing::small_model()},
-      cohort::strategy::MultiWorkerMirrored<>(
-          {.local_replicas = 4, .wire = cohort::collective::Wire::kFloat16}),
-      cohort::optimizer::Adam({.learning_rate = 3e-3}),
-      {.global_batch = 64, .seed = 11, .progress = cohort::Progress::kSilent});
-  half_reference.fit(cohort::testing::small_task_data(), {.steps = 50});
-  const std::string half = bytes_of(cohort::testing::parameters_of(half_reference.model()));
+  const std::string half = multi_worker_reference(cohort::collective::Wire::kFloat16, 50);
   CHECK(half != expected);
   fs::remove(out);
   {
