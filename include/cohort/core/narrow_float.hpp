@@ -16,6 +16,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <type_traits>
 
 namespace cohort {
 
@@ -36,10 +37,20 @@ struct BfloatFormat {
 
 struct HalfFormat {
   static constexpr std::uint16_t encode(float value) {
+#if defined(__F16C__) || defined(__aarch64__)
+    // The processor's conversion, which loops vectorize (F16C's vcvtps2ph, AArch64's fcvt): the
+    // same rounding as below (IEEE's), and a rounded sum of the MLP's 1.86M elements in 1.0 ms
+    // against 3.8 ms (-O3 -march=native, the Intel VM).
+    if (!std::is_constant_evaluated()) {
+      return std::bit_cast<std::uint16_t>(static_cast<_Float16>(value));
+    }
+#endif
     const auto bits = std::bit_cast<std::uint32_t>(value);
     const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000U);
     const std::uint32_t magnitude = bits & 0x7fffffffU;
-    if (magnitude > 0x7f800000U) return sign | 0x7e00U;  // NaN: a quiet one
+    if (magnitude > 0x7f800000U) {  // NaN: quiet, its payload cut, as the processors' conversions
+      return sign | 0x7e00U | static_cast<std::uint16_t>((magnitude >> 13) & 0x3ffU);
+    }
     // From 65520, halfway between the largest (65504) and 65536, ties to even: infinity.
     if (magnitude >= 0x477ff000U) return sign | 0x7c00U;
     if (magnitude >= 0x38800000U) {  // a normal float16, from 2^-14: the exponent rebiased
@@ -57,6 +68,9 @@ struct HalfFormat {
     return sign | static_cast<std::uint16_t>(units);
   }
   static constexpr float decode(std::uint16_t bits) {
+#if defined(__F16C__) || defined(__aarch64__)
+    if (!std::is_constant_evaluated()) return static_cast<float>(std::bit_cast<_Float16>(bits));
+#endif
     const std::uint32_t sign = std::uint32_t{bits & 0x8000U} << 16;
     const std::uint32_t exponent = (bits >> 10) & 0x1fU;
     const std::uint32_t mantissa = bits & 0x3ffU;
