@@ -289,6 +289,48 @@ LaunchedRun kill_rank_under_cohort_run(const std::vector<std::string>& options,
 }  // namespace
 
 TEST_CASE(
+    "a process started for a full elastic job waits at its door: at its deadline it is told that "
+    "the job runs with no place for it, and a standby takes the place of a worker lost later, the "
+    "job ending with the bits of one that lost nobody") {
+  const std::string& expected = uninterrupted_parameters();
+  TemporaryDirectory directory("cohort-elastic-standby");
+  // 2 workers, at most 2 (the workers it started with), a fit of about 8 s of pauses (4
+  // micro-batches a worker and step).
+  const std::vector<std::string> more{"--pause-ms", "50"};
+  std::string port;
+  auto workers = start_elastic_workers(directory.path, 2, 1, "1", "1", more, &port);
+  // Two more processes for rank 1 while both workers live: one that gives up after 3 s, and a
+  // standby.
+  std::vector<std::string> late_more = more;
+  late_more.insert(late_more.end(), {"--connect-timeout-s", "3"});
+  auto late = start_elastic_worker(directory.path, 1, 2, port, 1, "1", "1", late_more, "-late");
+  workers.push_back(
+      start_elastic_worker(directory.path, 1, 2, port, 1, "1", "1", more, "-standby"));
+  const auto late_exit = late->wait(60s);
+  const std::string late_log = read_file(directory.path / "rank1-late.log");
+  CAPTURE(late_log);
+  REQUIRE(late_exit.has_value());
+  CHECK(late_exit->exited);
+  CHECK(late_exit->code != 0);
+  CHECK(late_log.find("runs already, and took this rank in at no step boundary") !=
+        std::string::npos);
+  // Worker 1 lost: the standby, at the door all along, takes its place.
+  workers[1]->kill(SIGKILL);
+  workers[1]->wait(10s);
+  const std::string chief = ended(workers, directory.path, 0, true);
+  CHECK(chief.find("membership 2 -> 1 at step ") != std::string::npos);
+  CHECK(chief.find("membership 1 -> 2 at step ") != std::string::npos);
+  const auto standby = workers[2]->wait(60s);
+  const std::string standby_log = read_file(directory.path / "rank1-standby.log");
+  CAPTURE(standby_log);
+  REQUIRE(standby.has_value());
+  CHECK(standby->exited);
+  CHECK(standby->code == 0);
+  CHECK(standby_log.find("joined the job of 2 workers at step ") != std::string::npos);
+  CHECK(read_file(directory.path / "parameters.bin") == expected);
+}
+
+TEST_CASE(
     "under cohort-run --min-np, a rank SIGKILLed mid-fit is lost, not fatal: the others end with "
     "the parameters of a job that lost nobody, and the launcher exits 0") {
   const std::string& expected = uninterrupted_parameters();

@@ -7,6 +7,7 @@
 //                        [--save-restore FILE] [--schedule]
 //                        [--checkpoint-directory DIR --checkpoint-every N] [--pause-ms N]
 //                        [--validate-every N [--chief-stops-after E]] [--elastic MIN]
+//                        [--connect-timeout-s N]
 //
 // ring             the ring all-reduce across processes instead of the deterministic one
 // --eigen THREADS  the examples' Eigen MLP on THREADS threads per replica (eigen_training.hpp)
@@ -35,10 +36,11 @@
 // --elastic MIN    an elastic job (strategy::Elastic) of at least MIN workers: a process that ends
 //                  is gone, and the others go on; each prints "membership W -> W' at step S" per
 //                  change, and the chief at the end writes the parameters
-// Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process whose
-// fit stopped for preemption exits with cohort::kExitPreempted and writes no parameters.
-// Both models report their gradient readiness per layer, and buckets are 64 bytes, so the buckets
-// of a step are reduced across processes while its backward pass goes on.
+// --connect-timeout-s N  the rendezvous's deadline (default 30 s), a joiner's at a running job's
+// door Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process
+// whose fit stopped for preemption exits with cohort::kExitPreempted and writes no parameters. Both
+// models report their gradient readiness per layer, and buckets are 64 bytes, so the buckets of a
+// step are reduced across processes while its backward pass goes on.
 #include <chrono>
 #include <cohort/collective/ring.hpp>
 #include <cohort/strategy/multi_worker_mirrored.hpp>
@@ -75,6 +77,7 @@ struct Settings {
   std::uint64_t validate_every = 0;
   std::size_t chief_stops_after = 0;
   std::size_t min_workers = 0;
+  int connect_timeout_s = 30;
 };
 
 // The data of every fit: small_task_data(), with one example poisoned (--poison), the chief's
@@ -174,7 +177,7 @@ int train(const Settings& settings) {
   }
   return train(settings, cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, Cross>(
                              {.local_replicas = settings.local_replicas,
-                              .connect_timeout = std::chrono::seconds(30),
+                              .connect_timeout = std::chrono::seconds(settings.connect_timeout_s),
                               .timeout = std::chrono::seconds(10),
                               .bucket_bytes = 64,
                               .elastic = {.min_workers = settings.min_workers}}));
@@ -192,7 +195,7 @@ int main(int argc, char** argv) {
                  "[--preempt-after N] [--fail-in-backward N] [--save-restore FILE] "
                  "[--schedule] [--checkpoint-directory DIR --checkpoint-every N] "
                  "[--pause-ms N] [--validate-every N [--chief-stops-after E]] "
-                 "[--elastic MIN]\n");
+                 "[--elastic MIN] [--connect-timeout-s N]\n");
     return 64;
   }
   try {
@@ -237,6 +240,8 @@ int main(int argc, char** argv) {
         settings.chief_stops_after = std::stoul(next());
       } else if (flag == "--elastic") {
         settings.min_workers = std::stoul(next());
+      } else if (flag == "--connect-timeout-s") {
+        settings.connect_timeout_s = std::stoi(next());
       } else if (flag == "--pause-ms") {
         settings.pause_ms = std::stoi(next());
       } else if (flag == "--schedule") {

@@ -259,12 +259,16 @@ class MultiWorkerMirrored {
   void withdraw() noexcept requires kRegroups { cross_->transport().stop_listening(); }
 
   // On the chief, at a vote: the processes at its door that the job takes in now, up to
-  // elastic.max_workers (or the workers it started with); 0 on the others.
+  // elastic.max_workers (or the workers it started with); 0 on the others. The door is polled
+  // also while the job is full: strangers are refused as ever, and a process that proved itself
+  // waits there, a standby that the job takes in once a worker is lost (or, at its deadline,
+  // learns that it waited at the door of a running job).
   std::size_t joiners_waiting() requires kRegroups {
+    if (!door_) return 0;
+    const std::size_t waiting = door_->waiting();
     const std::size_t most = elastic().max_workers != 0 ? elastic().max_workers : started_workers_;
     const auto workers = static_cast<std::size_t>(cluster().size);
-    if (!door_ || workers >= most) return 0;
-    return std::min(door_->waiting(), most - workers);
+    return workers >= most ? 0 : std::min(waiting, most - workers);
   }
 
   // Every process together, at the step boundary where the vote counted `joiners`: the mesh of

@@ -24,7 +24,16 @@ COHORT_DECL Tcp::Tcp(Listener&& listener)
     : rendezvous_port_(listener.rendezvous_port()),
       options_(std::move(listener.options_)),
       io_(std::move(listener.io_)) {
-  if (options_.size == 1) return;
+  if (options_.size == 1) {
+    // Nobody to meet. A mesh of one that an elastic job's regroup made (its listener handed down)
+    // keeps listening where asked, at the address the others knew, so that the job's door opens
+    // there and the job grows again from one worker (door.hpp, regroup.hpp).
+    if (options_.keep_listening && listener.acceptor_) {
+      acceptor_ = std::move(listener.acceptor_);
+      addresses_ = {Address{options_.rendezvous_host, options_.rendezvous_port}};
+    }
+    return;
+  }
   // The acceptor belongs to io_: a local here, destroyed before io_ even when this throws.
   auto acceptor = std::move(listener.acceptor_);
   auto started = listener.started_;
