@@ -1,4 +1,5 @@
-// collective::Local all-reduce (float, sum) against the memory floor.
+// collective::Local all-reduce (float, sum) against the memory floor, and the merge of a tree's
+// nodes that every reduction runs, in float and in the rounded sums.
 //
 // Every rank is a thread, created once per benchmark run and kept across its iterations; rank 0
 // is the thread that runs the timing loop. An iteration is timed from the first rank that leaves a
@@ -21,6 +22,11 @@
 // stream/update/ranks:n: each thread adds 1 to its own 64 MiB in place. A copy's write first reads
 // the target line into the cache unless memcpy streams past it; the all-reduce writes lines it has
 // just read, as the update does, so update is the stricter floor (update_floor_fraction).
+//
+// merge/op:N, labelled sum, sum_bf16 or sum_fp16 (the ReduceOp): one merge of a canonical tree over
+// the 1,863,690 gradient values of the MLP 784-1024-1024-10 (device::cpu::combine_into), the pass
+// that a fold, a communicator and a parameter server make per node; sum_bf16 and sum_fp16 round
+// each sum to their format (core/narrow_float.hpp).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -36,6 +42,8 @@
 #include <vector>
 
 #include "cohort/collective/local.hpp"
+#include "cohort/core/reduce_op.hpp"
+#include "cohort/device/cpu.hpp"
 
 namespace {
 
@@ -250,6 +258,31 @@ BENCHMARK_CAPTURE(stream, update, Stream::kUpdate)
     ->Arg(2)
     ->Arg(4)
     ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+void merge(benchmark::State& state) {
+  constexpr std::size_t kValues = 1'863'690;
+  const auto op = static_cast<ReduceOp>(state.range(0));
+  std::vector<float> left(kValues);
+  std::vector<float> right(kValues);
+  std::vector<float> out(kValues);
+  for (std::size_t i = 0; i < kValues; ++i) {
+    // Nodes of every format's tree: sums of them round.
+    left[i] = cohort::combine(op, 1e-3f * static_cast<float>(i % 977), 0.0f);
+    right[i] = cohort::combine(op, -7e-4f * static_cast<float>(i % 613), 0.0f);
+  }
+  for (auto _ : state) {
+    cohort::device::cpu::combine_into<float>(op, left, right, out);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(std::string(cohort::name(op)));
+}
+
+BENCHMARK(merge)
+    ->ArgName("op")
+    ->Arg(static_cast<int>(ReduceOp::kSum))
+    ->Arg(static_cast<int>(ReduceOp::kSumBfloat16))
+    ->Arg(static_cast<int>(ReduceOp::kSumFloat16))
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(all_reduce_sum_float)
     ->ArgNames({"ranks", "bytes"})

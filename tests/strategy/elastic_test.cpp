@@ -87,16 +87,23 @@ std::string log_of(const fs::path& directory, int rank) {
   return read_file(directory / ("rank" + std::to_string(rank) + ".log"));
 }
 
-// Waits for worker `rank` (60 s at most) and checks how it exited, 0 or not (`succeeded`); its log.
-std::string ended(std::vector<std::unique_ptr<Process>>& workers, const fs::path& directory,
-                  int rank, bool succeeded) {
-  const auto exit = workers[static_cast<std::size_t>(rank)]->wait(60s);
-  const std::string log = log_of(directory, rank);
-  CAPTURE(log);
+// Waits for `process` (60 s at most) and checks how it exited, 0 or not (`succeeded`); its log,
+// read from `log`.
+std::string ended(Process& process, const fs::path& log, bool succeeded) {
+  const auto exit = process.wait(60s);
+  const std::string text = read_file(log);
+  CAPTURE(text);
   REQUIRE(exit.has_value());
   CHECK(exit->exited);
   CHECK((exit->code == 0) == succeeded);
-  return log;
+  return text;
+}
+
+// The same for worker `rank`, its log rank<rank>.log.
+std::string ended(std::vector<std::unique_ptr<Process>>& workers, const fs::path& directory,
+                  int rank, bool succeeded) {
+  return ended(*workers[static_cast<std::size_t>(rank)],
+               directory / ("rank" + std::to_string(rank) + ".log"), succeeded);
 }
 
 // The reference: the same program's Mirrored with 4 replicas in one process, which lost nobody;
@@ -199,12 +206,7 @@ TEST_CASE(
       CHECK(log.find("membership 3 -> 2 at step ") != std::string::npos);
       CHECK(log.find("membership 2 -> 3 at step ") != std::string::npos);
     }
-    const auto again = workers[2]->wait(60s);
-    const std::string log = read_file(directory.path / "rank2-again.log");
-    CAPTURE(log);
-    REQUIRE(again.has_value());
-    CHECK(again->exited);
-    CHECK(again->code == 0);
+    const std::string log = ended(*workers[2], directory.path / "rank2-again.log", true);
     CHECK(log.find("cohort: rank 2 joined the job of 3 workers at step ") != std::string::npos);
     CHECK(read_file(directory.path / "parameters.bin") == expected);
   }
@@ -245,11 +247,7 @@ TEST_CASE(
     CHECK(log.find("membership 2 -> 3 at step ") != std::string::npos);
     CHECK(log.find("compromised") == std::string::npos);
   }
-  const auto again = workers[2]->wait(60s);
-  const std::string log = read_file(directory.path / "rank2-again.log");
-  CAPTURE(log);
-  REQUIRE(again.has_value());
-  CHECK(again->code == 0);
+  const std::string log = ended(*workers[2], directory.path / "rank2-again.log", true);
   CHECK(log.find("cohort: rank 2 joined the job of 3 workers at step ") != std::string::npos);
   CHECK(read_file(directory.path / "parameters.bin") == expected);
   for (const cohort::testing::RawSocket& socket : open)
@@ -306,12 +304,7 @@ TEST_CASE(
   auto late = start_elastic_worker(directory.path, 1, 2, port, 1, "1", "1", late_more, "-late");
   workers.push_back(
       start_elastic_worker(directory.path, 1, 2, port, 1, "1", "1", more, "-standby"));
-  const auto late_exit = late->wait(60s);
-  const std::string late_log = read_file(directory.path / "rank1-late.log");
-  CAPTURE(late_log);
-  REQUIRE(late_exit.has_value());
-  CHECK(late_exit->exited);
-  CHECK(late_exit->code != 0);
+  const std::string late_log = ended(*late, directory.path / "rank1-late.log", false);
   CHECK(late_log.find("runs already, and took this rank in at no step boundary") !=
         std::string::npos);
   // Worker 1 lost: the standby, at the door all along, takes its place.
@@ -320,12 +313,7 @@ TEST_CASE(
   const std::string chief = ended(workers, directory.path, 0, true);
   CHECK(chief.find("membership 2 -> 1 at step ") != std::string::npos);
   CHECK(chief.find("membership 1 -> 2 at step ") != std::string::npos);
-  const auto standby = workers[2]->wait(60s);
-  const std::string standby_log = read_file(directory.path / "rank1-standby.log");
-  CAPTURE(standby_log);
-  REQUIRE(standby.has_value());
-  CHECK(standby->exited);
-  CHECK(standby->code == 0);
+  const std::string standby_log = ended(*workers[2], directory.path / "rank1-standby.log", true);
   CHECK(standby_log.find("joined the job of 2 workers at step ") != std::string::npos);
   CHECK(read_file(directory.path / "parameters.bin") == expected);
 }

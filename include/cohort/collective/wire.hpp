@@ -66,26 +66,31 @@ inline constexpr std::size_t element_bytes(Wire wire, std::size_t value_bytes) {
   return wire == Wire::kFloat32 ? value_bytes : sizeof(std::uint16_t);
 }
 
+// Calls body(N{}) with N the type of the narrow format `wire` is: Bfloat16 or Float16.
+template <class Body>
+void with_narrow_format(Wire wire, Body&& body) {
+  if (wire == Wire::kBfloat16) {
+    body(Bfloat16{});
+  } else {
+    body(Float16{});
+  }
+}
+
 // `values` in the 2 bytes each of a narrow format (kBfloat16, kFloat16): exact for the nodes of
 // that format's tree, which every value of its gradient sum is.
 inline void pack(Wire wire, std::span<const float> values, std::span<std::uint16_t> bits) {
-  if (wire == Wire::kBfloat16) {
-    std::ranges::transform(values, bits.begin(), [](float v) { return Bfloat16::round(v).bits; });
-  } else {
-    std::ranges::transform(values, bits.begin(), [](float v) { return Float16::round(v).bits; });
-  }
+  with_narrow_format(wire, [&]<class Narrow>(Narrow) {
+    std::ranges::transform(values, bits.begin(), [](float v) { return Narrow::round(v).bits; });
+  });
 }
 
 // The values `bits` (pack's) stand for.
 template <class T>
 void widen(Wire wire, std::span<const std::uint16_t> bits, std::span<T> values) {
-  if (wire == Wire::kBfloat16) {
+  with_narrow_format(wire, [&]<class Narrow>(Narrow) {
     std::ranges::transform(bits, values.begin(),
-                           [](std::uint16_t b) { return static_cast<T>(Bfloat16{b}.widen()); });
-  } else {
-    std::ranges::transform(bits, values.begin(),
-                           [](std::uint16_t b) { return static_cast<T>(Float16{b}.widen()); });
-  }
+                           [](std::uint16_t b) { return static_cast<T>(Narrow{b}.widen()); });
+  });
 }
 
 // Refuses a gradient sum that a model of T values cannot take (the rounded sums sum float only):

@@ -39,8 +39,8 @@ struct HalfFormat {
   static constexpr std::uint16_t encode(float value) {
 #if defined(__F16C__) || defined(__aarch64__)
     // The processor's conversion, which loops vectorize (F16C's vcvtps2ph, AArch64's fcvt): the
-    // same rounding as below (IEEE's), and a rounded sum of the MLP's 1.86M elements in 1.0 ms
-    // against 3.8 ms (-O3 -march=native, the Intel VM).
+    // same rounding as below (IEEE's), in a fraction of its time (docs/benchmarks.md, "Rounded
+    // sums": bench_collective's merge labelled sum_fp16).
     if (!std::is_constant_evaluated()) {
       return std::bit_cast<std::uint16_t>(static_cast<_Float16>(value));
     }

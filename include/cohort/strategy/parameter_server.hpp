@@ -94,10 +94,10 @@
 //   wire             the format a push crosses in (collective/wire.hpp): kFloat32 (the default),
 //                    or kBfloat16 (kFloat16), half the bytes: every sum of the canonical tree
 //                    rounded to bfloat16 (float16), in each worker's fold, between its replicas
-//                    and on the servers, so
-//                    that under Sync the bits are MultiWorkerMirrored's with the same wire on any
-//                    worker and replica count (float models with replicas on the host only; left
-//                    at its default: COHORT_WIRE). Pulls carry the parameters in their own type
+//                    and on the servers, so that under Sync the bits are MultiWorkerMirrored's
+//                    with the same wire on any worker and replica count (float models with
+//                    replicas on the host only; left at its default: COHORT_WIRE). Pulls carry
+//                    the parameters in their own type
 //   communication_priority
 //                    a worker's communication thread, which pushes chunks while the backward
 //                    pass goes on (collective/communication_thread.hpp): kNormal (the default);
