@@ -319,6 +319,24 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "an elastic job started with one worker grows: a process started for it joins at a step "
+    "boundary, and the job ends with the bits of one that never changed") {
+  const std::string& expected = uninterrupted_parameters();
+  TemporaryDirectory directory("cohort-elastic-grow-from-one");
+  const std::vector<std::string> more{"--pause-ms", "50"};
+  std::vector<std::string> chief_more = more;
+  chief_more.insert(chief_more.end(), {"--max-workers", "2"});
+  std::string port;
+  auto workers = start_elastic_workers(directory.path, 1, 1, "1", "1", chief_more, &port);
+  workers.push_back(start_elastic_worker(directory.path, 1, 2, port, 1, "1", "1", more));
+  const std::string joiner = ended(workers, directory.path, 1, true);
+  CHECK(joiner.find("joined the job of 2 workers at step ") != std::string::npos);
+  const std::string chief = ended(workers, directory.path, 0, true);
+  CHECK(chief.find("membership 1 -> 2 at step ") != std::string::npos);
+  CHECK(read_file(directory.path / "parameters.bin") == expected);
+}
+
+TEST_CASE(
     "under cohort-run --min-np, a rank SIGKILLed mid-fit is lost, not fatal: the others end with "
     "the parameters of a job that lost nobody, and the launcher exits 0") {
   const std::string& expected = uninterrupted_parameters();

@@ -36,6 +36,7 @@
 // --elastic MIN    an elastic job (strategy::Elastic) of at least MIN workers: a process that ends
 //                  is gone, and the others go on; each prints "membership W -> W' at step S" per
 //                  change, and the chief at the end writes the parameters
+// --max-workers N  the most workers the elastic job grows to (default: those it starts with)
 // --connect-timeout-s N  the rendezvous's deadline (default 30 s), a joiner's at a running job's
 // door Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process
 // whose fit stopped for preemption exits with cohort::kExitPreempted and writes no parameters. Both
@@ -77,6 +78,7 @@ struct Settings {
   std::uint64_t validate_every = 0;
   std::size_t chief_stops_after = 0;
   std::size_t min_workers = 0;
+  std::size_t max_workers = 0;
   int connect_timeout_s = 30;
 };
 
@@ -175,12 +177,14 @@ int train(const Settings& settings) {
   if (settings.mirrored) {
     return train(settings, cohort::strategy::Mirrored<>({.replicas = settings.local_replicas}));
   }
-  return train(settings, cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, Cross>(
-                             {.local_replicas = settings.local_replicas,
-                              .connect_timeout = std::chrono::seconds(settings.connect_timeout_s),
-                              .timeout = std::chrono::seconds(10),
-                              .bucket_bytes = 64,
-                              .elastic = {.min_workers = settings.min_workers}}));
+  return train(
+      settings,
+      cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, Cross>(
+          {.local_replicas = settings.local_replicas,
+           .connect_timeout = std::chrono::seconds(settings.connect_timeout_s),
+           .timeout = std::chrono::seconds(10),
+           .bucket_bytes = 64,
+           .elastic = {.min_workers = settings.min_workers, .max_workers = settings.max_workers}}));
 }
 
 }  // namespace
@@ -195,7 +199,7 @@ int main(int argc, char** argv) {
                  "[--preempt-after N] [--fail-in-backward N] [--save-restore FILE] "
                  "[--schedule] [--checkpoint-directory DIR --checkpoint-every N] "
                  "[--pause-ms N] [--validate-every N [--chief-stops-after E]] "
-                 "[--elastic MIN] [--connect-timeout-s N]\n");
+                 "[--elastic MIN [--max-workers N]] [--connect-timeout-s N]\n");
     return 64;
   }
   try {
@@ -240,6 +244,8 @@ int main(int argc, char** argv) {
         settings.chief_stops_after = std::stoul(next());
       } else if (flag == "--elastic") {
         settings.min_workers = std::stoul(next());
+      } else if (flag == "--max-workers") {
+        settings.max_workers = std::stoul(next());
       } else if (flag == "--connect-timeout-s") {
         settings.connect_timeout_s = std::stoi(next());
       } else if (flag == "--pause-ms") {

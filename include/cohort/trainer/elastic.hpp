@@ -78,8 +78,12 @@ template <class R>
                         : std::numeric_limits<double>::infinity();
     agreement.all_reduce(replica.communicator(), std::span<double>(&source, 1), ReduceOp::kMin);
     const int root = static_cast<int>(source);
-    replica.communicator().broadcast(ModelTraits<typename R::Model>::parameters(run.models[local]),
-                                     root);
+    // The segment that follows starts with replica 0's parameters (strategy.hpp, start): they
+    // travel here only where another replica holds the newest.
+    if (root != 0) {
+      replica.communicator().broadcast(
+          ModelTraits<typename R::Model>::parameters(run.models[local]), root);
+    }
     replica.communicator().broadcast(run.optimizer_states[local].span(), root);
     if (local == 0) newest = static_cast<std::uint64_t>(most);
   });

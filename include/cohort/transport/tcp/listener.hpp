@@ -67,7 +67,7 @@ class Listener {
   Options options_;
   std::chrono::steady_clock::time_point started_;
   std::unique_ptr<boost::asio::io_context> io_;
-  std::unique_ptr<detail::Acceptor> acceptor_;  // null when size == 1
+  std::unique_ptr<detail::Acceptor> acceptor_;  // null where the rank meets nobody (alone)
   std::uint16_t port_ = 0;
 };
 

@@ -17,6 +17,12 @@ namespace cohort::transport::tcp {
 
 namespace detail {
 
+// Whether a rank meets nobody: a job of one process, unless it is elastic (its rank 0 keeps the
+// job's door, so that it grows) or this process joins a running job through its door.
+COHORT_DECL bool alone(const Options& options) {
+  return options.size == 1 && !options.keep_listening && !options.joins_running_job;
+}
+
 // Opens, binds and listens at `endpoint`: the acceptor, or null with `ec` set when a step failed.
 COHORT_DECL std::unique_ptr<Acceptor> listen_at(asio::io_context& io,
                                                 const asio::ip::tcp::endpoint& endpoint,
@@ -52,7 +58,7 @@ COHORT_DECL Listener::Listener(Options options)
                     "must be a numeric IPv4 or IPv6 address");
   }
   io_ = std::make_unique<boost::asio::io_context>(1);
-  if (options_.size == 1) return;  // nobody to meet
+  if (detail::alone(options_)) return;
   // The rank 0 that starts the job at the rendezvous port; the others at the first free port of
   // their range, if any.
   const bool hosts = options_.rank == 0 && !options_.joins_running_job;

@@ -24,10 +24,10 @@ COHORT_DECL Tcp::Tcp(Listener&& listener)
     : rendezvous_port_(listener.rendezvous_port()),
       options_(std::move(listener.options_)),
       io_(std::move(listener.io_)) {
-  if (options_.size == 1) {
-    // Nobody to meet. A mesh of one that an elastic job's regroup made (its listener handed down)
-    // keeps listening where asked, at the address the others knew, so that the job's door opens
-    // there and the job grows again from one worker (door.hpp, regroup.hpp).
+  if (options_.size == 1 && !options_.joins_running_job) {
+    // Nobody to meet. An elastic job of one worker, started so or left so by a regroup (its
+    // listener handed down), keeps listening where asked, at the address the others knew, so
+    // that the job's door opens there and the job grows (door.hpp, regroup.hpp).
     if (options_.keep_listening && listener.acceptor_) {
       acceptor_ = std::move(listener.acceptor_);
       addresses_ = {Address{options_.rendezvous_host, options_.rendezvous_port}};
