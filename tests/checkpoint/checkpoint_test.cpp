@@ -553,3 +553,44 @@ TEST_CASE("saved tells a new run from a continued one and reports shards without
   // Another checkpoint's shards are not this one's.
   CHECK_FALSE(cohort::checkpoint::saved(directory.path / "run"));
 }
+
+TEST_CASE(
+    "a block checksummed by its writer is joined into the payload's checksum, not computed again") {
+  TemporaryDirectory directory;
+  cohort::checkpoint::TrainingState<float> state;
+  state.optimizer = "adam";
+  for (int i = 0; i < 100'003; ++i) state.parameters.push_back(0.25F * static_cast<float>(i));
+  state.optimizer_state.assign(2 * state.parameters.size(), 1.5F);
+  const auto bytes_of_values = [](const std::vector<float>& values) {
+    return std::string_view(reinterpret_cast<const char*>(values.data()),
+                            values.size() * sizeof(float));
+  };
+  // As the shares of a checkpoint's copy checksum it: in parts, joined.
+  const std::string_view parameters = bytes_of_values(state.parameters);
+  const std::size_t split = 4 * 40'001;
+  const std::uint32_t joined = cohort::checkpoint::detail::crc32_append(
+      cohort::checkpoint::detail::crc32(parameters.substr(0, split)),
+      cohort::checkpoint::detail::crc32(parameters.substr(split)), parameters.size() - split);
+  REQUIRE(joined == cohort::checkpoint::detail::crc32(parameters));
+
+  const fs::path plain = directory.path / "plain.ckpt";
+  const fs::path given = directory.path / "given.ckpt";
+  cohort::checkpoint::write(plain, state);
+  const std::vector<cohort::checkpoint::ChecksummedBlock> blocks = {
+      {.bytes = parameters, .crc32 = joined}};
+  cohort::checkpoint::write(given, state, blocks);
+  CHECK(bytes_of(given) == bytes_of(plain));
+
+  // The checksum given is the one used: a wrong one makes a file that read() refuses.
+  const fs::path wrong = directory.path / "wrong.ckpt";
+  const std::vector<cohort::checkpoint::ChecksummedBlock> wrong_blocks = {
+      {.bytes = parameters, .crc32 = joined ^ 1U}};
+  cohort::checkpoint::write(wrong, state, wrong_blocks);
+  std::string message;
+  try {
+    cohort::checkpoint::read<float>(wrong);
+  } catch (const cohort::CheckpointError& error) {
+    message = error.what();
+  }
+  CHECK(message.find("checksum") != std::string::npos);
+}

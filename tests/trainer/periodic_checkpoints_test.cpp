@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -25,18 +26,27 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using cohort::testing::TemporaryDirectory;
 
-// The small task on Mirrored 2 to `steps`, with the given checkpoint policy, as
-// multi_worker_trainer trains it on 2 workers of 1 replica; the trainer.
-auto trained(std::uint64_t steps, const cohort::CheckpointPolicy& policy) {
-  auto trainer = std::make_unique<
-      cohort::Trainer<example::Mlp, cohort::strategy::Mirrored<>, cohort::optimizer::Adam>>(
-      cohort::testing::small_model(), cohort::strategy::Mirrored<>({.replicas = 2}),
+using Trainer =
+    cohort::Trainer<example::Mlp, cohort::strategy::Mirrored<>, cohort::optimizer::Adam>;
+
+// The small task on Mirrored `replicas` with the given checkpoint policy, as multi_worker_trainer
+// trains it on 2 workers of 1 replica; the trainer, before any fit.
+std::unique_ptr<Trainer> trainer_for(const cohort::CheckpointPolicy& policy,
+                                     std::size_t replicas = 2) {
+  return std::make_unique<Trainer>(
+      cohort::testing::small_model(), cohort::strategy::Mirrored<>({.replicas = replicas}),
       cohort::optimizer::Adam({.learning_rate = 3e-3}),  // as multi_worker_trainer
       cohort::TrainerOptions{.global_batch = 64,
                              .seed = 11,
                              .log_every = 4,
                              .progress = cohort::Progress::kSilent,
                              .checkpoint = policy});
+}
+
+// The same, trained to `steps`.
+std::unique_ptr<Trainer> trained(std::uint64_t steps, const cohort::CheckpointPolicy& policy,
+                                 std::size_t replicas = 2) {
+  auto trainer = trainer_for(policy, replicas);
   trainer->fit(cohort::testing::small_task_data(), {.steps = steps});
   return trainer;
 }
@@ -87,6 +97,55 @@ TEST_CASE(
       trained(40, {.directory = checkpoints, .every_steps = 5, .keep = 2, .resume = true});
   CHECK(parameters_of(resumed) == parameters_of(trained(40, {})));
   CHECK(steps_in(checkpoints) == std::vector<std::uint64_t>{35, 40});
+}
+
+TEST_CASE(
+    "a checkpoint taken during a fit, its copy shared out between the replicas, is the file "
+    "Trainer::save writes after a fit to that step") {
+  TemporaryDirectory directory("cohort-periodic-shares");
+  const fs::path saved = directory.path / "saved.ckpt";
+  trained(12, {})->save(saved);
+  for (const std::size_t replicas : {1, 2, 3, 4}) {
+    CAPTURE(replicas);
+    const fs::path checkpoints = directory.path / ("replicas-" + std::to_string(replicas));
+    trained(15, {.directory = checkpoints, .every_steps = 6}, replicas);
+    CHECK(cohort::testing::read_file(cohort::checkpoint::file_for_step(checkpoints, 12)) ==
+          cohort::testing::read_file(saved));
+  }
+}
+
+TEST_CASE(
+    "a checkpoint during a fit refuses a state with an infinity, naming the first, in any "
+    "replica's share") {
+  TemporaryDirectory directory("cohort-periodic-infinity");
+  const fs::path start = directory.path / "start.ckpt";
+  trained(4, {})->save(start);
+  // Adam's second moments are the optimizer state's second half. An infinite one leaves its
+  // parameter as it is (its update is 0) and the gradient finite: only the checkpoint can see it.
+  const auto finite = cohort::checkpoint::read<float>(start);
+  const std::size_t parameters = finite.parameters.size();
+  // Mirrored 4: in the third replica's share (the fourth's holds one too), then in the fourth's.
+  for (const std::size_t first : {parameters + 7, 2 * parameters - 3}) {
+    CAPTURE(first);
+    auto state = finite;
+    state.optimizer_state[first] = std::numeric_limits<float>::infinity();
+    state.optimizer_state[2 * parameters - 1] = std::numeric_limits<float>::infinity();
+    const fs::path poisoned = directory.path / "poisoned.ckpt";
+    cohort::checkpoint::write(poisoned, state);
+    const fs::path checkpoints = directory.path / ("checkpoints-" + std::to_string(first));
+    auto trainer = trainer_for({.directory = checkpoints, .every_steps = 6}, 4);
+    trainer->restore(poisoned);
+    try {
+      trainer->fit(cohort::testing::small_task_data(), {.steps = 9});
+      FAIL("fit returned");
+    } catch (const cohort::NumericError& error) {
+      CAPTURE(std::string(error.what()));
+      CHECK(error.where() == cohort::NumericError::Where::kOptimizerState);
+      CHECK(error.index() == first);
+      CHECK(cohort::testing::contains(error.what(), "not written"));
+    }
+    CHECK(steps_in(checkpoints).empty());
+  }
 }
 
 TEST_CASE("checkpoints by time, agreed at the job's vote, change no bit") {

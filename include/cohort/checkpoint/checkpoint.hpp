@@ -65,6 +65,7 @@
 #include <filesystem>
 #include <limits>
 #include <new>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <streambuf>
@@ -359,11 +360,11 @@ Integer extract(std::string_view bytes, std::size_t offset) {
 // written last, once the payload's length and checksum are known; returns the checksum.
 template <class T, class Payload>
 std::uint32_t write_payload(int fd, const std::filesystem::path& file, const Magic& magic,
-                            const Payload& content) {
+                            const Payload& content, std::span<const ChecksummedBlock> checksummed) {
   if (::lseek(fd, static_cast<off_t>(kHeaderBytes), SEEK_SET) < 0) {
     refuse(file, std::string("cannot seek: ") + std::strerror(errno));
   }
-  ChecksummedFileBuffer payload(fd);
+  ChecksummedFileBuffer payload(fd, checksummed);
   try {
     boost::archive::binary_oarchive archive(payload);
     archive << content;
@@ -388,7 +389,8 @@ std::uint32_t write_payload(int fd, const std::filesystem::path& file, const Mag
 // Writes `content` in the container with `magic`, atomically; returns the payload's CRC-32.
 template <class T, class Payload>
 std::uint32_t write_container(const std::filesystem::path& file, const Magic& magic,
-                              const Payload& content) {
+                              const Payload& content,
+                              std::span<const ChecksummedBlock> checksummed = {}) {
   refuse_directory(file, subject_of(file));
   const std::filesystem::path directory = directory_of(file);
   const std::filesystem::path temporary =
@@ -397,7 +399,7 @@ std::uint32_t write_container(const std::filesystem::path& file, const Magic& ma
   if (fd < 0) refuse(file, "cannot create " + temporary.string() + ": " + std::strerror(errno));
   std::uint32_t checksum = 0;
   try {
-    checksum = write_payload<T>(fd, file, magic, content);
+    checksum = write_payload<T>(fd, file, magic, content, checksummed);
     if (::fsync(fd) != 0) refuse(file, std::string("fsync failed: ") + std::strerror(errno));
   } catch (...) {
     ::close(fd);
@@ -745,9 +747,11 @@ inline void remove_stale_temporaries(const std::filesystem::path& file) {
 
 // Writes a complete training state, or a manifest (state.shards not empty), to `file`; then removes
 // the shard files only the manifest it replaced named, and the temporary files of saves of `file`
-// that died. Each removed file has a name a save of `file` gives (shard_file_name).
+// that died. Each removed file has a name a save of `file` gives (shard_file_name). `checksummed`:
+// blocks of the state's values whose checksums the caller computed (detail/checksummed_file.hpp).
 template <class T>
-void write(const std::filesystem::path& file, const TrainingState<T>& state);
+void write(const std::filesystem::path& file, const TrainingState<T>& state,
+           std::span<const ChecksummedBlock> checksummed = {});
 
 // Writes one server's shard; returns the checksum the manifest records for it.
 template <class T>
@@ -819,9 +823,11 @@ TrainingState<T> read(const std::filesystem::path& file) {
 }
 
 template <class T>
-void write(const std::filesystem::path& file, const TrainingState<T>& state) {
+void write(const std::filesystem::path& file, const TrainingState<T>& state,
+           std::span<const ChecksummedBlock> checksummed) {
   const auto replaced = detail::shard_files<T>(file);
-  detail::write_container<T>(file, state.shards.empty() ? kMagic : kManifestMagic, state);
+  detail::write_container<T>(file, state.shards.empty() ? kMagic : kManifestMagic, state,
+                             checksummed);
   for (const auto& old : replaced) {
     const bool kept =
         std::any_of(state.shards.begin(), state.shards.end(),
@@ -838,8 +844,10 @@ void write(const std::filesystem::path& file, const TrainingState<T>& state) {
 namespace cohort::checkpoint {
 COHORT_INSTANTIATED TrainingState<float> read<float>(const std::filesystem::path&);
 COHORT_INSTANTIATED TrainingState<double> read<double>(const std::filesystem::path&);
-COHORT_INSTANTIATED void write<float>(const std::filesystem::path&, const TrainingState<float>&);
-COHORT_INSTANTIATED void write<double>(const std::filesystem::path&, const TrainingState<double>&);
+COHORT_INSTANTIATED void write<float>(const std::filesystem::path&, const TrainingState<float>&,
+                                      std::span<const ChecksummedBlock>);
+COHORT_INSTANTIATED void write<double>(const std::filesystem::path&, const TrainingState<double>&,
+                                       std::span<const ChecksummedBlock>);
 COHORT_INSTANTIATED std::uint32_t write<float>(const std::filesystem::path&,
                                                const ShardState<float>&);
 COHORT_INSTANTIATED std::uint32_t write<double>(const std::filesystem::path&,

@@ -59,15 +59,21 @@ checkpoint::TrainingState<typename R::value_type> checkpoint_state(const R& run,
   return state;
 }
 
-// A state with an infinity or NaN is never saved: it could only be restored to fail again.
+// A state with an infinity or NaN is never saved: it could only be restored to fail again. The
+// error for the state after `step` steps whose value `first` of `where` is not finite.
+inline NumericError nonfinite_state_error(NumericError::Where where, std::uint64_t step,
+                                          std::size_t first, const std::filesystem::path& file) {
+  return NumericError(where, step == 0 ? 0 : step - 1, first,
+                      "not written to " + file.string() +
+                          ": a training state with infinities or NaN is never saved; restore "
+                          "an earlier checkpoint, or train with on_nonfinite = skip_step");
+}
+
 template <class T>
 void refuse_nonfinite(std::span<const T> values, NumericError::Where where, std::uint64_t step,
                       const std::filesystem::path& file) {
   if (const std::size_t first = device::cpu::first_nonfinite(values); first != values.size()) {
-    throw NumericError(where, step == 0 ? 0 : step - 1, first,
-                       "not written to " + file.string() +
-                           ": a training state with infinities or NaN is never saved; restore "
-                           "an earlier checkpoint, or train with on_nonfinite = skip_step");
+    throw nonfinite_state_error(where, step, first, file);
   }
 }
 

@@ -9,9 +9,10 @@
 // (trainer/vote.hpp) agrees on the step. Under a strategy whose replicas hold the whole state
 // between two steps (strategy::SnapshotsBetweenSteps: the mirrored strategies), the checkpoint is
 // taken there, inside the fit: every replica makes its state whole (a sharded update gathers its
-// optimizer state), the chief's first replica copies it to the host into a buffer kept from one
-// checkpoint to the next, and the fit goes on. A background thread checks the copy (Trainer::
-// save's checks: no infinity or NaN is saved) and writes it while the fit trains; the next
+// optimizer state), the chief's replicas copy a share of it each to the host, into a buffer kept
+// from one checkpoint to the next, checking and checksumming their shares as they copy
+// (trainer/snapshot_copy.hpp), and the fit goes on. A background thread writes the copy while the
+// fit trains, refusing it as Trainer::save does where it holds an infinity or NaN; the next
 // checkpoint, and the end of the fit, wait for that write. A write that failed fails the chief's
 // fit there (CheckpointError), and the other processes learn it as the chief's departure.
 //
@@ -30,6 +31,7 @@
 #include <exception>
 #include <filesystem>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -41,6 +43,7 @@
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/trainer/checkpoints.hpp"
 #include "cohort/trainer/options.hpp"
+#include "cohort/trainer/snapshot_copy.hpp"
 
 namespace cohort::trainer {
 
@@ -112,19 +115,36 @@ class PeriodicCheckpoints {
     }
   }
 
-  // Between two steps (kBetweenSteps), on the first replica of every process, once every replica
-  // has made its state whole: the chief copies the state after `step` steps and writes it in the
-  // background. Whether this step had no checkpoint yet.
-  bool snapshot(const R& run, std::uint64_t step) {
-    if (!mark(step)) return false;
+  // On one thread, before the replicas of a segment start: the chief's buffer for snapshots
+  // (kBetweenSteps), for `run`'s replicas, once the write in flight is done. Its failure, where the
+  // fit it failed did not report it, fails nothing more: the next checkpoint writes again.
+  void prepare(const R& run) {
+    if (!kBetweenSteps || !enabled() || !run.strategy.is_chief()) return;
+    if (writing_.valid()) writing_.wait();
+    writing_ = {};
+    copy_.prepare(run, run.models.size());
+  }
+
+  // Between two steps (kBetweenSteps), once every replica has made its state whole: on every
+  // replica of every process, share `share` of `shares` (the replica's index in the process, and
+  // their count); or after a fit on one thread, share 0 of 1. The chief's replicas copy a share of
+  // the state after `step` steps each, and the last to finish writes it in the background. Whether
+  // this step had no checkpoint yet (share 0's answer; a fit's replicas never take one twice).
+  bool snapshot(const R& run, std::uint64_t step, std::size_t share, std::size_t shares) {
+    if (share == 0 && !mark(step)) return false;
     if (!run.strategy.is_chief()) return true;
-    wait();
-    fill_checkpoint_state(run, step, state_);
+    // The buffer is the previous write's until it is done; share 0 reports its failure.
+    const std::shared_future<void> previous = write_in_flight();
+    if (previous.valid()) share == 0 ? previous.get() : previous.wait();
+    if (!copy_.copy_share(run, step, share, shares)) return true;
+    const std::lock_guard lock(writing_mutex_);
     writing_ = std::async(std::launch::async, [this, step] {
-      create_directory();
-      write_state(state_, checkpoint::file_for_step(policy_.directory, step), step);
-      if (policy_.keep != 0) checkpoint::keep_newest<T>(policy_.directory, policy_.keep);
-    });
+                 const auto file = checkpoint::file_for_step(policy_.directory, step);
+                 const auto& state = copy_.checked_state(file);
+                 create_directory();
+                 checkpoint::write(file, state, copy_.checksummed());
+                 if (policy_.keep != 0) checkpoint::keep_newest<T>(policy_.directory, policy_.keep);
+               }).share();
     return true;
   }
 
@@ -141,7 +161,7 @@ class PeriodicCheckpoints {
       }
       return true;
     } else {
-      return snapshot(run, run.step);
+      return snapshot(run, run.step, 0, 1);
     }
   }
 
@@ -175,9 +195,10 @@ class PeriodicCheckpoints {
     return file;
   }
 
-  // Waits for the write in flight; rethrows its failure.
+  // On one thread, once the replicas are done: waits for the write in flight; rethrows its
+  // failure.
   void wait() {
-    if (writing_.valid()) writing_.get();
+    if (writing_.valid()) std::exchange(writing_, {}).get();
   }
 
  private:
@@ -189,6 +210,11 @@ class PeriodicCheckpoints {
       throw CheckpointError("checkpoint.directory " + policy_.directory.string() +
                             " cannot be created: " + error.message());
     }
+  }
+
+  std::shared_future<void> write_in_flight() {
+    const std::lock_guard lock(writing_mutex_);
+    return writing_;
   }
 
   // Records a checkpoint after `step` steps; false where that step has one already.
@@ -203,8 +229,9 @@ class PeriodicCheckpoints {
   Clock::time_point last_ = Clock::now();
   std::uint64_t saved_step_ = static_cast<std::uint64_t>(-1);
   bool resumed_ = false;
-  checkpoint::TrainingState<T> state_;  // the chief's copy being written
-  std::future<void> writing_;
+  SnapshotCopy<R> copy_;      // the chief's copy being written
+  std::mutex writing_mutex_;  // between the replicas of a snapshot
+  std::shared_future<void> writing_;
 };
 
 }  // namespace cohort::trainer

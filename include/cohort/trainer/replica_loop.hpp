@@ -193,14 +193,14 @@ class ReplicaLoop {
   static constexpr bool kBetweenSteps = PeriodicCheckpoints<R>::kBetweenSteps;
 
   // A checkpoint after `step` steps, taken between two steps without ending the segment
-  // (strategy::SnapshotsBetweenSteps): every replica makes its state whole, and the first replica
-  // of each process takes it (the chief's copies it and writes it in the background).
+  // (strategy::SnapshotsBetweenSteps): every replica makes its state whole and takes its share of
+  // it (the chief's replicas copy theirs, and the last writes it in the background).
   void checkpoint_between_steps(std::uint64_t step) {
     if constexpr (kBetweenSteps) {
       const auto start = Clock::now();
       const trace::Span span(run_.recorder.get(), trace::Phase::kCheckpoint, {.step = step});
       replica_.make_state_whole(optimizer_state_);
-      if (local_ == 0 && checkpoints_.snapshot(run_, step)) {
+      if (checkpoints_.snapshot(run_, step, local_, run_.models.size()) && local_ == 0) {
         ++report_.checkpoints;
         report_.checkpoint_seconds += std::chrono::duration<double>(Clock::now() - start).count();
       }

@@ -69,6 +69,7 @@ Report fit_segments(R& run, PeriodicCheckpoints<R>& checkpoints,
   for (SegmentEnd end = SegmentEnd::kCheckpoint;
        end == SegmentEnd::kCheckpoint || end == SegmentEnd::kAdmit;) {
     const std::uint64_t segment_end = checkpoints.segment_end(run.step, target);
+    checkpoints.prepare(run);
     try {
       run.strategy.run([&](auto& replica) {
         const std::size_t local = replica.index() - run.strategy.first_local_replica();

@@ -7,8 +7,11 @@
 // ChecksummedFileBuffer takes a payload as a Boost archive produces it and writes it to a file
 // descriptor, checksumming and counting the bytes on the way: a checkpoint is never held in
 // memory a second time, and the large blocks (the parameters, the optimizer state) go from the
-// training state to the file without a copy. A failed write is recorded (error()) and every
-// later one refused, so that the caller names the errno once the archive gives up.
+// training state to the file without a copy. A block its caller checksummed already (a
+// ChecksummedBlock: a checkpoint taken during a fit checksums its values as it copies them) has its
+// checksum combined (zlib's crc32_combine) instead of computed again, when the archive writes
+// exactly that block; any other block is checksummed here. A failed write is recorded (error())
+// and every later one refused, so that the caller names the errno once the archive gives up.
 #pragma once
 
 #include <unistd.h>
@@ -17,9 +20,20 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <streambuf>
 #include <string_view>
 #include <vector>
+
+namespace cohort::checkpoint {
+
+// Bytes of a payload and their CRC-32, computed by the caller.
+struct ChecksummedBlock {
+  std::string_view bytes;
+  std::uint32_t crc32 = 0;
+};
+
+}  // namespace cohort::checkpoint
 
 namespace cohort::checkpoint::detail {
 
@@ -30,10 +44,21 @@ inline std::uint32_t crc32_update(std::uint32_t crc, std::string_view bytes) {
 
 inline std::uint32_t crc32(std::string_view bytes) { return crc32_update(0, bytes); }
 
+// The checksum of `first` followed by `second_bytes` bytes whose own checksum is `second`.
+inline std::uint32_t crc32_append(std::uint32_t first, std::uint32_t second,
+                                  std::uint64_t second_bytes) {
+  static_assert(sizeof(z_off_t) == sizeof(std::uint64_t), "cohort: zlib with 64-bit offsets");
+  return static_cast<std::uint32_t>(
+      ::crc32_combine(first, second, static_cast<z_off_t>(second_bytes)));
+}
+
 class ChecksummedFileBuffer : public std::streambuf {
  public:
   // Writes at the descriptor's current offset; the descriptor stays the caller's.
-  explicit ChecksummedFileBuffer(int fd) : fd_(fd), buffer_(kBufferBytes) { reset_put_area(); }
+  explicit ChecksummedFileBuffer(int fd, std::span<const ChecksummedBlock> checksummed = {})
+      : fd_(fd), checksummed_(checksummed), buffer_(kBufferBytes) {
+    reset_put_area();
+  }
 
   // Writes what is buffered; false once any write has failed.
   bool flush() { return drain(); }
@@ -79,7 +104,7 @@ class ChecksummedFileBuffer : public std::streambuf {
 
   bool put(std::string_view bytes) {
     if (error_ != 0) return false;
-    crc32_ = crc32_update(crc32_, bytes);
+    crc32_ = checksummed(bytes);
     bytes_ += bytes.size();
     while (!bytes.empty()) {
       const ssize_t written = ::write(fd_, bytes.data(), bytes.size());
@@ -93,7 +118,18 @@ class ChecksummedFileBuffer : public std::streambuf {
     return true;
   }
 
+  // The checksum so far with `bytes` appended.
+  std::uint32_t checksummed(std::string_view bytes) const {
+    for (const ChecksummedBlock& block : checksummed_) {
+      if (block.bytes.data() == bytes.data() && block.bytes.size() == bytes.size()) {
+        return crc32_append(crc32_, block.crc32, bytes.size());
+      }
+    }
+    return crc32_update(crc32_, bytes);
+  }
+
   int fd_;
+  std::span<const ChecksummedBlock> checksummed_;
   std::vector<char> buffer_;
   std::uint32_t crc32_ = 0;
   std::uint64_t bytes_ = 0;
