@@ -18,9 +18,9 @@ namespace cohort::transport::tcp {
 namespace detail {
 
 // Whether a rank meets nobody: a job of one process, unless it is elastic (its rank 0 keeps the
-// job's door, so that it grows) or this process joins a running job through its door.
+// job's door, so that it grows; a process that joins names a job of 2 or more: validate).
 COHORT_DECL bool alone(const Options& options) {
-  return options.size == 1 && !options.keep_listening && !options.joins_running_job;
+  return options.size == 1 && !options.keep_listening;
 }
 
 // Opens, binds and listens at `endpoint`: the acceptor, or null with `ec` set when a step failed.

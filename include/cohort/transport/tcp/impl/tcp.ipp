@@ -24,7 +24,7 @@ COHORT_DECL Tcp::Tcp(Listener&& listener)
     : rendezvous_port_(listener.rendezvous_port()),
       options_(std::move(listener.options_)),
       io_(std::move(listener.io_)) {
-  if (options_.size == 1 && !options_.joins_running_job) {
+  if (options_.size == 1) {
     // Nobody to meet. An elastic job of one worker, started so or left so by a regroup (its
     // listener handed down), keeps listening where asked, at the address the others knew, so
     // that the job's door opens there and the job grows (door.hpp, regroup.hpp).
