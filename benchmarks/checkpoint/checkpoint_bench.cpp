@@ -5,6 +5,9 @@
 //
 //   write          checkpoint::write: the Boost archive streamed to a temporary file with its
 //                  CRC-32, fsync, rename, fsync of the directory
+//   write/checksummed  the same, the values' checksums given (checkpoint::ChecksummedBlock): the
+//                  background write of a checkpoint during a fit, whose replicas checksummed their
+//                  shares as they copied them (trainer/snapshot_copy.hpp)
 //   raw_write      the same bytes with write, fsync and rename alone: the floor, no archive and
 //                  no checksum
 //   crc32/zlib     the checksum cohort computes (checkpoint/detail/checksummed_file.hpp)
@@ -66,6 +69,19 @@ void write(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * state_bytes()));
 }
 
+void write_checksummed(benchmark::State& state) {
+  const fs::path file = directory() / "cohort-bench-write-checksummed.ckpt";
+  std::vector<cohort::checkpoint::ChecksummedBlock> blocks;
+  for (const auto* values : {&mlp_state().parameters, &mlp_state().optimizer_state}) {
+    const std::string_view bytes(reinterpret_cast<const char*>(values->data()),
+                                 values->size() * sizeof(float));
+    blocks.push_back({.bytes = bytes, .crc32 = cohort::checkpoint::detail::crc32(bytes)});
+  }
+  for (auto _ : state) cohort::checkpoint::write(file, mlp_state(), blocks);
+  fs::remove(file);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * state_bytes()));
+}
+
 void raw_write(benchmark::State& state) {
   const fs::path file = directory() / "cohort-bench-raw.bin";
   const fs::path temporary = directory() / "cohort-bench-raw.bin.tmp";
@@ -118,6 +134,10 @@ void crc32_boost(benchmark::State& state) {
 }
 
 BENCHMARK(write)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(write_checksummed)
+    ->Name("write/checksummed")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(raw_write)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(crc32_zlib)->Name("crc32/zlib")->Unit(benchmark::kMillisecond);
 BENCHMARK(crc32_boost)->Name("crc32/boost")->Unit(benchmark::kMillisecond);
