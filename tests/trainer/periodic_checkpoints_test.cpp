@@ -51,6 +51,12 @@ std::unique_ptr<Trainer> trained(std::uint64_t steps, const cohort::CheckpointPo
   return trainer;
 }
 
+// `file`, as Trainer::save writes it after a fit to `steps` on Mirrored 2.
+fs::path saved_after(std::uint64_t steps, const fs::path& file) {
+  trained(steps, {})->save(file);
+  return file;
+}
+
 std::string parameters_of(const auto& trainer) {
   return cohort::testing::bytes_of(cohort::testing::parameters_of(trainer->model()));
 }
@@ -103,8 +109,7 @@ TEST_CASE(
     "a checkpoint taken during a fit, its copy shared out between the replicas, is the file "
     "Trainer::save writes after a fit to that step") {
   TemporaryDirectory directory("cohort-periodic-shares");
-  const fs::path saved = directory.path / "saved.ckpt";
-  trained(12, {})->save(saved);
+  const fs::path saved = saved_after(12, directory.path / "saved.ckpt");
   for (const std::size_t replicas : {1, 2, 3, 4}) {
     CAPTURE(replicas);
     const fs::path checkpoints = directory.path / ("replicas-" + std::to_string(replicas));
@@ -118,11 +123,10 @@ TEST_CASE(
     "a checkpoint during a fit refuses a state with an infinity, naming the first, in any "
     "replica's share") {
   TemporaryDirectory directory("cohort-periodic-infinity");
-  const fs::path start = directory.path / "start.ckpt";
-  trained(4, {})->save(start);
   // Adam's second moments are the optimizer state's second half. An infinite one leaves its
   // parameter as it is (its update is 0) and the gradient finite: only the checkpoint can see it.
-  const auto finite = cohort::checkpoint::read<float>(start);
+  const auto finite =
+      cohort::checkpoint::read<float>(saved_after(4, directory.path / "start.ckpt"));
   const std::size_t parameters = finite.parameters.size();
   // Mirrored 4: in the third replica's share (the fourth's holds one too), then in the fourth's.
   for (const std::size_t first : {parameters + 7, 2 * parameters - 3}) {
