@@ -115,14 +115,17 @@ class PeriodicCheckpoints {
     }
   }
 
-  // On one thread, before the replicas of a segment start: the chief's buffer for snapshots
-  // (kBetweenSteps), for `run`'s replicas, once the write in flight is done. Its failure, where the
-  // fit it failed did not report it, fails nothing more: the next checkpoint writes again.
+  // On one thread, before the replicas of a segment start: the chief's buffer for snapshots (taken
+  // between two steps, or at a segment's end where the strategy does not save its own way), for
+  // `run`'s replicas, once the write in flight is done. Its failure, where the fit it failed did
+  // not report it, fails nothing more: the next checkpoint writes again.
   void prepare(const R& run) {
-    if (!kBetweenSteps || !enabled() || !run.strategy.is_chief()) return;
-    if (writing_.valid()) writing_.wait();
-    writing_ = {};
-    copy_.prepare(run, run.models.size());
+    if constexpr (!strategy::SavesOwnCheckpoint<typename R::Strategy, T>) {
+      if (!enabled() || !run.strategy.is_chief()) return;
+      if (writing_.valid()) writing_.wait();
+      writing_ = {};
+      copy_.prepare(run, run.models.size());
+    }
   }
 
   // Between two steps (kBetweenSteps), once every replica has made its state whole: on every

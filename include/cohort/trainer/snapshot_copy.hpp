@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -95,8 +96,11 @@ class SnapshotCopy {
   };
   static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
   // Small enough that a chunk just copied is still in the core's cache when it is checked and
-  // checksummed.
-  static constexpr std::size_t kChunkValues = (std::size_t{128} << 10) / sizeof(T);
+  // checksummed. A copy from a device's memory waits for the device each time, so its chunks are
+  // larger.
+  static constexpr std::size_t kChunkBytes =
+      std::same_as<typename R::Device, device::Cpu> ? std::size_t{128} << 10 : std::size_t{8} << 20;
+  static constexpr std::size_t kChunkValues = kChunkBytes / sizeof(T);
 
   // Copies share `share` of `shares` of `from` (on replica `local`'s device) to `to` on the host.
   static Copied copy(const R& run, std::size_t local, std::span<const T> from, std::span<T> to,
