@@ -6,9 +6,10 @@
 // fields (checkpoint::ChecksummedBlock) and hands the bytes to the file.
 //
 // Why: with every core training, the write's CPU delays every replica at the next all-reduce,
-// whichever core it takes, and the copy stalls the step. Shared out, the step stands still for a
-// share of the copy, the check and the checksum, which the write no longer repeats
-// (docs/benchmarks.md, "The Trainer's loop").
+// whichever core it takes. Shared out, the check and the checksum are done once, in the stall,
+// split between the replicas: the background write's CPU halves (bench_checkpoint, write against
+// write/checksummed), while the stall stays about what the whole copy alone took, and a fit's
+// examples/s is not measurably changed (docs/benchmarks.md, "The Trainer's loop").
 #pragma once
 
 #include <algorithm>
