@@ -339,8 +339,15 @@ class ParameterServer {
   template <class T, class O>
   Served serve(std::size_t elements, const O& optimizer, const optimizer::Schedule& schedule,
                const settings::Fields& own) {
-    check_optimizer<T>(optimizer);
-    collective::require_gradient_sum_fits<T>(gradient_sum_op());
+    try {
+      check_optimizer<T>(optimizer);
+      collective::require_gradient_sum_fits<T>(gradient_sum_op());
+    } catch (const std::exception& refusal) {
+      // The workers wait for this server's settings: they fail with its reason, not with a
+      // closed connection that races its own line.
+      transport_->abort(refusal.what());
+      throw;
+    }
     const ps::Layout shards = layout(elements, sizeof(T));
     ps::Server<Transport, T, O, C> server(*transport_, shards,
                                           {.server = cluster().rank,
