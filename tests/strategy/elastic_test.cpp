@@ -159,7 +159,19 @@ TEST_CASE(
       const std::string log = ended(workers, directory.path, rank, true);
       CAPTURE(log);
       // A kill after the fit's last step leaves nobody to go on without.
-      CHECK(log.find(change) != std::string::npos);
+      const std::size_t at = log.find(change);
+      REQUIRE(at != std::string::npos);
+      const std::string line = log.substr(at, log.find('\n', at) - at);
+      CAPTURE(line);
+      // Through shared memory with one replica each, every worker updates only its stripes of
+      // the state: once any has completed a step, the survivors rebuild the state from the
+      // stripes every worker kept there, the lost one's included.
+      const bool from_stripes = line.ends_with(", the state rebuilt from stripes");
+      if (job.shared_memory == "1" && job.local == "1") {
+        CHECK((from_stripes || std::stoull(line.substr(change.size())) == 0));
+      } else {
+        CHECK(!from_stripes);
+      }
     }
     CHECK(read_file(directory.path / "parameters.bin") == expected);
     // Whoever is the chief at the end wrote the metrics file's last line, the fit's last step.

@@ -51,11 +51,13 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cohort/collective/collective.hpp"
 #include "cohort/collective/detail/over_transport.hpp"
 #include "cohort/collective/detail/shared_segment.hpp"
+#include "cohort/core/error.hpp"
 #include "cohort/core/options.hpp"
 #include "cohort/core/reduction_tree.hpp"
 #include "cohort/core/trace.hpp"
@@ -64,6 +66,28 @@
 #include "cohort/transport/transport.hpp"
 
 namespace cohort::collective {
+
+// Every rank's shared buffer (Deterministic::share_buffer) as one rank maps them, kept past the
+// communicator that made them (Deterministic::keep_shared_buffers): the memory stays readable while
+// this object lives, a peer's part included after its process ended.
+class SharedBuffers {
+ public:
+  SharedBuffers(detail::SharedSegment segment, int ranks)
+      : segment_(std::move(segment)), ranks_(ranks) {}
+
+  int ranks() const { return ranks_; }
+
+  // The first `count` elements of `rank`'s shared buffer.
+  template <class E>
+  std::span<const E> of(int rank, std::size_t count) const {
+    COHORT_ASSERT(rank >= 0 && rank < ranks_ && count * sizeof(E) <= segment_.region_bytes());
+    return {reinterpret_cast<const E*>(segment_.region(rank)), count};
+  }
+
+ private:
+  detail::SharedSegment segment_;
+  int ranks_;
+};
 
 template <transport::Transport T>
 class Deterministic : public detail::OverTransport<T> {
@@ -194,6 +218,16 @@ class Deterministic : public detail::OverTransport<T> {
       adopt(std::move(*segment));
     }
     return {.values = std::span<E>(reinterpret_cast<E*>(segment_->region(this->rank())), count)};
+  }
+
+  // The shared buffers of every rank (share_buffer), taken from this communicator, which
+  // all-reduces over its transport from then on; nothing where it shares no memory. An elastic
+  // job keeps them past a lost worker (strategy/detail/kept_stripes.hpp). Not a collective.
+  std::optional<SharedBuffers> keep_shared_buffers() {
+    if (!segment_) return std::nullopt;
+    SharedBuffers kept(std::move(*segment_), this->size());
+    segment_.reset();
+    return kept;
   }
 
   // The all-gather of a buffer striped over the ranks: `part` lies in this rank's shared buffer

@@ -68,12 +68,15 @@
 //   elastic          the job goes on without a lost worker, down to elastic.min_workers
 //                    (strategy/elastic.hpp; or COHORT_MIN_WORKERS): the workers left regroup
 //                    over TCP (transport/tcp/regroup.hpp) and the Trainer retries the step, with
-//                    the bits of a job that lost nobody. Every worker then updates the whole
-//                    optimizer state, rather than its stripes of it, so that none is lost with a
-//                    worker. A process started for the job meanwhile joins it at a step boundary,
-//                    up to elastic.max_workers (or COHORT_MAX_WORKERS; default: the workers it
-//                    started with), through rank 0's door (transport/tcp/door.hpp). Default: not
-//                    elastic
+//                    the bits of a job that lost nobody. Where the update is shared out in
+//                    stripes, each worker also keeps its stripes every 16 steps in the shared
+//                    memory, from which the workers left rebuild the state, so that none of it
+//                    is lost with a worker, and compute the steps since again
+//                    (detail/kept_stripes.hpp; the shared buffer per worker grows from the
+//                    gradient's size to 3 x the parameters + 2 x the optimizer state). A process
+//                    started for the job meanwhile joins it at a step boundary, up to
+//                    elastic.max_workers (or COHORT_MAX_WORKERS; default: the workers it started
+//                    with), through rank 0's door (transport/tcp/door.hpp). Default: not elastic
 //
 // Only the chief (worker 0) prints progress and writes checkpoints; every worker returns from
 // Trainer::save once the chief's file is complete, or fails with the chief's reason
@@ -85,11 +88,13 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -105,6 +110,7 @@
 #include "cohort/core/options.hpp"
 #include "cohort/core/sharding.hpp"
 #include "cohort/device/cpu.hpp"
+#include "cohort/strategy/detail/kept_stripes.hpp"
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/detail/tcp_options.hpp"
@@ -251,9 +257,29 @@ class MultiWorkerMirrored {
       if (std::ranges::find(next.members, rank) == next.members.end()) change.lost.push_back(rank);
     }
     holds_rendezvous_address_ = holds_rendezvous_address_ && next.members.front() == 0;
+    keep_lost_stripes();
     adopt(std::move(next.transport));
     return change;
   }
+
+  // strategy::KeepsStripes (detail/kept_stripes.hpp): after a regroup, whether this process's
+  // state was spread over the lost membership's stripes; the newest step it knows every worker
+  // kept (-1: none); that state rebuilt from the stripes (every process together, where any was
+  // spread); and the kept memory let go.
+  static constexpr bool kKeepsStripes = kRegroups && requires(Cross & cross) {
+    cross.keep_shared_buffers();
+  };
+  bool stripes_spread() const requires kKeepsStripes { return lost_ && lost_->kept.spread; }
+  std::int64_t kept_step() const requires kKeepsStripes {
+    return lost_ && lost_->kept.complete ? static_cast<std::int64_t>(*lost_->kept.complete) : -1;
+  }
+  template <class T>
+  void rebuild_from_stripes(std::span<T> parameters, std::span<T> optimizer_state,
+                            std::uint64_t steps) const requires kKeepsStripes {
+    COHORT_ASSERT(lost_.has_value());
+    detail::rebuild_from_stripes(lost_->kept, lost_->buffers, parameters, optimizer_state, steps);
+  }
+  void forget_stripes() requires kKeepsStripes { lost_.reset(); }
 
   // A process whose own failure ends its fit: the workers that regroup will not count it in.
   void withdraw() noexcept requires kRegroups { cross_->transport().stop_listening(); }
@@ -299,7 +325,8 @@ class MultiWorkerMirrored {
           return Replica(first_local_replica() + local_index,
                          Communicator(local.communicator(static_cast<int>(local_index)), *cross_,
                                       *thread_, options().bucket_bytes.value_or(kBucketBytes)),
-                         {}, bucket_bytes_, !options().elastic.enabled(), gradient_sum_op());
+                         {}, bucket_bytes_, options().elastic.enabled() ? &kept_ : nullptr,
+                         gradient_sum_op());
         },
         body);
   }
@@ -318,6 +345,7 @@ class MultiWorkerMirrored {
   // its, the communication thread is new (the old one's failure stays with it), the local ranks
   // and shared memory are learned again, and the chief opens its door again.
   [[gnu::cold]] void adopt(transport::tcp::Tcp next) requires kRegroups {
+    kept_ = {};
     door_.reset();
     process_.regrouped(next.rank(), next.size());
     thread_.reset();
@@ -327,6 +355,18 @@ class MultiWorkerMirrored {
     bucket_bytes_ = options().bucket_bytes.value_or(kBucketBytes);
     share_host_memory();
     open_door();
+  }
+
+  // Before the regroup's new mesh replaces this membership's: what its replicas kept of their
+  // stripes, and its shared memory, where they kept any.
+  [[gnu::cold]] void keep_lost_stripes() requires kRegroups {
+    lost_.reset();
+    if constexpr (kKeepsStripes) {
+      if (kept_.layout.parameters == 0) return;
+      if (std::optional<collective::SharedBuffers> buffers = cross_->keep_shared_buffers()) {
+        lost_.emplace(LostStripes{kept_, std::move(*buffers)});
+      }
+    }
   }
 
   // On an elastic job's chief, at the job's rendezvous address, where a process started for the
@@ -422,6 +462,14 @@ class MultiWorkerMirrored {
   std::optional<transport::tcp::Listener> held_rendezvous_address_;
   bool tried_rendezvous_address_ = false;
   std::unique_ptr<transport::tcp::Door> door_;  // the chief's, at that address
+  // An elastic job's: what this process's replica keeps of its stripes in this membership, and
+  // after a regroup, the lost membership's (kept_stripes.hpp).
+  detail::KeptStripes kept_{};
+  struct LostStripes {
+    detail::KeptStripes kept;
+    collective::SharedBuffers buffers;
+  };
+  std::optional<LostStripes> lost_;
 };
 
 static_assert(Strategy<MultiWorkerMirrored<>>);
@@ -435,6 +483,7 @@ static_assert(SnapshotsBetweenSteps<MultiWorkerMirrored<>, float>);
 static_assert(FoldsAnyDeal<MultiWorkerMirrored<>>);
 static_assert(Regroups<MultiWorkerMirrored<>>);
 static_assert(ChoosesGradientSum<MultiWorkerMirrored<>>);
+static_assert(KeepsStripes<MultiWorkerMirrored<>, float>);
 
 }  // namespace cohort::strategy
 

@@ -119,6 +119,16 @@
 //                            that ask to join, as many as the job takes; every process then calls
 //                            s.admit(count) together, and each joiner, whose s.joined() is true
 //                            from its construction, takes the newest state with them
+//   KeepsStripes<S, T>       s.stripes_spread(), s.kept_step(), s.rebuild_from_stripes<T>(
+//                            parameters, state, steps) const, s.forget_stripes(): an elastic job
+//                            whose workers update only their stripes of the state keeps every
+//                            worker's stripes now and then where the others can read them after
+//                            its loss (strategy/detail/kept_stripes.hpp). After a regroup, where
+//                            s.stripes_spread() on any process (its state was current only on its
+//                            stripes when the worker was lost), every replica rebuilds its
+//                            parameters and optimizer state after the newest step any process's
+//                            s.kept_step() names, rather than receiving them, and the fit goes on
+//                            from there; every process then calls s.forget_stripes()
 //   ChoosesGradientSum<S>    s.gradient_sum_op(): the ReduceOp of the gradient's sum, which the
 //                            Trainer's fold of a replica's micro-batches follows too, so that
 //                            every node of the canonical tree is computed alike wherever it is:
@@ -316,6 +326,14 @@ concept Regroups = requires(S& s, const S& cs, const CommError& cause) {
   { s.joiners_waiting() } -> std::same_as<std::size_t>;
   { s.admit(std::size_t{}) } -> std::same_as<MembershipChange>;
   { cs.joined() } -> std::same_as<bool>;
+};
+
+template <class S, class T>
+concept KeepsStripes = requires(S& s, const S& cs, std::span<T> values, std::uint64_t steps) {
+  { cs.stripes_spread() } -> std::same_as<bool>;
+  { cs.kept_step() } -> std::same_as<std::int64_t>;
+  cs.rebuild_from_stripes(values, values, steps);
+  s.forget_stripes();
 };
 
 template <class S>

@@ -8,8 +8,13 @@
 //   3. the job agrees on the newest state: a worker may have applied the last step before the
 //      loss (its all-reduce completed) where another did not. Every replica takes the parameters
 //      and optimizer state of the first worker that holds the most steps, which are the bits of
-//      a job that lost nobody, since that step's sum was complete;
-//   4. the fit goes on from there, retrying the lost step with the same micro-batches.
+//      a job that lost nobody, since that step's sum was complete. Where a worker's state was
+//      current only on its stripes of a sharded update (strategy::KeepsStripes), every replica
+//      rebuilds instead the newest state the lost membership kept in shared memory, at most 16
+//      steps back, from every worker's stripes, the lost worker's included, and none of it
+//      travels;
+//   4. the fit goes on from there, retrying the lost step (or computing again the steps since the
+//      kept one) with the same micro-batches.
 // The new chief prints one line: "cohort: workers 4 -> 3 at step 17 (rank 2 lost: ...)", and the
 // timeline (core/trace.hpp) has a "regroup" span from the failure to the newest state taken.
 // Below min_workers every process left saves its state into the checkpoint directory, where there
@@ -63,16 +68,39 @@ template <class R>
   }
 }
 
+// What take_newest_state took.
+struct NewestState {
+  std::uint64_t step = 0;
+  bool from_stripes = false;  // rebuilt from the lost membership's stripes (strategy::KeepsStripes)
+};
+
 // Every replica of every process: the parameters and optimizer state of the first worker that
-// holds the most steps, `applied` being this process's; run.step is then that count, returned.
+// holds the most steps, `applied` being this process's, or the newest state the lost membership
+// kept in its stripes, rebuilt; run.step is then that state's count of steps.
 template <class R>
-[[gnu::cold]] std::uint64_t take_newest_state(R& run, std::uint64_t applied) {
-  std::uint64_t newest = 0;
+[[gnu::cold]] NewestState take_newest_state(R& run, std::uint64_t applied) {
+  using S = typename R::Strategy;
+  using T = typename R::value_type;
+  NewestState newest;
   run.strategy.run([&](auto& replica) {
     const std::size_t local = replica.index() - run.strategy.first_local_replica();
     Agreement<typename R::Device> agreement(run.place(local));
     double most = static_cast<double>(applied);  // exact: steps stay far below 2^53
     agreement.all_reduce(replica.communicator(), std::span<double>(&most, 1), ReduceOp::kMax);
+    if constexpr (strategy::KeepsStripes<S, T>) {
+      double spread = run.strategy.stripes_spread() ? 1.0 : 0.0;
+      agreement.all_reduce(replica.communicator(), std::span<double>(&spread, 1), ReduceOp::kMax);
+      if (spread != 0.0) {
+        auto kept = static_cast<double>(run.strategy.kept_step());
+        agreement.all_reduce(replica.communicator(), std::span<double>(&kept, 1), ReduceOp::kMax);
+        const auto step = static_cast<std::uint64_t>(kept);
+        run.strategy.rebuild_from_stripes(
+            ModelTraits<typename R::Model>::parameters(run.models[local]),
+            run.optimizer_states[local].span(), step);
+        if (local == 0) newest = {.step = step, .from_stripes = true};
+        return;
+      }
+    }
     double source = most == static_cast<double>(applied)
                         ? static_cast<double>(run.strategy.first_local_replica())
                         : std::numeric_limits<double>::infinity();
@@ -85,9 +113,10 @@ template <class R>
           ModelTraits<typename R::Model>::parameters(run.models[local]), root);
     }
     replica.communicator().broadcast(run.optimizer_states[local].span(), root);
-    if (local == 0) newest = static_cast<std::uint64_t>(most);
+    if (local == 0) newest.step = static_cast<std::uint64_t>(most);
   });
-  run.step = newest;
+  if constexpr (strategy::KeepsStripes<S, T>) run.strategy.forget_stripes();
+  run.step = newest.step;
   return newest;
 }
 
@@ -98,13 +127,14 @@ template <class R>
     R& run, strategy::MembershipChange change, std::uint64_t applied,
     trace::Recorder::Clock::time_point start) {
   run.deal();
-  const std::uint64_t newest = take_newest_state(run, applied);
+  const NewestState newest = take_newest_state(run, applied);
   const auto end = trace::Recorder::Clock::now();
-  change.step = newest;
+  change.step = newest.step;
+  change.from_stripes = newest.from_stripes;
   change.seconds = std::chrono::duration<double>(end - start).count();
   if (run.recorder) {
     run.recorder->record(trace::Phase::kRegroup, start, end,
-                         {.step = newest, .index = change.workers_after});
+                         {.step = newest.step, .index = change.workers_after});
   }
   if (run.strategy.is_chief()) {
     std::fprintf(stderr, "cohort: %s\n", membership_text(change).c_str());
@@ -151,7 +181,7 @@ template <class R>
 template <class R>
 [[gnu::cold]] void join_fit(R& run) {
   const auto start = trace::Recorder::Clock::now();
-  const std::uint64_t step = take_newest_state(run, run.step);
+  const std::uint64_t step = take_newest_state(run, run.step).step;
   if (run.recorder) {
     run.recorder->record(
         trace::Phase::kRegroup, start, trace::Recorder::Clock::now(),

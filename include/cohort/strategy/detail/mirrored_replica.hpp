@@ -27,6 +27,7 @@
 #include "cohort/device/cpu.hpp"
 #include "cohort/optimizer/optimizer.hpp"
 #include "cohort/strategy/detail/gradient_buckets.hpp"
+#include "cohort/strategy/detail/kept_stripes.hpp"
 #include "cohort/strategy/strategy.hpp"
 
 namespace cohort::strategy::detail {
@@ -85,19 +86,20 @@ class MirroredReplica {
   using Place = typename D::Place;
 
   // bucket_bytes: the unit in which the gradient is reduced while the backward pass goes on
-  // (the default, one bucket: the whole gradient once it is final). shares_update: whether the
-  // replicas may share out the update in stripes (below); not in an elastic job, where a worker
-  // lost would take the only current copy of its stripes' optimizer state with it.
-  // gradient_sum: the reduction of the gradient (collective/wire.hpp), which the Trainer's fold
-  // follows inside the replica too (strategy::ChoosesGradientSum).
+  // (the default, one bucket: the whole gradient once it is final). kept: an elastic job's
+  // (kept_stripes.hpp), where a sharded update (below) also keeps this worker's stripes of the last
+  // two steps in shared memory, so that a worker lost takes none of the state with it; the replica
+  // records there what it keeps. gradient_sum: the reduction of the gradient
+  // (collective/wire.hpp), which the Trainer's fold follows inside the replica too
+  // (strategy::ChoosesGradientSum).
   MirroredReplica(std::size_t index, Communicator communicator, Place place = {},
                   std::size_t bucket_bytes = std::numeric_limits<std::size_t>::max(),
-                  bool shares_update = true, ReduceOp gradient_sum = ReduceOp::kSum)
+                  KeptStripes* kept = nullptr, ReduceOp gradient_sum = ReduceOp::kSum)
       : index_(index),
         communicator_(std::move(communicator)),
         place_(place),
         bucket_bytes_(bucket_bytes),
-        shares_update_(shares_update),
+        kept_(kept),
         gradient_sum_(gradient_sum) {}
 
   std::size_t index() const { return index_; }
@@ -107,8 +109,9 @@ class MirroredReplica {
   // Replicas built in other processes take the chief's parameters; the optimizer state and the
   // step are already the same everywhere (a fresh run, or the same checkpoint restored).
   template <class T>
-  void start(std::span<T> parameters, std::span<T> /*optimizer_state*/, std::uint64_t /*step*/) {
+  void start(std::span<T> parameters, std::span<T> optimizer_state, std::uint64_t /*step*/) {
     communicator_.broadcast(parameters, 0);
+    state_count_ = optimizer_state.size();
   }
 
   // Where the Trainer keeps this replica's gradient sum (strategy.hpp): the communicator's
@@ -121,7 +124,13 @@ class MirroredReplica {
     collective::require_gradient_sum_fits<T>(gradient_sum_);
     if constexpr (std::same_as<D, device::Cpu> &&
                   requires { communicator_.template share_buffer<T>(count); }) {
-      const auto shared = communicator_.template share_buffer<T>(count);
+      // An elastic job's sharded update keeps its stripes after the gradient sum
+      // (kept_stripes.hpp).
+      StripeLayout layout{.parameters = count, .state = state_count_, .element_bytes = sizeof(T)};
+      bool keeps = false;
+      if constexpr (kShardable<T>) keeps = kept_ && communicator_.stripes_reach_every_rank();
+      const auto shared =
+          communicator_.template share_buffer<T>(keeps ? layout.shared_count() : count);
       if (!shared.why_not.empty()) {
         std::fprintf(stderr,
                      "cohort: replica %zu: the gradient goes in and out of shared memory, since "
@@ -129,14 +138,22 @@ class MirroredReplica {
                      index_, shared.why_not.c_str());
       }
       shard_.reset();
+      if (keeps) *kept_ = {};  // nothing kept in this membership until it is laid out below
+      if (shared.values.empty()) return {};
+      const std::span<T> sum = shared.values.first(count);
       if constexpr (kShardable<T>) {
-        if (shares_update_ && !shared.values.empty() && communicator_.stripes_reach_every_rank()) {
-          shard_ = Shard{.shared = std::as_writable_bytes(shared.values),
-                         .stripe = stripe_for(count, static_cast<std::size_t>(communicator_.size()),
-                                              sizeof(T))};
+        if (communicator_.stripes_reach_every_rank()) {
+          layout.stripe =
+              stripe_for(count, static_cast<std::size_t>(communicator_.size()), sizeof(T));
+          layout.ranks = communicator_.size();
+          shard_ =
+              Shard{.shared = std::as_writable_bytes(sum),
+                    .stripe = layout.stripe,
+                    .kept = keeps ? std::as_writable_bytes(shared.values) : std::span<std::byte>()};
+          if (keeps) kept_->layout = layout;
         }
       }
-      return shared.values;
+      return sum;
     } else {
       return {};
     }
@@ -146,6 +163,13 @@ class MirroredReplica {
   void begin_step(Update<T, O>& update) {
     buckets_.begin(update.gradient_sum.size(), std::max<std::size_t>(1, bucket_bytes_ / sizeof(T)));
     pending_.clear();
+    // The state the segment starts from, kept before its first all-reduce (kept_stripes.hpp).
+    if constexpr (kShardable<T>) {
+      if (keeps_stripes() && kept_->keeps == 0) {
+        const std::size_t copy = begin_copy(update.step);
+        keep_own_stripes<T>(update.parameters, update.optimizer_state, copy);
+      }
+    }
   }
 
   template <class T, class O>
@@ -230,10 +254,13 @@ class MirroredReplica {
   // ms for the half holding most of the second layer against 1.2 ms for the other, its tiny squares
   // subnormal floats), and the stripes give every worker its share of each layer. The optimizer
   // state outside a worker's stripes is gathered when the fit ends, or before a non-finite step
-  // raises; until then each worker's is current on its own stripes.
+  // raises; until then each worker's is current on its own stripes. In an elastic job each
+  // worker also keeps its stripes of the last two steps after the gradient sum, and gathers the
+  // parameters from there (kept_stripes.hpp).
   struct Shard {
     std::span<std::byte> shared;  // the whole gradient sum, in this worker's shared buffer
     std::size_t stripe = 1;       // elements
+    std::span<std::byte> kept{};  // the whole shared buffer where it keeps the stripes, else empty
     bool state_spread = false;    // an update applied since the optimizer state was last whole
   };
   // Stripes of at most kStripeBytes (long enough that a stripe's loop and copies run at full
@@ -257,22 +284,77 @@ class MirroredReplica {
     return {reinterpret_cast<T*>(shard_->shared.data()), shard_->shared.size() / sizeof(T)};
   }
 
+  bool keeps_stripes() const { return shard_ && !shard_->kept.empty(); }
+
+  // `count` elements of the kept stripes from `offset` (StripeLayout).
+  template <class T>
+  std::span<T> kept_as(std::size_t offset, std::size_t count) const {
+    return {reinterpret_cast<T*>(shard_->kept.data()) + offset, count};
+  }
+
+  void set_spread(bool spread) {
+    shard_->state_spread = spread;
+    if (keeps_stripes()) kept_->spread = spread;
+  }
+
   // Calls body(begin, count) for each of this worker's stripes of `length` elements, in order:
   // stripe k is the communicator's rank k mod size().
   template <class Body>
   void for_each_own_stripe(std::size_t length, Body&& body) {
-    const auto rank = static_cast<std::size_t>(communicator_.rank());
-    const std::size_t stride = shard_->stripe * static_cast<std::size_t>(communicator_.size());
-    for (std::size_t begin = rank * shard_->stripe; begin < length; begin += stride) {
-      body(begin, std::min(shard_->stripe, length - begin));
+    for_each_stripe_of(static_cast<std::size_t>(communicator_.rank()),
+                       static_cast<std::size_t>(communicator_.size()), shard_->stripe, length,
+                       std::forward<Body>(body));
+  }
+
+  // The copy that the stripes of the state after `steps` steps go into (kept_stripes.hpp), now
+  // counted as holding them.
+  std::size_t begin_copy(std::uint64_t steps) {
+    const std::size_t copy = kept_->keeps++ % 2;
+    kept_->steps[copy] = steps;
+    return copy;
+  }
+
+  // Keeps this worker's stripe [begin, begin + count) of the optimizer state in `copy`.
+  template <class T>
+  void keep_state_stripe(std::span<const T> state, std::size_t copy, std::size_t begin,
+                         std::size_t count) {
+    const StripeLayout& layout = kept_->layout;
+    const std::span<T> kept = kept_as<T>(layout.state_in(copy), layout.state);
+    for (std::size_t at = begin; at < layout.state; at += layout.parameters) {
+      stream_copy(state.data() + at, count, kept.data() + at);
     }
+  }
+
+  // Keeps all of this worker's stripes of the parameters and optimizer state in `copy`.
+  template <class T>
+  void keep_own_stripes(std::span<const T> parameters, std::span<const T> state, std::size_t copy) {
+    const std::span<T> kept = kept_as<T>(kept_->layout.parameters_in(copy), parameters.size());
+    for_each_own_stripe(parameters.size(), [&](std::size_t begin, std::size_t count) {
+      std::copy_n(parameters.data() + begin, count, kept.data() + begin);
+      keep_state_stripe(state, copy, begin, count);
+    });
+    stream_fence();
   }
 
   template <class T, class O>
   StepResult finish_sharded(Update<T, O>& update) {
     const std::span<T> shared = shared_as<T>();
+    const std::uint64_t after = update.step + 1;
+    // Where each worker writes its new parameters for the others to gather: where its gradient
+    // lay, or, after a step whose state it keeps, into that copy (kept_stripes.hpp).
+    std::optional<std::size_t> copy;
+    if (keeps_stripes()) {
+      // The first all-reduce of the segment has met: every worker has kept its start.
+      if (kept_->keeps == 1 && !kept_->complete) kept_->complete = kept_->steps[0];
+      if (after % KeptStripes::kEvery == 0) copy = begin_copy(after);
+    }
+    const std::span<T> published =
+        copy ? kept_as<T>(kept_->layout.parameters_in(*copy), shared.size()) : shared;
     const StepResult result =
         apply_update<D>(update, place_, [&](const optimizer::StepContext& context, bool checked) {
+          // From here until the state is whole again, parameters and state may be current on
+          // this worker's stripes only.
+          set_spread(true);
           const std::span<const T> gradient(shared);
           // Where the whole was checked before, every worker knows it finite; else the first
           // non-finite element of every worker's stripes, the least of which is the whole's.
@@ -285,15 +367,24 @@ class MirroredReplica {
             if (!checked && !finite && first[0] == static_cast<std::int64_t>(gradient.size())) {
               first[0] = static_cast<std::int64_t>(begin + device::cpu::first_nonfinite(part));
             }
-            std::copy_n(update.parameters.begin() + static_cast<std::ptrdiff_t>(begin), count,
-                        shared.begin() + static_cast<std::ptrdiff_t>(begin));
+            std::copy_n(update.parameters.data() + begin, count, published.data() + begin);
+            if (copy)
+              keep_state_stripe(std::span<const T>(update.optimizer_state), *copy, begin, count);
           });
-          shard_->state_spread = true;
-          communicator_.gather_shared_stripes(std::span<const T>(shared), update.parameters,
+          if (copy) stream_fence();
+          communicator_.gather_shared_stripes(std::span<const T>(published), update.parameters,
                                               shard_->stripe);
           if (!checked) communicator_.all_reduce(std::span<std::int64_t>(first), ReduceOp::kMin);
           return static_cast<std::size_t>(first[0]);
         });
+    if (copy && !result.applied) {
+      // A step skipped is kept too, its state the last one's; the gather is the meeting that
+      // says every worker has kept it.
+      keep_own_stripes<T>(update.parameters, update.optimizer_state, *copy);
+      communicator_.gather_shared_stripes(std::span<const T>(published), update.parameters,
+                                          shard_->stripe);
+    }
+    if (copy) kept_->complete = after;
     // The Trainer raises: the state it may save next is made whole first, on every worker alike.
     if (result.first_nonfinite != StepResult::kFinite && update.on_nonfinite == NonFinite::kRaise) {
       gather_state(update.optimizer_state);
@@ -311,20 +402,20 @@ class MirroredReplica {
     for (std::size_t slot = 0; slot * whole < state.size(); ++slot) {
       const std::span<T> values = state.subspan(slot * whole, whole);
       for_each_own_stripe(whole, [&](std::size_t begin, std::size_t count) {
-        std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(begin), count,
-                    shared.begin() + static_cast<std::ptrdiff_t>(begin));
+        std::copy_n(values.data() + begin, count, shared.data() + begin);
       });
       communicator_.gather_shared_stripes(std::span<const T>(shared), values, shard_->stripe);
     }
-    shard_->state_spread = false;
+    set_spread(false);
   }
 
   std::size_t index_;
   Communicator communicator_;
   [[no_unique_address]] Place place_;
   std::size_t bucket_bytes_;
-  bool shares_update_;
+  KeptStripes* kept_;
   ReduceOp gradient_sum_;
+  std::size_t state_count_ = 0;  // the optimizer state's elements (start)
   GradientBuckets buckets_;
   std::vector<collective::Pending> pending_;
   std::optional<Shard> shard_;  // the sharded update, where the replica's gradient sum allows it

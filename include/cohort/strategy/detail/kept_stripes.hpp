@@ -1,0 +1,142 @@
+// KeptStripes: the sharded update of an elastic job (mirrored_replica.hpp), where each worker
+// process of one host updates only its stripes of the parameters and optimizer state. A worker
+// lost mid-step would take the only current copy of its stripes of the optimizer state with it,
+// and the survivors may have updated their own stripes of the step they retry. So, every kEvery
+// steps and at a segment's start, each worker also writes its stripes of the parameters and
+// optimizer state into its shared buffer, the one of the gradient sum
+// (collective::Deterministic::share_buffer), alternating between two copies:
+//
+//   | gradient sum | parameters, copy 0 | copy 1 | optimizer state, copy 0 | copy 1 |
+//
+// A worker writes a copy before the meeting that follows it (the gather of that step's
+// parameters; at a segment's start, its first all-reduce), so a process that passed that meeting
+// knows every worker's copy complete. A copy is overwritten two copies later, which no worker
+// begins before every worker has passed the meeting of the copy between. So the newest copy any
+// survivor knows complete is whole and intact: after a loss, each survivor rebuilds the state of
+// that step from every worker's copy, the lost one's included (rebuild_from_stripes; the memory
+// outlives the lost process), none of it travels, and the job computes the steps since again,
+// with the same micro-batches, to the same bits (trainer/elastic.hpp). The copies bypass the
+// caches (stream_copy): they are read only after a loss.
+#pragma once
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort::strategy::detail {
+
+// Copies `count` elements past the caches where the target can (non-temporal stores): what a
+// worker keeps is read again only after a loss, so the copy neither reads the lines it overwrites
+// nor evicts the update's working set. A worker calls stream_fence() before it tells the others
+// that it has written.
+template <class T>
+void stream_copy(const T* from, std::size_t count, T* to) {
+  auto* target = reinterpret_cast<std::byte*>(to);
+  const auto* source = reinterpret_cast<const std::byte*>(from);
+  std::size_t bytes = count * sizeof(T);
+#if defined(__SSE2__)
+  const std::size_t head =
+      std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(target) % 16) % 16);
+  std::memcpy(target, source, head);
+  target += head;
+  source += head;
+  bytes -= head;
+  for (; bytes >= 16; bytes -= 16, target += 16, source += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(target),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(source)));
+  }
+#endif
+  std::memcpy(target, source, bytes);
+}
+
+inline void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+// Calls body(begin, count) for each stripe of `rank` in `length` elements cut in stripes of
+// `stripe`: stripe k belongs to rank k mod ranks.
+template <class Body>
+void for_each_stripe_of(std::size_t rank, std::size_t ranks, std::size_t stripe,
+                        std::size_t length, Body&& body) {
+  const std::size_t stride = stripe * ranks;
+  for (std::size_t begin = rank * stripe; begin < length; begin += stride) {
+    body(begin, std::min(stripe, length - begin));
+  }
+}
+
+// Where each worker keeps its stripes in its shared buffer, in elements (top of this file).
+struct StripeLayout {
+  std::size_t parameters = 0;  // 0: nothing kept
+  std::size_t state = 0;       // elements of the optimizer state
+  std::size_t stripe = 1;
+  int ranks = 0;  // of the membership
+  std::size_t element_bytes = 0;
+
+  std::size_t shared_count() const { return 3 * parameters + 2 * state; }
+  // The offsets of the parameters and of the optimizer state in copy 0 or 1.
+  std::size_t parameters_in(std::size_t copy) const { return parameters * (1 + copy); }
+  std::size_t state_in(std::size_t copy) const { return 3 * parameters + state * copy; }
+};
+
+// What a process keeps of its membership's stripes, which its replica writes and the strategy
+// keeps past a regroup. Every worker keeps at the same steps into the same copy, so each knows what
+// every worker's copies hold.
+struct KeptStripes {
+  // A worker keeps its stripes after every kEvery-th step (and at a segment's start): the copies
+  // cost a few percent of a step each (docs/benchmarks.md, "Elastic jobs"), and after a loss the
+  // job goes on from the kept step, computing again at most kEvery steps, to the same bits.
+  static constexpr std::uint64_t kEvery = 16;
+
+  StripeLayout layout{};
+  std::array<std::uint64_t, 2> steps{};  // the step each copy holds, once written
+  std::size_t keeps = 0;                 // copies written in this membership: the next is keeps % 2
+  // The newest step whose copy this process knows every worker has written (it passed the meeting
+  // that follows the writes), if any.
+  std::optional<std::uint64_t> complete{};
+  // An update has begun since the state was last whole: this process's parameters or optimizer
+  // state may be current only on its own stripes.
+  bool spread = false;
+};
+
+// The parameters and optimizer state after `steps` steps, rebuilt from every worker's stripes of
+// the copy that holds them in `buffers` (the shared buffers of the membership: collective::
+// SharedBuffers).
+template <class T, class Buffers>
+void rebuild_from_stripes(const KeptStripes& kept, const Buffers& buffers,
+                          std::span<T> parameters, std::span<T> state, std::uint64_t steps) {
+  const StripeLayout& layout = kept.layout;
+  const std::size_t copy = kept.keeps >= 2 && kept.steps[1] == steps ? 1 : 0;
+  COHORT_ASSERT(layout.element_bytes == sizeof(T) && layout.parameters == parameters.size() &&
+                layout.state == state.size() && buffers.ranks() == layout.ranks &&
+                kept.keeps > copy && kept.steps[copy] == steps);
+  const auto ranks = static_cast<std::size_t>(layout.ranks);
+  for (std::size_t rank = 0; rank < ranks; ++rank) {
+    const std::span<const T> shared =
+        buffers.template of<T>(static_cast<int>(rank), layout.shared_count());
+    const std::span<const T> kept_parameters =
+        shared.subspan(layout.parameters_in(copy), layout.parameters);
+    const std::span<const T> kept_state = shared.subspan(layout.state_in(copy), layout.state);
+    for_each_stripe_of(rank, ranks, layout.stripe, layout.parameters,
+                       [&](std::size_t begin, std::size_t count) {
+                         std::copy_n(kept_parameters.data() + begin, count,
+                                     parameters.data() + begin);
+                         for (std::size_t at = begin; at < layout.state; at += layout.parameters) {
+                           std::copy_n(kept_state.data() + at, count, state.data() + at);
+                         }
+                       });
+  }
+}
+
+}  // namespace cohort::strategy::detail
