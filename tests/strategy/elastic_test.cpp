@@ -392,34 +392,40 @@ TEST_CASE(
 
 TEST_CASE(
     "an elastic job that falls below min_workers stops every worker naming who is left, each "
-    "saves its last step into the checkpoint directory, and the same command goes on from there "
-    "to the bits of a job that lost nobody") {
+    "saves its last whole step into the checkpoint directory, and the same command goes on from "
+    "there to the bits of a job that lost nobody: over TCP and through shared memory") {
   const std::string& expected = uninterrupted_parameters();
-  TemporaryDirectory directory("cohort-elastic-below");
-  const fs::path checkpoints = directory.path / "checkpoints";
-  const std::vector<std::string> checkpointing{"--checkpoint-directory", checkpoints,
-                                               "--checkpoint-every", "1000"};
-  auto workers = start_elastic_workers(directory.path, 3, 3, "0", "1", checkpointing);
-  std::this_thread::sleep_for(50ms);
-  workers[1]->kill(SIGKILL);
-  for (const int rank : {0, 2}) {
-    CAPTURE(rank);
-    const std::string log = ended(workers, directory.path, rank, false);
-    CAPTURE(log);
-    CHECK(log.find("error: rank " + std::to_string(rank) + ": regroup: ") != std::string::npos);
-    CHECK(log.find("fewer than the 3 the job needs") != std::string::npos);
-    CHECK(log.find("cohort: rank " + std::to_string(rank) +
-                   ": the job fell below min_workers: its state after step ") != std::string::npos);
+  // Through shared memory each worker's state is current only on its stripes: each saves the
+  // newest state every worker kept there.
+  for (const std::string shared_memory : {"0", "1"}) {
+    CAPTURE(shared_memory);
+    TemporaryDirectory directory("cohort-elastic-below");
+    const fs::path checkpoints = directory.path / "checkpoints";
+    const std::vector<std::string> checkpointing{"--checkpoint-directory", checkpoints,
+                                                 "--checkpoint-every", "1000"};
+    auto workers = start_elastic_workers(directory.path, 3, 3, shared_memory, "1", checkpointing);
+    std::this_thread::sleep_for(50ms);
+    workers[1]->kill(SIGKILL);
+    for (const int rank : {0, 2}) {
+      CAPTURE(rank);
+      const std::string log = ended(workers, directory.path, rank, false);
+      CAPTURE(log);
+      CHECK(log.find("error: rank " + std::to_string(rank) + ": regroup: ") != std::string::npos);
+      CHECK(log.find("fewer than the 3 the job needs") != std::string::npos);
+      CHECK(log.find("cohort: rank " + std::to_string(rank) +
+                     ": the job fell below min_workers: its state after step ") !=
+            std::string::npos);
+    }
+    CHECK_FALSE(fs::is_empty(checkpoints));
+    // The same command again: every worker resumes from the newest step saved.
+    workers = start_elastic_workers(directory.path, 3, 3, shared_memory, "1", checkpointing);
+    for (int rank = 0; rank < 3; ++rank) {
+      CAPTURE(rank);
+      ended(workers, directory.path, rank, true);
+    }
+    CHECK(log_of(directory.path, 0).find("cohort: resuming from ") != std::string::npos);
+    CHECK(read_file(directory.path / "parameters.bin") == expected);
   }
-  CHECK_FALSE(fs::is_empty(checkpoints));
-  // The same command again: every worker resumes from the newest step saved.
-  workers = start_elastic_workers(directory.path, 3, 3, "0", "1", checkpointing);
-  for (int rank = 0; rank < 3; ++rank) {
-    CAPTURE(rank);
-    ended(workers, directory.path, rank, true);
-  }
-  CHECK(log_of(directory.path, 0).find("cohort: resuming from ") != std::string::npos);
-  CHECK(read_file(directory.path / "parameters.bin") == expected);
 }
 
 TEST_CASE(

@@ -247,6 +247,7 @@ class MultiWorkerMirrored {
   [[gnu::cold]] MembershipChange regroup(const CommError& cause) requires kRegroups {
     const int before = cluster().size;
     std::fprintf(stderr, "cohort: rank %d: regrouping after: %s\n", cluster().rank, cause.what());
+    keep_lost_stripes();  // also below min_workers, where this process saves what it kept
     transport::tcp::Regrouped next = transport::tcp::regroup(
         cross_->transport(), {.min_size = static_cast<int>(elastic().min_workers),
                               .probe_timeout = elastic().probe_timeout});
@@ -257,7 +258,6 @@ class MultiWorkerMirrored {
       if (std::ranges::find(next.members, rank) == next.members.end()) change.lost.push_back(rank);
     }
     holds_rendezvous_address_ = holds_rendezvous_address_ && next.members.front() == 0;
-    keep_lost_stripes();
     adopt(std::move(next.transport));
     return change;
   }
@@ -357,8 +357,8 @@ class MultiWorkerMirrored {
     open_door();
   }
 
-  // Before the regroup's new mesh replaces this membership's: what its replicas kept of their
-  // stripes, and its shared memory, where they kept any.
+  // Before the roll call: what this membership's replicas kept of their stripes, and its shared
+  // memory, where they kept any.
   [[gnu::cold]] void keep_lost_stripes() requires kRegroups {
     lost_.reset();
     if constexpr (kKeepsStripes) {

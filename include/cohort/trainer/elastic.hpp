@@ -74,6 +74,26 @@ struct NewestState {
   bool from_stripes = false;  // rebuilt from the lost membership's stripes (strategy::KeepsStripes)
 };
 
+// Below min_workers, alone: the steps of the state this process holds whole, to save. Where its
+// state was current only on its stripes (strategy::KeepsStripes), the newest state it knows every
+// worker kept, rebuilt into every local replica; no other process agrees, each saves what it knows.
+template <class R>
+[[gnu::cold]] std::uint64_t whole_state_alone(R& run, std::uint64_t applied) {
+  if constexpr (strategy::KeepsStripes<typename R::Strategy, typename R::value_type>) {
+    if (run.strategy.stripes_spread()) {
+      const auto step = static_cast<std::uint64_t>(run.strategy.kept_step());
+      for (std::size_t local = 0; local < run.models.size(); ++local) {
+        run.strategy.rebuild_from_stripes(
+            ModelTraits<typename R::Model>::parameters(run.models[local]),
+            run.optimizer_states[local].span(), step);
+      }
+      run.strategy.forget_stripes();
+      return step;
+    }
+  }
+  return applied;
+}
+
 // Every replica of every process: the parameters and optimizer state of the first worker that
 // holds the most steps, `applied` being this process's, or the newest state the lost membership
 // kept in its stripes, rebuilt; run.step is then that state's count of steps.
@@ -155,7 +175,7 @@ template <class R>
   try {
     regrouped = run.strategy.regroup(cause);
   } catch (const CommError&) {
-    if (checkpoints.enabled()) save_last_step(run, applied, checkpoints);
+    if (checkpoints.enabled()) save_last_step(run, whole_state_alone(run, applied), checkpoints);
     throw;
   }
   return changed_membership(run, std::move(*regrouped), applied, start);
