@@ -11,7 +11,9 @@
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -54,6 +56,61 @@ inline sockaddr_in loopback(std::uint16_t port) {
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   return address;
 }
+
+// A flood of `count` idle connections to `port` from a child process, whose descriptor limit is
+// raised to the hard limit (so that the flood can outnumber the listener's own limit): it
+// connects `count` times, says nothing, and holds every connection until this object ends.
+class IdleFlood {
+ public:
+  IdleFlood(std::uint16_t port, int count) {
+    int report[2], release[2];
+    REQUIRE(::pipe(report) == 0);
+    REQUIRE(::pipe(release) == 0);
+    child_ = ::fork();
+    REQUIRE(child_ >= 0);
+    if (child_ == 0) {
+      ::close(report[0]);
+      ::close(release[1]);
+      rlimit limit{};
+      ::getrlimit(RLIMIT_NOFILE, &limit);
+      limit.rlim_cur = limit.rlim_max;
+      ::setrlimit(RLIMIT_NOFILE, &limit);
+      const sockaddr_in address = loopback(port);
+      const timeval timeout{2, 0};
+      int connected = 0;
+      for (int i = 0; i < count; ++i) {
+        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+        if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0) {
+          ++connected;
+        }
+      }
+      (void)!::write(report[1], &connected, sizeof connected);
+      char byte;
+      (void)!::read(release[0], &byte, 1);
+      ::_exit(0);
+    }
+    ::close(report[1]);
+    ::close(release[0]);
+    release_ = release[1];
+    REQUIRE(::read(report[0], &connected_, sizeof connected_) == sizeof connected_);
+    ::close(report[0]);
+  }
+  IdleFlood(const IdleFlood&) = delete;
+  IdleFlood& operator=(const IdleFlood&) = delete;
+  ~IdleFlood() {
+    ::close(release_);
+    ::waitpid(child_, nullptr, 0);
+  }
+
+  // How many of the connects succeeded.
+  int connected() const { return connected_; }
+
+ private:
+  pid_t child_ = -1;
+  int release_ = -1;
+  int connected_ = 0;
+};
 
 // A connected socket whose reads give up after 5 s, so that a test never hangs on one.
 inline RawSocket connect_raw(std::uint16_t port) {

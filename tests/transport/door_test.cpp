@@ -4,15 +4,20 @@
 // stranger is refused at the door, and the door goes on; a newcomer that never comes fails the
 // grow within its timeout, and the members regroup from the mesh they had; once the rank 0 that
 // started the job is lost, the next one keeps the door at the job's rendezvous address, where a
-// process started again as rank 0 joins; a process that joins finds no door at a job that starts.
+// process started again as rank 0 joins; a process that joins finds no door at a job that starts;
+// a flood of idle connections at the door is held to max_pending_connections, and a process
+// started for the job still comes in.
 #include <doctest/doctest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
 #include <cohort/transport/tcp/door.hpp>
 #include <cohort/transport/tcp/regroup.hpp>
 #include <cstdint>
+#include <filesystem>
 #include <future>
+#include <iterator>
 #include <latch>
 #include <optional>
 #include <string>
@@ -230,4 +235,59 @@ TEST_CASE(
                  "rank 0: rendezvous: came to join a running job (joins_running_job, "
                  "COHORT_JOIN), and found the job at 127.0.0.1:" +
                      std::to_string(port) + " starting"));
+}
+
+TEST_CASE(
+    "with a secret, 2000 idle connections at the door under a limit of 1024 descriptors: the door "
+    "holds at most max_pending_connections of them, and a process started for the job still "
+    "waits there, is taken in and joins the grown mesh") {
+  rlimit saved{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  REQUIRE(saved.rlim_max >= 2200);
+  rlimit limited = saved;
+  limited.rlim_cur = 1024;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &limited) == 0);
+  std::promise<std::uint16_t> port_promise;
+  std::shared_future<std::uint16_t> port = port_promise.get_future().share();
+  std::promise<void> admitted;
+  std::shared_future<void> grow = admitted.get_future().share();
+  std::optional<tcp::Tcp> joiner;
+  std::thread joining([&] {
+    joiner.emplace(started_again(1, 2, port.get(), kSecret));
+    ring_once(*joiner);
+  });
+  std::size_t before = 0;
+  std::size_t during = 0;
+  const auto errors = run_ranks(
+      2,
+      [&](tcp::Tcp& mesh) {
+        if (mesh.rank() == 0) {
+          tcp::Door door(mesh);
+          before = open_descriptors();
+          const cohort::testing::IdleFlood flood(mesh.rendezvous_port(), 2000);
+          CHECK(flood.connected() == 2000);
+          // The joiner starts after the flood, so it comes last to the door.
+          port_promise.set_value(mesh.rendezvous_port());
+          REQUIRE(wait_at(door, 1));
+          during = open_descriptors();
+          CHECK(door.welcome(1) == 1);
+          admitted.set_value();
+        } else {
+          grow.wait();
+        }
+        tcp::Tcp next = tcp::grow(mesh, 1, std::chrono::seconds(10));
+        CHECK(next.size() == 3);
+        ring_once(next);
+      },
+      elastic);
+  joining.join();
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+  require_no_errors(errors);
+  REQUIRE(joiner.has_value());
+  CHECK(joiner->rank() == 2);
+  // The flood's connections held in the door, at most the bound, and the joiner's own (its
+  // listener, its connection each way, its event loop): 2000 would have passed the limit.
+  CAPTURE(before);
+  CAPTURE(during);
+  CHECK(during <= before + static_cast<std::size_t>(tcp::Options{}.max_pending_connections) + 16);
 }

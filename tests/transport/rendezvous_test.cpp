@@ -4,7 +4,6 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,11 +51,6 @@ std::vector<std::string> join_and_ring(std::uint16_t port, int size) {
   return errors;
 }
 
-std::size_t open_descriptors() {
-  return static_cast<std::size_t>(std::distance(
-      std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{}));
-}
-
 std::size_t resident_bytes() {
   std::ifstream statm("/proc/self/statm");
   std::size_t pages = 0, resident = 0;
@@ -89,47 +83,15 @@ TEST_CASE(
   REQUIRE(::setrlimit(RLIMIT_NOFILE, &limited) == 0);
   RankZero rank_zero(3, ring_once, with_secret);
 
-  // The flood comes from a child process with a higher limit of its own; it connects 2000 times,
-  // says nothing, reports how many connects succeeded and holds them until its parent is done.
-  int report[2], release[2];
-  REQUIRE(::pipe(report) == 0);
-  REQUIRE(::pipe(release) == 0);
-  const pid_t flooder = ::fork();
-  REQUIRE(flooder >= 0);
-  if (flooder == 0) {
-    ::close(report[0]);
-    ::close(release[1]);
-    rlimit raised = saved;
-    raised.rlim_cur = saved.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &raised);
-    const sockaddr_in address = loopback(rank_zero.port);
-    const timeval timeout{2, 0};
-    int connected = 0;
-    for (int i = 0; i < 2000; ++i) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
-      if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0) {
-        ++connected;
-      }
-    }
-    (void)!::write(report[1], &connected, sizeof connected);
-    char byte;
-    (void)!::read(release[0], &byte, 1);
-    ::_exit(0);
+  // The flood comes from a child process with a higher limit of its own.
+  {
+    const cohort::testing::IdleFlood flood(rank_zero.port, 2000);
+    CHECK(flood.connected() == 2000);
+    const auto errors = join_and_ring(rank_zero.port, 3);
+    CHECK(errors[1] == "");
+    CHECK(errors[2] == "");
+    CHECK(rank_zero.finish() == "");
   }
-  ::close(report[1]);
-  ::close(release[0]);
-  int connected = 0;
-  REQUIRE(::read(report[0], &connected, sizeof connected) == sizeof connected);
-  CHECK(connected == 2000);
-
-  const auto errors = join_and_ring(rank_zero.port, 3);
-  CHECK(errors[1] == "");
-  CHECK(errors[2] == "");
-  CHECK(rank_zero.finish() == "");
-  ::close(release[1]);
-  ::close(report[0]);
-  ::waitpid(flooder, nullptr, 0);
   ::setrlimit(RLIMIT_NOFILE, &saved);
 }
 

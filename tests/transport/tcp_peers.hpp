@@ -11,6 +11,7 @@
 #include <cohort/transport/tcp/frame.hpp>
 #include <cohort/transport/tcp/handshake.hpp>
 #include <cohort/transport/tcp/tcp.hpp>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -49,6 +50,12 @@ inline tcp::Options options_for(int rank, int size) {
           .rendezvous_port = 0,  // rank 0 takes any free port; run_ranks tells the others
           .connect_timeout = std::chrono::seconds(10),
           .operation_timeout = std::chrono::seconds(10)};
+}
+
+// This process's open descriptors.
+inline std::size_t open_descriptors() {
+  return static_cast<std::size_t>(std::distance(
+      std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{}));
 }
 
 // The secret of the tests' jobs that have one.
