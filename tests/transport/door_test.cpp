@@ -8,13 +8,13 @@
 // a flood of idle connections at the door is held to max_pending_connections, and a process
 // started for the job still comes in.
 #include <doctest/doctest.h>
-#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
 #include <cohort/transport/tcp/door.hpp>
 #include <cohort/transport/tcp/regroup.hpp>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <future>
 #include <iterator>
@@ -38,6 +38,34 @@ bool wait_at(tcp::Door& door, std::size_t count) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return true;
+}
+
+// Every member of `mesh` together: rank 0 takes in the one process waiting at its `door` (empty on
+// the others), closes the door as the strategy does, and tells the others by `admitted`, which
+// they wait for (`grow`); then the mesh of the next epoch, grown by it.
+tcp::Tcp grown_by_one(tcp::Tcp& mesh, std::optional<tcp::Door>& door, std::promise<void>& admitted,
+                      const std::shared_future<void>& grow) {
+  if (door) {
+    REQUIRE(wait_at(*door, 1));
+    CHECK(door->welcome(1) == 1);
+    door.reset();
+    admitted.set_value();
+  } else {
+    grow.wait();
+  }
+  return tcp::grow(mesh, 1, std::chrono::seconds(10));
+}
+
+// Once `joining` (the newcomer's thread) ends: no member failed, and the newcomer is rank 2 of
+// the grown mesh of 3, in epoch 1.
+void require_joined_as_third(std::thread& joining, const std::vector<std::exception_ptr>& errors,
+                             const std::optional<tcp::Tcp>& joiner) {
+  joining.join();
+  require_no_errors(errors);
+  REQUIRE(joiner.has_value());
+  CHECK(joiner->rank() == 2);
+  CHECK(joiner->size() == 3);
+  CHECK(joiner->options().epoch == 1);
 }
 
 // A process started again as rank `rank` of the job's first `size`, at the job's rendezvous port.
@@ -67,28 +95,19 @@ TEST_CASE(
   const auto errors = run_ranks(
       2,
       [&](tcp::Tcp& mesh) {
+        std::optional<tcp::Door> door;
         if (mesh.rank() == 0) {
           port_promise.set_value(mesh.rendezvous_port());
-          tcp::Door door(mesh);
-          REQUIRE(wait_at(door, 1));
-          CHECK(door.welcome(1) == 1);
-          admitted.set_value();
-        } else {
-          grow.wait();
+          door.emplace(mesh);
         }
-        tcp::Tcp next = tcp::grow(mesh, 1, std::chrono::seconds(10));
+        tcp::Tcp next = grown_by_one(mesh, door, admitted, grow);
         CHECK(next.size() == 3);
         CHECK(next.rank() == mesh.rank());
         CHECK(next.options().epoch == 1);
         ring_once(next);
       },
       elastic);
-  joining.join();
-  require_no_errors(errors);
-  REQUIRE(joiner.has_value());
-  CHECK(joiner->rank() == 2);
-  CHECK(joiner->size() == 3);
-  CHECK(joiner->options().epoch == 1);
+  require_joined_as_third(joining, errors, joiner);
 }
 
 TEST_CASE("a stranger without the secret is refused at the door, and the door goes on") {
@@ -241,12 +260,7 @@ TEST_CASE(
     "with a secret, 2000 idle connections at the door under a limit of 1024 descriptors: the door "
     "holds at most max_pending_connections of them, and a process started for the job still "
     "waits there, is taken in and joins the grown mesh") {
-  rlimit saved{};
-  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
-  REQUIRE(saved.rlim_max >= 2200);
-  rlimit limited = saved;
-  limited.rlim_cur = 1024;
-  REQUIRE(::setrlimit(RLIMIT_NOFILE, &limited) == 0);
+  const DescriptorLimit limit(1024);
   std::promise<std::uint16_t> port_promise;
   std::shared_future<std::uint16_t> port = port_promise.get_future().share();
   std::promise<void> admitted;
@@ -261,30 +275,24 @@ TEST_CASE(
   const auto errors = run_ranks(
       2,
       [&](tcp::Tcp& mesh) {
+        std::optional<tcp::Door> door;
+        std::optional<cohort::testing::IdleFlood> flood;
         if (mesh.rank() == 0) {
-          tcp::Door door(mesh);
+          door.emplace(mesh);
           before = open_descriptors();
-          const cohort::testing::IdleFlood flood(mesh.rendezvous_port(), 2000);
-          CHECK(flood.connected() == 2000);
+          flood.emplace(mesh.rendezvous_port(), 2000);
+          CHECK(flood->connected() == 2000);
           // The joiner starts after the flood, so it comes last to the door.
           port_promise.set_value(mesh.rendezvous_port());
-          REQUIRE(wait_at(door, 1));
+          REQUIRE(wait_at(*door, 1));
           during = open_descriptors();
-          CHECK(door.welcome(1) == 1);
-          admitted.set_value();
-        } else {
-          grow.wait();
         }
-        tcp::Tcp next = tcp::grow(mesh, 1, std::chrono::seconds(10));
+        tcp::Tcp next = grown_by_one(mesh, door, admitted, grow);
         CHECK(next.size() == 3);
         ring_once(next);
       },
       elastic);
-  joining.join();
-  ::setrlimit(RLIMIT_NOFILE, &saved);
-  require_no_errors(errors);
-  REQUIRE(joiner.has_value());
-  CHECK(joiner->rank() == 2);
+  require_joined_as_third(joining, errors, joiner);
   // The flood's connections held in the door, at most the bound, and the joiner's own (its
   // listener, its connection each way, its event loop): 2000 would have passed the limit.
   CAPTURE(before);

@@ -75,12 +75,7 @@ TEST_CASE("with a secret, no frame a stranger sends stops the rendezvous or earn
 TEST_CASE(
     "with a secret, 2000 idle connections under a limit of 1024 descriptors do not keep "
     "the ranks from meeting") {
-  rlimit saved{};
-  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
-  REQUIRE(saved.rlim_max >= 2200);
-  rlimit limited = saved;
-  limited.rlim_cur = 1024;
-  REQUIRE(::setrlimit(RLIMIT_NOFILE, &limited) == 0);
+  const DescriptorLimit limit(1024);
   RankZero rank_zero(3, ring_once, with_secret);
 
   // The flood comes from a child process with a higher limit of its own.
@@ -92,7 +87,6 @@ TEST_CASE(
     CHECK(errors[2] == "");
     CHECK(rank_zero.finish() == "");
   }
-  ::setrlimit(RLIMIT_NOFILE, &saved);
 }
 
 TEST_CASE(

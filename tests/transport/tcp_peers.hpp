@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -57,6 +58,24 @@ inline std::size_t open_descriptors() {
   return static_cast<std::size_t>(std::distance(
       std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{}));
 }
+
+// This process's limit of open descriptors lowered to `most` while the object lives.
+class DescriptorLimit {
+ public:
+  explicit DescriptorLimit(rlim_t most) {
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved_) == 0);
+    REQUIRE(saved_.rlim_max >= 2200);  // what the floods of these tests need in their child
+    rlimit limited = saved_;
+    limited.rlim_cur = most;
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &limited) == 0);
+  }
+  DescriptorLimit(const DescriptorLimit&) = delete;
+  DescriptorLimit& operator=(const DescriptorLimit&) = delete;
+  ~DescriptorLimit() { ::setrlimit(RLIMIT_NOFILE, &saved_); }
+
+ private:
+  rlimit saved_{};
+};
 
 // The secret of the tests' jobs that have one.
 inline constexpr char kSecret[] = "correct horse battery staple";
