@@ -87,9 +87,9 @@ class MirroredReplica {
 
   // bucket_bytes: the unit in which the gradient is reduced while the backward pass goes on
   // (the default, one bucket: the whole gradient once it is final). kept: an elastic job's
-  // (kept_stripes.hpp), where a sharded update (below) also keeps this worker's stripes of the last
-  // two steps in shared memory, so that a worker lost takes none of the state with it; the replica
-  // records there what it keeps. gradient_sum: the reduction of the gradient
+  // (kept_stripes.hpp), where a sharded update (below) also keeps this worker's stripes in shared
+  // memory every KeptStripes::kEvery steps, so that a worker lost takes none of the state with it;
+  // the replica records there what it keeps. gradient_sum: the reduction of the gradient
   // (collective/wire.hpp), which the Trainer's fold follows inside the replica too
   // (strategy::ChoosesGradientSum).
   MirroredReplica(std::size_t index, Communicator communicator, Place place = {},
@@ -255,8 +255,8 @@ class MirroredReplica {
   // subnormal floats), and the stripes give every worker its share of each layer. The optimizer
   // state outside a worker's stripes is gathered when the fit ends, or before a non-finite step
   // raises; until then each worker's is current on its own stripes. In an elastic job each
-  // worker also keeps its stripes of the last two steps after the gradient sum, and gathers the
-  // parameters from there (kept_stripes.hpp).
+  // worker also keeps its stripes after the gradient sum every KeptStripes::kEvery steps, and on
+  // those steps the parameters are gathered from there (kept_stripes.hpp).
   struct Shard {
     std::span<std::byte> shared;  // the whole gradient sum, in this worker's shared buffer
     std::size_t stripe = 1;       // elements
