@@ -28,6 +28,7 @@
 // "cohort: workers 3 -> 4 at step 17 (1 joined)", and the timeline has a "regroup" span.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -74,18 +75,28 @@ struct NewestState {
   bool from_stripes = false;  // rebuilt from the lost membership's stripes (strategy::KeepsStripes)
 };
 
+template <class R>
+inline constexpr bool kKeepsStripes =
+    strategy::KeepsStripes<typename R::Strategy, typename R::value_type>;
+
+// Local replica `local`'s parameters and optimizer state after `steps` steps, rebuilt from the
+// stripes the lost membership kept (strategy::KeepsStripes).
+template <class R>
+[[gnu::cold]] void rebuild_from_stripes(R& run, std::size_t local, std::uint64_t steps) {
+  run.strategy.rebuild_from_stripes(ModelTraits<typename R::Model>::parameters(run.models[local]),
+                                    run.optimizer_states[local].span(), steps);
+}
+
 // Below min_workers, alone: the steps of the state this process holds whole, to save. Where its
 // state was current only on its stripes (strategy::KeepsStripes), the newest state it knows every
 // worker kept, rebuilt into every local replica; no other process agrees, each saves what it knows.
 template <class R>
 [[gnu::cold]] std::uint64_t whole_state_alone(R& run, std::uint64_t applied) {
-  if constexpr (strategy::KeepsStripes<typename R::Strategy, typename R::value_type>) {
+  if constexpr (kKeepsStripes<R>) {
     if (run.strategy.stripes_spread()) {
       const auto step = static_cast<std::uint64_t>(run.strategy.kept_step());
       for (std::size_t local = 0; local < run.models.size(); ++local) {
-        run.strategy.rebuild_from_stripes(
-            ModelTraits<typename R::Model>::parameters(run.models[local]),
-            run.optimizer_states[local].span(), step);
+        rebuild_from_stripes(run, local, step);
       }
       run.strategy.forget_stripes();
       return step;
@@ -99,24 +110,23 @@ template <class R>
 // kept in its stripes, rebuilt; run.step is then that state's count of steps.
 template <class R>
 [[gnu::cold]] NewestState take_newest_state(R& run, std::uint64_t applied) {
-  using S = typename R::Strategy;
-  using T = typename R::value_type;
   NewestState newest;
   run.strategy.run([&](auto& replica) {
     const std::size_t local = replica.index() - run.strategy.first_local_replica();
     Agreement<typename R::Device> agreement(run.place(local));
-    double most = static_cast<double>(applied);  // exact: steps stay far below 2^53
-    agreement.all_reduce(replica.communicator(), std::span<double>(&most, 1), ReduceOp::kMax);
-    if constexpr (strategy::KeepsStripes<S, T>) {
-      double spread = run.strategy.stripes_spread() ? 1.0 : 0.0;
-      agreement.all_reduce(replica.communicator(), std::span<double>(&spread, 1), ReduceOp::kMax);
-      if (spread != 0.0) {
-        auto kept = static_cast<double>(run.strategy.kept_step());
-        agreement.all_reduce(replica.communicator(), std::span<double>(&kept, 1), ReduceOp::kMax);
-        const auto step = static_cast<std::uint64_t>(kept);
-        run.strategy.rebuild_from_stripes(
-            ModelTraits<typename R::Model>::parameters(run.models[local]),
-            run.optimizer_states[local].span(), step);
+    // In one agreement, each the most over the job (exact: steps stay far below 2^53): the steps
+    // applied; whether any process's state is spread over stripes; the newest step kept in them.
+    std::array<double, 3> agreed{static_cast<double>(applied), 0.0, -1.0};
+    if constexpr (kKeepsStripes<R>) {
+      agreed[1] = run.strategy.stripes_spread() ? 1.0 : 0.0;
+      agreed[2] = static_cast<double>(run.strategy.kept_step());
+    }
+    agreement.all_reduce(replica.communicator(), std::span<double>(agreed), ReduceOp::kMax);
+    const double most = agreed[0];
+    if constexpr (kKeepsStripes<R>) {
+      if (agreed[1] != 0.0) {
+        const auto step = static_cast<std::uint64_t>(agreed[2]);
+        rebuild_from_stripes(run, local, step);
         if (local == 0) newest = {.step = step, .from_stripes = true};
         return;
       }
@@ -135,7 +145,7 @@ template <class R>
     replica.communicator().broadcast(run.optimizer_states[local].span(), root);
     if (local == 0) newest.step = static_cast<std::uint64_t>(most);
   });
-  if constexpr (strategy::KeepsStripes<S, T>) run.strategy.forget_stripes();
+  if constexpr (kKeepsStripes<R>) run.strategy.forget_stripes();
   run.step = newest.step;
   return newest;
 }

@@ -321,7 +321,7 @@ class MirroredReplica {
     const StripeLayout& layout = kept_->layout;
     const std::span<T> kept = kept_as<T>(layout.state_in(copy), layout.state);
     for (std::size_t at = begin; at < layout.state; at += layout.parameters) {
-      stream_copy(state.data() + at, count, kept.data() + at);
+      std::copy_n(state.data() + at, count, kept.data() + at);
     }
   }
 
@@ -333,7 +333,6 @@ class MirroredReplica {
       std::copy_n(parameters.data() + begin, count, kept.data() + begin);
       keep_state_stripe(state, copy, begin, count);
     });
-    stream_fence();
   }
 
   template <class T, class O>
@@ -371,7 +370,6 @@ class MirroredReplica {
             if (copy)
               keep_state_stripe(std::span<const T>(update.optimizer_state), *copy, begin, count);
           });
-          if (copy) stream_fence();
           communicator_.gather_shared_stripes(std::span<const T>(published), update.parameters,
                                               shard_->stripe);
           if (!checked) communicator_.all_reduce(std::span<std::int64_t>(first), ReduceOp::kMin);
