@@ -30,4 +30,5 @@
 #include "cohort/transport/tcp/impl/door.ipp"
 #include "cohort/transport/tcp/impl/listener.ipp"
 #include "cohort/transport/tcp/impl/regroup.ipp"
+#include "cohort/transport/tcp/impl/roll_call.ipp"
 #include "cohort/transport/tcp/impl/tcp.ipp"

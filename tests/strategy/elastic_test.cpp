@@ -1,8 +1,8 @@
 // Elastic MultiWorkerMirrored (strategy/elastic.hpp) across real processes on 127.0.0.1: a
-// worker SIGKILLed at a random point of the fit, the chief included, and the others go on to the
-// parameters of a job that lost nobody, over TCP and through shared memory; a worker started again
-// rejoins, to the same bits, the rank 0 that started the job included; below min_workers, the job
-// stops naming who is left.
+// worker SIGKILLed at a random point of the fit, the chief included, or stopped, and the others go
+// on to the parameters of a job that lost nobody, over TCP and through shared memory; a worker
+// started again rejoins, to the same bits, the rank 0 that started the job included; below
+// min_workers, the job stops naming who is left.
 #include <doctest/doctest.h>
 #include <signal.h>
 
@@ -178,6 +178,36 @@ TEST_CASE(
     const std::string metrics = read_file(directory.path / "metrics.jsonl");
     CAPTURE(metrics);
     CHECK(metrics.rfind("{\"step\": " + std::to_string(kSteps) + ",") != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "an elastic job whose worker is stopped mid-fit (SIGSTOP: its kernel still accepts "
+    "connections) counts it out after the timeout and ends with the parameters of a job that "
+    "lost nobody: over TCP, and through shared memory with the chief stopped") {
+  const std::string& expected = uninterrupted_parameters();
+  struct Job {
+    std::string shared_memory;
+    int stopped;
+  };
+  for (const Job& job : {Job{"0", 2}, Job{"1", 0}}) {
+    CAPTURE(job.shared_memory);
+    CAPTURE(job.stopped);
+    TemporaryDirectory directory("cohort-elastic-stopped");
+    auto workers =
+        start_elastic_workers(directory.path, 4, 2, job.shared_memory, "1", {"--timeout-s", "2"});
+    std::this_thread::sleep_for(100ms);
+    Process& stopped = *workers[static_cast<std::size_t>(job.stopped)];
+    stopped.kill(SIGSTOP);
+    for (int rank = 0; rank < 4; ++rank) {
+      if (rank == job.stopped) continue;
+      CAPTURE(rank);
+      const std::string log = ended(workers, directory.path, rank, true);
+      CHECK(log.find("membership 4 -> 3 at step ") != std::string::npos);
+    }
+    CHECK(read_file(directory.path / "parameters.bin") == expected);
+    stopped.kill(SIGKILL);
+    stopped.wait(10s);
   }
 }
 

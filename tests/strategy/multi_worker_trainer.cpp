@@ -7,7 +7,7 @@
 //                        [--save-restore FILE] [--schedule]
 //                        [--checkpoint-directory DIR --checkpoint-every N] [--pause-ms N]
 //                        [--validate-every N [--chief-stops-after E]] [--elastic MIN]
-//                        [--connect-timeout-s N]
+//                        [--connect-timeout-s N] [--timeout-s N]
 //
 // ring             the ring all-reduce across processes instead of the deterministic one
 // --eigen THREADS  the examples' Eigen MLP on THREADS threads per replica (eigen_training.hpp)
@@ -39,7 +39,10 @@
 //                  strategy::KeepsStripes), and the chief at the end writes the parameters
 // --max-workers N  the most workers the elastic job grows to (default: those it starts with)
 // --connect-timeout-s N  the rendezvous's deadline (default 30 s), a joiner's at a running job's
-// door Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process
+//                  door
+// --timeout-s N    the deadline of a step's communication (default 10 s): a worker stopped or
+//                  hung is noticed after it
+// Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process
 // whose fit stopped for preemption exits with cohort::kExitPreempted and writes no parameters. Both
 // models report their gradient readiness per layer, and buckets are 64 bytes, so the buckets of a
 // step are reduced across processes while its backward pass goes on.
@@ -81,6 +84,7 @@ struct Settings {
   std::size_t min_workers = 0;
   std::size_t max_workers = 0;
   int connect_timeout_s = 30;
+  int timeout_s = 10;
 };
 
 // The data of every fit: small_task_data(), with one example poisoned (--poison), the chief's
@@ -184,7 +188,7 @@ int train(const Settings& settings) {
       cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, Cross>(
           {.local_replicas = settings.local_replicas,
            .connect_timeout = std::chrono::seconds(settings.connect_timeout_s),
-           .timeout = std::chrono::seconds(10),
+           .timeout = std::chrono::seconds(settings.timeout_s),
            .bucket_bytes = 64,
            .elastic = {.min_workers = settings.min_workers, .max_workers = settings.max_workers}}));
 }
@@ -201,7 +205,7 @@ int main(int argc, char** argv) {
                  "[--preempt-after N] [--fail-in-backward N] [--save-restore FILE] "
                  "[--schedule] [--checkpoint-directory DIR --checkpoint-every N] "
                  "[--pause-ms N] [--validate-every N [--chief-stops-after E]] "
-                 "[--elastic MIN [--max-workers N]] [--connect-timeout-s N]\n");
+                 "[--elastic MIN [--max-workers N]] [--connect-timeout-s N] [--timeout-s N]\n");
     return 64;
   }
   try {
@@ -250,6 +254,8 @@ int main(int argc, char** argv) {
         settings.max_workers = std::stoul(next());
       } else if (flag == "--connect-timeout-s") {
         settings.connect_timeout_s = std::stoi(next());
+      } else if (flag == "--timeout-s") {
+        settings.timeout_s = std::stoi(next());
       } else if (flag == "--pause-ms") {
         settings.pause_ms = std::stoi(next());
       } else if (flag == "--schedule") {

@@ -1,6 +1,7 @@
-// tcp::regroup: ranks of a mesh that lost one form the next membership epoch's mesh among
-// themselves, as threads of this process on 127.0.0.1, under a secret; a rank of a later epoch
-// is refused, and one of an earlier epoch held off, without failing the rendezvous.
+// tcp::regroup: ranks of a mesh that lost one (ended, or stopped with its listener still
+// accepting) form the next membership epoch's mesh among themselves, as threads of this process
+// on 127.0.0.1, under a secret; a rank of a later epoch is refused, and one of an earlier epoch
+// held off, without failing the rendezvous.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -20,7 +21,7 @@ using namespace tcp_test;  // NOLINT: the helpers are this file's vocabulary
 
 namespace {
 
-// `size` ranks meet; rank `lost` ends at once and the others regroup with at least min_size
+// `size` ranks meet; rank `lost` is lost (`how`) and the others regroup with at least min_size
 // ranks. Returns, by old rank, the members each saw (empty for the lost rank) and its new rank,
 // or what it threw.
 struct Outcome {
@@ -29,7 +30,12 @@ struct Outcome {
   int size = 0;
   std::string error;
 };
-std::vector<Outcome> lose_one(int size, int lost, int min_size) {
+enum class Loss {
+  kEnds,   // its Tcp ends: the process died, and its listener refuses
+  kHangs,  // it holds its Tcp and answers nothing: a process stopped or hung, whose kernel still
+           // accepts connections on its listener
+};
+std::vector<Outcome> lose_one(int size, int lost, int min_size, Loss how = Loss::kEnds) {
   std::vector<Outcome> outcomes(static_cast<std::size_t>(size));
   // The survivors keep their old meshes until each has regrouped or failed to, so that none
   // ends before the others' roll call counts it.
@@ -37,9 +43,13 @@ std::vector<Outcome> lose_one(int size, int lost, int min_size) {
   const auto errors = run_ranks(
       size,
       [&](tcp::Tcp& transport) {
-        if (transport.rank() == lost) return;  // its Tcp ends here: the process "dies"
+        if (transport.rank() == lost) {
+          if (how == Loss::kHangs) regrouped.wait();
+          return;
+        }
         Outcome& outcome = outcomes[static_cast<std::size_t>(transport.rank())];
-        wait_for_loss_of(transport, lost);
+        // A hung rank's connections stay up: the survivors regroup as after a timeout.
+        if (how == Loss::kEnds) wait_for_loss_of(transport, lost);
         std::optional<tcp::Regrouped> next;
         try {
           next.emplace(tcp::regroup(
@@ -79,6 +89,23 @@ TEST_CASE("the ranks left after one ends regroup as the next epoch, in the order
       CHECK(outcome.size == 3);
       CHECK(outcome.rank ==
             static_cast<int>(std::ranges::find(survivors, rank) - survivors.begin()));
+    }
+  }
+}
+
+TEST_CASE(
+    "a rank that is stopped or hung, its kernel still accepting on its listener, is counted out "
+    "after probe_timeout, rank 0 too") {
+  for (const int lost : {1, 0}) {
+    CAPTURE(lost);
+    const auto outcomes = lose_one(3, lost, 2, Loss::kHangs);
+    const std::vector<int> survivors = lost == 0 ? std::vector{1, 2} : std::vector{0, 2};
+    for (const int rank : survivors) {
+      const Outcome& outcome = outcomes[static_cast<std::size_t>(rank)];
+      CAPTURE(rank);
+      CHECK(outcome.error == "");
+      CHECK(outcome.members == survivors);
+      CHECK(outcome.size == 2);
     }
   }
 }

@@ -679,7 +679,7 @@ TEST_CASE("a peer speaking protocol version 99 is refused naming both versions")
   const RawFrame abort = read_frame(socket);  // rank 0 says why before it closes
   CHECK(abort.header.header.type == setup_type::kAbort);
   const std::string why = tcp::decode_text(abort.payload());
-  CHECK(why == "rank 0: rendezvous: rank 1 speaks protocol version 99, this is version 4");
+  CHECK(why == "rank 0: rendezvous: rank 1 speaks protocol version 99, this is version 5");
   CHECK(contains(rank_zero.finish(), why));
 }
 
@@ -704,7 +704,7 @@ TEST_CASE("a rank 0 speaking protocol version 99 is refused by the joining rank"
   options.rendezvous_port = port;
   CHECK_THROWS_WITH_AS(
       tcp::Tcp{options},
-      doctest::Contains("rank 1: rendezvous: rank 0 speaks protocol version 99, this is version 4"),
+      doctest::Contains("rank 1: rendezvous: rank 0 speaks protocol version 99, this is version 5"),
       cohort::CommError);
   fake_root.join();
 }

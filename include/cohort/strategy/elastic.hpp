@@ -41,9 +41,11 @@ struct Elastic {
   // The most workers the job grows to when processes started for it ask to join (door.hpp): 0,
   // the number it started with, so that a worker started again takes its place.
   std::size_t max_workers = 0;
-  // How long the roll call waits for a worker's listener to answer: a host cut off is counted
-  // out after this. Also how long the job waits for the processes it takes in to meet it: one
-  // that left after the vote is counted out after this, and the members go on without it.
+  // How long the roll call waits for a worker's process to answer: one stopped or hung, or a host
+  // cut off, is counted out after this, and every worker that regroups comes to the roll call
+  // within it of the others (one still in a step's compute when the others fail comes late). Also
+  // how long the job waits for the processes it takes in to meet it: one that left after the vote
+  // is counted out after this, and the members go on without it.
   std::chrono::milliseconds probe_timeout{std::chrono::seconds(2)};
   // Whether this process joins the running job through its door rather than starting it with the
   // others: a worker started again after a loss (COHORT_JOIN=1, which cohort-run sets on the ranks

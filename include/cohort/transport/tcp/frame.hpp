@@ -68,7 +68,7 @@
 namespace cohort::transport::tcp {
 
 inline constexpr std::uint32_t kMagic = 0x54524843;  // "CHRT" read as a little-endian integer
-inline constexpr std::uint16_t kProtocolVersion = 4;
+inline constexpr std::uint16_t kProtocolVersion = 5;
 inline constexpr std::size_t kHeaderBytes = 32;
 inline constexpr std::size_t kTrailerBytes = 8;
 

@@ -66,6 +66,9 @@ struct Hello {
   // The hello of a process that joins a running job (Options::joins_running_job): only a door
   // takes it in; a rendezvous turns it away without failing.
   bool joins = false;
+  // The hello of a failed mesh's roll call (roll_call.hpp): only a roll call answers it, and a
+  // roll call answers nothing else.
+  bool roll_call = false;
   Nonce nonce{};
 };
 
@@ -138,7 +141,7 @@ class Reader {
 
 // Hello payload, version 1: rank u32 (first in every version, frame.hpp), size u32,
 // flags u16 (bit 0: authenticates, bit 1: checksums data frames, bit 2: encrypts data frames,
-// bit 3: a door, bit 4: joins a running job),
+// bit 3: a door, bit 4: joins a running job, bit 5: a roll call),
 // listen port u16, nonce,
 // listen address, job id (strings: u16 length, bytes).
 inline std::vector<std::byte> encode_hello(const Hello& hello) {
@@ -147,7 +150,7 @@ inline std::vector<std::byte> encode_hello(const Hello& hello) {
   out.put(static_cast<std::uint32_t>(hello.size));
   out.put(static_cast<std::uint16_t>((hello.authenticates ? 1 : 0) | (hello.checksums ? 2 : 0) |
                                      (hello.encrypts ? 4 : 0) | (hello.door ? 8 : 0) |
-                                     (hello.joins ? 16 : 0)));
+                                     (hello.joins ? 16 : 0) | (hello.roll_call ? 32 : 0)));
   out.put(hello.listen_port);
   out.put_bytes(hello.nonce);
   out.put_string(hello.listen_address);
@@ -167,7 +170,7 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
   hello.listen_address = in.get_string();
   hello.job_id = in.get_string();
   hello.epoch = in.get<std::uint32_t>();
-  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~31u) != 0) {
+  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~63u) != 0) {
     return std::nullopt;
   }
   hello.rank = static_cast<int>(rank);
@@ -177,6 +180,7 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
   hello.encrypts = (flags & 4u) != 0;
   hello.door = (flags & 8u) != 0;
   hello.joins = (flags & 16u) != 0;
+  hello.roll_call = (flags & 32u) != 0;
   return hello;
 }
 

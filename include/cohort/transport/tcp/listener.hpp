@@ -26,6 +26,7 @@ namespace cohort::transport::tcp {
 
 class Tcp;
 class Door;
+class RollCall;
 
 namespace detail {
 struct Acceptor;  // asio.hpp
@@ -60,6 +61,7 @@ class Listener {
  private:
   friend class Tcp;
   friend class Door;
+  friend class RollCall;
 
   // Tcp::listener: a Listener on a duplicate of `listening`'s socket, with its own io_context.
   [[gnu::cold]] COHORT_DECL Listener(Options options, detail::Acceptor& listening);

@@ -5,12 +5,11 @@
 //   tcp::Regrouped next = tcp::regroup(failed, {.min_size = 2, .probe_timeout = 2s});
 //   // next.transport: the new mesh; next.members[r]: the old rank of its rank r
 //
-//   1. The roll call: the rank connects to every other rank where it listened at the rendezvous
-//      (Tcp::addresses). A rank whose listener accepts, and does not reset the connection within
-//      a settling time (200 ms: a process that ended may still accept for a few milliseconds after
-//      its connections failed), is alive and regroups too; one whose process ended, or that left
-//      (Tcp::stop_listening, before it told anyone), is refused or reset; one whose host is cut
-//      off is not heard within probe_timeout. Every rank that goes on sees the same answers.
+//   1. The roll call (roll_call.hpp): the rank asks every other rank's process, where it
+//      listened at the rendezvous, whether it regroups too, and answers theirs. A process that
+//      ended or left (Tcp::stop_listening, before it told anyone) refuses the connection; one that
+//      is stopped or hung, or whose host is cut off, is not heard within probe_timeout. Ranks that
+//      come to the roll call within probe_timeout of each other see the same answers.
 //   2. The members are the ranks that answered, in the order of their old ranks: rank r of the
 //      new mesh is the r-th of them, and the first, the lowest old rank alive, hosts the
 //      rendezvous on the socket it listened on. Fewer than min_size is a CommError naming who
@@ -30,14 +29,17 @@
 #include <vector>
 
 #include "cohort/core/compilation.hpp"
+#include "cohort/transport/tcp/roll_call.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
 namespace cohort::transport::tcp {
 
 struct RegroupOptions {
   int min_size = 1;  // fewer ranks alive: CommError, and no new mesh
-  // How long the roll call waits for a rank's listener to answer: a host cut off is counted out
-  // after this. Given by the caller (strategy::Elastic holds the job's); not positive: ConfigError.
+  // How long the roll call waits for a rank's process to answer: a process stopped or hung, or a
+  // host cut off, is counted out after this, and every rank that regroups must come to the roll
+  // call within it of the others. Given by the caller (strategy::Elastic holds the job's); not
+  // positive: ConfigError.
   std::chrono::milliseconds probe_timeout{0};
 };
 

@@ -284,6 +284,60 @@ class Rendezvous {
     spawn(accept_loop(0, 0));
   }
 
+  // A failed mesh's roll call (roll_call.hpp), under the failed mesh's options, on a duplicate of
+  // this rank's listening socket.
+  struct RollCallMode {};
+  Rendezvous(RollCallMode, const Options& options, asio::io_context& io, Acceptor& listener,
+             std::uint16_t listen_port)
+      : options_(options),
+        io_(io),
+        listener_(listener),
+        listen_port_(listen_port),
+        deadline_(Clock::time_point::max()),
+        peers_(static_cast<std::size_t>(options.size)),
+        roll_call_(true) {}
+
+  // The roll call: by rank of `table` (the failed mesh's addresses), whether that rank's process
+  // answered this one's roll-call handshake within `timeout` (this rank's own entry: true).
+  // Meanwhile it answers the others' roll calls, and it stays until every rank that answered
+  // has had its own answered too (for up to `timeout` more), so that a rank that comes late,
+  // within `timeout`, counts this one in as this one counts it. A rank whose connection is
+  // refused has ended or left and is counted out at once; a stopped or hung process, whose
+  // kernel still accepts, never answers.
+  [[gnu::cold]] std::vector<bool> call_roll(const std::vector<Address>& table,
+                                            std::chrono::milliseconds timeout) {
+    answers_.assign(table.size(), Answer::kAwaited);
+    probed_by_.assign(table.size(), false);
+    answers_[idx(options_.rank)] = Answer::kAnswered;
+    probed_by_[idx(options_.rank)] = true;
+    spawn(accept_loop(0, size() - 1));
+    for (int rank = 0; rank < size(); ++rank) {
+      if (rank != options_.rank) spawn(ask(rank, table[idx(rank)]));
+    }
+    const auto settled = [&] {
+      return std::ranges::find(answers_, Answer::kAwaited) == answers_.end();
+    };
+    const auto heard_back = [&] {
+      for (std::size_t r = 0; r < answers_.size(); ++r) {
+        if (answers_[r] == Answer::kAnswered && !probed_by_[r]) return false;
+      }
+      return true;
+    };
+    const auto started = Clock::now();
+    run_until([&] { return settled() && heard_back(); }, started + timeout);
+    run_until(heard_back, started + 2 * timeout);
+    finished_ = true;
+    close_listener(/*for_good=*/true);  // this roll call's own duplicate of the socket
+    for (const ConnectionPtr& connection : connections_) close(connection->socket);
+    drain();
+    if (!failure_.empty()) throw CommError(failure());
+    std::vector<bool> answered(answers_.size());
+    for (std::size_t r = 0; r < answers_.size(); ++r) {
+      answered[r] = answers_[r] == Answer::kAnswered;
+    }
+    return answered;
+  }
+
   // The door: runs what is ready without waiting, at most kDoorHandlersPerPoll pieces of it, so
   // that strangers who flood the door take the step that polls it a bounded time; the processes
   // that proved themselves and wait for a place, in the order they came.
@@ -457,6 +511,16 @@ class Rendezvous {
           [&] { return std::string("rank 0 never confirmed that every rank is connected"); });
   }
 
+  // Runs the io_context until done() holds, a coroutine failed, nothing is left to run, or
+  // `deadline`, which is no failure.
+  template <class Done>
+  void run_until(Done done, Clock::time_point deadline) {
+    while (failure_.empty() && !done()) {
+      if (io_.stopped()) io_.restart();
+      if (io_.run_one_until(deadline) == 0) return;
+    }
+  }
+
   // Runs the io_context until done() holds, a coroutine failed, or the deadline (plus grace())
   // passed, which is a failure described by timeout_text().
   template <class Done, class Text, class Grace>
@@ -571,6 +635,11 @@ class Rendezvous {
   [[gnu::cold]] Awaitable<void> admit(ConnectionPtr connection, int low, int high) {
     Expected<Introduction> introduced = co_await handshake_as_acceptor(*connection, low, high);
     connection->deadline.cancel();
+    if (introduced && roll_call_) {  // answered: the prober counts this rank in
+      probed_by_[idx(introduced->hello.rank)] = true;
+      close(connection->socket);
+      co_return;
+    }
     if (introduced && door_) {
       joiners_.push_back(Peer{connection, std::move(*introduced)});
       spawn(watch_joiner(connection));
@@ -585,11 +654,13 @@ class Rendezvous {
     using Kind = Refusal::Kind;
     // With a secret only a peer that proved it may fail the rendezvous: it is refused with
     // kMismatch alone, after its proof. Without one, whoever speaks the protocol may. A rank of
-    // another membership epoch never does, nor anyone at a door, which turns the peer away.
-    const bool fatal = !door_ && (authenticating() ? refusal.kind == Kind::kMismatch
-                                                   : refusal.kind != Kind::kClosed &&
-                                                         refusal.kind != Kind::kStranger &&
-                                                         refusal.kind != Kind::kStale);
+    // another membership epoch never does, nor anyone at a door or a roll call, which turn the
+    // peer away.
+    const bool fatal =
+        !door_ && !roll_call_ &&
+        (authenticating() ? refusal.kind == Kind::kMismatch
+                          : refusal.kind != Kind::kClosed && refusal.kind != Kind::kStranger &&
+                                refusal.kind != Kind::kStale);
     if (fatal) {
       fail(refusal.told());  // abandon() tells this connection why, with the others
       co_return;
@@ -727,6 +798,9 @@ class Rendezvous {
         last_connect_refused_ = ec == asio::error::connection_refused;
         close(connection->socket);
       }
+      if (ec && roll_call_ && last_connect_refused_) {  // the process ended, or left
+        co_return Refusal{Refusal::Kind::kClosed, rank_name(peer) + " refused the connection"};
+      }
       if (ec && peer == 0 && waited_at_door_ && last_connect_refused_) {
         // Where a running job's door was, nobody listens: the job ended, or lost its rank 0, whose
         // successor opens the door there again once the job has regrouped, where it can.
@@ -763,25 +837,35 @@ class Rendezvous {
     }
   }
 
-  [[gnu::cold]] Awaitable<void> join_root() {
+  // Where `address` is reached: its numeric address, or every address its name resolves to.
+  [[gnu::cold]] Awaitable<Expected<std::vector<asio::ip::tcp::endpoint>>> endpoints_of(
+      Address address) {
     std::vector<asio::ip::tcp::endpoint> endpoints;
     ErrorCode ec;
-    const auto address = asio::ip::make_address(options_.rendezvous_host, ec);
-    if (!ec) {
-      endpoints.emplace_back(address, options_.rendezvous_port);
-    } else {
-      asio::ip::basic_resolver<asio::ip::tcp, Executor> resolver(io_);
-      const std::string service = std::to_string(options_.rendezvous_port);
-      const auto results = co_await resolver.async_resolve(options_.rendezvous_host, service,
-                                                           asio::redirect_error(use_awaitable, ec));
-      if (ec) {
-        fail("cannot resolve rendezvous_host '" + options_.rendezvous_host + "': " + ec.message());
-        co_return;
-      }
-      for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+    if (const auto numeric = asio::ip::make_address(address.host, ec); !ec) {
+      endpoints.emplace_back(numeric, address.port);
+      co_return endpoints;
+    }
+    asio::ip::basic_resolver<asio::ip::tcp, Executor> resolver(io_);
+    const auto results = co_await resolver.async_resolve(address.host, std::to_string(address.port),
+                                                         asio::redirect_error(use_awaitable, ec));
+    if (ec) {
+      co_return Refusal{Refusal::Kind::kClosed,
+                        "cannot resolve '" + address.host + "': " + ec.message()};
+    }
+    for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+    co_return endpoints;
+  }
+
+  [[gnu::cold]] Awaitable<void> join_root() {
+    const Address root{options_.rendezvous_host, options_.rendezvous_port};
+    auto endpoints = co_await endpoints_of(root);
+    if (!endpoints) {
+      fail("rendezvous_host: " + endpoints.refusal().reason);
+      co_return;
     }
     for (;;) {
-      Expected<Peer> root = co_await connect_to(endpoints, 0);
+      Expected<Peer> root = co_await connect_to(*endpoints, 0);
       if (!root) {
         fail(root.refusal().told(), 0);
         co_return;
@@ -817,6 +901,20 @@ class Rendezvous {
       table_ = std::move(*decoded);
       co_return;
     }
+  }
+
+  // The roll call: asks `rank` at `address` whether its process is there, until it answers, its
+  // connection is refused, or the roll call ends.
+  [[gnu::cold]] Awaitable<void> ask(int rank, Address address) {
+    auto endpoints = co_await endpoints_of(address);
+    if (!endpoints) {
+      answers_[idx(rank)] = Answer::kSilent;
+      co_return;
+    }
+    Expected<Peer> answer = co_await connect_to(std::move(*endpoints), rank);
+    if (stopping()) co_return;
+    answers_[idx(rank)] = answer ? Answer::kAnswered : Answer::kSilent;
+    if (answer) close(answer->connection->socket);
   }
 
   // The door: a joiner sends nothing while it waits; whatever comes (its end) lets it go.
@@ -991,9 +1089,13 @@ class Rendezvous {
   // its sender connects again: at a rendezvous, one of an earlier membership epoch (a process
   // started again, or one the job regrouped without), which a door admits once the epoch's mesh
   // is up; at a door, one of a later epoch (a rank that regroups before this one has noticed the
-  // loss), which this rank's next rendezvous serves.
+  // loss), which this rank's next rendezvous serves; at a roll call, anything but a roll call of
+  // its epoch, which the rendezvous or door after it serves; anywhere else, a roll call, whose
+  // rank asks again until its own ends.
   bool comes_too_soon(const Hello& theirs) const {
     if (theirs.job_id != options_.job_id || theirs.door) return false;
+    if (theirs.roll_call != roll_call_) return true;  // a roll call serves only roll calls
+    if (roll_call_) return theirs.epoch != options_.epoch;
     return door_ ? theirs.epoch > options_.epoch : theirs.epoch < options_.epoch;
   }
 
@@ -1009,6 +1111,7 @@ class Rendezvous {
             .epoch = options_.epoch,
             .door = door_,
             .joins = options_.joins_running_job,
+            .roll_call = roll_call_,
             .nonce = random_nonce()};
   }
 
@@ -1183,6 +1286,10 @@ class Rendezvous {
   Clock::time_point door_gone_since_{};  // a member that waited: since its door was refused
   std::vector<Peer> joiners_;         // the door: who waits for a place, in the order they came
   std::optional<Welcome> welcome_{};  // a door's answer instead of the table
+  bool roll_call_ = false;
+  enum class Answer : std::uint8_t { kAwaited, kAnswered, kSilent };
+  std::vector<Answer> answers_;  // the roll call: by rank, whether its process answered
+  std::vector<bool> probed_by_;  // the roll call: by rank, whether its own was answered here
 };
 
 }  // namespace cohort::transport::tcp::detail
