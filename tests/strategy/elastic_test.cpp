@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -179,6 +180,42 @@ TEST_CASE(
     CAPTURE(metrics);
     CHECK(metrics.rfind("{\"step\": " + std::to_string(kSteps) + ",") != std::string::npos);
   }
+}
+
+TEST_CASE(
+    "an elastic job that rebuilds an earlier state from the stripes, and computes its steps again, "
+    "reports each step once: in Report::loss and in the metrics file") {
+  const std::string& expected = uninterrupted_parameters();
+  TemporaryDirectory directory("cohort-elastic-once");
+  const std::string port = std::to_string(cohort::testing::free_port());
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int rank = 0; rank < 4; ++rank) {
+    std::vector<std::string> more{"--log-every", "1"};
+    // Its model fails in step 20 (3 readiness reports a step), after the stripes of step 16 were
+    // kept: the others go on from step 16, and compute steps 17 to 19 again.
+    if (rank == 2) more.insert(more.end(), {"--fail-in-backward", "60"});
+    workers.push_back(start_elastic_worker(directory.path, rank, 4, port, 2, "1", "1", more));
+  }
+  CHECK(ended(workers, directory.path, 2, false).find("backward failed at readiness report 60") !=
+        std::string::npos);
+  for (const int rank : {0, 1, 3}) {
+    CAPTURE(rank);
+    const std::string log = ended(workers, directory.path, rank, true);
+    CHECK(log.find("membership 4 -> 3 at step 16, the state rebuilt from stripes") !=
+          std::string::npos);
+    if (rank == 0) CHECK(log.find("losses " + std::to_string(kSteps) + "\n") != std::string::npos);
+  }
+  const std::string metrics = read_file(directory.path / "metrics.jsonl");
+  CAPTURE(metrics);
+  std::vector<std::uint64_t> steps;
+  for (std::size_t at = metrics.find("{\"step\": "); at != std::string::npos;
+       at = metrics.find("{\"step\": ", at + 1)) {
+    steps.push_back(std::stoull(metrics.substr(at + 9)));
+  }
+  std::vector<std::uint64_t> each_once(kSteps);
+  std::iota(each_once.begin(), each_once.end(), 1);
+  CHECK(steps == each_once);
+  CHECK(read_file(directory.path / "parameters.bin") == expected);
 }
 
 TEST_CASE(

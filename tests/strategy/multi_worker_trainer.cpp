@@ -7,7 +7,7 @@
 //                        [--save-restore FILE] [--schedule]
 //                        [--checkpoint-directory DIR --checkpoint-every N] [--pause-ms N]
 //                        [--validate-every N [--chief-stops-after E]] [--elastic MIN]
-//                        [--connect-timeout-s N] [--timeout-s N]
+//                        [--connect-timeout-s N] [--timeout-s N] [--log-every N]
 //
 // ring             the ring all-reduce across processes instead of the deterministic one
 // --eigen THREADS  the examples' Eigen MLP on THREADS threads per replica (eigen_training.hpp)
@@ -42,7 +42,9 @@
 //                  door
 // --timeout-s N    the deadline of a step's communication (default 10 s): a worker stopped or
 //                  hung is noticed after it
-// Every process prints "skipped N" (Report::skipped_steps) when its fit returns; a process
+// --log-every N    a progress line (and a metrics-file line) every N steps (Options::log_every)
+// Every process prints "skipped N" (Report::skipped_steps) and "losses N" (the size of
+// Report::loss) when its fit returns; a process
 // whose fit stopped for preemption exits with cohort::kExitPreempted and writes no parameters. Both
 // models report their gradient readiness per layer, and buckets are 64 bytes, so the buckets of a
 // step are reduced across processes while its backward pass goes on.
@@ -85,6 +87,7 @@ struct Settings {
   std::size_t max_workers = 0;
   int connect_timeout_s = 30;
   int timeout_s = 10;
+  std::uint64_t log_every = 100;
 };
 
 // The data of every fit: small_task_data(), with one example poisoned (--poison), the chief's
@@ -115,6 +118,7 @@ int train(const Settings& settings, Strategy strategy, const Model& model) {
       {.global_batch = 64,
        .micro_batches = settings.micro_batches,
        .seed = settings.seed,
+       .log_every = settings.log_every,
        .progress = cohort::Progress::kSilent,
        .on_nonfinite = settings.on_nonfinite,
        .preemption = {.checkpoint = settings.checkpoint},
@@ -141,6 +145,7 @@ int train(const Settings& settings, Strategy strategy, const Model& model) {
                                                 }}))
           : trainer.fit(data, {.steps = settings.steps});
   std::printf("skipped %llu\n", static_cast<unsigned long long>(report.skipped_steps));
+  std::printf("losses %zu\n", report.loss.size());
   for (const cohort::Evaluation& evaluation : report.validation) {
     std::printf("%s\n", cohort::testing::describe(evaluation).c_str());
   }
@@ -205,7 +210,8 @@ int main(int argc, char** argv) {
                  "[--preempt-after N] [--fail-in-backward N] [--save-restore FILE] "
                  "[--schedule] [--checkpoint-directory DIR --checkpoint-every N] "
                  "[--pause-ms N] [--validate-every N [--chief-stops-after E]] "
-                 "[--elastic MIN [--max-workers N]] [--connect-timeout-s N] [--timeout-s N]\n");
+                 "[--elastic MIN [--max-workers N]] [--connect-timeout-s N] [--timeout-s N] "
+                 "[--log-every N]\n");
     return 64;
   }
   try {
@@ -254,6 +260,8 @@ int main(int argc, char** argv) {
         settings.max_workers = std::stoul(next());
       } else if (flag == "--connect-timeout-s") {
         settings.connect_timeout_s = std::stoi(next());
+      } else if (flag == "--log-every") {
+        settings.log_every = std::stoull(next());
       } else if (flag == "--timeout-s") {
         settings.timeout_s = std::stoi(next());
       } else if (flag == "--pause-ms") {

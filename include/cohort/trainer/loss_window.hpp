@@ -43,12 +43,18 @@ class LossWindow {
   const StepTimes& fit_times() const { return fit_times_; }
 
   // A window that takes over from `earlier` of the same fit (after an elastic job's regroup:
-  // trainer/elastic.hpp): its times count in the fit's. Its losses are lost with the worker.
-  void continue_fit(const LossWindow& earlier) { fit_times_ += earlier.fit_times_; }
+  // trainer/elastic.hpp): its times count in the fit's, and the steps `earlier` reported are not
+  // reported again. Its losses are lost with the worker.
+  void continue_fit(const LossWindow& earlier) {
+    fit_times_ += earlier.fit_times_;
+    first_unreported_ = earlier.first_unreported_;
+  }
 
   // Ends the window at `last_step`: the all-reduce of its losses, then on the reporting replica
   // the Report's losses, the progress line (`periodic`: a log_every line) and its line in the
-  // metrics log, when there is one (`learning_rate`: the last step's).
+  // metrics log, when there is one (`learning_rate`: the last step's). A step that this replica
+  // reported before, computed again after an elastic job rebuilt an earlier state (to the same
+  // bits), counts only in the times.
   template <class Communicator, class D>
   void close(std::uint64_t last_step, bool periodic, double learning_rate,
              Communicator& communicator, Agreement<D>& agreement, trace::Recorder* recorder,
@@ -63,11 +69,14 @@ class LossWindow {
     if (reports_) {
       const std::uint64_t first_step = last_step + 1 - losses_.size();
       for (std::size_t i = 0; i < losses_.size(); ++i) {
+        report.times += times_[i];
+        const std::uint64_t step = first_step + i;
+        if (step < first_unreported_) continue;
+        first_unreported_ = step + 1;
         const double mean_loss = losses_[i] * inverse_batch_;
         report.loss.push_back(mean_loss);
-        report.times += times_[i];
-        const auto line = printer_.report(first_step + i, mean_loss, times_[i],
-                                          periodic && i + 1 == losses_.size());
+        const auto line =
+            printer_.report(step, mean_loss, times_[i], periodic && i + 1 == losses_.size());
         if (line && metrics != nullptr) {
           metrics->losses(line->step, line->epochs, line->loss, learning_rate,
                           line->examples_per_second);
@@ -85,6 +94,7 @@ class LossWindow {
   std::vector<double> losses_;  // this replica's loss fold of each step of the window
   std::vector<StepTimes> times_;
   StepTimes fit_times_;
+  std::uint64_t first_unreported_ = 0;  // the reporting replica: the first step not reported yet
 };
 
 }  // namespace cohort::trainer
