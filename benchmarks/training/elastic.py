@@ -151,6 +151,11 @@ def torch_failure(python, kill_after):
         process = subprocess.Popen(command, env=environment(), stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, start_new_session=True)
         try:
+            # kill_after seconds into the fit, as for cohort: torch's workers take seconds to
+            # import it on a small machine before their first step.
+            deadline = time.time() + 300
+            while not os.path.exists(log) and time.time() < deadline:
+                time.sleep(0.1)
             killed = kill_worker_at(process, "RANK=3", kill_after)
             deadline = time.time() + 300
             after = []
