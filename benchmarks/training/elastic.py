@@ -325,6 +325,10 @@ def cycles(build, count):
               f"(most {max(s[1] for s in samples)})")
     print(f"parameters {parameters}: {'the same' if same else 'WRONG'} (exit "
           f"{process.returncode}); {failure or f'all {done} cycles taken back'}")
+    with tempfile.NamedTemporaryFile("w", prefix="cohort-cycles-", suffix=".log",
+                                     delete=False) as kept:
+        kept.write(output)
+    print(f"the job's output: {kept.name}")
     return same and not failure
 
 

@@ -110,6 +110,49 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "a rank that answered the roll call and ends before the next epoch's mesh stands: the others "
+    "call the roll again and regroup without it") {
+  constexpr int kLost = 2;  // ends at once
+  constexpr int kLate = 3;  // answers the first roll call, then ends
+  std::vector<Outcome> outcomes(4);
+  std::latch regrouped(2);
+  const auto errors = run_ranks(
+      4,
+      [&](tcp::Tcp& transport) {
+        const int rank = transport.rank();
+        if (rank == kLost) return;
+        wait_for_loss_of(transport, kLost);
+        if (rank == kLate) {
+          const std::vector<bool> answered = tcp::RollCall(transport).call(std::chrono::seconds(1));
+          CHECK(answered == std::vector<bool>{true, true, false, true});
+          return;
+        }
+        Outcome& outcome = outcomes[static_cast<std::size_t>(rank)];
+        std::optional<tcp::Regrouped> next;
+        try {
+          next.emplace(
+              tcp::regroup(transport, {.min_size = 2, .probe_timeout = std::chrono::seconds(1)}));
+        } catch (const cohort::CommError& error) {
+          outcome.error = error.what();
+        }
+        regrouped.arrive_and_wait();
+        if (!next) return;
+        outcome.members = next->members;
+        outcome.size = next->transport.size();
+        ring_once(next->transport);
+      },
+      elastic);
+  require_no_errors(errors);
+  for (const int rank : {0, 1}) {
+    CAPTURE(rank);
+    const Outcome& outcome = outcomes[static_cast<std::size_t>(rank)];
+    CHECK(outcome.error == "");
+    CHECK(outcome.members == std::vector{0, 1});
+    CHECK(outcome.size == 2);
+  }
+}
+
 TEST_CASE("fewer ranks left than min_size is an error naming who answered and who did not") {
   const auto outcomes = lose_one(3, 1, 3);
   for (const int rank : {0, 2}) {

@@ -93,6 +93,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <string>
@@ -243,22 +244,37 @@ class MultiWorkerMirrored {
 
   // The workers that answer the roll call, as the job's next membership: this process's
   // collective between workers is rebuilt over them, its rank and the job's size are theirs, and
-  // through shared memory where they all share this host. Throws CommError below min_workers.
+  // through shared memory where they all share this host. A worker lost while they set that up
+  // (another host going, a moment later) makes them call the roll again, from the new mesh.
+  // Throws CommError below min_workers.
   [[gnu::cold]] MembershipChange regroup(const CommError& cause) requires kRegroups {
     const int before = cluster().size;
     std::fprintf(stderr, "cohort: rank %d: regrouping after: %s\n", cluster().rank, cause.what());
     keep_lost_stripes();  // also below min_workers, where this process saves what it kept
-    transport::tcp::Regrouped next = transport::tcp::regroup(
-        cross_->transport(), {.min_size = static_cast<int>(elastic().min_workers),
-                              .probe_timeout = elastic().probe_timeout});
+    std::vector<int> members(static_cast<std::size_t>(before));  // by rank: its rank before
+    std::iota(members.begin(), members.end(), 0);
+    for (bool adopted = false; !adopted;) {
+      transport::tcp::Regrouped next = transport::tcp::regroup(
+          cross_->transport(), {.min_size = static_cast<int>(elastic().min_workers),
+                                .probe_timeout = elastic().probe_timeout});
+      std::vector<int> left;
+      for (const int rank : next.members) left.push_back(members[static_cast<std::size_t>(rank)]);
+      members = std::move(left);
+      holds_rendezvous_address_ = holds_rendezvous_address_ && members.front() == 0;
+      try {
+        adopt(std::move(next.transport));
+        adopted = true;
+      } catch (const CommError& lost) {
+        std::fprintf(stderr, "cohort: rank %d: regrouping again after: %s\n", cluster().rank,
+                     lost.what());
+      }
+    }
     MembershipChange change{.workers_before = static_cast<std::size_t>(before),
-                            .workers_after = next.members.size(),
+                            .workers_after = members.size(),
                             .cause = cause.what()};
     for (int rank = 0; rank < before; ++rank) {
-      if (std::ranges::find(next.members, rank) == next.members.end()) change.lost.push_back(rank);
+      if (std::ranges::find(members, rank) == members.end()) change.lost.push_back(rank);
     }
-    holds_rendezvous_address_ = holds_rendezvous_address_ && next.members.front() == 0;
-    adopt(std::move(next.transport));
     return change;
   }
 

@@ -100,6 +100,9 @@ class ReplicaLoop {
   }
 
   SegmentEnd run() {
+    // Before anything travels: a worker lost in the segment's first collectives leaves this
+    // replica with the state of run_.step, which is what an elastic job then agrees on.
+    carry_.applied = run_.step;
     if (run_.recorder) run_.recorder->name_thread("replica " + std::to_string(replica_.index()));
     // Checked before anything else travels (the parameters' broadcast has their count in it).
     if constexpr (strategy::SpansProcesses<S>) {
@@ -115,7 +118,6 @@ class ReplicaLoop {
         run_.options.preemption.enabled || run_.options.checkpoint.every.count() != 0 || grows();
     SegmentEnd end = segment_end_ == target_ ? SegmentEnd::kTarget : SegmentEnd::kCheckpoint;
     std::uint64_t step = run_.step;
-    carry_.applied = step;
     for (; step < segment_end_; ++step) {
       const Decision decision =
           votes ? carry_.vote.template before<S>(step, local_ == 0 && checkpoints_.due_by_time(),

@@ -4,6 +4,7 @@
 #include "cohort/transport/tcp/regroup.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -44,25 +45,39 @@ COHORT_DECL Regrouped regroup(Tcp& failed, RegroupOptions options) {
   if (table.size() != static_cast<std::size_t>(old.size) || old.size < 2) {
     refuse("the mesh never formed, so there is nobody to regroup with");
   }
-  const std::vector<bool> answered = RollCall(failed).call(options.probe_timeout);
-  std::vector<int> members;
-  std::vector<int> gone;
-  for (int rank = 0; rank < old.size; ++rank) {
-    (answered[static_cast<std::size_t>(rank)] ? members : gone).push_back(rank);
+  // A rank that answered the roll call may still be lost before the next epoch's mesh stands (it
+  // ended, or its host went, a moment later): that rendezvous then fails on every rank, within
+  // its deadline, and the roll is called again from `failed`, which still listens. Each call
+  // after the first follows a failure; as many as the ranks bound them.
+  for (int call = 1;; ++call) {
+    const std::vector<bool> answered = RollCall(failed).call(options.probe_timeout);
+    std::vector<int> members;
+    std::vector<int> gone;
+    for (int rank = 0; rank < old.size; ++rank) {
+      (answered[static_cast<std::size_t>(rank)] ? members : gone).push_back(rank);
+    }
+    if (static_cast<int>(members.size()) < options.min_size) {
+      refuse(std::to_string(members.size()) + " of " + std::to_string(old.size) +
+             " ranks answer (" + detail::rank_list(members) + "; " + detail::rank_list(gone) +
+             " ended, left or did not answer within " +
+             std::to_string(options.probe_timeout.count()) + " ms), fewer than the " +
+             std::to_string(options.min_size) + " the job needs");
+    }
+    Options next = old;
+    next.rank = static_cast<int>(std::ranges::find(members, old.rank) - members.begin());
+    next.size = static_cast<int>(members.size());
+    // Every member answered the roll call: each comes within the roll call's own bound.
+    next.connect_timeout = std::min(next.connect_timeout, 3 * options.probe_timeout);
+    try {
+      Tcp transport = detail::next_epoch(failed, std::move(next),
+                                         table[static_cast<std::size_t>(members.front())]);
+      return {std::move(transport), std::move(members)};
+    } catch (const CommError& lost) {
+      if (call == old.size) throw;
+      std::fprintf(stderr, "cohort: rank %d: regrouping again after: %s\n", old.rank,
+                   lost.what());
+    }
   }
-  if (static_cast<int>(members.size()) < options.min_size) {
-    refuse(std::to_string(members.size()) + " of " + std::to_string(old.size) +
-           " ranks answer (" + detail::rank_list(members) + "; " + detail::rank_list(gone) +
-           " ended, left or did not answer within " +
-           std::to_string(options.probe_timeout.count()) + " ms), fewer than the " +
-           std::to_string(options.min_size) + " the job needs");
-  }
-  Options next = old;
-  next.rank = static_cast<int>(std::ranges::find(members, old.rank) - members.begin());
-  next.size = static_cast<int>(members.size());
-  Tcp transport = detail::next_epoch(failed, std::move(next),
-                                     table[static_cast<std::size_t>(members.front())]);
-  return {std::move(transport), std::move(members)};
 }
 
 COHORT_DECL Tcp grow(Tcp& mesh, int joiners, std::chrono::milliseconds timeout) {
