@@ -56,14 +56,25 @@ class BusyNeighbour {
 };
 
 // Yields until one yield gives the neighbour a time slice (takes 2 ms or more), telling the spinner
-// that each ended the wait as `ended` says; false if none did in 500 tries.
-bool yield_until_one_is_slow(cohort::waiting::Spinner& spinner, bool ended) {
+// after each that the wait ended; false if none did in 500 tries.
+bool yield_until_one_is_slow(cohort::waiting::Spinner& spinner) {
   for (int attempt = 0; attempt < 500; ++attempt) {
     const auto before = Clock::now();
     if (!spinner.yield()) return false;
     const bool slow = Clock::now() - before >= std::chrono::milliseconds(2);
-    spinner.looked(ended);
+    spinner.looked(true);
     if (slow) return true;
+  }
+  return false;
+}
+
+// Yields, telling the spinner after each that the wait goes on, until it stops yielding: a yield
+// was slow by its own measure (the neighbour's time slice, or another program's on a busy
+// machine); false if it yielded 500 times.
+bool yield_until_it_stops(cohort::waiting::Spinner& spinner) {
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    if (!spinner.yield()) return true;
+    spinner.looked(false);
   }
   return false;
 }
@@ -77,12 +88,12 @@ TEST_CASE(
   cohort::waiting::Spinner spinner(false);
 
   // A slow yield after which the wait ended served the peer: yielding goes on.
-  REQUIRE(yield_until_one_is_slow(spinner, true));
+  REQUIRE(yield_until_one_is_slow(spinner));
   CHECK(spinner.yield());
   spinner.looked(true);
 
   // A slow yield after which the rank still waits went to someone else: sleep at once for now.
-  REQUIRE(yield_until_one_is_slow(spinner, false));
+  REQUIRE(yield_until_it_stops(spinner));
   CHECK_FALSE(spinner.yield());
   int looks = 0;
   CHECK_FALSE(spinner.until([&] { return ++looks > 1000; }, std::chrono::microseconds(100)));

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cohort/transport/tcp/frame.hpp>
 #include <cohort/transport/tcp/handshake.hpp>
@@ -25,6 +26,7 @@
 #include <functional>
 #include <future>
 #include <iterator>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -79,6 +81,31 @@ TEST_CASE("the checksum is XXH3-64 on every processor, whole or in pieces") {
       CHECK(pieces.digest() == reference);
     }
   }
+}
+
+TEST_CASE(
+    "a streaming checksum made where another one of the same seed lay computes its secret afresh: "
+    "a connection of the next mesh in the memory of the last one's") {
+  const auto payload = filled(5, 1, 300000);
+  const std::uint64_t seed = 0x5eed;
+  const std::uint64_t reference = XXH3_64bits_withSeed(payload.data(), payload.size(), seed);
+  // The memory as the allocator may leave it: the earlier state's seed, the rest written over.
+  static_assert(sizeof(tcp::StreamingChecksum) == sizeof(XXH3_state_t));
+  alignas(tcp::StreamingChecksum) std::array<std::byte, sizeof(tcp::StreamingChecksum)> memory;
+  std::ranges::fill(memory, std::byte{0xab});
+  XXH3_state_t earlier;
+  std::memcpy(&earlier, memory.data(), sizeof earlier);
+  earlier.seed = seed;
+  earlier.extSecret = nullptr;
+  std::memcpy(memory.data(), &earlier, sizeof earlier);
+  auto* pieces = new (memory.data()) tcp::StreamingChecksum;  // default-initialized, as a member
+  pieces->reset(seed);
+  for (std::size_t at = 0; at < payload.size(); at += 65536) {
+    pieces->update(
+        std::span(payload).subspan(at, std::min<std::size_t>(65536, payload.size() - at)));
+  }
+  CHECK(pieces->digest() == reference);
+  pieces->~StreamingChecksum();
 }
 
 TEST_CASE("hello and table payloads round-trip and malformed ones are refused") {

@@ -202,6 +202,11 @@ inline std::uint64_t checksum(std::uint64_t seed, std::span<const std::byte> pay
 // checksum(seed, whole payload) however the payload is cut.
 class StreamingChecksum {
  public:
+  // A reset with a seed derives the state's secret only where the seed differs from the state's
+  // last one, so the state starts with none: memory that held another state of the same seed (a
+  // connection of the mesh before a regroup) would otherwise keep a secret the allocator may
+  // since have written over.
+  StreamingChecksum() { XXH3_INITSTATE(&state_); }
   void reset(std::uint64_t seed) { XXH3_64bits_reset_withSeed(&state_, seed); }
   void update(std::span<const std::byte> piece) {
 #ifdef COHORT_TCP_XXH3_AVX2
