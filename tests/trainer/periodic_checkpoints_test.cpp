@@ -222,8 +222,11 @@ TEST_CASE(
       std::this_thread::sleep_for(2ms);
     }
     for (auto& worker : workers) worker->kill(SIGKILL);
-    for (auto& worker : workers) {
-      const auto exit = worker->wait(60s);
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto exit = workers[static_cast<std::size_t>(rank)]->wait(60s);
+      // A job that ended on its own before the kill says why in its logs.
+      INFO(cohort::testing::read_file(directory.path /
+                                      ("killed-rank" + std::to_string(rank) + ".log")));
       REQUIRE(exit.has_value());
       CHECK_FALSE(exit->exited);
     }

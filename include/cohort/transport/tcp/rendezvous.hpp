@@ -262,25 +262,16 @@ class Rendezvous {
  public:
   Rendezvous(const Options& options, asio::io_context& io, Acceptor& listener,
              std::uint16_t listen_port, Clock::time_point started)
-      : options_(options),
-        io_(io),
-        listener_(listener),
-        listen_port_(listen_port),
-        deadline_(started + options.connect_timeout),
-        peers_(static_cast<std::size_t>(options.size)),
-        ready_(static_cast<std::size_t>(options.size), false) {}
+      : Rendezvous(options, io, listener, listen_port,
+                   Deadline{started + options.connect_timeout}) {}
 
   // A running job's door (door.hpp): rank 0's listener, once its mesh is up, where processes
   // started for the job ask to join. It runs as long as it is polled, with no deadline of its own.
   struct DoorMode {};
   Rendezvous(DoorMode, const Options& options, asio::io_context& io, Acceptor& listener,
              std::uint16_t listen_port)
-      : options_(options),
-        io_(io),
-        listener_(listener),
-        listen_port_(listen_port),
-        deadline_(Clock::time_point::max()),
-        door_(true) {
+      : Rendezvous(options, io, listener, listen_port, Deadline{Clock::time_point::max()}) {
+    door_ = true;
     spawn(accept_loop(0, 0));
   }
 
@@ -289,13 +280,9 @@ class Rendezvous {
   struct RollCallMode {};
   Rendezvous(RollCallMode, const Options& options, asio::io_context& io, Acceptor& listener,
              std::uint16_t listen_port)
-      : options_(options),
-        io_(io),
-        listener_(listener),
-        listen_port_(listen_port),
-        deadline_(Clock::time_point::max()),
-        peers_(static_cast<std::size_t>(options.size)),
-        roll_call_(true) {}
+      : Rendezvous(options, io, listener, listen_port, Deadline{Clock::time_point::max()}) {
+    roll_call_ = true;
+  }
 
   // The roll call: by rank of `table` (the failed mesh's addresses), whether that rank's process
   // answered this one's roll-call handshake within `timeout` (this rank's own entry: true).
@@ -432,6 +419,20 @@ class Rendezvous {
   }
 
  private:
+  // Every mode's start: its phases end at `deadline`.
+  struct Deadline {
+    Clock::time_point at;
+  };
+  Rendezvous(const Options& options, asio::io_context& io, Acceptor& listener,
+             std::uint16_t listen_port, Deadline deadline)
+      : options_(options),
+        io_(io),
+        listener_(listener),
+        listen_port_(listen_port),
+        deadline_(deadline.at),
+        peers_(static_cast<std::size_t>(options.size)),
+        ready_(static_cast<std::size_t>(options.size), false) {}
+
   // --- the phases, each driven until its goal, a failure or the deadline -----------------------
 
   [[gnu::cold]] void run_root() {
