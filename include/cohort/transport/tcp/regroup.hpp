@@ -17,12 +17,13 @@
 //   3. The rendezvous (rendezvous.hpp) of the next membership epoch (Options::epoch + 1), under
 //      the same secret and authentication: a rank of the old epoch is held off (it knocks again,
 //      and may join through rank 0's door once the mesh is up: door.hpp), a rank of a later one
-//      refused, and no frame of the old mesh crosses into the new one.
+//      refused, and no frame of the old mesh crosses into the new one. It has 3 x probe_timeout:
+//      every member answered the roll call just before. Where it fails (a member lost since it
+//      answered), it fails on every rank, and the roll is called again, from 1.
 //
 // The old Tcp shares its listening socket with the new one (Tcp::listener) and hands it over once
 // the new mesh stands; it may be destroyed once this returns, and its connections are not used
-// again. Where the next epoch's rendezvous fails, it still listens, so that its ranks can regroup
-// from it.
+// again.
 #pragma once
 
 #include <chrono>
