@@ -91,7 +91,12 @@ struct Options {
   std::vector<std::string> command;
 };
 
-void say(const std::string& line) { std::cerr << "cohort-run: " << line << std::endl; }
+// One write per line: the ranks write to the same stderr, and a line written in pieces is cut by
+// theirs.
+void say(const std::string& line) {
+  const std::string text = "cohort-run: " + line + "\n";
+  [[maybe_unused]] const auto written = ::write(STDERR_FILENO, text.data(), text.size());
+}
 
 std::string errno_text(int error) { return std::strerror(error); }
 
