@@ -8,6 +8,8 @@
 #include <cohort/collective/deterministic.hpp>
 #include <cohort/transport/tcp/tcp.hpp>
 #include <cstring>
+#include <functional>
+#include <numeric>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -30,15 +32,19 @@ using namespace std::chrono_literals;
 
 // Runs body(communicator) on `ranks` threads, each a Deterministic over its own Tcp that has
 // called share_host_memory(wanted(rank)); returns what each threw, "" for nothing.
+// host(rank), where given, is the host identity each rank gives (HostIdentity: this host's).
 template <class Body, class Wanted>
-std::vector<std::string> on_sharing_ranks(int ranks, Body body, Wanted wanted,
-                                          std::chrono::milliseconds timeout = 10s) {
+std::vector<std::string> on_sharing_ranks(
+    int ranks, Body body, Wanted wanted, std::chrono::milliseconds timeout = 10s,
+    std::function<cohort::collective::detail::HostIdentity(int)> host = {}) {
   const auto errors = tcp_test::run_ranks(
       ranks,
       [&](Tcp& tcp) {
         Deterministic<Tcp> communicator(std::move(tcp));
+        const int rank = communicator.rank();
         const auto sharing = communicator.share_host_memory(
-            wanted(communicator.rank()), communicator.transport().options().spin);
+            wanted(rank), communicator.transport().options().spin,
+            host ? host(rank) : cohort::collective::detail::host_identity());
         body(communicator, sharing);
       },
       [&](cohort::transport::tcp::Options& options) { options.operation_timeout = timeout; });
@@ -47,6 +53,16 @@ std::vector<std::string> on_sharing_ranks(int ranks, Body body, Wanted wanted,
   return messages;
 }
 
+// The same where rank r stands for a rank on host r / per_host: ranks of one process made to stand
+// for several hosts (their shared segment real, their links TCP over loopback).
+template <class Body>
+std::vector<std::string> on_hosts(int hosts, int per_host, Body body) {
+  return on_sharing_ranks(
+      hosts * per_host, [&](auto& c, const auto&) { body(c); }, [](int) { return true; }, 10s,
+      [per_host](int rank) {
+        return cohort::collective::detail::HostIdentity{1000 + rank / per_host};
+      });
+}
 
 }  // namespace
 
@@ -379,4 +395,138 @@ TEST_CASE("a segment is mapped only under its ticket") {
     CHECK(created.stamp(1, 1) == SharedSegment::Stamp{.sequence = 3, .tag = 9});
   }
   CHECK(cohort::testing::shared_memory_segments() == segments);
+}
+
+TEST_CASE(
+    "across hosts the all-reduce goes by host, with the canonical tree's bits, under every "
+    "deal whose hosts are nodes of the tree") {
+  const auto segments = cohort::testing::shared_memory_segments();
+  struct Shape {
+    int hosts;
+    int per_host;
+  };
+  for (const Shape shape : {Shape{2, 2}, Shape{3, 2}, Shape{2, 4}}) {
+    const int ranks = shape.hosts * shape.per_host;
+    // Direct, one piece, several pieces with a short last one.
+    for (std::size_t length : {std::size_t{5}, std::size_t{200'000}, std::size_t{700'003}}) {
+      CAPTURE(ranks);
+      CAPTURE(length);
+      const auto inputs = cohort::testing::cancelling_inputs(ranks, length, 13);
+      const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
+      const auto failures = on_hosts(shape.hosts, shape.per_host, [&](auto& c) {
+        if (!c.reduces_by_host()) throw std::runtime_error("not by host");
+        for (int round = 0; round < 3; ++round) {  // both slots of every rank, and back
+          auto buffer = inputs[static_cast<std::size_t>(c.rank())];
+          if (round == 1) {  // out of place
+            std::vector<float> output(length);
+            c.all_reduce(std::span<const float>(buffer), std::span<float>(output), ReduceOp::kSum);
+            buffer = output;
+          } else {
+            c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+          }
+          if (std::memcmp(buffer.data(), expected.data(), length * sizeof(float)) != 0) {
+            throw std::runtime_error("bits differ from the canonical tree");
+          }
+        }
+      });
+      for (const auto& failure : failures) CHECK(failure == "");
+    }
+  }
+  // Leaves dealt unevenly over hosts of 2: where each host's leaves are a node of the tree it
+  // goes by host, its ranks and the hosts folded as nodes of their counts, else flat; the bits are
+  // the tree's either way, in bfloat16 too.
+  struct Deal {
+    std::vector<std::size_t> counts;
+    bool by_host;
+  };
+  for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kSumBfloat16}) {
+    for (const Deal& deal :
+         {Deal{{1, 1, 2, 4}, false}, Deal{{2, 2, 2, 2}, true}, Deal{{2, 1, 1, 4}, false},
+          Deal{{2, 2, 1, 1}, true}, Deal{{2, 2, 1, 1, 1, 1}, true}}) {
+      const std::size_t leaves =
+          std::accumulate(deal.counts.begin(), deal.counts.end(), std::size_t{0});
+      const int ranks = static_cast<int>(deal.counts.size());
+      CAPTURE(ranks);
+      CAPTURE(leaves);
+      CAPTURE(deal.counts[0]);
+      CAPTURE(deal.counts[1]);
+      CAPTURE(static_cast<int>(op));
+      const std::size_t length = 300'001;
+      const auto inputs =
+          op == ReduceOp::kSum
+              ? cohort::testing::cancelling_inputs(static_cast<int>(leaves), length, 17)
+              : cohort::testing::narrow_inputs(op, static_cast<int>(leaves), length, 17);
+      const auto sum = [op](const std::vector<std::vector<float>>& values) {
+        return op == ReduceOp::kSum ? cohort::testing::canonical_sum(values)
+                                    : cohort::testing::narrow_tree_sum(op, values);
+      };
+      const auto nodes = cohort::testing::dealt_nodes(inputs, deal.counts, sum);
+      const std::vector<float> expected = sum(inputs);
+      const auto failures = on_hosts(ranks / 2, 2, [&](auto& c) {
+        c.set_leaf_counts(deal.counts);
+        if (c.reduces_by_host() != deal.by_host) throw std::runtime_error("by host or not: wrong");
+        auto buffer = nodes[static_cast<std::size_t>(c.rank())];
+        c.all_reduce(std::span<float>(buffer), op);
+        if (std::memcmp(buffer.data(), expected.data(), length * sizeof(float)) != 0) {
+          throw std::runtime_error("bits differ from the canonical tree");
+        }
+      });
+      for (const auto& failure : failures) CHECK(failure == "");
+    }
+  }
+  CHECK(cohort::testing::shared_memory_segments() == segments);
+}
+
+TEST_CASE("ranks whose hosts cannot go by host all-reduce flat, and say why") {
+  // Host 0 has ranks 0 and 2, host 1 ranks 1 and 3; then 3 ranks on one host and 1 on another.
+  for (const auto& host_of : {std::vector<int>{0, 1, 0, 1}, std::vector<int>{0, 0, 0, 1}}) {
+    CAPTURE(host_of[1]);
+    const auto inputs = cohort::testing::cancelling_inputs(4, 1000, 19);
+    const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
+    std::vector<std::string> reasons(4);
+    const auto failures = on_sharing_ranks(
+        4,
+        [&](auto& c, const auto& sharing) {
+          if (sharing.shared || c.reduces_by_host() || sharing.hosts != 2) {
+            throw std::runtime_error("went by host");
+          }
+          reasons[static_cast<std::size_t>(c.rank())] = sharing.why_not;
+          auto buffer = inputs[static_cast<std::size_t>(c.rank())];
+          c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+          if (std::memcmp(buffer.data(), expected.data(), 1000 * sizeof(float)) != 0) {
+            throw std::runtime_error("bits differ from the canonical tree");
+          }
+        },
+        [](int) { return true; }, 10s,
+        [&](int rank) {
+          return cohort::collective::detail::HostIdentity{1000 +
+                                                          host_of[static_cast<std::size_t>(rank)]};
+        });
+    for (const auto& failure : failures) CHECK(failure == "");
+    CHECK(reasons[0] == (host_of[1] == 1 ? "ranks 0 and 2 share a host but the ranks between "
+                                           "them do not: the ranks of each host must be "
+                                           "consecutive"
+                                         : "host 1 (from rank 3) has 1 rank, host 0 has 3: "
+                                           "every host must have as many"));
+  }
+}
+
+TEST_CASE("by host, a rank that leaves is named by its rank in the job, on every host") {
+  const auto failures = on_hosts(2, 2, [&](auto& c) {
+    std::vector<float> buffer(300'000, 1.0f);
+    c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+    if (c.rank() == 3) {
+      c.abort("stopped by the test");
+      return;
+    }
+    c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+  });
+  CHECK(failures[3] == "");
+  for (int rank = 0; rank < 3; ++rank) {
+    CAPTURE(failures[static_cast<std::size_t>(rank)]);
+    CHECK(failures[static_cast<std::size_t>(rank)].starts_with("rank " + std::to_string(rank) +
+                                                               ": "));
+    CHECK(failures[static_cast<std::size_t>(rank)].find("rank 3 left: 'stopped by the test'") !=
+          std::string::npos);
+  }
 }

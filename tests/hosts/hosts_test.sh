@@ -124,14 +124,15 @@ expect_success() {
   [[ "$(fingerprint)" == "${expected}" ]] || fail "parameters $(fingerprint), expected ${expected}"
 }
 
-# The same, with no rank on the wildcard address and none through shared memory.
+# The same, with no rank on the wildcard address and no segment shared across hosts.
 expect_bits() {
   expect_success "$1"
   grep -q "COHORT_BIND_ADDRESS\|0\.0\.0\.0" "${started[@]/%/.out}" &&
     fail "a rank bound the wildcard or read COHORT_BIND_ADDRESS"
-  # Each host has a network namespace of its own: its workers stay on TCP, not shared memory.
-  grep -q "through shared memory" "${started[@]/%/.out}" &&
-    fail "workers on different hosts all-reduced through shared memory"
+  # Each host has a network namespace of its own: workers of different hosts reach each other
+  # over TCP, never through one shared segment.
+  grep -q "of this host all-reduce through shared memory" "${started[@]/%/.out}" &&
+    fail "workers on different hosts all-reduced through one shared segment"
 }
 
 # The single-host bits, Mirrored with 2 and 4 replicas.
@@ -183,7 +184,8 @@ case_tf_config_names_2x2() {
 }
 
 # A job of $1 ranks, $2 on each host, under COHORT_* variables without local ones: the bits of the
-# single host ($3), and its last rank learned its local rank at the rendezvous.
+# single host ($3), its last rank learned its local rank at the rendezvous, and with several ranks
+# on a host it all-reduced by host.
 cohort_job() {
   local ranks="$1" per_host="$2" bits="$3" rank
   for ((rank = 0; rank < ranks; ++rank)); do
@@ -196,6 +198,12 @@ cohort_job() {
   grep -q "rank ${last} is local rank $((last % per_host)) of ${per_host}, from the rendezvous \
 (ranks of its role at ${net}.$((last / per_host + 1)))" "${started[last]}.out" ||
     fail "rank ${last} did not learn local rank $((last % per_host)) of ${per_host}"
+  # Several ranks on a host all-reduce by host: through its memory, and between hosts over TCP.
+  if ((per_host > 1)); then
+    grep -q "the ${per_host} worker processes of each of $((ranks / per_host)) hosts all-reduce \
+through shared memory, and between the hosts" "${started[0]}.out" ||
+      fail "rank 0 does not say that the job all-reduces by host"
+  fi
 }
 
 case_cohort_4x1() { cohort_job 4 1 "${bits4}"; }

@@ -179,10 +179,10 @@ int sweep_on_rank(C& comm, const Settings& s, RunInfo run) {
         const auto lend = [&comm](std::size_t count) {
           const auto shared = comm.template share_buffer<T>(count);
           if (shared.values.size() != count) {
-            throw ConfigError("--shared-buffer: no shared buffer of " + std::to_string(count) +
-                              " elements" +
-                              (shared.why_not.empty() ? std::string(" (--backend shm only)")
-                                                      : ": " + shared.why_not));
+            throw ConfigError(
+                "--shared-buffer: no shared buffer of " + std::to_string(count) + " elements" +
+                (shared.why_not.empty() ? std::string(" (--backend shm, every rank on one host)")
+                                        : ": " + shared.why_not));
           }
           return shared.values;
         };
@@ -328,7 +328,10 @@ int run_tcp_rank(const Settings& s, const Context& context, const cluster::Spec&
                           (sharing.why_not.empty() ? std::string(" (not all on this host)")
                                                    : ": " + sharing.why_not));
       }
-      medium = std::string("all-reduce through shared memory") +
+      medium = (sharing.hosts > 1
+                    ? "all-reduce by host, through shared memory on each of " +
+                          std::to_string(sharing.hosts) + " hosts and over TCP between them"
+                    : std::string("all-reduce through shared memory")) +
                (s.shared_buffer ? " in the shared buffer" : "") + ", the rest over TCP with " +
                medium;
     }

@@ -34,7 +34,18 @@
 // named as over the transport, and a peer that does not arrive within the transport's
 // operation_timeout is too.
 //
-// Requirements: as for every communicator (collective.hpp). Not thread-safe: one thread per
+// Processes of several hosts, as many on each and each host's consecutive in rank order
+// (share_host_memory again): the all-reduce goes by host. The ranks of each host fold their host's
+// node of the tree through a shared segment, each a chunk of every piece; the chunks of rank k of
+// every host are all-reduced between the hosts over the transport, by the algorithm above among
+// those ranks alone (one of each host, as nodes of the hosts' counts); each rank copies them back
+// through the segment. Each host sends a gradient over the network once, not once per process,
+// and every value is a node of the same tree, so the bits are those of every other path. Where a
+// host's ranks are not one node of the tree (leaf counts that cut a host), the all-reduce stays
+// flat.
+//
+// Requirements: as for every communicator (collective.hpp); not moved once it shares memory
+// across hosts (its groups refer to its transport). Not thread-safe: one thread per
 // communicator.
 #pragma once
 
@@ -46,6 +57,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -63,6 +75,7 @@
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/transport/loopback.hpp"
+#include "cohort/transport/subgroup.hpp"
 #include "cohort/transport/transport.hpp"
 
 namespace cohort::collective {
@@ -93,6 +106,10 @@ template <transport::Transport T>
 class Deterministic : public detail::OverTransport<T> {
   using Base = detail::OverTransport<T>;
   using Call = typename Base::Call;
+  // The groups of an all-reduce by host run among some ranks of this one, and split no further.
+  static constexpr bool kSplitsByHost = !transport::is_subgroup_v<T>;
+  template <transport::Transport>
+  friend class Deterministic;
 
  public:
   // Whole buffers go to every rank up to this many bytes over all ranks.
@@ -110,6 +127,18 @@ class Deterministic : public detail::OverTransport<T> {
   void set_leaf_counts(std::vector<std::size_t> leaf_counts) {
     require_leaf_counts(leaf_counts, this->size());
     leaf_counts_ = std::move(leaf_counts);
+    if constexpr (kSplitsByHost) {
+      if (by_host_) group_by_host();
+    }
+  }
+
+  // Whether all_reduce goes by host now (top of this file).
+  bool reduces_by_host() const {
+    if constexpr (kSplitsByHost) {
+      return by_host_ && by_host_->engaged;
+    } else {
+      return false;
+    }
   }
 
   template <class E>
@@ -125,6 +154,9 @@ class Deterministic : public detail::OverTransport<T> {
     if (ranks == 1 || output.empty()) {
       copy_unless_same(input, output);
       return;
+    }
+    if constexpr (kSplitsByHost) {
+      if (reduces_by_host()) return all_reduce_by_host(input, output, op);
     }
     if (segment_) {
       const auto where = input.data() == output.data() ? region_offset(output) : std::nullopt;
@@ -159,20 +191,26 @@ class Deterministic : public detail::OverTransport<T> {
   // What share_host_memory found.
   struct HostSharing {
     bool shared = false;
-    // Why not, where every rank is on this host but the segment could not be shared: this
-    // rank's reason, or the first rank that could not. Empty where shared, or where the ranks
-    // are on several hosts.
+    // The hosts the ranks are on: 1 where all share this one.
+    int hosts = 1;
+    // Why not, where some ranks share a host but not its memory: this rank's reason, or the
+    // first rank that could not, or why the ranks cannot go by host. Empty where shared, or
+    // where no two ranks share a host.
     std::string why_not{};
   };
 
   // Where every rank of the group is on this host (detail::host_identity) and wants it,
-  // all_reduce goes through a shared segment from now on. A collective: every rank calls it at
-  // the same point, also a rank that does not want it. A rank waiting in the segment spins for
-  // `spin` before it sleeps (zero for a thread at real-time priority, whose spinning would keep
-  // its core from the other threads); the transport's operation_timeout and stall_warning
-  // (tcp::Options) govern those waits as they govern transfers.
-  HostSharing share_host_memory(bool wanted,
-                                std::chrono::microseconds spin) requires transport::Serving<T> &&
+  // all_reduce goes through a shared segment from now on; where the ranks are on several hosts,
+  // as many on each and each host's consecutive, it goes by host (top of this file). A
+  // collective: every rank calls it at the same point, also a rank that does not want it. A rank
+  // waiting in the segment spins for `spin` before it sleeps (zero for a thread at real-time
+  // priority, whose spinning would keep its core from the other threads); the transport's
+  // operation_timeout and stall_warning (tcp::Options) govern those waits as they govern
+  // transfers. `identity` says which host this rank is on: this one's, unless a test has ranks of
+  // one process stand for several hosts.
+  HostSharing share_host_memory(bool wanted, std::chrono::microseconds spin,
+                                const detail::HostIdentity& identity =
+                                    detail::host_identity()) requires transport::Serving<T> &&
       requires(const T& t) {
     t.options().operation_timeout;
     t.options().stall_warning;
@@ -181,12 +219,23 @@ class Deterministic : public detail::OverTransport<T> {
     const auto& options = this->transport().options();
     waiting_ = {options.operation_timeout, spin, options.stall_warning};
     std::array<std::int64_t, std::tuple_size_v<detail::HostIdentity> + 1> mine{wanted};
-    const detail::HostIdentity identity = detail::host_identity();
     std::copy(identity.begin(), identity.end(), mine.begin() + 1);
     std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(this->size()));
     this->all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
-    for (std::size_t word = 0; word < all.size(); ++word) {
-      if (!wanted || all[word] != mine[word % mine.size()]) return {};
+    if constexpr (kSplitsByHost) by_host_.reset();
+    const std::size_t words = mine.size();
+    bool one_host = true;
+    for (std::size_t rank = 0; rank < static_cast<std::size_t>(this->size()); ++rank) {
+      const auto theirs = std::span<const std::int64_t>(all).subspan(rank * words, words);
+      if (theirs[0] == 0) return {};  // a rank that does not want it
+      one_host = one_host && std::ranges::equal(theirs, mine);
+    }
+    if (!one_host) {
+      if constexpr (kSplitsByHost) {
+        return share_by_host(all, words, spin);
+      } else {
+        return {};
+      }
     }
     HostSharing sharing;
     std::optional<detail::SharedSegment> segment = agree_on_segment(0, sharing.why_not);
@@ -283,6 +332,172 @@ class Deterministic : public detail::OverTransport<T> {
           return Segment<E>{input.subspan(index * segment, length),
                             part.subspan(mine.begin, mine.size()), part};
         });
+  }
+
+  // The groups of an all-reduce by host: this rank's host, and this rank's rail (the ranks of
+  // every host with this one's place in its host).
+  struct ByHost {
+    Deterministic<transport::Subgroup<T>> host;
+    Deterministic<transport::Subgroup<T>> rail;
+    bool engaged = false;  // the hosts are nodes of the tree under the leaf counts
+  };
+
+  // share_host_memory where the ranks are on several hosts: `all` holds every rank's words
+  // (`words` each: wanted, then its host's identity).
+  HostSharing share_by_host(std::span<const std::int64_t> all, std::size_t words,
+                            std::chrono::microseconds spin) requires kSplitsByHost {
+    const std::size_t ranks = static_cast<std::size_t>(this->size());
+    const auto identity = [&](std::size_t rank) { return all.subspan(rank * words, words); };
+    // Hosts in the order of their first rank.
+    std::vector<std::size_t> firsts;
+    for (std::size_t rank = 0; rank < ranks; ++rank) {
+      if (rank == 0 || !std::ranges::equal(identity(rank), identity(rank - 1))) {
+        firsts.push_back(rank);
+      }
+    }
+    std::vector<std::size_t> seen;
+    for (const std::size_t first : firsts) {
+      for (const std::size_t earlier : seen) {
+        if (std::ranges::equal(identity(first), identity(earlier))) {
+          return {.hosts = static_cast<int>(seen.size()),
+                  .why_not = "ranks " + std::to_string(earlier) + " and " + std::to_string(first) +
+                             " share a host but the ranks between them do not: the ranks of "
+                             "each host must be consecutive"};
+        }
+      }
+      seen.push_back(first);
+    }
+    const std::size_t hosts = firsts.size();
+    const std::size_t per_host = hosts > 1 ? firsts[1] : ranks;
+    for (std::size_t host = 1; host < hosts; ++host) {
+      const std::size_t count = (host + 1 < hosts ? firsts[host + 1] : ranks) - firsts[host];
+      if (count != per_host) {
+        return {.hosts = static_cast<int>(hosts),
+                .why_not = "host " + std::to_string(host) + " (from rank " +
+                           std::to_string(firsts[host]) + ") has " + std::to_string(count) +
+                           (count == 1 ? " rank" : " ranks") + ", host 0 has " +
+                           std::to_string(per_host) + ": every host must have as many"};
+      }
+    }
+    if (per_host == 1) return {.hosts = static_cast<int>(hosts)};
+    const std::size_t me = static_cast<std::size_t>(this->rank());
+    const std::size_t my_host = me / per_host;
+    std::vector<int> host_members;
+    std::vector<int> rail_members;
+    for (std::size_t k = 0; k < per_host; ++k) {
+      host_members.push_back(static_cast<int>(my_host * per_host + k));
+    }
+    for (std::size_t host = 0; host < hosts; ++host) {
+      rail_members.push_back(static_cast<int>(host * per_host + me % per_host));
+    }
+    auto split = std::make_unique<ByHost>(
+        ByHost{Deterministic<transport::Subgroup<T>>(
+                   transport::Subgroup<T>(this->transport(), std::move(host_members))),
+               Deterministic<transport::Subgroup<T>>(
+                   transport::Subgroup<T>(this->transport(), std::move(rail_members)))});
+    detail::HostIdentity own{};
+    std::copy_n(identity(me).begin() + 1, own.size(), own.begin());
+    const auto local = split->host.share_host_memory(true, spin, own);
+    // Every rank learns whether every host shares its memory: the first rank that does not.
+    std::array<std::int32_t, 1> first_refusal{local.shared ? this->size() : this->rank()};
+    this->all_reduce(std::span<std::int32_t>(first_refusal), ReduceOp::kMin);
+    if (first_refusal[0] != this->size()) {
+      return {.hosts = static_cast<int>(hosts),
+              .why_not = !local.why_not.empty() ? local.why_not
+                                                : "rank " + std::to_string(first_refusal[0]) +
+                                                      " could not share memory on its host"};
+    }
+    by_host_ = std::move(split);
+    group_by_host();
+    return {.shared = true, .hosts = static_cast<int>(hosts)};
+  }
+
+  // Whether each host's ranks make one node of the tree under the leaf counts, and if so, the
+  // counts of its groups: its host's ranks', and the hosts'.
+  void group_by_host() requires kSplitsByHost {
+    ByHost& split = *by_host_;
+    const std::size_t per_host = static_cast<std::size_t>(split.host.size());
+    const std::size_t hosts = static_cast<std::size_t>(split.rail.size());
+    std::vector<std::size_t> counts = leaf_counts_;
+    if (counts.empty()) counts.assign(per_host * hosts, 1);
+    std::vector<std::size_t> host_counts(hosts, 0);
+    for (std::size_t rank = 0; rank < counts.size(); ++rank) {
+      host_counts[rank / per_host] += counts[rank];
+    }
+    split.engaged = tree::are_nodes(host_counts);
+    if (!split.engaged) return;
+    const std::size_t first = static_cast<std::size_t>(this->rank()) / per_host * per_host;
+    split.host.set_leaf_counts({counts.begin() + static_cast<std::ptrdiff_t>(first),
+                                counts.begin() + static_cast<std::ptrdiff_t>(first + per_host)});
+    split.rail.set_leaf_counts(std::move(host_counts));
+  }
+
+  // The all-reduce by host (top of this file). The pieces and their slots are the host
+  // segment's, as in all_reduce_in_segment; each rank keeps its chunk of every piece, folded over
+  // its host, in order in the scratch, which is all it sends between the hosts.
+  template <class E>
+  void all_reduce_by_host(std::span<const E> input, std::span<E> output,
+                          ReduceOp op) requires kSplitsByHost {
+    Deterministic<transport::Subgroup<T>>& host = by_host_->host;
+    try {
+      const auto host_call = host.begin_all_reduce(input, output, op);
+      const detail::SharedSegment& segment = *host.segment_;
+      const std::size_t ranks = static_cast<std::size_t>(host.size());
+      const int me = host.rank();
+      const std::size_t piece_length = segment.slot_bytes() / sizeof(E);
+      const auto slot = [&](int set, int rank) {
+        return std::span<E>(reinterpret_cast<E*>(segment.slot(set, rank)), piece_length);
+      };
+      const auto at = [](auto span, std::size_t index) {
+        return span.begin() + static_cast<std::ptrdiff_t>(index);
+      };
+      // each(offset, length, this rank's chunk of the piece) for every piece, in order.
+      const auto pieces = [&](auto&& each) {
+        for (std::size_t offset = 0; offset < output.size(); offset += piece_length) {
+          const std::size_t length = std::min(piece_length, output.size() - offset);
+          each(offset, length, detail::chunk(length, ranks, static_cast<std::size_t>(me)));
+        }
+      };
+      std::size_t owned = 0;
+      pieces([&](std::size_t, std::size_t, detail::Chunk mine) { owned += mine.size(); });
+      const std::span<E> folded = this->template scratch<E>(owned);
+      std::vector<const E*> inputs(ranks);
+      std::size_t next = 0;
+      pieces([&](std::size_t offset, std::size_t length, detail::Chunk mine) {
+        const std::span<const E> piece = input.subspan(offset, length);
+        const int set = static_cast<int>(host.pieces_++ % 2);
+        const std::span<E> own = slot(set, me);
+        std::copy(piece.begin(), at(piece, mine.begin), own.begin());
+        std::copy(at(piece, mine.end), piece.end(), at(own, mine.end));
+        host.meet(host_call);
+        for (int rank = 0; rank < host.size(); ++rank) {
+          inputs[static_cast<std::size_t>(rank)] =
+              (rank == me ? piece.data() : slot(set, rank).data()) + mine.begin;
+        }
+        E* const into[] = {folded.data() + next};
+        host.template fold_into<E>(op, inputs, std::span<E* const>(into), mine.size());
+        next += mine.size();
+      });
+      by_host_->rail.all_reduce(folded, op);
+      next = 0;
+      pieces([&](std::size_t offset, std::size_t length, detail::Chunk mine) {
+        const int set = static_cast<int>(host.pieces_++ % 2);
+        const auto part = folded.subspan(next, mine.size());
+        next += mine.size();
+        std::copy(part.begin(), part.end(), at(slot(set, me), mine.begin));
+        std::copy(part.begin(), part.end(), at(output, offset + mine.begin));
+        host.meet(host_call);
+        for (int rank = 0; rank < host.size(); ++rank) {
+          if (rank == me) continue;
+          const auto theirs = detail::chunk(length, ranks, static_cast<std::size_t>(rank));
+          const std::span<E> from = slot(set, rank).subspan(theirs.begin, theirs.size());
+          std::copy(from.begin(), from.end(), at(output, offset + theirs.begin));
+        }
+      });
+    } catch (const CommError& error) {
+      this->failed_with(error);
+      throw;
+    }
   }
 
   // How a rank waits for its peers in the segment.
@@ -661,6 +876,8 @@ class Deterministic : public detail::OverTransport<T> {
   std::vector<int> peers_;    // every rank but this one
   std::uint32_t phase_ = 0;   // arrivals in the segment so far
   std::uint64_t pieces_ = 0;  // pieces reduced in the segment so far: their parity picks the slot
+  // share_host_memory's groups where the ranks are on several hosts.
+  std::conditional_t<kSplitsByHost, std::unique_ptr<ByHost>, std::nullptr_t> by_host_{};
 };
 
 // Checked over the in-process transport; any transport::Transport gives a Communicator the same

@@ -439,11 +439,26 @@ class MultiWorkerMirrored {
           options().shared_memory,
           realtime ? std::chrono::microseconds(0) : transport::tcp::Options{}.spin);
       if (!sharing.shared) {
-        if (!sharing.why_not.empty()) {
+        if (!sharing.why_not.empty() && (sharing.hosts == 1 || spec.rank == 0)) {
           std::fprintf(stderr,
-                       "cohort: rank %d: the worker processes of this host all-reduce over TCP, "
-                       "since shared memory failed: %s\n",
-                       spec.rank, sharing.why_not.c_str());
+                       "cohort: rank %d: the worker processes of %s all-reduce over TCP, since "
+                       "%s\n",
+                       spec.rank, sharing.hosts == 1 ? "this host" : "each host",
+                       (sharing.hosts == 1 ? "shared memory failed: " + sharing.why_not
+                                           : "they cannot go by host: " + sharing.why_not)
+                           .c_str());
+        }
+        return;
+      }
+      // Across hosts the all-reduce waits on the network: buckets overlap it with the backward
+      // pass, as over TCP.
+      if (sharing.hosts > 1) {
+        if (spec.rank == 0) {
+          std::fprintf(stderr,
+                       "cohort: the %d worker processes of each of %d hosts all-reduce through "
+                       "shared memory, and between the hosts each over TCP for its part of the "
+                       "gradient\n",
+                       spec.size / sharing.hosts, sharing.hosts);
         }
         return;
       }

@@ -59,6 +59,15 @@ class OverTransport {
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
   T& transport() { return transport_; }
+  // How errors name `rank`: its rank in the job, where the transport is some ranks of it
+  // (transport::Subgroup).
+  int job_rank(int rank) const {
+    if constexpr (requires { transport_.job_rank(rank); }) {
+      return rank < 0 ? rank : transport_.job_rank(rank);
+    } else {
+      return rank;
+    }
+  }
 
   template <class E>
   void broadcast(std::span<E> buffer, int root) {
@@ -150,7 +159,7 @@ class OverTransport {
   Call begin(Fingerprint fingerprint) {
     if (failure_) {
       throw CommError(
-          {.rank = rank(),
+          {.rank = job_rank(rank()),
            .peer = failure_->peer(),
            .operation = std::string(name(fingerprint.operation)),
            .sequence = sequence_ + 1,
@@ -201,16 +210,16 @@ class OverTransport {
             ? Fingerprint::from_tag(theirs.tag).describe() + " #" + std::to_string(theirs.sequence)
             : "a message of type " + std::to_string(theirs.type);
     poison_and_throw(call, peer,
-                     "called " + call.fingerprint.describe() + " but rank " + std::to_string(peer) +
-                         " called " + called);
+                     "called " + call.fingerprint.describe() + " but rank " +
+                         std::to_string(job_rank(peer)) + " called " + called);
   }
 
-  // A failure of `call`, `peer` the rank to blame if one is. The first failure leaves the
-  // transport with its message, so that ranks waiting elsewhere learn the cause and not only
-  // that this rank is gone.
+  // A failure of `call`, `peer` the rank to blame if one is (named in the job: job_rank). The first
+  // failure leaves the transport with its message, so that ranks waiting elsewhere learn the cause
+  // and not only that this rank is gone.
   [[noreturn]] void poison_and_throw(const Call& call, int peer, std::string detail) {
-    const CommError error({.rank = rank(),
-                           .peer = peer,
+    const CommError error({.rank = job_rank(rank()),
+                           .peer = job_rank(peer),
                            .operation = std::string(name(call.fingerprint.operation)),
                            .sequence = call.header.sequence,
                            .detail = std::move(detail)});
@@ -219,6 +228,12 @@ class OverTransport {
       transport_.leave(error.what());
     }
     throw error;
+  }
+
+  // `error`, thrown by another group over this transport (transport::Subgroup), is this group's
+  // failure too: later calls are refused naming it. That group has told the peers already.
+  void failed_with(const CommError& error) {
+    if (!failure_) failure_ = error;
   }
 
   // Bytes of one rank's chunk per segment. A segment's buffer, staging and socket traffic then
