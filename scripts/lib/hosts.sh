@@ -15,7 +15,8 @@
 #                           the bridge's side shapes what enters the host, eth0 what leaves it
 #   hosts_mpirun_agent DIR  writes DIR/agent, an Open MPI plm_rsh_agent that runs the remote
 #                           command in the host whose address it is given (a hostfile lists the
-#                           hosts' addresses), with a TMPDIR of its own under DIR
+#                           hosts' addresses), with a TMPDIR of its own under DIR and a
+#                           directory of its own in /dev/shm for Open MPI's shared memory
 #   hosts_bridge_address on|off
 #                           gives the bridge ${HOSTS_NET}.254 (mpirun reaches its daemons there)
 #
@@ -90,7 +91,7 @@ hosts_destroy() {
     # shellcheck disable=SC2086 # one pid per word
     [[ -n "${pids}" ]] && kill -9 ${pids} 2>/dev/null
     ip netns del "${ns}" 2>/dev/null
-    rm -rf "/etc/netns/${ns}"
+    rm -rf "/etc/netns/${ns}" "/dev/shm/${ns}"
   done
   ip link del "${HOSTS_BRIDGE}" 2>/dev/null
   return 0
@@ -108,6 +109,10 @@ shift
 # directories are named after the host name, which the namespaces share too.
 export TMPDIR="${directory}/tmp-\${host}"
 mkdir -p "\${TMPDIR}"
+# The same for the shared-memory transport's segments (vader), named after the host name too:
+# without a directory per host in memory, the ranks of two hosts map each other's and crash.
+export OMPI_MCA_btl_vader_backing_directory="/dev/shm/ch${HOSTS_TAG}-\${host##*.}"
+mkdir -p "\${OMPI_MCA_btl_vader_backing_directory}"
 exec ip netns exec "ch${HOSTS_TAG}-\${host##*.}" /bin/sh -c "\$*"
 EOF
   chmod +x "${directory}/agent"
