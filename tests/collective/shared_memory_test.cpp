@@ -56,9 +56,10 @@ std::vector<std::string> on_sharing_ranks(
 // The same where rank r stands for a rank on host r / per_host: ranks of one process made to stand
 // for several hosts (their shared segment real, their links TCP over loopback).
 template <class Body>
-std::vector<std::string> on_hosts(int hosts, int per_host, Body body) {
+std::vector<std::string> on_hosts(int hosts, int per_host, Body body,
+                                  std::chrono::milliseconds timeout = 10s) {
   return on_sharing_ranks(
-      hosts * per_host, [&](auto& c, const auto&) { body(c); }, [](int) { return true; }, 10s,
+      hosts * per_host, [&](auto& c, const auto&) { body(c); }, [](int) { return true; }, timeout,
       [per_host](int rank) {
         return cohort::collective::detail::HostIdentity{1000 + rank / per_host};
       });
@@ -524,9 +525,27 @@ TEST_CASE("by host, a rank that leaves is named by its rank in the job, on every
   CHECK(failures[3] == "");
   for (int rank = 0; rank < 3; ++rank) {
     CAPTURE(failures[static_cast<std::size_t>(rank)]);
+    // The job's all-reduce and its sequence, the same on every rank, whichever group failed.
     CHECK(failures[static_cast<std::size_t>(rank)].starts_with("rank " + std::to_string(rank) +
-                                                               ": "));
+                                                               ": all_reduce #4: "));
     CHECK(failures[static_cast<std::size_t>(rank)].find("rank 3 left: 'stopped by the test'") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("by host, a rank that never arrives is named by its rank in the job after the timeout") {
+  const auto failures = on_hosts(
+      2, 2,
+      [&](auto& c) {
+        std::vector<float> buffer(300'000, 1.0f);
+        if (c.rank() == 3) {
+          std::this_thread::sleep_for(2500ms);  // its host's other rank waits for it
+          return;
+        }
+        c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+      },
+      1000ms);
+  CAPTURE(failures[2]);
+  CHECK(failures[2].starts_with("rank 2: all_reduce #"));
+  CHECK(failures[2].find("waiting for: rank 3 in shared memory") != std::string::npos);
 }

@@ -156,7 +156,7 @@ class Deterministic : public detail::OverTransport<T> {
       return;
     }
     if constexpr (kSplitsByHost) {
-      if (reduces_by_host()) return all_reduce_by_host(input, output, op);
+      if (reduces_by_host()) return all_reduce_by_host(call, input, output, op);
     }
     if (segment_) {
       const auto where = input.data() == output.data() ? region_offset(output) : std::nullopt;
@@ -436,7 +436,7 @@ class Deterministic : public detail::OverTransport<T> {
   // segment's, as in all_reduce_in_segment; each rank keeps its chunk of every piece, folded over
   // its host, in order in the scratch, which is all it sends between the hosts.
   template <class E>
-  void all_reduce_by_host(std::span<const E> input, std::span<E> output,
+  void all_reduce_by_host(const Call& call, std::span<const E> input, std::span<E> output,
                           ReduceOp op) requires kSplitsByHost {
     Deterministic<transport::Subgroup<T>>& host = by_host_->host;
     try {
@@ -495,8 +495,14 @@ class Deterministic : public detail::OverTransport<T> {
         }
       });
     } catch (const CommError& error) {
-      this->failed_with(error);
-      throw;
+      // Named as this group's all-reduce, whose sequence every rank of the job shares.
+      const CommError failure({.rank = error.rank(),
+                               .peer = error.peer(),
+                               .operation = std::string(name(call.fingerprint.operation)),
+                               .sequence = call.header.sequence,
+                               .detail = std::string(error.detail())});
+      this->failed_with(failure);
+      throw failure;
     }
   }
 
@@ -539,7 +545,8 @@ class Deterministic : public detail::OverTransport<T> {
     if (segment) segment->unlink();
     if (first_refusal[0] == this->size()) return segment;
     if (why_not.empty()) {
-      why_not = "rank " + std::to_string(first_refusal[0]) + " could not create or map the segment";
+      why_not = "rank " + std::to_string(this->job_rank(first_refusal[0])) +
+                " could not create or map the segment";
     }
     return std::nullopt;
   }
@@ -667,7 +674,8 @@ class Deterministic : public detail::OverTransport<T> {
         };
         this->poison_and_throw(call, peer,
                                "this rank reduces " + describe(where) + " but rank " +
-                                   std::to_string(peer) + " reduces " + describe(theirs.where));
+                                   std::to_string(this->job_rank(peer)) + " reduces " +
+                                   describe(theirs.where));
       }
     }
   }
@@ -691,7 +699,8 @@ class Deterministic : public detail::OverTransport<T> {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::steady_clock::now() - start);
       const auto waiting_for = [&] {
-        return "rank " + std::to_string(peer) + " in shared memory, " + call.fingerprint.describe();
+        return "rank " + std::to_string(this->job_rank(peer)) + " in shared memory, " +
+               call.fingerprint.describe();
       };
       if (!warned && static_cast<double>(waited.count()) >=
                          static_cast<double>(waiting_.timeout.count()) * waiting_.stall_warning) {
@@ -699,7 +708,7 @@ class Deterministic : public detail::OverTransport<T> {
         std::fprintf(stderr,
                      "cohort: rank %d: no progress for %lld ms during sequence %llu, waiting for: "
                      "%s; the %s fails at operation_timeout = %lld ms\n",
-                     this->rank(), static_cast<long long>(waited.count()),
+                     this->job_rank(this->rank()), static_cast<long long>(waited.count()),
                      static_cast<unsigned long long>(call.header.sequence), waiting_for().c_str(),
                      std::string(name(call.fingerprint.operation)).c_str(),
                      static_cast<long long>(waiting_.timeout.count()));
@@ -728,7 +737,7 @@ class Deterministic : public detail::OverTransport<T> {
       if (peer < 0) return;
       const transport::Receive receive{peer, call.header, {}};
       this->transfer(call, {}, {&receive, 1});
-      this->fail(call, "rank " + std::to_string(peer) +
+      this->fail(call, "rank " + std::to_string(this->job_rank(peer)) +
                            " sent a message during an all-reduce in shared memory");
     }
   }
