@@ -9,6 +9,12 @@
 //                       empty acknowledgement; bytes_per_second is the one-way bandwidth
 //                       (TcpStreamNoChecksum: the same with Options::checksum off)
 //
+//   DoorPoll/<idle>     an elastic job's rank 0 asks its door who waits (tcp::Door::waiting,
+//                       once per vote of the Trainer) while <idle> connections that never speak
+//                       sit there (up to max_pending_connections: a flood is held to that many);
+//                       PollFloor is one poll(2) of the listening socket, the least a look can
+//                       cost
+//
 // Baselines: Raw*Blocking is the plain blocking way (send/recv that sleep in the kernel); the
 // Raw*Spinning variants poll non-blocking sockets, as Tcp does, so that the difference to them
 // is what framing, checksums and the transport's bookkeeping cost. docs/transport.md has the
@@ -17,12 +23,14 @@
 #include <benchmark/benchmark.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cohort/transport/tcp/door.hpp>
 #include <cohort/transport/tcp/tcp.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -247,6 +255,75 @@ void bandwidth_sizes(benchmark::internal::Benchmark* benchmark) {
 
 }  // namespace
 
+// A 2-rank elastic mesh (keep_listening, a secret) whose rank 0 has its door open, with `idle`
+// connections from this process that connect and say nothing.
+struct OpenDoor {
+  explicit OpenDoor(int idle) {
+    const auto options = [](int rank) {
+      return tcp::Options{.rank = rank,
+                          .size = 2,
+                          .job_id = "bench-door",
+                          .rendezvous_port = 0,
+                          .keep_listening = true,
+                          .secret = "bench-door-secret"};
+    };
+    tcp::Listener listener(options(0));
+    port = listener.rendezvous_port();
+    auto peer = std::async(std::launch::async, [&] {
+      tcp::Options other = options(1);
+      other.rendezvous_port = port;
+      return std::make_unique<tcp::Tcp>(other);
+    });
+    root = std::make_unique<tcp::Tcp>(std::move(listener));
+    member = peer.get();
+    door = std::make_unique<tcp::Door>(*root);
+    for (int i = 0; i < idle; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in address{};
+      address.sin_family = AF_INET;
+      address.sin_port = htons(port);
+      address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (fd < 0 ||
+          ::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+        throw std::runtime_error("could not connect to the door");
+      }
+      idle_sockets.push_back(fd);
+    }
+    door->waiting();  // takes the idle connections in
+  }
+  ~OpenDoor() {
+    door.reset();
+    for (const int fd : idle_sockets) ::close(fd);
+  }
+
+  std::uint16_t port = 0;
+  std::unique_ptr<tcp::Tcp> root;
+  std::unique_ptr<tcp::Tcp> member;
+  std::unique_ptr<tcp::Door> door;
+  std::vector<int> idle_sockets;
+};
+
+void DoorPoll(benchmark::State& state) {
+  OpenDoor open(static_cast<int>(state.range(0)));
+  std::size_t waiting = 0;
+  for (auto _ : state) waiting += open.door->waiting();
+  if (waiting != 0) state.SkipWithError("a connection that never spoke was counted as waiting");
+}
+
+void PollFloor(benchmark::State& state) {
+  const int listening = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(listening, reinterpret_cast<const sockaddr*>(&address), sizeof address);
+  ::listen(listening, 16);
+  pollfd entry{listening, POLLIN, 0};
+  for (auto _ : state) benchmark::DoNotOptimize(::poll(&entry, 1, 0));
+  ::close(listening);
+}
+
+BENCHMARK(DoorPoll)->Arg(0)->Arg(8)->Arg(64);
+BENCHMARK(PollFloor);
 BENCHMARK(TcpPingPong)->Apply(latency_sizes);
 BENCHMARK(TcpSwap)->Apply(latency_sizes);
 BENCHMARK(RawPingPongBlocking)->Apply(latency_sizes);
