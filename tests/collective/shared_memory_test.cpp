@@ -549,3 +549,45 @@ TEST_CASE("by host, a rank that never arrives is named by its rank in the job af
   CHECK(failures[2].starts_with("rank 2: all_reduce #"));
   CHECK(failures[2].find("waiting for: rank 3 in shared memory") != std::string::npos);
 }
+
+TEST_CASE(
+    "by host, parts of each host's shared buffer all-reduce in place to the canonical tree's "
+    "bits, and stripes do not reach every rank") {
+  const auto segments = cohort::testing::shared_memory_segments();
+  for (const int hosts : {2, 3}) {
+    const int ranks = hosts * 2;
+    for (std::size_t length : {std::size_t{5}, std::size_t{700'003}}) {
+      CAPTURE(ranks);
+      CAPTURE(length);
+      const auto inputs = cohort::testing::cancelling_inputs(ranks, length, 23);
+      const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
+      const auto failures = on_hosts(hosts, 2, [&](auto& c) {
+        if (c.stripes_reach_every_rank()) throw std::runtime_error("stripes reach every rank");
+        const std::span<float> values = c.template share_buffer<float>(length).values;
+        if (values.size() != length) throw std::runtime_error("no shared buffer");
+        const auto& mine = inputs[static_cast<std::size_t>(c.rank())];
+        for (int round = 0; round < 2; ++round) {
+          std::copy(mine.begin(), mine.end(), values.begin());
+          if (round == 1) {  // in three parts from the end, as a gradient's buckets
+            const std::size_t cut = length / 3;
+            c.all_reduce(values.subspan(2 * cut), ReduceOp::kSum);
+            c.all_reduce(values.subspan(cut, cut), ReduceOp::kSum);
+            c.all_reduce(values.first(cut), ReduceOp::kSum);
+          } else {
+            c.all_reduce(values, ReduceOp::kSum);
+          }
+          if (std::memcmp(values.data(), expected.data(), length * sizeof(float)) != 0) {
+            throw std::runtime_error("bits differ from the canonical tree");
+          }
+          auto own = mine;  // and a buffer outside it, through the slots
+          c.all_reduce(std::span<float>(own), ReduceOp::kSum);
+          if (std::memcmp(own.data(), expected.data(), length * sizeof(float)) != 0) {
+            throw std::runtime_error("bits differ outside the shared buffer");
+          }
+        }
+      });
+      for (const auto& failure : failures) CHECK(failure == "");
+    }
+  }
+  CHECK(cohort::testing::shared_memory_segments() == segments);
+}

@@ -251,9 +251,13 @@ class Deterministic : public detail::OverTransport<T> {
   // a pass over it each way: for the examples' MLP on 2 cores, the gradient's all-reduce went
   // from 1.06 to 0.40 ms (docs/benchmarks.md, "Processes of one host"). A collective, with the
   // same count on every rank; the buffer lives until the next call of a larger count, or the
-  // communicator's end.
+  // communicator's end. By host, it lies in the segment of this rank's host, whose ranks fold
+  // their chunks of it there.
   template <class E>
   SharedBuffer<E> share_buffer(std::size_t count) {
+    if constexpr (kSplitsByHost) {
+      if (by_host_) return by_host_->host.template share_buffer<E>(count);
+    }
     if (!segment_ || this->size() == 1) return {};
     if (count > kMostSharedBufferBytes / sizeof(E)) {
       return {.why_not = std::to_string(count) + " elements are more than a shared buffer holds (" +
@@ -267,6 +271,13 @@ class Deterministic : public detail::OverTransport<T> {
       adopt(std::move(*segment));
     }
     return {.values = std::span<E>(reinterpret_cast<E*>(segment_->region(this->rank())), count)};
+  }
+
+  // Whether gather_shared_stripes reaches every rank: where the shared buffers are one segment's,
+  // not each host's (by host).
+  bool stripes_reach_every_rank() const {
+    if constexpr (kSplitsByHost) return by_host_ == nullptr;
+    return true;
   }
 
   // The shared buffers of every rank (share_buffer), taken from this communicator, which
@@ -441,6 +452,11 @@ class Deterministic : public detail::OverTransport<T> {
     Deterministic<transport::Subgroup<T>>& host = by_host_->host;
     try {
       const auto host_call = host.begin_all_reduce(input, output, op);
+      const auto where = input.data() == output.data() ? host.region_offset(output) : std::nullopt;
+      if (where) {
+        reduce_in_host_regions(host, host_call, output, *where, op);
+        return;
+      }
       const detail::SharedSegment& segment = *host.segment_;
       const std::size_t ranks = static_cast<std::size_t>(host.size());
       const int me = host.rank();
@@ -504,6 +520,32 @@ class Deterministic : public detail::OverTransport<T> {
       this->failed_with(failure);
       throw failure;
     }
+  }
+
+  // The all-reduce by host of a part of the host's shared buffers (share_buffer: a gradient sum
+  // computed there), as all_reduce_in_region does it on one host: this rank folds its chunk
+  // straight from every host rank's buffer, all-reduces it between the hosts, and writes the
+  // result into every host rank's buffer, with no copy in or out.
+  template <class E, class Host, class HostCall>
+  void reduce_in_host_regions(Host& host, const HostCall& host_call, std::span<E> buffer,
+                              std::uint64_t where, ReduceOp op) requires kSplitsByHost {
+    const detail::SharedSegment& segment = *host.segment_;
+    const std::size_t ranks = static_cast<std::size_t>(host.size());
+    host.meet(host_call, where);
+    const auto mine = detail::chunk(buffer.size(), ranks, static_cast<std::size_t>(host.rank()));
+    const auto chunk_of = [&](std::size_t rank) {
+      return reinterpret_cast<E*>(segment.region(static_cast<int>(rank)) + where) + mine.begin;
+    };
+    const std::span<E> folded = this->template scratch<E>(mine.size());
+    std::vector<const E*> inputs(ranks);
+    for (std::size_t rank = 0; rank < ranks; ++rank) inputs[rank] = chunk_of(rank);
+    E* const into[] = {folded.data()};
+    host.template fold_into<E>(op, inputs, std::span<E* const>(into), mine.size());
+    by_host_->rail.all_reduce(folded, op);
+    for (std::size_t rank = 0; rank < ranks; ++rank) {
+      std::copy(folded.begin(), folded.end(), chunk_of(rank));
+    }
+    host.meet(host_call, where);
   }
 
   // How a rank waits for its peers in the segment.

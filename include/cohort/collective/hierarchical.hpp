@@ -147,8 +147,14 @@ class Hierarchical {
         [this, part, into, stripe] { cross_->gather_shared_stripes(part, into, stripe); }));
   }
 
-  // Whether gather_shared_stripes reaches every rank: where each process has one replica.
-  bool stripes_reach_every_rank() const { return local_.size() == 1; }
+  // Whether gather_shared_stripes reaches every rank: where each process has one replica and the
+  // processes' shared buffers are one segment's (not each host's: Deterministic by host).
+  bool stripes_reach_every_rank() const {
+    if constexpr (requires { cross_->stripes_reach_every_rank(); }) {
+      if (!cross_->stripes_reach_every_rank()) return false;
+    }
+    return local_.size() == 1;
+  }
 
   void barrier() {
     local_.barrier();
