@@ -65,6 +65,34 @@ std::vector<std::string> on_hosts(int hosts, int per_host, Body body,
       });
 }
 
+// Rounds of all-reduces of `values`, a shared buffer that holds `mine` anew each round: round 1 in
+// three parts from the end, as a gradient's buckets, every other round whole; after each, one of a
+// copy of `mine` outside it, through the slots. Each gives `expected`'s bits, or this throws.
+template <class C>
+void reduce_shared_rounds(C& c, std::span<float> values, const std::vector<float>& mine,
+                          const std::vector<float>& expected, int rounds) {
+  const std::size_t length = values.size();
+  for (int round = 0; round < rounds; ++round) {
+    std::copy(mine.begin(), mine.end(), values.begin());
+    if (round == 1) {
+      const std::size_t cut = length / 3;
+      c.all_reduce(values.subspan(2 * cut), ReduceOp::kSum);
+      c.all_reduce(values.subspan(cut, cut), ReduceOp::kSum);
+      c.all_reduce(values.first(cut), ReduceOp::kSum);
+    } else {
+      c.all_reduce(values, ReduceOp::kSum);
+    }
+    if (std::memcmp(values.data(), expected.data(), length * sizeof(float)) != 0) {
+      throw std::runtime_error("bits differ from the canonical tree");
+    }
+    auto own = mine;
+    c.all_reduce(std::span<float>(own), ReduceOp::kSum);
+    if (std::memcmp(own.data(), expected.data(), length * sizeof(float)) != 0) {
+      throw std::runtime_error("bits differ through the slots");
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -117,28 +145,8 @@ TEST_CASE(
             if (c.template share_buffer<float>(length / 2 + 1).values.data() != values.data()) {
               throw std::runtime_error("a smaller count moved the buffer");
             }
-            const auto& mine = inputs[static_cast<std::size_t>(c.rank())];
-            for (int round = 0; round < 3; ++round) {
-              std::copy(mine.begin(), mine.end(), values.begin());
-              // Whole, then in three parts from the end as a gradient's buckets; an all-reduce
-              // through the slots between the rounds.
-              if (round == 1) {
-                const std::size_t cut = length / 3;
-                c.all_reduce(values.subspan(2 * cut), ReduceOp::kSum);
-                c.all_reduce(values.subspan(cut, cut), ReduceOp::kSum);
-                c.all_reduce(values.first(cut), ReduceOp::kSum);
-              } else {
-                c.all_reduce(values, ReduceOp::kSum);
-              }
-              if (std::memcmp(values.data(), expected.data(), length * sizeof(float)) != 0) {
-                throw std::runtime_error("bits differ from the canonical tree");
-              }
-              auto own = mine;
-              c.all_reduce(std::span<float>(own), ReduceOp::kSum);
-              if (std::memcmp(own.data(), expected.data(), length * sizeof(float)) != 0) {
-                throw std::runtime_error("bits differ through the slots");
-              }
-            }
+            reduce_shared_rounds(c, values, inputs[static_cast<std::size_t>(c.rank())], expected,
+                                 3);
           },
           [](int) { return true; });
       for (const auto& failure : failures) CHECK(failure == "");
@@ -565,26 +573,7 @@ TEST_CASE(
         if (c.stripes_reach_every_rank()) throw std::runtime_error("stripes reach every rank");
         const std::span<float> values = c.template share_buffer<float>(length).values;
         if (values.size() != length) throw std::runtime_error("no shared buffer");
-        const auto& mine = inputs[static_cast<std::size_t>(c.rank())];
-        for (int round = 0; round < 2; ++round) {
-          std::copy(mine.begin(), mine.end(), values.begin());
-          if (round == 1) {  // in three parts from the end, as a gradient's buckets
-            const std::size_t cut = length / 3;
-            c.all_reduce(values.subspan(2 * cut), ReduceOp::kSum);
-            c.all_reduce(values.subspan(cut, cut), ReduceOp::kSum);
-            c.all_reduce(values.first(cut), ReduceOp::kSum);
-          } else {
-            c.all_reduce(values, ReduceOp::kSum);
-          }
-          if (std::memcmp(values.data(), expected.data(), length * sizeof(float)) != 0) {
-            throw std::runtime_error("bits differ from the canonical tree");
-          }
-          auto own = mine;  // and a buffer outside it, through the slots
-          c.all_reduce(std::span<float>(own), ReduceOp::kSum);
-          if (std::memcmp(own.data(), expected.data(), length * sizeof(float)) != 0) {
-            throw std::runtime_error("bits differ outside the shared buffer");
-          }
-        }
+        reduce_shared_rounds(c, values, inputs[static_cast<std::size_t>(c.rank())], expected, 2);
       });
       for (const auto& failure : failures) CHECK(failure == "");
     }
