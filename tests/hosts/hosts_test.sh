@@ -10,7 +10,8 @@
 # Cases: launches (MultiWorkerMirrored 4x1 and 2x2 under TF_CONFIG, COHORT_*, MASTER_ADDR-style
 # variables, 8 hosts x 1 and 4 hosts x 2 processes under COHORT_*, Slurm's and mpirun with a
 # hostfile, ParameterServer<Sync> on 2 server and 2 worker hosts), each checked for the bits of
-# the single-host run (examples/00_mirrored_cpu with as many replicas); 2 ranks on each of 2 hosts
+# the single-host run (examples/00_mirrored_cpu with as many replicas; 4 hosts x 2 in bfloat16
+# against one process of 8 replicas in bfloat16); 2 ranks on each of 2 hosts
 # with the master given by a name that is 127.0.1.1 on its own host, as Debian's /etc/hosts has
 # it; local ranks learned at the rendezvous (2 ranks on each of 2 hosts), and local variables that
 # contradict it (a ConfigError on every rank); and faults: a partition of one host shorter than
@@ -27,6 +28,7 @@ shift
 cases=("$@")
 if ((${#cases[@]} == 0)); then
   cases=(tf_config_4x1 tf_config_names_2x2 cohort_4x1 cohort_two_per_host cohort_8x1 cohort_4x2
+         cohort_4x2_bf16
          local_conflict
          master_addr_2x2 names_two_per_host slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
          short_partition long_partition elastic_host_lost elastic_host_rejoins
@@ -210,6 +212,21 @@ case_cohort_4x1() { cohort_job 4 1 "${bits4}"; }
 case_cohort_two_per_host() { cohort_job 4 2 "${bits4}"; }  # 4 ranks on 2 hosts
 case_cohort_8x1() { cohort_job 8 1 "${bits8}"; }
 case_cohort_4x2() { cohort_job 8 2 "${bits8}"; }  # 4 hosts of 2 processes each
+
+case_cohort_4x2_bf16() {  # the same in bfloat16: the bits of one process of 8 replicas in bfloat16
+  local rank bits
+  bits="$(COHORT_WIRE=bf16 "${multi_worker}" --local-replicas 8 "${job[@]}" 2>&1 |
+    grep -o 'parameters [0-9a-f]*' | cut -d' ' -f2)"
+  [[ -n "${bits}" && "${bits}" != "${bits8}" ]] || fail "no bfloat16 reference of its own: ${bits}"
+  for ((rank = 0; rank < 8; ++rank)); do
+    on $((rank / 2 + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE=8 COHORT_WIRE=bf16 \
+      COHORT_MASTER_ADDR="${net}.1" COHORT_MASTER_PORT=29500 -- "${multi_worker}" "${job[@]}"
+  done
+  finish 90
+  expect_bits "${bits}"
+  grep -q "of each of 4 hosts all-reduce through shared memory" "${started[0]}.out" ||
+    fail "rank 0 does not say that the job all-reduces by host"
+}
 
 case_local_conflict() {  # local variables that say one host, for ranks on four
   local h
