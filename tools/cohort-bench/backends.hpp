@@ -179,10 +179,10 @@ int sweep_on_rank(C& comm, const Settings& s, RunInfo run) {
         const auto lend = [&comm](std::size_t count) {
           const auto shared = comm.template share_buffer<T>(count);
           if (shared.values.size() != count) {
-            throw ConfigError(
-                "--shared-buffer: no shared buffer of " + std::to_string(count) + " elements" +
-                (shared.why_not.empty() ? std::string(" (--backend shm, every rank on one host)")
-                                        : ": " + shared.why_not));
+            throw ConfigError("--shared-buffer: no shared buffer of " + std::to_string(count) +
+                              " elements" +
+                              (shared.why_not.empty() ? std::string(" (--backend shm only)")
+                                                      : ": " + shared.why_not));
           }
           return shared.values;
         };

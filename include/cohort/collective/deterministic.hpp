@@ -409,13 +409,11 @@ class Deterministic : public detail::OverTransport<T> {
     detail::HostIdentity own{};
     std::copy_n(identity(me).begin() + 1, own.size(), own.begin());
     const auto local = split->host.share_host_memory(true, spin, own);
-    // Every rank learns whether every host shares its memory: the first rank that does not.
-    std::array<std::int32_t, 1> first_refusal{local.shared ? this->size() : this->rank()};
-    this->all_reduce(std::span<std::int32_t>(first_refusal), ReduceOp::kMin);
-    if (first_refusal[0] != this->size()) {
+    // Every rank learns whether every host shares its memory.
+    if (const int refused = first_refusal(local.shared); refused != this->size()) {
       return {.hosts = static_cast<int>(hosts),
               .why_not = !local.why_not.empty() ? local.why_not
-                                                : "rank " + std::to_string(first_refusal[0]) +
+                                                : "rank " + std::to_string(refused) +
                                                       " could not share memory on its host"};
     }
     by_host_ = std::move(split);
@@ -582,15 +580,21 @@ class Deterministic : public detail::OverTransport<T> {
         why_not = error.what();
       }
     }
-    std::array<std::int32_t, 1> first_refusal{segment ? this->size() : this->rank()};
-    this->all_reduce(std::span<std::int32_t>(first_refusal), ReduceOp::kMin);
+    const int refused = first_refusal(segment.has_value());
     if (segment) segment->unlink();
-    if (first_refusal[0] == this->size()) return segment;
+    if (refused == this->size()) return segment;
     if (why_not.empty()) {
-      why_not = "rank " + std::to_string(this->job_rank(first_refusal[0])) +
+      why_not = "rank " + std::to_string(this->job_rank(refused)) +
                 " could not create or map the segment";
     }
     return std::nullopt;
+  }
+
+  // The first rank where `done` is false, or size() where it is true on every rank. A collective.
+  int first_refusal(bool done) {
+    std::array<std::int32_t, 1> first{done ? this->size() : this->rank()};
+    this->all_reduce(std::span<std::int32_t>(first), ReduceOp::kMin);
+    return first[0];
   }
 
   // From now on all_reduce goes through `segment`, whose arrivals start at zero on every rank.
