@@ -238,6 +238,39 @@ TEST_CASE("a rank killed by a signal is reported with the signal, and cohort-run
   CHECK(is_gone(std::stoi(probe_report(directory.path, 1).at("pid"))));
 }
 
+// The others hear of a failure from the failed rank and end with their own line naming the cause;
+// a SIGTERM at once would cut that line off.
+TEST_CASE("after a rank fails, the others get --wait-s to end by themselves before SIGTERM") {
+  TemporaryDirectory directory;
+  Launcher launcher(
+      directory.path, {"--np", "2", "--wait-s", "25"},
+      probe(directory.path, {"--fail-rank", "0", "--exit-code", "3", "--sleep-s", "2"}));
+  const int status = launcher.wait();
+  const std::string errors = launcher.error_text();
+  INFO(errors);
+  CHECK(exit_status(status) == 3);
+  CHECK(contains(errors,
+                 "rank 0 exited with status 3; the other rank gets 25 s to end by themselves, "
+                 "then SIGTERM"));
+  CHECK(slept(directory.path, 1));
+  CHECK_FALSE(contains(errors, "SIGTERM,"));
+}
+
+TEST_CASE("the others still running after --wait-s get SIGTERM") {
+  TemporaryDirectory directory;
+  Launcher launcher(directory.path, {"--np", "3", "--wait-s", "0.2"},
+                    probe(directory.path, {"--fail-rank", "2", "--sleep-s", "60"}));
+  const int status = launcher.wait();
+  const std::string errors = launcher.error_text();
+  INFO(errors);
+  CHECK(exit_status(status) == 1);
+  CHECK(contains(errors, "2 ranks did not end within 0.2 s; sending SIGTERM, SIGKILL after 30 s"));
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK_FALSE(slept(directory.path, rank));
+    CHECK(is_gone(std::stoi(probe_report(directory.path, rank).at("pid"))));
+  }
+}
+
 TEST_CASE("a rank that ignores SIGTERM gets SIGKILL after the grace period") {
   TemporaryDirectory directory;
   Launcher launcher(directory.path, {"--np", "2", "--grace-s", "0.3"},

@@ -1,7 +1,7 @@
 // cohort-run: starts N ranks of a program on this host, as `torchrun --standalone` does.
 //
 //   cohort-run --np N [--min-np M [--max-restarts K]] [--ps S] [--port P] [--job-id ID]
-//              [--timeout-s S] [--grace-s G] -- program args...
+//              [--timeout-s S] [--wait-s W] [--grace-s G] -- program args...
 //
 // With --ps S (a parameter-server job, strategy/parameter_server.hpp) it starts N workers and S
 // servers of the same program: workers get COHORT_ROLE=worker, COHORT_RANK 0..N-1,
@@ -21,21 +21,23 @@
 //
 // Lifetime: SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1 to cohort-run are forwarded to every
 // rank; a second one sends SIGKILL. When a rank exits non-zero or is killed, cohort-run says which
-// and how ("cohort-run: rank 1 exited with status 3"), sends SIGTERM to the others, SIGKILL to
-// those still running after the grace period (30 s: a preempted job's ranks save and end within
-// their own, 20 s by default), and exits non-zero. A rank that exits with cohort::kExitPreempted
-// (75) stopped for preemption (core/preemption.hpp) and is no failure: the others stop at the
-// same step by themselves. With --min-np M (an elastic job: every rank gets COHORT_MIN_WORKERS=M,
-// strategy/elastic.hpp), a rank that fails while at least M others run is lost, not fatal: the
-// others go on without it ("cohort-run: rank 2 was killed by signal 9 (Killed); 3 ranks go on
-// without it (--min-np 2)"), and the job's exit status is theirs. With --max-restarts K as well,
-// such a rank is started again, K times in all, with the same environment and COHORT_JOIN=1, and
-// joins the running job at a step boundary (strategy/elastic.hpp; "cohort-run: rank 2 was killed
-// by signal 9 (Killed); starting it again (restart 1 of 3)"), rank 0 too: the job's next rank 0
-// keeps its door at the same address. A rank started again that the job ended without taking in
-// is no failure of the job. When all ranks are done, anything
-// left in their process groups is killed, and every rank has been waited for: no zombie, no orphan.
-// Should cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the kernel
+// and how ("cohort-run: rank 1 exited with status 3"), gives the others a few seconds to end by
+// themselves (--wait-s, 3 s, as srun --wait: they hear of the failure from the failed rank within
+// milliseconds, and each prints its own line naming the cause before it ends), then sends SIGTERM
+// to those still running, SIGKILL after the grace period (30 s: a preempted job's ranks save and
+// end within their own, 20 s by default), and exits non-zero. A rank that exits with
+// cohort::kExitPreempted (75) stopped for preemption (core/preemption.hpp) and is no failure: the
+// others stop at the same step by themselves. With --min-np M (an elastic job: every rank gets
+// COHORT_MIN_WORKERS=M, strategy/elastic.hpp), a rank that fails while at least M others run is
+// lost, not fatal: the others go on without it ("cohort-run: rank 2 was killed by signal 9
+// (Killed); 3 ranks go on without it (--min-np 2)"), and the job's exit status is theirs. With
+// --max-restarts K as well, such a rank is started again, K times in all, with the same environment
+// and COHORT_JOIN=1, and joins the running job at a step boundary (strategy/elastic.hpp;
+// "cohort-run: rank 2 was killed by signal 9 (Killed); starting it again (restart 1 of 3)"), rank 0
+// too: the job's next rank 0 keeps its door at the same address. A rank started again that the job
+// ended without taking in is no failure of the job. When all ranks are done, anything left in their
+// process groups is killed, and every rank has been waited for: no zombie, no orphan. Should
+// cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the kernel
 // (PR_SET_PDEATHSIG).
 //
 // Timeline: with COHORT_TRACE=DIR (which every rank inherits, as every COHORT_* setting that does
@@ -87,6 +89,7 @@ struct Options {
   int port = 0;     // 0: pick a free one
   std::string job_id;
   double timeout_s = 0;  // 0: none
+  double wait_s = 3;     // after a rank fails, before SIGTERM to the others
   double grace_s = 30;
   std::vector<std::string> command;
 };
@@ -312,6 +315,12 @@ class Launch {
         exit_code_ = 124;
         stop(SIGTERM);
       }
+      if (term_at_ && now >= *term_at_) {
+        say(std::to_string(running()) + " ranks did not end within " +
+            format_seconds(options_.wait_s) + " s; sending SIGTERM, SIGKILL after " +
+            format_seconds(options_.grace_s) + " s");
+        stop(SIGTERM);
+      }
       if (kill_at_ && now >= *kill_at_) {
         for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
           if (ranks_[rank].status) continue;
@@ -415,10 +424,10 @@ class Launch {
         std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& rank) { return !rank.status; }));
   }
 
-  // The earlier of the timeout (until stopping) and the SIGKILL deadline (while stopping).
+  // The timeout until stopping; while stopping, the SIGTERM deadline, then the SIGKILL one.
   std::optional<Clock::time_point> next_deadline() const {
-    if (stopping_) return kill_at_;
-    return timeout_at_;
+    if (!stopping_) return timeout_at_;
+    return term_at_ ? term_at_ : kill_at_;
   }
 
   // Sends `signal` to every rank's process group, ranks already waited for included: their
@@ -430,19 +439,27 @@ class Launch {
   // SIGTERM (or a forwarded signal) to every rank now, SIGKILL after the grace period.
   void stop(int signal) {
     stopping_ = true;
+    term_at_.reset();
     signal_all(signal);
     kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                   std::chrono::duration<double>(options_.grace_s));
   }
 
+  // Waits --wait-s for the other ranks to end by themselves, then stop(SIGTERM).
+  void stop_after_wait() {
+    stopping_ = true;
+    term_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(options_.wait_s));
+  }
+
   void on_signal(int signal) {
-    if (stopping_) {
+    if (kill_at_) {
       say("got signal " + std::to_string(signal) +
           " while stopping: sending SIGKILL to every rank");
       signal_all(SIGKILL);
       return;
     }
-    exit_code_ = 128 + signal;
+    if (!stopping_) exit_code_ = 128 + signal;
     say("got signal " + std::to_string(signal) + " (" + ::strsignal(signal) +
         "); forwarding it to every rank");
     stop(signal);
@@ -478,10 +495,12 @@ class Launch {
         }
         if (!success && !stopping_) {
           exit_code_ = std::max(exit_code_of(status), 1);
-          say(who(rank) + " " + describe_status(status) + "; stopping " +
-              std::to_string(running()) + " other ranks (SIGTERM, SIGKILL after " +
-              format_seconds(options_.grace_s) + " s)");
-          stop(SIGTERM);
+          const std::string others = running() == 1
+                                         ? "the other rank gets "
+                                         : "the " + std::to_string(running()) + " other ranks get ";
+          say(who(rank) + " " + describe_status(status) + "; " + others +
+              format_seconds(options_.wait_s) + " s to end by themselves, then SIGTERM");
+          stop_after_wait();
         }
       }
     }
@@ -496,6 +515,7 @@ class Launch {
   int restarts_ = 0;   // ranks started again (--max-restarts)
   sigset_t original_mask_{};
   std::optional<Clock::time_point> timeout_at_;
+  std::optional<Clock::time_point> term_at_;  // set while the others get --wait-s
   std::optional<Clock::time_point> kill_at_;
 };
 
@@ -531,6 +551,11 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-s", options.timeout_s,
                  "stop every rank after this many seconds and exit 124 (default: no limit)")
       ->check(CLI::Range(0.0, 1e9));
+  app.add_option("--wait-s", options.wait_s,
+                 "seconds the other ranks get to end by themselves after a rank fails, before "
+                 "SIGTERM (each prints its own line naming the cause)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--grace-s", options.grace_s,
                  "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str()
