@@ -26,7 +26,7 @@
 HOSTS_TAG="$$"
 HOSTS_NET="10.77.$((HOSTS_TAG % 250))"
 HOSTS_BRIDGE="chb${HOSTS_TAG}"
-HOSTS_COUNT=0
+HOSTS_MADE=0
 HOSTS_PROBLEM=""  # why hosts_create failed, for the caller
 
 hosts_namespace() { echo "ch${HOSTS_TAG}-$1"; }
@@ -46,7 +46,7 @@ hosts_create() {
     HOSTS_PROBLEM="cannot create a network namespace here"
     return 1
   fi
-  HOSTS_COUNT="${count}"
+  HOSTS_MADE="${count}"
   if ! ip link add "${HOSTS_BRIDGE}" type bridge 2>/dev/null; then
     HOSTS_PROBLEM="cannot create a bridge here"
     return 1
@@ -76,7 +76,7 @@ hosts_create() {
 
 hosts_shape() {
   local rate="$1" h
-  for ((h = 1; h <= HOSTS_COUNT; ++h)); do
+  for ((h = 1; h <= HOSTS_MADE; ++h)); do
     tc qdisc add dev "$(hosts_link "${h}")" root tbf rate "${rate}" burst 256kb latency 20ms
     tc -n "$(hosts_namespace "${h}")" qdisc add dev eth0 root tbf rate "${rate}" burst 256kb \
       latency 20ms
@@ -85,7 +85,7 @@ hosts_shape() {
 
 hosts_destroy() {
   local h pids ns
-  for ((h = 1; h <= HOSTS_COUNT; ++h)); do
+  for ((h = 1; h <= HOSTS_MADE; ++h)); do
     ns="$(hosts_namespace "${h}")"
     pids="$(ip netns pids "${ns}" 2>/dev/null)"
     # shellcheck disable=SC2086 # one pid per word

@@ -304,6 +304,50 @@ TEST_CASE("cohort-bench step times both strategies, with overlap, against the pl
   }
 }
 
+TEST_CASE("cohort-bench predict fits its report, checks it, and refuses impossible inputs") {
+  cohort::testing::TemporaryDirectory directory("cohort-bench-predict");
+  const std::string json = (directory.path / "tcp.json").string();
+  const Result measured =
+      run_bench({"all_reduce", "--backend", "tcp", "--np", "2", "-b", "64K", "-e", "1M", "-f", "4",
+                 "-n", "3", "-w", "1", "--timeout-s", "100", "--json", json});
+  INFO(measured.output);
+  REQUIRE(measured.code == 0);
+
+  const Result predicted =
+      run_bench({"predict", "--measured", json, "--check", json, "--params", "1M,10M",
+                 "--compute-ms", "20", "--hosts", "1,4,1024", "--per-host", "2", "--gbits", "10"});
+  INFO(predicted.output);
+  CHECK(predicted.code == 0);
+  CHECK(contains(predicted.output, "fitted to 3 measurements"));
+  CHECK(contains(predicted.output, "largest error from 64 KiB"));
+  CHECK(contains(predicted.output, "10000000 parameters (38.147 MiB on the wire)"));
+  // No report through shared memory: by host has no segment costs to predict with.
+  CHECK(contains(predicted.output, "| by host"));
+  CHECK(contains(predicted.output, "     -          -      -         -\n"));
+
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refusals{
+      {{"--params", "1M", "--compute-ms", "10"}, "--measured: give at least one"},
+      {{"--measured", json + ".missing"}, "tcp.json.missing': cannot read it"},
+      {{"--measured", json + "@3x2"}, "3 hosts of 2 make 6 ranks, but the report has 2"},
+      {{"--measured", json + "@4"}, "the shape after @ must be HxP"},
+      {{"--measured", json, "--check", json + "@2x1"}, "spans hosts, but no --measured report"},
+      {{"--measured", json, "--per-host", "0"}, "--per-host 0: at least 1 rank"},
+      {{"--measured", json, "--hosts", "4,0"}, "--hosts 0: at least 1 host"},
+      {{"--measured", json, "--gbits", "0"}, "a link's rate is more than 0 Gbit/s"},
+      {{"--measured", json, "--params", "1M"}, "--params needs --compute-ms"},
+      {{"--measured", json, "--bucket-bytes", "2"}, "at least one element"},
+  };
+  for (const auto& [arguments, sentence] : refusals) {
+    std::vector<std::string> argv{"predict"};
+    argv.insert(argv.end(), arguments.begin(), arguments.end());
+    const Result refused = run_bench(argv);
+    CAPTURE(sentence);
+    INFO(refused.output);
+    CHECK(refused.code == 2);
+    CHECK(contains(refused.output, sentence));
+  }
+}
+
 #else
 
 TEST_CASE("cohort-bench end-to-end tests" * doctest::skip()) {}

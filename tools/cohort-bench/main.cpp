@@ -7,6 +7,7 @@
 //   cohort-bench all_reduce --backend nccl --np 8 -b 8 -e 256M -f 4 --algorithm nccl
 //
 //   cohort-bench push_pull --backend ps --np 2 --ps 2 -b 1M -e 64M -f 4 -c 1
+//   cohort-bench predict --measured tcp.json,shm.json --params 25M --compute-ms 100
 //
 // Collectives: all_reduce, broadcast, all_gather, reduce_scatter, and the parameter server's
 // push_pull (backends.hpp says which backend
@@ -26,6 +27,7 @@
 
 #include "backends.hpp"
 #include "cohort/core/error.hpp"
+#include "predict.hpp"
 #include "settings.hpp"
 #include "step.hpp"
 
@@ -187,6 +189,66 @@ void add_step_options(CLI::App& app, StepSettings& s) {
       ->check(CLI::Range(0.0, 1e6));
 }
 
+void add_predict_options(CLI::App& app, PredictSettings& s) {
+  app.add_option("--measured", s.measured,
+                 "cohort-bench all_reduce --json reports the costs are fitted to, comma-separated; "
+                 "FILE@HxP for one measured over H hosts of P ranks (default: one host)")
+      ->delimiter(',');
+  app.add_option("--check", s.check,
+                 "reports (FILE[@HxP]) to check the fitted model against, size by size")
+      ->delimiter(',');
+  app.add_option_function<std::vector<std::string>>(
+         "--params",
+         [&s](const std::vector<std::string>& list) {
+           for (const std::string& text : list) {
+             const std::optional<std::size_t> count = parse_parameter_count(text);
+             if (!count) {
+               throw CLI::ValidationError("--params", "'" + text +
+                                                          "' is not a parameter count (e.g. "
+                                                          "25M, 1.5G)");
+             }
+             s.parameters.push_back(*count);
+           }
+         },
+         "model sizes in parameters to predict a step of, comma-separated (M = 10^6)")
+      ->delimiter(',');
+  app.add_option("--compute-ms", s.compute_ms,
+                 "one replica's forward and backward pass of a step, in milliseconds");
+  app.add_option("--backward-fraction", s.backward_fraction,
+                 "the part of that computation which is the backward pass")
+      ->capture_default_str();
+  app.add_option("--hosts", s.hosts, "host counts, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--per-host", s.per_host, "ranks per host")->capture_default_str();
+  app.add_option("--gbits", s.gbits, "link rates in Gbit/s, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--latency-us", s.latency_us,
+                 "what each message adds between hosts, in microseconds")
+      ->capture_default_str();
+  app.add_option_function<std::vector<std::string>>(
+         "--bucket-bytes",
+         [&s](const std::vector<std::string>& list) {
+           s.bucket_bytes.clear();
+           for (const std::string& text : list) {
+             const std::optional<std::size_t> bytes = parse_bytes(text);
+             if (!bytes) {
+               throw CLI::ValidationError("--bucket-bytes", "'" + text +
+                                                                "' is not a byte count (e.g. "
+                                                                "256K, 4M)");
+             }
+             s.bucket_bytes.push_back(*bytes);
+           }
+         },
+         "bucket sizes to try, comma-separated (default 256K,4M,32M)")
+      ->delimiter(',');
+  app.add_option_function<std::string>(
+         "--wire", [&s](const std::string& wire) { s.wire_bytes = wire == "fp32" ? 4 : 2; },
+         "the gradient's type on the wire: fp32 (default), bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,6 +278,12 @@ int main(int argc, char** argv) {
       "time one training step's gradient synchronization per strategy against a plain "
       "all_reduce of the same bytes");
   add_step_options(*step_app, step);
+  PredictSettings predict;
+  CLI::App* predict_app = app.add_subcommand(
+      "predict",
+      "fit the cost model to all_reduce reports, check it against others, and predict the "
+      "all-reduce and a training step of H hosts of P ranks on faster links");
+  add_predict_options(*predict_app, predict);
   CLI11_PARSE(app, argc, argv);
 
   if (const char* corrupt = std::getenv("COHORT_BENCH_CORRUPT");
@@ -225,6 +293,7 @@ int main(int argc, char** argv) {
   const Context context{std::vector<std::string>(argv, argv + argc), COHORT_BENCH_VERSION};
   try {
     if (step_app->parsed()) return run_step(step, context);
+    if (predict_app->parsed()) return run_predict(predict);
     for (std::size_t i = 0; i < collectives.size(); ++i) {
       if (collectives[i]->parsed()) settings.collective = kCollectives[i].collective;
     }

@@ -1,0 +1,100 @@
+// The cost model of cohort-bench predict (tools/cohort-bench/model.hpp): its counts follow the
+// algorithms, its fit recovers the costs that made the measurements, and a step is as long as
+// the computation or the buckets' all-reduces that cannot hide behind it.
+#include "model.hpp"
+
+#include <doctest/doctest.h>
+
+#include <vector>
+
+namespace model_test {
+
+namespace model = cohort::bench::model;
+using model::Algorithm;
+using model::Shape;
+
+constexpr double kMiB = 1024.0 * 1024;
+
+TEST_CASE("the model's link bytes are those of each algorithm's exchanges") {
+  const double bytes = 64 * kMiB;
+  // Over 4 hosts of 1: every byte leaves each host 2 (n-1)/n times, for every algorithm.
+  for (const Algorithm a : {Algorithm::kDeterministic, Algorithm::kRing, Algorithm::kByHost}) {
+    CAPTURE(model::name(a));
+    CHECK(model::count(a, Shape{4, 1}, bytes).link_bytes == doctest::Approx(2.0 * 3 / 4 * bytes));
+    CHECK(model::count(a, Shape{4, 1}, bytes).messages == 2 * 3 * 32);  // 32 segments of 4 chunks
+  }
+  // 4 hosts of 2: the deterministic algorithm sends each rank's chunks to the 6 ranks of other
+  // hosts through the link; the ring crosses each host once; by host, the two rails carry half
+  // the buffer each between the hosts.
+  const Shape four_by_two{4, 2};
+  CHECK(model::count(Algorithm::kDeterministic, four_by_two, bytes).link_bytes ==
+        doctest::Approx(2.0 * 2 * 6 / 8 * bytes));
+  CHECK(model::count(Algorithm::kRing, four_by_two, bytes).link_bytes ==
+        doctest::Approx(2.0 * 7 / 8 * bytes));
+  const model::Counts by_host = model::count(Algorithm::kByHost, four_by_two, bytes);
+  CHECK(by_host.link_bytes == doctest::Approx(2.0 * 3 / 4 * bytes));
+  CHECK(by_host.segment_bytes == bytes);
+  CHECK(by_host.messages == 2 * 3 * 16);  // the rail's 32 MiB: 16 segments of 4 chunks
+  // One host: nothing through a link; by host is the segment alone.
+  CHECK(model::count(Algorithm::kDeterministic, Shape{1, 4}, bytes).link_bytes == 0);
+  CHECK(model::count(Algorithm::kByHost, Shape{1, 4}, bytes).messages == 0);
+}
+
+TEST_CASE("a small all-reduce is one message to each peer, and a large one grows by segments") {
+  const model::Counts small = model::count(Algorithm::kDeterministic, Shape{8, 1}, 8 * 1024);
+  CHECK(small.messages == 7);
+  CHECK(small.link_bytes == 7 * 8 * 1024);
+  // 1,024 ranks: a 100 MiB buffer is one segment of 100 KiB chunks, 2 x 1,023 exchanges.
+  const model::Counts wide = model::count(Algorithm::kDeterministic, Shape{1024, 1}, 100 * kMiB);
+  CHECK(wide.messages == 2 * 1023);
+}
+
+TEST_CASE("the fit recovers the costs that made the measurements") {
+  model::Costs truth;
+  truth.message_s = 20e-6;
+  truth.cpu_s_per_byte = 1 / 2e9;
+  truth.segment_meeting_s = 5e-6;
+  truth.segment_s_per_byte = 1 / 4e9;
+  truth.link_message_s = 50e-6;
+  truth.link_s_per_byte = 8 / 0.9e9;
+  std::vector<model::Measured> measured;
+  for (double bytes = 64 * 1024; bytes <= 64 * kMiB; bytes *= 4) {
+    for (const auto& [algorithm, shape] : {std::pair{Algorithm::kDeterministic, Shape{1, 2}},
+                                           std::pair{Algorithm::kByHost, Shape{1, 2}},
+                                           std::pair{Algorithm::kDeterministic, Shape{2, 1}}}) {
+      measured.push_back({algorithm, shape, bytes, model::seconds(algorithm, shape, bytes, truth)});
+    }
+  }
+  const model::Costs fitted = model::fit(measured, {});
+  CHECK(fitted.message_s == doctest::Approx(truth.message_s));
+  CHECK(fitted.cpu_s_per_byte == doctest::Approx(truth.cpu_s_per_byte));
+  CHECK(fitted.segment_meeting_s == doctest::Approx(truth.segment_meeting_s));
+  CHECK(fitted.segment_s_per_byte == doctest::Approx(truth.segment_s_per_byte));
+  CHECK(fitted.link_message_s == doctest::Approx(truth.link_message_s));
+  CHECK(fitted.link_s_per_byte == doctest::Approx(truth.link_s_per_byte));
+}
+
+TEST_CASE("a step hides the buckets' all-reduces behind the backward pass, but not the last") {
+  model::Costs costs;
+  costs.message_s = 1e-3;  // every all-reduce of 2 ranks on one host: 2 messages, 2 ms
+  const Shape two{1, 2};
+  const double bucket_s = 2e-3;
+  // 4 buckets ready at 0.55, 0.7, 0.85 and 1 s of a 1 s computation whose last 60% is the
+  // backward pass: each all-reduce ends long before the next bucket is ready, the last one after
+  // the computation.
+  const model::Step quick =
+      model::step(Algorithm::kDeterministic, two, 4 * kMiB, kMiB, 1.0, 0.6, costs);
+  CHECK(quick.communication_s == doctest::Approx(4 * bucket_s));
+  CHECK(quick.step_s == doctest::Approx(1.0 + bucket_s));
+  // All-reduces of 1 s each: the first starts at 0.55 s, and they run back to back.
+  costs.message_s = 0.5;
+  const model::Step slow =
+      model::step(Algorithm::kDeterministic, two, 4 * kMiB, kMiB, 1.0, 0.6, costs);
+  CHECK(slow.step_s == doctest::Approx(0.4 + 0.15 + 4 * 1.0));
+  // One rank has nothing to all-reduce.
+  CHECK(
+      model::step(Algorithm::kDeterministic, Shape{1, 1}, 4 * kMiB, kMiB, 1.0, 0.6, costs).step_s ==
+      1.0);
+}
+
+}  // namespace model_test
