@@ -765,3 +765,48 @@ TEST_CASE("a transport of the user's standing in for TCP trains 2 workers to Mir
   CHECK(parameters[1] == parameters[0]);
   CHECK(CountingTcp::sent.load() > 0);
 }
+
+TEST_CASE("the default bucket grows with the workers past 8, 32 KiB a worker") {
+  using Strategy = cohort::strategy::MultiWorkerMirrored<>;
+  CHECK(Strategy::default_bucket_bytes(2) == 256 * 1024);
+  CHECK(Strategy::default_bucket_bytes(8) == 256 * 1024);
+  CHECK(Strategy::default_bucket_bytes(10) == 320 * 1024);
+  CHECK(Strategy::default_bucket_bytes(1024) == 32 * 1024 * 1024);
+  // 10 workers of a job over TCP take it; a bucket set by the program stays.
+  constexpr int kWorkers = 10;
+  const int port = cohort::testing::free_port();
+  const int set_port = cohort::testing::free_port();
+  std::vector<std::size_t> buckets(kWorkers), set_buckets(kWorkers);
+  std::vector<std::string> errors(kWorkers);
+  std::vector<std::thread> workers;
+  for (int rank = 0; rank < kWorkers; ++rank) {
+    workers.emplace_back([&, rank] {
+      const auto at = static_cast<std::size_t>(rank);
+      try {
+        Strategy::Options options{.cluster = {.rank = rank,
+                                              .size = kWorkers,
+                                              .master_address = "127.0.0.1",
+                                              .master_port = port,
+                                              .job_id = "buckets"},
+                                  .connect_timeout = 60s,
+                                  .timeout = 60s};
+        options.shared_memory = false;
+        buckets[at] = Strategy(options).bucket_bytes();
+        options.cluster.master_port = set_port;
+        options.cluster.job_id = "buckets set";
+        options.bucket_bytes = 64 * 1024;
+        set_buckets[at] = Strategy(options).bucket_bytes();
+      } catch (const std::exception& error) {
+        errors[at] = error.what();
+      }
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  for (int rank = 0; rank < kWorkers; ++rank) {
+    CAPTURE(rank);
+    const auto at = static_cast<std::size_t>(rank);
+    CHECK(errors[at] == "");
+    CHECK(buckets[at] == 320 * 1024);
+    CHECK(set_buckets[at] == 64 * 1024);
+  }
+}

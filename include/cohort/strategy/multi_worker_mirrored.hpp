@@ -40,10 +40,11 @@
 //   bucket_bytes     the unit of cross-worker reduction and of overlap: a bucket of the gradient
 //                    starts its all-reduce as soon as the model has made it final
 //                    (core/model.hpp, gradient readiness), while the backward pass goes on.
-//                    Unset: kBucketBytes (256 KiB, measured against 64 KiB to 16 MiB:
-//                    docs/benchmarks.md, "Bucket size"), except where the workers share memory
-//                    and their replica threads have every CPU: then the whole gradient, once the
-//                    backward pass ends (share_host_memory below)
+//                    Unset: default_bucket_bytes (256 KiB up to 8 workers, measured against
+//                    64 KiB to 16 MiB: docs/benchmarks.md, "Bucket size"; 32 KiB a worker from 9),
+//                    except where the workers share memory and their replica threads have every
+//                    CPU: then the whole gradient, once the backward pass ends (share_host_memory
+//                    below)
 //   communication_priority
 //                    the scheduling of the thread that moves the buckets between processes
 //                    (collective/communication_thread.hpp): kAuto (the default) real-time where
@@ -149,6 +150,16 @@ class MultiWorkerMirrored {
   static_assert(collective::Communicator<Communicator>);
 
   static constexpr std::size_t kBucketBytes = std::size_t{256} << 10;
+  static constexpr std::size_t kLeastChunkBytes = std::size_t{32} << 10;
+
+  // The bucket where Options::bucket_bytes is unset: kBucketBytes, or more over many workers. The
+  // all-reduce sends 2 (n-1) messages per bucket over n workers, a chunk of it each; keeping
+  // chunks of at least kLeastChunkBytes keeps the messages' latency from setting the time. The
+  // cost model (docs/benchmarks.md, "The cost model") put a step of 128 hosts x 8 workers at
+  // 2.0 s with 256 KiB buckets, 0.13 s with 32 MiB. The bits do not depend on the bucket.
+  static constexpr std::size_t default_bucket_bytes(int workers) {
+    return std::max(kBucketBytes, static_cast<std::size_t>(workers) * kLeastChunkBytes);
+  }
 
   struct Options {
     std::size_t local_replicas = 1;
@@ -220,7 +231,7 @@ class MultiWorkerMirrored {
   // strategy::ChoosesGradientSum: the wire's (collective/wire.hpp).
   ReduceOp gradient_sum_op() const { return collective::gradient_sum(options().wire); }
   // The unit in which the replicas all-reduce the gradient while the backward pass goes on:
-  // Options::bucket_bytes, kBucketBytes, or SIZE_MAX (one bucket after the backward pass:
+  // Options::bucket_bytes, default_bucket_bytes, or SIZE_MAX (one bucket after the backward pass:
   // share_host_memory).
   std::size_t bucket_bytes() const { return bucket_bytes_; }
 
@@ -340,7 +351,7 @@ class MultiWorkerMirrored {
         [&](std::size_t local_index) {
           return Replica(first_local_replica() + local_index,
                          Communicator(local.communicator(static_cast<int>(local_index)), *cross_,
-                                      *thread_, options().bucket_bytes.value_or(kBucketBytes)),
+                                      *thread_, configured_bucket_bytes()),
                          {}, bucket_bytes_, options().elastic.enabled() ? &kept_ : nullptr,
                          gradient_sum_op());
         },
@@ -368,7 +379,7 @@ class MultiWorkerMirrored {
     cross_ = std::make_unique<Cross>(std::move(next));
     thread_ = process_.start_communication_thread();
     process_.learn_local_ranks(*cross_, cluster().rank, 0);
-    bucket_bytes_ = options().bucket_bytes.value_or(kBucketBytes);
+    bucket_bytes_ = configured_bucket_bytes();
     share_host_memory();
     open_door();
   }
@@ -479,9 +490,13 @@ class MultiWorkerMirrored {
     }
   }
 
+  std::size_t configured_bucket_bytes() const {
+    return options().bucket_bytes.value_or(default_bucket_bytes(cluster().size));
+  }
+
   detail::WorkerProcess<Options> process_;
   // The replicas' buckets: share_host_memory may make them one.
-  std::size_t bucket_bytes_ = process_.options().bucket_bytes.value_or(kBucketBytes);
+  std::size_t bucket_bytes_ = configured_bucket_bytes();
   std::unique_ptr<Cross> cross_;
   std::unique_ptr<collective::CommunicationThread> thread_;  // after cross_: stopped before it
   std::vector<std::size_t> local_leaf_counts_;               // use_deal; empty: one each
