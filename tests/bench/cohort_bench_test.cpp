@@ -325,8 +325,16 @@ TEST_CASE("cohort-bench predict fits its report, checks it, and refuses impossib
   CHECK(contains(predicted.output, "| by host"));
   CHECK(contains(predicted.output, "     -          -      -         -\n"));
 
+  // Without --measured it measures this host first, and says where the reports are.
+  const Result here = run_bench(
+      {"predict", "--params", "1M", "--compute-ms", "10", "--hosts", "2", "--gbits", "25"});
+  INFO(here.output);
+  CHECK(here.code == 0);
+  CHECK(contains(here.output, "# measured this host: 2 ranks over TCP and through shared memory"));
+  CHECK(contains(here.output, "fitted to 18 measurements"));
+  CHECK_FALSE(contains(here.output, "#wrong"));  // the sweeps' tables are not shown
+
   const std::vector<std::pair<std::vector<std::string>, std::string>> refusals{
-      {{"--params", "1M", "--compute-ms", "10"}, "--measured: give at least one"},
       {{"--measured", json + ".missing"}, "tcp.json.missing': cannot read it"},
       {{"--measured", json + "@3x2"}, "3 hosts of 2 make 6 ranks, but the report has 2"},
       {{"--measured", json + "@4"}, "the shape after @ must be HxP"},

@@ -192,7 +192,8 @@ void add_step_options(CLI::App& app, StepSettings& s) {
 void add_predict_options(CLI::App& app, PredictSettings& s) {
   app.add_option("--measured", s.measured,
                  "cohort-bench all_reduce --json reports the costs are fitted to, comma-separated; "
-                 "FILE@HxP for one measured over H hosts of P ranks (default: one host)")
+                 "FILE@HxP for one measured over H hosts of P ranks (default: one host); without "
+                 "it, 2 ranks over TCP and through shared memory on this host, measured first")
       ->delimiter(',');
   app.add_option("--check", s.check,
                  "reports (FILE[@HxP]) to check the fitted model against, size by size")
@@ -293,7 +294,7 @@ int main(int argc, char** argv) {
   const Context context{std::vector<std::string>(argv, argv + argc), COHORT_BENCH_VERSION};
   try {
     if (step_app->parsed()) return run_step(step, context);
-    if (predict_app->parsed()) return run_predict(predict);
+    if (predict_app->parsed()) return run_predict(predict, context.arguments.front());
     for (std::size_t i = 0; i < collectives.size(); ++i) {
       if (collectives[i]->parsed()) settings.collective = kCollectives[i].collective;
     }

@@ -2,8 +2,9 @@
 // checks it against others, and predicts the all-reduce and a training step's time for H hosts
 // of P ranks on faster links.
 //
-//   cohort-bench all_reduce --backend tcp --np 2 -b 64K -e 64M -f 4 --json tcp.json
-//   cohort-bench all_reduce --backend shm --np 2 -b 64K -e 64M -f 4 --json shm.json
+//   cohort-bench predict --params 25M --compute-ms 100     (measures this host first)
+//   cohort-bench all_reduce --backend tcp --np 2 -b 1K -e 64M -f 4 --json tcp.json
+//   cohort-bench all_reduce --backend shm --np 2 -b 1K -e 64M -f 4 --json shm.json
 //   cohort-bench predict --measured tcp.json,shm.json --params 25M --compute-ms 100
 //       --per-host 8 --hosts 1,2,8,32,128 --gbits 10,25,100   (one line)
 //   cohort-bench predict --measured tcp.json,shm.json,two.json@2x1 --check eight.json@8x1
@@ -17,15 +18,21 @@
 // the tables.
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "cohort/core/error.hpp"
+#include "launch.hpp"
 #include "model.hpp"
 #include "report.hpp"
 
@@ -185,10 +192,6 @@ inline void require(bool holds, const std::string& sentence) {
 // Refuses what cannot be predicted, with a sentence naming the flag.
 inline void validate(const PredictSettings& s) {
   using detail::require;
-  require(!s.measured.empty(),
-          "--measured: give at least one cohort-bench all_reduce report over TCP on one host "
-          "(cohort-bench all_reduce --backend tcp --np 2 -b 64K -e 64M -f 4 --json tcp.json): "
-          "the costs of a message and of a byte on a core come from it");
   require(s.per_host >= 1, "--per-host " + std::to_string(s.per_host) + ": at least 1 rank");
   for (int h : s.hosts) require(h >= 1, "--hosts " + std::to_string(h) + ": at least 1 host");
   for (double g : s.gbits) {
@@ -208,8 +211,51 @@ inline void validate(const PredictSettings& s) {
   require(s.latency_us >= 0, "--latency-us: a message's latency is 0 us or more");
 }
 
-inline int run_predict(const PredictSettings& s) {
+namespace detail {
+
+// Without --measured: the two reports of this host that the costs need, measured now by copies of
+// this program (launch.hpp), their tables to /dev/null, in a directory that is kept so that the
+// next prediction can reuse them (--measured) and says where.
+inline std::vector<std::string> measure_this_host(const std::string& program) {
+  const std::filesystem::path directory = std::filesystem::temp_directory_path() /
+                                          ("cohort-bench-predict-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(directory);
+  std::vector<std::string> reports;
+  std::fflush(stdout);
+  const int saved_stdout = ::dup(STDOUT_FILENO);
+  const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  for (const char* backend : {"tcp", "shm"}) {
+    const std::string report = (directory / (std::string(backend) + ".json")).string();
+    ::dup2(null, STDOUT_FILENO);
+    const int status =
+        launch_self({program, "all_reduce", "--backend", backend, "--np", "2", "-b", "1K", "-e",
+                     "64M", "-f", "4", "-n", "5", "-w", "2", "--json", report},
+                    {.processes = 2, .timeout_s = 300, .bind = true});
+    ::dup2(saved_stdout, STDOUT_FILENO);
+    if (status != 0) {
+      ::close(null);
+      ::close(saved_stdout);
+      throw std::runtime_error("measuring this host (cohort-bench all_reduce --backend " +
+                               std::string(backend) + " --np 2) failed with exit status " +
+                               std::to_string(status));
+    }
+    reports.push_back(report);
+  }
+  ::close(null);
+  ::close(saved_stdout);
+  std::printf(
+      "# measured this host: 2 ranks over TCP and through shared memory, 1 KiB to 64 MiB "
+      "(%s, %s; --measured reuses them)\n",
+      reports[0].c_str(), reports[1].c_str());
+  return reports;
+}
+
+}  // namespace detail
+
+// `program`: this program's path, to measure this host where no report is given.
+inline int run_predict(PredictSettings s, const std::string& program) {
   validate(s);
+  if (s.measured.empty()) s.measured = detail::measure_this_host(program);
   std::vector<model::Measured> fitted_to;
   bool one_host_tcp = false, one_host_segment = false, across_hosts = false;
   for (const std::string& argument : s.measured) {
