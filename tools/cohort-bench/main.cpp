@@ -57,6 +57,25 @@ void add_bytes(CLI::App& app, const std::string& flags, std::size_t& target,
       ->type_name("BYTES");
 }
 
+// A comma-separated list flag of counts that `parse` reads (parse_bytes, parse_parameter_count);
+// an item it cannot read is refused, saying what it is not.
+void add_counts(CLI::App& app, const std::string& flag, std::vector<std::size_t>& target,
+                std::optional<std::size_t> (*parse)(std::string_view), const std::string& what,
+                const std::string& help) {
+  app.add_option_function<std::vector<std::string>>(
+         flag,
+         [&target, flag, parse, what](const std::vector<std::string>& list) {
+           target.clear();
+           for (const std::string& text : list) {
+             const std::optional<std::size_t> count = parse(text);
+             if (!count) throw CLI::ValidationError(flag, "'" + text + "' is not " + what);
+             target.push_back(*count);
+           }
+         },
+         help)
+      ->delimiter(',');
+}
+
 void add_collective_options(CLI::App& app, Settings& s) {
   add_bytes(app, "-b,--minbytes", s.min_bytes, "smallest size, e.g. 8, 64K, 1M (default 32M)");
   add_bytes(app, "-e,--maxbytes", s.max_bytes, "largest size (default 32M)");
@@ -150,22 +169,9 @@ void add_step_options(CLI::App& app, StepSettings& s) {
   app.add_option("--local-replicas", s.local_replicas,
                  "multi_worker_mirrored: replica threads per worker (a power of two)")
       ->capture_default_str();
-  app.add_option_function<std::vector<std::string>>(
-         "--params",
-         [&s](const std::vector<std::string>& list) {
-           s.parameters.clear();
-           for (const std::string& text : list) {
-             const std::optional<std::size_t> count = parse_parameter_count(text);
-             if (!count) {
-               throw CLI::ValidationError("--params", "'" + text +
-                                                          "' is not a parameter count (e.g. "
-                                                          "1M, 10M, 100M, 250K)");
-             }
-             s.parameters.push_back(*count);
-           }
-         },
-         "model sizes in parameters, comma-separated: 1M,10M,100M (M = 10^6); default 1M")
-      ->delimiter(',');
+  add_counts(app, "--params", s.parameters, parse_parameter_count,
+             "a parameter count (e.g. 1M, 10M, 100M, 250K)",
+             "model sizes in parameters, comma-separated: 1M,10M,100M (M = 10^6); default 1M");
   app.add_option("--steps", s.steps, "timed steps per size")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -198,21 +204,9 @@ void add_predict_options(CLI::App& app, PredictSettings& s) {
   app.add_option("--check", s.check,
                  "reports (FILE[@HxP]) to check the fitted model against, size by size")
       ->delimiter(',');
-  app.add_option_function<std::vector<std::string>>(
-         "--params",
-         [&s](const std::vector<std::string>& list) {
-           for (const std::string& text : list) {
-             const std::optional<std::size_t> count = parse_parameter_count(text);
-             if (!count) {
-               throw CLI::ValidationError("--params", "'" + text +
-                                                          "' is not a parameter count (e.g. "
-                                                          "25M, 1.5G)");
-             }
-             s.parameters.push_back(*count);
-           }
-         },
-         "model sizes in parameters to predict a step of, comma-separated (M = 10^6)")
-      ->delimiter(',');
+  add_counts(app, "--params", s.parameters, parse_parameter_count,
+             "a parameter count (e.g. 25M, 1.5G)",
+             "model sizes in parameters to predict a step of, comma-separated (M = 10^6)");
   app.add_option("--compute-ms", s.compute_ms,
                  "one replica's forward and backward pass of a step, in milliseconds");
   app.add_option("--backward-fraction", s.backward_fraction,
@@ -228,22 +222,8 @@ void add_predict_options(CLI::App& app, PredictSettings& s) {
   app.add_option("--latency-us", s.latency_us,
                  "what each message adds between hosts, in microseconds")
       ->capture_default_str();
-  app.add_option_function<std::vector<std::string>>(
-         "--bucket-bytes",
-         [&s](const std::vector<std::string>& list) {
-           s.bucket_bytes.clear();
-           for (const std::string& text : list) {
-             const std::optional<std::size_t> bytes = parse_bytes(text);
-             if (!bytes) {
-               throw CLI::ValidationError("--bucket-bytes", "'" + text +
-                                                                "' is not a byte count (e.g. "
-                                                                "256K, 4M)");
-             }
-             s.bucket_bytes.push_back(*bytes);
-           }
-         },
-         "bucket sizes to try, comma-separated (default 256K,4M,32M)")
-      ->delimiter(',');
+  add_counts(app, "--bucket-bytes", s.bucket_bytes, parse_bytes, "a byte count (e.g. 256K, 4M)",
+             "bucket sizes to try, comma-separated (default 256K,4M,32M)");
   app.add_option_function<std::string>(
          "--wire", [&s](const std::string& wire) { s.wire_bytes = wire == "fp32" ? 4 : 2; },
          "the gradient's type on the wire: fp32 (default), bf16 or fp16")
