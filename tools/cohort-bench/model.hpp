@@ -55,7 +55,7 @@ inline constexpr std::string_view name(Algorithm algorithm) {
 // H hosts of P ranks each, each host's ranks consecutive in rank order.
 struct Shape {
   int hosts = 1;
-  int per_host = 2;
+  int per_host = 1;
   int ranks() const { return hosts * per_host; }
 };
 
