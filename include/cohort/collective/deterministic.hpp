@@ -355,13 +355,13 @@ class Deterministic : public detail::OverTransport<T> {
           return Segment<E>{input.subspan(index * segment, length),
                             part.subspan(mine.begin, mine.size()), part};
         },
-        Staging<Staged>{&staged, segment});
+        BySegment<Staged>{&staged, segment});
   }
 
   // `staged` in a segment's terms: element `begin` of segment `index` is element index x segment
   // + begin of the buffer.
   template <class Staged>
-  struct Staging {
+  struct BySegment {
     static constexpr bool kStages = !std::is_same_v<Staged, Unstaged>;
     const Staged* staged = nullptr;
     std::size_t segment = 0;
@@ -857,25 +857,25 @@ class Deterministic : public detail::OverTransport<T> {
   // shaped links all at once lost packets (docs/benchmarks.md, "Socket tuning and segments").
   // The last of them is followed by the fold of this rank's chunk in tree order. Steps n-1 to
   // 2n-3 send the folded chunk to every rank the same way.
-  // A segment of an all-reduce enters `staging` before its first step and leaves it after its
-  // last (Staging): the first two before the pipeline starts; after that, as the work that
+  // A segment of an all-reduce enters `by_segment` before its first step and leaves it after
+  // its last: the first two before the pipeline starts; after that, as the work that
   // follows a segment's last step, which leaves that segment and enters the one two after it
   // (its lane's next), while the other lane's frames travel.
   template <class E, class SegmentOf, class Staged = Unstaged>
   void fold_and_gather(const Call& call, std::size_t segments, std::size_t steps, ReduceOp op,
-                       SegmentOf&& segment_of, const Staging<Staged>& staging_of = {}) {
+                       SegmentOf&& segment_of, const BySegment<Staged>& by_segment = {}) {
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     const std::size_t me = static_cast<std::size_t>(this->rank());
     const auto length_of = [&](std::size_t index) {
       return index < segments ? segment_of(index).input.size() : std::size_t{0};
     };
-    if constexpr (Staging<Staged>::kStages) {
+    if constexpr (BySegment<Staged>::kStages) {
       for (std::size_t index = 0; index < std::min<std::size_t>(2, segments); ++index) {
-        staging_of.enters(index, 0, length_of(index));
+        by_segment.enters(index, 0, length_of(index));
       }
     }
     std::array<std::size_t, 2> ended{};  // each lane's segment whose last step ended
-    std::array<bool, 2> stages{};        // whether its work is staging, not a fold
+    std::array<bool, 2> stage_work{};    // whether its work enters and leaves, not a fold
     const std::size_t longest = segment_of(0).owned.size() + 1;  // chunks differ by one at most
     const std::span<E> staging = this->template scratch<E>(2 * ranks * longest);
     std::array<std::vector<const E*>, 2> inputs;  // each lane's fold
@@ -903,10 +903,10 @@ class Deterministic : public detail::OverTransport<T> {
             {static_cast<int>(from), call.header,
              detail::writable_bytes_of(segment.gathered.subspan(theirs.begin, theirs.size()))}};
       }
-      stages[lane] = false;
-      if constexpr (Staging<Staged>::kStages) {
+      stage_work[lane] = false;
+      if constexpr (BySegment<Staged>::kStages) {
         if (step + 1 == steps) {
-          stages[lane] = true;
+          stage_work[lane] = true;
           ended[lane] = index;
           return length_of(index) + length_of(index + 2);
         }
@@ -920,18 +920,18 @@ class Deterministic : public detail::OverTransport<T> {
       return segment.owned.size();
     };
     const auto work = [&](std::size_t lane, std::size_t begin, std::size_t length) {
-      if (!stages[lane]) {
+      if (!stage_work[lane]) {
         fold_block<E>(op, inputs[lane], outputs[lane], begin, length);
         return;
       }
       const std::size_t leaving = length_of(ended[lane]);
       if (begin < leaving) {
         const std::size_t part = std::min(length, leaving - begin);
-        staging_of.leaves(ended[lane], begin, part);
+        by_segment.leaves(ended[lane], begin, part);
         begin += part;
         length -= part;
       }
-      if (length > 0) staging_of.enters(ended[lane] + 2, begin - leaving, length);
+      if (length > 0) by_segment.enters(ended[lane] + 2, begin - leaving, length);
     };
     this->pipeline(call, segments, steps, exchange_of, work);
   }
