@@ -65,7 +65,7 @@ TEST_CASE("the fit recovers the costs that made the measurements") {
       measured.push_back({algorithm, shape, bytes, model::seconds(algorithm, shape, bytes, truth)});
     }
   }
-  const model::Costs fitted = model::fit(measured, {});
+  const model::Costs fitted = model::fit(measured);
   CHECK(fitted.message_s == doctest::Approx(truth.message_s));
   CHECK(fitted.cpu_s_per_byte == doctest::Approx(truth.cpu_s_per_byte));
   CHECK(fitted.segment_meeting_s == doctest::Approx(truth.segment_meeting_s));

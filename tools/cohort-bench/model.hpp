@@ -32,9 +32,11 @@
 #include <cstddef>
 #include <optional>
 #include <span>
-#include <string>
 #include <string_view>
 #include <vector>
+
+#include "cohort/collective/deterministic.hpp"
+#include "cohort/transport/loopback.hpp"
 
 namespace cohort::bench::model {
 
@@ -76,11 +78,11 @@ struct Costs {
   double segment_meeting_s = 0;
 };
 
-// The algorithms' constants (collective/deterministic.hpp, detail/over_transport.hpp,
-// detail/shared_segment.hpp).
-inline constexpr double kDirectBytes = 64.0 * 1024;
+// The algorithms' constants: the library's, but for a segment's chunk
+// (detail::OverTransport::kSegmentChunkBytes, which only its algorithms see).
+inline constexpr double kDirectBytes =
+    collective::Deterministic<transport::Loopback::Endpoint>::kDirectBytes;
 inline constexpr double kChunkBytes = 512.0 * 1024;
-inline constexpr double kSlotBytes = 1024.0 * 1024;
 
 namespace detail {
 
@@ -106,10 +108,14 @@ inline Counts over_transport(double bytes, int n, int per_host, bool ring) {
   return counts;
 }
 
-inline Counts through_segment(double bytes) {
+// Per rank, the counts of the segment's stages for a buffer of `bytes` over `per_host` ranks:
+// two meetings per slot's piece.
+inline Counts through_segment(double bytes, int per_host) {
   Counts counts;
   counts.segment_bytes = bytes;
-  counts.segment_meetings = 2 * std::ceil(bytes / kSlotBytes);
+  const auto slot =
+      static_cast<double>(collective::detail::SharedSegment::slot_bytes_for(per_host));
+  counts.segment_meetings = 2 * std::ceil(bytes / slot);
   return counts;
 }
 
@@ -128,7 +134,7 @@ inline Counts count(Algorithm algorithm, Shape shape, double bytes) {
       break;
   }
   if (shape.per_host == 1) return detail::over_transport(bytes, n, 1, false);
-  Counts counts = detail::through_segment(bytes);
+  Counts counts = detail::through_segment(bytes, shape.per_host);
   if (shape.hosts > 1) {
     const Counts rail = detail::over_transport(bytes / shape.per_host, shape.hosts, 1, false);
     counts.messages = rail.messages;
@@ -203,9 +209,9 @@ inline Pair fit_pair(std::span<const double> x, std::span<const double> y,
 //   over TCP on one host     message_s and cpu_s_per_byte
 //   through the segment      segment_meeting_s and segment_s_per_byte (by host on one host)
 //   over TCP across hosts    link_message_s and link_s_per_byte, on what the first two leave
-// A stage without measurements leaves its costs as `start` has them (a link's rate given).
-inline Costs fit(std::span<const Measured> measured, Costs start) {
-  Costs costs = start;
+// A stage without measurements leaves its costs at zero.
+inline Costs fit(std::span<const Measured> measured) {
+  Costs costs;
   const auto stage = [&](auto selects, auto first, auto second, auto known) {
     std::vector<double> x, y, t;
     for (const Measured& m : measured) {

@@ -134,25 +134,14 @@ inline std::string shape_text(model::Shape shape) {
 }
 
 inline std::string seconds_text(double seconds) {
-  char text[32];
-  if (seconds < 1e-3) {
-    std::snprintf(text, sizeof text, "%.1f us", seconds * 1e6);
-  } else if (seconds < 1) {
-    std::snprintf(text, sizeof text, "%.2f ms", seconds * 1e3);
-  } else {
-    std::snprintf(text, sizeof text, "%.2f s", seconds);
-  }
-  return text;
+  if (seconds < 1e-3) return format("%.1f us", seconds * 1e6);
+  if (seconds < 1) return format("%.2f ms", seconds * 1e3);
+  return format("%.2f s", seconds);
 }
 
 inline std::string bytes_text(double bytes) {
-  char text[32];
-  if (bytes >= 1 << 20) {
-    std::snprintf(text, sizeof text, "%g MiB", bytes / (1 << 20));
-  } else {
-    std::snprintf(text, sizeof text, "%g KiB", bytes / 1024);
-  }
-  return text;
+  if (bytes >= 1 << 20) return format("%g MiB", bytes / (1 << 20));
+  return format("%g KiB", bytes / 1024);
 }
 
 inline void print_costs(const model::Costs& c) {
@@ -221,28 +210,26 @@ inline std::vector<std::string> measure_this_host(const std::string& program) {
                                           ("cohort-bench-predict-" + std::to_string(::getpid()));
   std::filesystem::create_directories(directory);
   std::vector<std::string> reports;
-  std::fflush(stdout);
-  const int saved_stdout = ::dup(STDOUT_FILENO);
-  const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   for (const char* backend : {"tcp", "shm"}) {
     const std::string report = (directory / (std::string(backend) + ".json")).string();
+    std::fflush(stdout);
+    const int saved_stdout = ::dup(STDOUT_FILENO);
+    const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
     ::dup2(null, STDOUT_FILENO);
+    ::close(null);
     const int status =
         launch_self({program, "all_reduce", "--backend", backend, "--np", "2", "-b", "1K", "-e",
                      "64M", "-f", "4", "-n", "5", "-w", "2", "--json", report},
                     {.processes = 2, .timeout_s = 300, .bind = true});
     ::dup2(saved_stdout, STDOUT_FILENO);
+    ::close(saved_stdout);
     if (status != 0) {
-      ::close(null);
-      ::close(saved_stdout);
       throw std::runtime_error("measuring this host (cohort-bench all_reduce --backend " +
                                std::string(backend) + " --np 2) failed with exit status " +
                                std::to_string(status));
     }
     reports.push_back(report);
   }
-  ::close(null);
-  ::close(saved_stdout);
   std::printf(
       "# measured this host: 2 ranks over TCP and through shared memory, 1 KiB to 64 MiB "
       "(%s, %s; --measured reuses them)\n",
@@ -270,7 +257,7 @@ inline int run_predict(PredictSettings s, const std::string& program) {
   detail::require(one_host_tcp,
                   "--measured: none of the reports is over TCP on one host (--backend tcp, no "
                   "@HxP): the costs of a message and of a byte on a core come from one");
-  const model::Costs fitted = model::fit(fitted_to, {});
+  const model::Costs fitted = model::fit(fitted_to);
   std::printf("# cohort-bench predict: the cost model fitted to %zu measurements\n",
               fitted_to.size());
   detail::print_costs(fitted);
