@@ -13,6 +13,7 @@
 #   hosts_link H            the bridge's side of host H's link: `ip link set ... down` cuts it off
 #   hosts_shape RATE        shapes every host's link to RATE (tc's units: 1gbit) by tbf, both ways:
 #                           the bridge's side shapes what enters the host, eth0 what leaves it
+#   hosts_unshape           every host's link as it was made again
 #   hosts_mpirun_agent DIR  writes DIR/agent, an Open MPI plm_rsh_agent that runs the remote
 #                           command in the host whose address it is given (a hostfile lists the
 #                           hosts' addresses), with a TMPDIR of its own under DIR and a
@@ -80,6 +81,14 @@ hosts_shape() {
     tc qdisc add dev "$(hosts_link "${h}")" root tbf rate "${rate}" burst 256kb latency 20ms
     tc -n "$(hosts_namespace "${h}")" qdisc add dev eth0 root tbf rate "${rate}" burst 256kb \
       latency 20ms
+  done
+}
+
+hosts_unshape() {
+  local h
+  for ((h = 1; h <= HOSTS_MADE; ++h)); do
+    tc qdisc del dev "$(hosts_link "${h}")" root
+    tc -n "$(hosts_namespace "${h}")" qdisc del dev eth0 root
   done
 }
 

@@ -19,8 +19,9 @@
 # and twice the timeout after the fault), one host cut off for good from an elastic job (the
 # others go on to the same bits), a worker of an elastic job killed on its host and started there
 # again (it rejoins across the hosts, to the same bits), the same for rank 0 of 2 hosts of 2
-# workers (rank 1, on its host, keeps the job's door at the master address), a wrong secret on one
-# host, no rank 0 at the master address.
+# workers (rank 1, on its host, keeps the job's door at the master address), a second host lost
+# while the workers left take the newest state (the two left regroup again, to the same bits), a
+# wrong secret on one host, no rank 0 at the master address.
 set -uo pipefail
 
 build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
@@ -32,7 +33,7 @@ if ((${#cases[@]} == 0)); then
          local_conflict
          master_addr_2x2 names_two_per_host slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
          short_partition long_partition elastic_host_lost elastic_host_rejoins
-         elastic_chief_rejoins no_master
+         elastic_lost_while_state_travels elastic_chief_rejoins no_master
          wrong_secret)
 fi
 
@@ -117,14 +118,19 @@ show() {
 # The chief's fingerprint, from its "parameters HEX" line.
 fingerprint() { grep -o 'parameters [0-9a-f]*' "${started[0]}.out" | tail -1 | cut -d' ' -f2; }
 
-# Every process of the case exited 0, and the chief's parameters are $1.
-expect_success() {
+# succeeded_with PARAMETERS OUT...: each process OUT exited 0, and the chief's parameters are
+# PARAMETERS.
+succeeded_with() {
   local expected="$1" out
-  for out in "${started[@]}"; do
+  shift
+  for out in "$@"; do
     [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
   done
   [[ "$(fingerprint)" == "${expected}" ]] || fail "parameters $(fingerprint), expected ${expected}"
 }
+
+# Every process of the case exited 0, and the chief's parameters are $1.
+expect_success() { succeeded_with "$1" "${started[@]}"; }
 
 # The same, with no rank on the wildcard address and no segment shared across hosts.
 expect_bits() {
@@ -409,12 +415,7 @@ case_long_partition() {
 # went_on_without_rank_3 PARAMETERS OUT...: each process OUT exited 0, the chief's parameters are
 # PARAMETERS, and it said that the job went on without rank 3.
 went_on_without_rank_3() {
-  local expected="$1" out
-  shift
-  for out in "$@"; do
-    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
-  done
-  [[ "$(fingerprint)" == "${expected}" ]] || fail "parameters $(fingerprint), expected ${expected}"
+  succeeded_with "$@"
   grep -q "cohort: workers 4 -> 3 at step .*(rank 3 lost: " "${started[0]}.out" ||
     fail "the chief does not say the job went on without rank 3"
 }
@@ -447,6 +448,34 @@ case_elastic_host_rejoins() {  # an elastic job of 4 hosts: host 4's worker kill
     fail "the chief does not say the job took a worker back"
   grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||
     fail "the worker started again does not say it joined"
+}
+
+# A second host lost while the workers left take the newest state: on links of 20 Mbit/s the
+# state of the MLP 8-512-512-10 (1.1 MB of parameters, 2.2 MB of Adam's moments) travels for about
+# a second, and host 3's worker is killed 0.4 s after host 2's began to regroup. The two left
+# regroup again and go on to the same bits.
+case_elastic_lost_while_state_travels() {
+  local wide_job=(--layers "8,512,512,10" --examples 4096 --epochs 1 --quiet)
+  local reference pid waited=0
+  reference="$("${mirrored}" --replicas 4 "${wide_job[@]}" | awk '$1 == 4 { print $5 }')"
+  hosts_shape 20mbit
+  COHORT_MIN_WORKERS=2 start_partition_job 8 "${wide_job[@]}"
+  for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
+  while ! grep -q "regrouping after" "${started[1]}.out" && ((waited < 600)); do
+    sleep 0.05
+    waited=$((waited + 1))
+  done
+  sleep 0.4
+  for pid in $(ip netns pids "$(namespace 3)"); do kill -9 "${pid}"; done
+  finish 120
+  hosts_unshape
+  succeeded_with "${reference}" "${started[@]:0:2}"
+  # Rank 0 holds the newest state and sends it, so it is in the transfer when a receiver is lost
+  # (rank 1 may have all of it by then, and meet the loss in the step after).
+  grep -q "a worker was lost while the job took the newest state; regrouping again" \
+    "${started[0]}.out" || fail "rank 0 lost no worker while the state travelled"
+  grep -q "cohort: workers 4 -> 2 at step .*(rank 2, rank 3 lost: " "${started[0]}.out" ||
+    fail "the chief does not say the job went on without ranks 2 and 3, as one change"
 }
 
 case_elastic_chief_rejoins() {  # 2 hosts of 2 workers: rank 0 killed, started again on its host

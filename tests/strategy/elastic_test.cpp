@@ -1,8 +1,8 @@
 // Elastic MultiWorkerMirrored (strategy/elastic.hpp) across real processes on 127.0.0.1: a
 // worker SIGKILLed at a random point of the fit, the chief included, or stopped, and the others go
-// on to the parameters of a job that lost nobody, over TCP and through shared memory; a worker
-// started again rejoins, to the same bits, the rank 0 that started the job included; below
-// min_workers, the job stops naming who is left.
+// on to the parameters of a job that lost nobody, over TCP and through shared memory, also where
+// a second worker is lost while they regroup; a worker started again rejoins, to the same bits,
+// the rank 0 that started the job included; below min_workers, the job stops naming who is left.
 #include <doctest/doctest.h>
 #include <signal.h>
 
@@ -179,6 +179,34 @@ TEST_CASE(
     const std::string metrics = read_file(directory.path / "metrics.jsonl");
     CAPTURE(metrics);
     CHECK(metrics.rfind("{\"step\": " + std::to_string(kSteps) + ",") != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "an elastic job that loses a second worker while the workers left regroup and take the "
+    "newest state goes on with two, to the parameters of a job that lost nobody: over TCP and "
+    "through shared memory") {
+  const std::string& expected = uninterrupted_parameters();
+  std::mt19937 random(std::random_device{}());
+  for (const std::string shared_memory : {"0", "1", "0", "1"}) {
+    CAPTURE(shared_memory);
+    TemporaryDirectory directory("cohort-elastic-second");
+    auto workers = start_elastic_workers(directory.path, 4, 2, shared_memory);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    workers[2]->kill(SIGKILL);
+    // Within the regroup that follows (the roll call, the new mesh, the newest state's agreement
+    // and transfer) or the step retried after it: wherever it lands, the two left go on.
+    REQUIRE(cohort::testing::when_logged(directory.path / "rank1.log", "regrouping after", 60s));
+    const auto delay = std::chrono::milliseconds(std::uniform_int_distribution(0, 30)(random));
+    CAPTURE(delay.count());
+    std::this_thread::sleep_for(delay);
+    workers[3]->kill(SIGKILL);
+    for (const int rank : {0, 1}) {
+      CAPTURE(rank);
+      const std::string log = ended(workers, directory.path, rank, true);
+      CHECK(log.find(" -> 2 at step ") != std::string::npos);
+    }
+    CHECK(read_file(directory.path / "parameters.bin") == expected);
   }
 }
 

@@ -386,9 +386,11 @@ class MultiWorkerMirrored {
   }
 
   // Before the roll call: what this membership's replicas kept of their stripes, and its shared
-  // memory, where they kept any.
+  // memory, where they kept any. Stripes an earlier regroup kept stay, where the job has not taken
+  // its state from them (forget_stripes): a worker was lost while it did, and they still hold the
+  // newest state every worker kept, which this process's own may be spread over.
   [[gnu::cold]] void keep_lost_stripes() requires kRegroups {
-    lost_.reset();
+    if (lost_) return;
     if constexpr (kKeepsStripes) {
       if (kept_.layout.parameters == 0) return;
       if (std::optional<collective::SharedBuffers> buffers = cross_->keep_shared_buffers()) {

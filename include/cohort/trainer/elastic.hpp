@@ -15,6 +15,10 @@
 //      travels;
 //   4. the fit goes on from there, retrying the lost step (or computing again the steps since the
 //      kept one) with the same micro-batches.
+// A worker lost during 3 (while the state travels) leaves every process's state as it was, or
+// whole at the newest: a process takes what it receives only once it holds it all, and the
+// stripes stay kept until the state is taken. So the workers left go back to 1 and agree again,
+// and the change is one: "workers 4 -> 2 at step 17 (rank 2, rank 3 lost: ...)".
 // The new chief prints one line: "cohort: workers 4 -> 3 at step 17 (rank 2 lost: ...)", and the
 // timeline (core/trace.hpp) has a "regroup" span from the failure to the newest state taken.
 // Below min_workers every process left saves its state into the checkpoint directory, where there
@@ -28,6 +32,7 @@
 // "cohort: workers 3 -> 4 at step 17 (1 joined)", and the timeline has a "regroup" span.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -37,11 +42,13 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/model.hpp"
 #include "cohort/core/reduce_op.hpp"
 #include "cohort/core/trace.hpp"
+#include "cohort/device/device.hpp"
 #include "cohort/strategy/elastic.hpp"
 #include "cohort/trainer/agreement.hpp"
 #include "cohort/trainer/periodic_checkpoints.hpp"
@@ -105,28 +112,49 @@ template <class R>
   return applied;
 }
 
+// Whether replica `local` holds the state of the job after `step` steps already: its process's
+// state, `applied` steps, is whole (not spread over the stripes of a sharded update) at that step.
+// A process that took the state an agreement settled, before a worker lost later ended that
+// agreement on other processes, holds it so, and no longer holds the stripes it came from.
+template <class R>
+bool holds_whole_state(const R& run, std::uint64_t applied, std::uint64_t step) {
+  if constexpr (kKeepsStripes<R>) {
+    if (run.strategy.stripes_spread()) return false;
+  }
+  return applied == step;
+}
+
 // Every replica of every process: the parameters and optimizer state of the first worker that
 // holds the most steps, `applied` being this process's, or the newest state the lost membership
-// kept in its stripes, rebuilt; run.step is then that state's count of steps.
+// kept in its stripes, rebuilt; run.step is then that state's count of steps. A process behind
+// the newest receives it beside its own state and takes it only once every local replica holds
+// it whole: where a worker is lost while the state travels (a CommError), this process's state
+// and its count of steps are as they were, for the workers left to agree again (go_on_without).
 template <class R>
 [[gnu::cold]] NewestState take_newest_state(R& run, std::uint64_t applied) {
+  using T = typename R::value_type;
+  using Device = typename R::Device;
   NewestState newest;
+  // Per local replica behind the newest: its parameters, then its optimizer state, as received.
+  std::vector<device::Buffer<Device, T>> received(run.models.size());
   run.strategy.run([&](auto& replica) {
     const std::size_t local = replica.index() - run.strategy.first_local_replica();
-    Agreement<typename R::Device> agreement(run.place(local));
+    Agreement<Device> agreement(run.place(local));
     // In one agreement, each the most over the job (exact: steps stay far below 2^53): the steps
-    // applied; whether any process's state is spread over stripes; the newest step kept in them.
-    std::array<double, 3> agreed{static_cast<double>(applied), 0.0, -1.0};
+    // applied, and their fewest (negated); whether any process's state is spread over stripes;
+    // the newest step kept in them.
+    std::array<double, 4> agreed{static_cast<double>(applied), -static_cast<double>(applied), 0.0,
+                                 -1.0};
     if constexpr (kKeepsStripes<R>) {
-      agreed[1] = run.strategy.stripes_spread() ? 1.0 : 0.0;
-      agreed[2] = static_cast<double>(run.strategy.kept_step());
+      agreed[2] = run.strategy.stripes_spread() ? 1.0 : 0.0;
+      agreed[3] = static_cast<double>(run.strategy.kept_step());
     }
     agreement.all_reduce(replica.communicator(), std::span<double>(agreed), ReduceOp::kMax);
     const double most = agreed[0];
     if constexpr (kKeepsStripes<R>) {
-      if (agreed[1] != 0.0) {
-        const auto step = static_cast<std::uint64_t>(agreed[2]);
-        rebuild_from_stripes(run, local, step);
+      if (agreed[2] != 0.0) {
+        const auto step = static_cast<std::uint64_t>(agreed[3]);
+        if (!holds_whole_state(run, applied, step)) rebuild_from_stripes(run, local, step);
         if (local == 0) newest = {.step = step, .from_stripes = true};
         return;
       }
@@ -136,15 +164,29 @@ template <class R>
                         : std::numeric_limits<double>::infinity();
     agreement.all_reduce(replica.communicator(), std::span<double>(&source, 1), ReduceOp::kMin);
     const int root = static_cast<int>(source);
-    // The segment that follows starts with replica 0's parameters (strategy.hpp, start): they
-    // travel here only where another replica holds the newest.
-    if (root != 0) {
-      replica.communicator().broadcast(
-          ModelTraits<typename R::Model>::parameters(run.models[local]), root);
+    std::span<T> parameters = ModelTraits<typename R::Model>::parameters(run.models[local]);
+    std::span<T> state = run.optimizer_states[local].span();
+    if (most != static_cast<double>(applied)) {
+      received[local] =
+          device::Buffer<Device, T>(parameters.size() + state.size(), run.place(local));
+      parameters = received[local].span().first(parameters.size());
+      state = received[local].span().subspan(parameters.size());
     }
-    replica.communicator().broadcast(run.optimizer_states[local].span(), root);
+    // The segment that follows starts with replica 0's parameters (strategy.hpp, start): they
+    // travel here only where another replica holds the newest, or a process is behind it (so
+    // that a loss before that start leaves no process with parameters older than its steps).
+    if (root != 0 || -agreed[1] != most) replica.communicator().broadcast(parameters, root);
+    replica.communicator().broadcast(state, root);
     if (local == 0) newest.step = static_cast<std::uint64_t>(most);
   });
+  for (std::size_t local = 0; local < received.size(); ++local) {
+    const std::span<const T> taken = received[local].span();
+    if (taken.empty()) continue;
+    const std::span<T> parameters = ModelTraits<typename R::Model>::parameters(run.models[local]);
+    Device::copy(run.place(local), taken.first(parameters.size()), parameters);
+    Device::copy(run.place(local), taken.subspan(parameters.size()),
+                 run.optimizer_states[local].span());
+  }
   if constexpr (kKeepsStripes<R>) run.strategy.forget_stripes();
   run.step = newest.step;
   return newest;
@@ -172,23 +214,53 @@ template <class R>
   return change;
 }
 
+// The change from `first`'s membership to `second`'s, which regrouped `first`'s workers left (its
+// ranks in the order of their ranks in `first`), as one: the ranks lost in `first`'s numbering,
+// the cause that began it.
+inline strategy::MembershipChange one_change(strategy::MembershipChange first,
+                                             const strategy::MembershipChange& second) {
+  std::vector<int> members;  // by rank in `second`'s membership: the rank in `first`'s
+  for (int rank = 0; rank < static_cast<int>(first.workers_before); ++rank) {
+    if (std::ranges::find(first.lost, rank) == first.lost.end()) members.push_back(rank);
+  }
+  for (const int rank : second.lost) first.lost.push_back(members[static_cast<std::size_t>(rank)]);
+  std::ranges::sort(first.lost);
+  first.workers_after = second.workers_after;
+  return first;
+}
+
 // After `cause` ended a segment, with `applied` the steps of the run this process's state holds:
 // the job's next membership, and run.step the step it goes on from; the change counts its time
-// from `start` (a failed growth's began before the loss was noticed). Throws CommError where
-// fewer than min_workers are left, after saving this process's state into the checkpoint
+// from `start` (a failed growth's began before the loss was noticed). A worker lost while the
+// newest state travels makes the workers left regroup again, as one change. Throws CommError
+// where fewer than min_workers are left, after saving this process's state into the checkpoint
 // directory, where there is one (PeriodicCheckpoints::save_alone).
 template <class R>
 [[gnu::cold]] strategy::MembershipChange go_on_without(
-    R& run, const CommError& cause, std::uint64_t applied, PeriodicCheckpoints<R>& checkpoints,
+    R& run, CommError cause, std::uint64_t applied, PeriodicCheckpoints<R>& checkpoints,
     trace::Recorder::Clock::time_point start = trace::Recorder::Clock::now()) {
-  std::optional<strategy::MembershipChange> regrouped;
-  try {
-    regrouped = run.strategy.regroup(cause);
-  } catch (const CommError&) {
-    if (checkpoints.enabled()) save_last_step(run, whole_state_alone(run, applied), checkpoints);
-    throw;
+  std::optional<strategy::MembershipChange> change;
+  for (;;) {
+    std::optional<strategy::MembershipChange> regrouped;
+    try {
+      regrouped = run.strategy.regroup(cause);
+    } catch (const CommError&) {
+      if (checkpoints.enabled()) save_last_step(run, whole_state_alone(run, applied), checkpoints);
+      throw;
+    }
+    change = change ? one_change(std::move(*change), *regrouped) : std::move(*regrouped);
+    try {
+      return changed_membership(run, *change, applied, start);
+    } catch (const CommError& lost) {
+      // What this process received it did not take, and the stripes stay kept
+      // (take_newest_state): its state and `applied` are what the next agreement starts from.
+      std::fprintf(stderr,
+                   "cohort: rank %d: a worker was lost while the job took the newest state; "
+                   "regrouping again\n",
+                   run.strategy.cluster().rank);
+      cause = lost;
+    }
   }
-  return changed_membership(run, std::move(*regrouped), applied, start);
 }
 
 // Every process of an elastic job at the step boundary where the vote counted `joiners` waiting:

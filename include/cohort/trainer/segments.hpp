@@ -35,7 +35,8 @@ std::vector<ReplicaCarry> carries_for(const R& run, const sharding::Plan& plan,
     carries.push_back({.window = LossWindow(reports, run.options.progress, plan.steps_per_epoch(),
                                             run.options.global_batch),
                        .vote = Vote(run.step),
-                       .first_step = first_step});
+                       .first_step = first_step,
+                       .applied = run.step});
   }
   return carries;
 }
