@@ -481,7 +481,7 @@ case_elastic_lost_while_state_travels() {
 case_elastic_chief_rejoins() {  # 2 hosts of 2 workers: rank 0 killed, started again on its host
   local reference_long rank pid
   reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
-  local elastic=(COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 COHORT_MASTER_PORT=29500
+  local elastic=(COHORT_WORLD_SIZE=4 "COHORT_MASTER_ADDR=${net}.1" COHORT_MASTER_PORT=29500
                  COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3)
   for rank in 0 1 2 3; do
     on $((rank / 2 + 1)) COHORT_RANK="${rank}" "${elastic[@]}" -- "${multi_worker}" "${long_job[@]}"
