@@ -19,9 +19,11 @@
 # and twice the timeout after the fault), one host cut off for good from an elastic job (the
 # others go on to the same bits), a worker of an elastic job killed on its host and started there
 # again (it rejoins across the hosts, to the same bits), the same for rank 0 of 2 hosts of 2
-# workers (rank 1, on its host, keeps the job's door at the master address), a second host lost
-# while the workers left take the newest state (the two left regroup again, to the same bits), a
-# wrong secret on one host, no rank 0 at the master address.
+# workers (rank 1, on its host, keeps the job's door at the master address), the same for a pod
+# of a PyTorchJob (the operator's variables, the pod started again with them) and for a Slurm
+# task (a replacement step of one task, as docs/launching.md gives it), a second host lost while
+# the workers left take the newest state (the two left regroup again, to the same bits), a wrong
+# secret on one host, no rank 0 at the master address.
 set -uo pipefail
 
 build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
@@ -33,7 +35,8 @@ if ((${#cases[@]} == 0)); then
          local_conflict
          master_addr_2x2 names_two_per_host slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
          short_partition long_partition elastic_host_lost elastic_host_rejoins
-         elastic_lost_while_state_travels elastic_chief_rejoins no_master
+         elastic_pytorchjob_rejoins elastic_slurm_replacement elastic_lost_while_state_travels
+         elastic_chief_rejoins no_master
          wrong_secret)
 fi
 
@@ -349,6 +352,9 @@ case_parameter_server() {
 # would run for minutes, for the long partition.
 long_job=(--layers "8,512,512,10" --examples 32768 --epochs 6 --quiet)
 endless_job=(--layers "8,512,512,10" --examples 32768 --epochs 1000 --quiet)
+# An elastic job's: long enough for a worker lost at its start to be counted out, or started
+# again and taken back.
+elastic_job=(--layers "8,512,512,10" --examples 32768 --epochs 2 --quiet)
 
 # Starts the 4x1 COHORT_* job of the partitions with COHORT_TIMEOUT=$1 and the demo settings
 # ${@:2}, and waits until every rank has started training.
@@ -421,13 +427,13 @@ went_on_without_rank_3() {
 }
 
 case_elastic_host_lost() {  # an elastic job of 4 hosts, one cut off for good: the others go on
-  local reference_long
-  reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
-  COHORT_MIN_WORKERS=3 start_partition_job 4 "${long_job[@]}"
+  local reference
+  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+  COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}"
   ip link set "$(hosts_link 4)" down
   finish 120
   ip link set "$(hosts_link 4)" up
-  went_on_without_rank_3 "${reference_long}" "${started[@]:0:3}"
+  went_on_without_rank_3 "${reference}" "${started[@]:0:3}"
   # The host cut off finds nobody at the roll call, and stops below min_workers.
   [[ "$(status_of "${started[3]}")" != 0 ]] || fail "the host cut off succeeded"
   grep -q "regroup: 1 of 4 ranks answer" "${started[3]}.out" ||
@@ -435,19 +441,68 @@ case_elastic_host_lost() {  # an elastic job of 4 hosts, one cut off for good: t
 }
 
 case_elastic_host_rejoins() {  # an elastic job of 4 hosts: host 4's worker killed, started again
-  local reference_long pid
-  reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
-  COHORT_MIN_WORKERS=3 start_partition_job 4 "${long_job[@]}"
+  local reference pid
+  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+  COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}"
   for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
   # The same command on the same host, as a pod's restart policy would start it.
   on 4 COHORT_RANK=3 COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 COHORT_MASTER_PORT=29500 \
-    COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${long_job[@]}"
+    COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${elastic_job[@]}"
   finish 120
-  went_on_without_rank_3 "${reference_long}" "${started[@]:0:3}" "${started[4]}"
+  went_on_without_rank_3 "${reference}" "${started[@]:0:3}" "${started[4]}"
   grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${started[0]}.out" ||
     fail "the chief does not say the job took a worker back"
   grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||
     fail "the worker started again does not say it joined"
+}
+
+# The variables Kubernetes' PyTorchJob operator gives each pod (RANK, WORLD_SIZE, MASTER_ADDR: the
+# master pod's service name, MASTER_PORT), with COHORT_MIN_WORKERS in the pods' environment: the
+# pod of rank 3 fails, and its controller starts it again with the same variables.
+case_elastic_pytorchjob_rejoins() {
+  local reference pid h
+  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+  local pod=(WORLD_SIZE=4 MASTER_ADDR=h1 MASTER_PORT=23456 COHORT_MIN_WORKERS=3 COHORT_TIMEOUT=4)
+  for h in 1 2 3 4; do
+    on "${h}" RANK=$((h - 1)) "${pod[@]}" -- "${multi_worker}" "${elastic_job[@]}"
+  done
+  wait_until_training 4
+  for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
+  on 4 RANK=3 "${pod[@]}" -- "${multi_worker}" "${elastic_job[@]}"
+  finish 120
+  went_on_without_rank_3 "${reference}" "${started[@]:0:3}" "${started[4]}"
+  grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${started[0]}.out" ||
+    fail "the chief does not say the job took the pod started again back"
+  grep -q "from torchrun variables" "${started[4]}.out" ||
+    fail "the pod started again did not read the operator's variables"
+}
+
+# Slurm: the job's step of 4 tasks keeps running when one fails (srun --no-kill), and a
+# replacement step of one task on that node joins it, as docs/launching.md gives the command:
+# srun --ntasks=1 -w h4 env COHORT_JOIN=1 COHORT_RANK=3 COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=h1
+# COHORT_MASTER_PORT=29500 COHORT_JOB_ID=$SLURM_JOB_ID COHORT_MIN_WORKERS=3 ./train (the variables
+# srun gives that task beside them: a step of one task).
+case_elastic_slurm_replacement() {
+  local reference pid h
+  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+  local allocation=(SLURM_JOB_ID=77 SLURM_JOB_NODELIST='h[1-4]' COHORT_TIMEOUT=4)
+  for h in 1 2 3 4; do
+    on "${h}" SLURM_PROCID=$((h - 1)) SLURM_NTASKS=4 SLURM_LOCALID=0 SLURM_NODEID=$((h - 1)) \
+      SLURM_STEP_TASKS_PER_NODE='1(x4)' SLURM_STEP_NODELIST='h[1-4]' "${allocation[@]}" \
+      COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${elastic_job[@]}"
+  done
+  wait_until_training 4
+  for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
+  on 4 SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_LOCALID=0 SLURM_NODEID=0 SLURM_STEP_TASKS_PER_NODE=1 \
+    SLURM_STEP_NODELIST=h4 "${allocation[@]}" COHORT_JOIN=1 COHORT_RANK=3 COHORT_WORLD_SIZE=4 \
+    COHORT_MASTER_ADDR=h1 COHORT_MASTER_PORT=29500 COHORT_JOB_ID=77 COHORT_MIN_WORKERS=3 -- \
+    "${multi_worker}" "${elastic_job[@]}"
+  finish 120
+  went_on_without_rank_3 "${reference}" "${started[@]:0:3}" "${started[4]}"
+  grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${started[0]}.out" ||
+    fail "the chief does not say the job took the replacement in"
+  grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||
+    fail "the replacement does not say it joined"
 }
 
 # A second host lost while the workers left take the newest state: on links of 20 Mbit/s the
@@ -479,19 +534,20 @@ case_elastic_lost_while_state_travels() {
 }
 
 case_elastic_chief_rejoins() {  # 2 hosts of 2 workers: rank 0 killed, started again on its host
-  local reference_long rank pid
-  reference_long="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
+  local reference rank pid
+  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
   local elastic=(COHORT_WORLD_SIZE=4 "COHORT_MASTER_ADDR=${net}.1" COHORT_MASTER_PORT=29500
                  COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3)
   for rank in 0 1 2 3; do
-    on $((rank / 2 + 1)) COHORT_RANK="${rank}" "${elastic[@]}" -- "${multi_worker}" "${long_job[@]}"
+    on $((rank / 2 + 1)) COHORT_RANK="${rank}" "${elastic[@]}" -- \
+      "${multi_worker}" "${elastic_job[@]}"
   done
   wait_until_training 4
   for pid in $(ip netns pids "$(namespace 1)"); do
     tr '\0' '\n' <"/proc/${pid}/environ" 2>/dev/null | grep -qx COHORT_RANK=0 && kill -9 "${pid}"
   done
   # Started again on its host, as cohort-run would: it says that it joins.
-  on 1 COHORT_JOIN=1 COHORT_RANK=0 "${elastic[@]}" -- "${multi_worker}" "${long_job[@]}"
+  on 1 COHORT_JOIN=1 COHORT_RANK=0 "${elastic[@]}" -- "${multi_worker}" "${elastic_job[@]}"
   finish 120
   local out
   for out in "${started[@]:1}"; do
@@ -509,8 +565,8 @@ case_elastic_chief_rejoins() {  # 2 hosts of 2 workers: rank 0 killed, started a
     fail "rank 0 started again does not say it joined"
   local parameters
   parameters="$(grep -o 'parameters [0-9a-f]*' "${chief}" | tail -1 | cut -d' ' -f2)"
-  [[ "${parameters}" == "${reference_long}" ]] ||
-    fail "parameters ${parameters}, expected ${reference_long}"
+  [[ "${parameters}" == "${reference}" ]] ||
+    fail "parameters ${parameters}, expected ${reference}"
 }
 
 case_no_master() {  # ranks 1 to 3 with no rank 0: each names what it could not reach
