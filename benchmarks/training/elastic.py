@@ -323,6 +323,13 @@ def cycles(build, count):
         print(f"rank 1 after {done} cycles: descriptors {baseline[0]} -> {samples[-1][0]} (most "
               f"{max(s[0] for s in samples)}), resident KiB {baseline[1]} -> {samples[-1][1]} "
               f"(most {max(s[1] for s in samples)})")
+    # A leak grows with the cycles; what the first cycles allocate once (a new membership's
+    # buffers, the allocator's arenas) does not.
+    if len(samples) >= 20:
+        later = range(10, len(samples))
+        slope = statistics.linear_regression(list(later), [samples[i][1] for i in later]).slope
+        print(f"rank 1's resident memory from cycle 11 to {len(samples)}: {slope:+.2f} KiB per "
+              f"cycle (least squares), {samples[10][1]} -> {samples[-1][1]} KiB")
     print(f"parameters {parameters}: {'the same' if same else 'WRONG'} (exit "
           f"{process.returncode}); {failure or f'all {done} cycles taken back'}")
     with tempfile.NamedTemporaryFile("w", prefix="cohort-cycles-", suffix=".log",

@@ -112,10 +112,10 @@ template <class R>
   return applied;
 }
 
-// Whether replica `local` holds the state of the job after `step` steps already: its process's
-// state, `applied` steps, is whole (not spread over the stripes of a sharded update) at that step.
-// A process that took the state an agreement settled, before a worker lost later ended that
-// agreement on other processes, holds it so, and no longer holds the stripes it came from.
+// Whether this process holds the job's state after `step` steps already: its state, of `applied`
+// steps, is whole (not spread over the stripes of a sharded update) at that step. So does a
+// process whose agreement finished where a later loss ended it on others: it rebuilt that state,
+// and let go of the stripes it came from.
 template <class R>
 bool holds_whole_state(const R& run, std::uint64_t applied, std::uint64_t step) {
   if constexpr (kKeepsStripes<R>) {
