@@ -30,8 +30,9 @@ thread per process, on this host:
                 --max-restarts N, in which a random worker other than rank 1 (rank 0 included) is
                 SIGKILLed N times, each time once cohort-run has started the last one again and the
                 job has taken it back; rank 1 lives through them all, and its open descriptors and
-                resident memory are read after each cycle (as are cohort-run's descriptors). The
-                fit ends with the fingerprint of the same fit without kills, or the run says
+                resident memory are read after each cycle (as are cohort-run's descriptors) and at
+                the fit's end, beside the chief's at the end of the same elastic fit without
+                kills. The fit ends with that fit's fingerprint, or the run says
                 which cycle went wrong; a cycle not taken back within 60 s counts as a hang
 """
 import argparse
@@ -246,6 +247,40 @@ def process_usage(pid):
     return descriptors, resident
 
 
+def memory_of(pid):
+    """Process `pid`'s resident KiB: in all, of its own (anonymous), and of shared memory."""
+    with open(f"/proc/{pid}/status") as status:
+        fields = dict(line.split(":", 1) for line in status if line.startswith(("VmRSS", "Rss")))
+    return {name: int(fields[name].split()[0]) for name in ("VmRSS", "RssAnon", "RssShmem")}
+
+
+class LastMemory(threading.Thread):
+    """Reads the memory (memory_of) and the descriptors of the process of rank `rank` under
+    cohort-run `launcher` every 0.2 s until it ends; `last` is the last reading (its final size)."""
+
+    def __init__(self, launcher, rank):
+        super().__init__(daemon=True)
+        self.launcher = launcher
+        self.rank = rank
+        self.last = None
+
+    def run(self):
+        while self.launcher.poll() is None:
+            observer = descendant_with(self.launcher.pid, f"COHORT_RANK={self.rank}")
+            try:
+                if observer is not None:
+                    self.last = dict(memory_of(observer),
+                                     descriptors=len(os.listdir(f"/proc/{observer}/fd")))
+            except (OSError, KeyError):
+                pass
+            time.sleep(0.2)
+
+
+def memory_text(reading):
+    return (f"{reading['VmRSS']} KiB resident ({reading['RssAnon']} of its own, "
+            f"{reading['RssShmem']} shared), {reading['descriptors']} descriptors")
+
+
 def cycles(build, count):
     """Returns whether the fit ended with the uninterrupted bits and every cycle was taken back."""
     launcher = f"{build}/tools/cohort-run/cohort-run"
@@ -254,9 +289,15 @@ def cycles(build, count):
     program = [f"{build}/examples/02_multi_worker/multi_worker", *CYCLES_MODEL, "--examples",
                "20000", "--epochs", str(8 + 4 * count)]
     start = time.time()
-    reference = fingerprint_of(subprocess.run([launcher, "--np", "4", "--", *program],
-                                              env=environment(), capture_output=True, text=True,
-                                              timeout=3600, check=True).stdout)
+    # The same elastic job without kills: its chief holds what rank 1 holds once it is the chief
+    # (the door, the fit's records), and its shared buffer keeps the stripes too.
+    uninterrupted = subprocess.Popen([launcher, "--np", "4", "--min-np", "3", "--", *program],
+                                     env=environment(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+    uninterrupted_memory = LastMemory(uninterrupted, 0)
+    uninterrupted_memory.start()
+    reference = fingerprint_of(uninterrupted.communicate(timeout=3600)[0])
+    uninterrupted_memory.join()
     print(f"\ncycles: {count} kills of a random worker but rank 1 in one fit of 4 workers, each "
           f"started again and taken back; uninterrupted: {reference} in {time.time() - start:.1f} s")
     process = subprocess.Popen([launcher, "--np", "4", "--min-np", "3", "--max-restarts",
@@ -273,6 +314,8 @@ def cycles(build, count):
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    final_memory = LastMemory(process, 1)
+    final_memory.start()
     observer = None
     while observer is None and process.poll() is None:
         time.sleep(0.2)
@@ -288,8 +331,10 @@ def cycles(build, count):
     done = 0
     failure = ""
     samples = []
+    chief_lost = False
     for cycle in range(1, count + 1):
         victim_rank = random.choice([0, 2, 3])
+        chief_lost = chief_lost or victim_rank == 0
         victim = descendant_with(process.pid, f"COHORT_RANK={victim_rank}")
         if victim is None or process.poll() is not None:
             failure = f"cycle {cycle}: the fit ended, or no worker of rank {victim_rank} ran"
@@ -316,6 +361,7 @@ def cycles(build, count):
         process.kill()
         failure = failure or "HANG: the fit did not end"
     reader.join(timeout=10)
+    final_memory.join()
     output = "".join(lines)
     parameters = fingerprint_of(output)
     same = process.returncode == 0 and parameters == reference
@@ -330,6 +376,13 @@ def cycles(build, count):
         slope = statistics.linear_regression(list(later), [samples[i][1] for i in later]).slope
         print(f"rank 1's resident memory from cycle 11 to {len(samples)}: {slope:+.2f} KiB per "
               f"cycle (least squares), {samples[10][1]} -> {samples[-1][1]} KiB")
+    # The chief's records grow with the fit's steps (Report::loss, a double per step): the same
+    # fit without kills tells them apart from what the cycles keep.
+    if final_memory.last and uninterrupted_memory.last:
+        role = " (the chief since rank 0 was first lost)" if chief_lost else ""
+        print(f"rank 1{role} at the fit's end: "
+              f"{memory_text(final_memory.last)}; the chief of the same fit without kills: "
+              f"{memory_text(uninterrupted_memory.last)}")
     print(f"parameters {parameters}: {'the same' if same else 'WRONG'} (exit "
           f"{process.returncode}); {failure or f'all {done} cycles taken back'}")
     with tempfile.NamedTemporaryFile("w", prefix="cohort-cycles-", suffix=".log",
