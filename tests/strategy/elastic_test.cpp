@@ -384,7 +384,7 @@ LaunchedRun kill_rank_under_cohort_run(const std::vector<std::string>& options,
   REQUIRE(cohort::testing::when_logged(log, "multi_worker_trainer: connected", 60s).has_value());
   std::this_thread::sleep_for(100ms);
   const auto rank =
-      cohort::testing::child_with(launcher.pid(), "COHORT_RANK=" + std::to_string(lost));
+      cohort::testing::child_with(launcher.pid(), {"COHORT_RANK=" + std::to_string(lost)});
   REQUIRE(rank.has_value());
   ::kill(*rank, SIGKILL);
   // In this order (designated initializers are evaluated in order): the files once it ended.

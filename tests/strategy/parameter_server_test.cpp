@@ -616,6 +616,38 @@ TEST_CASE(
   CHECK(continue_from(checkpoint, 60, out, directory.path / "second.log") == expected);
 }
 
+TEST_CASE(
+    "under cohort-run --max-restarts, a server SIGKILLed mid-fit stops the job, every rank starts "
+    "again, and the job resumes from the newest checkpoint in its directory to an uninterrupted "
+    "run's bits") {
+  TemporaryDirectory directory("cohort-ps-run-restart");
+  const std::string expected = mirrored_reference(60);
+  const fs::path out = directory.path / "parameters.bin";
+  const fs::path log = directory.path / "log.txt";
+  // A sharded checkpoint every 10 steps; every worker pauses, so that the fit takes seconds.
+  Process launcher(
+      {COHORT_RUN, "--np", "2", "--ps", "2", "--max-restarts", "2", "--", COHORT_PS_TRAINER, "sync",
+       "60", out.string(), "--checkpoint-directory", (directory.path / "checkpoints").string(),
+       "--checkpoint-every", "10", "--every-worker-sleep-ms", "40"},
+      {}, log);
+  REQUIRE(when_logged(log, "for a checkpoint at step 20", 60s).has_value());
+  const auto server =
+      cohort::testing::child_with(launcher.pid(), {"COHORT_ROLE=ps", "COHORT_RANK=1"});
+  REQUIRE(server.has_value());
+  ::kill(*server, SIGKILL);
+  const auto exit = launcher.wait(120s);
+  const std::string text = read_file(log);
+  CAPTURE(text);
+  REQUIRE(exit.has_value());
+  CHECK(exit->exited);
+  CHECK(exit->code == 0);
+  CHECK(text.find("cohort-run: ps 1 was killed by signal 9 (Killed)") != std::string::npos);
+  CHECK(text.find("cohort-run: the job stopped after ps 1 failed; starting every rank again "
+                  "(restart 1 of 2)") != std::string::npos);
+  CHECK(text.find("cohort: resuming from ") != std::string::npos);
+  CHECK(read_file(out) == expected);
+}
+
 TEST_CASE("malformed requests are refused naming the worker and the field; others go on") {
   TemporaryDirectory directory("cohort-ps-bad");
   const fs::path out = directory.path / "parameters.bin";

@@ -149,20 +149,23 @@ inline std::vector<std::string> shared_memory_segments() {
   return names;
 }
 
-// Runs a command to completion, output in `log`; nothing if it outlives `limit` (then killed).
-// The child of `parent` (a launcher's rank) whose environment holds `entry` ("COHORT_RANK=1").
-inline std::optional<pid_t> child_with(pid_t parent, const std::string& entry) {
+// The child of `parent` (a launcher's rank) whose environment holds every one of `entries`
+// ("COHORT_ROLE=ps", "COHORT_RANK=1").
+inline std::optional<pid_t> child_with(pid_t parent, const std::vector<std::string>& entries) {
   const std::string task = "/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent);
   std::ifstream children(task + "/children");
   for (pid_t child = 0; children >> child;) {
     std::ifstream environment("/proc/" + std::to_string(child) + "/environ");
+    std::size_t held = 0;
     for (std::string variable; std::getline(environment, variable, '\0');) {
-      if (variable == entry) return child;
+      if (std::find(entries.begin(), entries.end(), variable) != entries.end()) ++held;
     }
+    if (held == entries.size()) return child;
   }
   return std::nullopt;
 }
 
+// Runs a command to completion, output in `log`; nothing if it outlives `limit` (then killed).
 inline std::optional<std::pair<Exit, std::string>> run_to_completion(
     const std::vector<std::string>& command, const std::filesystem::path& log,
     const std::map<std::string, std::string>& env = {},

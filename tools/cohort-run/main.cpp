@@ -1,6 +1,6 @@
 // cohort-run: starts N ranks of a program on this host, as `torchrun --standalone` does.
 //
-//   cohort-run --np N [--min-np M [--max-restarts K]] [--ps S] [--port P] [--job-id ID]
+//   cohort-run --np N [--min-np M] [--max-restarts K] [--ps S] [--port P] [--job-id ID]
 //              [--timeout-s S] [--wait-s W] [--grace-s G] -- program args...
 //
 // With --ps S (a parameter-server job, strategy/parameter_server.hpp) it starts N workers and S
@@ -35,8 +35,14 @@
 // and COHORT_JOIN=1, and joins the running job at a step boundary (strategy/elastic.hpp;
 // "cohort-run: rank 2 was killed by signal 9 (Killed); starting it again (restart 1 of 3)"), rank 0
 // too: the job's next rank 0 keeps its door at the same address. A rank started again that the job
-// ended without taking in is no failure of the job. When all ranks are done, anything left in their
-// process groups is killed, and every rank has been waited for: no zombie, no orphan. Should
+// ended without taking in is no failure of the job. With --max-restarts K and no --min-np (a job
+// that is not elastic, a parameter-server job among them: a server's shard lives nowhere else),
+// a failed rank stops the job as above, and then every rank is started again, K times in all, on
+// a new port unless --port gives one ("cohort-run: the job stopped after ps 1 failed; starting
+// every rank again (restart 1 of 3)"), as torchrun's --max-restarts does: a program that resumes
+// from its newest checkpoint (Options::checkpoint, resume) goes on from there, to the bits of a
+// run that never stopped; one that does not starts over. When all ranks are done, anything left in
+// their process groups is killed, and every rank has been waited for: no zombie, no orphan. Should
 // cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the kernel
 // (PR_SET_PDEATHSIG).
 //
@@ -44,10 +50,10 @@
 // not describe the rank's place), each rank writes its timeline there and cohort-run merges them
 // into DIR/trace.json at the end, a track per process (core/trace.hpp).
 //
-// Exit status: 0 when every rank exited 0; 75 when every rank exited 0 or 75 and some 75 (the job
-// was preempted and saved: the same command continues it); else the first failed rank's exit
-// status, or 128 + its signal; 128 + signal when stopped by a signal; 124 after --timeout-s; 127
-// (126) when the program cannot be found (run).
+// Exit status (of the last launch, where the job was started again): 0 when every rank exited 0;
+// 75 when every rank exited 0 or 75 and some 75 (the job was preempted and saved: the same command
+// continues it); else the first failed rank's exit status, or 128 + its signal; 128 + signal when
+// stopped by a signal; 124 after --timeout-s; 127 (126) when the program cannot be found (run).
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -84,7 +90,7 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   int processes = 0;
   int min_processes = 0;  // --min-np: an elastic job's fewest ranks; 0: not elastic
-  int max_restarts = 0;   // --max-restarts: how many times a failed rank of it starts again
+  int max_restarts = 0;   // --max-restarts: how many times a failed rank (or the job) starts again
   int servers = 0;        // --ps: parameter servers started after the workers
   int port = 0;     // 0: pick a free one
   std::string job_id;
@@ -254,7 +260,13 @@ int exit_code_of(int status) {
 
 class Launch {
  public:
-  Launch(Options options, std::uint16_t port) : options_(std::move(options)), port_(port) {}
+  // `deadline`: where --timeout-s ends the run (of every launch of the job).
+  Launch(Options options, std::uint16_t port, std::optional<Clock::time_point> deadline)
+      : options_(std::move(options)), port_(port), timeout_at_(deadline) {}
+
+  // The rank whose failure stopped the job ("ps 1"), if one did: not a signal to cohort-run, a
+  // timeout, a preemption or a rank that could not start.
+  const std::optional<std::string>& stopped_by() const { return stopped_by_; }
 
   int run() {
     sigset_t handled;
@@ -273,7 +285,6 @@ class Launch {
         (options_.servers > 0 ? " (workers) and " + std::to_string(options_.servers) + " ps" : "") +
         " of '" + options_.command[0] + "', master 127.0.0.1:" + std::to_string(port_) + ", job '" +
         options_.job_id + "'");
-    const Clock::time_point start = Clock::now();
     const auto start_wall = std::filesystem::file_time_type::clock::now();
     for (int rank = 0; rank < options_.processes + options_.servers; ++rank) {
       const Started started =
@@ -288,10 +299,6 @@ class Launch {
       ranks_.push_back({started.pid, std::nullopt});
     }
     original_mask_ = original_mask;
-    if (options_.timeout_s > 0) {
-      timeout_at_ = start + std::chrono::duration_cast<Clock::duration>(
-                                std::chrono::duration<double>(options_.timeout_s));
-    }
 
     while (running() > 0) {
       const std::optional<Clock::time_point> deadline = next_deadline();
@@ -495,6 +502,7 @@ class Launch {
         }
         if (!success && !stopping_) {
           exit_code_ = std::max(exit_code_of(status), 1);
+          stopped_by_ = who(rank);
           const std::string others = running() == 1
                                          ? "the other rank gets "
                                          : "the " + std::to_string(running()) + " other ranks get ";
@@ -513,6 +521,7 @@ class Launch {
   int exit_code_ = 0;
   int preempted_ = 0;  // ranks that exited with cohort::kExitPreempted
   int restarts_ = 0;   // ranks started again (--max-restarts)
+  std::optional<std::string> stopped_by_;
   sigset_t original_mask_{};
   std::optional<Clock::time_point> timeout_at_;
   std::optional<Clock::time_point> term_at_;  // set while the others get --wait-s
@@ -538,7 +547,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 16));
   app.add_option("--max-restarts", options.max_restarts,
                  "with --min-np: start a rank that fails again, this many times in all; it joins "
-                 "the running job (COHORT_MAX_WORKERS stays the --np it started with)")
+                 "the running job (COHORT_MAX_WORKERS stays the --np it started with); without: "
+                 "after a rank fails and the job stops, start every rank again, this many times "
+                 "in all (a program that resumes from its checkpoint goes on from there)")
       ->check(CLI::Range(0, 1 << 16));
   app.add_option("--ps", options.servers,
                  "also start this many parameter servers (COHORT_ROLE=ps; the --np ranks are "
@@ -579,24 +590,36 @@ int main(int argc, char** argv) {
         std::to_string(options.processes));
     return 2;
   }
-  if (options.max_restarts > 0 && options.min_processes == 0) {
-    say("--max-restarts needs --min-np: only an elastic job takes a rank back while it runs");
-    return 2;
-  }
   if (options.min_processes > 0 && options.servers > 0) {
     say("--min-np: a parameter-server job is not elastic (its servers hold shards nobody else "
-        "has); restart it from its last checkpoint instead");
+        "has); --max-restarts without --min-np starts every rank again after a failure, and the "
+        "job goes on from its last checkpoint");
     return 2;
   }
   if (options.job_id.empty()) options.job_id = make_job_id();
-  std::uint16_t port = static_cast<std::uint16_t>(options.port);
-  if (port == 0) {
-    const std::optional<std::uint16_t> picked = pick_free_port();
-    if (!picked) {
-      say("cannot find a free port on 127.0.0.1: " + errno_text(errno) + "; pass --port");
-      return 1;
-    }
-    port = *picked;
+  std::optional<Clock::time_point> deadline;
+  if (options.timeout_s > 0) {
+    deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(options.timeout_s));
   }
-  return Launch(std::move(options), port).run();
+  // Without --min-np, --max-restarts starts the whole job again after a failed rank stopped it.
+  for (int restarts = 0;; ++restarts) {
+    std::uint16_t port = static_cast<std::uint16_t>(options.port);
+    if (port == 0) {
+      const std::optional<std::uint16_t> picked = pick_free_port();
+      if (!picked) {
+        say("cannot find a free port on 127.0.0.1: " + errno_text(errno) + "; pass --port");
+        return 1;
+      }
+      port = *picked;
+    }
+    Launch launch(options, port, deadline);
+    const int status = launch.run();
+    if (!launch.stopped_by() || options.min_processes > 0 || restarts == options.max_restarts) {
+      return status;
+    }
+    say("the job stopped after " + *launch.stopped_by() + " failed; starting every rank again " +
+        "(restart " + std::to_string(restarts + 1) + " of " + std::to_string(options.max_restarts) +
+        ")");
+  }
 }
