@@ -256,6 +256,39 @@ TEST_CASE("after a rank fails, the others get --wait-s to end by themselves befo
   CHECK_FALSE(contains(errors, "SIGTERM,"));
 }
 
+// A job that is not elastic starts again whole, as torchrun's --max-restarts does; each start's
+// ranks get the signal mask cohort-run itself was started with, not the one it waits with.
+TEST_CASE(
+    "--max-restarts without --min-np starts every rank again after a failed one stopped the job, "
+    "with no signal blocked, until its restarts are spent") {
+  for (const int budget : {2, 1}) {
+    CAPTURE(budget);
+    TemporaryDirectory directory;
+    // Each start records its blocked signals, and fails until the third.
+    const std::string script = "cd '" + directory.path.string() +
+                               "' && grep SigBlk /proc/self/status >> starts.txt && "
+                               "[ \"$(wc -l < starts.txt)\" -ge 3 ] || exit 3";
+    Launcher launcher(directory.path, {"--np", "1", "--max-restarts", std::to_string(budget)},
+                      {"/bin/bash", "-c", script});
+    const int status = launcher.wait();
+    const std::string errors = launcher.error_text();
+    INFO(errors);
+    CHECK(exit_status(status) == (budget == 2 ? 0 : 3));
+    for (int restart = 1; restart <= budget; ++restart) {
+      CHECK(contains(errors,
+                     "cohort-run: the job stopped after rank 0 failed; starting every rank "
+                     "again (restart " +
+                         std::to_string(restart) + " of " + std::to_string(budget) + ")"));
+    }
+    std::ifstream starts(directory.path / "starts.txt");
+    int count = 0;
+    for (std::string line; std::getline(starts, line); ++count) {
+      CHECK(line == "SigBlk:\t0000000000000000");
+    }
+    CHECK(count == budget + 1);
+  }
+}
+
 TEST_CASE("the others still running after --wait-s get SIGTERM") {
   TemporaryDirectory directory;
   Launcher launcher(directory.path, {"--np", "3", "--wait-s", "0.2"},

@@ -258,29 +258,46 @@ int exit_code_of(int status) {
   return 1;
 }
 
+// The signals cohort-run takes with sigtimedwait: those it forwards, and SIGCHLD.
+sigset_t handled_signals() {
+  sigset_t handled;
+  ::sigemptyset(&handled);
+  for (const int signal : kHandledSignals) ::sigaddset(&handled, signal);
+  ::sigaddset(&handled, SIGCHLD);
+  return handled;
+}
+
+// Blocks handled_signals() for the whole of cohort-run, every start of the job; returns the mask
+// before, which each rank starts with.
+sigset_t block_handled_signals() {
+  const sigset_t handled = handled_signals();
+  sigset_t original;
+  ::sigprocmask(SIG_BLOCK, &handled, &original);
+  // SIGCHLD must not be discarded while blocked: give it a handler (never run; sigtimedwait takes
+  // it).
+  struct sigaction on_child {};
+  on_child.sa_handler = [](int) {};
+  ::sigaction(SIGCHLD, &on_child, nullptr);
+  return original;
+}
+
 class Launch {
  public:
-  // `deadline`: where --timeout-s ends the run (of every launch of the job).
-  Launch(Options options, std::uint16_t port, std::optional<Clock::time_point> deadline)
-      : options_(std::move(options)), port_(port), timeout_at_(deadline) {}
+  // `deadline`: where --timeout-s ends the run (of every start of the job); `original_mask`: the
+  // signal mask each rank starts with (block_handled_signals).
+  Launch(Options options, std::uint16_t port, std::optional<Clock::time_point> deadline,
+         const sigset_t& original_mask)
+      : options_(std::move(options)),
+        port_(port),
+        original_mask_(original_mask),
+        timeout_at_(deadline) {}
 
   // The rank whose failure stopped the job ("ps 1"), if one did: not a signal to cohort-run, a
   // timeout, a preemption or a rank that could not start.
   const std::optional<std::string>& stopped_by() const { return stopped_by_; }
 
   int run() {
-    sigset_t handled;
-    ::sigemptyset(&handled);
-    for (const int signal : kHandledSignals) ::sigaddset(&handled, signal);
-    ::sigaddset(&handled, SIGCHLD);
-    sigset_t original_mask;
-    ::sigprocmask(SIG_BLOCK, &handled, &original_mask);
-    // SIGCHLD must not be discarded while blocked: give it a handler (never run; sigtimedwait
-    // takes it).
-    struct sigaction on_child {};
-    on_child.sa_handler = [](int) {};
-    ::sigaction(SIGCHLD, &on_child, nullptr);
-
+    const sigset_t handled = handled_signals();
     say("starting " + std::to_string(options_.processes) + " ranks" +
         (options_.servers > 0 ? " (workers) and " + std::to_string(options_.servers) + " ps" : "") +
         " of '" + options_.command[0] + "', master 127.0.0.1:" + std::to_string(port_) + ", job '" +
@@ -288,7 +305,7 @@ class Launch {
     const auto start_wall = std::filesystem::file_time_type::clock::now();
     for (int rank = 0; rank < options_.processes + options_.servers; ++rank) {
       const Started started =
-          start_rank(options_.command, rank_environment(options_, rank, port_), original_mask);
+          start_rank(options_.command, rank_environment(options_, rank, port_), original_mask_);
       if (started.pid < 0) {
         say("cannot start rank " + std::to_string(rank) + ": '" + options_.command[0] +
             "': " + errno_text(started.error));
@@ -298,7 +315,6 @@ class Launch {
       }
       ranks_.push_back({started.pid, std::nullopt});
     }
-    original_mask_ = original_mask;
 
     while (running() > 0) {
       const std::optional<Clock::time_point> deadline = next_deadline();
@@ -503,11 +519,13 @@ class Launch {
         if (!success && !stopping_) {
           exit_code_ = std::max(exit_code_of(status), 1);
           stopped_by_ = who(rank);
-          const std::string others = running() == 1
-                                         ? "the other rank gets "
-                                         : "the " + std::to_string(running()) + " other ranks get ";
-          say(who(rank) + " " + describe_status(status) + "; " + others +
-              format_seconds(options_.wait_s) + " s to end by themselves, then SIGTERM");
+          std::string line = who(rank) + " " + describe_status(status);
+          if (running() > 0) {
+            line += running() == 1 ? "; the other rank gets "
+                                   : "; the " + std::to_string(running()) + " other ranks get ";
+            line += format_seconds(options_.wait_s) + " s to end by themselves, then SIGTERM";
+          }
+          say(line);
           stop_after_wait();
         }
       }
@@ -522,7 +540,7 @@ class Launch {
   int preempted_ = 0;  // ranks that exited with cohort::kExitPreempted
   int restarts_ = 0;   // ranks started again (--max-restarts)
   std::optional<std::string> stopped_by_;
-  sigset_t original_mask_{};
+  sigset_t original_mask_;
   std::optional<Clock::time_point> timeout_at_;
   std::optional<Clock::time_point> term_at_;  // set while the others get --wait-s
   std::optional<Clock::time_point> kill_at_;
@@ -602,6 +620,7 @@ int main(int argc, char** argv) {
     deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                   std::chrono::duration<double>(options.timeout_s));
   }
+  const sigset_t original_mask = block_handled_signals();
   // Without --min-np, --max-restarts starts the whole job again after a failed rank stopped it.
   for (int restarts = 0;; ++restarts) {
     std::uint16_t port = static_cast<std::uint16_t>(options.port);
@@ -613,7 +632,7 @@ int main(int argc, char** argv) {
       }
       port = *picked;
     }
-    Launch launch(options, port, deadline);
+    Launch launch(options, port, deadline, original_mask);
     const int status = launch.run();
     if (!launch.stopped_by() || options.min_processes > 0 || restarts == options.max_restarts) {
       return status;
