@@ -12,7 +12,8 @@
 #   hosts_namespace H       host H's namespace
 #   hosts_link H            the bridge's side of host H's link: `ip link set ... down` cuts it off
 #   hosts_shape RATE        shapes every host's link to RATE (tc's units: 1gbit) by tbf, both ways:
-#                           the bridge's side shapes what enters the host, eth0 what leaves it
+#                           the bridge's side shapes what enters the host, eth0 what leaves it;
+#                           returns 1 where tc cannot
 #   hosts_unshape           every host's link as it was made again
 #   hosts_mpirun_agent DIR  writes DIR/agent, an Open MPI plm_rsh_agent that runs the remote
 #                           command in the host whose address it is given (a hostfile lists the
@@ -78,9 +79,9 @@ hosts_create() {
 hosts_shape() {
   local rate="$1" h
   for ((h = 1; h <= HOSTS_MADE; ++h)); do
-    tc qdisc add dev "$(hosts_link "${h}")" root tbf rate "${rate}" burst 256kb latency 20ms
-    tc -n "$(hosts_namespace "${h}")" qdisc add dev eth0 root tbf rate "${rate}" burst 256kb \
-      latency 20ms
+    tc qdisc add dev "$(hosts_link "${h}")" root tbf rate "${rate}" burst 256kb latency 20ms &&
+      tc -n "$(hosts_namespace "${h}")" qdisc add dev eth0 root tbf rate "${rate}" burst 256kb \
+        latency 20ms || return 1
   done
 }
 

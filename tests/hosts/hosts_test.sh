@@ -513,7 +513,11 @@ case_elastic_lost_while_state_travels() {
   local wide_job=(--layers "8,512,512,10" --examples 4096 --epochs 1 --quiet)
   local reference pid waited=0
   reference="$("${mirrored}" --replicas 4 "${wide_job[@]}" | awk '$1 == 4 { print $5 }')"
-  hosts_shape 20mbit
+  if ! hosts_shape 20mbit; then
+    hosts_unshape 2>/dev/null
+    echo "SKIPPED ${case_name}: tc cannot shape the links here (no tbf)"
+    return
+  fi
   COHORT_MIN_WORKERS=2 start_partition_job 8 "${wide_job[@]}"
   for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
   while ! grep -q "regrouping after" "${started[1]}.out" && ((waited < 600)); do
