@@ -36,7 +36,7 @@ if ((${#cases[@]} == 0)); then
          master_addr_2x2 names_two_per_host slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
          short_partition long_partition elastic_host_lost elastic_host_rejoins
          elastic_pytorchjob_rejoins elastic_slurm_replacement elastic_lost_while_state_travels
-         elastic_chief_rejoins no_master
+         elastic_chief_rejoins elastic_chief_lost_across_hosts no_master
          wrong_secret)
 fi
 
@@ -503,6 +503,41 @@ case_elastic_slurm_replacement() {
     fail "the chief does not say the job took the replacement in"
   grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||
     fail "the replacement does not say it joined"
+}
+
+# 4 hosts of one worker: rank 0 killed, so that the next chief, rank 1, is on another host than
+# the job's rendezvous address. It opens the job's door on its own listener and says where; a
+# process started again on host 1 with that address joins, to the same bits.
+case_elastic_chief_lost_across_hosts() {
+  local reference pid door
+  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+  COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}"
+  for pid in $(ip netns pids "$(namespace 1)"); do kill -9 "${pid}"; done
+  local waited=0 pattern="its door is at [0-9.]*:[0-9]* from now on"
+  while ! door="$(grep -o "${pattern}" "${started[1]}.out")" && ((waited < 300)); do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  door="${door#its door is at }"
+  door="${door% from now on}"
+  [[ -n "${door}" ]] || fail "rank 1, the next chief, does not say where the job's door is"
+  on 1 COHORT_JOIN=1 COHORT_RANK=0 COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR="${door%:*}" \
+    COHORT_MASTER_PORT="${door##*:}" COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- \
+    "${multi_worker}" "${elastic_job[@]}"
+  finish 120
+  local out
+  for out in "${started[@]:1}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  local chief="${started[1]}.out"
+  grep -q "cohort: workers 4 -> 3 at step .*(rank 0 lost: " "${chief}" ||
+    fail "the next chief does not say the job went on without rank 0"
+  grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${chief}" ||
+    fail "the next chief does not say the job took a worker in at its door"
+  local parameters
+  parameters="$(grep -o 'parameters [0-9a-f]*' "${chief}" | tail -1 | cut -d' ' -f2)"
+  [[ "${parameters}" == "${reference}" ]] ||
+    fail "parameters ${parameters}, expected ${reference}"
 }
 
 # A second host lost while the workers left take the newest state: on links of 20 Mbit/s the

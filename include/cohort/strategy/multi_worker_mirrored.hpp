@@ -413,12 +413,16 @@ class MultiWorkerMirrored {
       if (!tried_rendezvous_address_) hold_rendezvous_address();
       if (held_rendezvous_address_) {
         door_ = std::make_unique<transport::tcp::Door>(mesh, *held_rendezvous_address_);
+      } else if (door_on_own_listener_) {
+        door_ = std::make_unique<transport::tcp::Door>(mesh);
       }
     }
   }
 
   // A chief that is not the rank 0 that started the job (that one was lost): binds the job's
-  // rendezvous address for its door, once, and says whether it could.
+  // rendezvous address for its door, once, and says whether it could. Where that address is
+  // another host's, the door is on this process's own listener (every rank of an elastic job
+  // keeps listening), and it says where: a process started again finds the job there.
   [[gnu::cold]] void hold_rendezvous_address() requires kRegroups {
     tried_rendezvous_address_ = true;
     const cluster::Spec& spec = process_.spec();
@@ -426,10 +430,15 @@ class MultiWorkerMirrored {
     const std::optional<std::string> here =
         cluster::rendezvous_address_here(spec, process_.binding(), cluster::system_probe());
     if (!here) {
+      const transport::tcp::Tcp& mesh = cross_->transport();
+      const transport::tcp::Address& own = mesh.addresses()[static_cast<std::size_t>(mesh.rank())];
+      door_on_own_listener_ = true;
       std::fprintf(stderr,
-                   "cohort: rank 0: the job takes no process in from now on: its rendezvous "
-                   "address %s, where its first rank 0 was, is another host's\n",
-                   address.c_str());
+                   "cohort: rank 0: the job's rendezvous address %s, where its first rank 0 "
+                   "was, is another host's: its door is at %s:%u from now on, where a process "
+                   "started again finds the job (COHORT_MASTER_ADDR, COHORT_MASTER_PORT, "
+                   "COHORT_JOIN=1)\n",
+                   address.c_str(), own.host.c_str(), static_cast<unsigned>(own.port));
       return;
     }
     try {
@@ -510,7 +519,8 @@ class MultiWorkerMirrored {
   // the membership changes so that a process knocking there waits in its queue meanwhile.
   std::optional<transport::tcp::Listener> held_rendezvous_address_;
   bool tried_rendezvous_address_ = false;
-  std::unique_ptr<transport::tcp::Door> door_;  // the chief's, at that address
+  bool door_on_own_listener_ = false;           // where that address is another host's
+  std::unique_ptr<transport::tcp::Door> door_;  // the chief's, at that address or its own
   // An elastic job's: what this process's replica keeps of its stripes in this membership, and
   // after a regroup, the lost membership's (kept_stripes.hpp).
   detail::KeptStripes kept_{};
