@@ -505,6 +505,23 @@ case_elastic_slurm_replacement() {
     fail "the replacement does not say it joined"
 }
 
+# took_rank_0_back PARAMETERS: every process but the lost rank 0 exited 0, and the next chief,
+# rank 1 (started second), said that the job went on without rank 0 and took a process back, and
+# ended with PARAMETERS.
+took_rank_0_back() {
+  local expected="$1" out chief="${started[1]}.out" parameters
+  for out in "${started[@]:1}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  grep -q "cohort: workers 4 -> 3 at step .*(rank 0 lost: " "${chief}" ||
+    fail "the next chief does not say the job went on without rank 0"
+  grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${chief}" ||
+    fail "the next chief does not say the job took a process back"
+  parameters="$(grep -o 'parameters [0-9a-f]*' "${chief}" | tail -1 | cut -d' ' -f2)"
+  [[ "${parameters}" == "${expected}" ]] ||
+    fail "parameters ${parameters}, expected ${expected}"
+}
+
 # 4 hosts of one worker: rank 0 killed, so that the next chief, rank 1, is on another host than
 # the job's rendezvous address. It opens the job's door on its own listener and says where; a
 # process started again on host 1 with that address joins, to the same bits.
@@ -525,19 +542,7 @@ case_elastic_chief_lost_across_hosts() {
     COHORT_MASTER_PORT="${door##*:}" COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- \
     "${multi_worker}" "${elastic_job[@]}"
   finish 120
-  local out
-  for out in "${started[@]:1}"; do
-    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
-  done
-  local chief="${started[1]}.out"
-  grep -q "cohort: workers 4 -> 3 at step .*(rank 0 lost: " "${chief}" ||
-    fail "the next chief does not say the job went on without rank 0"
-  grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${chief}" ||
-    fail "the next chief does not say the job took a worker in at its door"
-  local parameters
-  parameters="$(grep -o 'parameters [0-9a-f]*' "${chief}" | tail -1 | cut -d' ' -f2)"
-  [[ "${parameters}" == "${reference}" ]] ||
-    fail "parameters ${parameters}, expected ${reference}"
+  took_rank_0_back "${reference}"
 }
 
 # A second host lost while the workers left take the newest state: on links of 20 Mbit/s the
@@ -588,24 +593,12 @@ case_elastic_chief_rejoins() {  # 2 hosts of 2 workers: rank 0 killed, started a
   # Started again on its host, as cohort-run would: it says that it joins.
   on 1 COHORT_JOIN=1 COHORT_RANK=0 "${elastic[@]}" -- "${multi_worker}" "${elastic_job[@]}"
   finish 120
-  local out
-  for out in "${started[@]:1}"; do
-    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
-  done
+  took_rank_0_back "${reference}"
   # Rank 1, on rank 0's host, is the chief now, and keeps the job's door at the master address.
-  local chief="${started[1]}.out"
   grep -q "cohort: rank 0: keeps the job's door at ${net}.1:29500, where its first rank 0 was" \
-    "${chief}" || fail "the next chief does not keep the door at the master address"
-  grep -q "cohort: workers 4 -> 3 at step .*(rank 0 lost: " "${chief}" ||
-    fail "the chief does not say the job went on without rank 0"
-  grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${chief}" ||
-    fail "the chief does not say the job took a worker back"
+    "${started[1]}.out" || fail "the next chief does not keep the door at the master address"
   grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||
     fail "rank 0 started again does not say it joined"
-  local parameters
-  parameters="$(grep -o 'parameters [0-9a-f]*' "${chief}" | tail -1 | cut -d' ' -f2)"
-  [[ "${parameters}" == "${reference}" ]] ||
-    fail "parameters ${parameters}, expected ${reference}"
 }
 
 case_no_master() {  # ranks 1 to 3 with no rank 0: each names what it could not reach
