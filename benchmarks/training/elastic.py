@@ -239,24 +239,19 @@ CYCLES_MODEL = ["--layers", "8,256,256,10", "--batch", "128", "--micro-batches",
                 "1", "--no-validation", "--quiet"]
 
 
-def process_usage(pid):
-    """(open descriptors, resident KiB) of process `pid`."""
-    descriptors = len(os.listdir(f"/proc/{pid}/fd"))
-    with open(f"/proc/{pid}/status") as status:
-        resident = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
-    return descriptors, resident
-
-
-def memory_of(pid):
-    """Process `pid`'s resident KiB: in all, of its own (anonymous), and of shared memory."""
+def usage_of(pid):
+    """Process `pid`'s open descriptors and resident KiB: in all (VmRSS), of its own (RssAnon) and
+    of shared memory (RssShmem)."""
     with open(f"/proc/{pid}/status") as status:
         fields = dict(line.split(":", 1) for line in status if line.startswith(("VmRSS", "Rss")))
-    return {name: int(fields[name].split()[0]) for name in ("VmRSS", "RssAnon", "RssShmem")}
+    usage = {name: int(fields[name].split()[0]) for name in ("VmRSS", "RssAnon", "RssShmem")}
+    usage["descriptors"] = len(os.listdir(f"/proc/{pid}/fd"))
+    return usage
 
 
 class LastMemory(threading.Thread):
-    """Reads the memory (memory_of) and the descriptors of the process of rank `rank` under
-    cohort-run `launcher` every 0.2 s until it ends; `last` is the last reading (its final size)."""
+    """Reads the usage (usage_of) of the process of rank `rank` under cohort-run `launcher` every
+    0.2 s until it ends; `last` is the last reading (its final size)."""
 
     def __init__(self, launcher, rank):
         super().__init__(daemon=True)
@@ -269,8 +264,7 @@ class LastMemory(threading.Thread):
             observer = descendant_with(self.launcher.pid, f"COHORT_RANK={self.rank}")
             try:
                 if observer is not None:
-                    self.last = dict(memory_of(observer),
-                                     descriptors=len(os.listdir(f"/proc/{observer}/fd")))
+                    self.last = usage_of(observer)
             except (OSError, KeyError):
                 pass
             time.sleep(0.2)
@@ -321,9 +315,10 @@ def cycles(build, count):
         time.sleep(0.2)
         observer = descendant_with(process.pid, "COHORT_RANK=1")
     time.sleep(2.0)  # the job formed, its first steps taken
-    baseline = process_usage(observer)
-    launcher_baseline = process_usage(process.pid)[0]
-    print(f"rank 1 before the first kill: {baseline[0]} descriptors, {baseline[1]} KiB resident; "
+    baseline = usage_of(observer)
+    launcher_baseline = usage_of(process.pid)["descriptors"]
+    print(f"rank 1 before the first kill: {baseline['descriptors']} descriptors, "
+          f"{baseline['VmRSS']} KiB resident; "
           f"cohort-run: {launcher_baseline} descriptors")
     print("| cycle | worker killed | taken back after (s) | rank 1 descriptors | rank 1 KiB | "
           "cohort-run descriptors |")
@@ -347,13 +342,13 @@ def cycles(build, count):
             break
         back = time.time() - killed
         time.sleep(0.3)  # the step after the change
-        usage = process_usage(observer)
-        launcher_usage = process_usage(process.pid)[0]
+        usage = usage_of(observer)
+        launcher_usage = usage_of(process.pid)["descriptors"]
         samples.append(usage)
         done = cycle
         if cycle <= 3 or cycle % 10 == 0 or cycle == count:
-            print(f"| {cycle} | rank {victim_rank} | {back:.2f} | {usage[0]} | {usage[1]} | "
-                  f"{launcher_usage} |")
+            print(f"| {cycle} | rank {victim_rank} | {back:.2f} | {usage['descriptors']} | "
+                  f"{usage['VmRSS']} | {launcher_usage} |")
             sys.stdout.flush()
     try:
         process.wait(timeout=3600)
@@ -366,16 +361,18 @@ def cycles(build, count):
     parameters = fingerprint_of(output)
     same = process.returncode == 0 and parameters == reference
     if samples:
-        print(f"rank 1 after {done} cycles: descriptors {baseline[0]} -> {samples[-1][0]} (most "
-              f"{max(s[0] for s in samples)}), resident KiB {baseline[1]} -> {samples[-1][1]} "
-              f"(most {max(s[1] for s in samples)})")
+        print(f"rank 1 after {done} cycles: descriptors {baseline['descriptors']} -> "
+              f"{samples[-1]['descriptors']} (most {max(s['descriptors'] for s in samples)}), "
+              f"resident KiB {baseline['VmRSS']} -> {samples[-1]['VmRSS']} "
+              f"(most {max(s['VmRSS'] for s in samples)})")
     # A leak grows with the cycles; what the first cycles allocate once (a new membership's
     # buffers, the allocator's arenas) does not.
     if len(samples) >= 20:
         later = range(10, len(samples))
-        slope = statistics.linear_regression(list(later), [samples[i][1] for i in later]).slope
+        resident = [samples[i]["VmRSS"] for i in later]
+        slope = statistics.linear_regression(list(later), resident).slope
         print(f"rank 1's resident memory from cycle 11 to {len(samples)}: {slope:+.2f} KiB per "
-              f"cycle (least squares), {samples[10][1]} -> {samples[-1][1]} KiB")
+              f"cycle (least squares), {samples[10]['VmRSS']} -> {samples[-1]['VmRSS']} KiB")
     # The chief's records grow with the fit's steps (Report::loss, a double per step): the same
     # fit without kills tells them apart from what the cycles keep.
     if final_memory.last and uninterrupted_memory.last:

@@ -358,6 +358,17 @@ elastic_job=(--layers "8,512,512,10" --examples 32768 --epochs 2 --quiet)
 
 # Starts the 4x1 COHORT_* job of the partitions with COHORT_TIMEOUT=$1 and the demo settings
 # ${@:2}, and waits until every rank has started training.
+# logged OUT PATTERN: waits until process OUT's output has a line matching PATTERN (30 s at most),
+# and prints the match.
+logged() {
+  local waited=0
+  until grep -o "$2" "$1.out" 2>/dev/null; do
+    ((waited < 300)) || return 1
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+}
+
 # Waits until $1 processes of the case said where they listen (30 s at most), then 1 s more: the
 # job is training.
 wait_until_training() {
@@ -530,11 +541,7 @@ case_elastic_chief_lost_across_hosts() {
   reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
   COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}"
   for pid in $(ip netns pids "$(namespace 1)"); do kill -9 "${pid}"; done
-  local waited=0 pattern="its door is at [0-9.]*:[0-9]* from now on"
-  while ! door="$(grep -o "${pattern}" "${started[1]}.out")" && ((waited < 300)); do
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  door="$(logged "${started[1]}" "its door is at [0-9.]*:[0-9]* from now on")"
   door="${door#its door is at }"
   door="${door% from now on}"
   [[ -n "${door}" ]] || fail "rank 1, the next chief, does not say where the job's door is"
@@ -551,7 +558,7 @@ case_elastic_chief_lost_across_hosts() {
 # regroup again and go on to the same bits.
 case_elastic_lost_while_state_travels() {
   local wide_job=(--layers "8,512,512,10" --examples 4096 --epochs 1 --quiet)
-  local reference pid waited=0
+  local reference pid
   reference="$("${mirrored}" --replicas 4 "${wide_job[@]}" | awk '$1 == 4 { print $5 }')"
   if ! hosts_shape 20mbit; then
     hosts_unshape 2>/dev/null
@@ -560,10 +567,7 @@ case_elastic_lost_while_state_travels() {
   fi
   COHORT_MIN_WORKERS=2 start_partition_job 8 "${wide_job[@]}"
   for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
-  while ! grep -q "regrouping after" "${started[1]}.out" && ((waited < 600)); do
-    sleep 0.05
-    waited=$((waited + 1))
-  done
+  logged "${started[1]}" "regrouping after" >/dev/null
   sleep 0.4
   for pid in $(ip netns pids "$(namespace 3)"); do kill -9 "${pid}"; done
   finish 120
