@@ -478,3 +478,25 @@ TEST_CASE("check_resolvable asks about the master and every listed address") {
           check_resolvable(spec);
         }).starts_with("workers[2] (from a test) = \"no-such-host.invalid\": does not resolve"));
 }
+
+TEST_CASE("the job's hosts, where a process that comes to a running job looks for its door") {
+  // COHORT_HOSTS first, each host once, in order.
+  CHECK(resolve_from({{"COHORT_RANK", "1"},
+                      {"COHORT_WORLD_SIZE", "4"},
+                      {"COHORT_MASTER_ADDR", "h1"},
+                      {"COHORT_HOSTS", "h1,h2,[::1],h2"}})
+            .hosts == Tasks{"h1", "h2", "::1"});
+  // TF_CONFIG: the chief's and the workers' hosts, not the servers'.
+  CHECK(resolve_from({{"TF_CONFIG", kTfConfigThreeWorkers}}).hosts ==
+        Tasks{"chief0", "worker0", "worker1", "worker2"});
+  // Slurm: the allocation's nodes, also under COHORT_* variables, where a replacement step's own
+  // list names its node alone.
+  CHECK(resolve_from({{"COHORT_RANK", "3"},
+                      {"COHORT_WORLD_SIZE", "4"},
+                      {"COHORT_MASTER_ADDR", "n1"},
+                      {"SLURM_STEP_NODELIST", "n4"},
+                      {"SLURM_JOB_NODELIST", "n[1-4]"}})
+            .hosts == Tasks{"n1", "n2", "n3", "n4"});
+  CHECK(resolve_from({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "m"}}).hosts.empty());
+  CHECK(error_from({{"COHORT_HOSTS", "h1,,h3"}}).starts_with("COHORT_HOSTS item 2 = \"\": "));
+}

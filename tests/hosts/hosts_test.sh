@@ -19,7 +19,10 @@
 # and twice the timeout after the fault), one host cut off for good from an elastic job (the
 # others go on to the same bits), a worker of an elastic job killed on its host and started there
 # again (it rejoins across the hosts, to the same bits), the same for rank 0 of 2 hosts of 2
-# workers (rank 1, on its host, keeps the job's door at the master address), the same for a pod
+# workers (rank 1, on its host, keeps the job's door at the master address), the same for rank 0
+# of 4 hosts of one worker, killed or its host cut off (the next chief opens the door at the
+# master port of its own host, and a process started again finds it there among the job's hosts,
+# from COHORT_HOSTS or TF_CONFIG), the same for a pod
 # of a PyTorchJob (the operator's variables, the pod started again with them) and for a Slurm
 # task (a replacement step of one task, as docs/launching.md gives it), a second host lost while
 # the workers left take the newest state (the two left regroup again, to the same bits), a wrong
@@ -36,7 +39,8 @@ if ((${#cases[@]} == 0)); then
          master_addr_2x2 names_two_per_host slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
          short_partition long_partition elastic_host_lost elastic_host_rejoins
          elastic_pytorchjob_rejoins elastic_slurm_replacement elastic_lost_while_state_travels
-         elastic_chief_rejoins elastic_chief_lost_across_hosts no_master
+         elastic_chief_rejoins elastic_chief_lost_across_hosts elastic_chief_host_lost_tf_config
+         no_master
          wrong_secret)
 fi
 
@@ -356,8 +360,6 @@ endless_job=(--layers "8,512,512,10" --examples 32768 --epochs 1000 --quiet)
 # again and taken back.
 elastic_job=(--layers "8,512,512,10" --examples 32768 --epochs 2 --quiet)
 
-# Starts the 4x1 COHORT_* job of the partitions with COHORT_TIMEOUT=$1 and the demo settings
-# ${@:2}, and waits until every rank has started training.
 # logged OUT PATTERN: waits until process OUT's output has a line matching PATTERN (30 s at most),
 # and prints the match.
 logged() {
@@ -381,6 +383,8 @@ wait_until_training() {
   sleep 1
 }
 
+# Starts the 4x1 COHORT_* job of the partitions with COHORT_TIMEOUT=$1 and the demo settings
+# ${@:2}, and waits until every rank has started training.
 start_partition_job() {
   local h
   for h in 1 2 3 4; do
@@ -534,21 +538,43 @@ took_rank_0_back() {
 }
 
 # 4 hosts of one worker: rank 0 killed, so that the next chief, rank 1, is on another host than
-# the job's rendezvous address. It opens the job's door on its own listener and says where; a
-# process started again on host 1 with that address joins, to the same bits.
+# the job's rendezvous address. It opens the job's door at the same port of its own host and says
+# so; a process started again on host 1 with rank 0's variables, COHORT_JOIN=1 and the job's hosts
+# (COHORT_HOSTS) finds it there by itself, to the same bits.
 case_elastic_chief_lost_across_hosts() {
-  local reference pid door
+  local reference pid
   reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
   COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}"
   for pid in $(ip netns pids "$(namespace 1)"); do kill -9 "${pid}"; done
-  door="$(logged "${started[1]}" "its door is at [0-9.]*:[0-9]* from now on")"
-  door="${door#its door is at }"
-  door="${door% from now on}"
-  [[ -n "${door}" ]] || fail "rank 1, the next chief, does not say where the job's door is"
-  on 1 COHORT_JOIN=1 COHORT_RANK=0 COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR="${door%:*}" \
-    COHORT_MASTER_PORT="${door##*:}" COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- \
+  logged "${started[1]}" "its door is at ${net}.2:29500 from now on" >/dev/null ||
+    fail "rank 1, the next chief, does not say that the job's door is at port 29500 of its host"
+  on 1 COHORT_JOIN=1 COHORT_RANK=0 COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
+    COHORT_MASTER_PORT=29500 COHORT_HOSTS=h1,h2,h3,h4 COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- \
     "${multi_worker}" "${elastic_job[@]}"
   finish 120
+  took_rank_0_back "${reference}"
+}
+
+# 4 hosts under TF_CONFIG, host 1's link cut for good: the next chief, rank 1, opens the job's door
+# at TF_CONFIG's port on its own host. A process started on host 5 with task 0's TF_CONFIG and
+# COHORT_JOIN=1, as an operator that moves a lost pod to another node would start it, finds the
+# door there by itself, past host 1, which answers nothing.
+case_elastic_chief_host_lost_tf_config() {
+  local reference h
+  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+  local workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\""
+  for h in 1 2 3 4; do
+    on "${h}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)))" COHORT_TIMEOUT=4 \
+      COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${elastic_job[@]}"
+  done
+  wait_until_training 4
+  ip link set "$(hosts_link 1)" down
+  logged "${started[1]}" "its door is at ${net}.2:2222 from now on" >/dev/null ||
+    fail "rank 1, the next chief, does not say that the job's door is at port 2222 of its host"
+  on 5 TF_CONFIG="$(tf_config "${workers}" worker 0)" COHORT_JOIN=1 COHORT_TIMEOUT=4 \
+    COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${elastic_job[@]}"
+  finish 120
+  ip link set "$(hosts_link 1)" up
   took_rank_0_back "${reference}"
 }
 

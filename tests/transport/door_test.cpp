@@ -4,11 +4,17 @@
 // stranger is refused at the door, and the door goes on; a newcomer that never comes fails the
 // grow within its timeout, and the members regroup from the mesh they had; once the rank 0 that
 // started the job is lost, the next one keeps the door at the job's rendezvous address, where a
-// process started again as rank 0 joins; a process that joins finds no door at a job that starts;
+// process started again as rank 0 joins; where that address is another host's, it keeps the door
+// at the same port of its own host, where a process that joins finds it among the job's hosts;
+// a process that joins finds no door at a job that starts;
 // a flood of idle connections at the door is held to max_pending_connections, and a process
 // started for the job still comes in.
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <poll.h>
+#include <sys/socket.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cohort/transport/tcp/door.hpp>
@@ -21,6 +27,7 @@
 #include <latch>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -221,6 +228,97 @@ TEST_CASE(
   REQUIRE(joiner.has_value());
   CHECK(joiner->rank() == 2);
   CHECK(joiner->size() == 3);
+  CHECK(joiner->options().epoch == 2);
+}
+
+namespace {
+
+// A program that is no cohort rank, at `host`:`port`: it reads what each connection sends first,
+// answers with a line of another protocol and closes it, until `stop`.
+std::thread stranger_at(const char* host, std::uint16_t port, const std::atomic<bool>& stop) {
+  RawSocket listening(::socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in address = loopback(port);
+  REQUIRE(::inet_pton(AF_INET, host, &address.sin_addr) == 1);
+  REQUIRE(::bind(listening.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
+  REQUIRE(::listen(listening.fd(), 8) == 0);
+  return std::thread([listening = std::move(listening), &stop] {
+    while (!stop) {
+      pollfd ready{.fd = listening.fd(), .events = POLLIN, .revents = 0};
+      if (::poll(&ready, 1, 20) != 1) continue;
+      const RawSocket connection(::accept(listening.fd(), nullptr, nullptr));
+      std::array<char, 4096> request{};
+      if (::recv(connection.fd(), request.data(), request.size(), 0) <= 0) continue;
+      constexpr std::string_view kAnswer =
+          "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 36\r\n"
+          "\r\nThis port serves another program.\r\n";
+      ::send(connection.fd(), kAnswer.data(), kAnswer.size(), MSG_NOSIGNAL);
+      ::shutdown(connection.fd(), SHUT_WR);
+      while (::recv(connection.fd(), request.data(), request.size(), 0) > 0) {
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TEST_CASE(
+    "once rank 0's host is lost, the next rank 0 keeps the door at the job's port on its own host, "
+    "and a process started again finds it among the job's hosts, past a stranger at that port of "
+    "another") {
+  std::promise<std::uint16_t> port_promise;
+  std::shared_future<std::uint16_t> port = port_promise.get_future().share();
+  std::promise<void> admitted;
+  std::shared_future<void> grow = admitted.get_future().share();
+  std::latch regrouped(2);
+  std::atomic<bool> stop = false;
+  std::thread stranger;
+  std::optional<tcp::Tcp> joiner;
+  std::string joiner_error;
+  std::thread joining([&] {
+    // The job's hosts as 127.0.0.2 (the stranger's) and 127.0.0.3 (the next rank 0's).
+    tcp::Options options = started_again(0, 3, port.get(), kSecret);
+    options.joins_running_job = true;
+    options.door_hosts = {"127.0.0.2", "127.0.0.3"};
+    try {
+      joiner.emplace(options);
+      ring_once(*joiner);
+    } catch (const cohort::CommError& error) {
+      joiner_error = error.what();
+    }
+  });
+  const auto errors = run_ranks(
+      3,
+      [&](tcp::Tcp& mesh) {
+        if (mesh.rank() == 0) {
+          stranger = stranger_at("127.0.0.2", mesh.rendezvous_port(), stop);
+          port_promise.set_value(mesh.rendezvous_port());
+          return;
+        }
+        wait_for_loss_of(mesh, 0);
+        tcp::Regrouped next =
+            tcp::regroup(mesh, {.min_size = 2, .probe_timeout = std::chrono::seconds(2)});
+        regrouped.arrive_and_wait();
+        if (next.transport.rank() == 0) {
+          const tcp::Listener held(next.transport.options(), {"127.0.0.3", port.get()});
+          tcp::Door door(next.transport, held);
+          const bool came = wait_at(door, 1);
+          CHECK(door.welcome(1) == 1);
+          admitted.set_value();  // also where it did not come: the other fails its grow, bounded
+          REQUIRE(came);
+        } else {
+          grow.wait();
+        }
+        tcp::Tcp grown = tcp::grow(next.transport, 1, std::chrono::seconds(10));
+        ring_once(grown);
+      },
+      elastic);
+  joining.join();
+  stop = true;
+  stranger.join();
+  require_no_errors(errors);
+  CHECK(joiner_error == "");
+  REQUIRE(joiner.has_value());
+  CHECK(joiner->rank() == 2);
   CHECK(joiner->options().epoch == 2);
 }
 

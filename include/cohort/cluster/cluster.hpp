@@ -84,6 +84,11 @@ struct Spec {
   std::vector<std::string> parameter_servers;
   std::string master_address = "127.0.0.1";  // where rank 0 listens for the rendezvous
   std::uint16_t master_port = kDefaultMasterPort;
+  // The job's hosts, each once, in the order the launch lists them: COHORT_HOSTS, else TF_CONFIG's
+  // chief and workers, else Slurm's allocation (SLURM_JOB_NODELIST); empty where none does. A
+  // process that joins a running elastic job looks for its door at each, at master_port, after
+  // master_address: once the job's first rank 0 is lost, the next opens the door on its own host.
+  std::vector<std::string> hosts;
   std::string job_id;  // "" when no source names the job
   std::string source;  // which source decided, as describe() prints it
   // A parameter-server job described by COHORT_* variables (no address lists): the number of

@@ -61,6 +61,10 @@ inline constexpr std::string_view kMaxWorkers = "COHORT_MAX_WORKERS";
 // its COHORT_RANK: strategy/elastic.hpp); 0 or unset: it starts the job with the others
 // (parse_switch). cohort-run sets it on the ranks it starts again.
 inline constexpr std::string_view kJoin = "COHORT_JOIN";
+// The job's hosts, comma-separated ("h1,h2,h3"): where a process that joins looks for the job's
+// door after COHORT_MASTER_ADDR, at COHORT_MASTER_PORT (cluster::Spec::hosts). TF_CONFIG and
+// Slurm's allocation give it without this.
+inline constexpr std::string_view kHosts = "COHORT_HOSTS";
 // Roles of a parameter-server job (strategy/parameter_server.hpp). COHORT_ROLE is "worker" (the
 // default), "chief" or "ps"; COHORT_RANK and COHORT_WORLD_SIZE then count the processes of that
 // role only (chief and workers together), as TF_CONFIG's task index does. A worker learns the
@@ -93,7 +97,7 @@ inline constexpr std::string_view kWorkerCount = "COHORT_WORKER_COUNT";
 // The two timeouts are durations (parse_duration): "30" or "30s", "500ms", "5min".
 inline constexpr std::array kCohortDescription = {
     kRank,  kWorldSize, kLocalRank, kLocalWorldSize, kMasterAddr, kMasterPort,
-    kJobId, kRole,      kPsCount,   kWorkerCount,    kJoin};
+    kJobId, kRole,      kPsCount,   kWorkerCount,    kJoin,       kHosts};
 
 // The variables by which other launchers (torchrun, Open MPI, the TensorFlow training operator)
 // give a rank and a world size. A launcher that defines its children's world itself, as

@@ -421,8 +421,9 @@ class MultiWorkerMirrored {
 
   // A chief that is not the rank 0 that started the job (that one was lost): binds the job's
   // rendezvous address for its door, once, and says whether it could. Where that address is
-  // another host's, the door is on this process's own listener (every rank of an elastic job
-  // keeps listening), and it says where: a process started again finds the job there.
+  // another host's, it binds the job's rendezvous port on its own host, where a process that joins
+  // looks next (the job's hosts: cluster::Spec::hosts), else the door is on this process's own
+  // listener (every rank of an elastic job keeps listening); it says where either way.
   [[gnu::cold]] void hold_rendezvous_address() requires kRegroups {
     tried_rendezvous_address_ = true;
     const cluster::Spec& spec = process_.spec();
@@ -430,15 +431,7 @@ class MultiWorkerMirrored {
     const std::optional<std::string> here =
         cluster::rendezvous_address_here(spec, process_.binding(), cluster::system_probe());
     if (!here) {
-      const transport::tcp::Tcp& mesh = cross_->transport();
-      const transport::tcp::Address& own = mesh.addresses()[static_cast<std::size_t>(mesh.rank())];
-      door_on_own_listener_ = true;
-      std::fprintf(stderr,
-                   "cohort: rank 0: the job's rendezvous address %s, where its first rank 0 "
-                   "was, is another host's: its door is at %s:%u from now on, where a process "
-                   "started again finds the job (COHORT_MASTER_ADDR, COHORT_MASTER_PORT, "
-                   "COHORT_JOIN=1)\n",
-                   address.c_str(), own.host.c_str(), static_cast<unsigned>(own.port));
+      hold_own_host_port(address);
       return;
     }
     try {
@@ -450,6 +443,32 @@ class MultiWorkerMirrored {
     } catch (const CommError& failure) {
       std::fprintf(stderr, "cohort: rank 0: the job takes no process in from now on: %s\n",
                    failure.what());
+    }
+  }
+
+  // The door of a chief on another host than the job's rendezvous `address`: at the job's
+  // rendezvous port on this host where it is free, else on this process's own listener.
+  [[gnu::cold]] void hold_own_host_port(const std::string& address) requires kRegroups {
+    const cluster::Spec& spec = process_.spec();
+    const transport::tcp::Tcp& mesh = cross_->transport();
+    const transport::tcp::Address& own = mesh.addresses()[static_cast<std::size_t>(mesh.rank())];
+    const std::string door = "cohort: rank 0: the job's rendezvous address " + address +
+                             ", where its first rank 0 was, is another host's: its door is at " +
+                             own.host + ":";
+    try {
+      held_rendezvous_address_.emplace(
+          mesh.options(), transport::tcp::Address{process_.binding().address, spec.master_port});
+      std::fprintf(stderr,
+                   "%s%u from now on, the job's rendezvous port on this host, where a process "
+                   "that joins (COHORT_JOIN=1) finds it among the job's hosts\n",
+                   door.c_str(), static_cast<unsigned>(spec.master_port));
+    } catch (const CommError& failure) {
+      door_on_own_listener_ = true;
+      std::fprintf(stderr,
+                   "%s%u from now on, on this rank's own listener (%s), where a process that joins "
+                   "finds it only when told (COHORT_MASTER_ADDR, COHORT_MASTER_PORT, "
+                   "COHORT_JOIN=1)\n",
+                   door.c_str(), static_cast<unsigned>(own.port), failure.what());
     }
   }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -238,16 +239,46 @@ COHORT_DECL std::optional<Reading> read_torchrun(const Reader& reader) {
   return reading;
 }
 
-// The allocation's node list and the variable it came from, if Slurm gives one.
-COHORT_DECL std::optional<std::pair<std::string, std::vector<std::string>>> slurm_nodes(
-    const Reader& reader) {
-  for (const std::string_view name :
-       {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+// The first of Slurm's node lists `names` that is set, and its name.
+COHORT_DECL std::optional<std::pair<std::string, std::vector<std::string>>> first_node_list(
+    const Reader& reader, std::initializer_list<std::string_view> names) {
+  for (const std::string_view name : names) {
     if (const auto list = reader.get(name)) {
       return std::pair{std::string(name), expand_node_list(*list, name)};
     }
   }
   return std::nullopt;
+}
+
+// The step's node list and the variable it came from, if Slurm gives one.
+COHORT_DECL std::optional<std::pair<std::string, std::vector<std::string>>> slurm_nodes(
+    const Reader& reader) {
+  return first_node_list(reader, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
+}
+
+// Spec::hosts: COHORT_HOSTS, else the hosts of TF_CONFIG's tasks that train, else the allocation's
+// nodes (a replacement step's own list names its node alone), each once, in order.
+COHORT_DECL std::vector<std::string> job_hosts(const Spec& spec, const Reader& reader) {
+  std::vector<std::string> hosts;
+  const auto add = [&hosts](std::string host) {
+    if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) hosts.push_back(std::move(host));
+  };
+  if (const auto listed = reader.get(variable::kHosts)) {
+    std::string_view rest = *listed;
+    for (int item = 1;; ++item) {
+      const std::size_t comma = rest.find(',');
+      add(parse_host(std::string(variable::kHosts) + " item " + std::to_string(item),
+                     rest.substr(0, comma)));
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+  } else if (!spec.workers.empty()) {
+    for (const std::string& worker : spec.workers) add(parse_host_port(kTfConfigName, worker).host);
+  } else if (const auto nodes = first_node_list(
+                 reader, {"SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_STEP_NODELIST"})) {
+    for (const std::string& node : nodes->second) add(node);
+  }
+  return hosts;
 }
 
 COHORT_DECL std::optional<Reading> read_open_mpi(const Reader& reader) {
@@ -347,6 +378,7 @@ COHORT_DECL Spec settle(Reading reading, const Explicit& given, const Reader& re
   } else {
     spec.job_id = reader.get(variable::kJobId).value_or(reading.job_id.value_or(""));
   }
+  spec.hosts = job_hosts(spec, reader);
   return spec;
 }
 

@@ -86,6 +86,7 @@ template <class StrategyOptions>
   if constexpr (requires { options.elastic.enabled(); }) {
     tcp.keep_listening = options.elastic.enabled();
     tcp.joins_running_job = options.elastic.joins_running_job;
+    if (tcp.keep_listening) tcp.door_hosts = spec.hosts;
   }
   const std::string encrypt = environment_or(std::string(cluster::variable::kEncrypt).c_str(), "");
   if (!encrypt.empty()) {

@@ -1,8 +1,9 @@
 // tcp::Door: where a process started for a running elastic job asks to join it. The job's rank 0
 // keeps a door open at the job's rendezvous address while the mesh runs: the rank 0 that started
 // the job on the socket it listens on (Options::keep_listening), a later one (the first was lost)
-// on a socket it binds there itself, where that address is its host's, else on its own listener
-// (its address then printed for the processes started again):
+// on a socket it binds there itself, where that address is its host's, else at the same port of
+// its own host, where a process started again looks next (Options::door_hosts), else on its own
+// listener (its address then printed for the processes started again):
 //
 //   tcp::Door door(mesh);                 // rank 0 that started the job, once the mesh is up
 //   tcp::Listener held(mesh.options(), {"127.0.0.1", 29500});   // or, a later rank 0: bound once,

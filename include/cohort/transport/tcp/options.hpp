@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cohort/core/options.hpp"
 
@@ -50,6 +51,12 @@ struct Options {
   // included, it knocks at rendezvous_host:rendezvous_port as the other ranks do, and never hosts
   // a rendezvous of its own; the door gives it its place. A job that is starting there refuses it.
   bool joins_running_job = false;
+  // Where a rank other than the job's first rank 0 looks for rank 0 after rendezvous_host, each at
+  // rendezvous_port, in turn: an elastic job's other hosts (cluster::Spec::hosts). Once the first
+  // rank 0 is lost, the next opens the job's door on its own host, at that port where it is free,
+  // and a process started again finds it there (one that joins, or one that knocks as it did at
+  // the start). An attempt at one of several addresses lasts at most 2 s.
+  std::vector<std::string> door_hosts{};
   // Shared by every rank of the job. Empty: no authentication. Otherwise every connection proves
   // knowledge of it with HMAC-SHA256 challenge-response, the connecting side first
   // (handshake.hpp), and a connection that cannot is dropped and logged while the rendezvous goes

@@ -128,6 +128,11 @@ inline void tune(Socket& socket, const Options& options) {
 // again once it has regrouped (about 0.3 s on one host: docs/launching.md, "Elastic jobs").
 inline constexpr std::chrono::seconds kDoorRegroupGrace{3};
 
+// How long a connection attempt to one of several addresses lasts before the next is tried: a
+// host that is lost, or whose link is cut, answers nothing, and the kernel would try it for
+// minutes while the door is at another.
+inline constexpr std::chrono::seconds kConnectAttemptLimit{2};
+
 // A setup message as read: the frame's bytes, kept whole because the handshake's HMAC covers
 // the hellos exactly as they travelled.
 struct SetupMessage {
@@ -191,6 +196,7 @@ struct Connection {
   bool outbound;
   bool authenticated = false;  // proved the secret (or, without one, completed the handshake)
   bool timed_out = false;
+  std::size_t attempt = 0;     // an outbound one's connection attempts that ended
   std::string remote_address;  // where an accepted connection came from
   std::string local_address;   // and where it arrived: rank 0's address as that peer reaches it
   std::string from = "a peer at an unknown address";
@@ -546,7 +552,15 @@ class Rendezvous {
   }
 
   std::string where_rank_0() const {
-    return options_.rendezvous_host + ":" + std::to_string(options_.rendezvous_port);
+    std::string where = options_.rendezvous_host + ":" + std::to_string(options_.rendezvous_port);
+    if (!options_.door_hosts.empty()) {
+      where += " (and port " + std::to_string(options_.rendezvous_port) + " of ";
+      for (const std::string& host : options_.door_hosts) {
+        where += (&host == &options_.door_hosts.front() ? "" : ", ") + host;
+      }
+      where += ")";
+    }
+    return where;
   }
 
   std::string join_timeout_message() const {
@@ -783,40 +797,38 @@ class Rendezvous {
 
   // Connects to `peer` at the first endpoint that answers and runs the handshake. Connection
   // refused (the peer does not listen yet) and a drop before the peer's hello (its listener was
-  // flooded) are retried, backing off, until the deadline ends the rendezvous.
+  // flooded) are retried, backing off, until the deadline ends the rendezvous. Where there are
+  // several endpoints, an attempt at one lasts at most kConnectAttemptLimit; the first `given`
+  // are the peer's own, and whatever answers at one of the others (Options::door_hosts) without
+  // proving to be the peer of this job (another service, another job, another secret) is passed
+  // over: the peer is elsewhere.
   [[gnu::cold]] Awaitable<Expected<Peer>> connect_to(std::vector<asio::ip::tcp::endpoint> endpoints,
-                                                     int peer) {
+                                                     int peer, std::size_t given) {
     auto backoff = std::chrono::milliseconds(5);
     for (;;) {
-      auto connection = std::make_shared<Connection>(io_, /*outbound=*/true);
-      connections_.push_back(connection);
-      ErrorCode ec;
-      for (const auto& endpoint : endpoints) {
-        co_await connection->socket.async_connect(endpoint,
+      bool every_one_refused = true;
+      for (std::size_t index = 0; index < endpoints.size(); ++index) {
+        auto connection = std::make_shared<Connection>(io_, /*outbound=*/true);
+        connections_.push_back(connection);
+        ErrorCode ec;
+        if (endpoints.size() > 1) limit_attempt(connection);
+        co_await connection->socket.async_connect(endpoints[index],
                                                   asio::redirect_error(use_awaitable, ec));
-        if (!ec) break;
-        last_connect_error_ = ec.message();
-        last_connect_refused_ = ec == asio::error::connection_refused;
-        close(connection->socket);
-      }
-      if (ec && roll_call_ && last_connect_refused_) {  // the process ended, or left
-        co_return Refusal{Refusal::Kind::kClosed, rank_name(peer) + " refused the connection"};
-      }
-      if (ec && peer == 0 && waited_at_door_ && last_connect_refused_) {
-        // Where a running job's door was, nobody listens: the job ended, or lost its rank 0, whose
-        // successor opens the door there again once the job has regrouped, where it can.
-        if (door_gone_since_ == Clock::time_point{}) door_gone_since_ = Clock::now();
-        if (Clock::now() - door_gone_since_ > kDoorRegroupGrace) {
-          co_return Refusal{Refusal::Kind::kClosed,
-                            "the job at " + where_rank_0() +
-                                " ended, or lost its rank 0 and opened no door there again, "
-                                "before it took this rank in"};
+        ++connection->attempt;
+        connection->deadline.cancel();
+        if (stopping()) co_return Refusal{Refusal::Kind::kClosed, "stopped"};
+        if (ec) {
+          last_connect_error_ = ec == asio::error::operation_aborted
+                                    ? "no answer from " + endpoint_text(endpoints[index]) +
+                                          " within " +
+                                          std::to_string(kConnectAttemptLimit.count()) + " s"
+                                    : ec.message();
+          every_one_refused = every_one_refused && ec == asio::error::connection_refused;
+          close(connection->socket);
+          continue;
         }
-      } else if (!ec) {
+        every_one_refused = false;
         door_gone_since_ = {};
-      }
-      if (stopping()) co_return Refusal{Refusal::Kind::kClosed, "stopped"};
-      if (!ec) {
         tune(connection->socket, options_);
         Expected<Introduction> introduced =
             co_await handshake_as_connector(connection->socket, peer);
@@ -826,16 +838,44 @@ class Rendezvous {
           co_return Peer{connection, std::move(*introduced)};
         }
         const Refusal& refusal = introduced.refusal();
-        if (refusal.kind != Refusal::Kind::kClosed || stopping()) co_return refusal;
-        last_connect_error_ = refusal.reason;
-        last_connect_refused_ = false;
+        if (stopping() || (refusal.kind != Refusal::Kind::kClosed && index < given)) {
+          co_return refusal;
+        }
+        last_connect_error_ =
+            (index < given ? "" : endpoint_text(endpoints[index]) + ": ") + refusal.reason;
         close(connection->socket);
       }
+      last_connect_refused_ = every_one_refused;
+      if (roll_call_ && every_one_refused) {  // the process ended, or left
+        co_return Refusal{Refusal::Kind::kClosed, rank_name(peer) + " refused the connection"};
+      }
+      if (peer == 0 && waited_at_door_ && every_one_refused) {
+        // Where a running job's door was, nobody listens: the job ended, or lost its rank 0, whose
+        // successor opens the door there again once the job has regrouped, where it can.
+        if (door_gone_since_ == Clock::time_point{}) door_gone_since_ = Clock::now();
+        if (Clock::now() - door_gone_since_ > kDoorRegroupGrace) {
+          co_return Refusal{Refusal::Kind::kClosed,
+                            "the job at " + where_rank_0() +
+                                " ended, or lost its rank 0 and opened no door there again, "
+                                "before it took this rank in"};
+        }
+      }
+      ErrorCode ec;
       Timer pause(io_, backoff);
       co_await pause.async_wait(asio::redirect_error(use_awaitable, ec));
       if (stopping()) co_return Refusal{Refusal::Kind::kClosed, "stopped"};
       backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
     }
+  }
+
+  // Bounds the connection attempt `connection` starts next to kConnectAttemptLimit: closing its
+  // socket ends the attempt (operation_aborted), where it is still that attempt.
+  void limit_attempt(const ConnectionPtr& connection) {
+    const std::size_t attempt = connection->attempt;
+    connection->deadline.expires_at(std::min(Clock::now() + kConnectAttemptLimit, deadline_));
+    connection->deadline.async_wait([connection, attempt](const ErrorCode& ec) {
+      if (!ec && connection->attempt == attempt) close(connection->socket);
+    });
   }
 
   // Where `address` is reached: its numeric address, or every address its name resolves to.
@@ -865,8 +905,10 @@ class Rendezvous {
       fail("rendezvous_host: " + endpoints.refusal().reason);
       co_return;
     }
+    const std::size_t own = endpoints->size();
+    co_await add_door_hosts(*endpoints);
     for (;;) {
-      Expected<Peer> root = co_await connect_to(*endpoints, 0);
+      Expected<Peer> root = co_await connect_to(*endpoints, 0, own);
       if (!root) {
         fail(root.refusal().told(), 0);
         co_return;
@@ -904,6 +946,26 @@ class Rendezvous {
     }
   }
 
+  // Where a rank that comes to a running job looks for its door after the rendezvous address: each
+  // of the job's other hosts at the same port (Options::door_hosts), in order. A host that does
+  // not resolve is left out, and said so.
+  [[gnu::cold]] Awaitable<void> add_door_hosts(std::vector<asio::ip::tcp::endpoint>& endpoints) {
+    for (const std::string& host : options_.door_hosts) {
+      const Address address{host, options_.rendezvous_port};  // named: a temporary argument of a
+      auto found = co_await endpoints_of(address);            // co_await is freed twice by GCC 12
+      if (!found) {
+        std::fprintf(stderr, "cohort: rank %d: looks for rank 0 at host %s no more: %s\n",
+                     options_.rank, host.c_str(), found.refusal().reason.c_str());
+        continue;
+      }
+      for (const auto& endpoint : *found) {
+        if (std::find(endpoints.begin(), endpoints.end(), endpoint) == endpoints.end()) {
+          endpoints.push_back(endpoint);
+        }
+      }
+    }
+  }
+
   // The roll call: asks `rank` at `address` whether its process is there, until it answers, its
   // connection is refused, or the roll call ends.
   [[gnu::cold]] Awaitable<void> ask(int rank, Address address) {
@@ -912,7 +974,8 @@ class Rendezvous {
       answers_[idx(rank)] = Answer::kSilent;
       co_return;
     }
-    Expected<Peer> answer = co_await connect_to(std::move(*endpoints), rank);
+    const std::size_t own = endpoints->size();
+    Expected<Peer> answer = co_await connect_to(std::move(*endpoints), rank, own);
     if (stopping()) co_return;
     answers_[idx(rank)] = answer ? Answer::kAnswered : Answer::kSilent;
     if (answer) close(answer->connection->socket);
@@ -938,7 +1001,8 @@ class Rendezvous {
       co_return;
     }
     std::vector<asio::ip::tcp::endpoint> endpoints{endpoint};  // GCC 12 takes no braced list here
-    Expected<Peer> connected = co_await connect_to(std::move(endpoints), peer);
+    const std::size_t own = endpoints.size();
+    Expected<Peer> connected = co_await connect_to(std::move(endpoints), peer, own);
     if (!connected) {
       fail(connected.refusal().kind == Refusal::Kind::kClosed
                ? "cannot connect to rank " + std::to_string(peer) + " at " +

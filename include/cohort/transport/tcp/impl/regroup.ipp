@@ -25,6 +25,7 @@ namespace detail {
   next.epoch = old.options().epoch + 1;
   next.rendezvous_host = host.host;
   next.rendezvous_port = host.port;
+  next.door_hosts.clear();  // the job's hosts are where its door is, not where its members meet
   Tcp mesh(old.listener(std::move(next)));
   old.hand_listener_over();
   return mesh;

@@ -51,6 +51,7 @@ COHORT_DECL Tcp::Tcp(Listener&& listener)
       options_.rendezvous_host = welcome->rendezvous.host;
       options_.rendezvous_port = welcome->rendezvous.port;
       options_.joins_running_job = false;
+      options_.door_hosts.clear();
       started = std::chrono::steady_clock::now();
       continue;
     }
