@@ -22,7 +22,8 @@
 # workers (rank 1, on its host, keeps the job's door at the master address), the same for rank 0
 # of 4 hosts of one worker, killed or its host cut off (the next chief opens the door at the
 # master port of its own host, and a process started again finds it there among the job's hosts,
-# from COHORT_HOSTS or TF_CONFIG), the same for a pod
+# from COHORT_HOSTS or TF_CONFIG, also a chief's pod started again with its TF_CONFIG alone, on
+# another host or its own), the same for a pod
 # of a PyTorchJob (the operator's variables, the pod started again with them) and for a Slurm
 # task (a replacement step of one task, as docs/launching.md gives it), a second host lost while
 # the workers left take the newest state (the two left regroup again, to the same bits), a wrong
@@ -40,7 +41,7 @@ if ((${#cases[@]} == 0)); then
          short_partition long_partition elastic_host_lost elastic_host_rejoins
          elastic_pytorchjob_rejoins elastic_slurm_replacement elastic_lost_while_state_travels
          elastic_chief_rejoins elastic_chief_lost_across_hosts elastic_chief_host_lost_tf_config
-         no_master
+         elastic_chief_pod_restarts no_master
          wrong_secret)
 fi
 
@@ -556,11 +557,38 @@ case_elastic_chief_lost_across_hosts() {
 }
 
 # 4 hosts under TF_CONFIG, host 1's link cut for good: the next chief, rank 1, opens the job's door
-# at TF_CONFIG's port on its own host. A process started on host 5 with task 0's TF_CONFIG and
-# COHORT_JOIN=1, as an operator that moves a lost pod to another node would start it, finds the
-# door there by itself, past host 1, which answers nothing.
+# at TF_CONFIG's port on its own host. A process started on host 5 with task 0's TF_CONFIG alone,
+# as an operator that moves a lost pod to another node would start it, finds the job running
+# there by itself, past host 1, which answers nothing, and joins.
 case_elastic_chief_host_lost_tf_config() {
+  # Longer than elastic_job: the job goes on for the cut's timeout (4 s) and its regroup, then for
+  # the process on host 5 to start and knock past host 1 (2 s), and keeps training meanwhile.
+  local job=(--layers "8,512,512,10" --examples 32768 --epochs 6 --quiet)
   local reference h
+  reference="$("${mirrored}" --replicas 4 "${job[@]}" | awk '$1 == 4 { print $5 }')"
+  local workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\""
+  for h in 1 2 3 4; do
+    on "${h}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)))" COHORT_TIMEOUT=4 \
+      COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${job[@]}"
+  done
+  wait_until_training 4
+  ip link set "$(hosts_link 1)" down
+  logged "${started[1]}" "its door is at ${net}.2:2222 from now on" >/dev/null ||
+    fail "rank 1, the next chief, does not say that the job's door is at port 2222 of its host"
+  on 5 TF_CONFIG="$(tf_config "${workers}" worker 0)" COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- \
+    "${multi_worker}" "${job[@]}"
+  finish 120
+  ip link set "$(hosts_link 1)" up
+  took_rank_0_back "${reference}"
+  grep -q "cohort: rank 0: its job runs already" "${started[4]}.out" ||
+    fail "task 0 started again does not say it found its job running"
+}
+
+# The same, rank 0's worker killed and started again on its own host with its TF_CONFIG alone, as
+# a TFJob's controller restarts the chief's pod: it finds its job's door on host 2, past its own
+# port, and joins.
+case_elastic_chief_pod_restarts() {
+  local reference h pid
   reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
   local workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\""
   for h in 1 2 3 4; do
@@ -568,14 +596,15 @@ case_elastic_chief_host_lost_tf_config() {
       COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${elastic_job[@]}"
   done
   wait_until_training 4
-  ip link set "$(hosts_link 1)" down
+  for pid in $(ip netns pids "$(namespace 1)"); do kill -9 "${pid}"; done
   logged "${started[1]}" "its door is at ${net}.2:2222 from now on" >/dev/null ||
     fail "rank 1, the next chief, does not say that the job's door is at port 2222 of its host"
-  on 5 TF_CONFIG="$(tf_config "${workers}" worker 0)" COHORT_JOIN=1 COHORT_TIMEOUT=4 \
-    COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${elastic_job[@]}"
+  on 1 TF_CONFIG="$(tf_config "${workers}" worker 0)" COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- \
+    "${multi_worker}" "${elastic_job[@]}"
   finish 120
-  ip link set "$(hosts_link 1)" up
   took_rank_0_back "${reference}"
+  grep -q "cohort: rank 0: its job runs already" "${started[4]}.out" ||
+    fail "the chief's pod started again does not say it found its job running"
 }
 
 # A second host lost while the workers left take the newest state: on links of 20 Mbit/s the

@@ -5,7 +5,8 @@
 // grow within its timeout, and the members regroup from the mesh they had; once the rank 0 that
 // started the job is lost, the next one keeps the door at the job's rendezvous address, where a
 // process started again as rank 0 joins; where that address is another host's, it keeps the door
-// at the same port of its own host, where a process that joins finds it among the job's hosts;
+// at the same port of its own host, where a process that joins finds it among the job's hosts,
+// and where a rank 0 started again as at the job's start finds it and joins;
 // a process that joins finds no door at a job that starts;
 // a flood of idle connections at the door is held to max_pending_connections, and a process
 // started for the job still comes in.
@@ -315,6 +316,65 @@ TEST_CASE(
   joining.join();
   stop = true;
   stranger.join();
+  require_no_errors(errors);
+  CHECK(joiner_error == "");
+  REQUIRE(joiner.has_value());
+  CHECK(joiner->rank() == 2);
+  CHECK(joiner->options().epoch == 2);
+}
+
+TEST_CASE(
+    "a rank 0 started again as at the job's start finds its job running at a door of the job's "
+    "hosts, past its own port, and joins it") {
+  std::promise<std::uint16_t> port_promise;
+  std::shared_future<std::uint16_t> port = port_promise.get_future().share();
+  std::promise<void> door_open;  // the restarted rank 0 comes once the job has regrouped
+  std::shared_future<void> opened = door_open.get_future().share();
+  std::promise<void> admitted;
+  std::shared_future<void> grow = admitted.get_future().share();
+  std::latch regrouped(2);
+  std::optional<tcp::Tcp> joiner;
+  std::string joiner_error;
+  std::thread joining([&] {
+    opened.wait();
+    // Neither told that it joins nor where the door is: the job's hosts as 127.0.0.1 (its own,
+    // where it binds the job's port) and 127.0.0.3 (the next rank 0's).
+    tcp::Options options = started_again(0, 3, port.get(), kSecret);
+    options.door_hosts = {"127.0.0.1", "127.0.0.3"};
+    try {
+      joiner.emplace(options);
+      ring_once(*joiner);
+    } catch (const cohort::CommError& error) {
+      joiner_error = error.what();
+    }
+  });
+  const auto errors = run_ranks(
+      3,
+      [&](tcp::Tcp& mesh) {
+        if (mesh.rank() == 0) {
+          port_promise.set_value(mesh.rendezvous_port());
+          return;
+        }
+        wait_for_loss_of(mesh, 0);
+        tcp::Regrouped next =
+            tcp::regroup(mesh, {.min_size = 2, .probe_timeout = std::chrono::seconds(2)});
+        regrouped.arrive_and_wait();
+        if (next.transport.rank() == 0) {
+          const tcp::Listener held(next.transport.options(), {"127.0.0.3", port.get()});
+          tcp::Door door(next.transport, held);
+          door_open.set_value();
+          const bool came = wait_at(door, 1);
+          CHECK(door.welcome(1) == 1);
+          admitted.set_value();  // also where it did not come: the other fails its grow, bounded
+          REQUIRE(came);
+        } else {
+          grow.wait();
+        }
+        tcp::Tcp grown = tcp::grow(next.transport, 1, std::chrono::seconds(10));
+        ring_once(grown);
+      },
+      elastic);
+  joining.join();
   require_no_errors(errors);
   CHECK(joiner_error == "");
   REQUIRE(joiner.has_value());

@@ -69,6 +69,10 @@ struct Hello {
   // The hello of a failed mesh's roll call (roll_call.hpp): only a roll call answers it, and a
   // roll call answers nothing else.
   bool roll_call = false;
+  // The hello of a rank 0 that starts a job and asks first whether the job runs already
+  // (Rendezvous::finds_running_job): a door answers it and lets it go, counting no newcomer;
+  // anything else turns it away, as one that joins.
+  bool asks = false;
   Nonce nonce{};
 };
 
@@ -141,7 +145,7 @@ class Reader {
 
 // Hello payload, version 1: rank u32 (first in every version, frame.hpp), size u32,
 // flags u16 (bit 0: authenticates, bit 1: checksums data frames, bit 2: encrypts data frames,
-// bit 3: a door, bit 4: joins a running job, bit 5: a roll call),
+// bit 3: a door, bit 4: joins a running job, bit 5: a roll call, bit 6: asks whether the job runs),
 // listen port u16, nonce,
 // listen address, job id (strings: u16 length, bytes).
 inline std::vector<std::byte> encode_hello(const Hello& hello) {
@@ -150,7 +154,8 @@ inline std::vector<std::byte> encode_hello(const Hello& hello) {
   out.put(static_cast<std::uint32_t>(hello.size));
   out.put(static_cast<std::uint16_t>((hello.authenticates ? 1 : 0) | (hello.checksums ? 2 : 0) |
                                      (hello.encrypts ? 4 : 0) | (hello.door ? 8 : 0) |
-                                     (hello.joins ? 16 : 0) | (hello.roll_call ? 32 : 0)));
+                                     (hello.joins ? 16 : 0) | (hello.roll_call ? 32 : 0) |
+                                     (hello.asks ? 64 : 0)));
   out.put(hello.listen_port);
   out.put_bytes(hello.nonce);
   out.put_string(hello.listen_address);
@@ -170,7 +175,7 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
   hello.listen_address = in.get_string();
   hello.job_id = in.get_string();
   hello.epoch = in.get<std::uint32_t>();
-  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~63u) != 0) {
+  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~127u) != 0) {
     return std::nullopt;
   }
   hello.rank = static_cast<int>(rank);
@@ -181,6 +186,7 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
   hello.door = (flags & 8u) != 0;
   hello.joins = (flags & 16u) != 0;
   hello.roll_call = (flags & 32u) != 0;
+  hello.asks = (flags & 64u) != 0;
   return hello;
 }
 

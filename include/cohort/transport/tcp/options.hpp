@@ -55,7 +55,8 @@ struct Options {
   // rendezvous_port, in turn: an elastic job's other hosts (cluster::Spec::hosts). Once the first
   // rank 0 is lost, the next opens the job's door on its own host, at that port where it is free,
   // and a process started again finds it there (one that joins, or one that knocks as it did at
-  // the start). An attempt at one of several addresses lasts at most 2 s.
+  // the start). An attempt at one of several addresses lasts at most 2 s. A rank 0 that starts
+  // asks them first whether the job runs already, and joins it where one's door answers.
   std::vector<std::string> door_hosts{};
   // Shared by every rank of the job. Empty: no authentication. Otherwise every connection proves
   // knowledge of it with HMAC-SHA256 challenge-response, the connecting side first

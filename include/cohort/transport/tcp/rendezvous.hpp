@@ -384,6 +384,21 @@ class Rendezvous {
   // the job's next membership epoch, whose rendezvous it joins next (Tcp's construction).
   const std::optional<Welcome>& welcomed() const { return welcome_; }
 
+  // A rank 0 about to start an elastic job whose other hosts it knows (Options::door_hosts), under
+  // options that say it joins: whether the job runs already, its door at the job's port of one
+  // of them (the job lost its first rank 0, and the next opened the door on its own host).
+  // Every host is asked at once, each for at most kConnectAttemptLimit, and a door answers who it
+  // is; the process then comes back to it as one that joins (Tcp's construction).
+  [[gnu::cold]] bool finds_running_job() {
+    asking_ = true;
+    spawn(ask_doors());
+    run_until([&] { return doors_asked_; }, deadline_);
+    finished_ = true;
+    for (const ConnectionPtr& connection : connections_) close(connection->socket);
+    drain();
+    return found_running_job_;
+  }
+
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
 
@@ -655,6 +670,10 @@ class Rendezvous {
       close(connection->socket);
       co_return;
     }
+    if (introduced && door_ && introduced->hello.asks) {  // a rank 0 that asked: answered
+      close(connection->socket);
+      co_return;
+    }
     if (introduced && door_) {
       joiners_.push_back(Peer{connection, std::move(*introduced)});
       spawn(watch_joiner(connection));
@@ -827,6 +846,10 @@ class Rendezvous {
           close(connection->socket);
           continue;
         }
+        if (is_own_listener(connection->socket)) {
+          close(connection->socket);  // nobody else listens there
+          continue;
+        }
         every_one_refused = false;
         door_gone_since_ = {};
         tune(connection->socket, options_);
@@ -954,7 +977,7 @@ class Rendezvous {
       const Address address{host, options_.rendezvous_port};  // named: a temporary argument of a
       auto found = co_await endpoints_of(address);            // co_await is freed twice by GCC 12
       if (!found) {
-        std::fprintf(stderr, "cohort: rank %d: looks for rank 0 at host %s no more: %s\n",
+        std::fprintf(stderr, "cohort: rank %d: leaves out %s, one of the job's hosts: %s\n",
                      options_.rank, host.c_str(), found.refusal().reason.c_str());
         continue;
       }
@@ -964,6 +987,50 @@ class Rendezvous {
         }
       }
     }
+  }
+
+  // finds_running_job: each of the job's hosts at once.
+  [[gnu::cold]] Awaitable<void> ask_doors() {
+    std::vector<asio::ip::tcp::endpoint> endpoints;
+    co_await add_door_hosts(endpoints);
+    doors_unanswered_ = endpoints.size();
+    doors_asked_ = endpoints.empty();
+    for (const auto& endpoint : endpoints) spawn(ask_door(endpoint));
+  }
+
+  // Whether a door of this job answers at `endpoint`: the connection and the hellos within
+  // kConnectAttemptLimit.
+  [[gnu::cold]] Awaitable<void> ask_door(asio::ip::tcp::endpoint endpoint) {
+    auto connection = std::make_shared<Connection>(io_, /*outbound=*/true);
+    connections_.push_back(connection);
+    limit_attempt(connection);
+    ErrorCode ec;
+    co_await connection->socket.async_connect(endpoint, asio::redirect_error(use_awaitable, ec));
+    if (!ec && !stopping() && !is_own_listener(connection->socket)) {
+      tune(connection->socket, options_);
+      Expected<Introduction> introduced = co_await handshake_as_connector(connection->socket, 0);
+      found_running_job_ = found_running_job_ || (introduced && introduced->hello.door);
+    }
+    ++connection->attempt;
+    connection->deadline.cancel();
+    close(connection->socket);
+    doors_asked_ = --doors_unanswered_ == 0 || found_running_job_;
+  }
+
+  // Whether `socket` reached this rank's own listener: a rank 0 that joins holds the job's port on
+  // its own host, which the places it looks at include. Bound to every interface, it is reached
+  // at each of its host's addresses, a loopback one among them (a host's own name is 127.0.1.1 in
+  // Debian's /etc/hosts).
+  bool is_own_listener(const Socket& socket) const {
+    ErrorCode bound_error;
+    ErrorCode local_error;
+    ErrorCode remote_error;
+    const auto bound = listener_.local_endpoint(bound_error);
+    const auto local = socket.local_endpoint(local_error);
+    const auto remote = socket.remote_endpoint(remote_error);
+    if (bound_error || local_error || remote_error || remote.port() != bound.port()) return false;
+    if (!bound.address().is_unspecified()) return remote.address() == bound.address();
+    return remote.address() == local.address() || remote.address().is_loopback();
   }
 
   // The roll call: asks `rank` at `address` whether its process is there, until it answers, its
@@ -1177,6 +1244,7 @@ class Rendezvous {
             .door = door_,
             .joins = options_.joins_running_job,
             .roll_call = roll_call_,
+            .asks = asking_,
             .nonce = random_nonce()};
   }
 
@@ -1351,6 +1419,10 @@ class Rendezvous {
   Clock::time_point door_gone_since_{};  // a member that waited: since its door was refused
   std::vector<Peer> joiners_;         // the door: who waits for a place, in the order they came
   std::optional<Welcome> welcome_{};  // a door's answer instead of the table
+  std::size_t doors_unanswered_ = 0;  // finds_running_job: the hosts still to answer
+  bool doors_asked_ = false;
+  bool asking_ = false;  // finds_running_job: this rank's hellos ask, and join nothing
+  bool found_running_job_ = false;
   bool roll_call_ = false;
   enum class Answer : std::uint8_t { kAwaited, kAnswered, kSilent };
   std::vector<Answer> answers_;  // the roll call: by rank, whether its process answered
