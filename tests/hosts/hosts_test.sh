@@ -556,27 +556,31 @@ case_elastic_chief_lost_across_hosts() {
   took_rank_0_back "${reference}"
 }
 
-# 4 hosts under TF_CONFIG, host 1's link cut for good: the next chief, rank 1, opens the job's door
-# at TF_CONFIG's port on its own host. A process started on host 5 with task 0's TF_CONFIG alone,
-# as an operator that moves a lost pod to another node would start it, finds the job running
-# there by itself, past host 1, which answers nothing, and joins.
-case_elastic_chief_host_lost_tf_config() {
-  # Longer than elastic_job: the job goes on for the cut's timeout (4 s) and its regroup, then for
-  # the process on host 5 to start and knock past host 1 (2 s), and keeps training meanwhile.
-  local job=(--layers "8,512,512,10" --examples 32768 --epochs 6 --quiet)
-  local reference h
-  reference="$("${mirrored}" --replicas 4 "${job[@]}" | awk '$1 == 4 { print $5 }')"
+# chief_started_again_under_tf_config HOST FAULT JOB...: 4 hosts of one worker under TF_CONFIG,
+# training JOB; rank 0 lost by FAULT (kill: its worker killed; cut: host 1's link cut for good).
+# The next chief, rank 1, opens the job's door at TF_CONFIG's port on its own host. A process
+# started on HOST with task 0's TF_CONFIG alone, as a TFJob's controller starts the chief's pod
+# again, finds the job running there by itself and joins; the job ends with the bits of one that
+# lost nobody.
+chief_started_again_under_tf_config() {
+  local host="$1" fault="$2" reference h pid
+  shift 2
+  reference="$("${mirrored}" --replicas 4 "$@" | awk '$1 == 4 { print $5 }')"
   local workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\""
   for h in 1 2 3 4; do
     on "${h}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)))" COHORT_TIMEOUT=4 \
-      COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${job[@]}"
+      COHORT_MIN_WORKERS=3 -- "${multi_worker}" "$@"
   done
   wait_until_training 4
-  ip link set "$(hosts_link 1)" down
+  if [[ "${fault}" == cut ]]; then
+    ip link set "$(hosts_link 1)" down
+  else
+    for pid in $(ip netns pids "$(namespace 1)"); do kill -9 "${pid}"; done
+  fi
   logged "${started[1]}" "its door is at ${net}.2:2222 from now on" >/dev/null ||
     fail "rank 1, the next chief, does not say that the job's door is at port 2222 of its host"
-  on 5 TF_CONFIG="$(tf_config "${workers}" worker 0)" COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- \
-    "${multi_worker}" "${job[@]}"
+  on "${host}" TF_CONFIG="$(tf_config "${workers}" worker 0)" COHORT_TIMEOUT=4 \
+    COHORT_MIN_WORKERS=3 -- "${multi_worker}" "$@"
   finish 120
   ip link set "$(hosts_link 1)" up
   took_rank_0_back "${reference}"
@@ -584,28 +588,17 @@ case_elastic_chief_host_lost_tf_config() {
     fail "task 0 started again does not say it found its job running"
 }
 
-# The same, rank 0's worker killed and started again on its own host with its TF_CONFIG alone, as
-# a TFJob's controller restarts the chief's pod: it finds its job's door on host 2, past its own
-# port, and joins.
-case_elastic_chief_pod_restarts() {
-  local reference h pid
-  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
-  local workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\""
-  for h in 1 2 3 4; do
-    on "${h}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)))" COHORT_TIMEOUT=4 \
-      COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${elastic_job[@]}"
-  done
-  wait_until_training 4
-  for pid in $(ip netns pids "$(namespace 1)"); do kill -9 "${pid}"; done
-  logged "${started[1]}" "its door is at ${net}.2:2222 from now on" >/dev/null ||
-    fail "rank 1, the next chief, does not say that the job's door is at port 2222 of its host"
-  on 1 TF_CONFIG="$(tf_config "${workers}" worker 0)" COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- \
-    "${multi_worker}" "${elastic_job[@]}"
-  finish 120
-  took_rank_0_back "${reference}"
-  grep -q "cohort: rank 0: its job runs already" "${started[4]}.out" ||
-    fail "the chief's pod started again does not say it found its job running"
+# Host 1 cut off, task 0 started on host 5: it finds the job past host 1, which answers nothing.
+# The job trains longer than elastic_job: it goes on for the cut's timeout (4 s) and its regroup,
+# then for the process on host 5 to start and knock past host 1 (2 s).
+case_elastic_chief_host_lost_tf_config() {
+  chief_started_again_under_tf_config 5 cut --layers "8,512,512,10" --examples 32768 --epochs 6 \
+    --quiet
 }
+
+# The chief's worker killed and started again on its own host: it finds the door past its own
+# port.
+case_elastic_chief_pod_restarts() { chief_started_again_under_tf_config 1 kill "${elastic_job[@]}"; }
 
 # A second host lost while the workers left take the newest state: on links of 20 Mbit/s the
 # state of the MLP 8-512-512-10 (1.1 MB of parameters, 2.2 MB of Adam's moments) travels for about

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <iterator>
 #include <latch>
@@ -175,22 +176,73 @@ TEST_CASE(
   CHECK(contains(failures[1], "rank 1: rendezvous"));
 }
 
-TEST_CASE(
-    "once the rank 0 that started the job is lost, the next rank 0 keeps the door at the job's "
-    "rendezvous address, and a process started again as rank 0 joins there") {
+namespace {
+
+// A program that is no cohort rank, at `host`:`port` while it lives: it reads what each connection
+// sends first, answers with a line of another protocol and closes it.
+class Stranger {
+ public:
+  Stranger(const char* host, std::uint16_t port) {
+    RawSocket listening(::socket(AF_INET, SOCK_STREAM, 0));
+    sockaddr_in address = loopback(port);
+    REQUIRE(::inet_pton(AF_INET, host, &address.sin_addr) == 1);
+    REQUIRE(::bind(listening.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) ==
+            0);
+    REQUIRE(::listen(listening.fd(), 8) == 0);
+    thread_ = std::thread([this, listening = std::move(listening)] { answer(listening); });
+  }
+  Stranger(const Stranger&) = delete;
+  Stranger& operator=(const Stranger&) = delete;
+  ~Stranger() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  void answer(const RawSocket& listening) const {
+    while (!stop_) {
+      pollfd ready{.fd = listening.fd(), .events = POLLIN, .revents = 0};
+      if (::poll(&ready, 1, 20) != 1) continue;
+      const RawSocket connection(::accept(listening.fd(), nullptr, nullptr));
+      std::array<char, 4096> request{};
+      if (::recv(connection.fd(), request.data(), request.size(), 0) <= 0) continue;
+      constexpr std::string_view kAnswer =
+          "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 36\r\n"
+          "\r\nThis port serves another program.\r\n";
+      ::send(connection.fd(), kAnswer.data(), kAnswer.size(), MSG_NOSIGNAL);
+      ::shutdown(connection.fd(), SHUT_WR);
+      while (::recv(connection.fd(), request.data(), request.size(), 0) > 0) {
+      }
+    }
+  }
+
+  std::atomic<bool> stop_ = false;
+  std::thread thread_;
+};
+
+// A job of 3 on 127.0.0.1 whose rank 0 is lost at once (`at_loss` runs on it first, with the
+// job's port; its Tcp ends then, its listener with it): the others regroup, and the next rank 0
+// keeps the door at the job's port of `door_host` (127.0.0.1, the job's address; another, as
+// another host). A process started with `options_of(port)`, at once (before the survivors
+// regrouped, as a launcher would) or once the door is open (`after_door_opens`), must be taken
+// in as rank 2 of epoch 2.
+void require_taken_in_at_next_door(const char* door_host,
+                                   const std::function<void(std::uint16_t)>& at_loss,
+                                   const std::function<tcp::Options(std::uint16_t)>& options_of,
+                                   bool after_door_opens) {
   std::promise<std::uint16_t> port_promise;
   std::shared_future<std::uint16_t> port = port_promise.get_future().share();
-  std::promise<void> admitted;  // the new rank 0 tells the other that the job grows by one
+  std::promise<void> door_open;
+  std::shared_future<void> opened = door_open.get_future().share();
+  std::promise<void> admitted;
   std::shared_future<void> grow = admitted.get_future().share();
-  std::latch regrouped(2);  // the survivors keep their old meshes until both regrouped
+  std::latch regrouped(2);
   std::optional<tcp::Tcp> joiner;
   std::string joiner_error;
   std::thread joining([&] {
-    // Started again at once, as a launcher would: it knocks before the survivors regrouped.
-    tcp::Options options = started_again(0, 3, port.get(), kSecret);
-    options.joins_running_job = true;
+    if (after_door_opens) opened.wait();
     try {
-      joiner.emplace(options);
+      joiner.emplace(options_of(port.get()));
       ring_once(*joiner);
     } catch (const cohort::CommError& error) {
       joiner_error = error.what();
@@ -200,8 +252,9 @@ TEST_CASE(
       3,
       [&](tcp::Tcp& mesh) {
         if (mesh.rank() == 0) {
+          at_loss(mesh.rendezvous_port());
           port_promise.set_value(mesh.rendezvous_port());
-          return;  // its Tcp ends here: the process "dies", and its listener with it
+          return;
         }
         wait_for_loss_of(mesh, 0);
         tcp::Regrouped next =
@@ -209,11 +262,13 @@ TEST_CASE(
         regrouped.arrive_and_wait();
         REQUIRE(next.members == std::vector<int>{1, 2});
         if (next.transport.rank() == 0) {
-          const tcp::Listener held(next.transport.options(), {"127.0.0.1", port.get()});
+          const tcp::Listener held(next.transport.options(), {door_host, port.get()});
           tcp::Door door(next.transport, held);
-          REQUIRE(wait_at(door, 1));
+          door_open.set_value();
+          const bool came = wait_at(door, 1);
           CHECK(door.welcome(1) == 1);
-          admitted.set_value();
+          admitted.set_value();  // also where it did not come: the other fails its grow, bounded
+          REQUIRE(came);
         } else {
           grow.wait();
         }
@@ -232,154 +287,53 @@ TEST_CASE(
   CHECK(joiner->options().epoch == 2);
 }
 
-namespace {
-
-// A program that is no cohort rank, at `host`:`port`: it reads what each connection sends first,
-// answers with a line of another protocol and closes it, until `stop`.
-std::thread stranger_at(const char* host, std::uint16_t port, const std::atomic<bool>& stop) {
-  RawSocket listening(::socket(AF_INET, SOCK_STREAM, 0));
-  sockaddr_in address = loopback(port);
-  REQUIRE(::inet_pton(AF_INET, host, &address.sin_addr) == 1);
-  REQUIRE(::bind(listening.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
-  REQUIRE(::listen(listening.fd(), 8) == 0);
-  return std::thread([listening = std::move(listening), &stop] {
-    while (!stop) {
-      pollfd ready{.fd = listening.fd(), .events = POLLIN, .revents = 0};
-      if (::poll(&ready, 1, 20) != 1) continue;
-      const RawSocket connection(::accept(listening.fd(), nullptr, nullptr));
-      std::array<char, 4096> request{};
-      if (::recv(connection.fd(), request.data(), request.size(), 0) <= 0) continue;
-      constexpr std::string_view kAnswer =
-          "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 36\r\n"
-          "\r\nThis port serves another program.\r\n";
-      ::send(connection.fd(), kAnswer.data(), kAnswer.size(), MSG_NOSIGNAL);
-      ::shutdown(connection.fd(), SHUT_WR);
-      while (::recv(connection.fd(), request.data(), request.size(), 0) > 0) {
-      }
-    }
-  });
-}
-
 }  // namespace
+
+TEST_CASE(
+    "once the rank 0 that started the job is lost, the next rank 0 keeps the door at the job's "
+    "rendezvous address, and a process started again as rank 0 joins there") {
+  require_taken_in_at_next_door(
+      "127.0.0.1", [](std::uint16_t /*port*/) {},
+      [](std::uint16_t port) {
+        tcp::Options options = started_again(0, 3, port, kSecret);
+        options.joins_running_job = true;
+        return options;
+      },
+      /*after_door_opens=*/false);
+}
 
 TEST_CASE(
     "once rank 0's host is lost, the next rank 0 keeps the door at the job's port on its own host, "
     "and a process started again finds it among the job's hosts, past a stranger at that port of "
     "another") {
-  std::promise<std::uint16_t> port_promise;
-  std::shared_future<std::uint16_t> port = port_promise.get_future().share();
-  std::promise<void> admitted;
-  std::shared_future<void> grow = admitted.get_future().share();
-  std::latch regrouped(2);
-  std::atomic<bool> stop = false;
-  std::thread stranger;
-  std::optional<tcp::Tcp> joiner;
-  std::string joiner_error;
-  std::thread joining([&] {
-    // The job's hosts as 127.0.0.2 (the stranger's) and 127.0.0.3 (the next rank 0's).
-    tcp::Options options = started_again(0, 3, port.get(), kSecret);
-    options.joins_running_job = true;
-    options.door_hosts = {"127.0.0.2", "127.0.0.3"};
-    try {
-      joiner.emplace(options);
-      ring_once(*joiner);
-    } catch (const cohort::CommError& error) {
-      joiner_error = error.what();
-    }
-  });
-  const auto errors = run_ranks(
-      3,
-      [&](tcp::Tcp& mesh) {
-        if (mesh.rank() == 0) {
-          stranger = stranger_at("127.0.0.2", mesh.rendezvous_port(), stop);
-          port_promise.set_value(mesh.rendezvous_port());
-          return;
-        }
-        wait_for_loss_of(mesh, 0);
-        tcp::Regrouped next =
-            tcp::regroup(mesh, {.min_size = 2, .probe_timeout = std::chrono::seconds(2)});
-        regrouped.arrive_and_wait();
-        if (next.transport.rank() == 0) {
-          const tcp::Listener held(next.transport.options(), {"127.0.0.3", port.get()});
-          tcp::Door door(next.transport, held);
-          const bool came = wait_at(door, 1);
-          CHECK(door.welcome(1) == 1);
-          admitted.set_value();  // also where it did not come: the other fails its grow, bounded
-          REQUIRE(came);
-        } else {
-          grow.wait();
-        }
-        tcp::Tcp grown = tcp::grow(next.transport, 1, std::chrono::seconds(10));
-        ring_once(grown);
+  std::optional<Stranger> stranger;
+  require_taken_in_at_next_door(
+      "127.0.0.3", [&](std::uint16_t port) { stranger.emplace("127.0.0.2", port); },
+      [](std::uint16_t port) {
+        // The job's hosts as 127.0.0.2 (the stranger's) and 127.0.0.3
+        // (the next rank 0's).
+        tcp::Options options = started_again(0, 3, port, kSecret);
+        options.joins_running_job = true;
+        options.door_hosts = {"127.0.0.2", "127.0.0.3"};
+        return options;
       },
-      elastic);
-  joining.join();
-  stop = true;
-  stranger.join();
-  require_no_errors(errors);
-  CHECK(joiner_error == "");
-  REQUIRE(joiner.has_value());
-  CHECK(joiner->rank() == 2);
-  CHECK(joiner->options().epoch == 2);
+      /*after_door_opens=*/false);
 }
 
 TEST_CASE(
     "a rank 0 started again as at the job's start finds its job running at a door of the job's "
     "hosts, past its own port, and joins it") {
-  std::promise<std::uint16_t> port_promise;
-  std::shared_future<std::uint16_t> port = port_promise.get_future().share();
-  std::promise<void> door_open;  // the restarted rank 0 comes once the job has regrouped
-  std::shared_future<void> opened = door_open.get_future().share();
-  std::promise<void> admitted;
-  std::shared_future<void> grow = admitted.get_future().share();
-  std::latch regrouped(2);
-  std::optional<tcp::Tcp> joiner;
-  std::string joiner_error;
-  std::thread joining([&] {
-    opened.wait();
-    // Neither told that it joins nor where the door is: the job's hosts as 127.0.0.1 (its own,
-    // where it binds the job's port) and 127.0.0.3 (the next rank 0's).
-    tcp::Options options = started_again(0, 3, port.get(), kSecret);
-    options.door_hosts = {"127.0.0.1", "127.0.0.3"};
-    try {
-      joiner.emplace(options);
-      ring_once(*joiner);
-    } catch (const cohort::CommError& error) {
-      joiner_error = error.what();
-    }
-  });
-  const auto errors = run_ranks(
-      3,
-      [&](tcp::Tcp& mesh) {
-        if (mesh.rank() == 0) {
-          port_promise.set_value(mesh.rendezvous_port());
-          return;
-        }
-        wait_for_loss_of(mesh, 0);
-        tcp::Regrouped next =
-            tcp::regroup(mesh, {.min_size = 2, .probe_timeout = std::chrono::seconds(2)});
-        regrouped.arrive_and_wait();
-        if (next.transport.rank() == 0) {
-          const tcp::Listener held(next.transport.options(), {"127.0.0.3", port.get()});
-          tcp::Door door(next.transport, held);
-          door_open.set_value();
-          const bool came = wait_at(door, 1);
-          CHECK(door.welcome(1) == 1);
-          admitted.set_value();  // also where it did not come: the other fails its grow, bounded
-          REQUIRE(came);
-        } else {
-          grow.wait();
-        }
-        tcp::Tcp grown = tcp::grow(next.transport, 1, std::chrono::seconds(10));
-        ring_once(grown);
+  require_taken_in_at_next_door(
+      "127.0.0.3", [](std::uint16_t /*port*/) {},
+      [](std::uint16_t port) {
+        // Neither told that it joins nor where the door is: the job's
+        // hosts as 127.0.0.1 (its own, where it binds the job's port) and
+        // 127.0.0.3 (the next rank 0's).
+        tcp::Options options = started_again(0, 3, port, kSecret);
+        options.door_hosts = {"127.0.0.1", "127.0.0.3"};
+        return options;
       },
-      elastic);
-  joining.join();
-  require_no_errors(errors);
-  CHECK(joiner_error == "");
-  REQUIRE(joiner.has_value());
-  CHECK(joiner->rank() == 2);
-  CHECK(joiner->options().epoch == 2);
+      /*after_door_opens=*/true);
 }
 
 TEST_CASE(
