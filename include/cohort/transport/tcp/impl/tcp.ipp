@@ -37,11 +37,11 @@ COHORT_DECL Tcp::Tcp(Listener&& listener)
   // The acceptor belongs to io_: a local here, destroyed before io_ even when this throws.
   auto acceptor = std::move(listener.acceptor_);
   auto started = listener.started_;
-  if (options_.rank == 0 && !options_.joins_running_job && options_.epoch == 0 &&
-      !options_.door_hosts.empty()) {
+  if (options_.rank == 0 && !options_.joins_running_job && !options_.door_hosts.empty()) {
     // Started again while its job runs on (a pod of rank 0 its controller started with the
     // environment it started with): the job's door is at one of its hosts, where this process
-    // joins as with joins_running_job. Otherwise the job starts here.
+    // joins as with joins_running_job. Otherwise the job starts here. (A later epoch's mesh has
+    // no door hosts: next_epoch clears them.)
     Options searching = options_;
     searching.joins_running_job = true;
     detail::Rendezvous search(searching, *io_, *acceptor, listener.port_, started);
