@@ -6,7 +6,8 @@
 // started the job is lost, the next one keeps the door at the job's rendezvous address, where a
 // process started again as rank 0 joins; where that address is another host's, it keeps the door
 // at the same port of its own host, where a process that joins finds it among the job's hosts,
-// and where a rank 0 started again as at the job's start finds it and joins;
+// and where a rank 0 started again as at the job's start finds it and joins, also one started
+// before the door opened again, which asks again while it waits;
 // a process that joins finds no door at a job that starts;
 // a flood of idle connections at the door is held to max_pending_connections, and a process
 // started for the job still comes in.
@@ -220,16 +221,20 @@ class Stranger {
   std::thread thread_;
 };
 
+// When the process started again comes: at once (before the survivors regrouped, as a launcher
+// would), once they regrouped but 2.5 s before the door opens (as after a loss noticed late), or
+// once the door is open.
+enum class Comes { kAtOnce, kBeforeDoorOpens, kOnceDoorOpens };
+
 // A job of 3 on 127.0.0.1 whose rank 0 is lost at once (`at_loss` runs on it first, with the
 // job's port; its Tcp ends then, its listener with it): the others regroup, and the next rank 0
 // keeps the door at the job's port of `door_host` (127.0.0.1, the job's address; another, as
-// another host). A process started with `options_of(port)`, at once (before the survivors
-// regrouped, as a launcher would) or once the door is open (`after_door_opens`), must be taken
-// in as rank 2 of epoch 2.
+// another host). A process started with `options_of(port)` when `comes` says must be taken in
+// as rank 2 of epoch 2.
 void require_taken_in_at_next_door(const char* door_host,
                                    const std::function<void(std::uint16_t)>& at_loss,
                                    const std::function<tcp::Options(std::uint16_t)>& options_of,
-                                   bool after_door_opens) {
+                                   Comes comes) {
   std::promise<std::uint16_t> port_promise;
   std::shared_future<std::uint16_t> port = port_promise.get_future().share();
   std::promise<void> door_open;
@@ -237,10 +242,13 @@ void require_taken_in_at_next_door(const char* door_host,
   std::promise<void> admitted;
   std::shared_future<void> grow = admitted.get_future().share();
   std::latch regrouped(2);
+  std::promise<void> regrouped_promise;
+  std::shared_future<void> survivors_regrouped = regrouped_promise.get_future().share();
   std::optional<tcp::Tcp> joiner;
   std::string joiner_error;
   std::thread joining([&] {
-    if (after_door_opens) opened.wait();
+    if (comes == Comes::kBeforeDoorOpens) survivors_regrouped.wait();
+    if (comes == Comes::kOnceDoorOpens) opened.wait();
     try {
       joiner.emplace(options_of(port.get()));
       ring_once(*joiner);
@@ -262,6 +270,9 @@ void require_taken_in_at_next_door(const char* door_host,
         regrouped.arrive_and_wait();
         REQUIRE(next.members == std::vector<int>{1, 2});
         if (next.transport.rank() == 0) {
+          regrouped_promise.set_value();
+          if (comes == Comes::kBeforeDoorOpens)
+            std::this_thread::sleep_for(std::chrono::milliseconds(2500));
           const tcp::Listener held(next.transport.options(), {door_host, port.get()});
           tcp::Door door(next.transport, held);
           door_open.set_value();
@@ -299,7 +310,7 @@ TEST_CASE(
         options.joins_running_job = true;
         return options;
       },
-      /*after_door_opens=*/false);
+      Comes::kAtOnce);
 }
 
 TEST_CASE(
@@ -317,7 +328,7 @@ TEST_CASE(
         options.door_hosts = {"127.0.0.2", "127.0.0.3"};
         return options;
       },
-      /*after_door_opens=*/false);
+      Comes::kAtOnce);
 }
 
 TEST_CASE(
@@ -333,7 +344,20 @@ TEST_CASE(
         options.door_hosts = {"127.0.0.1", "127.0.0.3"};
         return options;
       },
-      /*after_door_opens=*/true);
+      Comes::kOnceDoorOpens);
+}
+
+TEST_CASE(
+    "a rank 0 started again as at the job's start before the job opened its door again asks the "
+    "job's hosts again while it waits, and joins it once the door answers") {
+  require_taken_in_at_next_door(
+      "127.0.0.3", [](std::uint16_t /*port*/) {},
+      [](std::uint16_t port) {
+        tcp::Options options = started_again(0, 3, port, kSecret);
+        options.door_hosts = {"127.0.0.1", "127.0.0.3"};
+        return options;
+      },
+      Comes::kBeforeDoorOpens);
 }
 
 TEST_CASE(

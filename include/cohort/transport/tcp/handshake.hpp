@@ -69,8 +69,8 @@ struct Hello {
   // The hello of a failed mesh's roll call (roll_call.hpp): only a roll call answers it, and a
   // roll call answers nothing else.
   bool roll_call = false;
-  // The hello of a rank 0 that starts a job and asks first whether the job runs already
-  // (Rendezvous::finds_running_job): a door answers it and lets it go, counting no newcomer;
+  // The hello of a rank 0 that starts a job and asks whether the job runs already
+  // (Rendezvous::search_running_job): a door answers it and lets it go, counting no newcomer;
   // anything else turns it away, as one that joins.
   bool asks = false;
   Nonce nonce{};

@@ -56,7 +56,8 @@ struct Options {
   // rank 0 is lost, the next opens the job's door on its own host, at that port where it is free,
   // and a process started again finds it there (one that joins, or one that knocks as it did at
   // the start). An attempt at one of several addresses lasts at most 2 s. A rank 0 that starts
-  // asks them first whether the job runs already, and joins it where one's door answers.
+  // asks them whether the job runs already, at once and then every second while the others have
+  // not all come, and joins it where one's door answers.
   std::vector<std::string> door_hosts{};
   // Shared by every rank of the job. Empty: no authentication. Otherwise every connection proves
   // knowledge of it with HMAC-SHA256 challenge-response, the connecting side first

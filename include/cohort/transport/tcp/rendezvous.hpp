@@ -133,6 +133,11 @@ inline constexpr std::chrono::seconds kDoorRegroupGrace{3};
 // minutes while the door is at another.
 inline constexpr std::chrono::seconds kConnectAttemptLimit{2};
 
+// How long a rank 0 that starts an elastic job waits between two rounds of asking the job's hosts
+// whether the job runs already (Rendezvous::search_running_job): a job that lost its rank 0
+// silently opens its door again only once it has noticed (the step's timeout) and regrouped.
+inline constexpr std::chrono::seconds kDoorSearchPause{1};
+
 // A setup message as read: the frame's bytes, kept whole because the handshake's HMAC covers
 // the hellos exactly as they travelled.
 struct SetupMessage {
@@ -384,20 +389,10 @@ class Rendezvous {
   // the job's next membership epoch, whose rendezvous it joins next (Tcp's construction).
   const std::optional<Welcome>& welcomed() const { return welcome_; }
 
-  // A rank 0 about to start an elastic job whose other hosts it knows (Options::door_hosts), under
-  // options that say it joins: whether the job runs already, its door at the job's port of one
-  // of them (the job lost its first rank 0, and the next opened the door on its own host).
-  // Every host is asked at once, each for at most kConnectAttemptLimit, and a door answers who it
-  // is; the process then comes back to it as one that joins (Tcp's construction).
-  [[gnu::cold]] bool finds_running_job() {
-    asking_ = true;
-    spawn(ask_doors());
-    run_until([&] { return doors_asked_; }, deadline_);
-    finished_ = true;
-    for (const ConnectionPtr& connection : connections_) close(connection->socket);
-    drain();
-    return found_running_job_;
-  }
+  // Where a rank 0 that started an elastic job found instead that its job runs already, its door
+  // at one of the job's hosts (search_running_job): it comes back to it as one that joins (Tcp's
+  // construction).
+  bool found_running_job() const { return found_running_job_; }
 
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
@@ -419,9 +414,10 @@ class Rendezvous {
       throw CommError(failure());
     }
     finished_ = true;
-    if (welcome_) {  // the listener serves the next rendezvous, as this rank's place there
-      for (const ConnectionPtr& connection : connections_) close(connection->socket);
-      drain();
+    if (found_running_job_) leave_for_running_job();
+    if (welcome_ || found_running_job_) {  // the listener serves the next rendezvous, as this
+      for (const ConnectionPtr& connection : connections_) close(connection->socket);  // rank's
+      drain();                                                                         // place
       return {};
     }
     close_listener();
@@ -458,12 +454,17 @@ class Rendezvous {
 
   [[gnu::cold]] void run_root() {
     spawn(accept_loop(1, size() - 1));
-    drive([&] { return established_ == size() - 1 && joined_ranks_live(); },
+    // A later epoch's mesh has no door hosts (next_epoch clears them): only a job's start asks.
+    if (!options_.door_hosts.empty()) spawn(search_running_job());
+    drive([&] { return found_running_job_ || (established_ == size() - 1 && joined_ranks_live()); },
           [&] {
             return missing([&](int r) { return !peers_[idx(r)]; }) + " never joined" +
+                   (options_.door_hosts.empty()
+                        ? ""
+                        : ", nor did a running job's door answer at " + door_hosts_text()) +
                    refusals_.summary();
           });
-    if (!failure_.empty()) return;
+    if (!failure_.empty() || found_running_job_) return;
     close_listener();
     std::vector<Address> table(static_cast<std::size_t>(size()));
     table[0] = {options_.rendezvous_host, listen_port_};
@@ -568,14 +569,17 @@ class Rendezvous {
 
   std::string where_rank_0() const {
     std::string where = options_.rendezvous_host + ":" + std::to_string(options_.rendezvous_port);
-    if (!options_.door_hosts.empty()) {
-      where += " (and port " + std::to_string(options_.rendezvous_port) + " of ";
-      for (const std::string& host : options_.door_hosts) {
-        where += (&host == &options_.door_hosts.front() ? "" : ", ") + host;
-      }
-      where += ")";
-    }
+    if (!options_.door_hosts.empty()) where += " (and " + door_hosts_text() + ")";
     return where;
+  }
+
+  // "port 29500 of node1, node2".
+  std::string door_hosts_text() const {
+    std::string text = "port " + std::to_string(options_.rendezvous_port) + " of ";
+    for (const std::string& host : options_.door_hosts) {
+      text += (&host == &options_.door_hosts.front() ? "" : ", ") + host;
+    }
+    return text;
   }
 
   std::string join_timeout_message() const {
@@ -768,10 +772,13 @@ class Rendezvous {
 
   // --- connecting --------------------------------------------------------------------------
 
-  // The connecting side of the handshake with `peer`, on a connected socket.
-  [[gnu::cold]] Awaitable<Expected<Introduction>> handshake_as_connector(Socket& socket, int peer) {
+  // The connecting side of the handshake with `peer`, on a connected socket; one that `asks`
+  // only whether a door answers (search_running_job).
+  [[gnu::cold]] Awaitable<Expected<Introduction>> handshake_as_connector(Socket& socket, int peer,
+                                                                         bool asks = false) {
     const std::string who = rank_name(peer);
-    const std::vector<std::byte> mine = make_frame({setup_type::kHello}, encode_hello(my_hello()));
+    const std::vector<std::byte> mine =
+        make_frame({setup_type::kHello}, encode_hello(my_hello(asks)));
     if (auto sent = co_await write_setup(socket, who, mine); !sent) co_return sent.refusal();
     Expected<SetupMessage> hello =
         co_await read_expected(socket, who, setup_type::kHello, kMaxHelloBytes);
@@ -989,13 +996,34 @@ class Rendezvous {
     }
   }
 
-  // finds_running_job: each of the job's hosts at once.
-  [[gnu::cold]] Awaitable<void> ask_doors() {
+  // A rank 0 that starts an elastic job whose hosts it knows (Options::door_hosts) asks them
+  // whether the job runs already, its door at the job's port of one of them: at once, then after
+  // each kDoorSearchPause while the job's other ranks have not all come. It was started again
+  // while its job ran on (a pod of rank 0 its controller started with the environment it started
+  // with), perhaps before the job noticed its loss, regrouped and opened its door there again.
+  [[gnu::cold]] Awaitable<void> search_running_job() {
     std::vector<asio::ip::tcp::endpoint> endpoints;
     co_await add_door_hosts(endpoints);
+    if (endpoints.empty()) co_return;
+    for (;;) {
+      co_await ask_doors(endpoints);
+      if (found_running_job_ || stopping() || !accepting_) co_return;
+      door_search_.expires_after(kDoorSearchPause);
+      ErrorCode ec;
+      co_await door_search_.async_wait(asio::redirect_error(use_awaitable, ec));
+      if (stopping() || !accepting_) co_return;
+    }
+  }
+
+  // One round of search_running_job: each of the job's hosts at once, until a door answers or
+  // every host has answered or kept silent for kConnectAttemptLimit.
+  [[gnu::cold]] Awaitable<void> ask_doors(const std::vector<asio::ip::tcp::endpoint>& endpoints) {
     doors_unanswered_ = endpoints.size();
-    doors_asked_ = endpoints.empty();
     for (const auto& endpoint : endpoints) spawn(ask_door(endpoint));
+    if (stopping()) co_return;
+    door_search_.expires_at(Clock::time_point::max());  // ask_door cancels it
+    ErrorCode ec;
+    co_await door_search_.async_wait(asio::redirect_error(use_awaitable, ec));
   }
 
   // Whether a door of this job answers at `endpoint`: the connection and the hellos within
@@ -1008,13 +1036,30 @@ class Rendezvous {
     co_await connection->socket.async_connect(endpoint, asio::redirect_error(use_awaitable, ec));
     if (!ec && !stopping() && !is_own_listener(connection->socket)) {
       tune(connection->socket, options_);
-      Expected<Introduction> introduced = co_await handshake_as_connector(connection->socket, 0);
+      Expected<Introduction> introduced =
+          co_await handshake_as_connector(connection->socket, 0, /*asks=*/true);
       found_running_job_ = found_running_job_ || (introduced && introduced->hello.door);
     }
     ++connection->attempt;
     connection->deadline.cancel();
     close(connection->socket);
-    doors_asked_ = --doors_unanswered_ == 0 || found_running_job_;
+    if (--doors_unanswered_ == 0 || found_running_job_) door_search_.cancel();
+  }
+
+  // A rank 0 that found its job running leaves the job it started: a rank that came to it (one
+  // started at the same time as it, for the same job) is told why, and ends; started again, it
+  // finds the job's door as this one did.
+  void leave_for_running_job() {
+    const std::string why =
+        prefix() + "its job runs already, its door at " + door_hosts_text() +
+        ": this rank 0 joins it instead of starting it again, and every rank that came to it "
+        "must join it too (started again, it finds the door there)";
+    for (std::optional<Peer>& peer : peers_) {
+      if (peer) tell(peer->connection->socket, why);
+    }
+    ErrorCode ignored;
+    accepting_ = false;
+    listener_.cancel(ignored);
   }
 
   // Whether `socket` reached this rank's own listener: a rank 0 that joins holds the job's port on
@@ -1231,7 +1276,7 @@ class Rendezvous {
     return door_ ? theirs.epoch > options_.epoch : theirs.epoch < options_.epoch;
   }
 
-  Hello my_hello() const {
+  Hello my_hello(bool asks = false) const {
     return {.rank = options_.rank,
             .size = options_.size,
             .authenticates = authenticating(),
@@ -1242,9 +1287,9 @@ class Rendezvous {
             .job_id = options_.job_id,
             .epoch = options_.epoch,
             .door = door_,
-            .joins = options_.joins_running_job,
+            .joins = options_.joins_running_job || asks,
             .roll_call = roll_call_,
-            .asks = asking_,
+            .asks = asks,
             .nonce = random_nonce()};
   }
 
@@ -1355,6 +1400,7 @@ class Rendezvous {
 
   void drain() {
     for (const ConnectionPtr& connection : connections_) connection->deadline.cancel();
+    door_search_.cancel();
     io_.restart();
     io_.run_for(std::chrono::milliseconds(500));
   }
@@ -1419,9 +1465,8 @@ class Rendezvous {
   Clock::time_point door_gone_since_{};  // a member that waited: since its door was refused
   std::vector<Peer> joiners_;         // the door: who waits for a place, in the order they came
   std::optional<Welcome> welcome_{};  // a door's answer instead of the table
-  std::size_t doors_unanswered_ = 0;  // finds_running_job: the hosts still to answer
-  bool doors_asked_ = false;
-  bool asking_ = false;  // finds_running_job: this rank's hellos ask, and join nothing
+  std::size_t doors_unanswered_ = 0;  // search_running_job: the hosts of a round still to answer
+  Timer door_search_{io_};            // search_running_job: the round's end, then the pause
   bool found_running_job_ = false;
   bool roll_call_ = false;
   enum class Answer : std::uint8_t { kAwaited, kAnswered, kSilent };

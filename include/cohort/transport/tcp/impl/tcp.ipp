@@ -37,25 +37,21 @@ COHORT_DECL Tcp::Tcp(Listener&& listener)
   // The acceptor belongs to io_: a local here, destroyed before io_ even when this throws.
   auto acceptor = std::move(listener.acceptor_);
   auto started = listener.started_;
-  if (options_.rank == 0 && !options_.joins_running_job && !options_.door_hosts.empty()) {
-    // Started again while its job runs on (a pod of rank 0 its controller started with the
-    // environment it started with): the job's door is at one of its hosts, where this process
-    // joins as with joins_running_job. Otherwise the job starts here. (A later epoch's mesh has
-    // no door hosts: next_epoch clears them.)
-    Options searching = options_;
-    searching.joins_running_job = true;
-    detail::Rendezvous search(searching, *io_, *acceptor, listener.port_, started);
-    if (search.finds_running_job()) {
-      options_.joins_running_job = true;
-      std::fprintf(stderr,
-                   "cohort: rank 0: its job runs already, its door at one of the job's hosts: "
-                   "joins it (as with COHORT_JOIN=1)\n");
-    }
-  }
   std::vector<detail::Link> links;
   for (;;) {
     detail::Rendezvous rendezvous(options_, *io_, *acceptor, listener.port_, started);
     links = rendezvous.run();
+    if (rendezvous.found_running_job()) {
+      // Started again while its job runs on (a pod of rank 0 its controller started with the
+      // environment it started with): the job's door is at one of its hosts, where this process
+      // joins as with joins_running_job, from a deadline of its own.
+      options_.joins_running_job = true;
+      started = std::chrono::steady_clock::now();
+      std::fprintf(stderr,
+                   "cohort: rank 0: its job runs already, its door at one of the job's hosts: "
+                   "joins it (as with COHORT_JOIN=1)\n");
+      continue;
+    }
     if (const auto& welcome = rendezvous.welcomed()) {
       // A running elastic job's door took this process in (door.hpp): the rendezvous of the
       // place it was given, where the door said, with the job's members, from a deadline of its
