@@ -1,8 +1,9 @@
 // Elastic MultiWorkerMirrored (strategy/elastic.hpp) across real processes on 127.0.0.1: a
 // worker SIGKILLed at a random point of the fit, the chief included, or stopped, and the others go
 // on to the parameters of a job that lost nobody, over TCP and through shared memory, also where
-// a second worker is lost while they regroup; a worker started again rejoins, to the same bits,
-// the rank 0 that started the job included; below min_workers, the job stops naming who is left.
+// a second worker is lost while they regroup, or one is lost while they construct their strategy;
+// a worker started again rejoins, to the same bits, the rank 0 that started the job included;
+// below min_workers, the job stops naming who is left.
 #include <doctest/doctest.h>
 #include <signal.h>
 
@@ -179,6 +180,36 @@ TEST_CASE(
     const std::string metrics = read_file(directory.path / "metrics.jsonl");
     CAPTURE(metrics);
     CHECK(metrics.rfind("{\"step\": " + std::to_string(kSteps) + ",") != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "an elastic job that loses a worker while the others construct their strategy goes on without "
+    "it from the first fit, to the parameters of a job that lost nobody: over TCP and through "
+    "shared memory") {
+  const std::string& expected = uninterrupted_parameters();
+  for (const std::string shared_memory : {"0", "1"}) {
+    CAPTURE(shared_memory);
+    TemporaryDirectory directory("cohort-elastic-construction");
+    const std::string port = std::to_string(cohort::testing::free_port());
+    std::vector<std::unique_ptr<Process>> workers;
+    for (int rank = 0; rank < 4; ++rank) {
+      // Worker 3 meets the others and ends before they have learned who shares their hosts.
+      const std::vector<std::string> more =
+          rank == 3 ? std::vector<std::string>{"--leaves-after-rendezvous"}
+                    : std::vector<std::string>{};
+      workers.push_back(
+          start_elastic_worker(directory.path, rank, 4, port, 2, shared_memory, "1", more));
+    }
+    CHECK(ended(workers, directory.path, 3, true).find("connected") != std::string::npos);
+    for (int rank = 0; rank < 3; ++rank) {
+      CAPTURE(rank);
+      const std::string log = ended(workers, directory.path, rank, true);
+      CHECK(log.find("membership 4 -> 3 at step 0") != std::string::npos);
+    }
+    CHECK(log_of(directory.path, 0).find("cohort: workers 4 -> 3 at step 0 (rank 3 lost: ") !=
+          std::string::npos);
+    CHECK(read_file(directory.path / "parameters.bin") == expected);
   }
 }
 

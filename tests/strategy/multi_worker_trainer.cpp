@@ -43,6 +43,9 @@
 // --timeout-s N    the deadline of a step's communication (default 10 s): a worker stopped or
 //                  hung is noticed after it
 // --log-every N    a progress line (and a metrics-file line) every N steps (Options::log_every)
+// --leaves-after-rendezvous  meets the others as the strategy would (its transport's options) and
+//                  ends at once, so that a worker is lost while the others construct their
+//                  strategy
 // Every process prints "skipped N" (Report::skipped_steps) and "losses N" (the size of
 // Report::loss) when its fit returns; a process
 // whose fit stopped for preemption exits with cohort::kExitPreempted and writes no parameters. Both
@@ -88,6 +91,7 @@ struct Settings {
   int connect_timeout_s = 30;
   int timeout_s = 10;
   std::uint64_t log_every = 100;
+  bool leaves_after_rendezvous = false;
 };
 
 // The data of every fit: small_task_data(), with one example poisoned (--poison), the chief's
@@ -188,14 +192,21 @@ int train(const Settings& settings) {
   if (settings.mirrored) {
     return train(settings, cohort::strategy::Mirrored<>({.replicas = settings.local_replicas}));
   }
-  return train(
-      settings,
-      cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, Cross>(
-          {.local_replicas = settings.local_replicas,
-           .connect_timeout = std::chrono::seconds(settings.connect_timeout_s),
-           .timeout = std::chrono::seconds(settings.timeout_s),
-           .bucket_bytes = 64,
-           .elastic = {.min_workers = settings.min_workers, .max_workers = settings.max_workers}}));
+  using Strategy = cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, Cross>;
+  typename Strategy::Options options{
+      .local_replicas = settings.local_replicas,
+      .connect_timeout = std::chrono::seconds(settings.connect_timeout_s),
+      .timeout = std::chrono::seconds(settings.timeout_s),
+      .bucket_bytes = 64,
+      .elastic = {.min_workers = settings.min_workers, .max_workers = settings.max_workers}};
+  if (settings.leaves_after_rendezvous) {
+    const cohort::cluster::Spec spec = cohort::cluster::resolve();
+    const cohort::transport::tcp::Tcp mesh(
+        cohort::strategy::detail::tcp_options(spec, spec.rank, spec.size, options));
+    std::fprintf(stderr, "multi_worker_trainer: connected\n");
+    return 0;
+  }
+  return train(settings, Strategy(std::move(options)));
 }
 
 }  // namespace
@@ -211,7 +222,7 @@ int main(int argc, char** argv) {
                  "[--schedule] [--checkpoint-directory DIR --checkpoint-every N] "
                  "[--pause-ms N] [--validate-every N [--chief-stops-after E]] "
                  "[--elastic MIN [--max-workers N]] [--connect-timeout-s N] [--timeout-s N] "
-                 "[--log-every N]\n");
+                 "[--log-every N] [--leaves-after-rendezvous]\n");
     return 64;
   }
   try {
@@ -266,6 +277,8 @@ int main(int argc, char** argv) {
         settings.timeout_s = std::stoi(next());
       } else if (flag == "--pause-ms") {
         settings.pause_ms = std::stoi(next());
+      } else if (flag == "--leaves-after-rendezvous") {
+        settings.leaves_after_rendezvous = true;
       } else if (flag == "--schedule") {
         settings.schedule = true;
       } else if (flag == "--on-nonfinite") {

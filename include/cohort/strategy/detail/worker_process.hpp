@@ -102,9 +102,11 @@ class WorkerProcess {
   }
 
   // After connect: the local ranks from the rendezvous (tcp_options.hpp, learn_local_ranks).
+  // Where a peer is lost meanwhile (CommError), the spec is as it was, for an elastic job's
+  // regroup.
   template <class All>
   [[gnu::cold]] void learn_local_ranks(All& all, int mesh_rank, int group) {
-    spec_ = detail::learn_local_ranks(all, std::move(spec_), binding_, mesh_rank, group);
+    spec_ = detail::learn_local_ranks(all, spec_, binding_, mesh_rank, group);
   }
 
   // The process's communication thread, at options().communication_priority. Where kAuto leaves
