@@ -17,24 +17,32 @@ constexpr double kMiB = 1024.0 * 1024;
 
 TEST_CASE("the model's link bytes are those of each algorithm's exchanges") {
   const double bytes = 64 * kMiB;
-  // Over 4 hosts of 1: every byte leaves each host 2 (n-1)/n times, for every algorithm.
+  // Over 4 hosts of 1: every byte leaves each host 2 (n-1)/n times, for every algorithm; the
+  // deterministic algorithm (and by host, its rail) halves and doubles 32 segments of 4 chunks in
+  // 2 log2(4) steps each, the ring takes 2 (4 - 1).
   for (const Algorithm a : {Algorithm::kDeterministic, Algorithm::kRing, Algorithm::kByHost}) {
     CAPTURE(model::name(a));
     CHECK(model::count(a, Shape{4, 1}, bytes).link_bytes == doctest::Approx(2.0 * 3 / 4 * bytes));
-    CHECK(model::count(a, Shape{4, 1}, bytes).messages == 2 * 3 * 32);  // 32 segments of 4 chunks
+    CHECK(model::count(a, Shape{4, 1}, bytes).messages ==
+          (a == Algorithm::kRing ? 2 * 3 * 32 : 2 * 2 * 32));
   }
-  // 4 hosts of 2: the deterministic algorithm sends each rank's chunks to the 6 ranks of other
-  // hosts through the link; the ring crosses each host once; by host, the two rails carry half
-  // the buffer each between the hosts.
+  // 3 hosts of 1: the deterministic algorithm's 2 (n - 1) steps, 43 segments of 3 chunks.
+  CHECK(model::count(Algorithm::kDeterministic, Shape{3, 1}, bytes).messages == 2 * 2 * 43);
+  // 4 hosts of 2: halving and doubling, the 8 ranks' first step of each half pairs the ranks of
+  // a host, so that each rank sends 6/8 of its quarter through the link each way; the ring
+  // crosses each host once; by host, the two rails carry half the buffer each between the hosts.
   const Shape four_by_two{4, 2};
   CHECK(model::count(Algorithm::kDeterministic, four_by_two, bytes).link_bytes ==
-        doctest::Approx(2.0 * 2 * 6 / 8 * bytes));
+        doctest::Approx(2.0 * 6 / 8 * bytes));
   CHECK(model::count(Algorithm::kRing, four_by_two, bytes).link_bytes ==
         doctest::Approx(2.0 * 7 / 8 * bytes));
+  // 3 hosts of 2 (6 ranks, no power of two): each rank's chunks go to the 4 ranks of other hosts.
+  CHECK(model::count(Algorithm::kDeterministic, Shape{3, 2}, bytes).link_bytes ==
+        doctest::Approx(2.0 * 2 * 4 / 6 * bytes));
   const model::Counts by_host = model::count(Algorithm::kByHost, four_by_two, bytes);
   CHECK(by_host.link_bytes == doctest::Approx(2.0 * 3 / 4 * bytes));
   CHECK(by_host.segment_bytes == bytes);
-  CHECK(by_host.messages == 2 * 3 * 16);  // the rail's 32 MiB: 16 segments of 4 chunks
+  CHECK(by_host.messages == 2 * 2 * 16);  // the rail's 32 MiB: 16 segments of 4 chunks
   // One host: nothing through a link; by host is the segment alone.
   CHECK(model::count(Algorithm::kDeterministic, Shape{1, 4}, bytes).link_bytes == 0);
   CHECK(model::count(Algorithm::kByHost, Shape{1, 4}, bytes).messages == 0);
@@ -44,9 +52,11 @@ TEST_CASE("a small all-reduce is one message to each peer, and a large one grows
   const model::Counts small = model::count(Algorithm::kDeterministic, Shape{8, 1}, 8 * 1024);
   CHECK(small.messages == 7);
   CHECK(small.link_bytes == 7 * 8 * 1024);
-  // 1,024 ranks: a 100 MiB buffer is one segment of 100 KiB chunks, 2 x 1,023 exchanges.
+  // 1,024 ranks: a 100 MiB buffer is one segment of 100 KiB chunks, halved and doubled in
+  // 2 x 10 exchanges; the ring takes 2 x 1,023.
   const model::Counts wide = model::count(Algorithm::kDeterministic, Shape{1024, 1}, 100 * kMiB);
-  CHECK(wide.messages == 2 * 1023);
+  CHECK(wide.messages == 2 * 10);
+  CHECK(model::count(Algorithm::kRing, Shape{1024, 1}, 100 * kMiB).messages == 2 * 1023);
 }
 
 TEST_CASE("the fit recovers the costs that made the measurements") {

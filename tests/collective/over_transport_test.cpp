@@ -92,7 +92,8 @@ TEST_CASE("process collectives are exact on buffers that span several segments")
 
 TEST_CASE("the deterministic all-reduce gives the canonical tree's bits on every rank") {
   for (int ranks : {2, 3, 4, 5, 8}) {
-    for (std::size_t length : {std::size_t{5}, std::size_t{300'000}}) {  // direct and segmented
+    // Direct, segmented, and in several segments (3 on 4 ranks, 2 on 8, halved and doubled).
+    for (std::size_t length : {std::size_t{5}, std::size_t{300'000}, std::size_t{1'300'001}}) {
       CAPTURE(ranks);
       CAPTURE(length);
       const auto inputs = cohort::testing::cancelling_inputs(ranks, length, 7);
@@ -118,15 +119,19 @@ TEST_CASE("the deterministic all-reduce gives the canonical tree's bits on every
 
 TEST_CASE(
     "the deterministic all-reduce folds ranks of uneven leaf counts as nodes: every leaf's tree") {
-  constexpr int kLeaves = 8;
-  for (int ranks : {3, 5, 6}) {
+  // 8 leaves over 3, 5 and 6 ranks; 8 over 4 (2 each, halved and doubled) and 12 over 4 (2, 2, 4
+  // and 4: a power of two of ranks that are not the tree's nodes over ranks).
+  for (const auto [leaf_count, ranks] :
+       {std::pair{8, 3}, std::pair{8, 5}, std::pair{8, 6}, std::pair{8, 4}, std::pair{12, 4}}) {
     for (std::size_t length : {std::size_t{5}, std::size_t{300'000}}) {  // direct and segmented
+      CAPTURE(leaf_count);
       CAPTURE(ranks);
       CAPTURE(length);
-      const auto leaves = cohort::testing::cancelling_inputs(kLeaves, length, 7);
+      const auto leaves = cohort::testing::cancelling_inputs(leaf_count, length, 7);
       const std::vector<float> expected = cohort::testing::canonical_sum(leaves);
       // Each rank's input is its node of the tree (tree::deal), folded as a replica folds.
-      const std::vector<std::size_t> counts = cohort::tree::deal(kLeaves, ranks);
+      const std::vector<std::size_t> counts =
+          cohort::tree::deal(static_cast<std::size_t>(leaf_count), static_cast<std::size_t>(ranks));
       const auto inputs =
           cohort::testing::dealt_nodes(leaves, counts, &cohort::testing::canonical_sum);
       const auto failures = on_ranks<cohort::collective::Deterministic>(ranks, [&](auto& c) {
@@ -267,15 +272,21 @@ TEST_CASE("the pipelined reductions keep their bits when the work runs during th
 namespace {
 
 // A loopback endpoint that counts the payload bytes its rank sends.
+struct Traffic {
+  std::size_t bytes = 0;      // sent
+  std::size_t transfers = 0;  // the steps of a rank's algorithm
+};
+
 class CountingLoopback {
  public:
-  CountingLoopback(Loopback::Endpoint endpoint, std::size_t& sent)
-      : endpoint_(std::move(endpoint)), sent_(&sent) {}
+  CountingLoopback(Loopback::Endpoint endpoint, Traffic& traffic)
+      : endpoint_(std::move(endpoint)), traffic_(&traffic) {}
   int rank() const { return endpoint_.rank(); }
   int size() const { return endpoint_.size(); }
   void transfer(std::span<const cohort::transport::Send> sends,
                 std::span<const cohort::transport::Receive> receives) {
-    for (const auto& send : sends) *sent_ += send.payload.size();
+    for (const auto& send : sends) traffic_->bytes += send.payload.size();
+    ++traffic_->transfers;
     endpoint_.transfer(sends, receives);
   }
   void close() { endpoint_.close(); }
@@ -284,7 +295,7 @@ class CountingLoopback {
 
  private:
   Loopback::Endpoint endpoint_;
-  std::size_t* sent_;
+  Traffic* traffic_;
 };
 
 }  // namespace
@@ -319,7 +330,7 @@ TEST_CASE(
       const std::vector<std::size_t> counts = cohort::tree::deal(kLeaves, ranks);
       const auto inputs = cohort::testing::dealt_nodes(leaves, counts, tree_sum);
       Loopback group({.ranks = ranks, .timeout = std::chrono::seconds(20)});
-      std::vector<std::size_t> sent(2 * static_cast<std::size_t>(ranks));  // bfloat16, float
+      std::vector<Traffic> sent(2 * static_cast<std::size_t>(ranks));  // bfloat16, float
       std::vector<std::string> failures(static_cast<std::size_t>(ranks));
       std::vector<std::jthread> threads;
       for (int rank = 0; rank < ranks; ++rank) {
@@ -362,11 +373,43 @@ TEST_CASE(
       for (std::size_t rank = 0; rank < static_cast<std::size_t>(ranks); ++rank) {
         CAPTURE(rank);
         // Half, up to how the segments cut chunks that do not divide evenly.
-        CHECK(2.0 * static_cast<double>(sent[2 * rank]) ==
-              doctest::Approx(static_cast<double>(sent[2 * rank + 1])).epsilon(0.001));
-        if (ranks > 1) CHECK(sent[2 * rank] > 0);
+        CHECK(2.0 * static_cast<double>(sent[2 * rank].bytes) ==
+              doctest::Approx(static_cast<double>(sent[2 * rank + 1].bytes)).epsilon(0.001));
+        if (ranks > 1) CHECK(sent[2 * rank].bytes > 0);
       }
     }
+  }
+}
+
+TEST_CASE(
+    "the segmented deterministic all-reduce takes 2 log2(n) steps a segment where the ranks are a "
+    "power of two of equal leaf counts, 2 (n - 1) otherwise") {
+  struct Run {
+    int ranks;
+    std::vector<std::size_t> counts;  // leaf counts; empty: one each
+    std::size_t steps_per_segment;
+  };
+  for (const Run& run : {Run{4, {}, 4}, Run{8, {}, 6}, Run{8, {2, 2, 2, 2, 2, 2, 2, 2}, 6},
+                         Run{6, {}, 10}, Run{4, {2, 2, 4, 4}, 6}}) {
+    CAPTURE(run.ranks);
+    CAPTURE(run.counts.size());
+    // Two segments of the ranks' chunks of 512 KiB.
+    const std::size_t length = 2 * static_cast<std::size_t>(run.ranks) * (512 * 1024 / 4);
+    Loopback group({.ranks = run.ranks, .timeout = std::chrono::seconds(20)});
+    std::vector<Traffic> traffic(static_cast<std::size_t>(run.ranks));
+    std::vector<std::jthread> threads;
+    for (int rank = 0; rank < run.ranks; ++rank) {
+      threads.emplace_back([&, rank] {
+        const auto r = static_cast<std::size_t>(rank);
+        cohort::collective::Deterministic<CountingLoopback> c(
+            CountingLoopback(group.endpoint(rank), traffic[r]));
+        if (!run.counts.empty()) c.set_leaf_counts(run.counts);
+        std::vector<float> buffer(length, 1.0f);
+        c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+      });
+    }
+    threads.clear();
+    for (const Traffic& rank : traffic) CHECK(rank.transfers == 2 * run.steps_per_segment);
   }
 }
 

@@ -19,7 +19,10 @@
 //   deterministic  n x B <= 64 KiB: every rank sends its whole buffer to the n-1 others. Larger:
 //                  segments of n chunks of at most 512 KiB; per segment 2 (n-1) exchanges of a
 //                  chunk with one peer at a time; a host's P ranks send their chunks to the n-P
-//                  ranks of other hosts through its link.
+//                  ranks of other hosts through its link. n a power of two from 4: per segment
+//                  2 log2(n) exchanges, halving then doubling what a rank holds; the first
+//                  log2(P) of each half stay within the host, so that its link carries
+//                  2 (n-P)/n x B each way, as a ring's does with P = 1.
 //   ring           the same steps, each to the next rank: only one stream leaves each host.
 //   by host        the P ranks of a host fold through the segment; rank k of every host runs the
 //                  deterministic algorithm on its B/P among the H hosts, the P rails sharing the
@@ -28,6 +31,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <optional>
@@ -101,9 +105,13 @@ inline Counts over_transport(double bytes, int n, int per_host, bool ring) {
   // Segments of n chunks of at most kChunkBytes: the last one's chunks are shorter.
   const double segments = std::ceil(bytes / (kChunkBytes * n));
   const double share = bytes / n;  // this rank's chunks, over every segment
-  counts.messages = 2.0 * (n - 1) * segments;
-  counts.link_bytes =
-      ring ? (off_host > 0 ? 2.0 * (n - 1) * share : 0.0) : 2.0 * per_host * off_host * share;
+  const bool halves = !ring && n >= 4 && std::has_single_bit(static_cast<unsigned>(n));
+  counts.messages = 2.0 * (halves ? std::countr_zero(static_cast<unsigned>(n)) : n - 1) * segments;
+  if (ring) {
+    counts.link_bytes = off_host > 0 ? 2.0 * (n - 1) * share : 0.0;
+  } else {
+    counts.link_bytes = (halves ? 2.0 : 2.0 * per_host) * off_host * share;
+  }
   counts.cpu_bytes = 3.0 * (n - 1) * share;  // sent twice (reduce-scatter, all-gather), folded
   return counts;
 }

@@ -14,6 +14,11 @@
 //     Each half exchanges with one peer each way at a time, in n-1 steps. Per rank that is
 //     2 (n-1)/n x B sent and received in 2 (n-1) steps, as in a ring. Two segments are in flight
 //     at a time, so that one's fold is done while the other's chunks travel.
+//   large, n a power of two from 4 (of equal leaf counts): the same bytes in 2 log2(n) steps
+//     (halve_and_double). log2(n) steps halve each segment: at step k each rank sends half of
+//     what it holds to the rank 2^k away and folds the other half with what that one sends, so
+//     that each fold is a node of the canonical tree over ranks, level by level, the lower ranks'
+//     node on the left; then log2(n) steps double it back. 8 ranks take 6 steps instead of 14.
 // reduce_scatter is the first half alone. broadcast, all_gather and barrier are direct.
 // A kSumBfloat16 (kSumFloat16) all-reduce of float (core/reduce_op.hpp) runs the same algorithm on
 // the buffer packed into Bfloat16 (Float16): every value that travels is a node of that tree, so
@@ -51,6 +56,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -346,16 +352,30 @@ class Deterministic : public detail::OverTransport<T> {
     }
     const std::size_t segment = this->template segment_length<E>();
     const std::size_t me = static_cast<std::size_t>(this->rank());
-    fold_and_gather<E>(
-        call, (output.size() + segment - 1) / segment, 2 * (ranks - 1), op,
-        [&](std::size_t index) {
-          const std::size_t length = std::min(segment, output.size() - index * segment);
-          const std::span<E> part = output.subspan(index * segment, length);
-          const auto mine = detail::chunk(length, ranks, me);
-          return Segment<E>{input.subspan(index * segment, length),
-                            part.subspan(mine.begin, mine.size()), part};
-        },
-        BySegment<Staged>{&staged, segment});
+    const std::size_t segments = (output.size() + segment - 1) / segment;
+    const auto segment_of = [&](std::size_t index) {
+      const std::size_t length = std::min(segment, output.size() - index * segment);
+      const std::span<E> part = output.subspan(index * segment, length);
+      const auto mine = detail::chunk(length, ranks, me);
+      return Segment<E>{input.subspan(index * segment, length),
+                        part.subspan(mine.begin, mine.size()), part};
+    };
+    const BySegment<Staged> by_segment{&staged, segment};
+    if (halves_and_doubles()) {
+      halve_and_double<E>(call, segments, op, segment_of, by_segment);
+    } else {
+      fold_and_gather<E>(call, segments, 2 * (ranks - 1), op, segment_of, by_segment);
+    }
+  }
+
+  // Whether the all-reduce over the transport halves and doubles (top of this file): the ranks a
+  // power of two from 4, each the same number of leaves, so that the pairs at distance 1, 2, 4,
+  // ... are the canonical tree's nodes over ranks. (With 2 ranks both algorithms are one step
+  // each way.)
+  bool halves_and_doubles() const {
+    const auto ranks = static_cast<std::size_t>(this->size());
+    return ranks >= 4 && std::has_single_bit(ranks) &&
+           std::ranges::adjacent_find(leaf_counts_, std::not_equal_to<>{}) == leaf_counts_.end();
   }
 
   // `staged` in a segment's terms: element `begin` of segment `index` is element index x segment
@@ -849,40 +869,25 @@ class Deterministic : public detail::OverTransport<T> {
   };
 
   // The first `steps` steps of the algorithm (top of this file) on each of `segments` segments
-  // (segment_of(index)), pipelined (detail::OverTransport::pipeline). Steps 0 to n-2 send chunk
-  // j of the input to rank j and receive this rank's chunk from every other, one peer each way
-  // at a time: at step s to rank + s + 1 and from rank - s - 1. Each rank's link then carries one
-  // flow each way, as in a ring, where all at once n-1 senders meet at every receiver: with 4
-  // processes on 2 cores a 16 MiB all-reduce took 27-28 ms that way and 15 ms this way, and on
-  // shaped links all at once lost packets (docs/benchmarks.md, "Socket tuning and segments").
-  // The last of them is followed by the fold of this rank's chunk in tree order. Steps n-1 to
-  // 2n-3 send the folded chunk to every rank the same way.
-  // A segment of an all-reduce enters `by_segment` before its first step and leaves it after
-  // its last: the first two before the pipeline starts; after that, as the work that
-  // follows a segment's last step, which leaves that segment and enters the one two after it
-  // (its lane's next), while the other lane's frames travel.
+  // (segment_of(index)), pipelined (staged_pipeline). Steps 0 to n-2 send chunk j of the input to
+  // rank j and receive this rank's chunk from every other, one peer each way at a time: at step s
+  // to rank + s + 1 and from rank - s - 1. Each rank's link then carries one flow each way, as in
+  // a ring, where all at once n-1 senders meet at every receiver: with 4 processes on 2 cores a
+  // 16 MiB all-reduce took 27-28 ms that way and 15 ms this way, and on shaped links all at once
+  // lost packets (docs/benchmarks.md, "Socket tuning and segments"). The last of them is followed
+  // by the fold of this rank's chunk in tree order. Steps n-1 to 2n-3 send the folded chunk to
+  // every rank the same way.
   template <class E, class SegmentOf, class Staged = Unstaged>
   void fold_and_gather(const Call& call, std::size_t segments, std::size_t steps, ReduceOp op,
                        SegmentOf&& segment_of, const BySegment<Staged>& by_segment = {}) {
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     const std::size_t me = static_cast<std::size_t>(this->rank());
-    const auto length_of = [&](std::size_t index) {
-      return index < segments ? segment_of(index).input.size() : std::size_t{0};
-    };
-    if constexpr (BySegment<Staged>::kStages) {
-      for (std::size_t index = 0; index < std::min<std::size_t>(2, segments); ++index) {
-        by_segment.enters(index, 0, length_of(index));
-      }
-    }
-    std::array<std::size_t, 2> ended{};  // each lane's segment whose last step ended
-    std::array<bool, 2> stage_work{};    // whether its work enters and leaves, not a fold
     const std::size_t longest = segment_of(0).owned.size() + 1;  // chunks differ by one at most
     const std::span<E> staging = this->template scratch<E>(2 * ranks * longest);
     std::array<std::vector<const E*>, 2> inputs;  // each lane's fold
     std::array<std::array<E*, 1>, 2> outputs{};
-    const auto exchange_of = [&](std::size_t index, std::size_t lane, std::size_t step,
+    const auto exchange_of = [&](const Segment<E>& segment, std::size_t lane, std::size_t step,
                                  detail::Exchange& exchange) {
-      const Segment<E> segment = segment_of(index);
       const auto slot = [&](std::size_t peer) {
         return staging.subspan((lane * ranks + peer) * longest, segment.owned.size());
       };
@@ -903,14 +908,6 @@ class Deterministic : public detail::OverTransport<T> {
             {static_cast<int>(from), call.header,
              detail::writable_bytes_of(segment.gathered.subspan(theirs.begin, theirs.size()))}};
       }
-      stage_work[lane] = false;
-      if constexpr (BySegment<Staged>::kStages) {
-        if (step + 1 == steps) {
-          stage_work[lane] = true;
-          ended[lane] = index;
-          return length_of(index) + length_of(index + 2);
-        }
-      }
       if (step + 2 != ranks) return std::size_t{0};  // the fold follows the last folding step
       inputs[lane].resize(ranks);
       for (std::size_t peer = 0; peer < ranks; ++peer) inputs[lane][peer] = slot(peer).data();
@@ -919,9 +916,116 @@ class Deterministic : public detail::OverTransport<T> {
       outputs[lane] = {segment.owned.data()};
       return segment.owned.size();
     };
-    const auto work = [&](std::size_t lane, std::size_t begin, std::size_t length) {
+    const auto fold = [&](std::size_t lane, std::size_t begin, std::size_t length) {
+      fold_block<E>(op, inputs[lane], outputs[lane], begin, length, leaf_counts_);
+    };
+    staged_pipeline(call, segments, steps, segment_of, exchange_of, fold, by_segment);
+  }
+
+  // The all-reduce over the transport of ranks a power of two (halves_and_doubles; top of this
+  // file), on each of `segments` segments (segment_of(index): its input and, as `gathered`, its
+  // output), pipelined (staged_pipeline). Steps 0 to log2(n)-1 halve: at step k this rank and the
+  // rank 2^k away hold the same part of the segment (held), each keeps one half of it and sends
+  // the other, and each folds the half it keeps with the one it receives, the lower rank's
+  // on the left: a node of the canonical tree over ranks, of 2^(k+1) of them. Steps log2(n) to
+  // 2 log2(n)-1 double, the other way: this rank sends the part it holds to the rank 2^k away
+  // and receives that one's, so that both hold the part both held before step k.
+  template <class E, class SegmentOf, class Staged = Unstaged>
+  void halve_and_double(const Call& call, std::size_t segments, ReduceOp op, SegmentOf&& segment_of,
+                        const BySegment<Staged>& by_segment = {}) {
+    const std::size_t me = static_cast<std::size_t>(this->rank());
+    const auto levels =
+        static_cast<std::size_t>(std::countr_zero(static_cast<unsigned>(this->size())));
+    // The part of a segment of `length` elements that `rank` holds after `halvings` halvings.
+    const auto held = [](std::size_t rank, std::size_t length, std::size_t halvings) {
+      detail::Chunk part{0, length};
+      for (std::size_t k = 0; k < halvings; ++k) {
+        const std::size_t middle = part.begin + part.size() / 2;
+        part =
+            (rank >> k) & 1 ? detail::Chunk{middle, part.end} : detail::Chunk{part.begin, middle};
+      }
+      return part;
+    };
+    const std::size_t longest = held(1, segment_of(0).input.size(), 1).size();  // the larger half
+    const std::span<E> staging = this->template scratch<E>(2 * longest);
+    struct Fold {
+      std::array<const E*, 2> pair;  // left, right
+      std::array<E*, 1> output;
+    };
+    std::array<Fold, 2> folds{};  // each lane's
+    const auto exchange_of = [&](const Segment<E>& segment, std::size_t lane, std::size_t step,
+                                 detail::Exchange& exchange) {
+      const std::size_t length = segment.input.size();
+      const bool halving = step < levels;
+      const std::size_t k = halving ? step : 2 * levels - 1 - step;
+      const std::size_t peer = me ^ (std::size_t{1} << k);
+      const detail::Chunk mine = held(me, length, k + 1);
+      const detail::Chunk theirs = held(peer, length, k + 1);
+      if (!halving) {
+        exchange = {
+            {static_cast<int>(peer), call.header,
+             detail::bytes_of(
+                 std::span<const E>(segment.gathered.subspan(mine.begin, mine.size())))},
+            {static_cast<int>(peer), call.header,
+             detail::writable_bytes_of(segment.gathered.subspan(theirs.begin, theirs.size()))}};
+        return std::size_t{0};
+      }
+      // The first halving sends from the input; the later ones what the earlier folded.
+      const std::span<const E> source = step == 0 ? segment.input : segment.gathered;
+      const std::span<E> received = staging.subspan(lane * longest, mine.size());
+      exchange = {{static_cast<int>(peer), call.header,
+                   detail::bytes_of(source.subspan(theirs.begin, theirs.size()))},
+                  {static_cast<int>(peer), call.header, detail::writable_bytes_of(received)}};
+      const E* const kept = source.data() + mine.begin;
+      folds[lane] = {.pair = me < peer ? std::array<const E*, 2>{kept, received.data()}
+                                       : std::array<const E*, 2>{received.data(), kept},
+                     .output = {segment.gathered.data() + mine.begin}};
+      return mine.size();
+    };
+    const auto fold = [&](std::size_t lane, std::size_t begin, std::size_t length) {
+      fold_block<E>(op, folds[lane].pair, folds[lane].output, begin, length, {});
+    };
+    staged_pipeline(call, segments, 2 * levels, segment_of, exchange_of, fold, by_segment);
+  }
+
+  // `steps` steps of an algorithm on each of `segments` segments (segment_of(index)), pipelined
+  // (detail::OverTransport::pipeline): exchange_of(segment, lane, step, exchange) fills a step's
+  // exchange and returns how many elements of work on what it receives follow it, work(lane,
+  // begin, length) does a block of that work.
+  // A segment of an all-reduce enters `by_segment` before its first step and leaves it after
+  // its last: the first two before the pipeline starts; after that, as the work that
+  // follows a segment's last step (where the algorithm has none), which leaves that segment and
+  // enters the one two after it (its lane's next), while the other lane's frames travel.
+  template <class SegmentOf, class ExchangeOf, class Work, class Staged>
+  void staged_pipeline(const Call& call, std::size_t segments, std::size_t steps,
+                       SegmentOf& segment_of, ExchangeOf& exchange_of, Work& work,
+                       const BySegment<Staged>& by_segment) {
+    const auto length_of = [&](std::size_t index) {
+      return index < segments ? segment_of(index).input.size() : std::size_t{0};
+    };
+    if constexpr (BySegment<Staged>::kStages) {
+      for (std::size_t index = 0; index < std::min<std::size_t>(2, segments); ++index) {
+        by_segment.enters(index, 0, length_of(index));
+      }
+    }
+    std::array<std::size_t, 2> ended{};  // each lane's segment whose last step ended
+    std::array<bool, 2> stage_work{};    // whether its work enters and leaves, not the algorithm's
+    const auto exchange = [&](std::size_t index, std::size_t lane, std::size_t step,
+                              detail::Exchange& into) {
+      const std::size_t count = exchange_of(segment_of(index), lane, step, into);
+      stage_work[lane] = false;
+      if constexpr (BySegment<Staged>::kStages) {
+        if (step + 1 == steps) {
+          stage_work[lane] = true;
+          ended[lane] = index;
+          return length_of(index) + length_of(index + 2);
+        }
+      }
+      return count;
+    };
+    const auto staged_work = [&](std::size_t lane, std::size_t begin, std::size_t length) {
       if (!stage_work[lane]) {
-        fold_block<E>(op, inputs[lane], outputs[lane], begin, length);
+        work(lane, begin, length);
         return;
       }
       const std::size_t leaving = length_of(ended[lane]);
@@ -933,7 +1037,7 @@ class Deterministic : public detail::OverTransport<T> {
       }
       if (length > 0) by_segment.enters(ended[lane] + 2, begin - leaving, length);
     };
-    this->pipeline(call, segments, steps, exchange_of, work);
+    this->pipeline(call, segments, steps, exchange, staged_work);
   }
 
   // Each of `outputs` = the canonical-tree fold of `count` elements of inputs, where an output
@@ -942,16 +1046,19 @@ class Deterministic : public detail::OverTransport<T> {
   void fold_into(ReduceOp op, std::span<const E* const> inputs, std::span<E* const> outputs,
                  std::size_t count) const {
     for (std::size_t begin = 0; begin < count; begin += Base::kWorkBlock) {
-      fold_block<E>(op, inputs, outputs, begin, std::min(Base::kWorkBlock, count - begin));
+      fold_block<E>(op, inputs, outputs, begin, std::min(Base::kWorkBlock, count - begin),
+                    leaf_counts_);
     }
   }
 
-  // Elements [begin, begin + length) of fold_into, length at most a work block: folded straight
-  // into the first output where no output overlaps an input (an out-of-place all-reduce), else
-  // into a small buffer, copied out while hot, so the fold costs no extra pass over memory.
+  // Elements [begin, begin + length) of fold_into, length at most a work block, the inputs as
+  // nodes of `leaf_counts` leaves (empty: one each): folded straight into the first output where
+  // no output overlaps an input (an out-of-place all-reduce), else into a small buffer, copied
+  // out while hot, so the fold costs no extra pass over memory.
   template <class E>
   void fold_block(ReduceOp op, std::span<const E* const> inputs, std::span<E* const> outputs,
-                  std::size_t begin, std::size_t length) const {
+                  std::size_t begin, std::size_t length,
+                  std::span<const std::size_t> leaf_counts) const {
     thread_local std::vector<E> block(Base::kWorkBlock);
     thread_local std::vector<const E*> offset;
     offset.resize(inputs.size());
@@ -966,7 +1073,7 @@ class Deterministic : public detail::OverTransport<T> {
           return overlaps_an_input(output + begin);
         });
     E* const folded = direct ? outputs.front() + begin : block.data();
-    device::cpu::reduce_tree<E>(op, offset, std::span<E>(folded, length), leaf_counts_);
+    device::cpu::reduce_tree<E>(op, offset, std::span<E>(folded, length), leaf_counts);
     for (E* const output : outputs) {
       if (output + begin != folded) std::copy_n(folded, length, output + begin);
     }
