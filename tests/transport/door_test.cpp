@@ -333,31 +333,22 @@ TEST_CASE(
 
 TEST_CASE(
     "a rank 0 started again as at the job's start finds its job running at a door of the job's "
-    "hosts, past its own port, and joins it") {
-  require_taken_in_at_next_door(
-      "127.0.0.3", [](std::uint16_t /*port*/) {},
-      [](std::uint16_t port) {
-        // Neither told that it joins nor where the door is: the job's
-        // hosts as 127.0.0.1 (its own, where it binds the job's port) and
-        // 127.0.0.3 (the next rank 0's).
-        tcp::Options options = started_again(0, 3, port, kSecret);
-        options.door_hosts = {"127.0.0.1", "127.0.0.3"};
-        return options;
-      },
-      Comes::kOnceDoorOpens);
-}
-
-TEST_CASE(
-    "a rank 0 started again as at the job's start before the job opened its door again asks the "
-    "job's hosts again while it waits, and joins it once the door answers") {
-  require_taken_in_at_next_door(
-      "127.0.0.3", [](std::uint16_t /*port*/) {},
-      [](std::uint16_t port) {
-        tcp::Options options = started_again(0, 3, port, kSecret);
-        options.door_hosts = {"127.0.0.1", "127.0.0.3"};
-        return options;
-      },
-      Comes::kBeforeDoorOpens);
+    "hosts, past its own port, and joins it: once the door is open, or before, asking the hosts "
+    "again while it waits") {
+  for (const Comes comes : {Comes::kOnceDoorOpens, Comes::kBeforeDoorOpens}) {
+    CAPTURE(comes == Comes::kBeforeDoorOpens);
+    require_taken_in_at_next_door(
+        "127.0.0.3", [](std::uint16_t /*port*/) {},
+        [](std::uint16_t port) {
+          // Neither told that it joins nor where the door is: the job's
+          // hosts as 127.0.0.1 (its own, where it binds the job's port)
+          // and 127.0.0.3 (the next rank 0's).
+          tcp::Options options = started_again(0, 3, port, kSecret);
+          options.door_hosts = {"127.0.0.1", "127.0.0.3"};
+          return options;
+        },
+        comes);
+  }
 }
 
 TEST_CASE(
