@@ -486,6 +486,25 @@ TEST_CASE("a rank that aborts makes its peers fail naming it, and the group stay
   }
 }
 
+TEST_CASE(
+    "a rank that aborts while 8 ranks halve and double makes every other fail at once, its "
+    "reason quoted, though most never exchange with it") {
+  constexpr std::size_t kLength = 1 << 20;  // segmented: halved and doubled
+  const auto failures = on_ranks<cohort::collective::Deterministic>(8, [](auto& c) {
+    std::vector<float> buffer(kLength, 1.0f);
+    if (c.rank() == 7) throw std::runtime_error("replica 7 ran out of memory");
+    c.all_reduce(std::span<float>(buffer), ReduceOp::kSum);
+  });
+  CHECK(failures[7] == "replica 7 ran out of memory");
+  for (std::size_t rank = 0; rank < 7; ++rank) {
+    CAPTURE(rank);
+    CAPTURE(failures[rank]);
+    CHECK(failures[rank].find("all_reduce #1") != std::string::npos);
+    CHECK(failures[rank].find("replica 7 ran out of memory") != std::string::npos);
+    CHECK(failures[rank].find("no progress") == std::string::npos);  // nobody waited it out
+  }
+}
+
 TEST_CASE("a rank that never arrives is reported after the timeout") {
   const auto failures = on_ranks<cohort::collective::Ring>(
       2,
