@@ -613,6 +613,34 @@ TEST_CASE("a rank of another job is refused naming both job ids") {
   CHECK(contains(message_of(errors[1]), "job id 'b' differs from 'a'"));
 }
 
+TEST_CASE(
+    "with a secret, ranks told different sizes or jobs both fail at once, naming the difference, "
+    "not after connect_timeout") {
+  const auto sizes = run_ranks(
+      2, [](tcp::Tcp&) {},
+      [](tcp::Options& options) {
+        options.secret = kSecret;
+        options.connect_timeout = std::chrono::seconds(30);
+        if (options.rank == 1) options.size = 3;  // as after roll calls that disagree
+      });
+  CHECK(contains(message_of(sizes[0]),
+                 "rank 0: rendezvous: rank 1 was told the job has 3 ranks, rank 0 was told 2"));
+  CHECK(contains(message_of(sizes[1]),
+                 "rank 1: rendezvous: rank 0 was told the job has 2 ranks, rank 1 was told 3"));
+  const auto jobs = run_ranks(
+      2, [](tcp::Tcp&) {},
+      [](tcp::Options& options) {
+        options.secret = kSecret;
+        options.connect_timeout = std::chrono::seconds(30);
+        options.job_id = std::string(options.rank == 0 ? "a" : "b");
+      });
+  for (const auto& error : jobs) {
+    CAPTURE(message_of(error));
+    CHECK(contains(message_of(error), "job id"));
+    CHECK(!contains(message_of(error), "timed out"));
+  }
+}
+
 TEST_CASE("ranks that never join are named by every rank that waits, after connect_timeout") {
   const auto errors = run_ranks(
       4, [](tcp::Tcp&) {},

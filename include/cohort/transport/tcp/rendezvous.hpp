@@ -795,11 +795,16 @@ class Rendezvous {
           "job at " +
               where + " starting: only a running job's door takes a process in"};
     }
-    if (std::string mismatch = check_hello(*theirs, expectation(peer, peer)); !mismatch.empty()) {
-      co_return Refusal{Refusal::Kind::kMismatch, mismatch};
-    }
     const auto proof =
         make_frame({setup_type::kConfirm}, proof_or_empty(Role::kConnector, mine, hello->bytes));
+    if (std::string mismatch = check_hello(*theirs, expectation(peer, peer)); !mismatch.empty()) {
+      // With a secret the peer believes this rank's hello only once it has this rank's proof:
+      // sent, the peer finds the same mismatch and fails at once too, rather than waiting out its
+      // deadline for a rank that left (ranks whose roll calls disagreed, a worker lost between
+      // them, would otherwise call the roll again apart, and each find itself alone).
+      if (authenticating()) co_await write_setup(socket, who, proof);
+      co_return Refusal{Refusal::Kind::kMismatch, mismatch};
+    }
     if (auto sent = co_await write_setup(socket, who, proof); !sent) co_return sent.refusal();
     Expected<SetupMessage> confirm =
         co_await read_expected(socket, who, setup_type::kConfirm, kProofBytes);
