@@ -7,7 +7,8 @@
 // process started again as rank 0 joins; where that address is another host's, it keeps the door
 // at the same port of its own host, where a process that joins finds it among the job's hosts,
 // and where a rank 0 started again as at the job's start finds it and joins, also one started
-// before the door opened again, which asks again while it waits;
+// before the door opened again, which asks again while it waits (one whose others never come
+// times out naming the hosts where no door answered);
 // a process that joins finds no door at a job that starts;
 // a flood of idle connections at the door is held to max_pending_connections, and a process
 // started for the job still comes in.
@@ -349,6 +350,26 @@ TEST_CASE(
         },
         comes);
   }
+}
+
+TEST_CASE(
+    "a rank 0 of an elastic job whose other ranks never come, and at whose hosts no door answers, "
+    "times out naming both") {
+  tcp::Options options = options_for(0, 2);
+  elastic(options);
+  options.rendezvous_port = tcp::Listener(options).rendezvous_port();  // a port free just now
+  options.connect_timeout = std::chrono::milliseconds(1500);
+  options.door_hosts = {"127.0.0.1", "127.0.0.2"};  // its own host, and one where nobody listens
+  std::string error;
+  try {
+    tcp::Tcp transport(options);
+  } catch (const cohort::CommError& failure) {
+    error = failure.what();
+  }
+  CHECK(contains(error,
+                 "rank 0: rendezvous: timed out after 1500 ms: rank 1 never joined, nor "
+                 "did a running job's door answer at port " +
+                     std::to_string(options.rendezvous_port) + " of 127.0.0.1, 127.0.0.2"));
 }
 
 TEST_CASE(

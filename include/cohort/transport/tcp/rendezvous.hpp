@@ -415,9 +415,10 @@ class Rendezvous {
     }
     finished_ = true;
     if (found_running_job_) leave_for_running_job();
-    if (welcome_ || found_running_job_) {  // the listener serves the next rendezvous, as this
-      for (const ConnectionPtr& connection : connections_) close(connection->socket);  // rank's
-      drain();                                                                         // place
+    // The listener serves the next rendezvous, as this rank's place there.
+    if (welcome_ || found_running_job_) {
+      for (const ConnectionPtr& connection : connections_) close(connection->socket);
+      drain();
       return {};
     }
     close_listener();
