@@ -947,12 +947,17 @@ TEST_CASE("a rank process killed mid-transfer is named by the others as closed, 
     REQUIRE(sequence < 1000);
   }
   REQUIRE(killed);
-  CHECK(contains(error, "rank 0: rank 2 closed the connection during sequence"));
+  CAPTURE(error);
   const int status_2 = children.wait(rank_2);
   CHECK((WIFSIGNALED(status_2) && WTERMSIG(status_2) == SIGKILL));
   const int status_1 = children.wait(rank_1);
   CHECK((WIFEXITED(status_1) && WEXITSTATUS(status_1) == 3));
   CHECK(contains(read_file(report_1), "rank 1: rank 2 closed the connection during sequence"));
+  // Rank 2's frame of the sequence it was killed in may have reached rank 0 whole before it died:
+  // rank 0 then waits only on rank 1, which failed on rank 2 (above) and ended, and rank 0 names
+  // rank 1's end instead. Either way a closed connection, not a timeout.
+  CHECK((contains(error, "rank 0: rank 2 closed the connection during sequence") ||
+         contains(error, "rank 0: rank 1 closed the connection during sequence")));
   std::filesystem::remove(report_1);
   std::filesystem::remove(report_2);
 }
