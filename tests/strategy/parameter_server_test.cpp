@@ -18,8 +18,10 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -646,6 +648,65 @@ TEST_CASE(
                   "(restart 1 of 2)") != std::string::npos);
   CHECK(text.find("cohort: resuming from ") != std::string::npos);
   CHECK(read_file(out) == expected);
+}
+
+TEST_CASE(
+    "under cohort-run --min-np --max-restarts, an async worker SIGKILLed mid-fit is started again "
+    "and takes its place back: each of its steps reaches every chunk once") {
+  TemporaryDirectory directory("cohort-ps-take-back");
+  const fs::path out = directory.path / "parameters.bin";
+  const fs::path log = directory.path / "log.txt";
+  // The chief trains slowest, so that its door is open while worker 2 comes back; the others
+  // train for about 1.5 s, and worker 2 is killed at a point drawn in its first half.
+  Process launcher({COHORT_RUN,
+                    "--np",
+                    "4",
+                    "--ps",
+                    "2",
+                    "--min-np",
+                    "2",
+                    "--max-restarts",
+                    "1",
+                    "--",
+                    COHORT_PS_TRAINER,
+                    "async",
+                    "300",
+                    out.string(),
+                    "--every-worker-sleep-ms",
+                    "5",
+                    "--slow-worker",
+                    "0",
+                    "--sleep-ms",
+                    "25"},
+                   {{"COHORT_SECRET", "take-back"}}, log);
+  REQUIRE(when_logged(log, "ps_trainer: connected", 60s, 6).has_value());
+  std::mt19937 draw(std::random_device{}());
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 700)(draw)));
+  const auto worker =
+      cohort::testing::child_with(launcher.pid(), {"COHORT_ROLE=worker", "COHORT_RANK=2"});
+  REQUIRE(worker.has_value());
+  ::kill(*worker, SIGKILL);
+  const auto exit = launcher.wait(120s);
+  const std::string text = read_file(log);
+  CAPTURE(text);
+  REQUIRE(exit.has_value());
+  CHECK(exit->exited);
+  CHECK(exit->code == 0);
+  CHECK(text.find("cohort-run: worker 2 was killed by signal 9 (Killed); starting it again "
+                  "(restart 1 of 1)") != std::string::npos);
+  CHECK(text.find("cohort: worker 2 took its place back, at step ") != std::string::npos);
+  for (const char* server : {"parameter server 0", "parameter server 1"}) {
+    CAPTURE(server);
+    CHECK(text.find(std::string("cohort: ") + server +
+                    ": took back worker 2 (rank 2), started "
+                    "again") != std::string::npos);
+    // Every worker's 300 steps, worker 2's from both of its processes, each pushed once.
+    CHECK(text.find(std::string("cohort: ") + server +
+                    " (async, 2 chunks): pushes applied per worker [300, 300, 300, 300], workers "
+                    "lost 1, taken back 1") != std::string::npos);
+  }
+  CHECK(fs::exists(out));
 }
 
 TEST_CASE("malformed requests are refused naming the worker and the field; others go on") {

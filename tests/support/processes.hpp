@@ -126,12 +126,20 @@ inline std::string read_file(const std::filesystem::path& file) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// When `file` first contains `text`, polled for at most `limit`; nothing if it never did.
+// When `file` first contains `text` (`times` times), polled for at most `limit`; nothing if it
+// never did.
 inline std::optional<std::chrono::steady_clock::time_point> when_logged(
-    const std::filesystem::path& file, const std::string& text, std::chrono::milliseconds limit) {
+    const std::filesystem::path& file, const std::string& text, std::chrono::milliseconds limit,
+    std::size_t times = 1) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (read_file(file).find(text) != std::string::npos) return std::chrono::steady_clock::now();
+    const std::string logged = read_file(file);
+    std::size_t found = 0;
+    for (auto at = logged.find(text); at != std::string::npos && found < times;
+         at = logged.find(text, at + text.size())) {
+      ++found;
+    }
+    if (found == times) return std::chrono::steady_clock::now();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return std::nullopt;

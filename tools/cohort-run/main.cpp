@@ -35,9 +35,12 @@
 // and COHORT_JOIN=1, and joins the running job at a step boundary (strategy/elastic.hpp;
 // "cohort-run: rank 2 was killed by signal 9 (Killed); starting it again (restart 1 of 3)"), rank 0
 // too: the job's next rank 0 keeps its door at the same address. A rank started again that the job
-// ended without taking in is no failure of the job. With --max-restarts K and no --min-np (a job
-// that is not elastic, a parameter-server job among them: a server's shard lives nowhere else),
-// a failed rank stops the job as above, and then every rank is started again, K times in all, on
+// ended without taking in is no failure of the job. With --ps S as well (a parameter-server job
+// under Async or BoundedStaleness, strategy/parameter_server.hpp) only a worker other than the
+// chief is lost and started again, and takes its place back at the servers; a server or the chief
+// that fails stops the job (a server's shard lives nowhere else, the chief holds the job's door).
+// With --max-restarts K and no --min-np (a job that is not elastic), a failed rank stops the job as
+// above, and then every rank is started again, K times in all, on
 // a new port unless --port gives one ("cohort-run: the job stopped after ps 1 failed; starting
 // every rank again (restart 1 of 3)"), as torchrun's --max-restarts does: a program that resumes
 // from its newest checkpoint (Options::checkpoint, resume) goes on from there, to the bits of a
@@ -447,6 +450,21 @@ class Launch {
         std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& rank) { return !rank.status; }));
   }
 
+  // The ranks that run and train: all of them, less a parameter-server job's servers.
+  int running_workers() const {
+    const auto workers = ranks_.begin() + options_.processes;
+    return static_cast<int>(
+        std::count_if(ranks_.begin(), workers, [](const Rank& rank) { return !rank.status; }));
+  }
+
+  // Whether an elastic job (--min-np) goes on without failed rank `rank`: one that trains, other
+  // than a parameter-server job's chief, while at least --min-np of them run.
+  bool may_lose(std::size_t rank) const {
+    if (options_.min_processes == 0 || running_workers() < options_.min_processes) return false;
+    return options_.servers == 0 ||
+           (rank > 0 && rank < static_cast<std::size_t>(options_.processes));
+  }
+
   // The timeout until stopping; while stopping, the SIGTERM deadline, then the SIGKILL one.
   std::optional<Clock::time_point> next_deadline() const {
     if (!stopping_) return timeout_at_;
@@ -506,14 +524,12 @@ class Launch {
               " after the job ended without taking it in");
           continue;
         }
-        if (!success && !stopping_ && options_.min_processes > 0 &&
-            running() >= options_.min_processes && restart(rank, status)) {
-          continue;
-        }
-        if (!success && !stopping_ && options_.min_processes > 0 &&
-            running() >= options_.min_processes) {
-          say(who(rank) + " " + describe_status(status) + "; " + std::to_string(running()) +
-              " ranks go on without it (--min-np " + std::to_string(options_.min_processes) + ")");
+        const bool expendable = !success && !stopping_ && may_lose(rank);
+        if (expendable && restart(rank, status)) continue;
+        if (expendable) {
+          say(who(rank) + " " + describe_status(status) + "; " + std::to_string(running_workers()) +
+              (options_.servers == 0 ? " ranks" : " workers") + " go on without it (--min-np " +
+              std::to_string(options_.min_processes) + ")");
           continue;
         }
         if (!success && !stopping_) {
@@ -560,7 +576,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--min-np", options.min_processes,
                  "an elastic job: a rank that fails while at least this many others run is lost, "
-                 "and they go on without it (COHORT_MIN_WORKERS for every rank; default: not "
+                 "and they go on without it (COHORT_MIN_WORKERS for every rank; with --ps, a "
+                 "worker other than the chief under Async or BoundedStaleness; default: not "
                  "elastic, a failed rank stops the others)")
       ->check(CLI::Range(0, 1 << 16));
   app.add_option("--max-restarts", options.max_restarts,
@@ -606,12 +623,6 @@ int main(int argc, char** argv) {
   if (options.min_processes > options.processes) {
     say("--min-np " + std::to_string(options.min_processes) + " exceeds --np " +
         std::to_string(options.processes));
-    return 2;
-  }
-  if (options.min_processes > 0 && options.servers > 0) {
-    say("--min-np: a parameter-server job is not elastic (its servers hold shards nobody else "
-        "has); --max-restarts without --min-np starts every rank again after a failure, and the "
-        "job goes on from its last checkpoint");
     return 2;
   }
   if (options.job_id.empty()) options.job_id = make_job_id();

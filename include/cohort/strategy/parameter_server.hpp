@@ -64,6 +64,16 @@
 // server, so that the server names a stalled worker first): restart the job from the last
 // checkpoint.
 //
+// Workers started again (Async and BoundedStaleness with Options::elastic). A worker other than
+// the chief whose process is lost may be started again with the environment it had and
+// COHORT_JOIN=1 (cohort-run --min-np M --max-restarts K does it): it gets the job's addresses at
+// the chief's door (transport/tcp/door.hpp; polled at every vote, trainer/vote.hpp), takes its
+// place back at every server (transport::tcp::Tcp::readmit), and its fit goes on from the step
+// after its last push (parameter_server/server.hpp): none of its examples is lost or pushed
+// twice. The servers end the fit once fewer than elastic.min_workers workers are live. A lost
+// chief or server is not taken back: the chief holds the door and brings the optimizer state
+// home, a server its shard.
+//
 // Settings. Before its first step every worker presents the Trainer's settings to every server,
 // which compares them with its own and the chief's (trainer/job_settings.hpp;
 // parameter_server/protocol.hpp): a server or a worker of any consistency started with other
@@ -91,6 +101,11 @@
 //                    a push started during the backward pass
 //   backup_workers   Sync only: a step needs the W - backup_workers lowest-indexed live workers
 //   log_pushes       servers print a line per push applied to their first chunk
+//   elastic          Async and BoundedStaleness: elastic.min_workers (or COHORT_MIN_WORKERS) > 0
+//                    lets a lost worker's process started again take its place back (above), and
+//                    ends the fit below that many live workers; elastic.joins_running_job (or
+//                    COHORT_JOIN=1) on the process started again. Sync: ConfigError (a step needs
+//                    every worker, or backup_workers)
 //   wire             the format a push crosses in (collective/wire.hpp): kFloat32 (the default),
 //                    or kBfloat16 (kFloat16), half the bytes: every sum of the canonical tree
 //                    rounded to bfloat16 (float16), in each worker's fold, between its replicas
@@ -150,12 +165,14 @@
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/detail/staged_communicator.hpp"
 #include "cohort/strategy/detail/worker_process.hpp"
+#include "cohort/strategy/elastic.hpp"
 #include "cohort/strategy/parameter_server/client.hpp"
 #include "cohort/strategy/parameter_server/communicators.hpp"
 #include "cohort/strategy/parameter_server/protocol.hpp"
 #include "cohort/strategy/parameter_server/server.hpp"
 #include "cohort/strategy/parameter_server/sharded_save.hpp"
 #include "cohort/strategy/strategy.hpp"
+#include "cohort/transport/tcp/door.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
 namespace cohort::strategy {
@@ -224,6 +241,7 @@ class ParameterServer {
     bool log_pushes = false;
     collective::ThreadPriority communication_priority = collective::ThreadPriority::kNormal;
     collective::Wire wire = collective::Wire::kFloat32;
+    Elastic elastic{};
   };
 
   explicit ParameterServer(Options options)
@@ -257,6 +275,7 @@ class ParameterServer {
                       "is for workers whose replicas are on the host: a GPU worker's gradient "
                       "sums in float");
     }
+    check_elastic();
     if (this->options().backup_workers >= static_cast<std::size_t>(workers_)) {
       options::reject("backup_workers", this->options().backup_workers,
                       "must be less than the " + std::to_string(workers_) + " workers");
@@ -274,14 +293,40 @@ class ParameterServer {
         cluster::describe(cluster()) + "; parameter server job: " + std::to_string(servers_) +
             " server(s), " + std::to_string(workers_) + " worker(s), " + std::string(C::kName) +
             ", rank " + std::to_string(rank) + " of the mesh",
-        serves() ? std::nullopt : std::optional(worker_transfer_timeout(this->options().timeout))));
-    {
+        serves() ? std::nullopt : std::optional(worker_transfer_timeout(this->options().timeout)),
+        rejoined() ? server_ranks() : std::vector<int>{}));
+    // A process that took its place back meets the servers only: the launcher's local rank, or 0.
+    if (!rejoined()) {
       collective::Deterministic<ps::WorkerView<Transport>> everyone(
           ps::WorkerView<Transport>(*transport_, workers_ + servers_));
       process_.learn_local_ranks(everyone, rank, serves() ? 1 : 0);
     }
     if (!serves() && !worker_place_) worker_place_.emplace(cluster(), this->options().timeout);
     if (serves()) transport_->isolate_peer_failures();
+    if constexpr (kTakesWorkersBack) {
+      if (this->options().elastic.enabled() && is_chief()) {
+        door_ = std::make_unique<transport::tcp::Door>(*transport_);
+      }
+    }
+  }
+
+  // strategy::TakesWorkersBack (strategy.hpp), over TCP under Async and BoundedStaleness.
+  static constexpr bool kTakesWorkersBack =
+      kStaleness != 0 && std::same_as<Transport, transport::tcp::Tcp>;
+  const Elastic& elastic() const requires kTakesWorkersBack { return options().elastic; }
+  // On the chief, at a vote: answers the processes at its door, which ask for the job's
+  // addresses to take their places back at the servers.
+  void tend_door() requires kTakesWorkersBack {
+    if (door_) door_->waiting();
+  }
+  // Whether this process was started again for a lost worker's place, which it took back.
+  bool rejoined() const { return options().elastic.joins_running_job && !serves(); }
+  // On such a process, before its first fit: the step its fit goes on from, the earliest of the
+  // servers' (parameter_server/server.hpp, kResume); `step`, its own, where no server holds a
+  // chunk.
+  std::uint64_t resume_step(std::uint64_t step) requires kTakesWorkersBack {
+    ps::Client<Transport> client(*transport_, worker(), workers_);
+    return client.resume(servers_, step);
   }
 
   // How long a worker's transfers may stall: 3/2 x timeout, the servers' deadline for a silent
@@ -357,7 +402,9 @@ class ParameterServer {
                                            .log_pushes = options().log_pushes,
                                            .settings = own,
                                            .schedule = schedule,
-                                           .wire = options().wire},
+                                           .wire = options().wire,
+                                           .readmits = options().elastic.enabled(),
+                                           .min_workers = options().elastic.min_workers},
                                           optimizer);
     const ps::ServerCounts counts = server.serve();
     held_ = server.shard();
@@ -367,6 +414,7 @@ class ParameterServer {
                        " chunks): pushes applied per worker " + list(counts.applied);
     if (options().backup_workers != 0) line += ", dropped per worker " + list(counts.dropped);
     line += ", workers lost " + std::to_string(counts.lost.size());
+    if (counts.taken_back != 0) line += ", taken back " + std::to_string(counts.taken_back);
     if (kStaleness != 0) {
       line += ", staleness {";
       bool first = true;
@@ -441,7 +489,7 @@ class ParameterServer {
       for (const ps::Chunk& chunk : chunks_) edges_.push_back(chunk.begin);
       with_servers([&] {
         const std::span<T> host = host_copy(parameters, parameter_staging_);
-        if (index_ == 0) initialize_servers<T>(host, optimizer_state, step);
+        if (index_ == 0 && !owner_->rejoined()) initialize_servers<T>(host, optimizer_state, step);
         pull(host, step);
         land(host, parameters);
       });
@@ -805,6 +853,50 @@ class ParameterServer {
     return text + "]";
   }
 
+  // The mesh ranks of the servers, which follow the workers'.
+  std::vector<int> server_ranks() const {
+    std::vector<int> ranks;
+    for (int server = 0; server < servers_; ++server) ranks.push_back(workers_ + server);
+    return ranks;
+  }
+
+  // Options::elastic: under Async and BoundedStaleness only, for a worker other than the chief.
+  void check_elastic() const {
+    const Elastic& elastic = options().elastic;
+    if (elastic.joins_running_job && !elastic.enabled()) {
+      options::reject("elastic.joins_running_job", "true",
+                      "needs elastic.min_workers (COHORT_MIN_WORKERS): only an elastic job takes a "
+                      "worker back");
+    }
+    if (!elastic.enabled()) return;
+    if (!kTakesWorkersBack) {
+      options::reject("elastic.min_workers", elastic.min_workers,
+                      std::string("is for ParameterServer under Async and BoundedStaleness over "
+                                  "TCP: under ") +
+                          std::string(C::kName) +
+                          " each step needs every worker's push (or backup_workers), so a lost "
+                          "worker stops the job; restart it from its last checkpoint");
+    }
+    if (elastic.min_workers > static_cast<std::size_t>(workers_)) {
+      options::reject("elastic.min_workers", elastic.min_workers,
+                      "exceeds the " + std::to_string(workers_) + " workers");
+    }
+    if (elastic.max_workers != 0 && elastic.max_workers != static_cast<std::size_t>(workers_)) {
+      options::reject("elastic.max_workers", elastic.max_workers,
+                      "must be 0 or the " + std::to_string(workers_) +
+                          " workers: a parameter-server job takes lost workers back, and grows "
+                          "by none");
+    }
+    if (elastic.joins_running_job && (serves() || cluster().rank == 0)) {
+      options::reject("elastic.joins_running_job", "true",
+                      serves() ? "a parameter server started again cannot take its place back: "
+                                 "its shard is gone; restart the job from its last checkpoint"
+                               : "the chief started again cannot take its place back: it held the "
+                                 "job's door and brings the optimizer state home; restart the "
+                                 "job from its last checkpoint");
+    }
+  }
+
   // Global-norm clipping under Sync composes the servers' block sums of squares
   // (parameter_server/server.hpp), so no shard or chunk boundary may split a block.
   template <class T, class O>
@@ -833,6 +925,8 @@ class ParameterServer {
   std::unique_ptr<collective::CommunicationThread> thread_;  // on a worker; stopped before the
                                                              // transport it moves data over
   ps::HeldShard held_;  // a server's shard, from its last fit or restore, for save()
+  // On an elastic job's chief: where a worker's process started again gets the job's addresses.
+  std::unique_ptr<transport::tcp::Door> door_;
   // A worker's failure at the start of a fit, for its other replicas (Replica::with_servers).
   std::exception_ptr start_failure_;
 };
@@ -846,6 +940,8 @@ static_assert(PresentsSettings<ParameterServer<>>);
 static_assert(ReportsStop<ParameterServer<>>);
 static_assert(SavesOwnCheckpoint<ParameterServer<>, float>);
 static_assert(ChoosesGradientSum<ParameterServer<>>);
+static_assert(TakesWorkersBack<ParameterServer<consistency::Async>>);
+static_assert(!TakesWorkersBack<ParameterServer<>>);
 
 // Workers under Async and BoundedStaleness go at their own pace.
 template <class C, device::Device D, class Transport>

@@ -119,6 +119,12 @@
 //                            that ask to join, as many as the job takes; every process then calls
 //                            s.admit(count) together, and each joiner, whose s.joined() is true
 //                            from its construction, takes the newest state with them
+//   TakesWorkersBack<S>      s.elastic(), s.tend_door(), s.rejoined(), s.resume_step(step): a
+//                            job that takes a lost worker's process back when it is started again
+//                            for its place (ParameterServer under Async and BoundedStaleness).
+//                            s.tend_door(), on the chief at each vote, answers the processes at
+//                            its door; on such a process s.rejoined() is true, and its first fit
+//                            goes on from s.resume_step(step), the step after its last push
 //   KeepsStripes<S, T>       s.stripes_spread(), s.kept_step(), s.rebuild_from_stripes<T>(
 //                            parameters, state, steps) const, s.forget_stripes(): an elastic job
 //                            whose workers update only their stripes of the state keeps every
@@ -326,6 +332,14 @@ concept Regroups = requires(S& s, const S& cs, const CommError& cause) {
   { s.joiners_waiting() } -> std::same_as<std::size_t>;
   { s.admit(std::size_t{}) } -> std::same_as<MembershipChange>;
   { cs.joined() } -> std::same_as<bool>;
+};
+
+template <class S>
+concept TakesWorkersBack = requires(S& s, const S& cs, std::uint64_t step) {
+  { cs.elastic() } -> std::same_as<const Elastic&>;
+  s.tend_door();
+  { cs.rejoined() } -> std::same_as<bool>;
+  { s.resume_step(step) } -> std::same_as<std::uint64_t>;
 };
 
 template <class S, class T>

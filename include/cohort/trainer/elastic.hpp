@@ -294,4 +294,20 @@ template <class R>
                static_cast<unsigned long long>(step));
 }
 
+// The first fit of a process started again for a lost worker's place, which it took back
+// (strategy::TakesWorkersBack): it goes on from the step after the lost process's last push, with
+// that step's examples, and the parameters its first pull brings.
+template <class R>
+[[gnu::cold]] void rejoin_fit(R& run) {
+  const auto start = trace::Recorder::Clock::now();
+  run.rejoined_from = run.step;
+  run.step = run.strategy.resume_step(run.step);
+  if (run.recorder) {
+    run.recorder->record(trace::Phase::kRegroup, start, trace::Recorder::Clock::now(),
+                         {.step = run.step, .index = run.strategy.replicas()});
+  }
+  std::fprintf(stderr, "cohort: worker %d took its place back, at step %llu\n",
+               run.strategy.worker(), static_cast<unsigned long long>(run.step));
+}
+
 }  // namespace cohort::trainer

@@ -77,7 +77,7 @@ template <class R, class Replica>
                  {"strategy", std::string(S::kName) + " on " + std::string(R::Device::kName)},
                  {"replicas", text(run.strategy.replicas())},
                  {"local_replicas", text(run.strategy.local_replicas())},
-                 {"step", text(run.step)}});
+                 {"step", text(run.rejoined_from.value_or(run.step))}});
   const std::string who = "worker " + std::to_string(run.strategy.cluster().rank) + " (replica " +
                           std::to_string(replica.index()) + ")";
   if (compare) {

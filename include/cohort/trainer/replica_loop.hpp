@@ -179,17 +179,21 @@ class ReplicaLoop {
  private:
   static constexpr bool kValidates = !std::same_as<V, NoValidation>;
 
-  // Whether processes may join this fit (an elastic job: strategy::Regroups).
+  // Whether processes may join this fit, or take a lost worker's place back (an elastic job:
+  // strategy::Regroups, strategy::TakesWorkersBack), which the votes make room for.
   bool grows() const {
-    if constexpr (strategy::Regroups<S>) return run_.strategy.elastic().enabled();
+    if constexpr (strategy::Regroups<S> || strategy::TakesWorkersBack<S>) {
+      return run_.strategy.elastic().enabled();
+    }
     return false;
   }
 
-  // The processes the chief takes in at this vote, 0 elsewhere.
+  // The processes the chief takes in at this vote, 0 elsewhere. A job that takes workers back
+  // takes nobody in at a vote: its chief answers its door there.
   std::size_t joiners_waiting() {
-    if constexpr (strategy::Regroups<S>) {
-      if (local_ == 0 && run_.strategy.is_chief()) return run_.strategy.joiners_waiting();
-    }
+    if (local_ != 0 || !run_.strategy.is_chief()) return 0;
+    if constexpr (strategy::Regroups<S>) return run_.strategy.joiners_waiting();
+    if constexpr (strategy::TakesWorkersBack<S>) run_.strategy.tend_door();
     return 0;
   }
   static constexpr bool kBetweenSteps = PeriodicCheckpoints<R>::kBetweenSteps;

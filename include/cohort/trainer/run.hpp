@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +58,10 @@ struct Run {
   std::vector<M> models;  // one per local replica, at its place
   std::vector<Buffer<value_type>> optimizer_states;
   std::uint64_t step = 0;        // steps applied since the run began, restores included
+  // A process started again for a lost worker's place goes on from a later step than its fit
+  // began at (trainer/elastic.hpp, rejoin_fit): that first step, the job's, which its settings
+  // present (trainer/job_settings.hpp).
+  std::optional<std::uint64_t> rejoined_from{};
   std::size_t dataset_size = 0;  // fixed by the first fit or by restore
   std::unique_ptr<trace::Recorder> recorder;  // when tracing (Options::trace)
 

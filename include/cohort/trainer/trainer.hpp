@@ -313,11 +313,20 @@ class Trainer {
         trainer::join_fit(run_);
       }
     }
+    if constexpr (strategy::TakesWorkersBack<S>) {
+      if (run_.strategy.rejoined() && !joined_fit_) {
+        joined_fit_ = true;
+        trainer::rejoin_fit(run_);
+      }
+    }
     std::uint64_t target = std::numeric_limits<std::uint64_t>::max();
     if (until.epochs != 0) target = until.epochs * plan.steps_per_epoch();
     if (until.steps != 0) target = std::min(target, until.steps);
 
-    return trainer::fit_segments(run_, checkpoints_, metrics_, data, validation, plan, target);
+    Report report =
+        trainer::fit_segments(run_, checkpoints_, metrics_, data, validation, plan, target);
+    run_.rejoined_from.reset();  // a later fit begins where this one ended, as every worker's
+    return report;
   }
 
   // A server's fit (strategy::ServesFit): it serves the workers' fit, segment by segment, saving
@@ -349,7 +358,9 @@ class Trainer {
   std::unique_ptr<trainer::MetricsLog> metrics_;  // on the chief, when asked
   std::optional<std::string> unsettled_;      // why the state may be inconsistent (require_settled)
   std::unique_ptr<preemption::Watch> watch_;  // when Options::preemption.enabled
-  bool joined_fit_ = false;  // a process that joined a running job took its state (join_fit)
+  // A process that joined a running job took its state (join_fit), or one started again for a
+  // lost worker's place took the step it goes on from (rejoin_fit).
+  bool joined_fit_ = false;
 };
 
 }  // namespace cohort

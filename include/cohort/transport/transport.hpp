@@ -178,6 +178,16 @@ concept Serving = Transport<T> &&
   { t.wait_any(peers, timeout) } -> std::convertible_to<int>;
 };
 
+// A Serving transport whose rank takes back the process of a lost peer started again for its
+// place (tcp::Tcp::readmit): readmission_waiting() polls for one (its rank, or -1), readmit(rank)
+// makes it the connection to that rank, refuse_readmission(rank, why) lets it go.
+template <class T>
+concept Readmits = Serving<T> && requires(T& t, int rank, const std::string& why) {
+  { t.readmission_waiting() } -> std::convertible_to<int>;
+  { t.readmit(rank) } -> std::convertible_to<bool>;
+  t.refuse_readmission(rank, why);
+};
+
 // A Transport that can do the caller's work while it waits (see the top of this file).
 template <class T>
 concept Overlapping = Transport<T> &&

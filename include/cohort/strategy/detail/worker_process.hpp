@@ -83,13 +83,20 @@ class WorkerProcess {
 
   // Prints the start-up line (`banner`, then where this process listens and why) and meets the
   // other `mesh_size` - 1 processes as mesh rank `mesh_rank`. transfer_timeout, where given,
-  // replaces the options' timeout as the transport's operation_timeout.
+  // replaces the options' timeout as the transport's operation_timeout. A process started again
+  // for its place in a running mesh gives `rejoin_peers`, the ranks it takes it back at
+  // (transport::tcp::Options::rejoin_peers), instead of joining through the door.
   template <ProcessTransport Transport>
   [[gnu::cold]] Transport connect(
       int mesh_rank, int mesh_size, const std::string& banner,
-      std::optional<std::chrono::milliseconds> transfer_timeout = std::nullopt) {
+      std::optional<std::chrono::milliseconds> transfer_timeout = std::nullopt,
+      std::vector<int> rejoin_peers = {}) {
     TcpSetup tcp = tcp_setup(spec_, mesh_rank, mesh_size, options_);
     if (transfer_timeout) tcp.options.operation_timeout = *transfer_timeout;
+    if (!rejoin_peers.empty()) {
+      tcp.options.rejoin_peers = std::move(rejoin_peers);
+      tcp.options.joins_running_job = false;
+    }
     // A real-time thread that spins keeps its core from the replica threads (sched_yield yields
     // to real-time threads only), where the normal thread's spin yields to them: between 2 hosts
     // the examples' MLP trained 10% faster with a real-time thread that sleeps at once, and no

@@ -142,6 +142,20 @@ class Client {
     transfer();
   }
 
+  // A worker's process started again for its place: the step its fit goes on from, the earliest
+  // each of the job's `servers` servers names (protocol.hpp, kResume); `own` where none does (no
+  // server holds a chunk).
+  std::uint64_t resume(int servers, std::uint64_t own) {
+    for (int server = 0; server < servers; ++server) {
+      add({.operation = Operation::kResume},
+          Chunk{.server = server, .index = 0, .begin = 0, .end = 0}, {});
+    }
+    transfer();
+    std::uint64_t step = ~std::uint64_t{0};
+    for (const Reply& reply : replies_) step = std::min(step, reply.updates);
+    return step == ~std::uint64_t{0} ? own : step;
+  }
+
   // Whether an answer so far said that its server was signalled (protocol.hpp, preemption).
   bool preemption_heard() const { return preemption_heard_; }
 

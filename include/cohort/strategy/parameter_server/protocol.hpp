@@ -27,6 +27,18 @@
 //   kPull       none                               parameters    once the worker's pushes settled
 //   kPullState  none                               optimizer state (slot-major over the chunk)
 //   kDone       none                               none          this worker's fit has ended
+//   kResume     none                               none          a worker's process started again
+//                                                                 for its place (Async and
+//                                                                 BoundedStaleness, elastic): the
+//                                                                 answer's `updates` is the step
+//                                                                 its fit goes on from
+//
+// A worker's process started again takes its place back at every server (ParameterServer's
+// elastic; transport::Readmits), which forgets what the lost process had in flight. It asks each
+// server with kResume for the step after its last push there (the fit's first step where it
+// pushed nothing), and goes on from the earliest: a push of a step that a chunk took already, from
+// the process that was lost in the middle of that step's pushes, is dropped, so that each of the
+// worker's steps reaches every chunk once.
 //
 // Preemption (core/preemption.hpp): a server that was signalled sets kPreempted in every answer
 // from then on, so that the workers that pull from it hear of it; a worker whose fit stopped for
@@ -74,15 +86,24 @@
 namespace cohort::strategy::ps {
 
 // 2: pushes are not answered; 3: every worker presents its settings first (kSettings); 4: flags
-// (preemption); 5: a push's elements in the job's wire format (element_bytes 2: bfloat16)
-inline constexpr std::uint16_t kProtocolVersion = 5;
+// (preemption); 5: a push's elements in the job's wire format (element_bytes 2: bfloat16);
+// 6: kResume
+inline constexpr std::uint16_t kProtocolVersion = 6;
 
 // Request::flags and Reply::flags.
 inline constexpr std::uint16_t kPreempted = 1;
 // In a kDone: the fit goes on after a checkpoint (trainer/periodic_checkpoints.hpp).
 inline constexpr std::uint16_t kCheckpoint = 2;
 
-enum class Operation : std::uint16_t { kInit = 1, kPush, kPull, kPullState, kDone, kSettings };
+enum class Operation : std::uint16_t {
+  kInit = 1,
+  kPush,
+  kPull,
+  kPullState,
+  kDone,
+  kSettings,
+  kResume
+};
 
 inline std::string_view name(Operation operation) {
   switch (operation) {
@@ -98,6 +119,8 @@ inline std::string_view name(Operation operation) {
       return "done";
     case Operation::kSettings:
       return "settings";
+    case Operation::kResume:
+      return "resume";
   }
   return "unknown";
 }

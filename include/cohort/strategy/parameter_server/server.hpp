@@ -48,6 +48,15 @@
 // inverse_batch x W / R, and every other push of that step is dropped (counted and reported; its
 // worker's pull gets the new parameters). With B = 0 every worker is needed: a lost worker ends the
 // run with an error naming it.
+//
+// Workers taken back (Async and BoundedStaleness, options.readmits; transport::Readmits): the
+// process of a worker started again for its place asks this server for it between two frames.
+// The server takes it in, losing the worker it replaces first where that one was not counted as
+// lost yet (a launcher starts a process again only once the last one ended), and answers its
+// kResume with the step after its last push here (protocol.hpp); a push of a step a chunk took
+// already is dropped. The bound of BoundedStaleness counts it again from its first push: the
+// others wait for it as for any live worker. Below options.min_workers live workers the fit ends
+// with an error naming the ones lost.
 #pragma once
 
 #include <algorithm>
@@ -95,6 +104,10 @@ struct ServerOptions {
   // 2 bytes an element, each a node of the canonical tree of rounded sums, which the server widens
   // and merges the same way (ReduceOp::kSumBfloat16, kSumFloat16).
   collective::Wire wire = collective::Wire::kFloat32;
+  // Async and BoundedStaleness: a lost worker's process started again takes its place back (the
+  // rule at the top); the fit ends below min_workers live workers (0: never).
+  bool readmits = false;
+  std::size_t min_workers = 0;
 };
 
 // What one serve() did, for the end-of-fit summary and the tests.
@@ -104,6 +117,7 @@ struct ServerCounts {
       dropped;  // per worker: pushes dropped by the backup rule (first chunk)
   std::map<std::uint64_t, std::uint64_t> staleness;  // updates between a worker's pull and push
   std::vector<std::string> lost;                     // workers lost, with why
+  std::uint64_t taken_back = 0;                      // workers' processes started again
   // How the workers' fit or segment ended (kDone's flags, protocol.hpp), and the run's step
   // there: the updates applied, which under Sync count the run's steps.
   FitEnd end = FitEnd::kReached;
@@ -127,6 +141,7 @@ class Server {
       chunk.state.assign(O::kStateSlots * mine[i].size(), T{});
       chunk.done.assign(workers, 0);
       chunk.pulled.assign(workers, 0);
+      chunk.next_step.assign(workers, kNone);
       if constexpr (kSync) {
         chunk.contributions.assign(workers, std::vector<T>(mine[i].size()));
         chunk.pushed_step.assign(workers, kNone);
@@ -156,6 +171,7 @@ class Server {
       std::fill(chunk.done.begin(), chunk.done.end(), 0);
       std::fill(chunk.pulled.begin(), chunk.pulled.end(), chunk.updates);
       std::fill(chunk.pushed_step.begin(), chunk.pushed_step.end(), kNone);
+      std::fill(chunk.next_step.begin(), chunk.next_step.end(), kNone);
       chunk.initialized = false;
     }
     const auto start = Clock::now();
@@ -194,6 +210,9 @@ class Server {
       const int worker = transport_.wait_any(listening, kPoll);
       if (worker >= 0) take_frame(worker);
       lose_silent(listening);
+      if constexpr (!kSync && transport::Readmits<Tr>) {
+        if (options_.readmits && initialized) take_back();
+      }
     }
     return counts_;
   }
@@ -247,6 +266,8 @@ class Server {
     bool initialized = false;
     std::vector<std::uint64_t> done;    // per worker: pushes taken in this fit
     std::vector<std::uint64_t> pulled;  // per worker: `updates` when it last got parameters
+    // Async and BoundedStaleness: per worker, the step its next push carries (kNone: none yet).
+    std::vector<std::uint64_t> next_step;
     // Sync: each worker's push of the step in progress, and which step it was (kNone: none).
     std::vector<std::vector<T>> contributions;
     std::vector<std::uint64_t> pushed_step;
@@ -359,6 +380,7 @@ class Server {
         std::copy(values.begin() + static_cast<std::ptrdiff_t>(length), values.end(),
                   chunk->state.begin());
         chunk->updates = request.step;  // updates counted so far: the run's step
+        first_step_ = request.step;
         std::fill(chunk->pulled.begin(), chunk->pulled.end(), chunk->updates);
         chunk->initialized = true;
         reply(worker, request, *chunk, {});
@@ -385,6 +407,13 @@ class Server {
       case Operation::kSettings:
         take_settings(worker, request);
         return;
+      case Operation::kResume: {
+        Reply answer;
+        answer.operation = request.operation;
+        answer.updates = resume_step(static_cast<std::size_t>(worker));
+        send(worker, answer, {});
+        return;
+      }
       case Operation::kPush: {
         const trace::Span span(trace::current(), trace::Phase::kPush,
                                {.step = request.step,
@@ -398,7 +427,8 @@ class Server {
   }
 
   static bool about_chunk(Operation operation) {
-    return operation != Operation::kDone && operation != Operation::kSettings;
+    return operation != Operation::kDone && operation != Operation::kSettings &&
+           operation != Operation::kResume;
   }
 
   // A worker's settings (protocol.hpp): compared with this server's and the chief's; a
@@ -447,7 +477,7 @@ class Server {
                 "this server speaks protocol version " + std::to_string(kProtocolVersion));
     }
     if (request.operation < static_cast<std::uint16_t>(Operation::kInit) ||
-        request.operation > static_cast<std::uint16_t>(Operation::kSettings)) {
+        request.operation > static_cast<std::uint16_t>(Operation::kResume)) {
       return is("operation", request.operation, "not an operation");
     }
     if (request.worker != static_cast<std::uint32_t>(worker)) {
@@ -526,6 +556,10 @@ class Server {
       try_aggregate(chunk);
       return;
     }
+    if (chunk.next_step[w] != kNone && request.step < chunk.next_step[w]) {
+      return;  // taken already, from the process lost in the middle of this step's pushes
+    }
+    chunk.next_step[w] = request.step + 1;
     const std::span<const T> gradient =
         options_.wire != collective::Wire::kFloat32
             ? std::span<const T>(widened_)
@@ -807,8 +841,61 @@ class Server {
              " workers (backup_workers = " + std::to_string(options_.backup_workers) + ")");
       }
       for (State& chunk : chunks_) try_aggregate(chunk);
+    } else {
+      const auto live = static_cast<std::size_t>(std::count(lost_.begin(), lost_.end(), false));
+      if (live < options_.min_workers) {
+        std::string lost;
+        for (std::size_t w = 0; w < lost_.size(); ++w) {
+          if (lost_[w]) lost += who(static_cast<int>(w)) + " was lost (" + why_lost_[w] + "); ";
+        }
+        fail(lost +
+             "the job goes on with at least min_workers = " + std::to_string(options_.min_workers) +
+             " of " + std::to_string(options_.workers) + " workers");
+      }
     }
     progress();
+  }
+
+  // A worker's process started again, waiting to take its place back (the rule at the top of
+  // this file): taken in, after the worker it replaces is counted as lost.
+  void take_back() {
+    const int worker = transport_.readmission_waiting();
+    if (worker < 0) return;
+    if (worker >= options_.workers) {
+      transport_.refuse_readmission(worker, me() + ": rank " + std::to_string(worker) +
+                                                " is a parameter server, which no process takes "
+                                                "back");
+      return;
+    }
+    const auto w = static_cast<std::size_t>(worker);
+    if (finished_[w]) {
+      transport_.refuse_readmission(worker, me() + ": " + who(worker) + " ended this fit");
+      return;
+    }
+    // What the process it replaces had in flight here is forgotten, its pulls with it.
+    mark_lost(worker, "a process started again for it takes its place");
+    std::erase_if(pending_, [&](const Pending& pending) { return pending.worker == worker; });
+    if (!transport_.readmit(worker)) {
+      after_loss();  // it left meanwhile: lost as any other
+      return;
+    }
+    lost_[w] = false;
+    why_lost_[w].clear();
+    refusals_[w].clear();
+    connections_[w] = {.heard = Clock::now(), .request = std::nullopt};
+    ++counts_.taken_back;
+    std::fprintf(stderr, "cohort: %s: took back %s, started again\n", me().c_str(),
+                 who(worker).c_str());
+  }
+
+  // Async and BoundedStaleness: the step worker w's fit goes on from, as this server knows it:
+  // after its last push to each chunk, the earliest (the fit's first where it pushed nothing).
+  std::uint64_t resume_step(std::size_t w) const {
+    std::uint64_t step = kNone;
+    for (const State& chunk : chunks_) {
+      step = std::min(step, chunk.next_step[w] == kNone ? first_step_ : chunk.next_step[w]);
+    }
+    return step;
   }
 
   // Loses every listened-to worker that has been silent past its deadline (the rule at the top
@@ -934,7 +1021,7 @@ class Server {
   ServerOptions options_;
   const O& optimizer_;
   std::vector<State> chunks_;
-  std::vector<bool> lost_;             // for good: a lost worker never comes back
+  std::vector<bool> lost_;             // until its process started again takes its place back
   std::vector<std::string> why_lost_;  // per worker, for the Sync failure that names it
   std::vector<Connection> connections_;
   std::size_t max_payload_ = 0;    // bytes: the longest payload a request to this server carries
@@ -946,6 +1033,7 @@ class Server {
   std::vector<bool> waiting_;      // lose_silent's: per worker, a pull of it waits here
   std::vector<std::string> refusals_;  // per worker: why a push was refused, until its next pull
   ServerCounts counts_;
+  std::uint64_t first_step_ = 0;  // the fit's, as the chief's init said
   std::vector<std::byte> scratch_;
   std::vector<std::byte> zeros_;
 };

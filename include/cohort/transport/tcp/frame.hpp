@@ -82,6 +82,7 @@ inline constexpr std::uint16_t kReady = 0xff04;    // to rank 0: all my connecti
 inline constexpr std::uint16_t kGo = 0xff05;       // rank 0: every rank is ready
 inline constexpr std::uint16_t kAbort = 0xff06;    // the rendezvous failed; payload says why
 inline constexpr std::uint16_t kWelcome = 0xff07;  // a running job's rank 0: join as rank r of n
+inline constexpr std::uint16_t kReadmitted = 0xff08;  // a rank that readmits: your place is yours
 }  // namespace setup_type
 
 namespace detail {

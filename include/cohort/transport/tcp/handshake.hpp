@@ -73,6 +73,10 @@ struct Hello {
   // (Rendezvous::search_running_job): a door answers it and lets it go, counting no newcomer;
   // anything else turns it away, as one that joins.
   bool asks = false;
+  // The hello of a process started again for its rank of a running mesh (Options::rejoin_peers):
+  // rank 0's door answers it with the mesh's address table, a rank that readmits holds it until it
+  // takes it back (Tcp::readmit).
+  bool rejoins = false;
   Nonce nonce{};
 };
 
@@ -145,7 +149,8 @@ class Reader {
 
 // Hello payload, version 1: rank u32 (first in every version, frame.hpp), size u32,
 // flags u16 (bit 0: authenticates, bit 1: checksums data frames, bit 2: encrypts data frames,
-// bit 3: a door, bit 4: joins a running job, bit 5: a roll call, bit 6: asks whether the job runs),
+// bit 3: a door, bit 4: joins a running job, bit 5: a roll call, bit 6: asks whether the job runs,
+// bit 7: takes back its rank's place),
 // listen port u16, nonce,
 // listen address, job id (strings: u16 length, bytes).
 inline std::vector<std::byte> encode_hello(const Hello& hello) {
@@ -155,7 +160,7 @@ inline std::vector<std::byte> encode_hello(const Hello& hello) {
   out.put(static_cast<std::uint16_t>((hello.authenticates ? 1 : 0) | (hello.checksums ? 2 : 0) |
                                      (hello.encrypts ? 4 : 0) | (hello.door ? 8 : 0) |
                                      (hello.joins ? 16 : 0) | (hello.roll_call ? 32 : 0) |
-                                     (hello.asks ? 64 : 0)));
+                                     (hello.asks ? 64 : 0) | (hello.rejoins ? 128 : 0)));
   out.put(hello.listen_port);
   out.put_bytes(hello.nonce);
   out.put_string(hello.listen_address);
@@ -175,7 +180,7 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
   hello.listen_address = in.get_string();
   hello.job_id = in.get_string();
   hello.epoch = in.get<std::uint32_t>();
-  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~127u) != 0) {
+  if (!in.complete() || rank > 0x7fffffffu || size > 0x7fffffffu || (flags & ~255u) != 0) {
     return std::nullopt;
   }
   hello.rank = static_cast<int>(rank);
@@ -187,6 +192,7 @@ inline std::optional<Hello> decode_hello(std::span<const std::byte> payload) {
   hello.joins = (flags & 16u) != 0;
   hello.roll_call = (flags & 32u) != 0;
   hello.asks = (flags & 64u) != 0;
+  hello.rejoins = (flags & 128u) != 0;
   return hello;
 }
 

@@ -51,6 +51,12 @@ struct Options {
   // included, it knocks at rendezvous_host:rendezvous_port as the other ranks do, and never hosts
   // a rendezvous of its own; the door gives it its place. A job that is starting there refuses it.
   bool joins_running_job = false;
+  // A process started again for rank `rank` of a running mesh, which takes back that rank's place
+  // at these ranks only (a parameter-server worker at the servers): it asks rank 0's door for the
+  // mesh's address table (door.hpp), then each of these ranks, which keep listening
+  // (keep_listening) and take it in when their owner calls Tcp::readmit. Its Tcp has connections
+  // to these ranks alone. Empty: a rank of a mesh that starts, or joins through the door.
+  std::vector<int> rejoin_peers{};
   // Where a rank other than the job's first rank 0 looks for rank 0 after rendezvous_host, each at
   // rendezvous_port, in turn: an elastic job's other hosts (cluster::Spec::hosts). Once the first
   // rank 0 is lost, the next opens the job's door on its own host, at that port where it is free,
@@ -137,6 +143,20 @@ inline void validate(const Options& options) {
     options::reject(
         "joins_running_job", "true",
         "needs the size of the job it joins (at least 2), not " + std::to_string(options.size));
+  }
+  if (!options.rejoin_peers.empty()) {
+    if (options.joins_running_job) {
+      options::reject("rejoin_peers", options.rejoin_peers.size(),
+                      "takes back a rank's place, which joins_running_job (a new place) excludes");
+    }
+    for (const int peer : options.rejoin_peers) {
+      if (peer <= 0 || peer >= options.size || peer == options.rank) {
+        options::reject("rejoin_peers", peer,
+                        "must name ranks from 1 to " + std::to_string(options.size - 1) +
+                            " other than this one (" + std::to_string(options.rank) +
+                            "): rank 0's door gives the table and takes in nobody");
+      }
+    }
   }
   if ((options.listen_port_first == 0) != (options.listen_port_last == 0) ||
       options.listen_port_first > options.listen_port_last) {

@@ -138,6 +138,11 @@ inline constexpr std::chrono::seconds kConnectAttemptLimit{2};
 // silently opens its door again only once it has noticed (the step's timeout) and regrouped.
 inline constexpr std::chrono::seconds kDoorSearchPause{1};
 
+// How long a process that takes its rank's place back waits before it asks a rank again that closed
+// its connection unanswered: that rank's door is shut while it does not serve (a parameter server
+// between two fits).
+inline constexpr std::chrono::milliseconds kRejoinPause{200};
+
 // A setup message as read: the frame's bytes, kept whole because the handshake's HMAC covers
 // the hellos exactly as they travelled.
 struct SetupMessage {
@@ -277,12 +282,16 @@ class Rendezvous {
                    Deadline{started + options.connect_timeout}) {}
 
   // A running job's door (door.hpp): rank 0's listener, once its mesh is up, where processes
-  // started for the job ask to join. It runs as long as it is polled, with no deadline of its own.
+  // started for the job ask to join, and where a process started again for its own rank
+  // (Options::rejoin_peers) gets `table`, the mesh's addresses. Or the listener of another rank
+  // that readmits (Tcp::readmit), where such a process asks for its place back. It runs as long
+  // as it is polled, with no deadline of its own.
   struct DoorMode {};
   Rendezvous(DoorMode, const Options& options, asio::io_context& io, Acceptor& listener,
-             std::uint16_t listen_port)
+             std::uint16_t listen_port, std::vector<Address> table)
       : Rendezvous(options, io, listener, listen_port, Deadline{Clock::time_point::max()}) {
     door_ = true;
+    table_ = std::move(table);
     spawn(accept_loop(0, 0));
   }
 
@@ -373,6 +382,43 @@ class Rendezvous {
     return told;
   }
 
+  // A door that readmits: the rank whose process, started again, proved itself and waits to take
+  // its place back, the first that came, after what has come meanwhile; -1 for none.
+  [[gnu::cold]] int rejoiner() {
+    poll_door();
+    return joiners_.empty() ? -1 : joiners_.front().introduction.hello.rank;
+  }
+
+  // A door that readmits: the first waiting process of `rank` is told that its place is its own,
+  // and its connection handed over; none where it left meanwhile.
+  [[gnu::cold]] std::optional<Link> readmit(int rank) {
+    const auto joiner = std::ranges::find_if(
+        joiners_, [&](const Peer& peer) { return peer.introduction.hello.rank == rank; });
+    if (joiner == joiners_.end()) return std::nullopt;
+    Peer taken = std::move(*joiner);
+    joiners_.erase(joiner);
+    Socket& socket = taken.connection->socket;
+    ErrorCode ec;
+    socket.cancel(ec);  // watch_joiner's read: the connection is the mesh's from here on
+    asio::write(socket, asio::buffer(make_frame({setup_type::kReadmitted}, {})), ec);
+    if (ec) {
+      close(socket);
+      return std::nullopt;
+    }
+    return Link{std::move(socket), std::move(taken.introduction.keys)};
+  }
+
+  // A door that readmits: the waiting processes of `rank` are told why not, and let go.
+  [[gnu::cold]] void refuse_rejoiner(int rank, const std::string& why) {
+    for (Peer& joiner : joiners_) {
+      if (joiner.introduction.hello.rank != rank) continue;
+      tell(joiner.connection->socket, why);
+      close(joiner.connection->socket);
+    }
+    std::erase_if(joiners_,
+                  [](const Peer& joiner) { return !joiner.connection->socket.is_open(); });
+  }
+
   // The door: closes every connection it holds and stops accepting.
   [[gnu::cold]] void close_door() {
     finished_ = true;
@@ -404,7 +450,9 @@ class Rendezvous {
   // socket). Throws CommError naming this rank, the operation "rendezvous", the peer when one
   // rank is to blame, and what went wrong.
   [[gnu::cold]] std::vector<Link> run() {
-    if (options_.rank == 0 && !options_.joins_running_job) {
+    if (!options_.rejoin_peers.empty()) {
+      run_rejoin();
+    } else if (options_.rank == 0 && !options_.joins_running_job) {
       run_root();
     } else {
       run_member();
@@ -535,6 +583,62 @@ class Rendezvous {
           [&] { return std::string("rank 0 never confirmed that every rank is connected"); });
   }
 
+  // A process started again for its rank of a running mesh (Options::rejoin_peers): the table from
+  // rank 0's door, then its place back at each of the ranks it needs, which readmit it.
+  [[gnu::cold]] void run_rejoin() {
+    spawn(join_root());
+    drive([&] { return !table_.empty(); }, [&] { return join_timeout_message(); });
+    if (!failure_.empty()) return;
+    close(peers_[0]->connection->socket);  // the door's part is done
+    peers_[0].reset();
+    --established_;
+    for (const int peer : options_.rejoin_peers) spawn(rejoin_at(peer));
+    const auto unanswered = [&](int r) {
+      return std::ranges::find(options_.rejoin_peers, r) != options_.rejoin_peers.end() &&
+             !peers_[idx(r)];
+    };
+    drive([&] { return established_ == static_cast<int>(options_.rejoin_peers.size()); },
+          [&] {
+            return missing(unanswered) + " did not take this rank back (rank " +
+                   std::to_string(options_.rank) + " of the running job)" + refusals_.summary();
+          });
+  }
+
+  // Asks `peer` for this rank's place back, until it readmits it, tells why not, or the deadline.
+  // A peer that closes the connection unanswered (its door is shut while it does not serve) is
+  // asked again.
+  [[gnu::cold]] Awaitable<void> rejoin_at(int peer) {
+    const Address address = table_[idx(peer)];  // named: see add_door_hosts
+    auto endpoints = co_await endpoints_of(address);
+    if (!endpoints) {
+      fail(endpoints.refusal().reason, peer);
+      co_return;
+    }
+    for (;;) {
+      Expected<Peer> found = co_await connect_to(*endpoints, peer, endpoints->size());
+      if (!found) {
+        fail(found.refusal().told(), peer);
+        co_return;
+      }
+      Socket& socket = found->connection->socket;
+      Expected<SetupMessage> answer =
+          co_await read_expected(socket, rank_name(peer), setup_type::kReadmitted, 0);
+      if (answer) {
+        establish(peer, std::move(*found));
+        co_return;
+      }
+      if (answer.refusal().kind != Refusal::Kind::kClosed || stopping()) {
+        fail(answer.refusal().told(), peer);
+        co_return;
+      }
+      close(socket);
+      ErrorCode ec;
+      Timer pause(io_, kRejoinPause);
+      co_await pause.async_wait(asio::redirect_error(use_awaitable, ec));
+      if (stopping()) co_return;
+    }
+  }
+
   // Runs the io_context until done() holds, a coroutine failed, nothing is left to run, or
   // `deadline`, which is no failure.
   template <class Done>
@@ -637,6 +741,39 @@ class Rendezvous {
     }
   }
 
+  // A door's process that takes its rank's place back (Options::rejoin_peers), or anything else
+  // that came to a door of a rank other than 0, which only readmits: rank 0's door gives it the
+  // table; another rank's holds it until its owner readmits it (Tcp::readmit), where it is a rank
+  // of this mesh's epoch and size.
+  [[gnu::cold]] void receive_rejoiner(const ConnectionPtr& connection, Introduction introduced) {
+    const Hello& hello = introduced.hello;
+    std::string refusal;
+    if (!hello.rejoins) {
+      refusal = prefix() + "takes back only a rank started again for its place; a process that " +
+                "joins finds the job's door at rank 0";
+    } else if (hello.epoch != options_.epoch || hello.size != options_.size || hello.rank == 0 ||
+               hello.rank >= options_.size || hello.rank == options_.rank) {
+      refusal = prefix() + "is of membership epoch " + std::to_string(options_.epoch) + " of " +
+                std::to_string(options_.size) + " ranks, where " + rank_name(hello.rank) +
+                " of epoch " + std::to_string(hello.epoch) + " of " + std::to_string(hello.size) +
+                " ranks asks for its place back";
+    } else if (options_.rank == 0) {
+      const auto table = make_frame({setup_type::kTable}, encode_table(table_));
+      ErrorCode ignored;
+      asio::write(connection->socket, asio::buffer(table), ignored);
+      close(connection->socket);
+      return;
+    }
+    if (!refusal.empty()) {
+      refusals_.add(prefix(), "refused a connection: " + refusal);
+      tell(connection->socket, refusal);
+      close(connection->socket);
+      return;
+    }
+    joiners_.push_back(Peer{connection, std::move(introduced)});
+    spawn(watch_joiner(connection));
+  }
+
   // Keeps an accepted connection in connections_ (in accept order), forgets the ones that
   // ended, and drops the oldest handshakes beyond max_pending_connections.
   void track(const ConnectionPtr& connection) {
@@ -677,6 +814,10 @@ class Rendezvous {
     }
     if (introduced && door_ && introduced->hello.asks) {  // a rank 0 that asked: answered
       close(connection->socket);
+      co_return;
+    }
+    if (introduced && door_ && (introduced->hello.rejoins || options_.rank != 0)) {
+      receive_rejoiner(connection, std::move(*introduced));
       co_return;
     }
     if (introduced && door_) {
@@ -953,9 +1094,11 @@ class Rendezvous {
       const bool door = root->introduction.hello.door;
       waited_at_door_ = waited_at_door_ || door;
       establish(0, std::move(*root));
-      Expected<SetupMessage> answer =
-          co_await read_expected(socket, "rank 0", door ? setup_type::kWelcome : setup_type::kTable,
-                                 kMaxSetupPayloadBytes);
+      // A door welcomes one that joins; one that takes its place back gets the table.
+      const bool welcomed = door && options_.rejoin_peers.empty();
+      Expected<SetupMessage> answer = co_await read_expected(
+          socket, "rank 0", welcomed ? setup_type::kWelcome : setup_type::kTable,
+          kMaxSetupPayloadBytes);
       if (!answer && door && answer.refusal().kind == Refusal::Kind::kClosed && !stopping()) {
         // A door closes while the job changes its membership: knock again.
         close(socket);
@@ -967,7 +1110,7 @@ class Rendezvous {
         fail(answer.refusal().told(), 0);
         co_return;
       }
-      if (door) {
+      if (welcomed) {
         welcome_ = decode_welcome(answer->payload());
         if (!welcome_) fail("rank 0 sent a malformed welcome", 0);
         co_return;
@@ -1296,6 +1439,7 @@ class Rendezvous {
             .joins = options_.joins_running_job || asks,
             .roll_call = roll_call_,
             .asks = asks,
+            .rejoins = !options_.rejoin_peers.empty(),
             .nonce = random_nonce()};
   }
 
@@ -1478,6 +1622,21 @@ class Rendezvous {
   enum class Answer : std::uint8_t { kAwaited, kAnswered, kSilent };
   std::vector<Answer> answers_;  // the roll call: by rank, whether its process answered
   std::vector<bool> probed_by_;  // the roll call: by rank, whether its own was answered here
+};
+
+// A rank's door for the processes of lost ranks started again for their places (Tcp::readmit),
+// on the rank's own listener and io_context: the copy of the mesh's options that the door's
+// rendezvous refers to, kept where a move of the Tcp leaves it.
+struct Readmissions {
+  Readmissions(const Options& mesh, asio::io_context& io, Acceptor& listener,
+               std::uint16_t listen_port, std::vector<Address> table)
+      : options(mesh),
+        door(Rendezvous::DoorMode{}, options, io, listener, listen_port, std::move(table)) {}
+  Readmissions(const Readmissions&) = delete;
+  Readmissions& operator=(const Readmissions&) = delete;
+  ~Readmissions() { door.close_door(); }
+  Options options;
+  Rendezvous door;
 };
 
 }  // namespace cohort::transport::tcp::detail

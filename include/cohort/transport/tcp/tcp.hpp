@@ -61,6 +61,10 @@ namespace cohort::transport::tcp {
 
 class Connection;  // connection.hpp
 
+namespace detail {
+struct Readmissions;  // rendezvous.hpp
+}  // namespace detail
+
 class Tcp {
  public:
   // Binds, meets the other ranks and connects to all of them: Tcp(Listener(options)).
@@ -102,6 +106,20 @@ class Tcp {
   // one gone (connecting to it is refused). For a rank that leaves the job: before it tells its
   // peers, so that none counts it in. Safe from any thread at any time.
   COHORT_DECL void stop_listening() noexcept;
+
+  // Under Options::keep_listening, at a rank that takes back the process of a lost rank started
+  // again for its place (Options::rejoin_peers; a parameter server, whose workers come back): the
+  // rank whose process proved itself at this rank's listener and waits, after what has come
+  // meanwhile; -1 for none. Polled by the thread that runs transfers, as a door is (door.hpp): it
+  // does a bounded amount of the handshakes' work each time, so that strangers who flood the
+  // listener take that thread a bounded time. Rank 0 gives such a process the table at its door
+  // instead.
+  [[gnu::cold]] COHORT_DECL int readmission_waiting();
+  // The waiting process of `rank` becomes this rank's connection to `rank`, which starts afresh;
+  // the connection before it, ended or not, is closed. False where the process left meanwhile.
+  [[gnu::cold]] COHORT_DECL bool readmit(int rank);
+  // The waiting processes of `rank` are told `why` and let go.
+  [[gnu::cold]] COHORT_DECL void refuse_readmission(int rank, const std::string& why);
 
   COHORT_DECL void transfer(std::span<const Send> sends, std::span<const Receive> receives);
 
@@ -255,6 +273,8 @@ class Tcp {
   Options options_;
   std::unique_ptr<boost::asio::io_context> io_;
   std::unique_ptr<detail::Acceptor> acceptor_;  // Options::keep_listening; on io_, so after it
+  // On acceptor_, once readmission_waiting() is first called; so after it.
+  std::unique_ptr<detail::Readmissions> readmissions_;
   std::vector<Address> addresses_;              // where each rank listened, by rank
   std::vector<Connection> connections_;  // by rank; this rank's own entry holds a closed socket
   std::vector<Queue> queues_;            // by rank
@@ -279,6 +299,7 @@ class Tcp {
 
 static_assert(Transport<Tcp>);
 static_assert(Serving<Tcp>);
+static_assert(Readmits<Tcp>);
 
 }  // namespace cohort::transport::tcp
 

@@ -22,7 +22,7 @@ COHORT_DECL Door::Door(Listener listener, const Tcp& mesh)
       listener_(std::move(listener)),
       rendezvous_(std::make_unique<detail::Rendezvous>(detail::Rendezvous::DoorMode{}, options_,
                                                        *listener_.io_, *listener_.acceptor_,
-                                                       listener_.port())) {}
+                                                       listener_.port(), mesh.addresses())) {}
 
 COHORT_DECL Door::~Door() { rendezvous_->close_door(); }
 

@@ -77,7 +77,8 @@ COHORT_DECL Tcp::Tcp(Listener&& listener)
     const bool own = rank == this->rank();
     Connection& connection = connections_.emplace_back(std::move(link.socket), rank, options_,
                                                        own ? std::nullopt : link.keys);
-    if (own) continue;
+    // A process that took its place back holds connections to the ranks it needs only.
+    if (own || connection.descriptor() < 0) continue;
     descriptors_.push_back(connection.descriptor());
     boost::system::error_code ec;
     connection.set_non_blocking(ec);
@@ -95,6 +96,7 @@ COHORT_DECL Tcp::Tcp(Tcp&& other) noexcept
       options_(std::move(other.options_)),
       io_(std::move(other.io_)),
       acceptor_(std::move(other.acceptor_)),
+      readmissions_(std::move(other.readmissions_)),
       addresses_(std::move(other.addresses_)),
       connections_(std::move(other.connections_)),
       queues_(std::move(other.queues_)),
@@ -130,6 +132,40 @@ COHORT_DECL void Tcp::hand_listener_over() noexcept {
   boost::system::error_code ignored;
   acceptor_->close(ignored);
   acceptor_.reset();
+}
+
+COHORT_DECL int Tcp::readmission_waiting() {
+  if (!acceptor_) return -1;
+  if (!readmissions_) {
+    readmissions_ = std::make_unique<detail::Readmissions>(
+        options_, *io_, *acceptor_, acceptor_->local_endpoint().port(), addresses_);
+  }
+  return readmissions_->door.rejoiner();
+}
+
+COHORT_DECL bool Tcp::readmit(int rank) {
+  if (!readmissions_ || rank < 0 || rank >= size() || rank == this->rank()) return false;
+  std::optional<detail::Link> link = readmissions_->door.readmit(rank);
+  if (!link) return false;
+  Connection fresh(std::move(link->socket), rank, options_, link->keys);
+  boost::system::error_code ec;
+  fresh.set_non_blocking(ec);
+  if (ec) return false;
+  Connection& connection = connections_[static_cast<std::size_t>(rank)];
+  const int before = connection.descriptor();
+  const auto listed = std::ranges::find(descriptors_, before);
+  if (before >= 0 && listed != descriptors_.end()) {
+    *listed = fresh.descriptor();
+  } else {
+    descriptors_.push_back(fresh.descriptor());
+  }
+  connection = std::move(fresh);
+  queues_[static_cast<std::size_t>(rank)] = Queue{};
+  return true;
+}
+
+COHORT_DECL void Tcp::refuse_readmission(int rank, const std::string& why) {
+  if (readmissions_) readmissions_->door.refuse_rejoiner(rank, why);
 }
 
 COHORT_DECL void Tcp::stop_listening() noexcept {
