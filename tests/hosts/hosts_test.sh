@@ -26,8 +26,10 @@
 # another host or its own), the same for a pod
 # of a PyTorchJob (the operator's variables, the pod started again with them) and for a Slurm
 # task (a replacement step of one task, as docs/launching.md gives it), a second host lost while
-# the workers left take the newest state (the two left regroup again, to the same bits), a wrong
-# secret on one host, no rank 0 at the master address.
+# the workers left take the newest state (the two left regroup again, to the same bits), a worker
+# of an asynchronous parameter-server job of 4 worker and 2 server hosts killed on its host and its
+# pod started again with its TF_CONFIG (it takes its place back at both servers, and each of its
+# steps reaches them once), a wrong secret on one host, no rank 0 at the master address.
 set -uo pipefail
 
 build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
@@ -41,7 +43,7 @@ if ((${#cases[@]} == 0)); then
          short_partition long_partition elastic_host_lost elastic_host_rejoins
          elastic_pytorchjob_rejoins elastic_slurm_replacement elastic_lost_while_state_travels
          elastic_chief_rejoins elastic_chief_lost_across_hosts elastic_chief_host_lost_tf_config
-         elastic_chief_pod_restarts no_master
+         elastic_chief_pod_restarts ps_worker_pod_restarts no_master
          wrong_secret)
 fi
 
@@ -657,6 +659,42 @@ case_elastic_chief_rejoins() {  # 2 hosts of 2 workers: rank 0 killed, started a
     "${started[1]}.out" || fail "the next chief does not keep the door at the master address"
   grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||
     fail "rank 0 started again does not say it joined"
+}
+
+# A TFJob of 4 worker pods and 2 ps pods, asynchronous, elastic: worker 3's pod fails, and its
+# controller starts it again with its TF_CONFIG; it takes its place back at both servers, under
+# the job's secret.
+case_ps_worker_pod_restarts() {
+  local workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\""
+  local ps="\"${net}.5:2222\",\"${net}.6:2222\"" h pid
+  local program=("${parameter_server}" --consistency async --micro-batches 8 "${elastic_job[@]}")
+  local elastic=(COHORT_MIN_WORKERS=3 COHORT_SECRET=ps-hosts)
+  for h in 1 2 3 4; do
+    on "${h}" "${elastic[@]}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)) "${ps}")" \
+      -- "${program[@]}"
+  done
+  for h in 5 6; do
+    on "${h}" "${elastic[@]}" TF_CONFIG="$(tf_config "${workers}" ps $((h - 5)) "${ps}")" \
+      -- "${program[@]}"
+  done
+  wait_until_training 6
+  for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
+  on 4 "${elastic[@]}" COHORT_JOIN=1 TF_CONFIG="$(tf_config "${workers}" worker 3 "${ps}")" \
+    -- "${program[@]}"
+  finish 120
+  local out
+  for out in "${started[@]:0:3}" "${started[@]:4}"; do
+    [[ "$(status_of "${out}")" == 0 ]] || fail "$(basename "${out}") exited $(status_of "${out}")"
+  done
+  grep -q "cohort: worker 3 took its place back, at step " "${started[6]}.out" ||
+    fail "the worker started again does not say it took its place back"
+  for out in "${started[@]:4:2}"; do
+    grep -q "took back worker 3 (rank 3), started again" "${out}.out" ||
+      fail "$(basename "${out}") does not say it took worker 3 back"
+    # Each worker's steps reached the server once, worker 3's from both of its processes.
+    grep -qE "pushes applied per worker \[([0-9]+), \1, \1, \1\], workers lost 1, taken back 1" \
+      "${out}.out" || fail "$(basename "${out}") did not take every worker's steps once"
+  done
 }
 
 case_no_master() {  # ranks 1 to 3 with no rank 0: each names what it could not reach

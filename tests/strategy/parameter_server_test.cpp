@@ -709,6 +709,27 @@ TEST_CASE(
   CHECK(fs::exists(out));
 }
 
+TEST_CASE(
+    "the chief of an elastic async job ends its fit with the other workers': its parameters are "
+    "the ones the servers end with") {
+  TemporaryDirectory directory("cohort-ps-chief-waits");
+  const fs::path out = directory.path / "parameters.bin";
+  const fs::path checkpoint = directory.path / "run.ckpt";
+  // Worker 3 trains for seconds after the others; the servers save their shards after the fit.
+  const auto [exit, output] = launch(4, 2,
+                                     {"async", "100", out.string(), "--slow-worker", "3",
+                                      "--sleep-ms", "20", "--checkpoint", checkpoint.string()},
+                                     directory.path / "log.txt", {{"COHORT_MIN_WORKERS", "2"}});
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  REQUIRE(exit.code == 0);
+  CHECK(output.find("cohort: worker 0 (the chief) is done at step 100; the fit ends with the "
+                    "other workers'") != std::string::npos);
+  const auto saved = cohort::checkpoint::read<float>(checkpoint);
+  CHECK(read_file(out) == std::string(reinterpret_cast<const char*>(saved.parameters.data()),
+                                      saved.parameters.size() * sizeof(float)));
+}
+
 TEST_CASE("malformed requests are refused naming the worker and the field; others go on") {
   TemporaryDirectory directory("cohort-ps-bad");
   const fs::path out = directory.path / "parameters.bin";

@@ -70,9 +70,11 @@
 // the chief's door (transport/tcp/door.hpp; polled at every vote, trainer/vote.hpp), takes its
 // place back at every server (transport::tcp::Tcp::readmit), and its fit goes on from the step
 // after its last push (parameter_server/server.hpp): none of its examples is lost or pushed
-// twice. The servers end the fit once fewer than elastic.min_workers workers are live. A lost
-// chief or server is not taken back: the chief holds the door and brings the optimizer state
-// home, a server its shard.
+// twice. The chief, its own steps done, tends its door until every other worker has ended its
+// fit (or stayed lost for elastic.probe_timeout), then pulls the parameters and the optimizer
+// state: the fit's result holds every worker's pushes. The servers end the fit once fewer than
+// elastic.min_workers workers are live. A lost chief or server is not taken back: the chief holds
+// the door and brings the optimizer state home, a server its shard.
 //
 // Settings. Before its first step every worker presents the Trainer's settings to every server,
 // which compares them with its own and the chief's (trainer/job_settings.hpp;
@@ -104,8 +106,9 @@
 //   elastic          Async and BoundedStaleness: elastic.min_workers (or COHORT_MIN_WORKERS) > 0
 //                    lets a lost worker's process started again take its place back (above), and
 //                    ends the fit below that many live workers; elastic.joins_running_job (or
-//                    COHORT_JOIN=1) on the process started again. Sync: ConfigError (a step needs
-//                    every worker, or backup_workers)
+//                    COHORT_JOIN=1) on the process started again; elastic.probe_timeout, how long
+//                    the chief, done, waits for a lost worker to come back. Sync: ConfigError (a
+//                    step needs every worker, or backup_workers)
 //   wire             the format a push crosses in (collective/wire.hpp): kFloat32 (the default),
 //                    or kBfloat16 (kFloat16), half the bytes: every sum of the canonical tree
 //                    rounded to bfloat16 (float16), in each worker's fold, between its replicas
@@ -143,6 +146,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -318,6 +322,11 @@ class ParameterServer {
   // addresses to take their places back at the servers.
   void tend_door() requires kTakesWorkersBack {
     if (door_) door_->waiting();
+  }
+  // Whether this process, the chief of a job that takes workers back, ends its fit with the
+  // others' (Replica::finish).
+  bool awaits_workers() const requires kTakesWorkersBack {
+    return options().elastic.enabled() && is_chief();
   }
   // Whether this process was started again for a lost worker's place, which it took back.
   bool rejoined() const { return options().elastic.joins_running_job && !serves(); }
@@ -570,6 +579,9 @@ class ParameterServer {
     template <class T>
     void finish(std::span<T> parameters, std::span<T> optimizer_state, FitEnd end) {
       if (!speaks_for_worker_) return;
+      if constexpr (kTakesWorkersBack) {
+        if (index_ == 0 && owner_->awaits_workers()) await_workers(parameters);
+      }
       if (index_ == 0 && !parameters.empty() && !optimizer_state.empty()) {
         const std::span<T> state = host_target(optimizer_state, state_staging_);
         pull_state(state, optimizer_state.size() / parameters.size());
@@ -614,6 +626,29 @@ class ParameterServer {
       }
       local_.broadcast(std::span(&failed, 1), 0);
       if (failed != 0.0) std::rethrow_exception(owner_->start_failure_);
+    }
+
+    // The chief of a job that takes workers back (strategy::TakesWorkersBack), its own steps
+    // done: it tends its door until no server hears from another worker that has not ended its
+    // fit, or waits for one lost less than elastic.probe_timeout ago, then pulls the parameters
+    // the servers end with, which hold every worker's pushes.
+    template <class T>
+    void await_workers(std::span<T> parameters) {
+      constexpr auto kPause = std::chrono::milliseconds(20);
+      const auto grace = owner_->options().elastic.probe_timeout;
+      for (bool said = false; client_.working(owner_->servers_, grace) != 0; said = true) {
+        if (!said) {
+          std::fprintf(stderr,
+                       "cohort: worker 0 (the chief) is done at step %llu; the fit ends with the "
+                       "other workers'\n",
+                       static_cast<unsigned long long>(step_));
+        }
+        owner_->tend_door();
+        std::this_thread::sleep_for(kPause);
+      }
+      const std::span<T> host = host_target(parameters, parameter_staging_);
+      pull(host, step_);
+      land(host, parameters);
     }
 
     // Under Async and BoundedStaleness with clipping, a push is clipped by its own norm.

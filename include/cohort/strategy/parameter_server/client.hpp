@@ -156,6 +156,20 @@ class Client {
     return step == ~std::uint64_t{0} ? own : step;
   }
 
+  // The chief of a job that takes workers back, its own steps done: how many other workers the
+  // job's `servers` servers still hear from or wait for (the most any names; protocol.hpp,
+  // kWorking), counting one lost less than `grace` ago.
+  std::uint64_t working(int servers, std::chrono::milliseconds grace) {
+    for (int server = 0; server < servers; ++server) {
+      add({.operation = Operation::kWorking, .step = static_cast<std::uint64_t>(grace.count())},
+          Chunk{.server = server, .index = 0, .begin = 0, .end = 0}, {});
+    }
+    transfer();
+    std::uint64_t working = 0;
+    for (const Reply& reply : replies_) working = std::max(working, reply.updates);
+    return working;
+  }
+
   // Whether an answer so far said that its server was signalled (protocol.hpp, preemption).
   bool preemption_heard() const { return preemption_heard_; }
 

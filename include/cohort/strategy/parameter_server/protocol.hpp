@@ -32,13 +32,20 @@
 //                                                                 BoundedStaleness, elastic): the
 //                                                                 answer's `updates` is the step
 //                                                                 its fit goes on from
+//   kWorking    none (step: a grace in ms)          none          the chief, its steps done: the
+//                                                                 answer's `updates` counts the
+//                                                                 other workers this server still
+//                                                                 hears from or waits for
 //
 // A worker's process started again takes its place back at every server (ParameterServer's
 // elastic; transport::Readmits), which forgets what the lost process had in flight. It asks each
 // server with kResume for the step after its last push there (the fit's first step where it
 // pushed nothing), and goes on from the earliest: a push of a step that a chunk took already, from
 // the process that was lost in the middle of that step's pushes, is dropped, so that each of the
-// worker's steps reaches every chunk once.
+// worker's steps reaches every chunk once. The chief of such a job, its own steps done, asks the
+// servers with kWorking until none hears from another worker that has not ended its fit, or waits
+// for one lost less than the request's step (a grace, in milliseconds) ago: the fit ends with the
+// others', and its result holds every push.
 //
 // Preemption (core/preemption.hpp): a server that was signalled sets kPreempted in every answer
 // from then on, so that the workers that pull from it hear of it; a worker whose fit stopped for
@@ -87,7 +94,7 @@ namespace cohort::strategy::ps {
 
 // 2: pushes are not answered; 3: every worker presents its settings first (kSettings); 4: flags
 // (preemption); 5: a push's elements in the job's wire format (element_bytes 2: bfloat16);
-// 6: kResume
+// 6: kResume, kWorking
 inline constexpr std::uint16_t kProtocolVersion = 6;
 
 // Request::flags and Reply::flags.
@@ -102,7 +109,8 @@ enum class Operation : std::uint16_t {
   kPullState,
   kDone,
   kSettings,
-  kResume
+  kResume,
+  kWorking
 };
 
 inline std::string_view name(Operation operation) {
@@ -121,6 +129,8 @@ inline std::string_view name(Operation operation) {
       return "settings";
     case Operation::kResume:
       return "resume";
+    case Operation::kWorking:
+      return "working";
   }
   return "unknown";
 }

@@ -151,6 +151,7 @@ class Server {
     }
     max_payload_ = std::max(max_payload_, settings::kMaxEncodedBytes);  // a kSettings's
     lost_.assign(workers, false);
+    lost_at_.assign(workers, {});
     why_lost_.assign(workers, {});
     connections_.assign(workers, {});
   }
@@ -407,10 +408,13 @@ class Server {
       case Operation::kSettings:
         take_settings(worker, request);
         return;
-      case Operation::kResume: {
+      case Operation::kResume:
+      case Operation::kWorking: {
         Reply answer;
         answer.operation = request.operation;
-        answer.updates = resume_step(static_cast<std::size_t>(worker));
+        answer.updates = operation == Operation::kResume
+                             ? resume_step(static_cast<std::size_t>(worker))
+                             : working_besides(worker, std::chrono::milliseconds(request.step));
         send(worker, answer, {});
         return;
       }
@@ -428,7 +432,7 @@ class Server {
 
   static bool about_chunk(Operation operation) {
     return operation != Operation::kDone && operation != Operation::kSettings &&
-           operation != Operation::kResume;
+           operation != Operation::kResume && operation != Operation::kWorking;
   }
 
   // A worker's settings (protocol.hpp): compared with this server's and the chief's; a
@@ -477,7 +481,7 @@ class Server {
                 "this server speaks protocol version " + std::to_string(kProtocolVersion));
     }
     if (request.operation < static_cast<std::uint16_t>(Operation::kInit) ||
-        request.operation > static_cast<std::uint16_t>(Operation::kResume)) {
+        request.operation > static_cast<std::uint16_t>(Operation::kWorking)) {
       return is("operation", request.operation, "not an operation");
     }
     if (request.worker != static_cast<std::uint32_t>(worker)) {
@@ -812,6 +816,7 @@ class Server {
     const auto w = static_cast<std::size_t>(worker);
     if (lost_[w]) return false;
     lost_[w] = true;
+    lost_at_[w] = Clock::now();
     why_lost_[w] = why;
     connections_[w].request.reset();
     const std::string message = me() + ": lost " + who(worker) + ": " + why;
@@ -886,6 +891,18 @@ class Server {
     ++counts_.taken_back;
     std::fprintf(stderr, "cohort: %s: took back %s, started again\n", me().c_str(),
                  who(worker).c_str());
+  }
+
+  // The workers other than `asker` that have not ended this fit and are live, or were lost less
+  // than `grace` ago (their processes may come back: take_back).
+  std::uint64_t working_besides(int asker, std::chrono::milliseconds grace) const {
+    const auto now = Clock::now();
+    std::uint64_t working = 0;
+    for (std::size_t w = 0; w < lost_.size(); ++w) {
+      if (static_cast<int>(w) == asker || finished_[w]) continue;
+      if (!lost_[w] || now - lost_at_[w] < grace) ++working;
+    }
+    return working;
   }
 
   // Async and BoundedStaleness: the step worker w's fit goes on from, as this server knows it:
@@ -1023,6 +1040,7 @@ class Server {
   std::vector<State> chunks_;
   std::vector<bool> lost_;             // until its process started again takes its place back
   std::vector<std::string> why_lost_;  // per worker, for the Sync failure that names it
+  std::vector<Clock::time_point> lost_at_;  // per worker: when it was lost last
   std::vector<Connection> connections_;
   std::size_t max_payload_ = 0;    // bytes: the longest payload a request to this server carries
   std::vector<T> widened_;         // an Async or BoundedStaleness push widened from its wire
