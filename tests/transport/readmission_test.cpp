@@ -152,6 +152,8 @@ TEST_CASE(
   MESSAGE(size_outcome);
   MESSAGE(refused_outcome);
   CHECK(contains(secret_outcome, "authentication failed"));
-  CHECK(contains(size_outcome, "of epoch 0 of 4 ranks asks for its place back"));
+  CHECK(contains(size_outcome,
+                 "rank 1 asks for its place back in membership epoch 0 of 4 ranks; the running "
+                 "job is of epoch 0 of 3 ranks"));
   CHECK(contains(refused_outcome, "rank 1 is not lost here"));
 }

@@ -749,14 +749,17 @@ class Rendezvous {
     const Hello& hello = introduced.hello;
     std::string refusal;
     if (!hello.rejoins) {
-      refusal = prefix() + "takes back only a rank started again for its place; a process that " +
-                "joins finds the job's door at rank 0";
-    } else if (hello.epoch != options_.epoch || hello.size != options_.size || hello.rank == 0 ||
-               hello.rank >= options_.size || hello.rank == options_.rank) {
-      refusal = prefix() + "is of membership epoch " + std::to_string(options_.epoch) + " of " +
-                std::to_string(options_.size) + " ranks, where " + rank_name(hello.rank) +
-                " of epoch " + std::to_string(hello.epoch) + " of " + std::to_string(hello.size) +
-                " ranks asks for its place back";
+      refusal =
+          "this rank takes back only a lost rank's process started again for its place; a "
+          "process that joins finds the job's door at rank 0";
+    } else if (hello.epoch != options_.epoch || hello.size != options_.size) {
+      refusal = rank_name(hello.rank) + " asks for its place back in membership epoch " +
+                std::to_string(hello.epoch) + " of " + std::to_string(hello.size) +
+                " ranks; the running job is of epoch " + std::to_string(options_.epoch) + " of " +
+                std::to_string(options_.size) + " ranks";
+    } else if (hello.rank == 0 || hello.rank >= options_.size || hello.rank == options_.rank) {
+      refusal = rank_name(hello.rank) + " is no place a process takes back here (ranks 1 to " +
+                std::to_string(options_.size - 1) + " but " + std::to_string(options_.rank) + ")";
     } else if (options_.rank == 0) {
       const auto table = make_frame({setup_type::kTable}, encode_table(table_));
       ErrorCode ignored;
