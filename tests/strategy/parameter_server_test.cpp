@@ -159,6 +159,22 @@ struct Job {
   }
 };
 
+// SIGKILLs the child of cohort-run `launcher` whose environment has `entries`, and returns the
+// launcher's log once it has ended with status 0.
+std::string succeeded_after_kill(Process& launcher, const fs::path& log,
+                                 const std::vector<std::string>& entries) {
+  const auto child = cohort::testing::child_with(launcher.pid(), entries);
+  REQUIRE(child.has_value());
+  ::kill(*child, SIGKILL);
+  const auto exit = launcher.wait(120s);
+  const std::string text = read_file(log);
+  CAPTURE(text);
+  REQUIRE(exit.has_value());
+  CHECK(exit->exited);
+  CHECK(exit->code == 0);
+  return text;
+}
+
 std::string milliseconds(std::chrono::milliseconds duration) {
   return std::to_string(duration.count());
 }
@@ -633,16 +649,8 @@ TEST_CASE(
        "--checkpoint-every", "10", "--every-worker-sleep-ms", "40"},
       {}, log);
   REQUIRE(when_logged(log, "for a checkpoint at step 20", 60s).has_value());
-  const auto server =
-      cohort::testing::child_with(launcher.pid(), {"COHORT_ROLE=ps", "COHORT_RANK=1"});
-  REQUIRE(server.has_value());
-  ::kill(*server, SIGKILL);
-  const auto exit = launcher.wait(120s);
-  const std::string text = read_file(log);
+  const std::string text = succeeded_after_kill(launcher, log, {"COHORT_ROLE=ps", "COHORT_RANK=1"});
   CAPTURE(text);
-  REQUIRE(exit.has_value());
-  CHECK(exit->exited);
-  CHECK(exit->code == 0);
   CHECK(text.find("cohort-run: ps 1 was killed by signal 9 (Killed)") != std::string::npos);
   CHECK(text.find("cohort-run: the job stopped after ps 1 failed; starting every rank again "
                   "(restart 1 of 2)") != std::string::npos);
@@ -658,41 +666,20 @@ TEST_CASE(
   const fs::path log = directory.path / "log.txt";
   // The chief trains slowest, so that its door is open while worker 2 comes back; the others
   // train for about 1.5 s, and worker 2 is killed at a point drawn in its first half.
-  Process launcher({COHORT_RUN,
-                    "--np",
-                    "4",
-                    "--ps",
-                    "2",
-                    "--min-np",
-                    "2",
-                    "--max-restarts",
-                    "1",
-                    "--",
-                    COHORT_PS_TRAINER,
-                    "async",
-                    "300",
-                    out.string(),
-                    "--every-worker-sleep-ms",
-                    "5",
-                    "--slow-worker",
-                    "0",
-                    "--sleep-ms",
-                    "25"},
-                   {{"COHORT_SECRET", "take-back"}}, log);
+  std::vector<std::string> command = {COHORT_RUN, "--np",           "4", "--ps", "2", "--min-np",
+                                      "2",        "--max-restarts", "1", "--"};
+  const std::vector<std::string> trainer = {
+      COHORT_PS_TRAINER, "async", "300",        out.string(), "--every-worker-sleep-ms", "5",
+      "--slow-worker",   "0",     "--sleep-ms", "25"};
+  command.insert(command.end(), trainer.begin(), trainer.end());
+  Process launcher(command, {{"COHORT_SECRET", "take-back"}}, log);
   REQUIRE(when_logged(log, "ps_trainer: connected", 60s, 6).has_value());
   std::mt19937 draw(std::random_device{}());
   std::this_thread::sleep_for(
       std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 700)(draw)));
-  const auto worker =
-      cohort::testing::child_with(launcher.pid(), {"COHORT_ROLE=worker", "COHORT_RANK=2"});
-  REQUIRE(worker.has_value());
-  ::kill(*worker, SIGKILL);
-  const auto exit = launcher.wait(120s);
-  const std::string text = read_file(log);
+  const std::string text =
+      succeeded_after_kill(launcher, log, {"COHORT_ROLE=worker", "COHORT_RANK=2"});
   CAPTURE(text);
-  REQUIRE(exit.has_value());
-  CHECK(exit->exited);
-  CHECK(exit->code == 0);
   CHECK(text.find("cohort-run: worker 2 was killed by signal 9 (Killed); starting it again "
                   "(restart 1 of 1)") != std::string::npos);
   CHECK(text.find("cohort: worker 2 took its place back, at step ") != std::string::npos);
