@@ -717,6 +717,42 @@ TEST_CASE(
                                       saved.parameters.size() * sizeof(float)));
 }
 
+TEST_CASE(
+    "elastic settings a parameter-server job cannot follow are refused before the rendezvous, "
+    "naming the field") {
+  TemporaryDirectory directory("cohort-ps-elastic-refused");
+  // One process of a job of 4 workers and 2 servers; alone it would wait for the others.
+  const auto refused = [&](const std::string& consistency,
+                           const std::map<std::string, std::string>& variables) {
+    std::map<std::string, std::string> environment{
+        {"COHORT_ROLE", "worker"},           {"COHORT_RANK", "1"},
+        {"COHORT_WORLD_SIZE", "4"},          {"COHORT_PS_COUNT", "2"},
+        {"COHORT_MASTER_ADDR", "127.0.0.1"}, {"COHORT_MASTER_PORT", "29999"},
+        {"COHORT_MIN_WORKERS", "2"}};
+    for (const auto& [name, value] : variables) environment[name] = value;
+    const auto result = cohort::testing::run_to_completion(
+        {COHORT_PS_TRAINER, consistency, "1", directory.path / "none.bin"},
+        directory.path / "log.txt", environment, 20s);
+    REQUIRE(result.has_value());
+    CHECK(result->first.code != 0);
+    return result->second;
+  };
+  CHECK(refused("sync", {})
+            .find("elastic.min_workers = 2: is not for ParameterServer under sync: each step needs "
+                  "every "
+                  "worker's push (or backup_workers)") != std::string::npos);
+  CHECK(refused("async", {{"COHORT_MAX_WORKERS", "6"}})
+            .find("elastic.max_workers = 6: must be 0 or the 4 workers") != std::string::npos);
+  CHECK(refused("async", {{"COHORT_RANK", "0"}, {"COHORT_JOIN", "1"}})
+            .find("the chief started again cannot take its place back") != std::string::npos);
+  CHECK(refused("async", {{"COHORT_ROLE", "ps"},
+                          {"COHORT_WORLD_SIZE", "2"},
+                          {"COHORT_WORKER_COUNT", "4"},
+                          {"COHORT_JOIN", "1"}})
+            .find("a parameter server started again cannot take its place back") !=
+        std::string::npos);
+}
+
 TEST_CASE("malformed requests are refused naming the worker and the field; others go on") {
   TemporaryDirectory directory("cohort-ps-bad");
   const fs::path out = directory.path / "parameters.bin";

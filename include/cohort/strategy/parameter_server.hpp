@@ -906,11 +906,11 @@ class ParameterServer {
     if (!elastic.enabled()) return;
     if (!kTakesWorkersBack) {
       options::reject("elastic.min_workers", elastic.min_workers,
-                      std::string("is for ParameterServer under Async and BoundedStaleness over "
-                                  "TCP: under ") +
-                          std::string(C::kName) +
-                          " each step needs every worker's push (or backup_workers), so a lost "
-                          "worker stops the job; restart it from its last checkpoint");
+                      kStaleness == 0
+                          ? "is not for ParameterServer under sync: each step needs every "
+                            "worker's push (or backup_workers), so a lost worker stops the job; "
+                            "restart it from its last checkpoint"
+                          : "takes workers back over transport::tcp::Tcp only");
     }
     if (elastic.min_workers > static_cast<std::size_t>(workers_)) {
       options::reject("elastic.min_workers", elastic.min_workers,
