@@ -67,7 +67,7 @@
 // Workers started again (Async and BoundedStaleness with Options::elastic). A worker other than
 // the chief whose process is lost may be started again with the environment it had and
 // COHORT_JOIN=1 (cohort-run --min-np M --max-restarts K does it): it gets the job's addresses at
-// the chief's door (transport/tcp/door.hpp; polled at every vote, trainer/vote.hpp), takes its
+// the chief's door (transport/tcp/door.hpp; polled before each of the chief's steps), takes its
 // place back at every server (transport::tcp::Tcp::readmit), and its fit goes on from the step
 // after its last push (parameter_server/server.hpp): none of its examples is lost or pushed
 // twice. The chief, its own steps done, tends its door until every other worker has ended its
@@ -318,8 +318,9 @@ class ParameterServer {
   static constexpr bool kTakesWorkersBack =
       kStaleness != 0 && std::same_as<Transport, transport::tcp::Tcp>;
   const Elastic& elastic() const requires kTakesWorkersBack { return options().elastic; }
-  // On the chief, at a vote: answers the processes at its door, which ask for the job's
-  // addresses to take their places back at the servers.
+  // On the chief, before each step (trainer::ReplicaLoop) and while it waits for the others at
+  // the end: answers the processes at its door, which ask for the job's addresses to take their
+  // places back at the servers.
   void tend_door() requires kTakesWorkersBack {
     if (door_) door_->waiting();
   }

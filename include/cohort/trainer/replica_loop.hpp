@@ -188,8 +188,9 @@ class ReplicaLoop {
     return false;
   }
 
-  // The processes the chief takes in at this vote, 0 elsewhere. A job that takes workers back
-  // takes nobody in at a vote: its chief answers its door there.
+  // The processes the chief takes in at this vote, 0 elsewhere; asked before every step, so that
+  // the door's handshakes move between votes. A job that takes workers back takes nobody in at a
+  // vote: its chief answers its door here.
   std::size_t joiners_waiting() {
     if (local_ != 0 || !run_.strategy.is_chief()) return 0;
     if constexpr (strategy::Regroups<S>) return run_.strategy.joiners_waiting();

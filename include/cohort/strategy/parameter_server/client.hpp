@@ -122,11 +122,7 @@ class Client {
   // Presents this worker's settings (settings::encode's bytes) to each of the job's `servers`
   // servers: its first request of a fit (protocol.hpp).
   void present(std::span<const std::byte> settings, int servers) {
-    for (int server = 0; server < servers; ++server) {
-      add({.operation = Operation::kSettings},
-          Chunk{.server = server, .index = 0, .begin = 0, .end = 0}, settings);
-    }
-    transfer();
+    to_every_server({.operation = Operation::kSettings}, servers, settings);
   }
 
   // Tells each of the job's `servers` servers that this worker's fit (or a segment of it) has
@@ -135,22 +131,14 @@ class Client {
     const std::uint16_t flags = end == FitEnd::kPreempted    ? kPreempted
                                 : end == FitEnd::kCheckpoint ? kCheckpoint
                                                              : std::uint16_t{0};
-    for (int server = 0; server < servers; ++server) {
-      add({.operation = Operation::kDone, .step = step, .flags = flags},
-          Chunk{.server = server, .index = 0, .begin = 0, .end = 0}, {});
-    }
-    transfer();
+    to_every_server({.operation = Operation::kDone, .step = step, .flags = flags}, servers);
   }
 
   // A worker's process started again for its place: the step its fit goes on from, the earliest
   // each of the job's `servers` servers names (protocol.hpp, kResume); `own` where none does (no
   // server holds a chunk).
   std::uint64_t resume(int servers, std::uint64_t own) {
-    for (int server = 0; server < servers; ++server) {
-      add({.operation = Operation::kResume},
-          Chunk{.server = server, .index = 0, .begin = 0, .end = 0}, {});
-    }
-    transfer();
+    to_every_server({.operation = Operation::kResume}, servers);
     std::uint64_t step = ~std::uint64_t{0};
     for (const Reply& reply : replies_) step = std::min(step, reply.updates);
     return step == ~std::uint64_t{0} ? own : step;
@@ -160,11 +148,9 @@ class Client {
   // job's `servers` servers still hear from or wait for (the most any names; protocol.hpp,
   // kWorking), counting one lost less than `grace` ago.
   std::uint64_t working(int servers, std::chrono::milliseconds grace) {
-    for (int server = 0; server < servers; ++server) {
-      add({.operation = Operation::kWorking, .step = static_cast<std::uint64_t>(grace.count())},
-          Chunk{.server = server, .index = 0, .begin = 0, .end = 0}, {});
-    }
-    transfer();
+    to_every_server(
+        {.operation = Operation::kWorking, .step = static_cast<std::uint64_t>(grace.count())},
+        servers);
     std::uint64_t working = 0;
     for (const Reply& reply : replies_) working = std::max(working, reply.updates);
     return working;
@@ -195,6 +181,15 @@ class Client {
     std::span<const std::byte> payload;
     std::span<std::byte> reply;
   };
+
+  // One request about no chunk, `call` with `payload`, to each of the job's `servers` servers,
+  // in one transfer; their answers are in replies_, in server order.
+  void to_every_server(const Call& call, int servers, std::span<const std::byte> payload = {}) {
+    for (int server = 0; server < servers; ++server) {
+      add(call, Chunk{.server = server, .index = 0, .begin = 0, .end = 0}, payload);
+    }
+    transfer();
+  }
 
   static bool answered(const Queued& queued) {
     return queued.request.operation != static_cast<std::uint16_t>(Operation::kPush);

@@ -152,9 +152,10 @@ COHORT_DECL bool Tcp::readmit(int rank) {
   fresh.set_non_blocking(ec);
   if (ec) return false;
   Connection& connection = connections_[static_cast<std::size_t>(rank)];
-  const int before = connection.descriptor();
-  const auto listed = std::ranges::find(descriptors_, before);
-  if (before >= 0 && listed != descriptors_.end()) {
+  // A rank without a connection here (a process that took its place back holds only some) is not
+  // listed.
+  const auto listed = std::ranges::find(descriptors_, connection.descriptor());
+  if (listed != descriptors_.end()) {
     *listed = fresh.descriptor();
   } else {
     descriptors_.push_back(fresh.descriptor());
