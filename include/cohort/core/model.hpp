@@ -137,11 +137,83 @@ M replicate(const M& prototype, const Place& place) {
   }
 }
 
-// Adapts a model whose members already have the required names and types.
+namespace detail {
+
+// What a member type that M lacks stands for in ModelMembers<M>: not float or double, so M is no
+// Model, and every declaration that names it is still well formed, so that the sentence naming
+// the missing member is the error a user reads.
+struct MissingMemberType {};
+
 template <class M>
-struct ModelMembers {
+struct MemberTypes {
+  using value_type = MissingMemberType;
+  using batch_type = MissingMemberType;
+};
+
+template <class M>
+requires requires {
+  typename M::value_type;
+  typename M::batch_type;
+}
+struct MemberTypes<M> {
   using value_type = typename M::value_type;
   using batch_type = typename M::batch_type;
+};
+
+// Whether M's members give what ModelMembers<M> forwards; true where a member type is missing,
+// which its own sentence names.
+template <class M>
+constexpr bool member_spans() {
+  using Types = MemberTypes<M>;
+  if constexpr (std::same_as<typename Types::value_type, MissingMemberType>) {
+    return true;
+  } else {
+    return requires(M & model) {
+      { model.parameters() } -> std::convertible_to<std::span<typename Types::value_type>>;
+      { model.gradients() } -> std::convertible_to<std::span<typename Types::value_type>>;
+    };
+  }
+}
+
+template <class M>
+constexpr bool member_forward_backward() {
+  using Types = MemberTypes<M>;
+  if constexpr (std::same_as<typename Types::batch_type, MissingMemberType>) {
+    return true;
+  } else {
+    return requires(M & model, const typename Types::batch_type& batch) {
+      { model.forward_backward(batch) } -> std::convertible_to<double>;
+    };
+  }
+}
+
+}  // namespace detail
+
+// Adapts a model whose members already have the required names and types. A member it needs and
+// M lacks is named in a sentence of its own (ModelMembers is what a user wrote to say M has them).
+template <class M>
+struct ModelMembers {
+  static_assert(
+      requires { typename M::value_type; },
+      "cohort: ModelMembers<M> needs the member type M::value_type (float or double: "
+      "the type of every parameter and gradient), for example `using value_type = "
+      "float;` in the model. See include/cohort/core/model.hpp.");
+  static_assert(
+      requires { typename M::batch_type; },
+      "cohort: ModelMembers<M> needs the member type M::batch_type (what the Dataset's "
+      "batch(indices) builds and forward_backward takes), for example `using "
+      "batch_type = MyBatch;` in the model. See include/cohort/core/model.hpp.");
+  static_assert(detail::member_spans<M>(),
+                "cohort: ModelMembers<M> needs the member functions parameters() and gradients(), "
+                "callable on a non-const M and each returning std::span<M::value_type>: every "
+                "trainable parameter in one contiguous span, and its gradient of the same size. "
+                "See include/cohort/core/model.hpp.");
+  static_assert(detail::member_forward_backward<M>(),
+                "cohort: ModelMembers<M> needs the member function forward_backward(const "
+                "M::batch_type&), callable on a non-const M and returning the summed loss as a "
+                "double. See include/cohort/core/model.hpp.");
+  using value_type = typename detail::MemberTypes<M>::value_type;
+  using batch_type = typename detail::MemberTypes<M>::batch_type;
   static std::span<value_type> parameters(M& model) { return model.parameters(); }
   static std::span<value_type> gradients(M& model) { return model.gradients(); }
   static double forward_backward(M& model, const batch_type& batch) {
