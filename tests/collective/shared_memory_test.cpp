@@ -194,6 +194,30 @@ TEST_CASE(
   for (const auto& failure : unshared) CHECK(failure == "");
 }
 
+// Every element's owner in c's stripe group (stripe k: the rank at place k mod the group's size)
+// writes its index plus 1 into its shared buffer where the element is its own, and keeps it in
+// its gathered copy too; the other elements of both are garbage. Once gathered, the copy holds
+// every index plus 1, or this throws.
+template <class C>
+void gather_index_stripes(C& c, std::size_t stripe, std::size_t length) {
+  const std::span<float> values = c.template share_buffer<float>(length).values;
+  if (values.size() != length) throw std::runtime_error("no shared buffer");
+  const auto group = *c.stripe_group();
+  std::vector<float> gathered(length, -1.0f);
+  for (std::size_t i = 0; i < length; ++i) {
+    const bool own = (i / stripe) % group.size == group.place;
+    values[i] = own ? static_cast<float>(i + 1) : -2.0f;
+    if (own) gathered[i] = values[i];
+  }
+  c.gather_shared_stripes(std::span<const float>(values), std::span<float>(gathered), stripe);
+  for (std::size_t i = 0; i < length; ++i) {
+    if (gathered[i] != static_cast<float>(i + 1)) {
+      throw std::runtime_error("element " + std::to_string(i) + " is " +
+                               std::to_string(gathered[i]));
+    }
+  }
+}
+
 TEST_CASE(
     "gather_shared_stripes copies every other rank's stripes from its shared buffer, and refuses "
     "a part outside the shared buffer") {
@@ -205,24 +229,12 @@ TEST_CASE(
       const auto failures = on_sharing_ranks(
           ranks,
           [&](auto& c, const auto&) {
-            const std::span<float> values = c.template share_buffer<float>(kLength).values;
-            const auto me = static_cast<std::size_t>(c.rank());
-            const auto size = static_cast<std::size_t>(c.size());
-            // Every element's owner writes its index plus 1 where the element is its own, and
-            // keeps it in its gathered copy too; the other elements of both are garbage.
-            std::vector<float> gathered(kLength, -1.0f);
-            for (std::size_t i = 0; i < kLength; ++i) {
-              values[i] = (i / stripe) % size == me ? static_cast<float>(i + 1) : -2.0f;
-              if ((i / stripe) % size == me) gathered[i] = values[i];
+            const auto group = *c.stripe_group();
+            if (group.place != static_cast<std::size_t>(c.rank()) ||
+                group.size != static_cast<std::size_t>(c.size())) {
+              throw std::runtime_error("the stripe group is not every rank");
             }
-            c.gather_shared_stripes(std::span<const float>(values), std::span<float>(gathered),
-                                    stripe);
-            for (std::size_t i = 0; i < kLength; ++i) {
-              if (gathered[i] != static_cast<float>(i + 1)) {
-                throw std::runtime_error("element " + std::to_string(i) + " is " +
-                                         std::to_string(gathered[i]));
-              }
-            }
+            gather_index_stripes(c, stripe, kLength);
           },
           [](int) { return true; });
       for (const auto& failure : failures) CHECK(failure == "");
@@ -579,4 +591,22 @@ TEST_CASE(
     }
   }
   CHECK(cohort::testing::shared_memory_segments() == segments);
+}
+
+TEST_CASE(
+    "by host, a buffer striped over the ranks of each host is whole on every rank once gathered, "
+    "each host's ranks its stripe group") {
+  for (const int per_host : {2, 3}) {
+    CAPTURE(per_host);
+    const auto failures = on_hosts(2, per_host, [&](auto& c) {
+      const auto group = *c.stripe_group();
+      if (group.size != static_cast<std::size_t>(per_host) ||
+          group.place != static_cast<std::size_t>(c.rank() % per_host)) {
+        throw std::runtime_error("rank " + std::to_string(c.rank()) + " is at place " +
+                                 std::to_string(group.place) + " of " + std::to_string(group.size));
+      }
+      gather_index_stripes(c, 7, 10'007);
+    });
+    for (const auto& failure : failures) CHECK(failure == "");
+  }
 }

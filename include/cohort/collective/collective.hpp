@@ -115,6 +115,16 @@ struct SharedBuffer {
   std::string why_not{};
 };
 
+// The ranks among which gather_shared_stripes shares a striped buffer out (a communicator's
+// stripe_group(): collective::Local, collective::Deterministic, collective::Hierarchical where each
+// process has one replica): stripe k belongs to the rank at place k mod size among them. Every
+// rank of the job, or, where the shared buffers are each host's (Deterministic by host), the ranks
+// of this rank's host, every host striping alike.
+struct StripeGroup {
+  std::size_t place = 0;  // this rank's
+  std::size_t size = 1;
+};
+
 // What makes `op` unfit for elements of T (reduces<T>, core/reduce_op.hpp), in words for the error
 // that names the call, or empty where it is fit.
 template <class T>

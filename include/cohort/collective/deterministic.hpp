@@ -286,6 +286,16 @@ class Deterministic : public detail::OverTransport<T> {
     return true;
   }
 
+  // The ranks gather_shared_stripes shares a striped buffer out among (collective.hpp): by host,
+  // this rank's host's, so that every host holds the whole buffer once gathered.
+  std::optional<StripeGroup> stripe_group() const {
+    if constexpr (kSplitsByHost) {
+      if (by_host_) return by_host_->host.stripe_group();
+    }
+    return StripeGroup{.place = static_cast<std::size_t>(this->rank()),
+                       .size = static_cast<std::size_t>(this->size())};
+  }
+
   // The shared buffers of every rank (share_buffer), taken from this communicator, which
   // all-reduces over its transport from then on; nothing where it shares no memory. An elastic
   // job keeps them past a lost worker (strategy/detail/kept_stripes.hpp). Not a collective.
@@ -296,16 +306,23 @@ class Deterministic : public detail::OverTransport<T> {
     return kept;
   }
 
-  // The all-gather of a buffer striped over the ranks: `part` lies in this rank's shared buffer
-  // (share_buffer) at the same place on every rank, and each rank has written its own stripes of
-  // it there (stripe k, elements [k x stripe, (k + 1) x stripe), belongs to rank k mod size());
-  // every other rank's stripes are copied from where they lie into `into` (part.size()
-  // elements), whose own stripes this rank fills itself. A collective, over shared memory only:
-  // one meeting before the copies, one after, so that no rank writes its buffer again while a
-  // peer reads it. A sharded update (strategy/detail/mirrored_replica.hpp) gathers its parameters
+  // The all-gather of a buffer striped over the ranks of the stripe group (stripe_group): `part`
+  // lies in this rank's shared buffer (share_buffer) at the same place on every rank, and each
+  // rank has written its own stripes of it there (stripe k, elements [k x stripe, (k + 1) x
+  // stripe), belongs to the rank at place k mod the group's size); every other rank's stripes are
+  // copied from where they lie into `into` (part.size() elements), whose own stripes this rank
+  // fills itself. A collective, over shared memory only: one meeting before the copies, one
+  // after, so that no rank writes its buffer again while a peer reads it; by host, among the
+  // host's ranks. A sharded update (strategy/detail/mirrored_replica.hpp) gathers its parameters
   // this way.
   template <class E>
   void gather_shared_stripes(std::span<const E> part, std::span<E> into, std::size_t stripe) {
+    if constexpr (kSplitsByHost) {
+      if (by_host_) {
+        by_host_->host.gather_shared_stripes(part, into, stripe);
+        return;
+      }
+    }
     const Call call = this->begin({Operation::kAllGather, data_type_of<E>(), 0, part.size()});
     const std::optional<std::uint64_t> where =
         segment_ ? region_offset(part) : std::optional<std::uint64_t>();

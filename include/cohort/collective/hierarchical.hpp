@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -154,6 +155,16 @@ class Hierarchical {
       if (!cross_->stripes_reach_every_rank()) return false;
     }
     return local_.size() == 1;
+  }
+
+  // The cross communicator's stripe group (collective.hpp), where each process has one replica;
+  // none otherwise (gather_shared_stripes needs one).
+  std::optional<StripeGroup> stripe_group() const requires requires(const Cross& cross) {
+    cross.stripe_group();
+  }
+  {
+    if (local_.size() != 1) return std::nullopt;
+    return cross_->stripe_group();
   }
 
   void barrier() {

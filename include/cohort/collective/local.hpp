@@ -62,6 +62,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <string>
@@ -581,6 +582,10 @@ class LocalCommunicator {
 
   // Every rank is this process's: gather_shared_stripes reaches all of them.
   bool stripes_reach_every_rank() const { return true; }
+  std::optional<StripeGroup> stripe_group() const {
+    return StripeGroup{.place = static_cast<std::size_t>(rank()),
+                       .size = static_cast<std::size_t>(size())};
+  }
 
   void barrier() {
     const detail::local::Site site = group_->begin(rank_, Operation::kBarrier);

@@ -57,7 +57,8 @@
 //                    worker's gradient sum kept in the segment and reduced where it lies
 //                    (collective/deterministic.hpp, share_host_memory and share_buffer;
 //                    docs/benchmarks.md, "Processes of one host"), and with one local replica
-//                    the optimizer's update shared out in stripes (detail/mirrored_replica.hpp).
+//                    the optimizer's update shared out in stripes (detail/mirrored_replica.hpp;
+//                    by host, among the workers of each host, but in an elastic job).
 //                    Default true; false on any worker turns it off for all (left at its default:
 //                    COHORT_SHARED_MEMORY)
 //   wire             the format the gradient crosses between processes in (collective/wire.hpp):

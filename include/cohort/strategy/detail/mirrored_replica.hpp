@@ -142,12 +142,16 @@ class MirroredReplica {
       if (shared.values.empty()) return {};
       const std::span<T> sum = shared.values.first(count);
       if constexpr (kShardable<T>) {
-        if (communicator_.stripes_reach_every_rank()) {
-          layout.stripe =
-              stripe_for(count, static_cast<std::size_t>(communicator_.size()), sizeof(T));
-          layout.ranks = communicator_.size();
+        // Where the stripes are each host's (by host), every worker's state is whole on its host
+        // only: an elastic job, whose workers left take the newest state from any one of them,
+        // keeps the update whole.
+        const std::optional<collective::StripeGroup> group = communicator_.stripe_group();
+        if (group && (communicator_.stripes_reach_every_rank() || kept_ == nullptr)) {
+          layout.stripe = stripe_for(count, group->size, sizeof(T));
+          layout.ranks = static_cast<int>(group->size);
           shard_ =
               Shard{.shared = std::as_writable_bytes(sum),
+                    .group = *group,
                     .stripe = layout.stripe,
                     .kept = keeps ? std::as_writable_bytes(shared.values) : std::span<std::byte>()};
           if (keeps) kept_->layout = layout;
@@ -241,15 +245,19 @@ class MirroredReplica {
 
  private:
   // The sharded update. Where the gradient sum lies in the communicator's shared buffer
-  // (gradient_sum_storage) and its gather of stripes reaches every replica (the threads of
-  // Mirrored; worker processes of one replica each that share memory), every replica holds the
-  // whole reduced gradient after the all-reduce, decides alike (clipping, the non-finite policy),
-  // and applies the optimizer to its own stripes of the parameters only (stripe k is replica k's,
-  // modulo the replicas: stripe_for), with its own part of the optimizer state; then it writes
-  // its new parameters where its stripes of the gradient lay, and the stripes are gathered
+  // (gradient_sum_storage) and its gather of stripes reaches the replicas of a stripe group (the
+  // threads of Mirrored; worker processes of one replica each that share memory; by host, the
+  // workers of each host: collective::StripeGroup), every replica holds the whole reduced
+  // gradient after the all-reduce, decides alike (clipping, the non-finite policy), and applies
+  // the optimizer to its own stripes of the parameters only (stripe k is the replica's at place k
+  // modulo the group's size: stripe_for), with its own part of the optimizer state; then it
+  // writes its new parameters where its stripes of the gradient lay, and the stripes are gathered
   // (gather_shared_stripes: collective::Local copies each replica's into the others',
-  // collective::Deterministic each worker's from the others' in shared memory). Every update is
-  // elementwise, so the bits are those of the whole update; each worker does 1/n of it. Stripes,
+  // collective::Deterministic each worker's from the others' in shared memory, by host the host's
+  // workers'). Every host of a job by host computes the same update, each among its own workers.
+  // Every update is elementwise, so the bits are those of the whole update; each worker does 1/n
+  // of it, n the workers of its group. An elastic job by host keeps the update whole: its workers
+  // left take the newest state from any one of them. Stripes,
   // not halves: an update's cost varies along the parameters (for the examples' MLP, Adam took 2.1
   // ms for the half holding most of the second layer against 1.2 ms for the other, its tiny squares
   // subnormal floats), and the stripes give every worker its share of each layer. The optimizer
@@ -259,6 +267,7 @@ class MirroredReplica {
   // those steps the parameters are gathered from there (kept_stripes.hpp).
   struct Shard {
     std::span<std::byte> shared;  // the whole gradient sum, in this worker's shared buffer
+    collective::StripeGroup group;  // the workers the stripes are shared out among
     std::size_t stripe = 1;       // elements
     std::span<std::byte> kept{};  // the whole shared buffer where it keeps the stripes, else empty
     bool state_spread = false;    // an update applied since the optimizer state was last whole
@@ -277,6 +286,7 @@ class MirroredReplica {
       Communicator& c, std::span<const T> part, std::span<T> into) {
     c.gather_shared_stripes(part, into, std::size_t{1});
     c.stripes_reach_every_rank();
+    { c.stripe_group() } -> std::same_as<std::optional<collective::StripeGroup>>;
   };
 
   template <class T>
@@ -298,11 +308,10 @@ class MirroredReplica {
   }
 
   // Calls body(begin, count) for each of this worker's stripes of `length` elements, in order:
-  // stripe k is the communicator's rank k mod size().
+  // stripe k is the worker's at place k mod the stripe group's size (collective.hpp).
   template <class Body>
   void for_each_own_stripe(std::size_t length, Body&& body) {
-    for_each_stripe_of(static_cast<std::size_t>(communicator_.rank()),
-                       static_cast<std::size_t>(communicator_.size()), shard_->stripe, length,
+    for_each_stripe_of(shard_->group.place, shard_->group.size, shard_->stripe, length,
                        std::forward<Body>(body));
   }
 
