@@ -158,7 +158,7 @@ class Hierarchical {
   }
 
   // The cross communicator's stripe group (collective.hpp), where each process has one replica;
-  // none otherwise (gather_shared_stripes needs one).
+  // none with several local replicas, where gather_shared_stripes cannot serve.
   std::optional<StripeGroup> stripe_group() const requires requires(const Cross& cross) {
     cross.stripe_group();
   }
