@@ -5,9 +5,10 @@
 //
 //   write          checkpoint::write: the Boost archive streamed to a temporary file with its
 //                  CRC-32, fsync, rename, fsync of the directory
-//   write/checksummed  the same, the values' checksums given (checkpoint::ChecksummedBlock): the
-//                  background write of a checkpoint during a fit, whose replicas checksummed their
-//                  shares as they copied them (trainer/snapshot_copy.hpp)
+//   write/in_place the same file written in place (checkpoint::InPlaceWrite): the values written
+//                  and checksummed in one share, then the rest of the archive around them
+//   write/in_place/finish  only the latter: what a fit leaves to its background thread, once its
+//                  replicas wrote and checksummed their shares (trainer/snapshot_write.hpp)
 //   raw_write      the same bytes with write, fsync and rename alone: the floor, no archive and
 //                  no checksum
 //   crc32/zlib     the checksum cohort computes (checkpoint/detail/checksummed_file.hpp)
@@ -23,10 +24,12 @@
 #include <boost/crc.hpp>
 #include <cohort/checkpoint/checkpoint.hpp>
 #include <cohort/checkpoint/detail/checksummed_file.hpp>
+#include <cohort/checkpoint/in_place_write.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -69,15 +72,30 @@ void write(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * state_bytes()));
 }
 
-void write_checksummed(benchmark::State& state) {
-  const fs::path file = directory() / "cohort-bench-write-checksummed.ckpt";
-  std::vector<cohort::checkpoint::ChecksummedBlock> blocks;
-  for (const auto* values : {&mlp_state().parameters, &mlp_state().optimizer_state}) {
-    const std::string_view bytes(reinterpret_cast<const char*>(values->data()),
-                                 values->size() * sizeof(float));
-    blocks.push_back({.bytes = bytes, .crc32 = cohort::checkpoint::detail::crc32(bytes)});
+// A checkpoint written in place (checkpoint::InPlaceWrite), its values in one share: the whole
+// write, or only what a fit leaves to its background thread once the replicas wrote and
+// checksummed their shares (`finish_only`).
+void write_in_place(benchmark::State& state, bool finish_only) {
+  const fs::path file = directory() / "cohort-bench-in-place.ckpt";
+  const auto& values = mlp_state();
+  cohort::checkpoint::TrainingState<float> fields;
+  fields.optimizer = values.optimizer;
+  const std::span<const float> parameters(values.parameters);
+  const std::span<const float> optimizer_state(values.optimizer_state);
+  const auto checksum = [](std::span<const float> block) {
+    return cohort::checkpoint::detail::crc32(
+        std::string_view(reinterpret_cast<const char*>(block.data()), block.size_bytes()));
+  };
+  for (auto _ : state) {
+    if (finish_only) state.PauseTiming();
+    cohort::checkpoint::InPlaceWrite<float> write(file, fields, parameters, optimizer_state);
+    write.write(cohort::checkpoint::Values::kParameters, 0, parameters);
+    write.write(cohort::checkpoint::Values::kOptimizerState, 0, optimizer_state);
+    const std::uint32_t parameters_crc32 = checksum(parameters);
+    const std::uint32_t optimizer_state_crc32 = checksum(optimizer_state);
+    if (finish_only) state.ResumeTiming();
+    write.commit(parameters_crc32, optimizer_state_crc32);
   }
-  for (auto _ : state) cohort::checkpoint::write(file, mlp_state(), blocks);
   fs::remove(file);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * state_bytes()));
 }
@@ -134,8 +152,12 @@ void crc32_boost(benchmark::State& state) {
 }
 
 BENCHMARK(write)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(write_checksummed)
-    ->Name("write/checksummed")
+BENCHMARK_CAPTURE(write_in_place, whole, false)
+    ->Name("write/in_place")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(write_in_place, finish, true)
+    ->Name("write/in_place/finish")
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(raw_write)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -18,6 +18,7 @@
 #define COHORT_COMPILING_SOURCE
 
 #include "cohort/checkpoint/checkpoint.hpp"
+#include "cohort/checkpoint/in_place_write.hpp"
 #include "cohort/cluster/impl/binding.ipp"
 #include "cohort/cluster/impl/cluster.ipp"
 #include "cohort/cluster/impl/environment.ipp"

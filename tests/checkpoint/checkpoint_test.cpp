@@ -3,14 +3,19 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 
-#include <csignal>
-
+#include <atomic>
 #include <cohort/checkpoint/checkpoint.hpp>
+#include <cohort/checkpoint/in_place_write.hpp>
+#include <csignal>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <span>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "training.hpp"
@@ -554,38 +559,85 @@ TEST_CASE("saved tells a new run from a continued one and reports shards without
   CHECK_FALSE(cohort::checkpoint::saved(directory.path / "run"));
 }
 
-TEST_CASE(
-    "a block checksummed by its writer is joined into the payload's checksum, not computed again") {
-  TemporaryDirectory directory;
+namespace {
+
+// A state large enough that its values are written in several chunks and shares.
+cohort::checkpoint::TrainingState<float> values_state() {
   cohort::checkpoint::TrainingState<float> state;
   state.optimizer = "adam";
+  state.step = 41;
+  state.seed = 7;
+  state.schedule = "warmup_cosine";
   for (int i = 0; i < 100'003; ++i) state.parameters.push_back(0.25F * static_cast<float>(i));
   state.optimizer_state.assign(2 * state.parameters.size(), 1.5F);
-  const auto bytes_of_values = [](const std::vector<float>& values) {
-    return std::string_view(reinterpret_cast<const char*>(values.data()),
-                            values.size() * sizeof(float));
+  return state;
+}
+
+std::uint32_t crc32_of(std::span<const float> values) {
+  return cohort::checkpoint::detail::crc32(
+      std::string_view(reinterpret_cast<const char*>(values.data()), values.size_bytes()));
+}
+
+// `state` written in place, each block in `shares` shares from as many threads, the last share
+// first, their checksums joined as a fit's replicas join theirs; `wrong` flips the parameters'.
+void write_in_place(const fs::path& file, const cohort::checkpoint::TrainingState<float>& state,
+                    std::size_t shares, bool wrong = false) {
+  using cohort::checkpoint::Values;
+  cohort::checkpoint::TrainingState<float> fields = state;
+  fields.parameters.clear();
+  fields.optimizer_state.clear();
+  const std::span<const float> parameters(state.parameters);
+  const std::span<const float> optimizer_state(state.optimizer_state);
+  cohort::checkpoint::InPlaceWrite<float> write(file, fields, parameters, optimizer_state);
+  const auto share_of = [&](std::span<const float> block, std::size_t share) {
+    const std::size_t begin = block.size() * share / shares;
+    return std::pair{begin, block.subspan(begin, block.size() * (share + 1) / shares - begin)};
   };
-  // As the shares of a checkpoint's copy checksum it: in parts, joined.
-  const std::string_view parameters = bytes_of_values(state.parameters);
-  const std::size_t split = 4 * 40'001;
-  const std::uint32_t joined = cohort::checkpoint::detail::crc32_append(
-      cohort::checkpoint::detail::crc32(parameters.substr(0, split)),
-      cohort::checkpoint::detail::crc32(parameters.substr(split)), parameters.size() - split);
-  REQUIRE(joined == cohort::checkpoint::detail::crc32(parameters));
+  std::atomic<bool> written = true;
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t share = shares; share-- > 0;) {
+      threads.emplace_back([&, share] {
+        for (const auto& [which, block] : {std::pair{Values::kParameters, parameters},
+                                           std::pair{Values::kOptimizerState, optimizer_state}}) {
+          const auto [first, values] = share_of(block, share);
+          if (!write.write(which, first, values)) written = false;
+        }
+      });
+    }
+  }
+  REQUIRE(written);
+  const auto joined = [&](std::span<const float> block) {
+    std::uint32_t crc32 = 0;
+    for (std::size_t share = 0; share < shares; ++share) {
+      const auto values = share_of(block, share).second;
+      crc32 =
+          cohort::checkpoint::detail::crc32_append(crc32, crc32_of(values), values.size_bytes());
+    }
+    return crc32;
+  };
+  write.commit(joined(parameters) ^ (wrong ? 1U : 0U), joined(optimizer_state));
+}
 
+}  // namespace
+
+TEST_CASE("a checkpoint written in place, in shares from several threads, is write's file") {
+  TemporaryDirectory directory;
+  const auto state = values_state();
   const fs::path plain = directory.path / "plain.ckpt";
-  const fs::path given = directory.path / "given.ckpt";
   cohort::checkpoint::write(plain, state);
-  const std::vector<cohort::checkpoint::ChecksummedBlock> blocks = {
-      {.bytes = parameters, .crc32 = joined}};
-  cohort::checkpoint::write(given, state, blocks);
-  CHECK(bytes_of(given) == bytes_of(plain));
-
-  // The checksum given is the one used: a wrong one makes a file that read() refuses.
+  for (const std::size_t shares : {1, 2, 3}) {
+    CAPTURE(shares);
+    const fs::path in_place = directory.path / ("in-place-" + std::to_string(shares) + ".ckpt");
+    write_in_place(in_place, state, shares);
+    CHECK(bytes_of(in_place) == bytes_of(plain));
+    const auto read = cohort::checkpoint::read<float>(in_place);
+    CHECK(read.parameters == state.parameters);
+    CHECK(read.step == state.step);
+  }
+  // The checksums given are the ones the header carries: a wrong one makes a file read() refuses.
   const fs::path wrong = directory.path / "wrong.ckpt";
-  const std::vector<cohort::checkpoint::ChecksummedBlock> wrong_blocks = {
-      {.bytes = parameters, .crc32 = joined ^ 1U}};
-  cohort::checkpoint::write(wrong, state, wrong_blocks);
+  write_in_place(wrong, state, 2, true);
   std::string message;
   try {
     cohort::checkpoint::read<float>(wrong);
@@ -593,4 +645,49 @@ TEST_CASE(
     message = error.what();
   }
   CHECK(message.find("checksum") != std::string::npos);
+}
+
+TEST_CASE("a checkpoint written in place leaves nothing when abandoned or refused") {
+  TemporaryDirectory directory;
+  const auto state = values_state();
+  const fs::path file = directory.path / "run.ckpt";
+  {
+    cohort::checkpoint::InPlaceWrite<float> write(file, {},
+                                                  std::span<const float>(state.parameters),
+                                                  std::span<const float>(state.optimizer_state));
+    CHECK(write.write(cohort::checkpoint::Values::kParameters, 0,
+                      std::span<const float>(state.parameters)));
+  }
+  CHECK(fs::is_empty(directory.path));
+
+  // A value write the file system refuses (files of this process may not grow past 4096 bytes):
+  // named by commit, and the checkpoint it would replace is kept.
+  cohort::checkpoint::write(file, state);
+  const std::string before = bytes_of(file);
+  std::string message;
+  {
+    rlimit limit{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &limit) == 0);
+    const rlimit saved = limit;
+    const auto handler = std::signal(SIGXFSZ, SIG_IGN);
+    limit.rlim_cur = 4096;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+    try {
+      cohort::checkpoint::InPlaceWrite<float> write(file, {},
+                                                    std::span<const float>(state.parameters),
+                                                    std::span<const float>(state.optimizer_state));
+      CHECK_FALSE(write.write(cohort::checkpoint::Values::kParameters, 0,
+                              std::span<const float>(state.parameters)));
+      write.commit(crc32_of(state.parameters), crc32_of(state.optimizer_state));
+    } catch (const cohort::CheckpointError& error) {
+      message = error.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    std::signal(SIGXFSZ, handler);
+  }
+  CAPTURE(message);
+  CHECK(message.find("checkpoint " + file.string()) != std::string::npos);
+  CHECK(message.find(std::string("write failed: ") + std::strerror(EFBIG)) != std::string::npos);
+  CHECK(bytes_of(file) == before);
+  CHECK(std::distance(fs::directory_iterator(directory.path), fs::directory_iterator()) == 1);
 }

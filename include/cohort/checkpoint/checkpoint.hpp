@@ -73,6 +73,7 @@
 #include <string_view>
 #include <system_error>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cohort/checkpoint/detail/checksummed_file.hpp"
@@ -151,6 +152,16 @@ void load_bounded(Archive& archive, std::vector<T>& values, std::string_view fie
   if (count > 0) archive >> boost::serialization::make_array(values.data(), count);
 }
 
+// What Boost's binary archive writes for a std::vector of `values`, from a span: the count, then
+// the values in one block.
+template <class Archive, class T>
+requires std::is_arithmetic_v<T>
+void save_values(Archive& archive, std::span<const T> values) {
+  const boost::serialization::collection_size_type count(values.size());
+  archive << count;
+  if (!values.empty()) archive << boost::serialization::make_array(values.data(), values.size());
+}
+
 // Records of a class type, each taking at least Record::kEncodedBytes in the payload.
 template <class Archive, class Record>
   requires std::is_class_v<Record>
@@ -227,8 +238,18 @@ struct TrainingState {
 
   template <class Archive>
   void save(Archive& archive, unsigned /*version*/) const {
-    archive << optimizer << parameters << optimizer_state << step << seed << global_batch
-            << micro_batches << dataset_size << schedule << shards << gradient_sum;
+    save_with_values(archive, parameters, optimizer_state);
+  }
+  // The archive of this state with `parameters_values` and `optimizer_state_values` in place of
+  // its own (a checkpoint written in place: checkpoint/in_place_write.hpp).
+  template <class Archive>
+  void save_with_values(Archive& archive, std::span<const T> parameters_values,
+                        std::span<const T> optimizer_state_values) const {
+    archive << optimizer;
+    detail::save_values(archive, parameters_values);
+    detail::save_values(archive, optimizer_state_values);
+    archive << step << seed << global_batch << micro_batches << dataset_size << schedule << shards
+            << gradient_sum;
   }
   template <class Archive>
   void load(Archive& archive, unsigned /*version*/) {
@@ -357,14 +378,15 @@ Integer extract(std::string_view bytes, std::size_t offset) {
 }
 
 // The payload of `content` streamed to `fd` after the container's header with `magic`, which is
-// written last, once the payload's length and checksum are known; returns the checksum.
+// written last, once the payload's length and checksum are known; returns the checksum. `written`:
+// blocks of the payload that are in the file already (ChecksummedFileBuffer).
 template <class T, class Payload>
 std::uint32_t write_payload(int fd, const std::filesystem::path& file, const Magic& magic,
-                            const Payload& content, std::span<const ChecksummedBlock> checksummed) {
+                            const Payload& content, std::span<const ChecksummedBlock> written) {
   if (::lseek(fd, static_cast<off_t>(kHeaderBytes), SEEK_SET) < 0) {
     refuse(file, std::string("cannot seek: ") + std::strerror(errno));
   }
-  ChecksummedFileBuffer payload(fd, checksummed);
+  ChecksummedFileBuffer payload(fd, written);
   try {
     boost::archive::binary_oarchive archive(payload);
     archive << content;
@@ -386,40 +408,62 @@ std::uint32_t write_payload(int fd, const std::filesystem::path& file, const Mag
   return payload.crc32();
 }
 
+// A save's temporary file beside `file` ("<name>.tmp-<pid>"): created at once, renamed over `file`
+// by commit() once it is durable, and removed when destroyed uncommitted, so that a crash leaves
+// either the old file or the new one, never half of one.
+class TemporaryFile {
+ public:
+  explicit TemporaryFile(std::filesystem::path file)
+      : file_(std::move(file)),
+        temporary_(directory_of(file_) /
+                   (file_.filename().string() + ".tmp-" + std::to_string(::getpid()))) {
+    refuse_directory(file_, subject_of(file_));
+    fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      refuse(file_, "cannot create " + temporary_.string() + ": " + std::strerror(errno));
+    }
+  }
+  TemporaryFile(const TemporaryFile&) = delete;
+  TemporaryFile& operator=(const TemporaryFile&) = delete;
+  ~TemporaryFile() {
+    if (fd_ >= 0) ::close(fd_);
+    std::error_code ignored;  // a refusal has said what went wrong
+    if (!committed_) std::filesystem::remove(temporary_, ignored);
+  }
+
+  int fd() const { return fd_; }
+  const std::filesystem::path& file() const { return file_; }
+
+  // Once everything is written: the file durable, renamed over `file`, and the rename durable.
+  void commit() {
+    if (::fsync(fd_) != 0) refuse(file_, std::string("fsync failed: ") + std::strerror(errno));
+    ::close(std::exchange(fd_, -1));
+    std::error_code renamed;
+    std::filesystem::rename(temporary_, file_, renamed);
+    if (renamed) refuse(file_, "cannot rename " + temporary_.string() + ": " + renamed.message());
+    committed_ = true;
+    // The rename is durable only once the directory entry is.
+    const std::filesystem::path directory = directory_of(file_);
+    if (const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+      ::fsync(dir);
+      ::close(dir);
+    }
+  }
+
+ private:
+  std::filesystem::path file_;
+  std::filesystem::path temporary_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
 // Writes `content` in the container with `magic`, atomically; returns the payload's CRC-32.
 template <class T, class Payload>
 std::uint32_t write_container(const std::filesystem::path& file, const Magic& magic,
-                              const Payload& content,
-                              std::span<const ChecksummedBlock> checksummed = {}) {
-  refuse_directory(file, subject_of(file));
-  const std::filesystem::path directory = directory_of(file);
-  const std::filesystem::path temporary =
-      directory / (file.filename().string() + ".tmp-" + std::to_string(::getpid()));
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) refuse(file, "cannot create " + temporary.string() + ": " + std::strerror(errno));
-  std::uint32_t checksum = 0;
-  try {
-    checksum = write_payload<T>(fd, file, magic, content, checksummed);
-    if (::fsync(fd) != 0) refuse(file, std::string("fsync failed: ") + std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    std::error_code ignored;  // the refusal above says what went wrong
-    std::filesystem::remove(temporary, ignored);
-    throw;
-  }
-  ::close(fd);
-  std::error_code renamed;
-  std::filesystem::rename(temporary, file, renamed);
-  if (renamed) {
-    std::error_code ignored;
-    std::filesystem::remove(temporary, ignored);
-    refuse(file, "cannot rename " + temporary.string() + ": " + renamed.message());
-  }
-  // The rename is durable only once the directory entry is.
-  if (const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
+                              const Payload& content) {
+  TemporaryFile temporary(file);
+  const std::uint32_t checksum = write_payload<T>(temporary.fd(), file, magic, content, {});
+  temporary.commit();
   return checksum;
 }
 
@@ -726,7 +770,7 @@ inline bool process_runs(std::string_view pid) {
 }
 
 // Removes the temporary files that saves of `file`, or of its shards, left when their process
-// died before the rename (write_container's "<name>.tmp-<pid>"); not those of a process of this
+// died before the rename (TemporaryFile's "<name>.tmp-<pid>"); not those of a process of this
 // host that runs, which may be writing the same file (the processes of an elastic job that fell
 // below its minimum: trainer/periodic_checkpoints.hpp, save_alone).
 inline void remove_stale_temporaries(const std::filesystem::path& file) {
@@ -747,11 +791,9 @@ inline void remove_stale_temporaries(const std::filesystem::path& file) {
 
 // Writes a complete training state, or a manifest (state.shards not empty), to `file`; then removes
 // the shard files only the manifest it replaced named, and the temporary files of saves of `file`
-// that died. Each removed file has a name a save of `file` gives (shard_file_name). `checksummed`:
-// blocks of the state's values whose checksums the caller computed (detail/checksummed_file.hpp).
+// that died. Each removed file has a name a save of `file` gives (shard_file_name).
 template <class T>
-void write(const std::filesystem::path& file, const TrainingState<T>& state,
-           std::span<const ChecksummedBlock> checksummed = {});
+void write(const std::filesystem::path& file, const TrainingState<T>& state);
 
 // Writes one server's shard; returns the checksum the manifest records for it.
 template <class T>
@@ -823,11 +865,9 @@ TrainingState<T> read(const std::filesystem::path& file) {
 }
 
 template <class T>
-void write(const std::filesystem::path& file, const TrainingState<T>& state,
-           std::span<const ChecksummedBlock> checksummed) {
+void write(const std::filesystem::path& file, const TrainingState<T>& state) {
   const auto replaced = detail::shard_files<T>(file);
-  detail::write_container<T>(file, state.shards.empty() ? kMagic : kManifestMagic, state,
-                             checksummed);
+  detail::write_container<T>(file, state.shards.empty() ? kMagic : kManifestMagic, state);
   for (const auto& old : replaced) {
     const bool kept =
         std::any_of(state.shards.begin(), state.shards.end(),
@@ -844,10 +884,8 @@ void write(const std::filesystem::path& file, const TrainingState<T>& state,
 namespace cohort::checkpoint {
 COHORT_INSTANTIATED TrainingState<float> read<float>(const std::filesystem::path&);
 COHORT_INSTANTIATED TrainingState<double> read<double>(const std::filesystem::path&);
-COHORT_INSTANTIATED void write<float>(const std::filesystem::path&, const TrainingState<float>&,
-                                      std::span<const ChecksummedBlock>);
-COHORT_INSTANTIATED void write<double>(const std::filesystem::path&, const TrainingState<double>&,
-                                       std::span<const ChecksummedBlock>);
+COHORT_INSTANTIATED void write<float>(const std::filesystem::path&, const TrainingState<float>&);
+COHORT_INSTANTIATED void write<double>(const std::filesystem::path&, const TrainingState<double>&);
 COHORT_INSTANTIATED std::uint32_t write<float>(const std::filesystem::path&,
                                                const ShardState<float>&);
 COHORT_INSTANTIATED std::uint32_t write<double>(const std::filesystem::path&,

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/error.hpp"
@@ -23,8 +24,7 @@ namespace cohort::trainer {
 
 // Into `state`: the training state of this process's first replica after `step` steps, on the
 // host, as a checkpoint holds it; without `values` (or without replicas), the run's settings and
-// step only. A state filled before keeps its memory (no allocation, no page faults: the copy is
-// what a checkpoint during a fit stalls its replica for).
+// step only.
 template <class R>
 void fill_checkpoint_state(const R& run, std::uint64_t step,
                            checkpoint::TrainingState<typename R::value_type>& state,
@@ -74,6 +74,16 @@ void refuse_nonfinite(std::span<const T> values, NumericError::Where where, std:
                       const std::filesystem::path& file) {
   if (const std::size_t first = device::cpu::first_nonfinite(values); first != values.size()) {
     throw nonfinite_state_error(where, step, first, file);
+  }
+}
+
+// Before a process writes checkpoints into `directory` (checkpoint.directory).
+inline void create_checkpoint_directory(const std::filesystem::path& directory) {
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error) {
+    throw CheckpointError("checkpoint.directory " + directory.string() +
+                          " cannot be created: " + error.message());
   }
 }
 

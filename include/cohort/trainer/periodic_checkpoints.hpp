@@ -9,12 +9,13 @@
 // (trainer/vote.hpp) agrees on the step. Under a strategy whose replicas hold the whole state
 // between two steps (strategy::SnapshotsBetweenSteps: the mirrored strategies), the checkpoint is
 // taken there, inside the fit: every replica makes its state whole (a sharded update gathers its
-// optimizer state), the chief's replicas copy a share of it each to the host, into a buffer kept
-// from one checkpoint to the next, checking and checksumming their shares as they copy
-// (trainer/snapshot_copy.hpp), and the fit goes on. A background thread writes the copy while the
-// fit trains, refusing it as Trainer::save does where it holds an infinity or NaN; the next
-// checkpoint, and the end of the fit, wait for that write. A write that failed fails the chief's
-// fit there (CheckpointError), and the other processes learn it as the chief's departure.
+// optimizer state), the chief's replicas write a share of it each straight into the checkpoint's
+// file, checking and checksumming their shares as they write (trainer/snapshot_write.hpp), and the
+// fit goes on. A background thread finishes the file while the fit trains (the archive's small
+// fields, the header, fsync, the rename), refusing it as Trainer::save does where it holds an
+// infinity or NaN; the next checkpoint, and the end of the fit, wait for that write. A write that
+// failed fails the chief's fit there (CheckpointError), and the other processes learn it as the
+// chief's departure.
 //
 // Under a strategy that saves its own way (strategy::SavesOwnCheckpoint: a parameter server) the
 // fit runs in segments instead, one between two checkpoints: every replica ends the segment as it
@@ -34,7 +35,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <system_error>
 #include <utility>
 
 #include "cohort/checkpoint/checkpoint.hpp"
@@ -43,7 +43,7 @@
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/trainer/checkpoints.hpp"
 #include "cohort/trainer/options.hpp"
-#include "cohort/trainer/snapshot_copy.hpp"
+#include "cohort/trainer/snapshot_write.hpp"
 
 namespace cohort::trainer {
 
@@ -115,8 +115,8 @@ class PeriodicCheckpoints {
     }
   }
 
-  // On one thread, before the replicas of a segment start: the chief's buffer for snapshots (taken
-  // between two steps, or at a segment's end where the strategy does not save its own way), for
+  // On one thread, before the replicas of a segment start: the chief's snapshots (taken between
+  // two steps, or at a segment's end where the strategy does not save its own way) readied for
   // `run`'s replicas, once the write in flight is done. Its failure, where the fit it failed did
   // not report it, fails nothing more: the next checkpoint writes again.
   void prepare(const R& run) {
@@ -124,28 +124,26 @@ class PeriodicCheckpoints {
       if (!enabled() || !run.strategy.is_chief()) return;
       if (writing_.valid()) writing_.wait();
       writing_ = {};
-      copy_.prepare(run, run.models.size());
+      snapshot_.prepare(run.models.size());
     }
   }
 
   // Between two steps (kBetweenSteps), once every replica has made its state whole: on every
   // replica of every process, share `share` of `shares` (the replica's index in the process, and
-  // their count); or after a fit on one thread, share 0 of 1. The chief's replicas copy a share of
-  // the state after `step` steps each, and the last to finish writes it in the background. Whether
-  // this step had no checkpoint yet (share 0's answer; a fit's replicas never take one twice).
+  // their count); or after a fit on one thread, share 0 of 1. The chief's replicas write a share of
+  // the state after `step` steps each into its file, and the last to finish has it finished in the
+  // background. Whether this step had no checkpoint yet (share 0's answer; a fit's replicas never
+  // take one twice).
   bool snapshot(const R& run, std::uint64_t step, std::size_t share, std::size_t shares) {
     if (share == 0 && !mark(step)) return false;
     if (!run.strategy.is_chief()) return true;
-    // The buffer is the previous write's until it is done; share 0 reports its failure.
+    // One checkpoint is written at a time; share 0 reports the previous one's failure.
     const std::shared_future<void> previous = write_in_flight();
     if (previous.valid()) share == 0 ? previous.get() : previous.wait();
-    if (!copy_.copy_share(run, step, share, shares)) return true;
+    if (!snapshot_.write_share(run, step, share, shares, policy_.directory)) return true;
     const std::lock_guard lock(writing_mutex_);
-    writing_ = std::async(std::launch::async, [this, step] {
-                 const auto file = checkpoint::file_for_step(policy_.directory, step);
-                 const auto& state = copy_.checked_state(file);
-                 create_directory();
-                 checkpoint::write(file, state, copy_.checksummed());
+    writing_ = std::async(std::launch::async, [this] {
+                 snapshot_.commit();
                  if (policy_.keep != 0) checkpoint::keep_newest<T>(policy_.directory, policy_.keep);
                }).share();
     return true;
@@ -206,14 +204,7 @@ class PeriodicCheckpoints {
 
  private:
   // Before a process writes there.
-  void create_directory() const {
-    std::error_code error;
-    std::filesystem::create_directories(policy_.directory, error);
-    if (error) {
-      throw CheckpointError("checkpoint.directory " + policy_.directory.string() +
-                            " cannot be created: " + error.message());
-    }
-  }
+  void create_directory() const { create_checkpoint_directory(policy_.directory); }
 
   std::shared_future<void> write_in_flight() {
     const std::lock_guard lock(writing_mutex_);
@@ -232,7 +223,7 @@ class PeriodicCheckpoints {
   Clock::time_point last_ = Clock::now();
   std::uint64_t saved_step_ = static_cast<std::uint64_t>(-1);
   bool resumed_ = false;
-  SnapshotCopy<R> copy_;      // the chief's copy being written
+  SnapshotWrite<R> snapshot_;  // the chief's checkpoint being written
   std::mutex writing_mutex_;  // between the replicas of a snapshot
   std::shared_future<void> writing_;
 };

@@ -52,7 +52,7 @@
 //   elastic.hpp          an elastic job's fit going on without a lost worker
 //   checkpoints.hpp      save and restore
 //   periodic_checkpoints.hpp  checkpoints during a fit: Options::checkpoint
-//   snapshot_copy.hpp    a checkpoint's copy during a fit, shared out between the replicas
+//   snapshot_write.hpp   a checkpoint's write during a fit, shared out between the replicas
 //   validation.hpp       evaluation on held-out data inside fit, and stopping early
 //   metrics_log.hpp      the chief's metrics file: Options::metrics
 //   progress.hpp         progress lines and the fit's summary
