@@ -106,7 +106,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a checkpoint taken during a fit, its copy shared out between the replicas, is the file "
+    "a checkpoint taken during a fit, written in place in a share per replica, is the file "
     "Trainer::save writes after a fit to that step") {
   TemporaryDirectory directory("cohort-periodic-shares");
   const fs::path saved = saved_after(12, directory.path / "saved.ckpt");
