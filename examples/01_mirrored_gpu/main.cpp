@@ -30,7 +30,7 @@ example::Outcome train_on_gpus(const example::DemoSettings& settings, const exam
                   {.global_batch = settings.batch,
                    .micro_batches = settings.micro_batches,
                    .seed = settings.seed,
-                   .log_every = 100,
+                   .log_every = settings.log_every,
                    .progress = settings.quiet ? Progress::kSilent : Progress::kAuto});
   const Report report = trainer.fit(data.train, {.epochs = settings.epochs});
   // The trained parameters, evaluated by a host Mlp of the same layout.

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
         {.global_batch = settings.batch,
          .micro_batches = settings.micro_batches,
          .seed = settings.seed,
-         .log_every = 100,
+         .log_every = settings.log_every,
          .progress = settings.quiet || !chief ? cohort::Progress::kSilent : cohort::Progress::kAuto,
          .on_nonfinite = settings.on_nonfinite,
          .schedule = example::demo_schedule(settings),

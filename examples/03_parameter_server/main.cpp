@@ -37,7 +37,7 @@ int run(const example::DemoSettings& settings, std::size_t local_replicas) {
       {.global_batch = settings.batch,
        .micro_batches = settings.micro_batches,
        .seed = settings.seed,
-       .log_every = 100,
+       .log_every = settings.log_every,
        .progress = settings.quiet || !chief ? cohort::Progress::kSilent : cohort::Progress::kAuto,
        .on_nonfinite = settings.on_nonfinite,
        .schedule = example::demo_schedule(settings),

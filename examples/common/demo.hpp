@@ -30,6 +30,7 @@ struct DemoSettings {
   std::size_t threads = 1;                      // per replica
   double learning_rate = 1e-2;  // the schedule's peak (demo_schedule)
   bool quiet = false;
+  std::uint64_t log_every = 100;  // steps between progress lines and metrics lines
   std::string
       checkpoint_directory;  // checkpoints during the fit, resumed from (Options::checkpoint)
   std::uint64_t checkpoint_every = 1000;  // steps
@@ -54,6 +55,10 @@ inline void add_demo_options(CLI::App& app, DemoSettings& settings) {
       ->check(CLI::PositiveNumber);
   app.add_option("--learning-rate", settings.learning_rate, "Adam learning rate");
   app.add_flag("--quiet", settings.quiet, "no progress lines");
+  app.add_option("--log-every", settings.log_every,
+                 "steps between progress lines, and between the lines of the metrics file "
+                 "(COHORT_METRICS)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--on-nonfinite", settings.on_nonfinite,
                  "a step whose gradient holds an infinity or NaN: raise (stop with an error) or "
                  "skip_step")
