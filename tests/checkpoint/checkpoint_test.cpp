@@ -477,6 +477,37 @@ TEST_CASE("a shard declaring more parameters than the shard files hold is refuse
   CHECK(message.find("declares 1099511627776 parameters") != std::string::npos);
 }
 
+namespace {
+
+// What `run` returns while no file of this process may grow past `bytes` (a write past them fails
+// with EFBIG instead of raising SIGXFSZ).
+template <class Run>
+std::string with_files_limited_to(rlim_t bytes, Run run) {
+  rlimit limit{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &limit) == 0);
+  const rlimit saved = limit;
+  const auto handler = std::signal(SIGXFSZ, SIG_IGN);
+  limit.rlim_cur = bytes;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+  const std::string result = run();
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, handler);
+  return result;
+}
+
+// A save of `file` that the file system refused midway: named with its errno, and `file` kept as
+// it was (`before`), alone in its directory.
+void check_refused_write(const std::string& message, const fs::path& file,
+                         const std::string& before) {
+  CAPTURE(message);
+  CHECK(message.find("checkpoint " + file.string()) != std::string::npos);
+  CHECK(message.find(std::string("write failed: ") + std::strerror(EFBIG)) != std::string::npos);
+  CHECK(bytes_of(file) == before);
+  CHECK(std::distance(fs::directory_iterator(file.parent_path()), fs::directory_iterator()) == 1);
+}
+
+}  // namespace
+
 TEST_CASE("a save the file system refuses midway names the error and keeps the file it replaces") {
   TemporaryDirectory directory;
   const fs::path checkpoint = directory.path / "run.ckpt";
@@ -485,24 +516,10 @@ TEST_CASE("a save the file system refuses midway names the error and keeps the f
   trainer.save(checkpoint);
   const std::string before = bytes_of(checkpoint);
   trainer.fit(small_task_data(), {.steps = 4});
-  std::string message;
-  {
-    // Files of this process may not grow past 64 bytes: the payload's write fails with EFBIG.
-    rlimit limit{};
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &limit) == 0);
-    const rlimit saved = limit;
-    const auto handler = std::signal(SIGXFSZ, SIG_IGN);
-    limit.rlim_cur = 64;
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
-    message = save_refusal(trainer, checkpoint);
-    ::setrlimit(RLIMIT_FSIZE, &saved);
-    std::signal(SIGXFSZ, handler);
-  }
-  CAPTURE(message);
-  CHECK(message.find("checkpoint " + checkpoint.string()) != std::string::npos);
-  CHECK(message.find(std::string("write failed: ") + std::strerror(EFBIG)) != std::string::npos);
-  CHECK(bytes_of(checkpoint) == before);
-  CHECK(std::distance(fs::directory_iterator(directory.path), fs::directory_iterator()) == 1);
+  // Files of this process may not grow past 64 bytes: the payload's write fails with EFBIG.
+  const std::string message =
+      with_files_limited_to(64, [&] { return save_refusal(trainer, checkpoint); });
+  check_refused_write(message, checkpoint, before);
 }
 
 TEST_CASE("a checkpoint path that is a directory is refused naming it, by restore and by save") {
@@ -664,14 +681,7 @@ TEST_CASE("a checkpoint written in place leaves nothing when abandoned or refuse
   // named by commit, and the checkpoint it would replace is kept.
   cohort::checkpoint::write(file, state);
   const std::string before = bytes_of(file);
-  std::string message;
-  {
-    rlimit limit{};
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &limit) == 0);
-    const rlimit saved = limit;
-    const auto handler = std::signal(SIGXFSZ, SIG_IGN);
-    limit.rlim_cur = 4096;
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+  const std::string message = with_files_limited_to(4096, [&] {
     try {
       cohort::checkpoint::InPlaceWrite<float> write(file, {},
                                                     std::span<const float>(state.parameters),
@@ -680,14 +690,9 @@ TEST_CASE("a checkpoint written in place leaves nothing when abandoned or refuse
                               std::span<const float>(state.parameters)));
       write.commit(crc32_of(state.parameters), crc32_of(state.optimizer_state));
     } catch (const cohort::CheckpointError& error) {
-      message = error.what();
+      return std::string(error.what());
     }
-    ::setrlimit(RLIMIT_FSIZE, &saved);
-    std::signal(SIGXFSZ, handler);
-  }
-  CAPTURE(message);
-  CHECK(message.find("checkpoint " + file.string()) != std::string::npos);
-  CHECK(message.find(std::string("write failed: ") + std::strerror(EFBIG)) != std::string::npos);
-  CHECK(bytes_of(file) == before);
-  CHECK(std::distance(fs::directory_iterator(directory.path), fs::directory_iterator()) == 1);
+    return std::string();
+  });
+  check_refused_write(message, file, before);
 }
