@@ -76,8 +76,8 @@ class SnapshotWrite {
 
   // After write_share returned true, on the thread that writes: the checkpoint committed, or a
   // NumericError where the state holds an infinity or NaN (Trainer::save's refusal, naming the
-  // first), or the CheckpointError of a directory, a file or a write that failed. Its file.
-  std::filesystem::path commit() {
+  // first), or the CheckpointError of a directory, a file or a write that failed.
+  void commit() {
     if (failure_) std::rethrow_exception(failure_);
     try {
       refuse(&Share::parameters, NumericError::Where::kParameters);
@@ -87,7 +87,6 @@ class SnapshotWrite {
       write_.reset();  // its temporary file removed
       throw;
     }
-    return write_->file();
   }
 
  private:
