@@ -325,12 +325,15 @@ TEST_CASE("cohort-bench predict fits its report, checks it, and refuses impossib
   CHECK(contains(predicted.output, "| by host"));
   CHECK(contains(predicted.output, "     -          -      -         -\n"));
 
-  // Without --measured it measures this host first, and says where the reports are.
+  // Without --measured it measures this host first, and says where it keeps the reports: in the
+  // temporary directory (here the test's, which it removes).
   const Result here = run_bench(
-      {"predict", "--params", "1M", "--compute-ms", "10", "--hosts", "2", "--gbits", "25"});
+      {"predict", "--params", "1M", "--compute-ms", "10", "--hosts", "2", "--gbits", "25"},
+      {{"TMPDIR", directory.path.string()}});
   INFO(here.output);
   CHECK(here.code == 0);
   CHECK(contains(here.output, "# measured this host: 2 ranks over TCP and through shared memory"));
+  CHECK(contains(here.output, "(" + (directory.path / "cohort-bench-predict-").string()));
   CHECK(contains(here.output, "fitted to 18 measurements"));
   CHECK_FALSE(contains(here.output, "#wrong"));  // the sweeps' tables are not shown
 
