@@ -498,10 +498,15 @@ TEST_CASE(
   CHECK(cohort::testing::shared_memory_segments() == segments);
 }
 
-TEST_CASE("ranks whose hosts cannot go by host all-reduce flat, and say why") {
-  // Host 0 has ranks 0 and 2, host 1 ranks 1 and 3; then 3 ranks on one host and 1 on another.
+TEST_CASE(
+    "ranks whose hosts cannot go by host all-reduce flat, say why, and where another order would "
+    "let them, say which") {
+  // Host 0 has ranks 0 and 2, host 1 ranks 1 and 3: in the order of their hosts 0, 2, 1, 3 (old
+  // rank r at place order[r]). Then 3 ranks on one host and 1 on another, which no order helps.
   for (const auto& host_of : {std::vector<int>{0, 1, 0, 1}, std::vector<int>{0, 0, 0, 1}}) {
     CAPTURE(host_of[1]);
+    const std::vector<int> order =
+        host_of[1] == 1 ? std::vector<int>{0, 2, 1, 3} : std::vector<int>{-1, -1, -1, -1};
     const auto inputs = cohort::testing::cancelling_inputs(4, 1000, 19);
     const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
     std::vector<std::string> reasons(4);
@@ -510,6 +515,10 @@ TEST_CASE("ranks whose hosts cannot go by host all-reduce flat, and say why") {
         [&](auto& c, const auto& sharing) {
           if (sharing.shared || c.reduces_by_host() || sharing.hosts != 2) {
             throw std::runtime_error("went by host");
+          }
+          if (sharing.rank_by_host != order[static_cast<std::size_t>(c.rank())]) {
+            throw std::runtime_error("place in the order by host " +
+                                     std::to_string(sharing.rank_by_host));
           }
           reasons[static_cast<std::size_t>(c.rank())] = sharing.why_not;
           auto buffer = inputs[static_cast<std::size_t>(c.rank())];

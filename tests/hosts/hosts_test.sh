@@ -19,13 +19,14 @@
 # and twice the timeout after the fault), one host cut off for good from an elastic job (the
 # others go on to the same bits), a worker of an elastic job killed on its host and started there
 # again (it rejoins across the hosts, to the same bits), the same for rank 0 of 2 hosts of 2
-# workers (rank 1, on its host, keeps the job's door at the master address), the same for rank 0
-# of 4 hosts of one worker, killed or its host cut off (the next chief opens the door at the
-# master port of its own host, and a process started again finds it there among the job's hosts,
-# from COHORT_HOSTS or TF_CONFIG, also a chief's pod started again with its TF_CONFIG alone, on
-# another host or its own), the same for a pod
-# of a PyTorchJob (the operator's variables, the pod started again with them) and for a Slurm
-# task (a replacement step of one task, as docs/launching.md gives it), a second host lost while
+# workers (rank 1, on its host, keeps the job's door at the master address; the process that
+# joins comes last, and the four take the order of their hosts and go by host again), the same
+# for rank 0 of 4 hosts of one worker, killed or its host cut off (the next chief opens the door
+# at the master port of its own host, and a process started again finds it there among the job's
+# hosts, from COHORT_HOSTS or TF_CONFIG, also a chief's pod started again with its TF_CONFIG
+# alone, on another host or its own), the same for a pod of a PyTorchJob (the operator's
+# variables, the pod started again with them) and for a Slurm task (a replacement step of one
+# task, as docs/launching.md gives it), a second host lost while
 # the workers left take the newest state (the two left regroup again, to the same bits), a worker
 # of an asynchronous parameter-server job of 4 worker and 2 server hosts killed on its host and its
 # pod started again with its TF_CONFIG (it takes its place back at both servers, and each of its
@@ -523,6 +524,16 @@ case_elastic_slurm_replacement() {
     fail "the replacement does not say it joined"
 }
 
+# in_order FILE TEXT...: FILE has a line with each TEXT, in that order.
+in_order() {
+  local file="$1"
+  shift
+  awk -v texts="$(printf '%s\n' "$@")" '
+    BEGIN { n = split(texts, want, "\n"); k = 1 }
+    k <= n && index($0, want[k]) { k++ }
+    END { exit (k <= n) }' "${file}"
+}
+
 # took_rank_0_back PARAMETERS: every process but the lost rank 0 exited 0, and the next chief,
 # rank 1 (started second), said that the job went on without rank 0 and took a process back, and
 # ended with PARAMETERS.
@@ -657,8 +668,17 @@ case_elastic_chief_rejoins() {  # 2 hosts of 2 workers: rank 0 killed, started a
   # Rank 1, on rank 0's host, is the chief now, and keeps the job's door at the master address.
   grep -q "cohort: rank 0: keeps the job's door at ${net}.1:29500, where its first rank 0 was" \
     "${started[1]}.out" || fail "the next chief does not keep the door at the master address"
-  grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||
-    fail "rank 0 started again does not say it joined"
+  # Three workers cannot go by host; the one that joined comes last, and the four take the order
+  # of their hosts, where it is rank 1, and go by host again.
+  in_order "${started[1]}.out" "they cannot go by host: host 1 (from rank 1) has 2 ranks" \
+    "cohort: workers 4 -> 3 at step" \
+    "the workers take the order of their hosts, so that they all-reduce by host" \
+    "the 2 worker processes of each of 2 hosts all-reduce through shared memory" \
+    "cohort: workers 3 -> 4 at step" ||
+    fail "the next chief does not say that the job went flat, then by host again in the order of \
+its hosts once the worker joined"
+  grep -q "cohort: rank 1 joined the job of 4 workers at step " "${started[4]}.out" ||
+    fail "rank 0 started again does not say it joined as rank 1, beside its host's other worker"
 }
 
 # A TFJob of 4 worker pods and 2 ps pods, asynchronous, elastic: worker 3's pod fails, and its

@@ -1,9 +1,11 @@
 // tcp::regroup: ranks of a mesh that lost one (ended, or stopped with its listener still
 // accepting) form the next membership epoch's mesh among themselves, as threads of this process
 // on 127.0.0.1, under a secret; a rank of a later epoch is refused, and one of an earlier epoch
-// held off, without failing the rendezvous.
+// held off, without failing the rendezvous. tcp::renumber: the members of a mesh take another
+// order as the next epoch, rank 0 keeping its place.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cohort/transport/tcp/regroup.hpp>
@@ -219,4 +221,33 @@ TEST_CASE(
     "it knocks again until its own deadline, and the epoch's mesh forms meanwhile") {
   CHECK(contains(another_epoch_at_rendezvous(0, std::chrono::milliseconds(1500), false),
                  "rank 1: rendezvous: timed out after 1500 ms: rank 0 never answered"));
+}
+
+TEST_CASE("the members take the order they give as the next epoch, rank 0 keeping its place") {
+  // Old rank r is new rank order[r], as MultiWorkerMirrored orders by host the ranks of 2 hosts
+  // whose second rank of host 0 came last (a worker that joined).
+  const std::vector<int> order{0, 2, 3, 1};
+  const auto errors = run_ranks(
+      4,
+      [&](tcp::Tcp& mesh) {
+        const int old_rank = mesh.rank();
+        tcp::Tcp next = tcp::renumber(mesh, order[static_cast<std::size_t>(old_rank)],
+                                      std::chrono::seconds(10));
+        CHECK(next.rank() == order[static_cast<std::size_t>(old_rank)]);
+        CHECK(next.size() == 4);
+        CHECK(next.options().epoch == 1);
+        // Each tells its right-hand neighbour in the new order who it was: the process there is
+        // the one the order put there.
+        const int right = (next.rank() + 1) % 4;
+        const int left = (next.rank() + 3) % 4;
+        std::array<std::byte, 1> out{static_cast<std::byte>(old_rank)};
+        std::array<std::byte, 1> in{};
+        const Send send{right, {kCollective, 0, 0}, out};
+        const Receive receive{left, {kCollective, 0, 0}, in};
+        next.transfer({&send, 1}, {&receive, 1});
+        CHECK(order[static_cast<std::size_t>(in[0])] == left);
+        ring_once(next);
+      },
+      elastic);
+  require_no_errors(errors);
 }

@@ -203,6 +203,11 @@ class Deterministic : public detail::OverTransport<T> {
     // first rank that could not, or why the ranks cannot go by host. Empty where shared, or
     // where no two ranks share a host.
     std::string why_not{};
+    // Where the ranks of some host are not consecutive but every host has as many: this rank's
+    // place in the order that makes them so, in which they could go by host (the hosts in the
+    // order of their first rank, each one's ranks in theirs; rank 0 keeps its place). -1
+    // otherwise.
+    int rank_by_host = -1;
   };
 
   // Where every rank of the group is on this host (detail::host_identity) and wants it,
@@ -423,40 +428,50 @@ class Deterministic : public detail::OverTransport<T> {
   HostSharing share_by_host(std::span<const std::int64_t> all, std::size_t words,
                             std::chrono::microseconds spin) requires kSplitsByHost {
     const std::size_t ranks = static_cast<std::size_t>(this->size());
+    const std::size_t me = static_cast<std::size_t>(this->rank());
     const auto identity = [&](std::size_t rank) { return all.subspan(rank * words, words); };
-    // Hosts in the order of their first rank.
+    // Each rank's host, the hosts numbered in the order of their first rank.
+    std::vector<std::size_t> host_of(ranks);
     std::vector<std::size_t> firsts;
+    std::vector<std::size_t> counts;
     for (std::size_t rank = 0; rank < ranks; ++rank) {
-      if (rank == 0 || !std::ranges::equal(identity(rank), identity(rank - 1))) {
+      const auto same = std::ranges::find_if(firsts, [&](std::size_t first) {
+        return std::ranges::equal(identity(first), identity(rank));
+      });
+      host_of[rank] = static_cast<std::size_t>(same - firsts.begin());
+      if (same == firsts.end()) {
         firsts.push_back(rank);
+        counts.push_back(0);
       }
-    }
-    std::vector<std::size_t> seen;
-    for (const std::size_t first : firsts) {
-      for (const std::size_t earlier : seen) {
-        if (std::ranges::equal(identity(first), identity(earlier))) {
-          return {.hosts = static_cast<int>(seen.size()),
-                  .why_not = "ranks " + std::to_string(earlier) + " and " + std::to_string(first) +
-                             " share a host but the ranks between them do not: the ranks of "
-                             "each host must be consecutive"};
-        }
-      }
-      seen.push_back(first);
+      ++counts[host_of[rank]];
     }
     const std::size_t hosts = firsts.size();
-    const std::size_t per_host = hosts > 1 ? firsts[1] : ranks;
-    for (std::size_t host = 1; host < hosts; ++host) {
-      const std::size_t count = (host + 1 < hosts ? firsts[host + 1] : ranks) - firsts[host];
-      if (count != per_host) {
-        return {.hosts = static_cast<int>(hosts),
-                .why_not = "host " + std::to_string(host) + " (from rank " +
-                           std::to_string(firsts[host]) + ") has " + std::to_string(count) +
-                           (count == 1 ? " rank" : " ranks") + ", host 0 has " +
-                           std::to_string(per_host) + ": every host must have as many"};
+    const std::size_t per_host = counts.front();
+    const bool as_many = std::ranges::count(counts, per_host) == std::ssize(counts);
+    for (std::size_t rank = 1; rank < ranks; ++rank) {
+      if (host_of[rank] >= host_of[rank - 1]) continue;
+      HostSharing apart{
+          .hosts = static_cast<int>(hosts),
+          .why_not = "ranks " + std::to_string(firsts[host_of[rank]]) + " and " +
+                     std::to_string(rank) +
+                     " share a host but the ranks between them do not: the ranks of each host "
+                     "must be consecutive"};
+      if (as_many) {
+        const auto before_me = std::ranges::count(std::span(host_of).first(me), host_of[me]);
+        apart.rank_by_host = static_cast<int>(host_of[me] * per_host) + static_cast<int>(before_me);
       }
+      return apart;
+    }
+    for (std::size_t host = 1; host < hosts; ++host) {
+      const std::size_t count = counts[host];
+      if (count == per_host) continue;
+      return {.hosts = static_cast<int>(hosts),
+              .why_not = "host " + std::to_string(host) + " (from rank " +
+                         std::to_string(firsts[host]) + ") has " + std::to_string(count) +
+                         (count == 1 ? " rank" : " ranks") + ", host 0 has " +
+                         std::to_string(per_host) + ": every host must have as many"};
     }
     if (per_host == 1) return {.hosts = static_cast<int>(hosts)};
-    const std::size_t me = static_cast<std::size_t>(this->rank());
     const std::size_t my_host = me / per_host;
     std::vector<int> host_members;
     std::vector<int> rail_members;

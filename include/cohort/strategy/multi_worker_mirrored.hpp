@@ -212,7 +212,12 @@ class MultiWorkerMirrored {
     }
     try {
       process_.learn_local_ranks(*cross_, cluster().rank, 0);
-      share_host_memory();
+      // A process that joined comes last in rank order: the members and it take the order of
+      // their hosts, where that lets them go by host (adopt).
+      if (const int rank = share_host_memory(joined_); rank >= 0) {
+        if constexpr (kRegroups) adopt(renumbered(rank));
+        return;
+      }
     } catch (const CommError& lost) {
       if (!keeps_construction_loss(lost)) throw;
       return;
@@ -338,7 +343,8 @@ class MultiWorkerMirrored {
     if (door_) door_->welcome(joiners);
     door_.reset();
     adopt(transport::tcp::grow(cross_->transport(), static_cast<int>(joiners),
-                               elastic().probe_timeout));
+                               elastic().probe_timeout),
+          true);
     return {.workers_before = before,
             .workers_after = static_cast<std::size_t>(cluster().size),
             .joined = joiners};
@@ -400,8 +406,13 @@ class MultiWorkerMirrored {
   // one host"). A program that sets bucket_bytes keeps its buckets.
   // The mesh of a new membership (regroup, admit): this process's rank and the job's size are
   // its, the communication thread is new (the old one's failure stays with it), the local ranks
-  // and shared memory are learned again, and the chief opens its door again.
-  [[gnu::cold]] void adopt(transport::tcp::Tcp next) requires kRegroups {
+  // and shared memory are learned again, and the chief opens its door again. A grown mesh
+  // (`reorders`) has its joiners last in rank order, so a worker started again on a host of
+  // several comes apart from its host's others: where the ranks in the order of their hosts could
+  // go by host, every rank takes its place in that order (tcp::renumber, rank 0 keeping its own).
+  // The deal of micro-batches follows the ranks, so the bits do not change. A regrouped mesh keeps
+  // its members' order, which the newest state's agreement counts on (trainer/elastic.hpp).
+  [[gnu::cold]] void adopt(transport::tcp::Tcp next, bool reorders = false) requires kRegroups {
     kept_ = {};
     door_.reset();
     process_.regrouped(next.rank(), next.size());
@@ -410,8 +421,21 @@ class MultiWorkerMirrored {
     thread_ = process_.start_communication_thread();
     process_.learn_local_ranks(*cross_, cluster().rank, 0);
     bucket_bytes_ = configured_bucket_bytes();
-    share_host_memory();
+    if (const int rank = share_host_memory(reorders); rank >= 0) {
+      adopt(renumbered(rank));
+      return;
+    }
     open_door();
+  }
+
+  // The mesh again, this process at `rank` (adopt).
+  [[gnu::cold]] transport::tcp::Tcp renumbered(int rank) requires kRegroups {
+    if (rank == 0) {
+      std::fprintf(stderr,
+                   "cohort: rank 0: the workers take the order of their hosts, so that they "
+                   "all-reduce by host\n");
+    }
+    return transport::tcp::renumber(cross_->transport(), rank, elastic().probe_timeout);
   }
 
   // Before the roll call: what this membership's replicas kept of their stripes, and its shared
@@ -501,53 +525,64 @@ class MultiWorkerMirrored {
     }
   }
 
-  [[gnu::cold]] void share_host_memory() {
+  // Where `reorders` and the workers could go by host in another order, nothing is shared: this
+  // process's rank in that order (adopt); -1 otherwise.
+  [[gnu::cold]] int share_host_memory(bool reorders = false) {
     if constexpr (requires { cross_->share_host_memory(true, {}); }) {
-      const cluster::Spec& spec = process_.spec();
       const bool realtime =
           options().communication_priority == collective::ThreadPriority::kRealtime;
       const auto sharing = cross_->share_host_memory(
           options().shared_memory,
           realtime ? std::chrono::microseconds(0) : transport::tcp::Options{}.spin);
-      if (!sharing.shared) {
-        if (!sharing.why_not.empty() && (sharing.hosts == 1 || spec.rank == 0)) {
-          std::fprintf(stderr,
-                       "cohort: rank %d: the worker processes of %s all-reduce over TCP, since "
-                       "%s\n",
-                       spec.rank, sharing.hosts == 1 ? "this host" : "each host",
-                       (sharing.hosts == 1 ? "shared memory failed: " + sharing.why_not
-                                           : "they cannot go by host: " + sharing.why_not)
-                           .c_str());
-        }
-        return;
-      }
-      // Across hosts the all-reduce waits on the network: buckets overlap it with the backward
-      // pass, as over TCP.
-      if (sharing.hosts > 1) {
-        if (spec.rank == 0) {
-          std::fprintf(stderr,
-                       "cohort: the %d worker processes of each of %d hosts all-reduce through "
-                       "shared memory, and between the hosts each over TCP for its part of the "
-                       "gradient\n",
-                       spec.size / sharing.hosts, sharing.hosts);
-        }
-        return;
-      }
-      if (!realtime) thread_->run_at_normal_priority();
-      const int cpus = detail::cpus_of_host(*cross_);
-      const std::size_t replica_threads = replicas();
-      const bool overlap =
-          options().bucket_bytes.has_value() || static_cast<std::size_t>(cpus) > replica_threads;
-      if (!overlap) bucket_bytes_ = std::numeric_limits<std::size_t>::max();
-      if (spec.rank != 0) return;
-      const std::string when = overlap ? "in buckets of " + std::to_string(bucket_bytes_) +
-                                             " bytes during the backward pass"
-                                       : "the whole gradient once the backward pass ends";
-      std::fprintf(stderr,
-                   "cohort: the %d worker processes of this host all-reduce through shared "
-                   "memory, %s (%zu replica threads, %d CPUs)\n",
-                   spec.size, when.c_str(), replica_threads, cpus);
+      if (reorders && sharing.rank_by_host >= 0) return sharing.rank_by_host;
+      use_sharing(sharing, realtime);
     }
+    return -1;
+  }
+
+  // What share_host_memory found, said by the chief (or by each rank where a host's memory could
+  // not be shared), and the buckets and priority it calls for.
+  template <class HostSharing>
+  [[gnu::cold]] void use_sharing(const HostSharing& sharing, bool realtime) {
+    const cluster::Spec& spec = process_.spec();
+    if (!sharing.shared) {
+      if (!sharing.why_not.empty() && (sharing.hosts == 1 || spec.rank == 0)) {
+        std::fprintf(stderr,
+                     "cohort: rank %d: the worker processes of %s all-reduce over TCP, since "
+                     "%s\n",
+                     spec.rank, sharing.hosts == 1 ? "this host" : "each host",
+                     (sharing.hosts == 1 ? "shared memory failed: " + sharing.why_not
+                                         : "they cannot go by host: " + sharing.why_not)
+                         .c_str());
+      }
+      return;
+    }
+    // Across hosts the all-reduce waits on the network: buckets overlap it with the backward
+    // pass, as over TCP.
+    if (sharing.hosts > 1) {
+      if (spec.rank == 0) {
+        std::fprintf(stderr,
+                     "cohort: the %d worker processes of each of %d hosts all-reduce through "
+                     "shared memory, and between the hosts each over TCP for its part of the "
+                     "gradient\n",
+                     spec.size / sharing.hosts, sharing.hosts);
+      }
+      return;
+    }
+    if (!realtime) thread_->run_at_normal_priority();
+    const int cpus = detail::cpus_of_host(*cross_);
+    const std::size_t replica_threads = replicas();
+    const bool overlap =
+        options().bucket_bytes.has_value() || static_cast<std::size_t>(cpus) > replica_threads;
+    if (!overlap) bucket_bytes_ = std::numeric_limits<std::size_t>::max();
+    if (spec.rank != 0) return;
+    const std::string when = overlap ? "in buckets of " + std::to_string(bucket_bytes_) +
+                                           " bytes during the backward pass"
+                                     : "the whole gradient once the backward pass ends";
+    std::fprintf(stderr,
+                 "cohort: the %d worker processes of this host all-reduce through shared "
+                 "memory, %s (%zu replica threads, %d CPUs)\n",
+                 spec.size, when.c_str(), replica_threads, cpus);
   }
 
   std::size_t configured_bucket_bytes() const {

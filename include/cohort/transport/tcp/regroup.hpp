@@ -1,6 +1,6 @@
-// tcp::regroup and tcp::grow: a mesh's next membership epoch, without a restart. regroup: the
-// ranks of a mesh that failed, as a mesh of their own. Every rank that goes on calls it on its
-// failed Tcp, which kept listening (Options::keep_listening):
+// tcp::regroup, tcp::grow and tcp::renumber: a mesh's next membership epoch, without a restart.
+// regroup: the ranks of a mesh that failed, as a mesh of their own. Every rank that goes on calls
+// it on its failed Tcp, which kept listening (Options::keep_listening):
 //
 //   tcp::Regrouped next = tcp::regroup(failed, {.min_size = 2, .probe_timeout = 2s});
 //   // next.transport: the new mesh; next.members[r]: the old rank of its rank r
@@ -58,6 +58,12 @@ struct Regrouped {
 // shorter), or it fails on every rank with a CommError: a newcomer that left after its welcome
 // costs the members that long. The members can then regroup from `mesh`, which still listens.
 [[gnu::cold]] COHORT_DECL Tcp grow(Tcp& mesh, int joiners, std::chrono::milliseconds timeout);
+
+// Every member of `mesh`, each with its `rank` in an order they all computed alike in which rank 0
+// keeps its place (MultiWorkerMirrored's ranks in the order of their hosts, after a grow put a
+// process last): the same processes as the mesh of the next epoch, in that order. The rendezvous
+// and its bounds are grow's.
+[[gnu::cold]] COHORT_DECL Tcp renumber(Tcp& mesh, int rank, std::chrono::milliseconds timeout);
 
 }  // namespace cohort::transport::tcp
 

@@ -31,6 +31,15 @@ namespace detail {
   return mesh;
 }
 
+// grow's and renumber's: the next epoch meets at rank 0's listener, the job's rendezvous address,
+// within `timeout` (or connect_timeout, if shorter).
+[[gnu::cold]] COHORT_DECL Tcp next_epoch_at_rank_0(Tcp& old, Options next,
+                                                   std::chrono::milliseconds timeout) {
+  next.connect_timeout = std::min(next.connect_timeout, timeout);
+  const Address rank_0 = old.addresses().front();
+  return next_epoch(old, std::move(next), rank_0);
+}
+
 }  // namespace detail
 
 COHORT_DECL Regrouped regroup(Tcp& failed, RegroupOptions options) {
@@ -84,8 +93,14 @@ COHORT_DECL Regrouped regroup(Tcp& failed, RegroupOptions options) {
 COHORT_DECL Tcp grow(Tcp& mesh, int joiners, std::chrono::milliseconds timeout) {
   Options next = mesh.options();
   next.size += joiners;
-  next.connect_timeout = std::min(next.connect_timeout, timeout);
-  return detail::next_epoch(mesh, std::move(next), mesh.addresses().front());
+  return detail::next_epoch_at_rank_0(mesh, std::move(next), timeout);
+}
+
+COHORT_DECL Tcp renumber(Tcp& mesh, int rank, std::chrono::milliseconds timeout) {
+  Options next = mesh.options();
+  COHORT_ASSERT(rank >= 0 && rank < next.size && (rank == 0) == (next.rank == 0));
+  next.rank = rank;
+  return detail::next_epoch_at_rank_0(mesh, std::move(next), timeout);
 }
 
 }  // namespace cohort::transport::tcp
