@@ -36,6 +36,13 @@ TEST_CASE("the model's link bytes are those of each algorithm's exchanges") {
         doctest::Approx(2.0 * 6 / 8 * bytes));
   CHECK(model::count(Algorithm::kRing, four_by_two, bytes).link_bytes ==
         doctest::Approx(2.0 * 7 / 8 * bytes));
+  // Those steps within the host move half the buffer three times (sent, folded, sent back) while
+  // the link is idle; the rest of a rank's 3 x 7/8 overlaps the link. Over hosts of one, nothing
+  // waits so.
+  const model::Counts flat = model::count(Algorithm::kDeterministic, four_by_two, bytes);
+  CHECK(flat.serial_cpu_bytes == doctest::Approx(3.0 / 2 * bytes));
+  CHECK(flat.cpu_bytes == doctest::Approx(3.0 * 7 / 8 * bytes - 3.0 / 2 * bytes));
+  CHECK(model::count(Algorithm::kDeterministic, Shape{4, 1}, bytes).serial_cpu_bytes == 0);
   // 3 hosts of 2 (6 ranks, no power of two): each rank's chunks go to the 4 ranks of other hosts.
   CHECK(model::count(Algorithm::kDeterministic, Shape{3, 2}, bytes).link_bytes ==
         doctest::Approx(2.0 * 2 * 4 / 6 * bytes));

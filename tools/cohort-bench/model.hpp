@@ -8,12 +8,14 @@
 //                  the wire's latency), and `link_message_s` more where the job spans hosts
 //   link_bytes     bytes through the busiest host's link, each way: `link_s_per_byte` each
 //   cpu_bytes      bytes a rank sends and folds: `cpu_s_per_byte` each
+//   serial_cpu_bytes  the same, while the host's link has nothing to carry: `cpu_s_per_byte` each
 //   segment_bytes  bytes of the buffer through the host's shared segment, per rank: each costs
 //   segment_meetings  `segment_s_per_byte`, and each meeting of the segment `segment_meeting_s`
 // The time is messages x (message_s + link_message_s) + max(link_bytes x link_s_per_byte,
-// cpu_bytes x cpu_s_per_byte) + segment_bytes x segment_s_per_byte + segment_meetings x
-// segment_meeting_s: a transfer is as slow as the slower of the link and the core that moves it
-// (a roofline), and the segment's stages of an all-reduce by host come before and after it.
+// cpu_bytes x cpu_s_per_byte) + serial_cpu_bytes x cpu_s_per_byte + segment_bytes x
+// segment_s_per_byte + segment_meetings x segment_meeting_s: a transfer is as slow as the slower
+// of the link and the core that moves it (a roofline), and the steps that stay within a host, as
+// the segment's stages of an all-reduce by host, come before and after the link's.
 //
 // The counts follow the algorithms (collective/deterministic.hpp, collective/ring.hpp):
 //   deterministic  n x B <= 64 KiB: every rank sends its whole buffer to the n-1 others. Larger:
@@ -21,8 +23,9 @@
 //                  chunk with one peer at a time; a host's P ranks send their chunks to the n-P
 //                  ranks of other hosts through its link. n a power of two from 4: per segment
 //                  2 log2(n) exchanges, halving then doubling what a rank holds; the first
-//                  log2(P) of each half stay within the host, so that its link carries
-//                  2 (n-P)/n x B each way, as a ring's does with P = 1.
+//                  log2(P) steps of the halving and the last of the doubling stay within the
+//                  host, so that its link carries 2 (n-P)/n x B each way, as a ring's does with
+//                  P = 1, and is idle while they move 3 (1 - 1/P) x B of a rank's bytes.
 //   ring           the same steps, each to the next rank: only one stream leaves each host.
 //   by host        the P ranks of a host fold through the segment; rank k of every host runs the
 //                  deterministic algorithm on its B/P among the H hosts, the P rails sharing the
@@ -69,6 +72,7 @@ struct Counts {
   double messages = 0;
   double link_bytes = 0;
   double cpu_bytes = 0;
+  double serial_cpu_bytes = 0;
   double segment_bytes = 0;
   double segment_meetings = 0;
 };
@@ -113,6 +117,10 @@ inline Counts over_transport(double bytes, int n, int per_host, bool ring) {
     counts.link_bytes = (halves ? 2.0 : 2.0 * per_host) * off_host * share;
   }
   counts.cpu_bytes = 3.0 * (n - 1) * share;  // sent twice (reduce-scatter, all-gather), folded
+  if (halves && per_host > 1 && off_host > 0) {
+    counts.serial_cpu_bytes = 3.0 * (per_host - 1) * (n / per_host) * share;
+    counts.cpu_bytes -= counts.serial_cpu_bytes;
+  }
   return counts;
 }
 
@@ -157,6 +165,7 @@ inline double seconds(const Counts& counts, const Costs& costs, bool across_host
   return counts.messages * message_s +
          std::max(counts.link_bytes * costs.link_s_per_byte,
                   counts.cpu_bytes * costs.cpu_s_per_byte) +
+         counts.serial_cpu_bytes * costs.cpu_s_per_byte +
          counts.segment_bytes * costs.segment_s_per_byte +
          counts.segment_meetings * costs.segment_meeting_s;
 }
@@ -258,7 +267,8 @@ inline Costs fit(std::span<const Measured> measured) {
           across_hosts, [](const Counts& c) { return c.messages; },
           [](const Counts& c) { return c.link_bytes; },
           [&known](const Counts& c) {
-            return c.messages * known.message_s + c.segment_bytes * known.segment_s_per_byte +
+            return c.messages * known.message_s + c.serial_cpu_bytes * known.cpu_s_per_byte +
+                   c.segment_bytes * known.segment_s_per_byte +
                    c.segment_meetings * known.segment_meeting_s;
           })) {
     costs.link_message_s = p->a;
