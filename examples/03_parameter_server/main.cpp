@@ -6,8 +6,8 @@
 // throughput; each server prints the pushes it applied and, for async and bounded staleness, the
 // staleness it observed (updates between a worker's pull and its push).
 //
-// 3 workers: the Trainer gives each worker micro_batches / 3 micro-batches, a power of two, so
-// this example defaults to micro_batches = 12.
+// 3 workers: this example defaults to micro_batches = 12, 4 for each worker. Any count from 3
+// gives the same bits (8 would deal them 2, 2 and 4), but then the worker dealt most sets the pace.
 #include <cohort/optimizer/adam.hpp>
 #include <cohort/strategy/parameter_server.hpp>
 #include <cohort/trainer.hpp>

@@ -35,4 +35,11 @@ TEST_CASE("a deal that leaves a replica without a micro-batch is refused, naming
         std::string::npos);
   CHECK(cohort::testing::config_error_message([] { cohort::sharding::Deal::validate(4, 5, 1); })
             .find("must be at least the replicas (5)") != std::string::npos);
+  // A process that runs no replica (a parameter server) checks what does not depend on a
+  // worker's replicas.
+  CHECK(cohort::testing::config_error_message([] { cohort::sharding::Deal::validate(5, 4, 0); }) ==
+        "(no error)");
+  CHECK(cohort::testing::config_error_message([] {
+          cohort::sharding::Deal::validate(3, 4, 0);
+        }).find("must be at least the replicas (4)") != std::string::npos);
 }

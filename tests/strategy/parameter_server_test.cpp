@@ -327,11 +327,12 @@ TEST_CASE("the layout splits on aligned boundaries, respects the minimum shard a
 }
 
 TEST_CASE(
-    "sync parameter server with 1 and 2 servers, 2 and 4 workers equals Mirrored bit for bit") {
+    "sync parameter server with 1 and 2 servers, 2, 3 and 4 workers equals Mirrored bit for bit") {
   TemporaryDirectory directory("cohort-ps-sync");
   const std::string expected = mirrored_reference(50);
+  // 3 workers are dealt 2, 2 and 4 of the 8 micro-batches.
   for (const auto& [workers, servers] :
-       {std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 1}, std::pair{4, 2}}) {
+       {std::pair{2, 1}, std::pair{2, 2}, std::pair{3, 2}, std::pair{4, 1}, std::pair{4, 2}}) {
     CAPTURE(workers);
     CAPTURE(servers);
     const fs::path out = directory.path / "parameters.bin";
@@ -378,8 +379,9 @@ TEST_CASE(
 
   const std::map<std::string, std::string> bf16 = {{"COHORT_WIRE", "bf16"}};
   const fs::path out = directory.path / "parameters.bin";
-  for (const auto& [workers, servers, local] :
-       {std::tuple{2, 2, "1"}, std::tuple{2, 1, "2"}, std::tuple{4, 2, "1"}}) {
+  // 3 workers of 2 replicas: 1, 1, 1, 1, 2 and 2 of the 8 micro-batches.
+  for (const auto& [workers, servers, local] : {std::tuple{2, 2, "1"}, std::tuple{2, 1, "2"},
+                                                std::tuple{3, 1, "2"}, std::tuple{4, 2, "1"}}) {
     CAPTURE(workers);
     CAPTURE(servers);
     CAPTURE(local);
@@ -761,7 +763,8 @@ TEST_CASE("malformed requests are refused naming the worker and the field; other
   CAPTURE(output);
   REQUIRE(exit.exited);
   CHECK(exit.code == 0);
-  for (const char* field : {"shard", "chunk", "length", "version", "worker", "push chunk"}) {
+  for (const char* field :
+       {"shard", "chunk", "length", "version", "worker", "push chunk", "push leaves"}) {
     CAPTURE(field);
     CHECK(output.find(std::string("bad request (") + field + "): refused as expected") !=
           std::string::npos);
@@ -808,6 +811,20 @@ TEST_CASE(
   const double reference = accuracy_of(mirrored_reference(kSteps));
   MESSAGE("accuracy with backup workers " << accuracy << ", without " << reference);
   CHECK(accuracy >= reference - 0.1);
+}
+
+TEST_CASE("backup workers dealt different micro-batch counts are refused, naming the field") {
+  // 3 workers are dealt 2, 2 and 4 of the 8 micro-batches: a step without one push cannot be
+  // scaled by the workers over the pushes.
+  TemporaryDirectory directory("cohort-ps-backup-deal");
+  const auto [exit, output] =
+      launch(3, 1, {"sync", "5", directory.path / "parameters.bin", "--backup-workers", "1"},
+             directory.path / "log.txt");
+  CAPTURE(output);
+  REQUIRE(exit.exited);
+  CHECK(exit.code != 0);
+  CHECK(output.find("backup_workers = 1: needs every worker dealt as many micro-batches "
+                    "(micro_batches = 3 workers x a power of two)") != std::string::npos);
 }
 
 TEST_CASE("a parameter-server job launched by TF_CONFIG trains") {
@@ -1216,4 +1233,32 @@ TEST_CASE(
   MESSAGE("the server failed " << seconds(waited) << " s after worker 0 went quiet");
   CHECK(served.error.find("worker 0 (rank 0) was lost (silent") != std::string::npos);
   CHECK(served.error.find("every worker went quiet together") != std::string::npos);
+}
+
+TEST_CASE(
+    "a server over Loopback: sync pushes that are not nodes of the reduction tree end the run, "
+    "naming their micro-batch counts") {
+  // Worker 0's push sums 1 micro-batch and worker 1's 2: no deal gives a tree over 3 leaves so.
+  const auto push_summing = [](std::uint32_t leaves) {
+    return [leaves](LoopbackClient& client, const ps::Chunk& chunk) {
+      const std::vector<float> gradient(16, 1.0f);
+      std::vector<float> parameters(16);
+      client.add(
+          {.operation = ps::Operation::kPush, .element_bytes = sizeof(float), .leaves = leaves},
+          chunk, std::as_bytes(std::span(gradient)));
+      client.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(float)}, chunk, {},
+                 std::as_writable_bytes(std::span(parameters)));
+      client.transfer();
+    };
+  };
+  std::string worker_errors[2];
+  const Served served = serve_over_loopback<cohort::strategy::consistency::Sync>(
+      push_summing(1), push_summing(2), worker_errors);
+  CAPTURE(served.error);
+  CHECK(served.error.find("the pushes of step 0 sum [1, 2] micro-batches (workers 0 to 1), which "
+                          "are not consecutive nodes of the reduction tree") != std::string::npos);
+  for (const std::string& error : worker_errors) {
+    CAPTURE(error);
+    CHECK(error.find("which are not consecutive nodes of the reduction tree") != std::string::npos);
+  }
 }

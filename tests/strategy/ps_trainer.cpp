@@ -183,7 +183,7 @@ int send_bad_requests(S& strategy, std::size_t parameters) {
     request.element_bytes = sizeof(float);
     request.worker = 1;
     request.shard = static_cast<std::uint32_t>(chunk.server);
-    request.chunk = chunk.index;
+    request.chunk = static_cast<std::uint32_t>(chunk.index);
     request.length = chunk.size();
     request.reply_bytes = chunk.size() * sizeof(float);
     return request;
@@ -228,6 +228,12 @@ int send_bad_requests(S& strategy, std::size_t parameters) {
              std::as_bytes(std::span(gradient)));
   client.transfer();
   refused("push chunk", "chunk",
+          client.send_raw(chunk.server, good(), {},
+                          std::span(reply).first(chunk.size() * sizeof(float))));
+  client.add({.operation = ps::Operation::kPush, .element_bytes = sizeof(float), .leaves = 0},
+             chunk, std::as_bytes(std::span(gradient)));
+  client.transfer();
+  refused("push leaves", "leaves",
           client.send_raw(chunk.server, good(), {},
                           std::span(reply).first(chunk.size() * sizeof(float))));
   // A well-formed pull still works afterwards.

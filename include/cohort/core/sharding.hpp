@@ -53,6 +53,8 @@ class Deal {
   }
 
   // The checks of a deal of positive counts: names the field that makes it impossible.
+  // local_replicas 0: a process that runs no replica (a parameter server), which checks what does
+  // not depend on a worker's replicas.
   static void validate(std::size_t micro_batches, std::size_t replicas,
                        std::size_t local_replicas) {
     if (micro_batches < replicas) {
@@ -60,6 +62,7 @@ class Deal {
                       "must be at least the replicas (" + std::to_string(replicas) +
                           "), so that every replica folds a micro-batch");
     }
+    if (local_replicas == 0) return;
     const std::size_t workers = replicas / local_replicas;
     const std::vector<std::size_t> nodes = tree::deal(micro_batches, workers);
     if (const std::size_t least = *std::min_element(nodes.begin(), nodes.end());
@@ -105,8 +108,7 @@ class Plan {
   }
 
   // The checks that do not need the data set, shared with Trainer's constructor (on every process:
-  // a parameter server's too, which has no local replicas and whose strategy takes equal blocks
-  // only, the rule that leaves nothing else to check).
+  // a parameter server's too, which runs no replica: local_replicas 0).
   static void validate_split(std::size_t global_batch, std::size_t micro_batches,
                              std::size_t replicas, std::size_t local_replicas, bool any_deal) {
     options::require_positive("replicas", replicas);

@@ -13,11 +13,12 @@
 // hosts the rendezvous), servers are ranks W .. W+S-1. Construction is the rendezvous.
 //
 // Each worker process runs local_replicas replica threads (Mirrored inside the worker):
-// replicas() = W x local_replicas, and the Trainer's split rule applies (micro_batches /
-// replicas a power of two: 3 workers of 1 replica need micro_batches = 3 x 2^k). A worker's
-// replicas sum their gradients among themselves (the canonical tree over them: a subtree of the
-// tree over all replicas, as local_replicas is a power of two), and its first replica pushes the
-// sum and shares the parameters it pulls.
+// replicas() = W x local_replicas. The Trainer deals each worker a node of the canonical tree over
+// a step's micro-batches (core/sharding.hpp, Deal: 8 over 3 workers are 2, 2 and 4), split among
+// its replicas (strategy::FoldsAnyDeal). A worker's replicas sum their gradients among themselves,
+// each a node of its micro-batches, which together make the worker's node; its first replica
+// pushes the sum, saying how many micro-batches it sums, and shares the parameters it pulls. Any
+// worker count up to micro_batches gives, under Sync, the bits of one replica.
 //
 // One step, on a worker: the Trainer folds the worker's micro-batches (Update::gradient_sum). The
 // chunks of the layout (parameter_server/protocol.hpp has the layout and the protocol) are the
@@ -27,7 +28,8 @@
 // communication thread. replica.finish_step() pushes what is left and pulls every chunk, in the
 // order of the pushes; a server answers a pull once the worker's pushes have settled (below).
 // On a server, per chunk:
-//   Sync (K = 0)     the W pushes of a step are summed in the canonical tree over worker indices
+//   Sync (K = 0)     the W pushes of a step are summed in the canonical tree over its
+//                    micro-batches, each push a node of its worker's
 //                    (core/reduction_tree.hpp), scaled by 1 / global batch and given to the
 //                    optimizer with step = step + 1, as detail/mirrored_replica.hpp does: the
 //                    parameters are the same bits as Mirrored and MultiWorkerMirrored with the
@@ -102,6 +104,7 @@
 //   chunk_bytes      the unit of a request, so that push, update and pull pipeline, and of
 //                    a push started during the backward pass
 //   backup_workers   Sync only: a step needs the W - backup_workers lowest-indexed live workers
+//                    (each worker dealt as many micro-batches: micro_batches = W x 2^k)
 //   log_pushes       servers print a line per push applied to their first chunk
 //   elastic          Async and BoundedStaleness: elastic.min_workers (or COHORT_MIN_WORKERS) > 0
 //                    lets a lost worker's process started again take its place back (above), and
@@ -141,6 +144,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -374,6 +378,26 @@ class ParameterServer {
 
   // strategy::ChoosesGradientSum: the wire's (collective/wire.hpp).
   ReduceOp gradient_sum_op() const { return collective::gradient_sum(options().wire); }
+
+  // strategy::FoldsAnyDeal, on a worker (a server runs no replica, and the Trainer deals it
+  // nothing): its replicas fold as nodes of their micro-batches, which together make the worker's
+  // node; its pushes say how many micro-batches they sum, which a Sync server folds them as; and
+  // the Trainer's collectives between workers fold each worker as that node too.
+  void use_deal(const sharding::Deal& deal) {
+    const auto workers = deal.worker_counts();
+    if (options().backup_workers != 0 &&
+        std::ranges::adjacent_find(workers, std::not_equal_to<>{}) != workers.end()) {
+      options::reject("backup_workers", options().backup_workers,
+                      "needs every worker dealt as many micro-batches (micro_batches = " +
+                          std::to_string(workers_) +
+                          " workers x a power of two): a step aggregated without some workers' "
+                          "pushes is scaled by the workers over the pushes, which holds for equal "
+                          "shares only");
+    }
+    const auto mine = deal.counts().subspan(first_local_replica(), local_replicas());
+    local_leaf_counts_.assign(mine.begin(), mine.end());
+    worker_leaf_counts_.assign(workers.begin(), workers.end());
+  }
 
   // The settings of this strategy that every process of the job, servers included, must share
   // (Trainer adds them to the ones it compares: trainer/job_settings.hpp).
@@ -713,7 +737,8 @@ class ParameterServer {
           client_.add({.operation = ps::Operation::kPush,
                        .step = step,
                        .inverse_batch = scale,
-                       .element_bytes = element_bytes},
+                       .element_bytes = element_bytes,
+                       .leaves = owner_->leaves()},
                       chunk, payload(gradient.subspan(chunk.begin, chunk.size()), chunk.begin));
         }
         client_.transfer();
@@ -845,14 +870,18 @@ class ParameterServer {
                         "; it serves (Trainer::fit calls serve()) and runs no replica");
     }
     const collective::Local::Options group{.ranks = static_cast<int>(options().local_replicas),
-                                           .timeout = options().timeout};
+                                           .timeout = options().timeout,
+                                           .leaf_counts = local_leaf_counts_};
     // Two groups of the worker's replicas: the Trainer's collectives and the replicas' steps.
     collective::Local trainer_group(group);
     collective::Local step_group(group);
     // thread_ runs the worker's traffic between processes: its pushes, and under Sync the
     // Trainer's collectives over the workers' part of the mesh.
     std::optional<Cross> cross;
-    if constexpr (kStaleness == 0) cross.emplace(ps::WorkerView<Transport>(*transport_, workers_));
+    if constexpr (kStaleness == 0) {
+      cross.emplace(ps::WorkerView<Transport>(*transport_, workers_));
+      cross->set_leaf_counts(worker_leaf_counts_);
+    }
     detail::run_replica_threads(
         options().local_replicas,
         [&](std::size_t local) {
@@ -887,6 +916,14 @@ class ParameterServer {
       text += (i == 0 ? "" : ", ") + std::to_string(counts[i]);
     }
     return text + "]";
+  }
+
+  // How many micro-batches this worker's pushes sum (use_deal; one each where never dealt).
+  std::uint32_t leaves() const {
+    return worker_leaf_counts_.empty()
+               ? 1
+               : static_cast<std::uint32_t>(
+                     worker_leaf_counts_[static_cast<std::size_t>(worker())]);
   }
 
   // The mesh ranks of the servers, which follow the workers'.
@@ -965,6 +1002,9 @@ class ParameterServer {
   std::unique_ptr<transport::tcp::Door> door_;
   // A worker's failure at the start of a fit, for its other replicas (Replica::with_servers).
   std::exception_ptr start_failure_;
+  // use_deal, on a worker; empty: one micro-batch each.
+  std::vector<std::size_t> local_leaf_counts_;   // this worker's replicas'
+  std::vector<std::size_t> worker_leaf_counts_;  // every worker's
 };
 
 static_assert(Strategy<ParameterServer<>>);
@@ -976,6 +1016,7 @@ static_assert(PresentsSettings<ParameterServer<>>);
 static_assert(ReportsStop<ParameterServer<>>);
 static_assert(SavesOwnCheckpoint<ParameterServer<>, float>);
 static_assert(ChoosesGradientSum<ParameterServer<>>);
+static_assert(FoldsAnyDeal<ParameterServer<>>);
 static_assert(TakesWorkersBack<ParameterServer<consistency::Async>>);
 static_assert(!TakesWorkersBack<ParameterServer<>>);
 

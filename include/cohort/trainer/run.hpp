@@ -75,9 +75,11 @@ struct Run {
   }
 
   // Tells a strategy that folds any deal (strategy::FoldsAnyDeal) the micro-batches of each of
-  // its replicas: at the start, and after an elastic job's regroup.
+  // its replicas: at the start, and after an elastic job's regroup. A process that runs no
+  // replica (a parameter server) folds nothing and is dealt nothing.
   void deal() {
     if constexpr (strategy::FoldsAnyDeal<S>) {
+      if (strategy.local_replicas() == 0) return;
       strategy.use_deal(
           sharding::Deal(options.micro_batches, strategy.replicas(), strategy.local_replicas()));
     }

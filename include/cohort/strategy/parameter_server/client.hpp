@@ -40,6 +40,7 @@ class Client {
     double inverse_batch = 1.0;     // kPush: the scale the server applies to it
     std::size_t element_bytes = 0;  // sizeof(T)
     std::uint16_t flags = 0;        // kDone: kPreempted or kCheckpoint; its step is the run's
+    std::uint32_t leaves = 1;       // kPush: the micro-batches it sums
   };
 
   // Queues a request about `chunk` that carries `payload`; the payload of its answer lands in
@@ -51,7 +52,8 @@ class Client {
     request.element_bytes = static_cast<std::uint16_t>(call.element_bytes);
     request.worker = static_cast<std::uint32_t>(worker_);
     request.shard = static_cast<std::uint32_t>(chunk.server);
-    request.chunk = chunk.index;
+    request.chunk = static_cast<std::uint32_t>(chunk.index);
+    request.leaves = call.leaves;
     request.step = call.step;
     request.length = chunk.size();
     request.payload_bytes = payload.size();

@@ -23,7 +23,8 @@
 //   kInit       parameters, then optimizer state  none          chief only, at the start of a fit
 //               (kStateSlots x length, slot-major)
 //   kPush       the gradient sum of one step       no answer     applied or folded, per consistency
-//               (in bfloat16 under wire kBfloat16)
+//               (in bfloat16 under wire kBfloat16;
+//               `leaves`: the micro-batches it sums)
 //   kPull       none                               parameters    once the worker's pushes settled
 //   kPullState  none                               optimizer state (slot-major over the chunk)
 //   kDone       none                               none          this worker's fit has ended
@@ -94,8 +95,8 @@ namespace cohort::strategy::ps {
 
 // 2: pushes are not answered; 3: every worker presents its settings first (kSettings); 4: flags
 // (preemption); 5: a push's elements in the job's wire format (element_bytes 2: bfloat16);
-// 6: kResume, kWorking
-inline constexpr std::uint16_t kProtocolVersion = 6;
+// 6: kResume, kWorking; 7: a push's leaves
+inline constexpr std::uint16_t kProtocolVersion = 7;
 
 // Request::flags and Reply::flags.
 inline constexpr std::uint16_t kPreempted = 1;
@@ -142,7 +143,10 @@ struct Request {
   std::uint16_t element_bytes = 0;
   std::uint32_t worker = 0;  // the sender's worker index: must be the connection's
   std::uint32_t shard = 0;   // the server's index
-  std::uint64_t chunk = 0;   // within the shard
+  std::uint32_t chunk = 0;   // within the shard
+  // kPush: how many micro-batches the gradient sums, its worker's node of the canonical tree over
+  // the step's micro-batches (core/sharding.hpp, Deal), which a Sync server folds it as.
+  std::uint32_t leaves = 1;
   std::uint64_t step = 0;    // the Trainer's step of a push
   std::uint64_t length = 0;  // elements of the chunk, as the worker believes
   std::uint64_t payload_bytes = 0;

@@ -35,8 +35,9 @@
 // number of updates applied, and per worker the pushes taken (`done`). A pull waits until its
 // worker's pushes have settled (protocol.hpp): its worker at most K steps ahead of the slowest
 // live worker; with K = 0 (Sync) the pushes of a step are held until the step's aggregate is
-// complete, folded in the canonical tree over worker indices (device::cpu::reduce_tree) and
-// applied once, and the pull waits for that.
+// complete, folded in the canonical tree over the step's micro-batches, each push a node of the
+// micro-batches its worker was dealt (Request::leaves; device::cpu::reduce_tree), and applied
+// once, and the pull waits for that.
 //
 // Global-norm clipping (the optimizer's max_gradient_norm), Sync: a step's chunks are summed as
 // their pushes complete, then the servers exchange the sums of squares of their kNormBlock blocks
@@ -76,6 +77,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/preemption.hpp"
 #include "cohort/core/reduce_op.hpp"
+#include "cohort/core/reduction_tree.hpp"
 #include "cohort/core/settings.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
@@ -145,6 +147,7 @@ class Server {
       if constexpr (kSync) {
         chunk.contributions.assign(workers, std::vector<T>(mine[i].size()));
         chunk.pushed_step.assign(workers, kNone);
+        chunk.pushed_leaves.assign(workers, 1);
       }
       // The longest payload a request may carry: an init's (parameters and optimizer state).
       max_payload_ = std::max(max_payload_, (1 + O::kStateSlots) * mine[i].size() * sizeof(T));
@@ -269,9 +272,11 @@ class Server {
     std::vector<std::uint64_t> pulled;  // per worker: `updates` when it last got parameters
     // Async and BoundedStaleness: per worker, the step its next push carries (kNone: none yet).
     std::vector<std::uint64_t> next_step;
-    // Sync: each worker's push of the step in progress, and which step it was (kNone: none).
+    // Sync: each worker's push of the step in progress, which step it was (kNone: none), and how
+    // many micro-batches it sums.
     std::vector<std::vector<T>> contributions;
     std::vector<std::uint64_t> pushed_step;
+    std::vector<std::size_t> pushed_leaves;
     double inverse_batch = 1.0;  // of the step in progress
     // Sync: the step's aggregate, waiting for the global norm when clipping, and its scale.
     std::vector<T> sum;
@@ -535,6 +540,9 @@ class Server {
     if (operation == Operation::kInit && worker != 0) {
       return is("worker", request.worker, "only the chief (worker 0) initializes");
     }
+    if (operation == Operation::kPush && request.leaves == 0) {
+      return is("leaves", request.leaves, "a push sums at least one micro-batch");
+    }
     if constexpr (kSync) {
       if (operation == Operation::kPush && request.step > chunk.updates) {
         return is("step", request.step,
@@ -555,6 +563,7 @@ class Server {
         return;
       }
       chunk.pushed_step[w] = request.step;
+      chunk.pushed_leaves[w] = request.leaves;
       chunk.inverse_batch = request.inverse_batch;
       ++chunk.done[w];
       try_aggregate(chunk);
@@ -613,13 +622,27 @@ class Server {
     const std::size_t needed = static_cast<std::size_t>(options_.workers) - options_.backup_workers;
     std::vector<const T*> inputs;
     std::vector<std::size_t> chosen;
+    std::vector<std::size_t> leaves;
     for (std::size_t w = 0; w < lost_.size() && chosen.size() < needed; ++w) {
       if (lost_[w]) continue;
       if (chunk.pushed_step[w] != chunk.updates) return;  // one of the R has not pushed yet
       chosen.push_back(w);
       inputs.push_back(chunk.contributions[w].data());
+      leaves.push_back(chunk.pushed_leaves[w]);
     }
     if (chosen.size() < needed) return;  // too few live workers: lose() reports it
+    // Every worker's push: each a node of its micro-batches (backup workers are dealt equal
+    // shares, ParameterServer checks, so R of them fold as R leaves).
+    const bool whole = chosen.size() == static_cast<std::size_t>(options_.workers);
+    if (whole && !tree::are_nodes(leaves)) {
+      std::string counts;
+      for (const std::size_t count : leaves)
+        counts += (counts.empty() ? "" : ", ") + std::to_string(count);
+      fail("the pushes of step " + std::to_string(chunk.updates) + " sum [" + counts +
+           "] micro-batches (workers 0 to " + std::to_string(chosen.size() - 1) +
+           "), which are not consecutive nodes of the reduction tree: the workers were dealt "
+           "different micro-batches");
+    }
     if (chunk.range.index == 0) {
       for (std::size_t w = 0; w < lost_.size(); ++w) {
         const bool taken = std::find(chosen.begin(), chosen.end(), w) != chosen.end();
@@ -632,14 +655,15 @@ class Server {
       }
     }
     // The canonical tree over the chosen workers, in index order: with every worker chosen, the
-    // tree over all replicas, as the mirrored strategies' all-reduce computes it.
+    // tree over the step's micro-batches, as the mirrored strategies' all-reduce computes it.
     chunk.sum.resize(chunk.parameters.size());
-    device::cpu::reduce_tree<T>(collective::gradient_sum(options_.wire),
-                                std::span<const T* const>(inputs), std::span(chunk.sum));
-    chunk.scale = chosen.size() == static_cast<std::size_t>(options_.workers)
-                      ? inverse_batch_of(chunk)
-                      : inverse_batch_of(chunk) * static_cast<double>(options_.workers) /
-                            static_cast<double>(chosen.size());
+    device::cpu::reduce_tree<T>(
+        collective::gradient_sum(options_.wire), std::span<const T* const>(inputs),
+        std::span(chunk.sum),
+        whole ? std::span<const std::size_t>(leaves) : std::span<const std::size_t>{});
+    chunk.scale = whole ? inverse_batch_of(chunk)
+                        : inverse_batch_of(chunk) * static_cast<double>(options_.workers) /
+                              static_cast<double>(chosen.size());
     chunk.summed = true;
     const double max_norm = optimizer_.options().max_gradient_norm;
     if (max_norm <= 0.0) {
