@@ -289,6 +289,34 @@ TEST_CASE(
   }
 }
 
+// A rank started again once the job's fit has ended would find no job to join: it waits for the
+// rendezvous deadline and fails.
+TEST_CASE(
+    "--min-np --max-restarts does not start again a rank that fails once another ended the job's "
+    "fit") {
+  TemporaryDirectory directory;
+  // Rank 0 ends at once; rank 1 fails once cohort-run has reaped it (a zombie still answers
+  // kill -0); ranks 2 and 3 run on a second after that.
+  const std::string script =
+      "cd '" + directory.path.string() +
+      "' && case \"$COHORT_RANK\" in "
+      "0) echo $$ > rank0.pid; exit 0 ;; "
+      "1) for i in $(seq 400); do [ -s rank0.pid ] && ! kill -0 \"$(cat rank0.pid)\" "
+      "2>/dev/null && break; sleep 0.05; done; touch rank1.failed; exit 3 ;; "
+      "*) for i in $(seq 400); do [ -e rank1.failed ] && break; sleep 0.05; done; sleep 1 ;; "
+      "esac";
+  Launcher launcher(directory.path, {"--np", "4", "--min-np", "2", "--max-restarts", "1"},
+                    {"/bin/bash", "-c", script});
+  const int status = launcher.wait();
+  const std::string errors = launcher.error_text();
+  INFO(errors);
+  CHECK(exit_status(status) == 0);
+  CHECK(contains(errors,
+                 "cohort-run: rank 1 exited with status 3; not started again, as the job's fit "
+                 "has ended (rank 0 exited 0); 2 ranks go on without it (--min-np 2)"));
+  CHECK_FALSE(contains(errors, "starting it again"));
+}
+
 TEST_CASE("the others still running after --wait-s get SIGTERM") {
   TemporaryDirectory directory;
   Launcher launcher(directory.path, {"--np", "3", "--wait-s", "0.2"},

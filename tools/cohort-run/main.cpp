@@ -35,19 +35,21 @@
 // and COHORT_JOIN=1, and joins the running job at a step boundary (strategy/elastic.hpp;
 // "cohort-run: rank 2 was killed by signal 9 (Killed); starting it again (restart 1 of 3)"), rank 0
 // too: the job's next rank 0 keeps its door at the same address. A rank started again that the job
-// ended without taking in is no failure of the job. With --ps S as well (a parameter-server job
-// under Async or BoundedStaleness, strategy/parameter_server.hpp) only a worker other than the
-// chief is lost and started again, and takes its place back at the servers; a server or the chief
-// that fails stops the job (a server's shard lives nowhere else, the chief holds the job's door).
-// With --max-restarts K and no --min-np (a job that is not elastic), a failed rank stops the job as
-// above, and then every rank is started again, K times in all, on
-// a new port unless --port gives one ("cohort-run: the job stopped after ps 1 failed; starting
-// every rank again (restart 1 of 3)"), as torchrun's --max-restarts does: a program that resumes
-// from its newest checkpoint (Options::checkpoint, resume) goes on from there, to the bits of a
-// run that never stopped; one that does not starts over. When all ranks are done, anything left in
-// their process groups is killed, and every rank has been waited for: no zombie, no orphan. Should
-// cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the kernel
-// (PR_SET_PDEATHSIG).
+// ended without taking in is no failure of the job, and a rank that fails once the job's fit has
+// ended (a rank exited 0: any of a job without servers, which end their fit together, or a
+// parameter-server job's chief or a server) is not started again: it would find no job to join.
+// With --ps S as well (a parameter-server job under Async or BoundedStaleness,
+// strategy/parameter_server.hpp) only a worker other than the chief is lost and started again, and
+// takes its place back at the servers; a server or the chief that fails stops the job (a server's
+// shard lives nowhere else, the chief holds the job's door). With --max-restarts K and no --min-np
+// (a job that is not elastic), a failed rank stops the job as above, and then every rank is started
+// again, K times in all, on a new port unless --port gives one ("cohort-run: the job stopped after
+// ps 1 failed; starting every rank again (restart 1 of 3)"), as torchrun's --max-restarts does: a
+// program that resumes from its newest checkpoint (Options::checkpoint, resume) goes on from there,
+// to the bits of a run that never stopped; one that does not starts over. When all ranks are done,
+// anything left in their process groups is killed, and every rank has been waited for: no zombie,
+// no orphan. Should cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the
+// kernel (PR_SET_PDEATHSIG).
 //
 // Timeline: with COHORT_TRACE=DIR (which every rank inherits, as every COHORT_* setting that does
 // not describe the rank's place), each rank writes its timeline there and cohort-run merges them
@@ -421,6 +423,19 @@ class Launch {
     return true;
   }
 
+  // The rank whose exit 0 says that the job's fit has ended, if one did: any rank of a job without
+  // servers (they end their fit together); in a parameter-server job the chief (it ends its fit
+  // with the other workers') or a server (it serves until every worker is done).
+  std::optional<std::size_t> fit_ended_by() const {
+    for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
+      const bool ends_with_job = options_.servers == 0 || rank == 0 ||
+                                 rank >= static_cast<std::size_t>(options_.processes);
+      const std::optional<int>& status = ranks_[rank].status;
+      if (ends_with_job && status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) return rank;
+    }
+    return std::nullopt;
+  }
+
   // Whether every rank but `rank` exited 0: a job that ended.
   bool others_succeeded(std::size_t rank) const {
     for (std::size_t other = 0; other < ranks_.size(); ++other) {
@@ -525,9 +540,15 @@ class Launch {
           continue;
         }
         const bool expendable = !success && !stopping_ && may_lose(rank);
-        if (expendable && restart(rank, status)) continue;
+        const std::optional<std::size_t> ended = fit_ended_by();
+        if (expendable && !ended && restart(rank, status)) continue;
         if (expendable) {
-          say(who(rank) + " " + describe_status(status) + "; " + std::to_string(running_workers()) +
+          std::string line = who(rank) + " " + describe_status(status) + "; ";
+          if (ended && restarts_ < options_.max_restarts) {
+            line +=
+                "not started again, as the job's fit has ended (" + who(*ended) + " exited 0); ";
+          }
+          say(line + std::to_string(running_workers()) +
               (options_.servers == 0 ? " ranks" : " workers") + " go on without it (--min-np " +
               std::to_string(options_.min_processes) + ")");
           continue;

@@ -696,6 +696,11 @@ class Rendezvous {
         text += "; to be reached there, rank 0 must bind " + options_.rendezvous_host +
                 " (its own address in the cluster description, or COHORT_BIND_ADDRESS)";
       }
+      if (options_.joins_running_job || !options_.rejoin_peers.empty()) {
+        text +=
+            "; a process that joins a running job finds none there once the job's fit has "
+            "ended";
+      }
       return text;
     }
     if (waited_at_door_) {
