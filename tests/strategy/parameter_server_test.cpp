@@ -699,6 +699,40 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "under cohort-run --min-np --max-restarts, an async server SIGKILLed mid-fit stops the job and "
+    "every rank starts again, no worker started again for it") {
+  // A server's shard lives nowhere else: the elastic job cannot go on without it. The workers
+  // fail of its loss right after it; they are not started again to join a job that stops.
+  TemporaryDirectory directory("cohort-ps-server-lost");
+  const fs::path out = directory.path / "parameters.bin";
+  const fs::path log = directory.path / "log.txt";
+  std::vector<std::string> command = {COHORT_RUN, "--np",           "4", "--ps", "2", "--min-np",
+                                      "2",        "--max-restarts", "3", "--"};
+  const std::vector<std::string> trainer = {COHORT_PS_TRAINER,         "async", "300", out.string(),
+                                            "--every-worker-sleep-ms", "5"};
+  command.insert(command.end(), trainer.begin(), trainer.end());
+  Process launcher(command, {}, log);
+  REQUIRE(when_logged(log, "ps_trainer: connected", 60s, 6).has_value());
+  std::mt19937 draw(std::random_device{}());
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 700)(draw)));
+  const std::string text = succeeded_after_kill(launcher, log, {"COHORT_ROLE=ps", "COHORT_RANK=1"});
+  CAPTURE(text);
+  CHECK(text.find("cohort-run: ps 1 was killed by signal 9 (Killed)") != std::string::npos);
+  CHECK(text.find("cohort-run: the job stopped after ps 1 failed; starting every rank again "
+                  "(restart 1 of 3)") != std::string::npos);
+  CHECK(text.find("starting it again") == std::string::npos);
+  // The second start trains every worker's 300 steps.
+  for (const char* server : {"parameter server 0", "parameter server 1"}) {
+    CAPTURE(server);
+    CHECK(text.find(std::string("cohort: ") + server +
+                    " (async, 2 chunks): pushes applied per worker [300, 300, 300, 300], workers "
+                    "lost 0") != std::string::npos);
+  }
+  CHECK(fs::exists(out));
+}
+
+TEST_CASE(
     "the chief of an elastic async job ends its fit with the other workers': its parameters are "
     "the ones the servers end with") {
   TemporaryDirectory directory("cohort-ps-chief-waits");

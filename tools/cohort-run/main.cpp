@@ -41,12 +41,13 @@
 // With --ps S as well (a parameter-server job under Async or BoundedStaleness,
 // strategy/parameter_server.hpp) only a worker other than the chief is lost and started again, and
 // takes its place back at the servers; a server or the chief that fails stops the job (a server's
-// shard lives nowhere else, the chief holds the job's door). With --max-restarts K and no --min-np
-// (a job that is not elastic), a failed rank stops the job as above, and then every rank is started
-// again, K times in all, on a new port unless --port gives one ("cohort-run: the job stopped after
+// shard lives nowhere else, the chief holds the job's door), as does a rank whose loss leaves fewer
+// than --min-np. With --max-restarts K, a job that a failed rank stopped, elastic or not, is then
+// started again whole, on a new port unless --port gives one ("cohort-run: the job stopped after
 // ps 1 failed; starting every rank again (restart 1 of 3)"), as torchrun's --max-restarts does: a
 // program that resumes from its newest checkpoint (Options::checkpoint, resume) goes on from there,
-// to the bits of a run that never stopped; one that does not starts over. When all ranks are done,
+// to the bits of a run that never stopped; one that does not starts over. The K starts again count
+// both: a rank's and the whole job's. When all ranks are done,
 // anything left in their process groups is killed, and every rank has been waited for: no zombie,
 // no orphan. Should cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the
 // kernel (PR_SET_PDEATHSIG).
@@ -289,17 +290,21 @@ sigset_t block_handled_signals() {
 class Launch {
  public:
   // `deadline`: where --timeout-s ends the run (of every start of the job); `original_mask`: the
-  // signal mask each rank starts with (block_handled_signals).
+  // signal mask each rank starts with (block_handled_signals); `restarts`: the starts again that
+  // --max-restarts has counted before this launch.
   Launch(Options options, std::uint16_t port, std::optional<Clock::time_point> deadline,
-         const sigset_t& original_mask)
+         const sigset_t& original_mask, int restarts)
       : options_(std::move(options)),
         port_(port),
+        restarts_(restarts),
         original_mask_(original_mask),
         timeout_at_(deadline) {}
 
   // The rank whose failure stopped the job ("ps 1"), if one did: not a signal to cohort-run, a
   // timeout, a preemption or a rank that could not start.
   const std::optional<std::string>& stopped_by() const { return stopped_by_; }
+  // The starts again counted so far, this launch's ranks started again included.
+  int restarts() const { return restarts_; }
 
   int run() {
     const sigset_t handled = handled_signals();
@@ -472,10 +477,16 @@ class Launch {
         std::count_if(ranks_.begin(), workers, [](const Rank& rank) { return !rank.status; }));
   }
 
-  // Whether an elastic job (--min-np) goes on without failed rank `rank`: one that trains, other
-  // than a parameter-server job's chief, while at least --min-np of them run.
+  // Whether an elastic job (--min-np) goes on without failed rank `rank`: a replaceable one, while
+  // at least --min-np of the ranks that train run.
   bool may_lose(std::size_t rank) const {
-    if (options_.min_processes == 0 || running_workers() < options_.min_processes) return false;
+    return options_.min_processes != 0 && running_workers() >= options_.min_processes &&
+           replaceable(rank);
+  }
+
+  // Whether an elastic job may go on without rank `rank` and take it in again: any rank of a job
+  // without servers; in a parameter-server job a worker other than the chief.
+  bool replaceable(std::size_t rank) const {
     return options_.servers == 0 ||
            (rank > 0 && rank < static_cast<std::size_t>(options_.processes));
   }
@@ -521,51 +532,65 @@ class Launch {
     stop(signal);
   }
 
+  // Every rank that ended since the last call, judged once all of them are known: servers first,
+  // then the other ranks the job cannot go on without, so that where a failure stops the job, it
+  // is named by the likeliest cause (a server's loss fails every worker's next push), and a
+  // worker that failed beside it is not started again.
   void reap() {
-    while (true) {
+    std::vector<std::size_t> ended;
+    for (;;) {
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) return;
-      for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
-        if (ranks_[rank].pid != pid) continue;
-        ranks_[rank].status = status;
-        const bool success = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (WIFEXITED(status) && WEXITSTATUS(status) == cohort::kExitPreempted) {
-          ++preempted_;
-          continue;
-        }
-        if (!success && !stopping_ && ranks_[rank].restarted && others_succeeded(rank)) {
-          say(who(rank) + ", started again, " + describe_status(status) +
-              " after the job ended without taking it in");
-          continue;
-        }
-        const bool expendable = !success && !stopping_ && may_lose(rank);
-        const std::optional<std::size_t> ended = fit_ended_by();
-        if (expendable && !ended && restart(rank, status)) continue;
-        if (expendable) {
-          std::string line = who(rank) + " " + describe_status(status) + "; ";
-          if (ended && restarts_ < options_.max_restarts) {
-            line +=
-                "not started again, as the job's fit has ended (" + who(*ended) + " exited 0); ";
-          }
-          say(line + std::to_string(running_workers()) +
-              (options_.servers == 0 ? " ranks" : " workers") + " go on without it (--min-np " +
-              std::to_string(options_.min_processes) + ")");
-          continue;
-        }
-        if (!success && !stopping_) {
-          exit_code_ = std::max(exit_code_of(status), 1);
-          stopped_by_ = who(rank);
-          std::string line = who(rank) + " " + describe_status(status);
-          if (running() > 0) {
-            line += running() == 1 ? "; the other rank gets "
-                                   : "; the " + std::to_string(running()) + " other ranks get ";
-            line += format_seconds(options_.wait_s) + " s to end by themselves, then SIGTERM";
-          }
-          say(line);
-          stop_after_wait();
-        }
+      if (pid <= 0) break;
+      const auto rank = std::ranges::find(ranks_, pid, &Rank::pid);
+      if (rank == ranks_.end()) continue;
+      rank->status = status;
+      ended.push_back(static_cast<std::size_t>(rank - ranks_.begin()));
+    }
+    const auto order = [&](std::size_t rank) {
+      if (rank >= static_cast<std::size_t>(options_.processes)) return 0;  // a server
+      return replaceable(rank) ? 2 : 1;
+    };
+    std::ranges::stable_sort(ended, {}, order);
+    for (const std::size_t rank : ended) judge(rank, *ranks_[rank].status);
+  }
+
+  // What rank `rank`'s end with `status` does to the job.
+  void judge(std::size_t rank, int status) {
+    const bool success = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == cohort::kExitPreempted) {
+      ++preempted_;
+      return;
+    }
+    if (!success && !stopping_ && ranks_[rank].restarted && others_succeeded(rank)) {
+      say(who(rank) + ", started again, " + describe_status(status) +
+          " after the job ended without taking it in");
+      return;
+    }
+    const bool expendable = !success && !stopping_ && may_lose(rank);
+    const std::optional<std::size_t> ended = fit_ended_by();
+    if (expendable && !ended && restart(rank, status)) return;
+    if (expendable) {
+      std::string line = who(rank) + " " + describe_status(status) + "; ";
+      if (ended && restarts_ < options_.max_restarts) {
+        line += "not started again, as the job's fit has ended (" + who(*ended) + " exited 0); ";
       }
+      say(line + std::to_string(running_workers()) +
+          (options_.servers == 0 ? " ranks" : " workers") + " go on without it (--min-np " +
+          std::to_string(options_.min_processes) + ")");
+      return;
+    }
+    if (!success && !stopping_) {
+      exit_code_ = std::max(exit_code_of(status), 1);
+      stopped_by_ = who(rank);
+      std::string line = who(rank) + " " + describe_status(status);
+      if (running() > 0) {
+        line += running() == 1 ? "; the other rank gets "
+                               : "; the " + std::to_string(running()) + " other ranks get ";
+        line += format_seconds(options_.wait_s) + " s to end by themselves, then SIGTERM";
+      }
+      say(line);
+      stop_after_wait();
     }
   }
 
@@ -575,7 +600,7 @@ class Launch {
   bool stopping_ = false;
   int exit_code_ = 0;
   int preempted_ = 0;  // ranks that exited with cohort::kExitPreempted
-  int restarts_ = 0;   // ranks started again (--max-restarts)
+  int restarts_;       // starts again (--max-restarts), the job's before this launch included
   std::optional<std::string> stopped_by_;
   sigset_t original_mask_;
   std::optional<Clock::time_point> timeout_at_;
@@ -602,10 +627,10 @@ int main(int argc, char** argv) {
                  "elastic, a failed rank stops the others)")
       ->check(CLI::Range(0, 1 << 16));
   app.add_option("--max-restarts", options.max_restarts,
-                 "with --min-np: start a rank that fails again, this many times in all; it joins "
-                 "the running job (COHORT_MAX_WORKERS stays the --np it started with); without: "
-                 "after a rank fails and the job stops, start every rank again, this many times "
-                 "in all (a program that resumes from its checkpoint goes on from there)")
+                 "start again, this many times in all: with --min-np, a rank the job goes on "
+                 "without, which joins the running job (COHORT_MAX_WORKERS stays the --np it "
+                 "started with); and after a failed rank stopped the job, every rank (a program "
+                 "that resumes from its checkpoint goes on from there)")
       ->check(CLI::Range(0, 1 << 16));
   app.add_option("--ps", options.servers,
                  "also start this many parameter servers (COHORT_ROLE=ps; the --np ranks are "
@@ -653,8 +678,9 @@ int main(int argc, char** argv) {
                                   std::chrono::duration<double>(options.timeout_s));
   }
   const sigset_t original_mask = block_handled_signals();
-  // Without --min-np, --max-restarts starts the whole job again after a failed rank stopped it.
-  for (int restarts = 0;; ++restarts) {
+  // --max-restarts counts every start again: of a rank an elastic job goes on without (--min-np),
+  // and of the whole job after a failed rank stopped it.
+  for (int restarts = 0;;) {
     std::uint16_t port = static_cast<std::uint16_t>(options.port);
     if (port == 0) {
       const std::optional<std::uint16_t> picked = pick_free_port();
@@ -664,13 +690,13 @@ int main(int argc, char** argv) {
       }
       port = *picked;
     }
-    Launch launch(options, port, deadline, original_mask);
+    Launch launch(options, port, deadline, original_mask, restarts);
     const int status = launch.run();
-    if (!launch.stopped_by() || options.min_processes > 0 || restarts == options.max_restarts) {
-      return status;
-    }
+    restarts = launch.restarts();
+    if (!launch.stopped_by() || restarts >= options.max_restarts) return status;
+    ++restarts;
     say("the job stopped after " + *launch.stopped_by() + " failed; starting every rank again " +
-        "(restart " + std::to_string(restarts + 1) + " of " + std::to_string(options.max_restarts) +
+        "(restart " + std::to_string(restarts) + " of " + std::to_string(options.max_restarts) +
         ")");
   }
 }
