@@ -175,6 +175,37 @@ std::string succeeded_after_kill(Process& launcher, const fs::path& log,
   return text;
 }
 
+// An elastic async job of 4 workers and 2 servers training 300 steps to `out`, started by
+// `cohort-run --np 4 --ps 2 --min-np 2 --max-restarts RESTARTS` with `env` and the trainer's
+// `arguments` after its own, and the process whose environment holds `entries` SIGKILLed at a
+// point drawn 0.2 to 0.7 s into training: the launcher's log, once it has succeeded.
+std::string elastic_async_job_after_kill(const fs::path& out, const fs::path& log, int restarts,
+                                         const std::vector<std::string>& arguments,
+                                         const std::map<std::string, std::string>& env,
+                                         const std::vector<std::string>& entries) {
+  std::vector<std::string> command = {COHORT_RUN,
+                                      "--np",
+                                      "4",
+                                      "--ps",
+                                      "2",
+                                      "--min-np",
+                                      "2",
+                                      "--max-restarts",
+                                      std::to_string(restarts),
+                                      "--",
+                                      COHORT_PS_TRAINER,
+                                      "async",
+                                      "300",
+                                      out.string()};
+  command.insert(command.end(), arguments.begin(), arguments.end());
+  Process launcher(command, env, log);
+  REQUIRE(when_logged(log, "ps_trainer: connected", 60s, 6).has_value());
+  std::mt19937 draw(std::random_device{}());
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 700)(draw)));
+  return succeeded_after_kill(launcher, log, entries);
+}
+
 std::string milliseconds(std::chrono::milliseconds duration) {
   return std::to_string(duration.count());
 }
@@ -668,19 +699,9 @@ TEST_CASE(
   const fs::path log = directory.path / "log.txt";
   // The chief trains slowest, so that its door is open while worker 2 comes back; the others
   // train for about 1.5 s, and worker 2 is killed at a point drawn in its first half.
-  std::vector<std::string> command = {COHORT_RUN, "--np",           "4", "--ps", "2", "--min-np",
-                                      "2",        "--max-restarts", "1", "--"};
-  const std::vector<std::string> trainer = {
-      COHORT_PS_TRAINER, "async", "300",        out.string(), "--every-worker-sleep-ms", "5",
-      "--slow-worker",   "0",     "--sleep-ms", "25"};
-  command.insert(command.end(), trainer.begin(), trainer.end());
-  Process launcher(command, {{"COHORT_SECRET", "take-back"}}, log);
-  REQUIRE(when_logged(log, "ps_trainer: connected", 60s, 6).has_value());
-  std::mt19937 draw(std::random_device{}());
-  std::this_thread::sleep_for(
-      std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 700)(draw)));
-  const std::string text =
-      succeeded_after_kill(launcher, log, {"COHORT_ROLE=worker", "COHORT_RANK=2"});
+  const std::string text = elastic_async_job_after_kill(
+      out, log, 1, {"--every-worker-sleep-ms", "5", "--slow-worker", "0", "--sleep-ms", "25"},
+      {{"COHORT_SECRET", "take-back"}}, {"COHORT_ROLE=worker", "COHORT_RANK=2"});
   CAPTURE(text);
   CHECK(text.find("cohort-run: worker 2 was killed by signal 9 (Killed); starting it again "
                   "(restart 1 of 1)") != std::string::npos);
@@ -706,17 +727,8 @@ TEST_CASE(
   TemporaryDirectory directory("cohort-ps-server-lost");
   const fs::path out = directory.path / "parameters.bin";
   const fs::path log = directory.path / "log.txt";
-  std::vector<std::string> command = {COHORT_RUN, "--np",           "4", "--ps", "2", "--min-np",
-                                      "2",        "--max-restarts", "3", "--"};
-  const std::vector<std::string> trainer = {COHORT_PS_TRAINER,         "async", "300", out.string(),
-                                            "--every-worker-sleep-ms", "5"};
-  command.insert(command.end(), trainer.begin(), trainer.end());
-  Process launcher(command, {}, log);
-  REQUIRE(when_logged(log, "ps_trainer: connected", 60s, 6).has_value());
-  std::mt19937 draw(std::random_device{}());
-  std::this_thread::sleep_for(
-      std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 700)(draw)));
-  const std::string text = succeeded_after_kill(launcher, log, {"COHORT_ROLE=ps", "COHORT_RANK=1"});
+  const std::string text = elastic_async_job_after_kill(
+      out, log, 3, {"--every-worker-sleep-ms", "5"}, {}, {"COHORT_ROLE=ps", "COHORT_RANK=1"});
   CAPTURE(text);
   CHECK(text.find("cohort-run: ps 1 was killed by signal 9 (Killed)") != std::string::npos);
   CHECK(text.find("cohort-run: the job stopped after ps 1 failed; starting every rank again "
