@@ -7,7 +7,7 @@
 // staleness it observed (updates between a worker's pull and its push).
 //
 // 3 workers: this example defaults to micro_batches = 12, 4 for each worker. Any count from 3
-// gives the same bits (8 would deal them 2, 2 and 4), but then the worker dealt most sets the pace.
+// works (8 would deal them 2, 2 and 4), but then the worker dealt most sets the pace.
 #include <cohort/optimizer/adam.hpp>
 #include <cohort/strategy/parameter_server.hpp>
 #include <cohort/trainer.hpp>
