@@ -317,6 +317,36 @@ TEST_CASE(
   CHECK_FALSE(contains(errors, "starting it again"));
 }
 
+// One budget: a worker started again spends one restart, the whole job started again another.
+TEST_CASE("--min-np --max-restarts counts a rank's start again and the whole job's in one budget") {
+  TemporaryDirectory directory;
+  // First start: worker 1 fails and is started again; once it is back, ps 0 fails, which stops
+  // the job. Second start: every rank exits 0.
+  const std::string script =
+      "cd '" + directory.path.string() +
+      "' && if [ -e ps.failed ]; then exit 0; fi; "
+      "case \"$COHORT_ROLE-$COHORT_RANK-${COHORT_JOIN:-0}\" in "
+      "worker-1-0) exit 3 ;; "
+      "worker-1-1) touch worker1.back; sleep 30 ;; "
+      "ps-0-0) for i in $(seq 400); do [ -e worker1.back ] && break; sleep 0.05; done; "
+      "touch ps.failed; exit 4 ;; "
+      "*) sleep 30 ;; "
+      "esac";
+  Launcher launcher(
+      directory.path,
+      {"--np", "2", "--ps", "1", "--min-np", "1", "--max-restarts", "2", "--wait-s", "0.2"},
+      {"/bin/bash", "-c", script});
+  const int status = launcher.wait();
+  const std::string errors = launcher.error_text();
+  INFO(errors);
+  CHECK(exit_status(status) == 0);
+  CHECK(contains(errors,
+                 "cohort-run: worker 1 exited with status 3; starting it again (restart 1 of 2)"));
+  CHECK(contains(errors,
+                 "cohort-run: the job stopped after ps 0 failed; starting every rank "
+                 "again (restart 2 of 2)"));
+}
+
 TEST_CASE("the others still running after --wait-s get SIGTERM") {
   TemporaryDirectory directory;
   Launcher launcher(directory.path, {"--np", "3", "--wait-s", "0.2"},

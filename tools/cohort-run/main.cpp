@@ -433,8 +433,7 @@ class Launch {
   // with the other workers') or a server (it serves until every worker is done).
   std::optional<std::size_t> fit_ended_by() const {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
-      const bool ends_with_job = options_.servers == 0 || rank == 0 ||
-                                 rank >= static_cast<std::size_t>(options_.processes);
+      const bool ends_with_job = options_.servers == 0 || !replaceable(rank);
       const std::optional<int>& status = ranks_[rank].status;
       if (ends_with_job && status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) return rank;
     }

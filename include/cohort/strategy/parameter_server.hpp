@@ -384,9 +384,9 @@ class ParameterServer {
   // node; its pushes say how many micro-batches they sum, which a Sync server folds them as; and
   // the Trainer's collectives between workers fold each worker as that node too.
   void use_deal(const sharding::Deal& deal) {
-    const auto workers = deal.worker_counts();
+    const auto counts = deal.worker_counts();
     if (options().backup_workers != 0 &&
-        std::ranges::adjacent_find(workers, std::not_equal_to<>{}) != workers.end()) {
+        std::ranges::adjacent_find(counts, std::not_equal_to<>{}) != counts.end()) {
       options::reject("backup_workers", options().backup_workers,
                       "needs every worker dealt as many micro-batches (micro_batches = " +
                           std::to_string(workers_) +
@@ -396,7 +396,7 @@ class ParameterServer {
     }
     const auto mine = deal.counts().subspan(first_local_replica(), local_replicas());
     local_leaf_counts_.assign(mine.begin(), mine.end());
-    worker_leaf_counts_.assign(workers.begin(), workers.end());
+    worker_leaf_counts_.assign(counts.begin(), counts.end());
   }
 
   // The settings of this strategy that every process of the job, servers included, must share
@@ -445,8 +445,8 @@ class ParameterServer {
     std::string line = "cohort: parameter server " + std::to_string(cluster().rank) + " (" +
                        std::string(C::kName) + ", " +
                        std::to_string(shards.chunks_of(cluster().rank).size()) +
-                       " chunks): pushes applied per worker " + list(counts.applied);
-    if (options().backup_workers != 0) line += ", dropped per worker " + list(counts.dropped);
+                       " chunks): pushes applied per worker " + ps::list(counts.applied);
+    if (options().backup_workers != 0) line += ", dropped per worker " + ps::list(counts.dropped);
     line += ", workers lost " + std::to_string(counts.lost.size());
     if (counts.taken_back != 0) line += ", taken back " + std::to_string(counts.taken_back);
     if (kStaleness != 0) {
@@ -909,15 +909,6 @@ class ParameterServer {
   }
 
  private:
-  // "[a, b, c]"
-  static std::string list(const std::vector<std::uint64_t>& counts) {
-    std::string text = "[";
-    for (std::size_t i = 0; i < counts.size(); ++i) {
-      text += (i == 0 ? "" : ", ") + std::to_string(counts[i]);
-    }
-    return text + "]";
-  }
-
   // How many micro-batches this worker's pushes sum (use_deal; one each where never dealt).
   std::uint32_t leaves() const {
     return worker_leaf_counts_.empty()

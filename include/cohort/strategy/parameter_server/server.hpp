@@ -90,6 +90,16 @@
 
 namespace cohort::strategy::ps {
 
+// "[a, b, c]": counts per worker, as the servers' lines and errors give them.
+template <class Count>
+std::string list(const std::vector<Count>& counts) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(counts[i]);
+  }
+  return text + "]";
+}
+
 struct ServerOptions {
   int server = 0;                  // this server's index
   int workers = 1;                 // W; worker w is transport rank w
@@ -635,11 +645,8 @@ class Server {
     // shares, ParameterServer checks, so R of them fold as R leaves).
     const bool whole = chosen.size() == static_cast<std::size_t>(options_.workers);
     if (whole && !tree::are_nodes(leaves)) {
-      std::string counts;
-      for (const std::size_t count : leaves)
-        counts += (counts.empty() ? "" : ", ") + std::to_string(count);
-      fail("the pushes of step " + std::to_string(chunk.updates) + " sum [" + counts +
-           "] micro-batches (workers 0 to " + std::to_string(chosen.size() - 1) +
+      fail("the pushes of step " + std::to_string(chunk.updates) + " sum " + list(leaves) +
+           " micro-batches (workers 0 to " + std::to_string(chosen.size() - 1) +
            "), which are not consecutive nodes of the reduction tree: the workers were dealt "
            "different micro-batches");
     }
