@@ -6,7 +6,9 @@ job trains the benchmark's MLP (784-1024-1024-10, Adam, a global batch of 128) w
 thread per process, on this host:
 
   no failure    examples/02_multi_worker under cohort-run, 2 workers through shared memory and 2
-                over TCP, each with and without COHORT_MIN_WORKERS=1, --rounds rounds with the
+                over TCP, and examples/03_parameter_server under consistency sync, 2 workers and
+                a server (whose chunks keep their parameters from before their last update when
+                elastic), each with and without COHORT_MIN_WORKERS=1, --rounds rounds with the
                 series in turn; the median examples/s of each and the ratio elastic / plain
   a failure     4 workers, worker 3 SIGKILLed --kill-after seconds into the fit, --kills times:
     cohort      cohort-run --np 4 --min-np 3, COHORT_TRACE: from the chief's timeline, the time
@@ -80,10 +82,13 @@ def descendant_with(pid, entry):
     return None
 
 
-def cohort_rate(build, workers, elastic, shared_memory, examples):
-    command = [f"{build}/tools/cohort-run/cohort-run", "--np", str(workers), "--",
-               f"{build}/examples/02_multi_worker/multi_worker", *MODEL,
-               "--examples", str(examples), "--epochs", "1"]
+def cohort_rate(build, workers, elastic, shared_memory, examples, servers=0):
+    program = ([f"{build}/examples/03_parameter_server/parameter_server", "--consistency", "sync"]
+               if servers else [f"{build}/examples/02_multi_worker/multi_worker"])
+    command = [f"{build}/tools/cohort-run/cohort-run", "--np", str(workers), "--ps",
+               str(servers), "--", *program, *MODEL, "--examples", str(examples), "--epochs", "1"]
+    if not servers:
+        command[3:5] = []
     extra = {"COHORT_SHARED_MEMORY": int(shared_memory)}
     if elastic:
         extra["COHORT_MIN_WORKERS"] = 1
@@ -408,16 +413,17 @@ def main():
 
     if args.rounds > 0:  # 0: the failures only
         print("no failure: examples/s, median of", args.rounds, "rounds")
-        series = [("2 workers, shared memory", 2, True), ("2 workers, TCP", 2, False)]
-        rates = {(name, elastic): [] for name, _, _ in series for elastic in (False, True)}
+        series = [("2 workers, shared memory", 2, True, 0), ("2 workers, TCP", 2, False, 0),
+                  ("2 workers and a server, sync parameter server", 2, False, 1)]
+        rates = {(name, elastic): [] for name, *_ in series for elastic in (False, True)}
         for _ in range(args.rounds):
-            for name, workers, shared in series:
+            for name, workers, shared, servers in series:
                 for elastic in (False, True):
                     rates[(name, elastic)].append(
-                        cohort_rate(args.build, workers, elastic, shared, args.examples))
+                        cohort_rate(args.build, workers, elastic, shared, args.examples, servers))
         print("| job | plain | elastic | elastic / plain |")
         print("| --- | ---: | ---: | ---: |")
-        for name, _, _ in series:
+        for name, *_ in series:
             plain = statistics.median(rates[(name, False)])
             elastic = statistics.median(rates[(name, True)])
             print(f"| {name} | {plain:,.0f} | {elastic:,.0f} | {elastic / plain:.3f} |")

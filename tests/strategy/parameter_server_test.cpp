@@ -175,14 +175,16 @@ std::string succeeded_after_kill(Process& launcher, const fs::path& log,
   return text;
 }
 
-// An elastic async job of 4 workers and 2 servers training 300 steps to `out`, started by
-// `cohort-run --np 4 --ps 2 --min-np 2 --max-restarts RESTARTS` with `env` and the trainer's
-// `arguments` after its own, and the process whose environment holds `entries` SIGKILLed at a
-// point drawn 0.2 to 0.7 s into training: the launcher's log, once it has succeeded.
-std::string elastic_async_job_after_kill(const fs::path& out, const fs::path& log, int restarts,
-                                         const std::vector<std::string>& arguments,
-                                         const std::map<std::string, std::string>& env,
-                                         const std::vector<std::string>& entries) {
+// An elastic job of 4 workers and 2 servers training `steps` steps under `consistency` to `out`,
+// started by `cohort-run --np 4 --ps 2 --min-np 2 --max-restarts RESTARTS` with `env` and the
+// trainer's `arguments` after its own, and the process whose environment holds `entries`
+// SIGKILLed at a point drawn 0.2 to 0.7 s into training: the launcher's log, once it has
+// succeeded.
+std::string elastic_job_after_kill(const std::string& consistency, std::uint64_t steps,
+                                   const fs::path& out, const fs::path& log, int restarts,
+                                   const std::vector<std::string>& arguments,
+                                   const std::map<std::string, std::string>& env,
+                                   const std::vector<std::string>& entries) {
   std::vector<std::string> command = {COHORT_RUN,
                                       "--np",
                                       "4",
@@ -194,8 +196,8 @@ std::string elastic_async_job_after_kill(const fs::path& out, const fs::path& lo
                                       std::to_string(restarts),
                                       "--",
                                       COHORT_PS_TRAINER,
-                                      "async",
-                                      "300",
+                                      consistency,
+                                      std::to_string(steps),
                                       out.string()};
   command.insert(command.end(), arguments.begin(), arguments.end());
   Process launcher(command, env, log);
@@ -699,8 +701,9 @@ TEST_CASE(
   const fs::path log = directory.path / "log.txt";
   // The chief trains slowest, so that its door is open while worker 2 comes back; the others
   // train for about 1.5 s, and worker 2 is killed at a point drawn in its first half.
-  const std::string text = elastic_async_job_after_kill(
-      out, log, 1, {"--every-worker-sleep-ms", "5", "--slow-worker", "0", "--sleep-ms", "25"},
+  const std::string text = elastic_job_after_kill(
+      "async", 300, out, log, 1,
+      {"--every-worker-sleep-ms", "5", "--slow-worker", "0", "--sleep-ms", "25"},
       {{"COHORT_SECRET", "take-back"}}, {"COHORT_ROLE=worker", "COHORT_RANK=2"});
   CAPTURE(text);
   CHECK(text.find("cohort-run: worker 2 was killed by signal 9 (Killed); starting it again "
@@ -727,8 +730,9 @@ TEST_CASE(
   TemporaryDirectory directory("cohort-ps-server-lost");
   const fs::path out = directory.path / "parameters.bin";
   const fs::path log = directory.path / "log.txt";
-  const std::string text = elastic_async_job_after_kill(
-      out, log, 3, {"--every-worker-sleep-ms", "5"}, {}, {"COHORT_ROLE=ps", "COHORT_RANK=1"});
+  const std::string text =
+      elastic_job_after_kill("async", 300, out, log, 3, {"--every-worker-sleep-ms", "5"}, {},
+                             {"COHORT_ROLE=ps", "COHORT_RANK=1"});
   CAPTURE(text);
   CHECK(text.find("cohort-run: ps 1 was killed by signal 9 (Killed)") != std::string::npos);
   CHECK(text.find("cohort-run: the job stopped after ps 1 failed; starting every rank again "
@@ -742,6 +746,129 @@ TEST_CASE(
                     "lost 0") != std::string::npos);
   }
   CHECK(fs::exists(out));
+}
+
+TEST_CASE(
+    "an elastic sync job that loses a worker at a random step retries it over the workers left and "
+    "ends with the parameters of a job that lost none") {
+  // The servers keep each chunk's parameters from before its last update: wherever the kill falls,
+  // some chunks may have taken the step the workers left retry.
+  TemporaryDirectory directory("cohort-ps-sync-goes-on");
+  const fs::path out = directory.path / "parameters.bin";
+  const fs::path log = directory.path / "log.txt";
+  std::mt19937 draw(std::random_device{}());
+  const int lost = std::uniform_int_distribution<int>(1, 3)(draw);
+  CAPTURE(lost);
+  const std::string text = elastic_job_after_kill(
+      "sync", 200, out, log, 0, {"--every-worker-sleep-ms", "5"}, {{"COHORT_SECRET", "regroup"}},
+      {"COHORT_ROLE=worker", "COHORT_RANK=" + std::to_string(lost)});
+  CAPTURE(text);
+  CHECK(text.find("cohort-run: worker " + std::to_string(lost) +
+                  " was killed by signal 9 (Killed); 3 workers go on without it (--min-np 2)") !=
+        std::string::npos);
+  CHECK(text.find("cohort: workers 4 -> 3 at step ") != std::string::npos);
+  CHECK(text.find("(rank " + std::to_string(lost) + " lost: ") != std::string::npos);
+  for (const char* server : {"parameter server 0", "parameter server 1"}) {
+    CAPTURE(server);
+    CHECK(text.find(std::string("cohort: ") + server +
+                    " (sync, 2 chunks): pushes applied per worker [200, 200, 200], workers lost "
+                    "1") != std::string::npos);
+  }
+  CHECK(read_file(out) == mirrored_reference(200));
+}
+
+TEST_CASE(
+    "an elastic sync worker lost between a step's pushes, after some chunks took the step: the "
+    "retry pulls their parameters from before it, to the bits of a job that lost none") {
+  // Worker 2 sends 2 of its pushes of the step, waits while the others push theirs (so the servers
+  // apply the step to those chunks), then dies; without the servers' copy from before the step,
+  // the workers left would retry it on newer parameters.
+  TemporaryDirectory directory("cohort-ps-sync-mid-step");
+  const fs::path out = directory.path / "parameters.bin";
+  std::mt19937 draw(std::random_device{}());
+  const int micro_batch = std::uniform_int_distribution<int>(20, 380)(draw);
+  CAPTURE(micro_batch);
+  const std::map<std::string, std::string> elastic = {{"COHORT_MIN_WORKERS", "2"}};
+  Job job(4, 2,
+          {"sync", "200", out, "--every-worker-sleep-ms", "2", "--die-mid-step", "2", "--die-after",
+           std::to_string(micro_batch)},
+          directory.path, elastic, elastic);
+  job.require_connected();
+  const auto died = job.workers[2]->wait(90s);
+  REQUIRE(died.has_value());
+  CHECK(read_file(job.log(false, 2)).find("ps_trainer: dying mid-step") != std::string::npos);
+  job.require_trained(2, 90s);
+  CHECK(job.workers[3]->wait(30s).has_value());
+  const std::string chief = read_file(job.log(false, 0));
+  CAPTURE(chief);
+  // Each worker folds 2 of a step's 8 micro-batches.
+  CHECK(chief.find("cohort: workers 4 -> 3 at step " + std::to_string(micro_batch / 2) +
+                   " (rank 2 lost: ") != std::string::npos);
+  CHECK(read_file(out) == mirrored_reference(200));
+}
+
+TEST_CASE(
+    "an elastic sync job goes on without its chief: the lowest worker left leads it to the bits of "
+    "a job that lost none") {
+  TemporaryDirectory directory("cohort-ps-sync-chief-lost");
+  const fs::path out = directory.path / "parameters.bin";
+  const std::string text = elastic_job_after_kill("sync", 200, out, directory.path / "log.txt", 0,
+                                                  {"--every-worker-sleep-ms", "5"}, {},
+                                                  {"COHORT_ROLE=worker", "COHORT_RANK=0"});
+  CAPTURE(text);
+  CHECK(text.find("cohort-run: worker 0 was killed by signal 9 (Killed); 3 workers go on without "
+                  "it (--min-np 2)") != std::string::npos);
+  CHECK(text.find("cohort: workers 4 -> 3 at step ") != std::string::npos);
+  CHECK(text.find("(rank 0 lost: ") != std::string::npos);
+  CHECK(read_file(out) == mirrored_reference(200));
+}
+
+TEST_CASE(
+    "under cohort-run --min-np --max-restarts, an elastic async job that loses its chief stops, "
+    "naming it, and starts again whole") {
+  TemporaryDirectory directory("cohort-ps-async-chief-lost");
+  const fs::path out = directory.path / "parameters.bin";
+  const std::string text = elastic_job_after_kill("async", 300, out, directory.path / "log.txt", 1,
+                                                  {"--every-worker-sleep-ms", "5"}, {},
+                                                  {"COHORT_ROLE=worker", "COHORT_RANK=0"});
+  CAPTURE(text);
+  CHECK(text.find("worker 0 (rank 0) was lost (") != std::string::npos);
+  CHECK(text.find("the chief holds the job's door and brings the optimizer state home, so the job "
+                  "cannot go on without it") != std::string::npos);
+  CHECK(text.find("; starting every rank again (restart 1 of 1)") != std::string::npos);
+  CHECK(text.find("starting it again") == std::string::npos);
+  CHECK(fs::exists(out));
+}
+
+TEST_CASE(
+    "an elastic sync job stops, naming what is missing, where a server is lost or the workers left "
+    "are fewer than min_workers") {
+  TemporaryDirectory directory("cohort-ps-sync-cannot-go-on");
+  // Every process exits non-zero within the roll call's bound, its log holding `expected`.
+  const auto stops = [&](const fs::path& where, bool server, int index, const std::string& minimum,
+                         const std::string& expected) {
+    fs::create_directories(where);
+    const std::map<std::string, std::string> elastic = {{"COHORT_MIN_WORKERS", minimum}};
+    Job job(4, 2, {"sync", "1000000", where / "never.bin"}, where, elastic, elastic);
+    job.require_connected();
+    (server ? job.servers : job.workers)[static_cast<std::size_t>(index)]->kill(SIGKILL);
+    for (int serving = 0; serving < 2; ++serving) {
+      const auto& processes = serving ? job.servers : job.workers;
+      for (std::size_t other = 0; other < processes.size(); ++other) {
+        if (serving == static_cast<int>(server) && static_cast<int>(other) == index) continue;
+        const auto exit = processes[other]->wait(60s);
+        const std::string log = read_file(job.log(serving, static_cast<int>(other)));
+        CAPTURE(log);
+        REQUIRE(exit.has_value());
+        CHECK(exit->code != 0);
+        CHECK(log.find(expected) != std::string::npos);
+      }
+    }
+  };
+  stops(directory.path / "server", true, 1, "2",
+        "regroup: parameter server 1 (rank 5) did not answer the roll call: its shard of the "
+        "parameters and optimizer state is gone");
+  stops(directory.path / "below", false, 2, "4", "fewer than the 6 the job needs");
 }
 
 TEST_CASE(
@@ -771,24 +898,28 @@ TEST_CASE(
   TemporaryDirectory directory("cohort-ps-elastic-refused");
   // One process of a job of 4 workers and 2 servers; alone it would wait for the others.
   const auto refused = [&](const std::string& consistency,
-                           const std::map<std::string, std::string>& variables) {
+                           const std::map<std::string, std::string>& variables,
+                           const std::vector<std::string>& arguments = {}) {
     std::map<std::string, std::string> environment{
         {"COHORT_ROLE", "worker"},           {"COHORT_RANK", "1"},
         {"COHORT_WORLD_SIZE", "4"},          {"COHORT_PS_COUNT", "2"},
         {"COHORT_MASTER_ADDR", "127.0.0.1"}, {"COHORT_MASTER_PORT", "29999"},
         {"COHORT_MIN_WORKERS", "2"}};
     for (const auto& [name, value] : variables) environment[name] = value;
-    const auto result = cohort::testing::run_to_completion(
-        {COHORT_PS_TRAINER, consistency, "1", directory.path / "none.bin"},
-        directory.path / "log.txt", environment, 20s);
+    std::vector<std::string> command = {COHORT_PS_TRAINER, consistency, "1",
+                                        directory.path / "none.bin"};
+    command.insert(command.end(), arguments.begin(), arguments.end());
+    const auto result =
+        cohort::testing::run_to_completion(command, directory.path / "log.txt", environment, 20s);
     REQUIRE(result.has_value());
     CHECK(result->first.code != 0);
     return result->second;
   };
-  CHECK(refused("sync", {})
-            .find("elastic.min_workers = 2: is not for ParameterServer under sync: each step needs "
-                  "every "
-                  "worker's push (or backup_workers)") != std::string::npos);
+  CHECK(refused("sync", {{"COHORT_JOIN", "1"}})
+            .find("elastic.joins_running_job = true: a synchronous parameter-server job goes on "
+                  "without a lost worker, but takes no process in yet") != std::string::npos);
+  CHECK(refused("sync", {}, {"--backup-workers", "1"})
+            .find("elastic.min_workers = 2: is not for backup_workers = 1") != std::string::npos);
   CHECK(refused("async", {{"COHORT_MAX_WORKERS", "6"}})
             .find("elastic.max_workers = 6: must be 0 or the 4 workers") != std::string::npos);
   CHECK(refused("async", {{"COHORT_RANK", "0"}, {"COHORT_JOIN", "1"}})

@@ -9,7 +9,7 @@
 //              [--eigen THREADS] [--poison INDEX] [--on-nonfinite skip_step]
 //              [--seed-of W S] [--learning-rate-of-server S LR] [--timeout-ms T]
 //              [--stall-mid-frame W --stall-after N] [--stop-worker W --stop-after N]
-//              [--preempt-after N] [--schedule]
+//              [--preempt-after N] [--schedule] [--die-mid-step W --die-after N]
 //              [--checkpoint-directory DIR --checkpoint-every N] [--validate-every N]
 //
 // --slow-worker W    worker W sleeps N ms in every micro-batch (its data set is slow)
@@ -39,6 +39,11 @@
 // --stop-worker W   worker W, in its micro-batch N (--stop-after), stops its whole process with
 //                    SIGSTOP, as a stop from outside would while it computes (it says so first on
 //                    stderr: "ps_trainer: stopping itself")
+// --die-mid-step W  worker W, in the step of its micro-batch N (--die-after), sends 2 of the
+//                    step's pushes, holds its writing thread for 0.5 s (the others push theirs,
+//                    and the servers take the step for those chunks), then SIGKILLs its process:
+//                    a worker lost in the middle of a step's pushes (it says so first on stderr:
+//                    "ps_trainer: dying mid-step")
 // --preempt-after N  the chief's micro-batch number N sends SIGTERM to the launcher (PreemptAt);
 //                    a process whose fit stopped for preemption exits with kExitPreempted
 // --schedule         the tests' learning-rate schedule (training.hpp, test_schedule), which the
@@ -74,6 +79,9 @@ namespace {
 // cut in half.
 std::atomic<bool> stall_armed{false};
 constexpr std::size_t kStallFrameBytes = 200;
+// --die-mid-step: armed by the data after N micro-batches with the long frames (pushes) still to
+// write before the process dies; -1: never.
+std::atomic<int> frames_before_death{-1};
 
 }  // namespace
 
@@ -83,6 +91,12 @@ constexpr std::size_t kStallFrameBytes = 200;
 extern "C" ssize_t sendmsg(int descriptor, const msghdr* message, int flags) {
   std::size_t bytes = 0;
   for (std::size_t i = 0; i < message->msg_iovlen; ++i) bytes += message->msg_iov[i].iov_len;
+  if (bytes >= kStallFrameBytes && frames_before_death.load() == 0) {
+    std::fprintf(stderr, "ps_trainer: dying mid-step\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ::kill(::getpid(), SIGKILL);
+  }
+  if (bytes >= kStallFrameBytes && frames_before_death.load() > 0) --frames_before_death;
   if (bytes >= kStallFrameBytes && stall_armed.exchange(false)) {
     std::vector<char> frame;
     for (std::size_t i = 0; i < message->msg_iovlen; ++i) {
@@ -135,6 +149,8 @@ struct Settings {
   int stall_after = 0;
   int stop_worker = -1;
   int stop_after = 0;
+  int die_worker = -1;
+  int die_after = 0;
   int preempt_after = -1;
   bool schedule = false;
   std::string checkpoint_directory;
@@ -143,13 +159,15 @@ struct Settings {
 };
 
 // The test data: slowed down on one worker, with one example poisoned, on the stalling worker
-// arming the stall after `stall_after` micro-batches, and on the stopping worker stopping the
-// process in micro-batch `stop_after`.
+// arming the stall after `stall_after` micro-batches, on the stopping worker stopping the
+// process in micro-batch `stop_after`, and on the dying worker arming its death in micro-batch
+// `die_after`.
 struct Data {
   const example::ClusterData* data;
   int sleep_ms = 0;
   int stall_after = -1;
   int stop_after = -1;
+  int die_after = -1;
   std::optional<std::size_t> poison;
   cohort::testing::PreemptAt preempt{-1};
   std::size_t size() const { return data->size(); }
@@ -157,6 +175,7 @@ struct Data {
     if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     const int number = batches_.fetch_add(1);
     if (number == stall_after) stall_armed = true;
+    if (number == die_after) frames_before_death = 2;
     if (number == stop_after) {
       std::fprintf(stderr, "ps_trainer: stopping itself in micro-batch %d\n", number);
       std::fflush(stderr);
@@ -290,6 +309,7 @@ int train(const Settings& settings, const Model& model) {
       worker == settings.slow_worker ? settings.sleep_ms : settings.every_worker_sleep_ms,
       worker == settings.stall_worker ? settings.stall_after : -1,
       worker == settings.stop_worker ? settings.stop_after : -1,
+      worker == settings.die_worker ? settings.die_after : -1,
       settings.poison,
       cohort::testing::PreemptAt(chief ? settings.preempt_after : -1)};
   const std::uint64_t segment = settings.segment == 0 ? settings.steps : settings.segment;
@@ -311,7 +331,7 @@ int train(const Settings& settings, const Model& model) {
     if (!settings.checkpoint.empty()) trainer.save(settings.checkpoint);
     if (settings.reread) trainer.restore(settings.checkpoint);
   }
-  if (chief) {
+  if (trainer.strategy().is_chief()) {  // under sync, a worker that became chief when it was lost
     cohort::testing::write_parameters(settings.out,
                                       cohort::testing::parameters_of(trainer.model()));
   }
@@ -398,6 +418,10 @@ int main(int argc, char** argv) {
       settings.stop_worker = std::stoi(next());
     else if (flag == "--stop-after")
       settings.stop_after = std::stoi(next());
+    else if (flag == "--die-mid-step")
+      settings.die_worker = std::stoi(next());
+    else if (flag == "--die-after")
+      settings.die_after = std::stoi(next());
     else if (flag == "--preempt-after")
       settings.preempt_after = std::stoi(next());
     else {

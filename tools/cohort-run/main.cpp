@@ -38,19 +38,20 @@
 // ended without taking in is no failure of the job, and a rank that fails once the job's fit has
 // ended (a rank exited 0: any of a job without servers, which end their fit together, or a
 // parameter-server job's chief or a server) is not started again: it would find no job to join.
-// With --ps S as well (a parameter-server job under Async or BoundedStaleness,
-// strategy/parameter_server.hpp) only a worker other than the chief is lost and started again, and
-// takes its place back at the servers; a server or the chief that fails stops the job (a server's
-// shard lives nowhere else, the chief holds the job's door), as does a rank whose loss leaves fewer
-// than --min-np. With --max-restarts K, a job that a failed rank stopped, elastic or not, is then
-// started again whole, on a new port unless --port gives one ("cohort-run: the job stopped after
-// ps 1 failed; starting every rank again (restart 1 of 3)"), as torchrun's --max-restarts does: a
-// program that resumes from its newest checkpoint (Options::checkpoint, resume) goes on from there,
-// to the bits of a run that never stopped; one that does not starts over. The K starts again count
-// both: a rank's and the whole job's. When all ranks are done,
-// anything left in their process groups is killed, and every rank has been waited for: no zombie,
-// no orphan. Should cohort-run itself be killed with SIGKILL, each rank gets SIGTERM from the
-// kernel (PR_SET_PDEATHSIG).
+// With --ps S as well (a parameter-server job, strategy/parameter_server.hpp) any worker is lost
+// without stopping the job: under Sync the workers left regroup without it, under Async and
+// BoundedStaleness its servers take it back when a worker other than the chief is started again
+// (and end the fit when the chief, which holds the job's door, is lost). Only a worker other than
+// the chief is started again, while the chief runs; a server that fails stops the job (its shard
+// lives nowhere else), as does a rank whose loss leaves fewer than --min-np. With --max-restarts K,
+// a job that a failed rank stopped, elastic or not, is then started again whole, on a new port
+// unless --port gives one ("cohort-run: the job stopped after ps 1 failed; starting every rank
+// again (restart 1 of 3)"), as torchrun's --max-restarts does: a program that resumes from its
+// newest checkpoint (Options::checkpoint, resume) goes on from there, to the bits of a run that
+// never stopped; one that does not starts over. The K starts again count both: a rank's and the
+// whole job's. When all ranks are done, anything left in their process groups is killed, and every
+// rank has been waited for: no zombie, no orphan. Should cohort-run itself be killed with SIGKILL,
+// each rank gets SIGTERM from the kernel (PR_SET_PDEATHSIG).
 //
 // Timeline: with COHORT_TRACE=DIR (which every rank inherits, as every COHORT_* setting that does
 // not describe the rank's place), each rank writes its timeline there and cohort-run merges them
@@ -476,11 +477,20 @@ class Launch {
         std::count_if(ranks_.begin(), workers, [](const Rank& rank) { return !rank.status; }));
   }
 
-  // Whether an elastic job (--min-np) goes on without failed rank `rank`: a replaceable one, while
-  // at least --min-np of the ranks that train run.
+  // Whether an elastic job (--min-np) goes on without failed rank `rank`, while at least --min-np
+  // of the ranks that train run: any rank of a job without servers; in a parameter-server job any
+  // worker, the chief too (under Sync the workers left regroup without it; under Async and
+  // BoundedStaleness the servers end the fit, which cannot end without it, and so the job).
   bool may_lose(std::size_t rank) const {
     return options_.min_processes != 0 && running_workers() >= options_.min_processes &&
-           replaceable(rank);
+           (options_.servers == 0 || rank < static_cast<std::size_t>(options_.processes));
+  }
+
+  // Whether failed rank `rank` of an elastic job is started again to take its place back: a
+  // replaceable one, and in a parameter-server job only while the chief runs, whose door the
+  // process started again comes to.
+  bool startable_again(std::size_t rank) const {
+    return replaceable(rank) && (options_.servers == 0 || !ranks_[0].status);
   }
 
   // Whether an elastic job may go on without rank `rank` and take it in again: any rank of a job
@@ -568,7 +578,7 @@ class Launch {
     }
     const bool expendable = !success && !stopping_ && may_lose(rank);
     const std::optional<std::size_t> ended = fit_ended_by();
-    if (expendable && !ended && restart(rank, status)) return;
+    if (expendable && !ended && startable_again(rank) && restart(rank, status)) return;
     if (expendable) {
       std::string line = who(rank) + " " + describe_status(status) + "; ";
       if (ended && restarts_ < options_.max_restarts) {

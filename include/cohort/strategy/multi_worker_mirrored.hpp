@@ -624,7 +624,7 @@ static_assert(AbandonsStep<MultiWorkerMirrored<>>);
 static_assert(LendsGradientStorage<MultiWorkerMirrored<>, float>);
 static_assert(SnapshotsBetweenSteps<MultiWorkerMirrored<>, float>);
 static_assert(FoldsAnyDeal<MultiWorkerMirrored<>>);
-static_assert(Regroups<MultiWorkerMirrored<>>);
+static_assert(Grows<MultiWorkerMirrored<>>);
 static_assert(ChoosesGradientSum<MultiWorkerMirrored<>>);
 static_assert(KeepsStripes<MultiWorkerMirrored<>, float>);
 

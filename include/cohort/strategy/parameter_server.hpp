@@ -58,13 +58,13 @@
 // Faults. A worker that dies, or stays silent for `timeout` while a server waits on it (stopped,
 // hung, or stalled in the middle of a request), is reported by the servers by name; Async and
 // BoundedStaleness go on without it (the bound counts live workers only); Sync fails with an
-// error naming it unless backup workers cover it, and every worker waiting on a server receives
-// that error (parameter_server/server.hpp has the rules). A server takes each request only once
-// it has arrived whole, so a worker stalled in the middle of a frame holds back no other worker.
-// A server that dies makes every worker's next push or pull fail naming it ("parameter server 1
-// (rank 5)"); one that stops answering, within 3/2 x `timeout` (a worker waits longer than a
-// server, so that the server names a stalled worker first): restart the job from the last
-// checkpoint.
+// error naming it unless backup workers cover it or the job is elastic (below), and every worker
+// waiting on a server receives that error (parameter_server/server.hpp has the rules). A server
+// takes each request only once it has arrived whole, so a worker stalled in the middle of a frame
+// holds back no other worker. A server that dies makes every worker's next push or pull fail naming
+// it ("parameter server 1 (rank 5)"); one that stops answering, within 3/2 x `timeout` (a worker
+// waits longer than a server, so that the server names a stalled worker first): restart the job
+// from the last checkpoint.
 //
 // Workers started again (Async and BoundedStaleness with Options::elastic). A worker other than
 // the chief whose process is lost may be started again with the environment it had and
@@ -77,6 +77,21 @@
 // state: the fit's result holds every worker's pushes. The servers end the fit once fewer than
 // elastic.min_workers workers are live. A lost chief or server is not taken back: the chief holds
 // the door and brings the optimizer state home, a server its shard.
+//
+// A synchronous job that goes on without a lost worker (Sync with Options::elastic; strategy::
+// Regroups). A server that loses a worker tells every process why as it leaves the mesh; the
+// workers abandon the step in flight, and every process left, servers included, meets at the
+// regroup's roll call (transport/tcp/regroup.hpp) as the job's next membership: the workers in
+// the order of their ranks, then the servers. The Trainer deals the step's micro-batches over the
+// workers left and retries it (trainer/elastic.hpp). The servers hold the state: the chief does not
+// send its own at the retry's start, and every worker pulls the parameters after the steps the
+// job applied, which a server keeps for a chunk that took the retried step already
+// (parameter_server/server.hpp). The reduction tree does not depend on the deal, so the
+// parameters are the bits of a job that lost nobody. Any worker may be lost, the chief included
+// (the lowest worker left is the next one). A server is not: its shard is gone, and every
+// process fails naming it (cohort-run --max-restarts starts the job again whole). Below
+// min_workers every process fails as a job without elastic does. A process started again for a
+// lost worker is not taken in yet.
 //
 // Settings. Before its first step every worker presents the Trainer's settings to every server,
 // which compares them with its own and the chief's (trainer/job_settings.hpp;
@@ -110,8 +125,9 @@
 //                    lets a lost worker's process started again take its place back (above), and
 //                    ends the fit below that many live workers; elastic.joins_running_job (or
 //                    COHORT_JOIN=1) on the process started again; elastic.probe_timeout, how long
-//                    the chief, done, waits for a lost worker to come back. Sync: ConfigError (a
-//                    step needs every worker, or backup_workers)
+//                    the chief, done, waits for a lost worker to come back. Sync: the job goes on
+//                    without a lost worker down to elastic.min_workers (above; not with
+//                    backup_workers); elastic.probe_timeout bounds the regroup's roll call
 //   wire             the format a push crosses in (collective/wire.hpp): kFloat32 (the default),
 //                    or kBfloat16 (kFloat16), half the bytes: every sum of the canonical tree
 //                    rounded to bfloat16 (float16), in each worker's fold, between its replicas
@@ -181,6 +197,7 @@
 #include "cohort/strategy/parameter_server/sharded_save.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/tcp/door.hpp"
+#include "cohort/transport/tcp/regroup.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
 namespace cohort::strategy {
@@ -321,7 +338,37 @@ class ParameterServer {
   // strategy::TakesWorkersBack (strategy.hpp), over TCP under Async and BoundedStaleness.
   static constexpr bool kTakesWorkersBack =
       kStaleness != 0 && std::same_as<Transport, transport::tcp::Tcp>;
-  const Elastic& elastic() const requires kTakesWorkersBack { return options().elastic; }
+  // strategy::Regroups, over TCP under Sync: the job goes on without a lost worker.
+  static constexpr bool kRegroups = kStaleness == 0 && std::same_as<Transport, transport::tcp::Tcp>;
+  const Elastic& elastic() const requires(kTakesWorkersBack || kRegroups) {
+    return options().elastic;
+  }
+
+  // Every process of the job, servers included, once a worker is lost (a worker's segment failed
+  // with `cause`; a server's serve() saw the loss): the processes left, as the job's next
+  // membership (transport/tcp/regroup.hpp), this worker's index and the job's worker count
+  // theirs. Throws CommError below min_workers, and where a server did not answer the roll call:
+  // its shard is gone, so the job is restarted from its last checkpoint (cohort-run
+  // --max-restarts does it).
+  [[gnu::cold]] MembershipChange regroup(const CommError& cause) requires kRegroups {
+    const int before = workers_;
+    std::fprintf(stderr, "cohort: worker %d: regrouping after: %s\n", worker(), cause.what());
+    thread_.reset();  // the old one's failure stays with it
+    const std::vector<int> members = regroup_mesh();
+    process_.regrouped(transport_->rank(), workers_);
+    thread_ = process_.start_communication_thread();
+    servers_hold_state_ = true;
+    MembershipChange change{.workers_before = static_cast<std::size_t>(before),
+                            .workers_after = static_cast<std::size_t>(workers_),
+                            .cause = cause.what()};
+    for (int rank = 0; rank < before; ++rank) {
+      if (std::ranges::find(members, rank) == members.end()) change.lost.push_back(rank);
+    }
+    return change;
+  }
+
+  // A process whose own failure ends its fit: the processes that regroup will not count it in.
+  void withdraw() noexcept requires kRegroups { transport_->stop_listening(); }
   // On the chief, before each step (trainer::ReplicaLoop) and while it waits for the others at
   // the end: answers the processes at its door, which ask for the job's addresses to take their
   // places back at the servers.
@@ -438,9 +485,16 @@ class ParameterServer {
                                            .schedule = schedule,
                                            .wire = options().wire,
                                            .readmits = options().elastic.enabled(),
-                                           .min_workers = options().elastic.min_workers},
+                                           .min_workers = options().elastic.min_workers,
+                                           .regroups = kRegroups && options().elastic.enabled()},
                                           optimizer);
-    const ps::ServerCounts counts = server.serve();
+    ps::ServerCounts counts = server.serve();
+    if constexpr (kRegroups) {
+      while (counts.membership_lost) {
+        const std::vector<int> members = regroup_mesh();
+        counts = server.serve_regrouped(*transport_, members);
+      }
+    }
     held_ = server.shard();
     std::string line = "cohort: parameter server " + std::to_string(cluster().rank) + " (" +
                        std::string(C::kName) + ", " +
@@ -523,9 +577,12 @@ class ParameterServer {
       for (const ps::Chunk& chunk : chunks_) edges_.push_back(chunk.begin);
       with_servers([&] {
         const std::span<T> host = host_copy(parameters, parameter_staging_);
-        if (index_ == 0 && !owner_->rejoined()) initialize_servers<T>(host, optimizer_state, step);
-        pull(host, step);
+        if (index_ == 0 && !owner_->rejoined() && !owner_->servers_hold_state_) {
+          initialize_servers<T>(host, optimizer_state, step);
+        }
+        pull(host, step, step);
         land(host, parameters);
+        owner_->servers_hold_state_ = false;
       });
       local_.broadcast(parameters, 0);
       step_ = step;
@@ -590,7 +647,7 @@ class ParameterServer {
           thread_->wait();  // every push sent (or its failure rethrown)
         }
         const std::span<T> parameters = host_target(update.parameters, parameter_staging_);
-        pull(parameters, update.step);
+        pull(parameters, update.step, update.step + 1);
         land(parameters, update.parameters);
       }
       local_.broadcast(update.parameters, 0);
@@ -613,6 +670,19 @@ class ParameterServer {
         land(state, optimizer_state);
       }
       client_.done(owner_->servers_, end, step_);
+    }
+
+    // strategy::AbandonsStep: a step that failed here releases the worker's other replicas and
+    // waits until the communication thread, whose pushes read the step's gradient, lets go of it.
+    // The abort tells the servers and the other workers why this worker leaves the step: under
+    // Sync, every process of an elastic job then meets at the regroup.
+    void abandon_step(std::string_view reason) noexcept {
+      try {
+        communicator_.abort(reason);
+        local_.abort(reason);
+        thread_->wait();
+      } catch (...) {  // the step's own error is what goes up
+      }
     }
 
     // Whether a server said it was signalled (core/preemption.hpp; protocol.hpp): the Trainer
@@ -672,7 +742,7 @@ class ParameterServer {
         std::this_thread::sleep_for(kPause);
       }
       const std::span<T> host = host_target(parameters, parameter_staging_);
-      pull(host, step_);
+      pull(host, step_, step_);
       land(host, parameters);
     }
 
@@ -761,14 +831,16 @@ class ParameterServer {
       return std::as_bytes(values);
     }
 
-    // Every chunk's parameters into `parameters` (host memory), in the order of the pushes.
+    // Every chunk's parameters after `updates` updates into `parameters` (host memory), in the
+    // order of the pushes, at the Trainer's `step`.
     template <class T>
-    void pull(std::span<T> parameters, std::uint64_t step) {
+    void pull(std::span<T> parameters, std::uint64_t step, std::uint64_t updates) {
       const trace::Span span(trace::current(), trace::Phase::kPull,
                              {.step = step, .bytes = parameters.size_bytes()});
       for (const ps::Chunk& chunk : chunks_) {
-        client_.add({.operation = ps::Operation::kPull, .element_bytes = sizeof(T)}, chunk, {},
-                    std::as_writable_bytes(parameters.subspan(chunk.begin, chunk.size())));
+        client_.add(
+            {.operation = ps::Operation::kPull, .step = updates, .element_bytes = sizeof(T)}, chunk,
+            {}, std::as_writable_bytes(parameters.subspan(chunk.begin, chunk.size())));
       }
       client_.transfer();
     }
@@ -917,6 +989,35 @@ class ParameterServer {
                      worker_leaf_counts_[static_cast<std::size_t>(worker())]);
   }
 
+  // The mesh of the processes left after a worker's loss (regroup, and a server's serve): by new
+  // rank, each one's old rank. Every server must be among them, and min_workers workers: a
+  // CommError says what is missing, on every process alike (they all heard the same roll call).
+  [[gnu::cold]] std::vector<int> regroup_mesh() requires kRegroups {
+    const Elastic& elastic = options().elastic;
+    transport::tcp::Regrouped next = transport::tcp::regroup(
+        *transport_, {.min_size = static_cast<int>(elastic.min_workers) + servers_,
+                      .probe_timeout = elastic.probe_timeout});
+    const auto failure = [&](const std::string& detail) {
+      return CommError({.rank = next.transport.rank(), .operation = "regroup", .detail = detail});
+    };
+    std::string gone;
+    for (const int rank : server_ranks()) {
+      if (std::ranges::find(next.members, rank) != next.members.end()) continue;
+      gone += (gone.empty() ? "" : ", ") + std::string("parameter server ") +
+              std::to_string(rank - workers_) + " (rank " + std::to_string(rank) + ")";
+    }
+    if (!gone.empty()) {
+      throw failure(gone +
+                    " did not answer the roll call: its shard of the parameters and optimizer "
+                    "state is gone, so the job cannot go on; restart it from its last checkpoint");
+    }
+    // With every server there, the roll call's min_size leaves min_workers workers at least.
+    workers_ = static_cast<int>(
+        std::ranges::count_if(next.members, [&](int rank) { return rank < workers_; }));
+    transport_ = std::make_unique<Transport>(std::move(next.transport));
+    return std::move(next.members);
+  }
+
   // The mesh ranks of the servers, which follow the workers'.
   std::vector<int> server_ranks() const {
     std::vector<int> ranks;
@@ -924,7 +1025,8 @@ class ParameterServer {
     return ranks;
   }
 
-  // Options::elastic: under Async and BoundedStaleness only, for a worker other than the chief.
+  // Options::elastic: a lost worker's process taken back under Async and BoundedStaleness (not
+  // the chief's); under Sync the job goes on without a lost worker, and takes none back.
   void check_elastic() const {
     const Elastic& elastic = options().elastic;
     if (elastic.joins_running_job && !elastic.enabled()) {
@@ -933,13 +1035,17 @@ class ParameterServer {
                       "worker back");
     }
     if (!elastic.enabled()) return;
-    if (!kTakesWorkersBack) {
+    if (!kTakesWorkersBack && !kRegroups) {
       options::reject("elastic.min_workers", elastic.min_workers,
-                      kStaleness == 0
-                          ? "is not for ParameterServer under sync: each step needs every "
-                            "worker's push (or backup_workers), so a lost worker stops the job; "
-                            "restart it from its last checkpoint"
-                          : "takes workers back over transport::tcp::Tcp only");
+                      "needs transport::tcp::Tcp, over which the processes regroup or take a "
+                      "worker back");
+    }
+    if (kRegroups && options().backup_workers != 0) {
+      options::reject("elastic.min_workers", elastic.min_workers,
+                      "is not for backup_workers = " + std::to_string(options().backup_workers) +
+                          ": an elastic synchronous job goes on without a lost worker by dealing "
+                          "its micro-batches to the others, and backup workers leave a slow "
+                          "worker's out");
     }
     if (elastic.min_workers > static_cast<std::size_t>(workers_)) {
       options::reject("elastic.min_workers", elastic.min_workers,
@@ -950,6 +1056,11 @@ class ParameterServer {
                       "must be 0 or the " + std::to_string(workers_) +
                           " workers: a parameter-server job takes lost workers back, and grows "
                           "by none");
+    }
+    if (elastic.joins_running_job && kRegroups) {
+      options::reject("elastic.joins_running_job", "true",
+                      "a synchronous parameter-server job goes on without a lost worker, but "
+                      "takes no process in yet");
     }
     if (elastic.joins_running_job && (serves() || cluster().rank == 0)) {
       options::reject("elastic.joins_running_job", "true",
@@ -993,6 +1104,9 @@ class ParameterServer {
   std::unique_ptr<transport::tcp::Door> door_;
   // A worker's failure at the start of a fit, for its other replicas (Replica::with_servers).
   std::exception_ptr start_failure_;
+  // After a regroup, until the next fit's start has pulled: the servers hold the state the job
+  // goes on from (the chief's optimizer state is not current), so the chief does not send its own.
+  bool servers_hold_state_ = false;
   // use_deal, on a worker; empty: one micro-batch each.
   std::vector<std::size_t> local_leaf_counts_;   // this worker's replicas'
   std::vector<std::size_t> worker_leaf_counts_;  // every worker's
@@ -1010,6 +1124,8 @@ static_assert(ChoosesGradientSum<ParameterServer<>>);
 static_assert(FoldsAnyDeal<ParameterServer<>>);
 static_assert(TakesWorkersBack<ParameterServer<consistency::Async>>);
 static_assert(!TakesWorkersBack<ParameterServer<>>);
+static_assert(Regroups<ParameterServer<>> && !Grows<ParameterServer<>>);
+static_assert(AbandonsStep<ParameterServer<>>);
 
 // Workers under Async and BoundedStaleness go at their own pace.
 template <class C, device::Device D, class Transport>

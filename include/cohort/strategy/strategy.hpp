@@ -104,8 +104,7 @@
 //                            count up to micro_batches gives the bits of one replica. A strategy
 //                            without it takes equal blocks only (micro_batches / replicas a power
 //                            of two)
-//   Regroups<S>              s.elastic(), s.regroup(cause), s.withdraw() noexcept,
-//                            s.joiners_waiting(), s.admit(count), s.joined(): a job that
+//   Regroups<S>              s.elastic(), s.regroup(cause), s.withdraw() noexcept: a job that
 //                            goes on when a worker is lost (strategy/elastic.hpp). Where
 //                            s.elastic().enabled() and a segment fails with a CommError (`cause`),
 //                            every process that goes on calls s.regroup(cause), which returns
@@ -114,11 +113,13 @@
 //                            is_chief() theirs; the Trainer then deals the micro-batches anew and
 //                            takes the newest state (trainer/elastic.hpp). A process whose own
 //                            failure ends its fit calls s.withdraw() before it tells the others,
-//                            so that none counts it in. A job grows at a step boundary:
-//                            s.joiners_waiting() (on the chief, at a vote) counts the processes
-//                            that ask to join, as many as the job takes; every process then calls
-//                            s.admit(count) together, and each joiner, whose s.joined() is true
-//                            from its construction, takes the newest state with them
+//                            so that none counts it in
+//   Grows<S>                 Regroups<S>, and s.joiners_waiting(), s.admit(count), s.joined(): a
+//                            job that also grows at a step boundary. s.joiners_waiting() (on the
+//                            chief, at a vote) counts the processes that ask to join, as many as
+//                            the job takes; every process then calls s.admit(count) together, and
+//                            each joiner, whose s.joined() is true from its construction, takes
+//                            the newest state with them
 //   TakesWorkersBack<S>      s.elastic(), s.tend_door(), s.rejoined(), s.resume_step(step): a
 //                            job that takes a lost worker's process back when it is started again
 //                            for its place (ParameterServer under Async and BoundedStaleness).
@@ -329,6 +330,10 @@ concept Regroups = requires(S& s, const S& cs, const CommError& cause) {
   { s.regroup(cause) } -> std::same_as<MembershipChange>;
   { s.withdraw() }
   noexcept;
+};
+
+template <class S>
+concept Grows = Regroups<S> && requires(S& s, const S& cs) {
   { s.joiners_waiting() } -> std::same_as<std::size_t>;
   { s.admit(std::size_t{}) } -> std::same_as<MembershipChange>;
   { cs.joined() } -> std::same_as<bool>;

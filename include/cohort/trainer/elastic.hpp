@@ -22,10 +22,11 @@
 // The new chief prints one line: "cohort: workers 4 -> 3 at step 17 (rank 2 lost: ...)", and the
 // timeline (core/trace.hpp) has a "regroup" span from the failure to the newest state taken.
 // Below min_workers every process left saves its state into the checkpoint directory, where there
-// is one, and fails with the regroup's CommError.
+// is one and the state is the worker's own (not a parameter server's), and fails with the
+// regroup's CommError.
 //
 // take_in: when processes wait at the chief's door, every member at the step boundary where the
-// vote counted them (trainer/vote.hpp). The strategy admits them (strategy::Regroups), the
+// vote counted them (trainer/vote.hpp). The strategy admits them (strategy::Grows), the
 // micro-batches are dealt over the grown job, and every replica takes the state as above: the
 // joiners' first fit (join_fit) runs the same agreement, from the step its program's fit begins
 // at, so that the members' state, whose step is the newest, is the job's. The chief prints
@@ -81,6 +82,13 @@ struct NewestState {
   std::uint64_t step = 0;
   bool from_stripes = false;  // rebuilt from the lost membership's stripes (strategy::KeepsStripes)
 };
+
+// Whether a worker holds the job's whole state between steps, which it can save alone: not where
+// parameter servers hold the optimizer state (strategy::ServesFit), which the job's last
+// checkpoint then restores.
+template <class R>
+inline constexpr bool kHoldsOwnState =
+    !strategy::ServesFit<typename R::Strategy, typename R::value_type, typename R::Optimizer>;
 
 template <class R>
 inline constexpr bool kKeepsStripes =
@@ -245,7 +253,9 @@ template <class R>
     try {
       regrouped = run.strategy.regroup(cause);
     } catch (const CommError&) {
-      if (checkpoints.enabled()) save_last_step(run, whole_state_alone(run, applied), checkpoints);
+      if (checkpoints.enabled() && kHoldsOwnState<R>) {
+        save_last_step(run, whole_state_alone(run, applied), checkpoints);
+      }
       throw;
     }
     change = change ? one_change(std::move(*change), *regrouped) : std::move(*regrouped);
@@ -278,7 +288,7 @@ template <class R>
   }
 }
 
-// The first fit of a process that joined a running job through its door (strategy::Regroups,
+// The first fit of a process that joined a running job through its door (strategy::Grows,
 // joined()): the agreement the members run in take_in, and the step the job is at.
 template <class R>
 [[gnu::cold]] void join_fit(R& run) {

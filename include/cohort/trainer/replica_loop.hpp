@@ -180,9 +180,9 @@ class ReplicaLoop {
   static constexpr bool kValidates = !std::same_as<V, NoValidation>;
 
   // Whether processes may join this fit, or take a lost worker's place back (an elastic job:
-  // strategy::Regroups, strategy::TakesWorkersBack), which the votes make room for.
+  // strategy::Grows, strategy::TakesWorkersBack), which the votes make room for.
   bool grows() const {
-    if constexpr (strategy::Regroups<S> || strategy::TakesWorkersBack<S>) {
+    if constexpr (strategy::Grows<S> || strategy::TakesWorkersBack<S>) {
       return run_.strategy.elastic().enabled();
     }
     return false;
@@ -193,7 +193,7 @@ class ReplicaLoop {
   // vote: its chief answers its door here.
   std::size_t joiners_waiting() {
     if (local_ != 0 || !run_.strategy.is_chief()) return 0;
-    if constexpr (strategy::Regroups<S>) return run_.strategy.joiners_waiting();
+    if constexpr (strategy::Grows<S>) return run_.strategy.joiners_waiting();
     if constexpr (strategy::TakesWorkersBack<S>) run_.strategy.tend_door();
     return 0;
   }

@@ -90,7 +90,7 @@ Report fit_segments(R& run, PeriodicCheckpoints<R>& checkpoints,
       throw;
     }
     run.step = first_step + report.steps;
-    if constexpr (strategy::Regroups<typename R::Strategy>) {
+    if constexpr (strategy::Grows<typename R::Strategy>) {
       if (end == SegmentEnd::kAdmit) {
         go_on_as(take_in(run, carries[0].vote.admitted(), checkpoints));
         continue;

@@ -307,7 +307,7 @@ class Trainer {
                           " examples this run began with; its data order would change");
     }
     run_.dataset_size = data.size();
-    if constexpr (strategy::Regroups<S>) {
+    if constexpr (strategy::Grows<S>) {
       if (run_.strategy.joined() && !joined_fit_) {
         joined_fit_ = true;
         trainer::join_fit(run_);

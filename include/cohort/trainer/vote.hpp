@@ -17,7 +17,7 @@
 // gone that long without a checkpoint (its first replica's word), so that every process
 // checkpoints after the same step.
 //
-// Growth (strategy::Regroups): the same vote carries how many processes wait at the chief's door
+// Growth (strategy::Grows): the same vote carries how many processes wait at the chief's door
 // to join an elastic job (strategy/elastic.hpp), so that every process takes them in at the same
 // step boundary.
 #pragma once

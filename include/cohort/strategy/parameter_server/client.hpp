@@ -36,7 +36,8 @@ class Client {
   // What a request asks, beyond its chunk.
   struct Call {
     Operation operation;
-    std::uint64_t step = 0;         // kPush: the Trainer's step; kInit: the run's step
+    // kPush: the Trainer's step; kInit: the run's step; kPull: the updates the parameters hold
+    std::uint64_t step = 0;
     double inverse_batch = 1.0;     // kPush: the scale the server applies to it
     std::size_t element_bytes = 0;  // sizeof(T)
     std::uint16_t flags = 0;        // kDone: kPreempted or kCheckpoint; its step is the run's

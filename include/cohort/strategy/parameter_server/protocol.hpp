@@ -25,7 +25,8 @@
 //   kPush       the gradient sum of one step       no answer     applied or folded, per consistency
 //               (in bfloat16 under wire kBfloat16;
 //               `leaves`: the micro-batches it sums)
-//   kPull       none                               parameters    once the worker's pushes settled
+//   kPull       none (step: the updates the        parameters    once the worker's pushes settled
+//               parameters hold)
 //   kPullState  none                               optimizer state (slot-major over the chunk)
 //   kDone       none                               none          this worker's fit has ended
 //   kResume     none                               none          a worker's process started again
@@ -95,8 +96,8 @@ namespace cohort::strategy::ps {
 
 // 2: pushes are not answered; 3: every worker presents its settings first (kSettings); 4: flags
 // (preemption); 5: a push's elements in the job's wire format (element_bytes 2: bfloat16);
-// 6: kResume, kWorking; 7: a push's leaves
-inline constexpr std::uint16_t kProtocolVersion = 7;
+// 6: kResume, kWorking; 7: a push's leaves; 8: a pull's step
+inline constexpr std::uint16_t kProtocolVersion = 8;
 
 // Request::flags and Reply::flags.
 inline constexpr std::uint16_t kPreempted = 1;
@@ -147,7 +148,10 @@ struct Request {
   // kPush: how many micro-batches the gradient sums, its worker's node of the canonical tree over
   // the step's micro-batches (core/sharding.hpp, Deal), which a Sync server folds it as.
   std::uint32_t leaves = 1;
-  std::uint64_t step = 0;    // the Trainer's step of a push
+  // The Trainer's step of a push; of a pull, the updates its parameters hold, which a regrouped
+  // Sync job's server may answer with a chunk's parameters before its last update
+  // (server.hpp).
+  std::uint64_t step = 0;
   std::uint64_t length = 0;  // elements of the chunk, as the worker believes
   std::uint64_t payload_bytes = 0;
   std::uint64_t reply_bytes = 0;

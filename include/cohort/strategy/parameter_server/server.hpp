@@ -57,7 +57,19 @@
 // kResume with the step after its last push here (protocol.hpp); a push of a step a chunk took
 // already is dropped. The bound of BoundedStaleness counts it again from its first push: the
 // others wait for it as for any live worker. Below options.min_workers live workers the fit ends
-// with an error naming the ones lost.
+// with an error naming the ones lost, as it does when the chief is lost (it holds the door, and
+// the fit's end brings the optimizer state home through it).
+//
+// Regrouping (Sync, options.regroups: an elastic job): a lost worker ends the membership, not
+// the fit. The server tells every peer why as it leaves the mesh (end_membership), so that each
+// worker's transfer fails naming the lost one and every process of the job, servers included,
+// meets at the regroup's roll call (ParameterServer::regroup). serve() then returns with
+// membership_lost, and serve_regrouped goes on over the mesh of the processes left. A step's
+// chunks may part there: the ones whose aggregate was complete took the step, the others did not.
+// So every chunk keeps its parameters from before its last update, and a pull of the parameters
+// after `step` updates (the step the workers retry) gets those where the chunk took one more; the
+// retried step's pushes to such a chunk are dropped, as late ones are. The other chunks fold the
+// pushes of the workers left, dealt anew: the same tree, so the same bits.
 #pragma once
 
 #include <algorithm>
@@ -120,6 +132,9 @@ struct ServerOptions {
   // rule at the top); the fit ends below min_workers live workers (0: never).
   bool readmits = false;
   std::size_t min_workers = 0;
+  // Sync, elastic: a lost worker ends this membership rather than the fit (the rule at the top),
+  // and each chunk keeps its parameters from before its last update.
+  bool regroups = false;
 };
 
 // What one serve() did, for the end-of-fit summary and the tests.
@@ -134,6 +149,9 @@ struct ServerCounts {
   // there: the updates applied, which under Sync count the run's steps.
   FitEnd end = FitEnd::kReached;
   std::uint64_t step = 0;
+  // Sync, regroups: the membership served lost a worker; the fit goes on in the next one
+  // (serve_regrouped).
+  bool membership_lost = false;
 };
 
 template <transport::Serving Tr, class T, class O, consistency::Consistency C = consistency::Sync>
@@ -142,7 +160,7 @@ class Server {
 
  public:
   Server(Tr& transport, const Layout& layout, ServerOptions options, const O& optimizer)
-      : transport_(transport), layout_(layout), options_(options), optimizer_(optimizer) {
+      : transport_(&transport), layout_(layout), options_(options), optimizer_(optimizer) {
     const auto& mine = layout_.chunks_of(options_.server);
     const auto workers = static_cast<std::size_t>(options_.workers);
     chunks_.resize(mine.size());
@@ -188,6 +206,47 @@ class Server {
       std::fill(chunk.next_step.begin(), chunk.next_step.end(), kNone);
       chunk.initialized = false;
     }
+    return serve_membership();
+  }
+
+  // Sync, regroups: after serve() (or this) returned membership_lost, the workers and servers
+  // left met as the mesh `next`, whose rank r was rank members[r] of the last one (workers first,
+  // as ever). This server goes on with the same fit there: its chunks keep their parameters,
+  // optimizer state and updates; what the workers had pushed of the step in progress is dropped
+  // (they retry it dealt anew), and so are their settings, which they present again.
+  ServerCounts serve_regrouped(Tr& next, std::span<const int> members) {
+    adopt(next, members);
+    return serve_membership();
+  }
+
+  // This server's shard as a checkpoint holds it: its chunks' parameters, then its optimizer
+  // state slot-major over the shard's elements (step left for the save to set).
+  checkpoint::ShardState<T> shard() const {
+    checkpoint::ShardState<T> shard;
+    shard.elements = layout_.elements();
+    if (chunks_.empty()) return shard;
+    shard.begin = chunks_.front().range.begin;
+    shard.end = chunks_.back().range.end;
+    const std::size_t length = shard.end - shard.begin;
+    shard.optimizer_state.resize(O::kStateSlots * length);
+    for (const State& chunk : chunks_) {
+      shard.parameters.insert(shard.parameters.end(), chunk.parameters.begin(),
+                              chunk.parameters.end());
+      const std::size_t size = chunk.parameters.size();
+      for (std::size_t slot = 0; slot < O::kStateSlots; ++slot) {
+        std::copy_n(
+            chunk.state.begin() + static_cast<std::ptrdiff_t>(slot * size), size,
+            shard.optimizer_state.begin() +
+                static_cast<std::ptrdiff_t>(slot * length + chunk.range.begin - shard.begin));
+      }
+    }
+    return shard;
+  }
+
+ private:
+  // The workers' requests until each has said it is done or was lost, or, where the job regroups,
+  // until one is lost.
+  ServerCounts serve_membership() {
     const auto start = Clock::now();
     for (Connection& connection : connections_) {
       connection = {.heard = start, .request = std::nullopt};
@@ -221,9 +280,10 @@ class Server {
         }
         break;
       }
-      const int worker = transport_.wait_any(listening, kPoll);
+      const int worker = transport_->wait_any(listening, kPoll);
       if (worker >= 0) take_frame(worker);
-      lose_silent(listening);
+      if (!counts_.membership_lost) lose_silent(listening);
+      if (counts_.membership_lost) return counts_;
       if constexpr (!kSync && transport::Readmits<Tr>) {
         if (options_.readmits && initialized) take_back();
       }
@@ -231,31 +291,6 @@ class Server {
     return counts_;
   }
 
-  // This server's shard as a checkpoint holds it: its chunks' parameters, then its optimizer
-  // state slot-major over the shard's elements (step left for the save to set).
-  checkpoint::ShardState<T> shard() const {
-    checkpoint::ShardState<T> shard;
-    shard.elements = layout_.elements();
-    if (chunks_.empty()) return shard;
-    shard.begin = chunks_.front().range.begin;
-    shard.end = chunks_.back().range.end;
-    const std::size_t length = shard.end - shard.begin;
-    shard.optimizer_state.resize(O::kStateSlots * length);
-    for (const State& chunk : chunks_) {
-      shard.parameters.insert(shard.parameters.end(), chunk.parameters.begin(),
-                              chunk.parameters.end());
-      const std::size_t size = chunk.parameters.size();
-      for (std::size_t slot = 0; slot < O::kStateSlots; ++slot) {
-        std::copy_n(
-            chunk.state.begin() + static_cast<std::ptrdiff_t>(slot * size), size,
-            shard.optimizer_state.begin() +
-                static_cast<std::ptrdiff_t>(slot * length + chunk.range.begin - shard.begin));
-      }
-    }
-    return shard;
-  }
-
- private:
   using Clock = std::chrono::steady_clock;
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
   // How long one wait for a whole frame lasts before the server looks for silent workers.
@@ -276,6 +311,7 @@ class Server {
     Chunk range{};
     std::vector<T> parameters;
     std::vector<T> state;
+    std::vector<T> previous;  // regroups: the parameters before the last update
     std::uint64_t updates = 0;
     bool initialized = false;
     std::vector<std::uint64_t> done;    // per worker: pushes taken in this fit
@@ -333,7 +369,7 @@ class Server {
   bool receive(int worker, std::uint64_t frame_tag, std::span<std::byte> bytes) {
     try {
       const transport::Receive receive{worker, header(frame_tag), bytes};
-      transport_.transfer({}, std::span(&receive, 1));
+      transport_->transfer({}, std::span(&receive, 1));
       return true;
     } catch (const CommError& error) {
       lose(worker, error.what());
@@ -399,7 +435,7 @@ class Server {
         first_step_ = request.step;
         std::fill(chunk->pulled.begin(), chunk->pulled.end(), chunk->updates);
         chunk->initialized = true;
-        reply(worker, request, *chunk, {});
+        reply(worker, request, chunk->updates, {});
         return;
       }
       case Operation::kPull:
@@ -408,7 +444,7 @@ class Server {
         progress();
         return;
       case Operation::kPullState:
-        reply(worker, request, *chunk, std::as_bytes(std::span(chunk->state)));
+        reply(worker, request, chunk->updates, std::as_bytes(std::span(chunk->state)));
         return;
       case Operation::kDone:
         finished_[static_cast<std::size_t>(worker)] = true;
@@ -417,7 +453,7 @@ class Server {
         if ((request.flags & kCheckpoint) != 0 && counts_.end != FitEnd::kPreempted) {
           counts_.end = FitEnd::kCheckpoint;
         }
-        reply(worker, request, State{}, {});
+        reply(worker, request, 0, {});
         progress();
         return;
       case Operation::kSettings:
@@ -467,7 +503,7 @@ class Server {
       throw ConfigError(differs);
     }
     presented_[static_cast<std::size_t>(worker)] = true;
-    reply(worker, request, State{}, {});
+    reply(worker, request, 0, {});
     progress();  // the pulls that waited for this worker's settings
   }
 
@@ -691,6 +727,7 @@ class Server {
     const trace::Span span(trace::current(), trace::Phase::kApply,
                            {.step = chunk.updates, .index = chunk.range.index});
     chunk.summed = false;
+    if (options_.regroups) chunk.previous = chunk.parameters;
     ++chunk.updates;
     optimizer_.step(std::span(chunk.parameters), std::span<const T>(chunk.sum),
                     std::span(chunk.state),
@@ -727,7 +764,7 @@ class Server {
           {peer, header(tag::kNormBlocks), std::as_writable_bytes(std::span(theirs))});
     }
     try {
-      transport_.transfer(sends, receives);
+      transport_->transfer(sends, receives);
     } catch (const CommError& error) {
       fail(std::string("exchanging the gradient norm's block sums with the other servers "
                        "failed: ") +
@@ -766,6 +803,7 @@ class Server {
   // order it pushed, and a later chunk never settles before an earlier one, so its answers leave
   // in the order it asked.
   void progress() {
+    if (counts_.membership_lost) return;
     for (std::size_t i = 0; i < pending_.size();) {
       const Pending pending = pending_[i];
       State& chunk = chunks_[pending.chunk];
@@ -793,19 +831,23 @@ class Server {
       reply_error(pending.worker, pending.request, std::exchange(refusals_[w], {}));
       return;
     }
+    // A regrouped job's pull of the step it retries, where this chunk took that step already.
+    const bool before_last = options_.regroups && pending.request.step + 1 == chunk.updates;
+    const std::uint64_t version = before_last ? pending.request.step : chunk.updates;
     const trace::Span span(
         trace::current(), trace::Phase::kPull,
-        {.step = chunk.updates, .index = w, .bytes = chunk.parameters.size() * sizeof(T)});
+        {.step = version, .index = w, .bytes = chunk.parameters.size() * sizeof(T)});
     chunk.pulled[w] = chunk.updates;
-    reply(pending.worker, pending.request, chunk, std::as_bytes(std::span(chunk.parameters)));
+    reply(pending.worker, pending.request, version,
+          std::as_bytes(std::span(before_last ? chunk.previous : chunk.parameters)));
   }
 
-  void reply(int worker, const Request& request, const State& chunk,
+  void reply(int worker, const Request& request, std::uint64_t updates,
              std::span<const std::byte> payload) {
     Reply answer;
     answer.operation = request.operation;
     answer.chunk = request.chunk;
-    answer.updates = chunk.updates;
+    answer.updates = updates;
     send(worker, answer, payload);
     // The worker computes from here on: its silence counts from this answer.
     connections_[static_cast<std::size_t>(worker)].heard = Clock::now();
@@ -832,13 +874,15 @@ class Server {
         {worker, header(tag::kReply), std::as_bytes(std::span(&answer, 1))},
         {worker, header(tag::kReplyPayload), payload}};
     try {
-      transport_.transfer(sends, {});
+      transport_->transfer(sends, {});
     } catch (const CommError& error) {
       lose(worker, error.what());
     }
   }
 
   void lose(int worker, const std::string& why) {
+    // Once the membership is lost, every connection fails: that says nothing of the workers.
+    if (counts_.membership_lost) return;
     if (mark_lost(worker, why)) after_loss();
   }
 
@@ -861,6 +905,10 @@ class Server {
   // the pulls that no longer wait for them.
   void after_loss() {
     if constexpr (kSync) {
+      if (options_.regroups) {
+        end_membership();
+        return;
+      }
       std::size_t live = 0;
       std::string lost;
       for (std::size_t w = 0; w < lost_.size(); ++w) {
@@ -878,6 +926,11 @@ class Server {
       }
       for (State& chunk : chunks_) try_aggregate(chunk);
     } else {
+      if (options_.readmits && lost_[0] && !finished_[0]) {
+        fail(who(0) + " was lost (" + why_lost_[0] +
+             "): the chief holds the job's door and brings the optimizer state home, so the "
+             "job cannot go on without it; restart it from its last checkpoint");
+      }
       const auto live = static_cast<std::size_t>(std::count(lost_.begin(), lost_.end(), false));
       if (live < options_.min_workers) {
         std::string lost;
@@ -892,26 +945,81 @@ class Server {
     progress();
   }
 
+  // Sync, regroups: a worker was lost, so every process of the job regroups (the rule at the
+  // top). This server tells every peer why, as it leaves this mesh: a worker waiting on it fails
+  // with that cause, and its failure tells the other servers.
+  [[gnu::cold]] void end_membership() {
+    std::string lost;
+    for (std::size_t w = 0; w < lost_.size(); ++w) {
+      if (lost_[w]) lost += who(static_cast<int>(w)) + " was lost (" + why_lost_[w] + "); ";
+    }
+    // This thread runs every transfer here, and a failed one did not leave the mesh (the
+    // failures are isolated), so it leaves now.
+    transport_->leave(me() + ": " + lost + "the job regroups without it");
+    counts_.membership_lost = true;
+    pending_.clear();
+  }
+
+  // The mesh `next` of the membership after a loss (serve_regrouped): per-worker state follows
+  // each worker to its new index.
+  [[gnu::cold]] void adopt(Tr& next, std::span<const int> members) {
+    transport_ = &next;
+    std::vector<std::size_t> kept;  // by new worker index: the old one
+    for (const int rank : members) {
+      if (rank < options_.workers) kept.push_back(static_cast<std::size_t>(rank));
+    }
+    const auto follow = [&](auto& per_worker) {
+      auto old = std::move(per_worker);
+      per_worker.clear();
+      for (const std::size_t w : kept) per_worker.push_back(std::move(old[w]));
+    };
+    const std::size_t workers = kept.size();
+    options_.workers = static_cast<int>(workers);
+    for (State& chunk : chunks_) {
+      follow(chunk.done);
+      follow(chunk.pulled);
+      follow(chunk.next_step);
+      if constexpr (kSync) {
+        follow(chunk.contributions);
+        chunk.pushed_step.assign(workers, kNone);
+        chunk.pushed_leaves.assign(workers, 1);
+        chunk.summed = false;
+      }
+    }
+    follow(counts_.applied);
+    follow(counts_.dropped);
+    lost_.assign(workers, false);
+    lost_at_.assign(workers, {});
+    why_lost_.assign(workers, {});
+    connections_.assign(workers, {});
+    finished_.assign(workers, false);
+    presented_.assign(workers, false);
+    // The chief's settings are the reference again: the job's replicas are fewer now.
+    reference_ = settings::Reference(options_.settings, me());
+    refusals_.assign(workers, {});
+    counts_.membership_lost = false;
+  }
+
   // A worker's process started again, waiting to take its place back (the rule at the top of
   // this file): taken in, after the worker it replaces is counted as lost.
   void take_back() {
-    const int worker = transport_.readmission_waiting();
+    const int worker = transport_->readmission_waiting();
     if (worker < 0) return;
     if (worker >= options_.workers) {
-      transport_.refuse_readmission(worker, me() + ": rank " + std::to_string(worker) +
-                                                " is a parameter server, which no process takes "
-                                                "back");
+      transport_->refuse_readmission(worker, me() + ": rank " + std::to_string(worker) +
+                                                 " is a parameter server, which no process takes "
+                                                 "back");
       return;
     }
     const auto w = static_cast<std::size_t>(worker);
     if (finished_[w]) {
-      transport_.refuse_readmission(worker, me() + ": " + who(worker) + " ended this fit");
+      transport_->refuse_readmission(worker, me() + ": " + who(worker) + " ended this fit");
       return;
     }
     // What the process it replaces had in flight here is forgotten, its pulls with it.
     mark_lost(worker, "a process started again for it takes its place");
     std::erase_if(pending_, [&](const Pending& pending) { return pending.worker == worker; });
-    if (!transport_.readmit(worker)) {
+    if (!transport_->readmit(worker)) {
       after_loss();  // it left meanwhile: lost as any other
       return;
     }
@@ -1010,7 +1118,7 @@ class Server {
   [[noreturn, gnu::cold]] void fail(const std::string& why) {
     const std::string message = me() + ": " + why;
     end_fit(message, kRefused);
-    throw CommError({.rank = transport_.rank(), .detail = message});
+    throw CommError({.rank = transport_->rank(), .detail = message});
   }
 
   // Answers every waiting pull, and for a short while every request of a live worker, with
@@ -1035,7 +1143,7 @@ class Server {
         if (!lost_[w] && !finished_[w]) live.push_back(worker);
       }
       if (live.empty()) break;
-      const int worker = transport_.wait_any(live, std::chrono::milliseconds(50));
+      const int worker = transport_->wait_any(live, std::chrono::milliseconds(50));
       if (worker < 0) continue;
       const auto w = static_cast<std::size_t>(worker);
       Connection& connection = connections_[w];
@@ -1044,7 +1152,7 @@ class Server {
           Request request;
           const transport::Receive receive{worker, header(tag::kRequest),
                                            std::as_writable_bytes(std::span(&request, 1))};
-          transport_.transfer({}, std::span(&receive, 1));
+          transport_->transfer({}, std::span(&receive, 1));
           connection.request = request;
           continue;
         }
@@ -1055,7 +1163,7 @@ class Server {
         }
         scratch_.resize(request.payload_bytes);
         const transport::Receive payload{worker, header(tag::kRequestPayload), std::span(scratch_)};
-        transport_.transfer({}, std::span(&payload, 1));
+        transport_->transfer({}, std::span(&payload, 1));
         // A push is not answered; the worker's pull that follows it is.
         if (answered(request)) reply_error(worker, request, message, status);
       } catch (const CommError&) {
@@ -1064,7 +1172,7 @@ class Server {
     }
   }
 
-  Tr& transport_;
+  Tr* transport_;  // the mesh of this membership (serve_regrouped)
   const Layout& layout_;
   ServerOptions options_;
   const O& optimizer_;
