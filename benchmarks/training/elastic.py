@@ -94,8 +94,7 @@ def cohort_rate(build, workers, elastic, shared_memory, examples, servers=0):
         extra["COHORT_MIN_WORKERS"] = 1
     output = subprocess.run(command, env=environment(**extra), capture_output=True, text=True,
                             timeout=600, check=True).stdout
-    line = next(line for line in output.splitlines() if "examples/s" in line)
-    return float(line.split(":")[1].split()[0])
+    return float(re.search(r"([0-9.]+) examples/s", output).group(1))
 
 
 def kill_worker_at(process, rank_entry, kill_after):

@@ -190,7 +190,7 @@ TEST_CASE("first_nonfinite finds the first infinity or NaN at any position, or r
 
 TEST_CASE_TEMPLATE(
     "step_finite applies the optimizer's step with its bits and says whether the "
-    "gradient was finite",
+    "gradient was finite; step_into writes the same bits into another buffer",
     O, cohort::optimizer::Sgd, cohort::optimizer::Momentum, cohort::optimizer::Adam,
     cohort::optimizer::AdamW) {
   const O optimizer({.learning_rate = 0.01});
@@ -210,6 +210,12 @@ TEST_CASE_TEMPLATE(
   CHECK(cpu::step_finite<O, float>(optimizer, p_fused, gradients, s_fused, context));
   CHECK(std::memcmp(p_step.data(), p_fused.data(), n * sizeof(float)) == 0);
   CHECK(std::memcmp(s_step.data(), s_fused.data(), s_step.size() * sizeof(float)) == 0);
+
+  // Written into another buffer, the parameters from before kept.
+  std::vector<float> p_into(n), s_into = state;
+  cpu::step_into<O, float>(optimizer, parameters, p_into, gradients, s_into, context);
+  CHECK(std::memcmp(p_step.data(), p_into.data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(s_step.data(), s_into.data(), s_step.size() * sizeof(float)) == 0);
 
   for (const std::size_t at : {std::size_t{0}, std::size_t{1234}, n - 1}) {
     std::vector<float> bad = gradients;

@@ -290,6 +290,34 @@ bool step_part(const O& o, std::span<T> parameters, std::span<const T> gradients
   return (marks & kNonfiniteBit<T>) == 0;
 }
 
+// o.step on the parameters `before`, written to `after` (the same size, another buffer), the state
+// in place: the bits of o.step, for a caller that keeps the parameters from before the update
+// (a synchronous parameter server whose job regroups) without a pass to copy them.
+template <class O, class T>
+void step_into(const O& o, std::span<const T> before, std::span<T> after,
+               std::span<const T> gradients, std::span<T> state, optimizer::StepContext context) {
+  COHORT_ASSERT(after.size() == before.size() && gradients.size() == before.size());
+  if constexpr (HasElementRule<O, T>) {
+    COHORT_ASSERT(state.size() == O::kStateSlots * before.size());
+    const auto rule = o.template rule<T>(context);
+    const std::size_t n = before.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      T value = before[i];
+      if constexpr (O::kStateSlots == 0) {
+        rule(value, gradients[i]);
+      } else if constexpr (O::kStateSlots == 1) {
+        rule(value, gradients[i], state[i]);
+      } else {
+        rule(value, gradients[i], state[i], state[n + i]);
+      }
+      after[i] = value;
+    }
+  } else {
+    std::copy(before.begin(), before.end(), after.begin());
+    o.step(after, gradients, state, context);
+  }
+}
+
 // o.step(parameters, gradients, state, context), and whether every gradient was finite: step_part
 // on the whole where device::cpu can apply the update itself; an optimizer without rule<T> gets
 // its own step() and then a pass of first_nonfinite.

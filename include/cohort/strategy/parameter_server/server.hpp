@@ -727,14 +727,22 @@ class Server {
     const trace::Span span(trace::current(), trace::Phase::kApply,
                            {.step = chunk.updates, .index = chunk.range.index});
     chunk.summed = false;
-    if (options_.regroups) chunk.previous = chunk.parameters;
     ++chunk.updates;
-    optimizer_.step(std::span(chunk.parameters), std::span<const T>(chunk.sum),
-                    std::span(chunk.state),
-                    optimizer::StepContext{
-                        .step = chunk.updates,
-                        .gradient_scale = scale,
-                        .learning_rate_factor = options_.schedule.factor(chunk.updates - 1)});
+    const optimizer::StepContext context{
+        .step = chunk.updates,
+        .gradient_scale = scale,
+        .learning_rate_factor = options_.schedule.factor(chunk.updates - 1)};
+    if (!options_.regroups) {
+      optimizer_.step(std::span(chunk.parameters), std::span<const T>(chunk.sum),
+                      std::span(chunk.state), context);
+      return;
+    }
+    // The parameters before the update stay, as `previous`; the update writes the other buffer.
+    std::swap(chunk.previous, chunk.parameters);
+    chunk.parameters.resize(chunk.previous.size());
+    device::cpu::step_into(optimizer_, std::span<const T>(chunk.previous),
+                           std::span(chunk.parameters), std::span<const T>(chunk.sum),
+                           std::span(chunk.state), context);
   }
 
   // The sum of squares of the step's whole aggregate, as device::cpu::sum_of_squares computes it
