@@ -748,33 +748,56 @@ TEST_CASE(
   CHECK(fs::exists(out));
 }
 
+// An elastic sync job of 4 workers and 2 servers training `steps` steps under cohort-run
+// --min-np 2 --max-restarts RESTARTS, worker `worker` (or one other than the chief, drawn at
+// random) SIGKILLed at a random point: which worker, and the launcher's log, once the job has ended
+// with Mirrored's bits.
+std::pair<int, std::string> sync_job_after_worker_kill(const std::string& name, std::uint64_t steps,
+                                                       int restarts,
+                                                       std::optional<int> worker = std::nullopt) {
+  TemporaryDirectory directory(name);
+  const fs::path out = directory.path / "parameters.bin";
+  std::mt19937 draw(std::random_device{}());
+  const int lost = worker.value_or(std::uniform_int_distribution<int>(1, 3)(draw));
+  CAPTURE(lost);
+  std::string text = elastic_job_after_kill(
+      "sync", steps, out, directory.path / "log.txt", restarts, {"--every-worker-sleep-ms", "5"},
+      {{"COHORT_SECRET", name}}, {"COHORT_ROLE=worker", "COHORT_RANK=" + std::to_string(lost)});
+  CAPTURE(text);
+  CHECK(text.find("cohort: workers 4 -> 3 at step ") != std::string::npos);
+  CHECK(text.find("(rank " + std::to_string(lost) + " lost: ") != std::string::npos);
+  CHECK(read_file(out) == mirrored_reference(steps));
+  return {lost, std::move(text)};
+}
+
 TEST_CASE(
     "an elastic sync job that loses a worker at a random step retries it over the workers left and "
     "ends with the parameters of a job that lost none") {
   // The servers keep each chunk's parameters from before its last update: wherever the kill falls,
   // some chunks may have taken the step the workers left retry.
-  TemporaryDirectory directory("cohort-ps-sync-goes-on");
-  const fs::path out = directory.path / "parameters.bin";
-  const fs::path log = directory.path / "log.txt";
-  std::mt19937 draw(std::random_device{}());
-  const int lost = std::uniform_int_distribution<int>(1, 3)(draw);
-  CAPTURE(lost);
-  const std::string text = elastic_job_after_kill(
-      "sync", 200, out, log, 0, {"--every-worker-sleep-ms", "5"}, {{"COHORT_SECRET", "regroup"}},
-      {"COHORT_ROLE=worker", "COHORT_RANK=" + std::to_string(lost)});
+  const auto [lost, text] = sync_job_after_worker_kill("cohort-ps-sync-goes-on", 200, 0);
   CAPTURE(text);
   CHECK(text.find("cohort-run: worker " + std::to_string(lost) +
                   " was killed by signal 9 (Killed); 3 workers go on without it (--min-np 2)") !=
         std::string::npos);
-  CHECK(text.find("cohort: workers 4 -> 3 at step ") != std::string::npos);
-  CHECK(text.find("(rank " + std::to_string(lost) + " lost: ") != std::string::npos);
   for (const char* server : {"parameter server 0", "parameter server 1"}) {
     CAPTURE(server);
     CHECK(text.find(std::string("cohort: ") + server +
                     " (sync, 2 chunks): pushes applied per worker [200, 200, 200], workers lost "
                     "1") != std::string::npos);
   }
-  CHECK(read_file(out) == mirrored_reference(200));
+}
+
+TEST_CASE(
+    "an elastic sync job takes a lost worker's process started again in at a step boundary, to the "
+    "bits of a job that lost none") {
+  const auto [lost, text] = sync_job_after_worker_kill("cohort-ps-sync-takes-in", 300, 1);
+  CAPTURE(text);
+  CHECK(text.find("cohort-run: worker " + std::to_string(lost) +
+                  " was killed by signal 9 (Killed); starting it again (restart 1 of 1)") !=
+        std::string::npos);
+  CHECK(text.find("joined the job of 4 workers at step ") != std::string::npos);
+  CHECK(text.find(" (1 joined)") != std::string::npos);
 }
 
 TEST_CASE(
@@ -810,17 +833,10 @@ TEST_CASE(
 TEST_CASE(
     "an elastic sync job goes on without its chief: the lowest worker left leads it to the bits of "
     "a job that lost none") {
-  TemporaryDirectory directory("cohort-ps-sync-chief-lost");
-  const fs::path out = directory.path / "parameters.bin";
-  const std::string text = elastic_job_after_kill("sync", 200, out, directory.path / "log.txt", 0,
-                                                  {"--every-worker-sleep-ms", "5"}, {},
-                                                  {"COHORT_ROLE=worker", "COHORT_RANK=0"});
+  const auto [lost, text] = sync_job_after_worker_kill("cohort-ps-sync-chief-lost", 200, 0, 0);
   CAPTURE(text);
   CHECK(text.find("cohort-run: worker 0 was killed by signal 9 (Killed); 3 workers go on without "
                   "it (--min-np 2)") != std::string::npos);
-  CHECK(text.find("cohort: workers 4 -> 3 at step ") != std::string::npos);
-  CHECK(text.find("(rank 0 lost: ") != std::string::npos);
-  CHECK(read_file(out) == mirrored_reference(200));
 }
 
 TEST_CASE(
@@ -915,9 +931,6 @@ TEST_CASE(
     CHECK(result->first.code != 0);
     return result->second;
   };
-  CHECK(refused("sync", {{"COHORT_JOIN", "1"}})
-            .find("elastic.joins_running_job = true: a synchronous parameter-server job goes on "
-                  "without a lost worker, but takes no process in yet") != std::string::npos);
   CHECK(refused("sync", {}, {"--backup-workers", "1"})
             .find("elastic.min_workers = 2: is not for backup_workers = 1") != std::string::npos);
   CHECK(refused("async", {{"COHORT_MAX_WORKERS", "6"}})

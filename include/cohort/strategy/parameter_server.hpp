@@ -90,8 +90,14 @@
 // parameters are the bits of a job that lost nobody. Any worker may be lost, the chief included
 // (the lowest worker left is the next one). A server is not: its shard is gone, and every
 // process fails naming it (cohort-run --max-restarts starts the job again whole). Below
-// min_workers every process fails as a job without elastic does. A process started again for a
-// lost worker is not taken in yet.
+// min_workers every process fails as a job without elastic does. A process started for the job
+// (a lost worker's, started again with COHORT_JOIN=1, as cohort-run --max-restarts does) is taken
+// in at a step boundary (strategy::Grows), as elastic MultiWorkerMirrored takes one
+// (strategy/elastic.hpp): it waits at the chief's door, the workers' vote counts it, their segment
+// ends (the chief brings the optimizer state home), the chief tells the servers
+// (parameter_server/admission.hpp), and every process forms the grown mesh, the new worker after
+// the others. The next segment starts from the chief's state, as every segment does. Where the
+// chief that started the job was lost, its door went with it: the job goes on, taking nobody in.
 //
 // Settings. Before its first step every worker presents the Trainer's settings to every server,
 // which compares them with its own and the chief's (trainer/job_settings.hpp;
@@ -126,7 +132,8 @@
 //                    ends the fit below that many live workers; elastic.joins_running_job (or
 //                    COHORT_JOIN=1) on the process started again; elastic.probe_timeout, how long
 //                    the chief, done, waits for a lost worker to come back. Sync: the job goes on
-//                    without a lost worker down to elastic.min_workers (above; not with
+//                    without a lost worker down to elastic.min_workers, and takes processes
+//                    started for it in, up to elastic.max_workers (above; not with
 //                    backup_workers); elastic.probe_timeout bounds the regroup's roll call
 //   wire             the format a push crosses in (collective/wire.hpp): kFloat32 (the default),
 //                    or kBfloat16 (kFloat16), half the bytes: every sum of the canonical tree
@@ -190,6 +197,7 @@
 #include "cohort/strategy/detail/staged_communicator.hpp"
 #include "cohort/strategy/detail/worker_process.hpp"
 #include "cohort/strategy/elastic.hpp"
+#include "cohort/strategy/parameter_server/admission.hpp"
 #include "cohort/strategy/parameter_server/client.hpp"
 #include "cohort/strategy/parameter_server/communicators.hpp"
 #include "cohort/strategy/parameter_server/protocol.hpp"
@@ -320,19 +328,29 @@ class ParameterServer {
             ", rank " + std::to_string(rank) + " of the mesh",
         serves() ? std::nullopt : std::optional(worker_transfer_timeout(this->options().timeout)),
         rejoined() ? server_ranks() : std::vector<int>{}));
-    // A process that took its place back meets the servers only: the launcher's local rank, or 0.
-    if (!rejoined()) {
+    started_workers_ = static_cast<std::size_t>(workers_);
+    // A process that joins a running job (it takes its place back at the servers, or the job
+    // takes it in) does not meet every process at once: the launcher's local rank, or 0.
+    if (!this->options().elastic.joins_running_job) {
       collective::Deterministic<ps::WorkerView<Transport>> everyone(
           ps::WorkerView<Transport>(*transport_, workers_ + servers_));
       process_.learn_local_ranks(everyone, rank, serves() ? 1 : 0);
     }
     if (!serves() && !worker_place_) worker_place_.emplace(cluster(), this->options().timeout);
     if (serves()) transport_->isolate_peer_failures();
-    if constexpr (kTakesWorkersBack) {
-      if (this->options().elastic.enabled() && is_chief()) {
-        door_ = std::make_unique<transport::tcp::Door>(*transport_);
+    if constexpr (kRegroups) {
+      // A job starts at epoch 0: a later one is the grown mesh a running job's door gave this
+      // process, at the end of its order, where it takes its place among the workers.
+      joined_ = transport_->options().epoch > 0;
+      if (joined_) {
+        transport_ = std::make_unique<Transport>(transport::tcp::renumber(
+            *transport_, transport_->rank() - servers_, this->options().elastic.probe_timeout));
+        workers_ = transport_->size() - servers_;
+        process_.regrouped(transport_->rank(), workers_);
       }
     }
+    holds_rendezvous_address_ = is_chief();
+    open_door();
   }
 
   // strategy::TakesWorkersBack (strategy.hpp), over TCP under Async and BoundedStaleness.
@@ -354,10 +372,12 @@ class ParameterServer {
     const int before = workers_;
     std::fprintf(stderr, "cohort: worker %d: regrouping after: %s\n", worker(), cause.what());
     thread_.reset();  // the old one's failure stays with it
+    door_.reset();
     const std::vector<int> members = regroup_mesh();
     process_.regrouped(transport_->rank(), workers_);
     thread_ = process_.start_communication_thread();
-    servers_hold_state_ = true;
+    servers_hold_state_ = in_segment_;
+    open_door();
     MembershipChange change{.workers_before = static_cast<std::size_t>(before),
                             .workers_after = static_cast<std::size_t>(workers_),
                             .cause = cause.what()};
@@ -369,6 +389,36 @@ class ParameterServer {
 
   // A process whose own failure ends its fit: the processes that regroup will not count it in.
   void withdraw() noexcept requires kRegroups { transport_->stop_listening(); }
+
+  // strategy::Grows. On the chief, at a vote: the processes at its door that the job takes in
+  // now, up to elastic.max_workers (or the workers it started with); 0 elsewhere, and where the
+  // chief that started the job was lost (the door was at its address).
+  std::size_t joiners_waiting() requires kRegroups {
+    if (!door_) return 0;
+    const std::size_t waiting = door_->waiting();
+    const std::size_t most = elastic().max_workers != 0 ? elastic().max_workers : started_workers_;
+    const auto workers = static_cast<std::size_t>(workers_);
+    return workers >= most ? 0 : std::min(waiting, most - workers);
+  }
+
+  // Every worker together, at the step boundary where the vote counted `joiners`, their segment
+  // ended (FitEnd::kAdmit): the chief tells the servers (parameter_server/admission.hpp), and every
+  // process forms the grown mesh. The segment that follows starts as any does, from the chief's
+  // state, which its segment's end brought home from the servers.
+  [[gnu::cold]] MembershipChange admit(std::size_t joiners) requires kRegroups {
+    const auto before = static_cast<std::size_t>(workers_);
+    if (door_) door_->welcome(joiners);
+    door_.reset();
+    if (is_chief()) ps::order_admission(*transport_, server_ranks(), joiners);
+    grow(static_cast<int>(joiners));
+    open_door();
+    return {.workers_before = before,
+            .workers_after = static_cast<std::size_t>(workers_),
+            .joined = joiners};
+  }
+
+  // Whether this process joined a running job through its door, rather than starting with it.
+  bool joined() const requires kRegroups { return joined_; }
   // On the chief, before each step (trainer::ReplicaLoop) and while it waits for the others at
   // the end: answers the processes at its door, which ask for the job's addresses to take their
   // places back at the servers.
@@ -381,7 +431,9 @@ class ParameterServer {
     return options().elastic.enabled() && is_chief();
   }
   // Whether this process was started again for a lost worker's place, which it took back.
-  bool rejoined() const { return options().elastic.joins_running_job && !serves(); }
+  bool rejoined() const {
+    return kTakesWorkersBack && options().elastic.joins_running_job && !serves();
+  }
   // On such a process, before its first fit: the step its fit goes on from, the earliest of the
   // servers' (parameter_server/server.hpp, kResume); `step`, its own, where no server holds a
   // chunk.
@@ -494,6 +546,15 @@ class ParameterServer {
         const std::vector<int> members = regroup_mesh();
         counts = server.serve_regrouped(*transport_, members);
       }
+      if (counts.end == FitEnd::kAdmit) {
+        try {
+          grow(static_cast<int>(ps::await_admission(*transport_)));
+        } catch (const CommError&) {
+          // A process lost while the job grows (one taken in left after the vote): the workers
+          // go on without it, from the chief's state, which a new fit of this server takes.
+          regroup_mesh();
+        }
+      }
     }
     held_ = server.shard();
     std::string line = "cohort: parameter server " + std::to_string(cluster().rank) + " (" +
@@ -583,6 +644,7 @@ class ParameterServer {
         pull(host, step, step);
         land(host, parameters);
         owner_->servers_hold_state_ = false;
+        owner_->in_segment_ = true;
       });
       local_.broadcast(parameters, 0);
       step_ = step;
@@ -670,6 +732,7 @@ class ParameterServer {
         land(state, optimizer_state);
       }
       client_.done(owner_->servers_, end, step_);
+      owner_->in_segment_ = false;
     }
 
     // strategy::AbandonsStep: a step that failed here releases the worker's other replicas and
@@ -989,6 +1052,29 @@ class ParameterServer {
                      worker_leaf_counts_[static_cast<std::size_t>(worker())]);
   }
 
+  // The mesh grown by `joiners` processes (admit, and a server's serve), who come after the
+  // members; every process then takes its place in the job's order, the workers first (the ones
+  // taken in after the others), then the servers.
+  [[gnu::cold]] void grow(int joiners) requires kRegroups {
+    transport::tcp::Tcp grown = transport::tcp::grow(*transport_, joiners, elastic().probe_timeout);
+    const int rank = grown.rank();
+    const int place = rank < workers_ ? rank : rank + joiners;  // a member: a worker or a server
+    transport_ = std::make_unique<Transport>(
+        transport::tcp::renumber(grown, place, elastic().probe_timeout));
+    workers_ += joiners;
+    if (!serves()) process_.regrouped(transport_->rank(), workers_);
+  }
+
+  // The chief that started the job listens at the job's rendezvous address: its door is there,
+  // where processes started for the job come (transport/tcp/door.hpp), in every membership.
+  void open_door() {
+    if constexpr (kTakesWorkersBack || kRegroups) {
+      if (options().elastic.enabled() && holds_rendezvous_address_ && is_chief()) {
+        door_ = std::make_unique<transport::tcp::Door>(*transport_);
+      }
+    }
+  }
+
   // The mesh of the processes left after a worker's loss (regroup, and a server's serve): by new
   // rank, each one's old rank. Every server must be among them, and min_workers workers: a
   // CommError says what is missing, on every process alike (they all heard the same roll call).
@@ -1025,8 +1111,8 @@ class ParameterServer {
     return ranks;
   }
 
-  // Options::elastic: a lost worker's process taken back under Async and BoundedStaleness (not
-  // the chief's); under Sync the job goes on without a lost worker, and takes none back.
+  // Options::elastic: a lost worker's process taken back under Async and BoundedStaleness, taken
+  // in under Sync (never the chief's: its door is gone).
   void check_elastic() const {
     const Elastic& elastic = options().elastic;
     if (elastic.joins_running_job && !elastic.enabled()) {
@@ -1056,11 +1142,6 @@ class ParameterServer {
                       "must be 0 or the " + std::to_string(workers_) +
                           " workers: a parameter-server job takes lost workers back, and grows "
                           "by none");
-    }
-    if (elastic.joins_running_job && kRegroups) {
-      options::reject("elastic.joins_running_job", "true",
-                      "a synchronous parameter-server job goes on without a lost worker, but "
-                      "takes no process in yet");
     }
     if (elastic.joins_running_job && (serves() || cluster().rank == 0)) {
       options::reject("elastic.joins_running_job", "true",
@@ -1104,8 +1185,15 @@ class ParameterServer {
   std::unique_ptr<transport::tcp::Door> door_;
   // A worker's failure at the start of a fit, for its other replicas (Replica::with_servers).
   std::exception_ptr start_failure_;
-  // After a regroup, until the next fit's start has pulled: the servers hold the state the job
-  // goes on from (the chief's optimizer state is not current), so the chief does not send its own.
+  std::size_t started_workers_ = 0;
+  bool joined_ = false;                    // joined(): taken in through the chief's door
+  bool holds_rendezvous_address_ = false;  // the chief that started the job (open_door)
+  // From a segment's start, once the servers hold its state, to its end, once every server was
+  // told (Replica::start, finish): a loss in between leaves the state on the servers.
+  bool in_segment_ = false;
+  // After a regroup in a segment, until the next start has pulled: the servers hold the state the
+  // job goes on from (the chief's optimizer state is not current), so the chief does not send its
+  // own. A regroup between segments leaves the chief's state current, and new servers' fits.
   bool servers_hold_state_ = false;
   // use_deal, on a worker; empty: one micro-batch each.
   std::vector<std::size_t> local_leaf_counts_;   // this worker's replicas'
@@ -1124,7 +1212,7 @@ static_assert(ChoosesGradientSum<ParameterServer<>>);
 static_assert(FoldsAnyDeal<ParameterServer<>>);
 static_assert(TakesWorkersBack<ParameterServer<consistency::Async>>);
 static_assert(!TakesWorkersBack<ParameterServer<>>);
-static_assert(Regroups<ParameterServer<>> && !Grows<ParameterServer<>>);
+static_assert(Grows<ParameterServer<>>);
 static_assert(AbandonsStep<ParameterServer<>>);
 
 // Workers under Async and BoundedStaleness go at their own pace.

@@ -204,6 +204,8 @@ enum class FitEnd {
   kPreempted,   // the job agreed to stop (core/preemption.hpp)
   kCheckpoint,  // a segment ended for a checkpoint during the fit, which goes on after it
                 // (trainer/periodic_checkpoints.hpp)
+  kAdmit,       // a segment ended where the job takes processes in (strategy::Grows), and the fit
+                // goes on with them
 };
 
 // What a server's serve did (ServesFit): how the workers' fit, or segment, ended, and the run's

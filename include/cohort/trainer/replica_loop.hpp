@@ -171,6 +171,7 @@ class ReplicaLoop {
     // state home; a sharded update gathers it).
     replica_.finish(parameters_, optimizer_state_,
                     end == SegmentEnd::kPreempted ? strategy::FitEnd::kPreempted
+                    : end == SegmentEnd::kAdmit   ? strategy::FitEnd::kAdmit
                     : fit_ends                    ? strategy::FitEnd::kReached
                                                   : strategy::FitEnd::kCheckpoint);
     return end;

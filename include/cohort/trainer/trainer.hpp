@@ -335,7 +335,7 @@ class Trainer {
     Report report;
     const auto start = std::chrono::steady_clock::now();
     for (strategy::FitEnd end = strategy::FitEnd::kCheckpoint;
-         end == strategy::FitEnd::kCheckpoint;) {
+         end == strategy::FitEnd::kCheckpoint || end == strategy::FitEnd::kAdmit;) {
       const strategy::Served served = run_.strategy.template serve<value_type>(
           run_.parameter_count, run_.optimizer, run_.options.schedule,
           trainer::server_settings(run_));
@@ -344,7 +344,7 @@ class Trainer {
       if (end == strategy::FitEnd::kPreempted) {
         report.preempted = true;
         checkpoints_.save_preempted(run_);
-      } else if (checkpoints_.enabled()) {
+      } else if (end != strategy::FitEnd::kAdmit && checkpoints_.enabled()) {
         report.checkpoints += checkpoints_.save(run_) ? 1 : 0;
       }
     }

@@ -133,6 +133,7 @@ class Client {
   void done(int servers, FitEnd end, std::uint64_t step) {
     const std::uint16_t flags = end == FitEnd::kPreempted    ? kPreempted
                                 : end == FitEnd::kCheckpoint ? kCheckpoint
+                                : end == FitEnd::kAdmit      ? kAdmit
                                                              : std::uint16_t{0};
     to_every_server({.operation = Operation::kDone, .step = step, .flags = flags}, servers);
   }

@@ -96,13 +96,16 @@ namespace cohort::strategy::ps {
 
 // 2: pushes are not answered; 3: every worker presents its settings first (kSettings); 4: flags
 // (preemption); 5: a push's elements in the job's wire format (element_bytes 2: bfloat16);
-// 6: kResume, kWorking; 7: a push's leaves; 8: a pull's step
+// 6: kResume, kWorking; 7: a push's leaves; 8: a pull's step, kDone's kAdmit
 inline constexpr std::uint16_t kProtocolVersion = 8;
 
 // Request::flags and Reply::flags.
 inline constexpr std::uint16_t kPreempted = 1;
 // In a kDone: the fit goes on after a checkpoint (trainer/periodic_checkpoints.hpp).
 inline constexpr std::uint16_t kCheckpoint = 2;
+// In a kDone: the fit goes on once the job has taken processes in (ParameterServer::admit, which
+// sends every server an AdmitOrder frame: the count, a std::uint64_t).
+inline constexpr std::uint16_t kAdmit = 4;
 
 enum class Operation : std::uint16_t {
   kInit = 1,
@@ -198,6 +201,7 @@ inline constexpr std::uint64_t kSaveOrder = 0x5053'0005;   // sharded_save.hpp
 inline constexpr std::uint64_t kSaveReport = 0x5053'0006;  // sharded_save.hpp
 inline constexpr std::uint64_t kNormBlocks = 0x5053'0007;  // between servers, Sync clipping
 inline constexpr std::uint64_t kSaveOutcome = 0x5053'0008;  // sharded_save.hpp
+inline constexpr std::uint64_t kAdmitOrder = 0x5053'0009;   // the chief to every server
 }  // namespace tag
 
 inline transport::Header header(std::uint64_t frame_tag) {

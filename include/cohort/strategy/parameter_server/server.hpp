@@ -453,6 +453,7 @@ class Server {
         if ((request.flags & kCheckpoint) != 0 && counts_.end != FitEnd::kPreempted) {
           counts_.end = FitEnd::kCheckpoint;
         }
+        if ((request.flags & kAdmit) != 0) counts_.end = FitEnd::kAdmit;
         reply(worker, request, 0, {});
         progress();
         return;
