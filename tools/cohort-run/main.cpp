@@ -632,8 +632,7 @@ int main(int argc, char** argv) {
   app.add_option("--min-np", options.min_processes,
                  "an elastic job: a rank that fails while at least this many others run is lost, "
                  "and they go on without it (COHORT_MIN_WORKERS for every rank; with --ps, a "
-                 "worker other than the chief under Async or BoundedStaleness; default: not "
-                 "elastic, a failed rank stops the others)")
+                 "worker, not a server; default: not elastic, a failed rank stops the others)")
       ->check(CLI::Range(0, 1 << 16));
   app.add_option("--max-restarts", options.max_restarts,
                  "start again, this many times in all: with --min-np, a rank the job goes on "
