@@ -49,8 +49,9 @@
 //                           spans start() was given (mirrored: nothing to do; a parameter server:
 //                           the chief pulls the optimizer state back from the servers, and every
 //                           worker tells them it is done). `end` (FitEnd, below) says whether the
-//                           fit reached its target or the job stopped for preemption
-//                           (core/preemption.hpp). Not called when the fit failed.
+//                           fit reached its target, the job stopped for preemption
+//                           (core/preemption.hpp), or a segment ended for a checkpoint or for
+//                           processes the job takes in. Not called when the fit failed.
 //
 // Capabilities: hooks a strategy may have. Each is a concept below; a strategy that has one says so
 // with a static_assert at its definition, so that a hook whose signature drifts is a compile error
