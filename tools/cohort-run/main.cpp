@@ -483,7 +483,7 @@ class Launch {
   // BoundedStaleness the servers end the fit, which cannot end without it, and so the job).
   bool may_lose(std::size_t rank) const {
     return options_.min_processes != 0 && running_workers() >= options_.min_processes &&
-           (options_.servers == 0 || rank < static_cast<std::size_t>(options_.processes));
+           rank < static_cast<std::size_t>(options_.processes);
   }
 
   // Whether failed rank `rank` of an elastic job is started again to take its place back: a

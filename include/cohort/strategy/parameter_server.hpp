@@ -1066,10 +1066,11 @@ class ParameterServer {
   }
 
   // The chief that started the job listens at the job's rendezvous address: its door is there,
-  // where processes started for the job come (transport/tcp/door.hpp), in every membership.
+  // where processes started for the job come (transport/tcp/door.hpp), in every membership (it
+  // stays rank 0 in every one: the lowest rank left, and the first of a grown mesh).
   void open_door() {
     if constexpr (kTakesWorkersBack || kRegroups) {
-      if (options().elastic.enabled() && holds_rendezvous_address_ && is_chief()) {
+      if (options().elastic.enabled() && holds_rendezvous_address_) {
         door_ = std::make_unique<transport::tcp::Door>(*transport_);
       }
     }
