@@ -27,7 +27,6 @@ int run(const example::DemoSettings& settings, std::size_t local_replicas) {
   cohort::strategy::ParameterServer<Consistency> strategy(
       {.local_replicas = local_replicas, .min_shard_bytes = 0, .alignment = 1024});
   const bool chief = strategy.is_chief();
-  const bool serves = strategy.serves();
   const int workers = strategy.workers();
   const int servers = strategy.servers();
   // A server builds no replica: the model only gives the parameter count.
@@ -44,10 +43,13 @@ int run(const example::DemoSettings& settings, std::size_t local_replicas) {
        .checkpoint = example::checkpoint_policy(settings)});
   const cohort::Report report = trainer.fit(data.train, {.epochs = settings.epochs});
   if (report.preempted) return cohort::kExitPreempted;
-  if (chief && !serves) {
+  // The chief at the end: another worker where an elastic synchronous job lost it.
+  if (trainer.strategy().is_chief()) {
+    const int left = trainer.strategy().workers();
     std::printf("\n");
     example::evaluate(trainer.model(), data, report.examples_per_second)
-        .print(std::string(Consistency::kName) + ": " + std::to_string(workers) + " worker(s) x " +
+        .print(std::string(Consistency::kName) + ": " + std::to_string(left) + " worker(s)" +
+               (left != workers ? " (" + std::to_string(workers) + " at the start)" : "") + " x " +
                std::to_string(local_replicas) + " local replica(s), " + std::to_string(servers) +
                " server(s)");
   }

@@ -30,7 +30,9 @@
 # the workers left take the newest state (the two left regroup again, to the same bits), a worker
 # of an asynchronous parameter-server job of 4 worker and 2 server hosts killed on its host and its
 # pod started again with its TF_CONFIG (it takes its place back at both servers, and each of its
-# steps reaches them once), a wrong secret on one host, no rank 0 at the master address.
+# steps reaches them once), a worker host of a synchronous parameter-server job cut off until the
+# timeout (the job goes on without it) and its pod started again (the job takes it in, to the
+# same bits), a wrong secret on one host, no rank 0 at the master address.
 set -uo pipefail
 
 build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
@@ -44,7 +46,8 @@ if ((${#cases[@]} == 0)); then
          short_partition long_partition elastic_host_lost elastic_host_rejoins
          elastic_pytorchjob_rejoins elastic_slurm_replacement elastic_lost_while_state_travels
          elastic_chief_rejoins elastic_chief_lost_across_hosts elastic_chief_host_lost_tf_config
-         elastic_chief_pod_restarts ps_worker_pod_restarts no_master
+         elastic_chief_pod_restarts ps_worker_pod_restarts ps_sync_host_lost_rejoins
+         ps_sync_chief_host_lost_rejoins no_master
          wrong_secret)
 fi
 
@@ -716,6 +719,48 @@ case_ps_worker_pod_restarts() {
       "${out}.out" || fail "$(basename "${out}") did not take every worker's steps once"
   done
 }
+
+# A synchronous parameter-server job of 4 worker and 2 server hosts, elastic: the link of host $1
+# cut (its worker falls silent; the servers count it out at the timeout, and every process left
+# regroups), then its pod started again with its TF_CONFIG once the link is back (the chief's
+# door takes it in at a step boundary): the bits of a job that lost nobody. Where host 1, the
+# chief's, is cut, the next chief opens the door at the job's rendezvous port of its own host,
+# where the chief's pod looks among the job's hosts.
+ps_sync_host_lost_rejoins() {
+  local workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\""
+  local ps="\"${net}.5:2222\",\"${net}.6:2222\"" h pid reference lost=$1 chief
+  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+  local program=("${parameter_server}" --consistency sync --micro-batches 8 "${elastic_job[@]}")
+  local elastic=(COHORT_MIN_WORKERS=3 COHORT_SECRET=ps-sync-hosts COHORT_TIMEOUT=4)
+  for h in 1 2 3 4; do
+    on "${h}" "${elastic[@]}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)) "${ps}")" \
+      -- "${program[@]}"
+  done
+  for h in 5 6; do
+    on "${h}" "${elastic[@]}" TF_CONFIG="$(tf_config "${workers}" ps $((h - 5)) "${ps}")" \
+      -- "${program[@]}"
+  done
+  wait_until_training 6
+  # The chief after the loss: worker 0, or worker 1 where worker 0 is lost.
+  chief="${started[$((lost == 1 ? 1 : 0))]}"
+  ip link set "$(hosts_link "${lost}")" down
+  logged "${chief}" "cohort: workers 4 -> 3 at step .*(rank $((lost - 1)) lost: " >/dev/null ||
+    fail "the chief does not say the job went on without rank $((lost - 1))"
+  for pid in $(ip netns pids "$(namespace "${lost}")"); do kill -9 "${pid}"; done
+  ip link set "$(hosts_link "${lost}")" up
+  on "${lost}" "${elastic[@]}" COHORT_JOIN=1 \
+    TF_CONFIG="$(tf_config "${workers}" worker $((lost - 1)) "${ps}")" -- "${program[@]}"
+  finish 120
+  local out kept=()
+  for out in "${started[@]:0:6}"; do [[ "${out}" == "${started[lost - 1]}" ]] || kept+=("${out}"); done
+  # The chief's fingerprint: succeeded_with reads the first process's output.
+  started=("${chief}" "${kept[@]}" "${started[6]}")
+  succeeded_with "${reference}" "${started[@]}"
+  grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${chief}.out" ||
+    fail "the chief does not say the job took the worker started again in"
+}
+case_ps_sync_host_lost_rejoins() { ps_sync_host_lost_rejoins 4; }
+case_ps_sync_chief_host_lost_rejoins() { ps_sync_host_lost_rejoins 1; }
 
 case_no_master() {  # ranks 1 to 3 with no rank 0: each names what it could not reach
   local h

@@ -107,30 +107,29 @@ struct Job {
   Job(int worker_count, int server_count, const std::vector<std::string>& arguments,
       const fs::path& where, const std::map<std::string, std::string>& worker_environment = {},
       const std::map<std::string, std::string>& server_environment = {})
-      : directory(where) {
-    const std::string port = std::to_string(cohort::testing::free_port());
-    std::vector<std::string> command = {COHORT_PS_TRAINER};
-    command.insert(command.end(), arguments.begin(), arguments.end());
-    const auto start = [&](bool server, int index) {
-      std::map<std::string, std::string> env = {
-          {"COHORT_ROLE", server ? "ps" : "worker"},
-          {"COHORT_RANK", std::to_string(index)},
-          {"COHORT_WORLD_SIZE", std::to_string(server ? server_count : worker_count)},
-          {server ? "COHORT_WORKER_COUNT" : "COHORT_PS_COUNT",
-           std::to_string(server ? worker_count : server_count)},
-          {"COHORT_MASTER_ADDR", "127.0.0.1"},
-          {"COHORT_MASTER_PORT", port},
-          {"COHORT_JOB_ID", "ps-test"}};
-      const auto& own = server ? server_environment : worker_environment;
-      env.insert(own.begin(), own.end());
-      return std::make_unique<Process>(command, env, log(server, index));
-    };
-    for (int i = 0; i < worker_count; ++i) workers.push_back(start(false, i));
-    for (int i = 0; i < server_count; ++i) servers.push_back(start(true, i));
+      : directory(where),
+        worker_count_(worker_count),
+        server_count_(server_count),
+        port_(std::to_string(cohort::testing::free_port())),
+        worker_environment_(worker_environment),
+        server_environment_(server_environment) {
+    command_.insert(command_.end(), arguments.begin(), arguments.end());
+    for (int i = 0; i < worker_count; ++i) workers.push_back(start(false, i, log(false, i)));
+    for (int i = 0; i < server_count; ++i) servers.push_back(start(true, i, log(true, i)));
   }
 
   fs::path log(bool server, int index) const {
     return directory / ((server ? "ps" : "worker") + std::to_string(index) + ".log");
+  }
+
+  // Worker `index`'s process started again with COHORT_JOIN=1, as a pod's restart policy would,
+  // in its place of `workers`; its log is log_again(index).
+  void start_again(int index) {
+    workers[static_cast<std::size_t>(index)] =
+        start(false, index, log_again(index), {{"COHORT_JOIN", "1"}});
+  }
+  fs::path log_again(int index) const {
+    return directory / ("worker" + std::to_string(index) + ".again.log");
   }
 
   // Waits until every process has met the others (its rendezvous is done), so that a process
@@ -157,6 +156,31 @@ struct Job {
       CHECK(exit->code == 0);
     }
   }
+
+ private:
+  std::unique_ptr<Process> start(bool server, int index, const fs::path& output,
+                                 const std::map<std::string, std::string>& extra = {}) const {
+    std::map<std::string, std::string> env = {
+        {"COHORT_ROLE", server ? "ps" : "worker"},
+        {"COHORT_RANK", std::to_string(index)},
+        {"COHORT_WORLD_SIZE", std::to_string(server ? server_count_ : worker_count_)},
+        {server ? "COHORT_WORKER_COUNT" : "COHORT_PS_COUNT",
+         std::to_string(server ? worker_count_ : server_count_)},
+        {"COHORT_MASTER_ADDR", "127.0.0.1"},
+        {"COHORT_MASTER_PORT", port_},
+        {"COHORT_JOB_ID", "ps-test"}};
+    const auto& own = server ? server_environment_ : worker_environment_;
+    env.insert(own.begin(), own.end());
+    env.insert(extra.begin(), extra.end());
+    return std::make_unique<Process>(command_, env, output);
+  }
+
+  int worker_count_;
+  int server_count_;
+  std::string port_;
+  std::map<std::string, std::string> worker_environment_;
+  std::map<std::string, std::string> server_environment_;
+  std::vector<std::string> command_{COHORT_PS_TRAINER};
 };
 
 // SIGKILLs the child of cohort-run `launcher` whose environment has `entries`, and returns the
@@ -837,6 +861,59 @@ TEST_CASE(
   CAPTURE(text);
   CHECK(text.find("cohort-run: worker 0 was killed by signal 9 (Killed); 3 workers go on without "
                   "it (--min-np 2)") != std::string::npos);
+}
+
+TEST_CASE(
+    "an elastic sync job that lost its chief takes processes started again in at the next chief's "
+    "door, the chief's own too, to the bits of a job that lost none") {
+  // The lowest worker left binds the job's rendezvous address, where the first chief listened and
+  // a process started again looks for the job.
+  TemporaryDirectory directory("cohort-ps-sync-next-door");
+  const fs::path out = directory.path / "parameters.bin";
+  const std::map<std::string, std::string> elastic = {{"COHORT_MIN_WORKERS", "2"},
+                                                      {"COHORT_SECRET", "next-door"}};
+  Job job(4, 2, {"sync", "600", out, "--every-worker-sleep-ms", "5"}, directory.path, elastic,
+          elastic);
+  job.require_connected();
+  std::mt19937 draw(std::random_device{}());
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 700)(draw)));
+  job.workers[0]->kill(SIGKILL);
+  REQUIRE_MESSAGE(when_logged(job.log(false, 1), "cohort: workers 4 -> 3 at step ", 60s),
+                  read_file(job.log(false, 1)));
+  job.start_again(0);
+  REQUIRE_MESSAGE(when_logged(job.log(false, 1), "cohort: workers 3 -> 4 at step ", 60s),
+                  read_file(job.log(false, 1)));
+  job.workers[2]->kill(SIGKILL);
+  job.start_again(2);
+  for (const int worker : {0, 1, 2, 3}) {
+    CAPTURE(worker);
+    const fs::path log = worker % 2 == 0 ? job.log_again(worker) : job.log(false, worker);
+    const auto exit = job.workers[static_cast<std::size_t>(worker)]->wait(120s);
+    CAPTURE(read_file(log));
+    REQUIRE(exit.has_value());
+    CHECK(exit->code == 0);
+  }
+  for (std::size_t server = 0; server < 2; ++server) {
+    CAPTURE(server);
+    const auto exit = job.servers[server]->wait(30s);
+    REQUIRE(exit.has_value());
+    CHECK(exit->code == 0);
+  }
+  const std::string chief = read_file(job.log(false, 1));
+  CAPTURE(chief);
+  CHECK(chief.find("cohort: rank 0: keeps the job's door at 127.0.0.1:") != std::string::npos);
+  // Two losses, each followed by a process taken in.
+  const auto count = [&](const std::string& text) {
+    std::size_t found = 0;
+    for (auto at = chief.find(text); at != std::string::npos; at = chief.find(text, at + 1))
+      ++found;
+    return found;
+  };
+  CHECK(count("cohort: workers 4 -> 3 at step ") == 2);
+  CHECK(count("cohort: workers 3 -> 4 at step ") == 2);
+  CHECK(count(" (1 joined)") == 2);
+  CHECK(read_file(out) == mirrored_reference(600));
 }
 
 TEST_CASE(

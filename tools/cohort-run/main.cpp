@@ -487,8 +487,12 @@ class Launch {
   }
 
   // Whether failed rank `rank` of an elastic job is started again to take its place back: a
-  // replaceable one, and in a parameter-server job only while the chief runs, whose door the
-  // process started again comes to.
+  // replaceable one, and in a parameter-server job only while the chief that started it runs.
+  // Under Async and BoundedStaleness the job ends with that one: its servers refuse the other
+  // workers, which fail before the servers do, and each started again would spend a start again
+  // that the whole job's start needs. The launcher cannot tell the consistency, so it starts none;
+  // under Sync the job goes on, and the next chief keeps the door where a process that another
+  // launcher starts again comes (docs/launching.md).
   bool startable_again(std::size_t rank) const {
     return replaceable(rank) && (options_.servers == 0 || !ranks_[0].status);
   }

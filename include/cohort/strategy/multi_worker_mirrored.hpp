@@ -113,14 +113,13 @@
 #include "cohort/core/options.hpp"
 #include "cohort/core/sharding.hpp"
 #include "cohort/device/cpu.hpp"
+#include "cohort/strategy/detail/job_door.hpp"
 #include "cohort/strategy/detail/kept_stripes.hpp"
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/detail/tcp_options.hpp"
 #include "cohort/strategy/detail/worker_process.hpp"
 #include "cohort/strategy/strategy.hpp"
-#include "cohort/transport/tcp/door.hpp"
-#include "cohort/transport/tcp/listener.hpp"
 #include "cohort/transport/tcp/regroup.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
@@ -208,7 +207,7 @@ class MultiWorkerMirrored {
       const transport::tcp::Tcp& mesh = cross_->transport();
       joined_ = mesh.options().epoch > 0;
       if (joined_) process_.regrouped(mesh.rank(), mesh.size());
-      holds_rendezvous_address_ = spec.rank == 0;
+      door_.started(spec.rank == 0);
     }
     try {
       process_.learn_local_ranks(*cross_, cluster().rank, 0);
@@ -283,7 +282,7 @@ class MultiWorkerMirrored {
       std::vector<int> left;
       for (const int rank : next.members) left.push_back(members[static_cast<std::size_t>(rank)]);
       members = std::move(left);
-      holds_rendezvous_address_ = holds_rendezvous_address_ && members.front() == 0;
+      door_.regrouped(members.front() == 0);
       try {
         adopt(std::move(next.transport));
         adopted = true;
@@ -329,8 +328,7 @@ class MultiWorkerMirrored {
   // waits there, a standby that the job takes in once a worker is lost (or, at its deadline,
   // learns that it waited at the door of a running job).
   std::size_t joiners_waiting() requires kRegroups {
-    if (!door_) return 0;
-    const std::size_t waiting = door_->waiting();
+    const std::size_t waiting = door_.waiting();
     const std::size_t most = elastic().max_workers != 0 ? elastic().max_workers : started_workers_;
     const auto workers = static_cast<std::size_t>(cluster().size);
     return workers >= most ? 0 : std::min(waiting, most - workers);
@@ -340,8 +338,7 @@ class MultiWorkerMirrored {
   // the next epoch, with them after the members (the chief tells them their places).
   [[gnu::cold]] MembershipChange admit(std::size_t joiners) requires kRegroups {
     const auto before = static_cast<std::size_t>(cluster().size);
-    if (door_) door_->welcome(joiners);
-    door_.reset();
+    door_.welcome(joiners);
     adopt(transport::tcp::grow(cross_->transport(), static_cast<int>(joiners),
                                elastic().probe_timeout),
           true);
@@ -414,7 +411,7 @@ class MultiWorkerMirrored {
   // its members' order, which the newest state's agreement counts on (trainer/elastic.hpp).
   [[gnu::cold]] void adopt(transport::tcp::Tcp next, bool reorders = false) requires kRegroups {
     kept_ = {};
-    door_.reset();
+    door_.close();
     process_.regrouped(next.rank(), next.size());
     thread_.reset();
     cross_ = std::make_unique<Cross>(std::move(next));
@@ -452,76 +449,10 @@ class MultiWorkerMirrored {
     }
   }
 
-  // On an elastic job's chief, at the job's rendezvous address, where a process started for the
-  // job comes: on the listener it met the others on where it is the rank 0 that started the job,
-  // else on one it binds there once, where that address is of its host.
+  // On an elastic job's chief: its door (detail/job_door.hpp).
   [[gnu::cold]] void open_door() {
     if constexpr (kRegroups) {
-      if (!elastic().enabled() || cluster().rank != 0) return;
-      const transport::tcp::Tcp& mesh = cross_->transport();
-      if (holds_rendezvous_address_) {
-        door_ = std::make_unique<transport::tcp::Door>(mesh);
-        return;
-      }
-      if (!tried_rendezvous_address_) hold_rendezvous_address();
-      if (held_rendezvous_address_) {
-        door_ = std::make_unique<transport::tcp::Door>(mesh, *held_rendezvous_address_);
-      } else if (door_on_own_listener_) {
-        door_ = std::make_unique<transport::tcp::Door>(mesh);
-      }
-    }
-  }
-
-  // A chief that is not the rank 0 that started the job (that one was lost): binds the job's
-  // rendezvous address for its door, once, and says whether it could. Where that address is
-  // another host's, it binds the job's rendezvous port on its own host, where a process that joins
-  // looks next (the job's hosts: cluster::Spec::hosts), else the door is on this process's own
-  // listener (every rank of an elastic job keeps listening); it says where either way.
-  [[gnu::cold]] void hold_rendezvous_address() requires kRegroups {
-    tried_rendezvous_address_ = true;
-    const cluster::Spec& spec = process_.spec();
-    const std::string address = spec.master_address + ":" + std::to_string(spec.master_port);
-    const std::optional<std::string> here =
-        cluster::rendezvous_address_here(spec, process_.binding(), cluster::system_probe());
-    if (!here) {
-      hold_own_host_port(address);
-      return;
-    }
-    try {
-      held_rendezvous_address_.emplace(cross_->transport().options(),
-                                       transport::tcp::Address{*here, spec.master_port});
-      std::fprintf(stderr,
-                   "cohort: rank 0: keeps the job's door at %s, where its first rank 0 was\n",
-                   address.c_str());
-    } catch (const CommError& failure) {
-      std::fprintf(stderr, "cohort: rank 0: the job takes no process in from now on: %s\n",
-                   failure.what());
-    }
-  }
-
-  // The door of a chief on another host than the job's rendezvous `address`: at the job's
-  // rendezvous port on this host where it is free, else on this process's own listener.
-  [[gnu::cold]] void hold_own_host_port(const std::string& address) requires kRegroups {
-    const cluster::Spec& spec = process_.spec();
-    const transport::tcp::Tcp& mesh = cross_->transport();
-    const transport::tcp::Address& own = mesh.addresses()[static_cast<std::size_t>(mesh.rank())];
-    const std::string door = "cohort: rank 0: the job's rendezvous address " + address +
-                             ", where its first rank 0 was, is another host's: its door is at " +
-                             own.host + ":";
-    try {
-      held_rendezvous_address_.emplace(
-          mesh.options(), transport::tcp::Address{process_.binding().address, spec.master_port});
-      std::fprintf(stderr,
-                   "%s%u from now on, the job's rendezvous port on this host, where a process "
-                   "that joins (COHORT_JOIN=1) finds it among the job's hosts\n",
-                   door.c_str(), static_cast<unsigned>(spec.master_port));
-    } catch (const CommError& failure) {
-      door_on_own_listener_ = true;
-      std::fprintf(stderr,
-                   "%s%u from now on, on this rank's own listener (%s), where a process that joins "
-                   "finds it only when told (COHORT_MASTER_ADDR, COHORT_MASTER_PORT, "
-                   "COHORT_JOIN=1)\n",
-                   door.c_str(), static_cast<unsigned>(own.port), failure.what());
+      if (elastic().enabled()) door_.open(cross_->transport(), process_.spec(), process_.binding());
     }
   }
 
@@ -598,13 +529,7 @@ class MultiWorkerMirrored {
   std::size_t started_workers_ = 0;                          // the job's size at the start
   bool joined_ = false;                                      // joined(): through a door
   std::optional<CommError> construction_loss_;  // keeps_construction_loss, until the first run
-  bool holds_rendezvous_address_ = false;  // this process listens at the job's rendezvous address
-  // A later chief's socket at the job's rendezvous address (hold_rendezvous_address), kept while
-  // the membership changes so that a process knocking there waits in its queue meanwhile.
-  std::optional<transport::tcp::Listener> held_rendezvous_address_;
-  bool tried_rendezvous_address_ = false;
-  bool door_on_own_listener_ = false;           // where that address is another host's
-  std::unique_ptr<transport::tcp::Door> door_;  // the chief's, at that address or its own
+  detail::JobDoor door_;                        // an elastic job's, on its chief
   // An elastic job's: what this process's replica keeps of its stripes in this membership, and
   // after a regroup, the lost membership's (kept_stripes.hpp).
   detail::KeptStripes kept_{};

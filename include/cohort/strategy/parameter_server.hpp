@@ -97,7 +97,8 @@
 // ends (the chief brings the optimizer state home), the chief tells the servers
 // (parameter_server/admission.hpp), and every process forms the grown mesh, the new worker after
 // the others. The next segment starts from the chief's state, as every segment does. Where the
-// chief that started the job was lost, its door went with it: the job goes on, taking nobody in.
+// chief was lost, the next one keeps the door (detail/job_door.hpp), where a process started again
+// for any worker, the chief's too, is taken in.
 //
 // Settings. Before its first step every worker presents the Trainer's settings to every server,
 // which compares them with its own and the chief's (trainer/job_settings.hpp;
@@ -193,6 +194,7 @@
 #include "cohort/device/cpu.hpp"
 #include "cohort/strategy/consistency.hpp"
 #include "cohort/strategy/detail/gradient_buckets.hpp"
+#include "cohort/strategy/detail/job_door.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/detail/staged_communicator.hpp"
 #include "cohort/strategy/detail/worker_process.hpp"
@@ -204,7 +206,6 @@
 #include "cohort/strategy/parameter_server/server.hpp"
 #include "cohort/strategy/parameter_server/sharded_save.hpp"
 #include "cohort/strategy/strategy.hpp"
-#include "cohort/transport/tcp/door.hpp"
 #include "cohort/transport/tcp/regroup.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
 
@@ -349,7 +350,7 @@ class ParameterServer {
         process_.regrouped(transport_->rank(), workers_);
       }
     }
-    holds_rendezvous_address_ = is_chief();
+    door_.started(is_chief());
     open_door();
   }
 
@@ -372,8 +373,9 @@ class ParameterServer {
     const int before = workers_;
     std::fprintf(stderr, "cohort: worker %d: regrouping after: %s\n", worker(), cause.what());
     thread_.reset();  // the old one's failure stays with it
-    door_.reset();
+    door_.close();
     const std::vector<int> members = regroup_mesh();
+    door_.regrouped(members.front() == 0);
     process_.regrouped(transport_->rank(), workers_);
     thread_ = process_.start_communication_thread();
     servers_hold_state_ = in_segment_;
@@ -391,11 +393,9 @@ class ParameterServer {
   void withdraw() noexcept requires kRegroups { transport_->stop_listening(); }
 
   // strategy::Grows. On the chief, at a vote: the processes at its door that the job takes in
-  // now, up to elastic.max_workers (or the workers it started with); 0 elsewhere, and where the
-  // chief that started the job was lost (the door was at its address).
+  // now, up to elastic.max_workers (or the workers it started with); 0 elsewhere.
   std::size_t joiners_waiting() requires kRegroups {
-    if (!door_) return 0;
-    const std::size_t waiting = door_->waiting();
+    const std::size_t waiting = door_.waiting();
     const std::size_t most = elastic().max_workers != 0 ? elastic().max_workers : started_workers_;
     const auto workers = static_cast<std::size_t>(workers_);
     return workers >= most ? 0 : std::min(waiting, most - workers);
@@ -407,8 +407,7 @@ class ParameterServer {
   // state, which its segment's end brought home from the servers.
   [[gnu::cold]] MembershipChange admit(std::size_t joiners) requires kRegroups {
     const auto before = static_cast<std::size_t>(workers_);
-    if (door_) door_->welcome(joiners);
-    door_.reset();
+    door_.welcome(joiners);
     if (is_chief()) ps::order_admission(*transport_, server_ranks(), joiners);
     grow(static_cast<int>(joiners));
     open_door();
@@ -422,9 +421,7 @@ class ParameterServer {
   // On the chief, before each step (trainer::ReplicaLoop) and while it waits for the others at
   // the end: answers the processes at its door, which ask for the job's addresses to take their
   // places back at the servers.
-  void tend_door() requires kTakesWorkersBack {
-    if (door_) door_->waiting();
-  }
+  void tend_door() requires kTakesWorkersBack { door_.waiting(); }
   // Whether this process, the chief of a job that takes workers back, ends its fit with the
   // others' (Replica::finish).
   bool awaits_workers() const requires kTakesWorkersBack {
@@ -1065,14 +1062,12 @@ class ParameterServer {
     if (!serves()) process_.regrouped(transport_->rank(), workers_);
   }
 
-  // The chief that started the job listens at the job's rendezvous address: its door is there,
-  // where processes started for the job come (transport/tcp/door.hpp), in every membership (it
-  // stays rank 0 in every one: the lowest rank left, and the first of a grown mesh).
+  // On an elastic job's chief, the rank 0 of each membership: its door (detail/job_door.hpp),
+  // where processes started for the job come. Under Async and BoundedStaleness the chief is
+  // never another: the job ends with it (parameter_server/server.hpp).
   void open_door() {
     if constexpr (kTakesWorkersBack || kRegroups) {
-      if (options().elastic.enabled() && holds_rendezvous_address_) {
-        door_ = std::make_unique<transport::tcp::Door>(*transport_);
-      }
+      if (options().elastic.enabled()) door_.open(*transport_, process_.spec(), process_.binding());
     }
   }
 
@@ -1112,8 +1107,9 @@ class ParameterServer {
     return ranks;
   }
 
-  // Options::elastic: a lost worker's process taken back under Async and BoundedStaleness, taken
-  // in under Sync (never the chief's: its door is gone).
+  // Options::elastic: a lost worker's process taken back under Async and BoundedStaleness (never
+  // the chief's: the job ends with it), taken in under Sync (the chief's too, at the next chief's
+  // door).
   void check_elastic() const {
     const Elastic& elastic = options().elastic;
     if (elastic.joins_running_job && !elastic.enabled()) {
@@ -1144,7 +1140,7 @@ class ParameterServer {
                           " workers: a parameter-server job takes lost workers back, and grows "
                           "by none");
     }
-    if (elastic.joins_running_job && (serves() || cluster().rank == 0)) {
+    if (elastic.joins_running_job && (serves() || (kTakesWorkersBack && cluster().rank == 0))) {
       options::reject("elastic.joins_running_job", "true",
                       serves() ? "a parameter server started again cannot take its place back: "
                                  "its shard is gone; restart the job from its last checkpoint"
@@ -1183,12 +1179,11 @@ class ParameterServer {
                                                              // transport it moves data over
   ps::HeldShard held_;  // a server's shard, from its last fit or restore, for save()
   // On an elastic job's chief: where a worker's process started again gets the job's addresses.
-  std::unique_ptr<transport::tcp::Door> door_;
+  detail::JobDoor door_;
   // A worker's failure at the start of a fit, for its other replicas (Replica::with_servers).
   std::exception_ptr start_failure_;
   std::size_t started_workers_ = 0;
-  bool joined_ = false;                    // joined(): taken in through the chief's door
-  bool holds_rendezvous_address_ = false;  // the chief that started the job (open_door)
+  bool joined_ = false;  // joined(): taken in through the chief's door
   // From a segment's start, once the servers hold its state, to its end, once every server was
   // told (Replica::start, finish): a loss in between leaves the state on the servers.
   bool in_segment_ = false;
