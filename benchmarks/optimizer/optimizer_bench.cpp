@@ -10,6 +10,10 @@
 //          Momentum reads p, g, v     writes p, v     20
 //          Adam(W)  reads p, g, m, v  writes p, m, v  28
 //   copy<O>/n copies half of step<O>/n's bytes from one array to another (read once, written once).
+//   cpu_step<O>/n is the update the host strategies apply (device::cpu::step_finite: o's rule in a
+//   loop that also tests each gradient for infinities and NaNs); cpu_step_into<O>/n the same, read
+//   from one buffer and written to another (device::cpu::step_into, a synchronous parameter
+//   server's), the same bytes.
 //   Neither figure counts the read-for-ownership a cache makes before writing a line that was not
 //   read: the copy pays it on its destination, an in-place update does not.
 #include <benchmark/benchmark.h>
@@ -19,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cohort/device/cpu.hpp"
 #include "cohort/optimizer/adam.hpp"
 #include "cohort/optimizer/momentum.hpp"
 #include "cohort/optimizer/sgd.hpp"
@@ -66,6 +71,52 @@ void step(benchmark::State& state) {
   state.counters["bytes"] = static_cast<double>(bytes);
 }
 
+// The inputs of an update of `count` parameters.
+template <class O>
+struct Update {
+  explicit Update(std::size_t count)
+      : parameters(count, 1.0f), other(count), gradients(count), state(O::kStateSlots * count) {
+    for (std::size_t i = 0; i < count; ++i) {
+      gradients[i] = static_cast<float>(i % 64) / 256.0f - 0.125f;
+    }
+  }
+  std::vector<float> parameters, other, gradients, state;
+};
+
+template <class O>
+void cpu_step(benchmark::State& state) {
+  const auto count = static_cast<std::size_t>(state.range(0));
+  const O optimizer = make_optimizer<O>();
+  Update<O> update(count);
+  std::uint64_t t = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(cohort::device::cpu::step_finite<O, float>(
+        optimizer, update.parameters, update.gradients, update.state,
+        {.step = ++t, .gradient_scale = 1.0 / 64}));
+    benchmark::ClobberMemory();
+  }
+  const auto bytes = static_cast<std::int64_t>(kBytesPerParameter<O> * count);
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
+template <class O>
+void cpu_step_into(benchmark::State& state) {
+  const auto count = static_cast<std::size_t>(state.range(0));
+  const O optimizer = make_optimizer<O>();
+  Update<O> update(count);
+  std::uint64_t t = 0;
+  for (auto _ : state) {
+    cohort::device::cpu::step_into<O, float>(optimizer, update.parameters, update.other,
+                                             update.gradients, update.state,
+                                             {.step = ++t, .gradient_scale = 1.0 / 64});
+    std::swap(update.parameters, update.other);
+    benchmark::DoNotOptimize(update.parameters.data());
+    benchmark::ClobberMemory();
+  }
+  const auto bytes = static_cast<std::int64_t>(kBytesPerParameter<O> * count);
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
 template <class O>
 void copy(benchmark::State& state) {
   const auto count = static_cast<std::size_t>(state.range(0));
@@ -84,8 +135,10 @@ void copy(benchmark::State& state) {
 
 constexpr std::int64_t kMi = std::int64_t{1} << 20;
 
-#define COHORT_OPTIMIZER_BENCHMARK(O)                                                  \
-  BENCHMARK_TEMPLATE(step, O)->Arg(kMi)->Arg(16 * kMi)->Unit(benchmark::kMillisecond); \
+#define COHORT_OPTIMIZER_BENCHMARK(O)                                                           \
+  BENCHMARK_TEMPLATE(step, O)->Arg(kMi)->Arg(16 * kMi)->Unit(benchmark::kMillisecond);          \
+  BENCHMARK_TEMPLATE(cpu_step, O)->Arg(kMi)->Arg(16 * kMi)->Unit(benchmark::kMillisecond);      \
+  BENCHMARK_TEMPLATE(cpu_step_into, O)->Arg(kMi)->Arg(16 * kMi)->Unit(benchmark::kMillisecond); \
   BENCHMARK_TEMPLATE(copy, O)->Arg(kMi)->Arg(16 * kMi)->Unit(benchmark::kMillisecond)
 
 COHORT_OPTIMIZER_BENCHMARK(Sgd);

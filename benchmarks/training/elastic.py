@@ -16,7 +16,8 @@ thread per process, on this host:
                 step after it (what a step costs anyway); and the regroup span alone. Again with
                 --max-restarts 1, the worker started again and taken back: that time plus the
                 span of the change that took it back (the fit stands still for both), and the
-                time from the kill to 4 workers again
+                time from the kill to 4 workers again. Both again for example 03 under
+                consistency sync with a server (cohort-run --np 4 --ps 1 --min-np 3)
     torchrun    python3 -m torch.distributed.run --standalone --nproc_per_node 4 --max_restarts 3
                 of torch_elastic.py (DDP over gloo, the state saved after every step and loaded
                 when a worker starts): the same time, from rank 0's log of completed steps, to the
@@ -109,12 +110,14 @@ def kill_worker_at(process, rank_entry, kill_after):
     return killed
 
 
-def cohort_failure(build, kill_after, examples, restart=False):
+def cohort_failure(build, kill_after, examples, restart=False, servers=0):
     with tempfile.TemporaryDirectory() as trace:
         restarts = ["--max-restarts", "1"] if restart else []
-        command = [f"{build}/tools/cohort-run/cohort-run", "--np", "4", "--min-np", "3",
-                   *restarts, "--", f"{build}/examples/02_multi_worker/multi_worker", *MODEL,
-                   "--examples", str(examples), "--epochs", "3"]
+        program = ([f"{build}/examples/03_parameter_server/parameter_server", "--consistency",
+                    "sync"] if servers else [f"{build}/examples/02_multi_worker/multi_worker"])
+        command = [f"{build}/tools/cohort-run/cohort-run", "--np", "4", "--ps", str(servers),
+                   "--min-np", "3", *restarts, "--", *program, *MODEL, "--examples",
+                   str(examples), "--epochs", "3"]
         process = subprocess.Popen(command, env=environment(COHORT_TRACE=trace),
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         killed = kill_worker_at(process, "COHORT_RANK=3", kill_after)
@@ -440,6 +443,16 @@ def main():
     print("| cohort, the worker started again (--max-restarts 1): lost + its rejoin | " +
           ", ".join(f"{run['lost']:.3f} + {run['rejoin']:.3f}" for run in again) +
           f" | {statistics.median(run['lost'] + run['rejoin'] for run in again):.3f} |")
+    ps = [cohort_failure(args.build, args.kill_after, args.examples, servers=1)
+          for _ in range(args.kills)]
+    print("| cohort, elastic sync parameter server, 1 server (--ps 1 --min-np 3) | " +
+          ", ".join(f"{run['lost']:.3f}" for run in ps) +
+          f" | {statistics.median(run['lost'] for run in ps):.3f} |")
+    ps_again = [cohort_failure(args.build, args.kill_after, args.examples, True, servers=1)
+                for _ in range(args.kills)]
+    print("| cohort, the same, the worker started again: lost + its rejoin | " +
+          ", ".join(f"{run['lost']:.3f} + {run['rejoin']:.3f}" for run in ps_again) +
+          f" | {statistics.median(run['lost'] + run['rejoin'] for run in ps_again):.3f} |")
     if args.torch_python:
         torch = [torch_failure(args.torch_python, args.kill_after) for _ in range(args.kills)]
         print("| PyTorch DDP, torchrun --max_restarts, state saved every step | " +
@@ -450,7 +463,13 @@ def main():
           "; from the kill to the regroup's start (s): " +
           ", ".join(f"{run['detected']:.3f}" for run in cohort) +
           "; with the worker started again, from the kill to 4 workers again (s): " +
-          ", ".join(f"{run['whole']:.3f}" for run in again))
+          ", ".join(f"{run['whole']:.3f}" for run in again) +
+          "; the parameter server's regroup spans (s): " +
+          ", ".join(f"{run['regroup']:.3f}" for run in ps) +
+          "; from the kill to its regroup's start (s): " +
+          ", ".join(f"{run['detected']:.3f}" for run in ps) +
+          "; with the worker started again, from the kill to 4 workers again (s): " +
+          ", ".join(f"{run['whole']:.3f}" for run in ps_again))
 
 
 if __name__ == "__main__":

@@ -251,6 +251,32 @@ concept HasElementRule = O::kStateSlots <= 2 && requires(const O& o, optimizer::
   o.template rule<T>(c);
 };
 
+// o's rule over n elements, the parameters read from `in` and written to `out` (the same array, or
+// another of n), the state slots s0 and s1 that o has in place; the OR of the gradients'
+// non-finite marks. One loop serves the update in place (step_part) and into another buffer
+// (step_into): a compiler that cannot prove `in` and `out` apart checks them at run time, and
+// equal arrays pass that check, since each element is read before it is written.
+template <class O, class T>
+requires HasElementRule<O, T>
+auto apply_rule(const O& o, optimizer::StepContext context, const T* in, T* out, const T* g, T* s0,
+                T* s1, std::size_t n) {
+  const auto rule = o.template rule<T>(context);
+  decltype(nonfinite_mark(T{})) marks = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    marks |= nonfinite_mark(g[i]);
+    T value = in[i];
+    if constexpr (O::kStateSlots == 0) {
+      rule(value, g[i]);
+    } else if constexpr (O::kStateSlots == 1) {
+      rule(value, g[i], s0[i]);
+    } else {
+      rule(value, g[i], s0[i], s1[i]);
+    }
+    out[i] = value;
+  }
+  return marks;
+}
+
 // o's update of a part of the parameters, elements [first, first + parameters.size()) of the
 // whole whose state, `state`, is slot-major as optimizer/optimizer.hpp lays it out (kStateSlots x
 // the whole's size), and whether every gradient of the part was finite, tested in the update's own
@@ -263,30 +289,10 @@ bool step_part(const O& o, std::span<T> parameters, std::span<const T> gradients
   COHORT_ASSERT(gradients.size() == parameters.size());
   const std::size_t whole = O::kStateSlots == 0 ? 0 : state.size() / O::kStateSlots;
   COHORT_ASSERT(O::kStateSlots == 0 || first + parameters.size() <= whole);
-  const auto rule = o.template rule<T>(context);
-  const std::size_t n = parameters.size();
-  T* const p = parameters.data();
-  const T* const g = gradients.data();
-  decltype(nonfinite_mark(T{})) marks = 0;
-  if constexpr (O::kStateSlots == 0) {
-    for (std::size_t i = 0; i < n; ++i) {
-      marks |= nonfinite_mark(g[i]);
-      rule(p[i], g[i]);
-    }
-  } else if constexpr (O::kStateSlots == 1) {
-    T* const s0 = state.data() + first;
-    for (std::size_t i = 0; i < n; ++i) {
-      marks |= nonfinite_mark(g[i]);
-      rule(p[i], g[i], s0[i]);
-    }
-  } else {
-    T* const s0 = state.data() + first;
-    T* const s1 = state.data() + whole + first;
-    for (std::size_t i = 0; i < n; ++i) {
-      marks |= nonfinite_mark(g[i]);
-      rule(p[i], g[i], s0[i], s1[i]);
-    }
-  }
+  T* const s0 = O::kStateSlots >= 1 ? state.data() + first : nullptr;
+  T* const s1 = O::kStateSlots == 2 ? state.data() + whole + first : nullptr;
+  const auto marks = apply_rule(o, context, parameters.data(), parameters.data(), gradients.data(),
+                                s0, s1, parameters.size());
   return (marks & kNonfiniteBit<T>) == 0;
 }
 
@@ -298,20 +304,11 @@ void step_into(const O& o, std::span<const T> before, std::span<T> after,
                std::span<const T> gradients, std::span<T> state, optimizer::StepContext context) {
   COHORT_ASSERT(after.size() == before.size() && gradients.size() == before.size());
   if constexpr (HasElementRule<O, T>) {
-    COHORT_ASSERT(state.size() == O::kStateSlots * before.size());
-    const auto rule = o.template rule<T>(context);
     const std::size_t n = before.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      T value = before[i];
-      if constexpr (O::kStateSlots == 0) {
-        rule(value, gradients[i]);
-      } else if constexpr (O::kStateSlots == 1) {
-        rule(value, gradients[i], state[i]);
-      } else {
-        rule(value, gradients[i], state[i], state[n + i]);
-      }
-      after[i] = value;
-    }
+    COHORT_ASSERT(state.size() == O::kStateSlots * n);
+    apply_rule(o, context, before.data(), after.data(), gradients.data(),
+               O::kStateSlots >= 1 ? state.data() : nullptr,
+               O::kStateSlots == 2 ? state.data() + n : nullptr, n);
   } else {
     std::copy(before.begin(), before.end(), after.begin());
     o.step(after, gradients, state, context);
