@@ -9,7 +9,8 @@ thread per process, on this host:
                 over TCP, and examples/03_parameter_server under consistency sync, 2 workers and
                 a server (whose chunks keep their parameters from before their last update when
                 elastic), each with and without COHORT_MIN_WORKERS=1, --rounds rounds with the
-                series in turn; the median examples/s of each and the ratio elastic / plain
+                series in turn (--series picks some); the median examples/s of each (and its
+                range) and the ratio elastic / plain, and the median of each round's ratio
   a failure     4 workers, worker 3 SIGKILLed --kill-after seconds into the fit, --kills times:
     cohort      cohort-run --np 4 --min-np 3, COHORT_TRACE: from the chief's timeline, the time
                 from the kill to the end of the first step completed after it, less the median
@@ -401,6 +402,8 @@ def main():
     parser.add_argument("--build", required=True)
     parser.add_argument("--torch-python", default="")
     parser.add_argument("--rounds", type=int, default=5, help="0: measure the failures only")
+    parser.add_argument("--series", default="shm,tcp,ps",
+                        help="the no-failure series to run: shm, tcp, ps (comma-separated)")
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--kill-after", type=float, default=4.0)
     parser.add_argument("--examples", type=int, default=25600)
@@ -415,20 +418,31 @@ def main():
 
     if args.rounds > 0:  # 0: the failures only
         print("no failure: examples/s, median of", args.rounds, "rounds")
-        series = [("2 workers, shared memory", 2, True, 0), ("2 workers, TCP", 2, False, 0),
-                  ("2 workers and a server, sync parameter server", 2, False, 1)]
+        named = {"shm": ("2 workers, shared memory", 2, True, 0),
+                 "tcp": ("2 workers, TCP", 2, False, 0),
+                 "ps": ("2 workers and a server, sync parameter server", 2, False, 1)}
+        series = [named[key] for key in args.series.split(",")]
         rates = {(name, elastic): [] for name, *_ in series for elastic in (False, True)}
         for _ in range(args.rounds):
             for name, workers, shared, servers in series:
                 for elastic in (False, True):
                     rates[(name, elastic)].append(
                         cohort_rate(args.build, workers, elastic, shared, args.examples, servers))
-        print("| job | plain | elastic | elastic / plain |")
+        pairs = []
+        print("| job | plain (range) | elastic (range) | elastic / plain |")
         print("| --- | ---: | ---: | ---: |")
         for name, *_ in series:
-            plain = statistics.median(rates[(name, False)])
-            elastic = statistics.median(rates[(name, True)])
-            print(f"| {name} | {plain:,.0f} | {elastic:,.0f} | {elastic / plain:.3f} |")
+            plain, elastic = rates[(name, False)], rates[(name, True)]
+            ratio = statistics.median(elastic) / statistics.median(plain)
+            print(f"| {name} | {statistics.median(plain):,.0f} ({min(plain):,.0f}-{max(plain):,.0f})"
+                  f" | {statistics.median(elastic):,.0f} ({min(elastic):,.0f}-{max(elastic):,.0f})"
+                  f" | {ratio:.3f} |")
+            # Each round's pair ran one after the other: their ratios, whose median the
+            # machine's drift between rounds moves less.
+            paired = [e / p for p, e in zip(plain, elastic)]
+            pairs.append(f"{name}: elastic / plain by round, median {statistics.median(paired):.3f}"
+                         f" ({min(paired):.3f} to {max(paired):.3f})")
+        print("\n".join(pairs))
         sys.stdout.flush()
 
     print(f"\na worker SIGKILLed {args.kill_after} s into a fit of 4 workers, {args.kills} times:")
