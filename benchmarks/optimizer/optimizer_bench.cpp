@@ -83,16 +83,18 @@ struct Update {
   std::vector<float> parameters, other, gradients, state;
 };
 
-template <class O>
-void cpu_step(benchmark::State& state) {
+// Times apply(optimizer, update, context) over state.range(0) parameters, counted as step<O>'s
+// bytes.
+template <class O, class Apply>
+void measure_update(benchmark::State& state, Apply apply) {
   const auto count = static_cast<std::size_t>(state.range(0));
   const O optimizer = make_optimizer<O>();
   Update<O> update(count);
   std::uint64_t t = 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(cohort::device::cpu::step_finite<O, float>(
-        optimizer, update.parameters, update.gradients, update.state,
-        {.step = ++t, .gradient_scale = 1.0 / 64}));
+    apply(optimizer, update,
+          cohort::optimizer::StepContext{.step = ++t, .gradient_scale = 1.0 / 64});
+    benchmark::DoNotOptimize(update.parameters.data());
     benchmark::ClobberMemory();
   }
   const auto bytes = static_cast<std::int64_t>(kBytesPerParameter<O> * count);
@@ -100,21 +102,20 @@ void cpu_step(benchmark::State& state) {
 }
 
 template <class O>
+void cpu_step(benchmark::State& state) {
+  measure_update<O>(state, [](const O& o, Update<O>& update, auto context) {
+    benchmark::DoNotOptimize(cohort::device::cpu::step_finite<O, float>(
+        o, update.parameters, update.gradients, update.state, context));
+  });
+}
+
+template <class O>
 void cpu_step_into(benchmark::State& state) {
-  const auto count = static_cast<std::size_t>(state.range(0));
-  const O optimizer = make_optimizer<O>();
-  Update<O> update(count);
-  std::uint64_t t = 0;
-  for (auto _ : state) {
-    cohort::device::cpu::step_into<O, float>(optimizer, update.parameters, update.other,
-                                             update.gradients, update.state,
-                                             {.step = ++t, .gradient_scale = 1.0 / 64});
+  measure_update<O>(state, [](const O& o, Update<O>& update, auto context) {
+    cohort::device::cpu::step_into<O, float>(o, update.parameters, update.other, update.gradients,
+                                             update.state, context);
     std::swap(update.parameters, update.other);
-    benchmark::DoNotOptimize(update.parameters.data());
-    benchmark::ClobberMemory();
-  }
-  const auto bytes = static_cast<std::int64_t>(kBytesPerParameter<O> * count);
-  state.SetBytesProcessed(state.iterations() * bytes);
+  });
 }
 
 template <class O>

@@ -687,23 +687,29 @@ its hosts once the worker joined"
 # A TFJob of 4 worker pods and 2 ps pods, asynchronous, elastic: worker 3's pod fails, and its
 # controller starts it again with its TF_CONFIG; it takes its place back at both servers, under
 # the job's secret.
+# ps_pod HOST VARIABLES... -- PROGRAM...: the task of host HOST in a parameter-server job of 4
+# worker hosts (1 to 4) and 2 server hosts (5 and 6) under TF_CONFIG, with VARIABLES.
+ps_pod() {
+  local h=$1 workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\""
+  local ps="\"${net}.5:2222\",\"${net}.6:2222\"" type=worker index=$(($1 - 1))
+  ((h > 4)) && { type="ps"; index=$((h - 5)); }
+  on "${h}" TF_CONFIG="$(tf_config "${workers}" "${type}" "${index}" "${ps}")" "${@:2}"
+}
+
+# start_ps_hosts VARIABLES... -- PROGRAM...: every task of that job, then waits until it trains.
+start_ps_hosts() {
+  local h
+  for h in 1 2 3 4 5 6; do ps_pod "${h}" "$@"; done
+  wait_until_training 6
+}
+
 case_ps_worker_pod_restarts() {
-  local workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\""
-  local ps="\"${net}.5:2222\",\"${net}.6:2222\"" h pid
+  local pid
   local program=("${parameter_server}" --consistency async --micro-batches 8 "${elastic_job[@]}")
   local elastic=(COHORT_MIN_WORKERS=3 COHORT_SECRET=ps-hosts)
-  for h in 1 2 3 4; do
-    on "${h}" "${elastic[@]}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)) "${ps}")" \
-      -- "${program[@]}"
-  done
-  for h in 5 6; do
-    on "${h}" "${elastic[@]}" TF_CONFIG="$(tf_config "${workers}" ps $((h - 5)) "${ps}")" \
-      -- "${program[@]}"
-  done
-  wait_until_training 6
+  start_ps_hosts "${elastic[@]}" -- "${program[@]}"
   for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
-  on 4 "${elastic[@]}" COHORT_JOIN=1 TF_CONFIG="$(tf_config "${workers}" worker 3 "${ps}")" \
-    -- "${program[@]}"
+  ps_pod 4 "${elastic[@]}" COHORT_JOIN=1 -- "${program[@]}"
   finish 120
   local out
   for out in "${started[@]:0:3}" "${started[@]:4}"; do
@@ -727,20 +733,11 @@ case_ps_worker_pod_restarts() {
 # chief's, is cut, the next chief opens the door at the job's rendezvous port of its own host,
 # where the chief's pod looks among the job's hosts.
 ps_sync_host_lost_rejoins() {
-  local workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\""
-  local ps="\"${net}.5:2222\",\"${net}.6:2222\"" h pid reference lost=$1 chief
+  local pid reference lost=$1 chief
   reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
   local program=("${parameter_server}" --consistency sync --micro-batches 8 "${elastic_job[@]}")
   local elastic=(COHORT_MIN_WORKERS=3 COHORT_SECRET=ps-sync-hosts COHORT_TIMEOUT=4)
-  for h in 1 2 3 4; do
-    on "${h}" "${elastic[@]}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)) "${ps}")" \
-      -- "${program[@]}"
-  done
-  for h in 5 6; do
-    on "${h}" "${elastic[@]}" TF_CONFIG="$(tf_config "${workers}" ps $((h - 5)) "${ps}")" \
-      -- "${program[@]}"
-  done
-  wait_until_training 6
+  start_ps_hosts "${elastic[@]}" -- "${program[@]}"
   # The chief after the loss: worker 0, or worker 1 where worker 0 is lost.
   chief="${started[$((lost == 1 ? 1 : 0))]}"
   ip link set "$(hosts_link "${lost}")" down
@@ -748,8 +745,7 @@ ps_sync_host_lost_rejoins() {
     fail "the chief does not say the job went on without rank $((lost - 1))"
   for pid in $(ip netns pids "$(namespace "${lost}")"); do kill -9 "${pid}"; done
   ip link set "$(hosts_link "${lost}")" up
-  on "${lost}" "${elastic[@]}" COHORT_JOIN=1 \
-    TF_CONFIG="$(tf_config "${workers}" worker $((lost - 1)) "${ps}")" -- "${program[@]}"
+  ps_pod "${lost}" "${elastic[@]}" COHORT_JOIN=1 -- "${program[@]}"
   finish 120
   local out kept=()
   for out in "${started[@]:0:6}"; do [[ "${out}" == "${started[lost - 1]}" ]] || kept+=("${out}"); done
