@@ -404,7 +404,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="0: measure the failures only")
     parser.add_argument("--series", default="shm,tcp,ps",
                         help="the no-failure series to run: shm, tcp, ps (comma-separated)")
-    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--kills", type=int, default=3, help="0: measure no failure")
     parser.add_argument("--kill-after", type=float, default=4.0)
     parser.add_argument("--examples", type=int, default=25600)
     parser.add_argument("--soak", type=int, default=0, help="fits with a random kill; 0: none")
@@ -444,6 +444,8 @@ def main():
                          f" ({min(paired):.3f} to {max(paired):.3f})")
         print("\n".join(pairs))
         sys.stdout.flush()
+    if args.kills == 0:
+        return
 
     print(f"\na worker SIGKILLed {args.kill_after} s into a fit of 4 workers, {args.kills} times:")
     print("| system | time lost per failure (s), each | median |")
