@@ -328,10 +328,7 @@ class MultiWorkerMirrored {
   // waits there, a standby that the job takes in once a worker is lost (or, at its deadline,
   // learns that it waited at the door of a running job).
   std::size_t joiners_waiting() requires kRegroups {
-    const std::size_t waiting = door_.waiting();
-    const std::size_t most = elastic().max_workers != 0 ? elastic().max_workers : started_workers_;
-    const auto workers = static_cast<std::size_t>(cluster().size);
-    return workers >= most ? 0 : std::min(waiting, most - workers);
+    return door_.joiners(static_cast<std::size_t>(cluster().size), elastic(), started_workers_);
   }
 
   // Every process together, at the step boundary where the vote counted `joiners`: the mesh of

@@ -395,10 +395,7 @@ class ParameterServer {
   // strategy::Grows. On the chief, at a vote: the processes at its door that the job takes in
   // now, up to elastic.max_workers (or the workers it started with); 0 elsewhere.
   std::size_t joiners_waiting() requires kRegroups {
-    const std::size_t waiting = door_.waiting();
-    const std::size_t most = elastic().max_workers != 0 ? elastic().max_workers : started_workers_;
-    const auto workers = static_cast<std::size_t>(workers_);
-    return workers >= most ? 0 : std::min(waiting, most - workers);
+    return door_.joiners(static_cast<std::size_t>(workers_), elastic(), started_workers_);
   }
 
   // Every worker together, at the step boundary where the vote counted `joiners`, their segment

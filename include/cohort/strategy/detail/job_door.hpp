@@ -7,13 +7,14 @@
 // keeps listening). It says where, either way. MultiWorkerMirrored and ParameterServer<Sync> keep
 // one each:
 //
-//   door.started(rank == 0);            // at the start: whether this is the rank 0 that started it
-//   door.open(mesh, spec, binding);     // each membership, once it is up (opens on its rank 0
-//   only) door.regrouped(old_rank_of_new_0 == 0);   // after a regroup: whether that rank 0 is
-//   still in if (door.waiting() > 0) { ... }     // at a vote door.welcome(joiners); // then every
-//   process grows the mesh, and opens again
+//   door.started(rank == 0);          // whether this process is the rank 0 that started the job
+//   door.open(mesh, spec, binding);   // each membership, once it is up: on its rank 0
+//   door.regrouped(first == 0);       // after a regroup: the new rank 0's rank before it
+//   door.joiners(workers, elastic, started_workers);   // at a vote: whom the job takes in
+//   door.welcome(joiners);            // then every process grows the mesh, and opens again
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "cohort/cluster/binding.hpp"
 #include "cohort/cluster/cluster.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/strategy/elastic.hpp"
 #include "cohort/transport/tcp/door.hpp"
 #include "cohort/transport/tcp/listener.hpp"
 #include "cohort/transport/tcp/tcp.hpp"
@@ -60,6 +62,14 @@ class JobDoor {
 
   // The processes that proved themselves and wait for a place; 0 where no door is open here.
   std::size_t waiting() { return door_ ? door_->waiting() : 0; }
+
+  // Of those, the ones a job of `workers` takes in now: up to elastic.max_workers, or the
+  // `started` workers it started with. The door is polled also while the job is full.
+  std::size_t joiners(std::size_t workers, const Elastic& elastic, std::size_t started) {
+    const std::size_t waiting_now = waiting();
+    const std::size_t most = elastic.max_workers != 0 ? elastic.max_workers : started;
+    return workers >= most ? 0 : std::min(waiting_now, most - workers);
+  }
 
   // Tells the first `joiners` waiting their places, and closes (every process then grows).
   [[gnu::cold]] void welcome(std::size_t joiners) {
