@@ -121,7 +121,7 @@ TEST_CASE(
     "the deterministic all-reduce folds ranks of uneven leaf counts as nodes: every leaf's tree") {
   // 8 leaves over 3, 5 and 6 ranks; 8 over 4 (2 each, halved and doubled) and 12 over 4 (2, 2, 4
   // and 4: a power of two of ranks that are not the tree's nodes over ranks).
-  for (const auto [leaf_count, ranks] :
+  for (const auto& [leaf_count, ranks] :
        {std::pair{8, 3}, std::pair{8, 5}, std::pair{8, 6}, std::pair{8, 4}, std::pair{12, 4}}) {
     for (std::size_t length : {std::size_t{5}, std::size_t{300'000}}) {  // direct and segmented
       CAPTURE(leaf_count);

@@ -70,23 +70,24 @@ std::vector<std::string> on_hosts(int hosts, int per_host, Body body,
 // copy of `mine` outside it, through the slots. Each gives `expected`'s bits, or this throws.
 template <class C>
 void reduce_shared_rounds(C& c, std::span<float> values, const std::vector<float>& mine,
-                          const std::vector<float>& expected, int rounds) {
+                          const std::vector<float>& expected, int rounds,
+                          ReduceOp op = ReduceOp::kSum) {
   const std::size_t length = values.size();
   for (int round = 0; round < rounds; ++round) {
     std::copy(mine.begin(), mine.end(), values.begin());
     if (round == 1) {
       const std::size_t cut = length / 3;
-      c.all_reduce(values.subspan(2 * cut), ReduceOp::kSum);
-      c.all_reduce(values.subspan(cut, cut), ReduceOp::kSum);
-      c.all_reduce(values.first(cut), ReduceOp::kSum);
+      c.all_reduce(values.subspan(2 * cut), op);
+      c.all_reduce(values.subspan(cut, cut), op);
+      c.all_reduce(values.first(cut), op);
     } else {
-      c.all_reduce(values, ReduceOp::kSum);
+      c.all_reduce(values, op);
     }
     if (std::memcmp(values.data(), expected.data(), length * sizeof(float)) != 0) {
       throw std::runtime_error("bits differ from the canonical tree");
     }
     auto own = mine;
-    c.all_reduce(std::span<float>(own), ReduceOp::kSum);
+    c.all_reduce(std::span<float>(own), op);
     if (std::memcmp(own.data(), expected.data(), length * sizeof(float)) != 0) {
       throw std::runtime_error("bits differ through the slots");
     }
@@ -581,22 +582,32 @@ TEST_CASE("by host, a rank that never arrives is named by its rank in the job af
 
 TEST_CASE(
     "by host, parts of each host's shared buffer all-reduce in place to the canonical tree's "
-    "bits, and stripes do not reach every rank") {
+    "bits, in bfloat16 too, and stripes do not reach every rank") {
   const auto segments = cohort::testing::shared_memory_segments();
-  for (const int hosts : {2, 3}) {
+  // 4 hosts halve and double between the hosts; 2,100,007 elements are several segments of a
+  // rail's all-reduce, folded from the host and written back while others travel.
+  for (const int hosts : {2, 3, 4}) {
     const int ranks = hosts * 2;
-    for (std::size_t length : {std::size_t{5}, std::size_t{700'003}}) {
-      CAPTURE(ranks);
-      CAPTURE(length);
-      const auto inputs = cohort::testing::cancelling_inputs(ranks, length, 23);
-      const std::vector<float> expected = cohort::testing::canonical_sum(inputs);
-      const auto failures = on_hosts(hosts, 2, [&](auto& c) {
-        if (c.stripes_reach_every_rank()) throw std::runtime_error("stripes reach every rank");
-        const std::span<float> values = c.template share_buffer<float>(length).values;
-        if (values.size() != length) throw std::runtime_error("no shared buffer");
-        reduce_shared_rounds(c, values, inputs[static_cast<std::size_t>(c.rank())], expected, 2);
-      });
-      for (const auto& failure : failures) CHECK(failure == "");
+    for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kSumBfloat16}) {
+      for (std::size_t length : {std::size_t{5}, std::size_t{700'003}, std::size_t{2'100'007}}) {
+        CAPTURE(ranks);
+        CAPTURE(length);
+        CAPTURE(static_cast<int>(op));
+        const auto inputs = op == ReduceOp::kSum
+                                ? cohort::testing::cancelling_inputs(ranks, length, 23)
+                                : cohort::testing::narrow_inputs(op, ranks, length, 23);
+        const std::vector<float> expected = op == ReduceOp::kSum
+                                                ? cohort::testing::canonical_sum(inputs)
+                                                : cohort::testing::narrow_tree_sum(op, inputs);
+        const auto failures = on_hosts(hosts, 2, [&](auto& c) {
+          if (c.stripes_reach_every_rank()) throw std::runtime_error("stripes reach every rank");
+          const std::span<float> values = c.template share_buffer<float>(length).values;
+          if (values.size() != length) throw std::runtime_error("no shared buffer");
+          reduce_shared_rounds(c, values, inputs[static_cast<std::size_t>(c.rank())], expected, 2,
+                               op);
+        });
+        for (const auto& failure : failures) CHECK(failure == "");
+      }
     }
   }
   CHECK(cohort::testing::shared_memory_segments() == segments);

@@ -44,10 +44,11 @@
 // node of the tree through a shared segment, each a chunk of every piece; the chunks of rank k of
 // every host are all-reduced between the hosts over the transport, by the algorithm above among
 // those ranks alone (one of each host, as nodes of the hosts' counts); each rank copies them back
-// through the segment. Each host sends a gradient over the network once, not once per process,
-// and every value is a node of the same tree, so the bits are those of every other path. Where a
-// host's ranks are not one node of the tree (leaf counts that cut a host), the all-reduce stays
-// flat.
+// through the segment. Where the buffer lies in the host's segment (share_buffer), the folds and
+// the copies back go a part at a time, while other parts travel between the hosts. Each host sends
+// a gradient over the network once, not once per process, and every value is a node of the same
+// tree, so the bits are those of every other path. Where a host's ranks are not one node of the
+// tree (leaf counts that cut a host), the all-reduce stays flat.
 //
 // Requirements: as for every communicator (collective.hpp); not moved once it shares memory
 // across hosts (its groups refer to its transport). Not thread-safe: one thread per
@@ -172,12 +173,6 @@ class Deterministic : public detail::OverTransport<T> {
         all_reduce_in_segment(call, input, output, op);
       }
       return;
-    }
-    if constexpr (std::is_same_v<E, float>) {
-      if (op == ReduceOp::kSumBfloat16)
-        return reduce_packed(call, input, output, op, packed_bfloat16_);
-      if (op == ReduceOp::kSumFloat16)
-        return reduce_packed(call, input, output, op, packed_float16_);
     }
     reduce_over_transport(call, input, output, op);
   }
@@ -361,10 +356,17 @@ class Deterministic : public detail::OverTransport<T> {
   };
 
   // The all-reduce of `call` over the transport (top of this file), its buffer entering and
-  // leaving `staged` a segment at a time (fold_and_gather).
+  // leaving `staged` a segment at a time (fold_and_gather); a rounded sum's in 2 bytes an element
+  // (reduce_packed).
   template <class E, class Staged = Unstaged>
   void reduce_over_transport(const Call& call, std::span<const E> input, std::span<E> output,
                              ReduceOp op, const Staged& staged = {}) {
+    if constexpr (std::is_same_v<E, float>) {
+      if (op == ReduceOp::kSumBfloat16)
+        return reduce_packed(call, input, output, op, packed_bfloat16_, staged);
+      if (op == ReduceOp::kSumFloat16)
+        return reduce_packed(call, input, output, op, packed_float16_, staged);
+    }
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     if (output.size_bytes() * ranks <= kDirectBytes) {
       staged.enters(0, output.size());
@@ -603,7 +605,11 @@ class Deterministic : public detail::OverTransport<T> {
   // The all-reduce by host of a part of the host's shared buffers (share_buffer: a gradient sum
   // computed there), as all_reduce_in_region does it on one host: this rank folds its chunk
   // straight from every host rank's buffer, all-reduces it between the hosts, and writes the
-  // result into every host rank's buffer, with no copy in or out.
+  // result into every host rank's buffer, with no copy in or out. The three stages overlap: the
+  // rail's all-reduce takes its buffer in a segment at a time (reduce_over_transport's `staged`),
+  // so a segment is folded from the host and a finished one written back while another's frames
+  // travel between the hosts. The ranks of a host meet only before and after, since each writes
+  // only its own chunk of every buffer.
   template <class E, class Host, class HostCall>
   void reduce_in_host_regions(Host& host, const HostCall& host_call, std::span<E> buffer,
                               std::uint64_t where, ReduceOp op) requires kSplitsByHost {
@@ -614,16 +620,39 @@ class Deterministic : public detail::OverTransport<T> {
     const auto chunk_of = [&](std::size_t rank) {
       return reinterpret_cast<E*>(segment.region(static_cast<int>(rank)) + where) + mine.begin;
     };
-    const std::span<E> folded = this->template scratch<E>(mine.size());
-    std::vector<const E*> inputs(ranks);
-    for (std::size_t rank = 0; rank < ranks; ++rank) inputs[rank] = chunk_of(rank);
-    E* const into[] = {folded.data()};
-    host.template fold_into<E>(op, inputs, std::span<E* const>(into), mine.size());
-    by_host_->rail.all_reduce(folded, op);
-    for (std::size_t rank = 0; rank < ranks; ++rank) {
-      std::copy(folded.begin(), folded.end(), chunk_of(rank));
-    }
+    struct ThroughHost {
+      Host* host;
+      ReduceOp op;
+      std::span<E> folded;
+      std::vector<E*> chunks;                // every host rank's chunk in its buffer
+      mutable std::vector<const E*> inputs;  // the parts of those chunks being folded
+      void enters(std::size_t begin, std::size_t length) const {
+        for (std::size_t rank = 0; rank < chunks.size(); ++rank) {
+          inputs[rank] = chunks[rank] + begin;
+        }
+        E* const into[] = {folded.data() + begin};
+        host->template fold_into<E>(op, inputs, std::span<E* const>(into), length);
+      }
+      void leaves(std::size_t begin, std::size_t length) const {
+        for (E* const chunk : chunks) std::copy_n(folded.data() + begin, length, chunk + begin);
+      }
+    };
+    std::vector<E*> chunks(ranks);
+    for (std::size_t rank = 0; rank < ranks; ++rank) chunks[rank] = chunk_of(rank);
+    const ThroughHost through_host{&host, op, this->template scratch<E>(mine.size()),
+                                   std::move(chunks), std::vector<const E*>(ranks)};
+    by_host_->rail.all_reduce_staged(through_host.folded, op, through_host);
     host.meet(host_call, where);
+  }
+
+  // all_reduce in place over the transport, the buffer entering and leaving `staged` a segment at
+  // a time (reduce_over_transport): a rail's part of an all-reduce by host.
+  template <class E, class Staged>
+  void all_reduce_staged(std::span<E> buffer, ReduceOp op, const Staged& staged) {
+    const Call call = this->begin_all_reduce(std::span<const E>(buffer), buffer, op);
+    COHORT_ASSERT(this->size() > 1 && !segment_);
+    if (!buffer.empty())
+      reduce_over_transport(call, std::span<const E>(buffer), buffer, op, staged);
   }
 
   // How a rank waits for its peers in the segment.
@@ -1118,25 +1147,29 @@ class Deterministic : public detail::OverTransport<T> {
   // the bytes make 0.5x float's time, that took the bfloat16 all-reduce of 16 and 64 MiB from
   // 0.57-0.59x to 0.52-0.56x, against one pass before the first transfer and one after the last
   // (docs/benchmarks.md, "Gradients in bfloat16 between hosts").
-  template <class Narrow>
+  // A part enters `staged` before it is rounded and leaves it once widened.
+  template <class Narrow, class Staged>
   void reduce_packed(const Call& call, std::span<const float> input, std::span<float> output,
-                     ReduceOp op, std::vector<Narrow>& packed) {
+                     ReduceOp op, std::vector<Narrow>& packed, const Staged& staged) {
     if (packed.size() < output.size()) packed.resize(output.size());
     const std::span<Narrow> wire(packed.data(), output.size());
     struct Packing {
       std::span<const float> input;
       std::span<Narrow> wire;
       std::span<float> output;
+      const Staged* staged;
       void enters(std::size_t begin, std::size_t length) const {
+        staged->enters(begin, length);
         std::ranges::transform(input.subspan(begin, length), wire.subspan(begin, length).begin(),
                                &Narrow::round);
       }
       void leaves(std::size_t begin, std::size_t length) const {
         std::ranges::transform(wire.subspan(begin, length), output.subspan(begin, length).begin(),
                                [](Narrow value) { return value.widen(); });
+        staged->leaves(begin, length);
       }
     };
-    reduce_over_transport<Narrow>(call, wire, wire, op, Packing{input, wire, output});
+    reduce_over_transport<Narrow>(call, wire, wire, op, Packing{input, wire, output, &staged});
   }
 
   std::vector<std::size_t> leaf_counts_;  // set_leaf_counts; empty: one each
