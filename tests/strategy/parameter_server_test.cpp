@@ -825,6 +825,23 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "under cohort-run --max-restarts, an elastic sync job that loses its chief starts the chief's "
+    "process again once the job went on without it, and takes it in, to the bits of a job that "
+    "lost none") {
+  // cohort-run cannot tell the consistency: it waits --wait-s (3 s) for the servers, which would
+  // end an async job's fit, before it starts the chief again.
+  const auto [lost, text] = sync_job_after_worker_kill("cohort-ps-sync-chief-again", 1000, 1, 0);
+  CAPTURE(text);
+  CHECK(text.find("cohort-run: worker 0 was killed by signal 9 (Killed); 3 workers go on without "
+                  "it (--min-np 2); it starts again in 3 s where the job goes on without its "
+                  "chief (Sync)") != std::string::npos);
+  CHECK(text.find("cohort-run: worker 0 was killed by signal 9 (Killed); starting it again "
+                  "(restart 1 of 1)") != std::string::npos);
+  CHECK(text.find("joined the job of 4 workers at step ") != std::string::npos);
+  CHECK(text.find(" (1 joined)") != std::string::npos);
+}
+
+TEST_CASE(
     "an elastic sync worker lost between a step's pushes, after some chunks took the step: the "
     "retry pulls their parameters from before it, to the bits of a job that lost none") {
   // Worker 2 sends 2 of its pushes of the step, waits while the others push theirs (so the servers

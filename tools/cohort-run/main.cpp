@@ -41,17 +41,20 @@
 // With --ps S as well (a parameter-server job, strategy/parameter_server.hpp) any worker is lost
 // without stopping the job: under Sync the workers left regroup without it, under Async and
 // BoundedStaleness its servers take it back when a worker other than the chief is started again
-// (and end the fit when the chief, which holds the job's door, is lost). Only a worker other than
-// the chief is started again, while the chief runs; a server that fails stops the job (its shard
-// lives nowhere else), as does a rank whose loss leaves fewer than --min-np. With --max-restarts K,
-// a job that a failed rank stopped, elastic or not, is then started again whole, on a new port
-// unless --port gives one ("cohort-run: the job stopped after ps 1 failed; starting every rank
-// again (restart 1 of 3)"), as torchrun's --max-restarts does: a program that resumes from its
-// newest checkpoint (Options::checkpoint, resume) goes on from there, to the bits of a run that
-// never stopped; one that does not starts over. The K starts again count both: a rank's and the
-// whole job's. When all ranks are done, anything left in their process groups is killed, and every
-// rank has been waited for: no zombie, no orphan. Should cohort-run itself be killed with SIGKILL,
-// each rank gets SIGTERM from the kernel (PR_SET_PDEATHSIG).
+// (and end the fit when the chief, which holds the job's door, is lost). Once the chief is lost,
+// a failed worker is started again only after the job has gone on without it for --wait-s: under
+// Sync the next chief keeps the door and takes it in, the chief's own process too ("it starts
+// again in 3 s where the job goes on without its chief"); under Async and BoundedStaleness the
+// servers end the fit meanwhile, and the job is started again whole. A server that fails stops
+// the job (its shard lives nowhere else), as does a rank whose loss leaves fewer than --min-np.
+// With --max-restarts K, a job that a failed rank stopped, elastic or not, is then started again
+// whole, on a new port unless --port gives one ("cohort-run: the job stopped after ps 1 failed;
+// starting every rank again (restart 1 of 3)"), as torchrun's --max-restarts does: a program that
+// resumes from its newest checkpoint (Options::checkpoint, resume) goes on from there, to the bits
+// of a run that never stopped; one that does not starts over. The K starts again count both: a
+// rank's and the whole job's. When all ranks are done, anything left in their process groups is
+// killed, and every rank has been waited for: no zombie, no orphan. Should cohort-run itself be
+// killed with SIGKILL, each rank gets SIGTERM from the kernel (PR_SET_PDEATHSIG).
 //
 // Timeline: with COHORT_TRACE=DIR (which every rank inherits, as every COHORT_* setting that does
 // not describe the rank's place), each rank writes its timeline there and cohort-run merges them
@@ -349,6 +352,7 @@ class Launch {
         exit_code_ = 124;
         stop(SIGTERM);
       }
+      if (hold_until_ && now >= *hold_until_) release_held();
       if (term_at_ && now >= *term_at_) {
         say(std::to_string(running()) + " ranks did not end within " +
             format_seconds(options_.wait_s) + " s; sending SIGTERM, SIGKILL after " +
@@ -486,15 +490,39 @@ class Launch {
            rank < static_cast<std::size_t>(options_.processes);
   }
 
-  // Whether failed rank `rank` of an elastic job is started again to take its place back: a
-  // replaceable one, and in a parameter-server job only while the chief that started it runs.
-  // Under Async and BoundedStaleness the job ends with that one: its servers refuse the other
-  // workers, which fail before the servers do, and each started again would spend a start again
-  // that the whole job's start needs. The launcher cannot tell the consistency, so it starts none;
-  // under Sync the job goes on, and the next chief keeps the door where a process that another
-  // launcher starts again comes (docs/launching.md).
-  bool startable_again(std::size_t rank) const {
-    return replaceable(rank) && (options_.servers == 0 || !ranks_[0].status);
+  // Whether failed worker `rank` of an elastic parameter-server job waits before it is started
+  // again: while the chief is lost and the job has not shown that it goes on without it. Under
+  // Sync it does, and the next chief keeps the door; under Async and BoundedStaleness the servers
+  // end the fit, which cannot end without the chief, and the job is started again whole. The
+  // launcher cannot tell the consistency, so it waits --wait-s for the servers: their failure
+  // stops the job, and a worker that failed of the chief's loss before them has spent no start
+  // again that the whole job's start needs.
+  bool waits_for_the_servers(std::size_t rank) const {
+    return options_.servers > 0 && !goes_on_without_chief_ && (rank == 0 || ranks_[0].status);
+  }
+
+  // Holds failed worker `rank` (waits_for_the_servers) until --wait-s after the first held one.
+  void hold(std::size_t rank, int status) {
+    held_.emplace_back(rank, status);
+    if (!hold_until_) {
+      hold_until_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(options_.wait_s));
+    }
+    say(who(rank) + " " + describe_status(status) + "; " + std::to_string(running_workers()) +
+        " workers go on without it (--min-np " + std::to_string(options_.min_processes) +
+        "); it starts again in " + format_seconds(options_.wait_s) +
+        " s where the job goes on without its chief (Sync)");
+  }
+
+  // Once --wait-s has passed since a held worker failed: the job went on without its chief unless
+  // it is stopping, so the held workers start again, as any lost worker from now on.
+  void release_held() {
+    hold_until_.reset();
+    std::vector<std::pair<std::size_t, int>> held = std::move(held_);
+    held_.clear();
+    if (stopping_) return;
+    goes_on_without_chief_ = true;
+    for (const auto& [rank, status] : held) judge(rank, status);
   }
 
   // Whether an elastic job may go on without rank `rank` and take it in again: any rank of a job
@@ -506,7 +534,10 @@ class Launch {
 
   // The timeout until stopping; while stopping, the SIGTERM deadline, then the SIGKILL one.
   std::optional<Clock::time_point> next_deadline() const {
-    if (!stopping_) return timeout_at_;
+    if (!stopping_) {
+      if (timeout_at_ && hold_until_) return std::min(*timeout_at_, *hold_until_);
+      return hold_until_ ? hold_until_ : timeout_at_;
+    }
     return term_at_ ? term_at_ : kill_at_;
   }
 
@@ -582,7 +613,13 @@ class Launch {
     }
     const bool expendable = !success && !stopping_ && may_lose(rank);
     const std::optional<std::size_t> ended = fit_ended_by();
-    if (expendable && !ended && startable_again(rank) && restart(rank, status)) return;
+    if (expendable && !ended && restarts_ < options_.max_restarts) {
+      if (waits_for_the_servers(rank)) {
+        hold(rank, status);
+        return;
+      }
+      if (restart(rank, status)) return;
+    }
     if (expendable) {
       std::string line = who(rank) + " " + describe_status(status) + "; ";
       if (ended && restarts_ < options_.max_restarts) {
@@ -619,6 +656,10 @@ class Launch {
   std::optional<Clock::time_point> timeout_at_;
   std::optional<Clock::time_point> term_at_;  // set while the others get --wait-s
   std::optional<Clock::time_point> kill_at_;
+  // Failed workers held while a parameter-server job's chief is lost (hold), and until when.
+  std::vector<std::pair<std::size_t, int>> held_;
+  std::optional<Clock::time_point> hold_until_;
+  bool goes_on_without_chief_ = false;  // the job went on --wait-s after its chief was lost
 };
 
 }  // namespace
