@@ -32,7 +32,10 @@
 # pod started again with its TF_CONFIG (it takes its place back at both servers, and each of its
 # steps reaches them once), a worker host of a synchronous parameter-server job cut off until the
 # timeout (the job goes on without it) and its pod started again (the job takes it in, to the
-# same bits), a wrong secret on one host, no rank 0 at the master address.
+# same bits), the chief's host likewise, a worker's pod started again where it reaches the
+# chief's host alone (its grow fails on every process, and the job goes on without it, then takes
+# in its pod started again once it reaches every host, to the same bits), a wrong secret on one
+# host, no rank 0 at the master address.
 set -uo pipefail
 
 build="$(cd "${1:?usage: hosts_test.sh BUILD_DIR [CASE...]}" && pwd)"
@@ -47,7 +50,7 @@ if ((${#cases[@]} == 0)); then
          elastic_pytorchjob_rejoins elastic_slurm_replacement elastic_lost_while_state_travels
          elastic_chief_rejoins elastic_chief_lost_across_hosts elastic_chief_host_lost_tf_config
          elastic_chief_pod_restarts ps_worker_pod_restarts ps_sync_host_lost_rejoins
-         ps_sync_chief_host_lost_rejoins no_master
+         ps_sync_chief_host_lost_rejoins ps_sync_newcomer_unreachable no_master
          wrong_secret)
 fi
 
@@ -757,6 +760,36 @@ ps_sync_host_lost_rejoins() {
 }
 case_ps_sync_host_lost_rejoins() { ps_sync_host_lost_rejoins 4; }
 case_ps_sync_chief_host_lost_rejoins() { ps_sync_host_lost_rejoins 1; }
+
+# The same job: host 4's worker killed (the job goes on with 3), then its pod started again where
+# it reaches the chief's host alone (its routes to the others unreachable). The door takes it in
+# at a step boundary, but it cannot form the grown mesh with the others: every process's grow
+# fails within the roll call's bound, and the job goes on without it, its servers too. Its pod,
+# started again once it reaches every host, is taken in: the bits of a job that lost nobody.
+case_ps_sync_newcomer_unreachable() {
+  local pid reference h chief
+  # Long enough for a failed grow and a take-in (3 times elastic_job's examples).
+  local long_job=(--layers "8,512,512,10" --examples 98304 --epochs 2 --quiet)
+  reference="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
+  local program=("${parameter_server}" --consistency sync --micro-batches 8 "${long_job[@]}")
+  local elastic=(COHORT_MIN_WORKERS=3 COHORT_SECRET=ps-sync-hosts)
+  start_ps_hosts "${elastic[@]}" -- "${program[@]}"
+  chief="${started[0]}"
+  for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
+  logged "${chief}" "cohort: workers 4 -> 3 at step .*(rank 3 lost: " >/dev/null ||
+    fail "the chief does not say the job went on without rank 3"
+  for h in 2 3 5 6; do ip -n "$(namespace 4)" route add unreachable "${net}.${h}/32"; done
+  ps_pod 4 "${elastic[@]}" COHORT_JOIN=1 -- "${program[@]}"
+  logged "${chief}" "cohort: workers 3 -> 3 at step .*(none taken in: .*never connected" >/dev/null ||
+    fail "the chief does not say the job went on without the process it could not take in"
+  for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
+  for h in 2 3 5 6; do ip -n "$(namespace 4)" route del unreachable "${net}.${h}/32"; done
+  ps_pod 4 "${elastic[@]}" COHORT_JOIN=1 -- "${program[@]}"
+  finish 120
+  succeeded_with "${reference}" "${started[@]:0:3}" "${started[@]:4:2}" "${started[7]}"
+  grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${chief}.out" ||
+    fail "the chief does not say the job took the worker started again in"
+}
 
 case_no_master() {  # ranks 1 to 3 with no rank 0: each names what it could not reach
   local h

@@ -86,13 +86,15 @@ std::string fit_summary(const std::vector<double>& per_replica, std::uint64_t st
 
 // One change of an elastic job's membership, as the chief prints it when it happens and in the
 // fit's summary: "workers 4 -> 3 at step 17 (rank 2 lost: <the failure that began it>)", and
-// where the state was rebuilt from the lost membership's stripes, that too.
+// where the state was rebuilt from the lost membership's stripes, that too. A grow that failed
+// lost no member: "workers 3 -> 3 at step 72 (none taken in: <the failure>)".
 inline std::string membership_text(const strategy::MembershipChange& change) {
   std::string why;
   for (const int rank : change.lost) {
     why += (why.empty() ? "rank " : ", rank ") + std::to_string(rank);
   }
   if (!change.lost.empty()) why += " lost: " + change.cause;
+  if (change.lost.empty() && !change.cause.empty()) why = "none taken in: " + change.cause;
   if (change.from_stripes) why += "; the state rebuilt from the stripes kept in shared memory";
   if (change.joined != 0) {
     why += (why.empty() ? "" : "; ") + std::to_string(change.joined) + " joined";
