@@ -698,7 +698,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e9));
   app.add_option("--wait-s", options.wait_s,
                  "seconds the other ranks get to end by themselves after a rank fails, before "
-                 "SIGTERM (each prints its own line naming the cause)")
+                 "SIGTERM (each prints its own line naming the cause); with --ps, --min-np and "
+                 "--max-restarts, how long workers lost with the chief wait before they start "
+                 "again, where the job goes on without it")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--grace-s", options.grace_s,
