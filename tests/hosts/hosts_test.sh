@@ -687,9 +687,6 @@ its hosts once the worker joined"
     fail "rank 0 started again does not say it joined as rank 1, beside its host's other worker"
 }
 
-# A TFJob of 4 worker pods and 2 ps pods, asynchronous, elastic: worker 3's pod fails, and its
-# controller starts it again with its TF_CONFIG; it takes its place back at both servers, under
-# the job's secret.
 # ps_pod HOST VARIABLES... -- PROGRAM...: the task of host HOST in a parameter-server job of 4
 # worker hosts (1 to 4) and 2 server hosts (5 and 6) under TF_CONFIG, with VARIABLES.
 ps_pod() {
@@ -706,6 +703,9 @@ start_ps_hosts() {
   wait_until_training 6
 }
 
+# A TFJob of 4 worker pods and 2 ps pods, asynchronous, elastic: worker 3's pod fails, and its
+# controller starts it again with its TF_CONFIG; it takes its place back at both servers, under
+# the job's secret.
 case_ps_worker_pod_restarts() {
   local pid
   local program=("${parameter_server}" --consistency async --micro-batches 8 "${elastic_job[@]}")

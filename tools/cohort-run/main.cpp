@@ -88,6 +88,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -518,8 +519,7 @@ class Launch {
   // it is stopping, so the held workers start again, as any lost worker from now on.
   void release_held() {
     hold_until_.reset();
-    std::vector<std::pair<std::size_t, int>> held = std::move(held_);
-    held_.clear();
+    const std::vector<std::pair<std::size_t, int>> held = std::exchange(held_, {});
     if (stopping_) return;
     goes_on_without_chief_ = true;
     for (const auto& [rank, status] : held) judge(rank, status);

@@ -651,8 +651,9 @@ class Deterministic : public detail::OverTransport<T> {
   void all_reduce_staged(std::span<E> buffer, ReduceOp op, const Staged& staged) {
     const Call call = this->begin_all_reduce(std::span<const E>(buffer), buffer, op);
     COHORT_ASSERT(this->size() > 1 && !segment_);
-    if (!buffer.empty())
+    if (!buffer.empty()) {
       reduce_over_transport(call, std::span<const E>(buffer), buffer, op, staged);
+    }
   }
 
   // How a rank waits for its peers in the segment.

@@ -93,8 +93,11 @@ inline std::string membership_text(const strategy::MembershipChange& change) {
   for (const int rank : change.lost) {
     why += (why.empty() ? "rank " : ", rank ") + std::to_string(rank);
   }
-  if (!change.lost.empty()) why += " lost: " + change.cause;
-  if (change.lost.empty() && !change.cause.empty()) why = "none taken in: " + change.cause;
+  if (!change.lost.empty()) {
+    why += " lost: " + change.cause;
+  } else if (!change.cause.empty()) {
+    why = "none taken in: " + change.cause;
+  }
   if (change.from_stripes) why += "; the state rebuilt from the stripes kept in shared memory";
   if (change.joined != 0) {
     why += (why.empty() ? "" : "; ") + std::to_string(change.joined) + " joined";
