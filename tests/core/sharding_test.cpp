@@ -26,6 +26,18 @@ TEST_CASE("a deal gives workers nodes first, then each worker's node to its loca
   CHECK(counts_of(cohort::sharding::Deal(16, 4, 2).counts()) == Counts(4, 4));
 }
 
+TEST_CASE("a deal over more shares than workers gives the workers the first shares") {
+  // 3 workers of 2 replicas left of a job dealt over 4: each keeps a quarter of the 16
+  // micro-batches, and the last quarter goes undealt.
+  const cohort::sharding::Deal deal(16, 6, 2, 4);
+  CHECK(counts_of(deal.worker_counts()) == Counts{4, 4, 4});
+  CHECK(counts_of(deal.counts()) == Counts(6, 2));
+  CHECK(deal.first(5) == 10);
+  // As many shares as workers: the deal over the workers.
+  CHECK(counts_of(cohort::sharding::Deal(8, 6, 2, 3).counts()) ==
+        counts_of(cohort::sharding::Deal(8, 6, 2).counts()));
+}
+
 TEST_CASE("a deal that leaves a replica without a micro-batch is refused, naming what would do") {
   // 2 workers of 2 replicas: 5 micro-batches deal them 4 and 1.
   const std::string message =

@@ -40,10 +40,19 @@ struct Range {
 // is a power of two every replica folds that many (equal blocks); otherwise the counts differ, at
 // most twice the smallest, and the collectives fold each replica as a node of its count
 // (strategy::FoldsAnyDeal). Valid for the counts validate() accepts.
+//
+// `shares`: the workers the micro-batches are dealt over, where that is more than the job's
+// workers (a parameter-server job with backup workers that lost some keeps every worker's share,
+// strategy::KeepsShares): the job's workers take the first shares, and the rest go undealt.
 class Deal {
  public:
-  Deal(std::size_t micro_batches, std::size_t replicas, std::size_t local_replicas) {
-    for (const std::size_t node : tree::deal(micro_batches, replicas / local_replicas)) {
+  Deal(std::size_t micro_batches, std::size_t replicas, std::size_t local_replicas)
+      : Deal(micro_batches, replicas, local_replicas, replicas / local_replicas) {}
+  Deal(std::size_t micro_batches, std::size_t replicas, std::size_t local_replicas,
+       std::size_t shares) {
+    COHORT_ASSERT(shares >= replicas / local_replicas);
+    const std::vector<std::size_t> nodes = tree::deal(micro_batches, shares);
+    for (const std::size_t node : std::span(nodes).first(replicas / local_replicas)) {
       worker_counts_.push_back(node);
       const std::vector<std::size_t> parts = tree::deal(node, local_replicas);
       counts_.insert(counts_.end(), parts.begin(), parts.end());
@@ -94,13 +103,15 @@ class Plan {
  public:
   // Validates the split: names the field that makes it impossible. `any_deal`: whether the
   // strategy folds replicas of different micro-batch counts (strategy::FoldsAnyDeal); without it
-  // micro_batches / replicas must be a power of two.
+  // micro_batches / replicas must be a power of two. `shares`: the workers the micro-batches are
+  // dealt over (Deal), at least replicas / local_replicas.
   Plan(std::size_t dataset_size, std::size_t global_batch, std::size_t micro_batches,
-       std::size_t replicas, std::size_t local_replicas, bool any_deal)
+       std::size_t replicas, std::size_t local_replicas, std::size_t shares, bool any_deal)
       : dataset_size_(dataset_size),
         global_batch_(global_batch),
         micro_batches_(micro_batches),
-        deal_(validated_deal(global_batch, micro_batches, replicas, local_replicas, any_deal)) {
+        deal_(validated_deal(global_batch, micro_batches, replicas, local_replicas, shares,
+                             any_deal)) {
     if (global_batch > dataset_size) {
       options::reject("global_batch", global_batch,
                       "exceeds the data set's " + std::to_string(dataset_size) + " examples");
@@ -149,9 +160,10 @@ class Plan {
 
  private:
   static Deal validated_deal(std::size_t global_batch, std::size_t micro_batches,
-                             std::size_t replicas, std::size_t local_replicas, bool any_deal) {
-    validate_split(global_batch, micro_batches, replicas, local_replicas, any_deal);
-    return Deal(micro_batches, replicas, local_replicas);
+                             std::size_t replicas, std::size_t local_replicas, std::size_t shares,
+                             bool any_deal) {
+    validate_split(global_batch, micro_batches, shares * local_replicas, local_replicas, any_deal);
+    return Deal(micro_batches, replicas, local_replicas, shares);
   }
 
   std::size_t dataset_size_;

@@ -134,8 +134,11 @@
 //                    COHORT_JOIN=1) on the process started again; elastic.probe_timeout, how long
 //                    the chief, done, waits for a lost worker to come back. Sync: the job goes on
 //                    without a lost worker down to elastic.min_workers, and takes processes
-//                    started for it in, up to elastic.max_workers (above; not with
-//                    backup_workers); elastic.probe_timeout bounds the regroup's roll call
+//                    started for it in, up to elastic.max_workers (above; with backup_workers,
+//                    elastic.min_workers at least W - backup_workers, and the micro-batches
+//                    dealt over the W workers the job started with, whatever its membership:
+//                    parameter_server/server.hpp); elastic.probe_timeout bounds the regroup's
+//                    roll call
 //   wire             the format a push crosses in (collective/wire.hpp): kFloat32 (the default),
 //                    or kBfloat16 (kFloat16), half the bytes: every sum of the canonical tree
 //                    rounded to bfloat16 (float16), in each worker's fold, between its replicas
@@ -309,11 +312,11 @@ class ParameterServer {
                       "is for workers whose replicas are on the host: a GPU worker's gradient "
                       "sums in float");
     }
-    check_elastic();
     if (this->options().backup_workers >= static_cast<std::size_t>(workers_)) {
       options::reject("backup_workers", this->options().backup_workers,
                       "must be less than the " + std::to_string(workers_) + " workers");
     }
+    check_elastic();
     // A worker's device first: a process without its GPU fails before the rendezvous.
     // (Where the launcher gives no local rank, the rendezvous does: the device comes after it.)
     if (!serves() && cluster().local_given)
@@ -469,6 +472,14 @@ class ParameterServer {
                       {options().min_shard_bytes, options().alignment, options().chunk_bytes});
   }
 
+  // strategy::KeepsShares: the workers the micro-batches are dealt over. With backup workers,
+  // the job's workers at its start whatever its membership: a step aggregates the first
+  // workers - backup_workers shares (parameter_server/server.hpp), which a job that lost workers
+  // keeps, so that its bits are those of a job that lost none.
+  std::size_t shares() const {
+    return options().backup_workers != 0 ? started_workers_ : static_cast<std::size_t>(workers_);
+  }
+
   // strategy::ChoosesGradientSum: the wire's (collective/wire.hpp).
   ReduceOp gradient_sum_op() const { return collective::gradient_sum(options().wire); }
 
@@ -482,7 +493,7 @@ class ParameterServer {
         std::ranges::adjacent_find(counts, std::not_equal_to<>{}) != counts.end()) {
       options::reject("backup_workers", options().backup_workers,
                       "needs every worker dealt as many micro-batches (micro_batches = " +
-                          std::to_string(workers_) +
+                          std::to_string(shares()) +
                           " workers x a power of two): a step aggregated without some workers' "
                           "pushes is scaled by the workers over the pushes, which holds for equal "
                           "shares only");
@@ -525,6 +536,7 @@ class ParameterServer {
                                           {.server = cluster().rank,
                                            .workers = workers_,
                                            .backup_workers = options().backup_workers,
+                                           .shares = shares(),
                                            .worker_timeout = options().timeout,
                                            .log_pushes = options().log_pushes,
                                            .settings = own,
@@ -1120,12 +1132,16 @@ class ParameterServer {
                       "needs transport::tcp::Tcp, over which the processes regroup or take a "
                       "worker back");
     }
-    if (kRegroups && options().backup_workers != 0) {
-      options::reject("elastic.min_workers", elastic.min_workers,
-                      "is not for backup_workers = " + std::to_string(options().backup_workers) +
-                          ": an elastic synchronous job goes on without a lost worker by dealing "
-                          "its micro-batches to the others, and backup workers leave a slow "
-                          "worker's out");
+    if (const std::size_t aggregated =
+            static_cast<std::size_t>(workers_) - options().backup_workers;
+        kRegroups && options().backup_workers != 0 && elastic.min_workers < aggregated) {
+      options::reject(
+          "elastic.min_workers", elastic.min_workers,
+          "must be at least the " + std::to_string(aggregated) + " workers a step aggregates (" +
+              std::to_string(workers_) +
+              " workers less backup_workers = " + std::to_string(options().backup_workers) +
+              "): a job with backup workers goes on while it keeps every share of "
+              "micro-batches that its steps aggregate");
     }
     if (elastic.min_workers > static_cast<std::size_t>(workers_)) {
       options::reject("elastic.min_workers", elastic.min_workers,
@@ -1206,6 +1222,7 @@ static_assert(FoldsAnyDeal<ParameterServer<>>);
 static_assert(TakesWorkersBack<ParameterServer<consistency::Async>>);
 static_assert(!TakesWorkersBack<ParameterServer<>>);
 static_assert(Grows<ParameterServer<>>);
+static_assert(KeepsShares<ParameterServer<>>);
 static_assert(AbandonsStep<ParameterServer<>>);
 
 // Workers under Async and BoundedStaleness go at their own pace.

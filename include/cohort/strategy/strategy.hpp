@@ -115,6 +115,11 @@
 //                            takes the newest state (trainer/elastic.hpp). A process whose own
 //                            failure ends its fit calls s.withdraw() before it tells the others,
 //                            so that none counts it in
+//   KeepsShares<S>           Regroups<S>, and s.shares(): the workers the micro-batches are
+//                            dealt over, which may be more than the membership's
+//                            (core/sharding.hpp, Deal): a job whose steps aggregate a fixed number
+//                            of workers' shares (ParameterServer's backup workers) keeps every
+//                            worker's share when one is lost, and leaves the last ones undealt
 //   Grows<S>                 Regroups<S>, and s.joiners_waiting(), s.admit(count), s.joined(): a
 //                            job that also grows at a step boundary. s.joiners_waiting() (on the
 //                            chief, at a vote) counts the processes that ask to join, as many as
@@ -333,6 +338,11 @@ concept Regroups = requires(S& s, const S& cs, const CommError& cause) {
   { s.regroup(cause) } -> std::same_as<MembershipChange>;
   { s.withdraw() }
   noexcept;
+};
+
+template <class S>
+concept KeepsShares = Regroups<S> && requires(const S& s) {
+  { s.shares() } -> std::same_as<std::size_t>;
 };
 
 template <class S>

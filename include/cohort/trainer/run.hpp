@@ -70,8 +70,15 @@ struct Run {
   // The data's order and deal for `examples` training examples over the job's replicas.
   sharding::Plan plan(std::size_t examples) const {
     return sharding::Plan(examples, options.global_batch, options.micro_batches,
-                          strategy.replicas(), strategy.local_replicas(),
+                          strategy.replicas(), strategy.local_replicas(), shares(),
                           strategy::FoldsAnyDeal<S>);
+  }
+
+  // The workers the micro-batches are dealt over (sharding::Deal): the job's, or more where the
+  // strategy keeps the shares of workers it lost (strategy::KeepsShares).
+  std::size_t shares() const {
+    if constexpr (strategy::KeepsShares<S>) return strategy.shares();
+    return strategy.replicas() / strategy.local_replicas();
   }
 
   // Tells a strategy that folds any deal (strategy::FoldsAnyDeal) the micro-batches of each of
@@ -80,8 +87,8 @@ struct Run {
   void deal() {
     if constexpr (strategy::FoldsAnyDeal<S>) {
       if (strategy.local_replicas() == 0) return;
-      strategy.use_deal(
-          sharding::Deal(options.micro_batches, strategy.replicas(), strategy.local_replicas()));
+      strategy.use_deal(sharding::Deal(options.micro_batches, strategy.replicas(),
+                                       strategy.local_replicas(), shares()));
     }
   }
 

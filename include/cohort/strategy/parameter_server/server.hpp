@@ -48,7 +48,11 @@
 // R = W - B lowest-indexed live workers; it is applied as soon as those R have pushed, scaled by
 // inverse_batch x W / R, and every other push of that step is dropped (counted and reported; its
 // worker's pull gets the new parameters). With B = 0 every worker is needed: a lost worker ends the
-// run with an error naming it.
+// run with an error naming it. An elastic job (regroups, below) regroups at a loss instead, and
+// deals the micro-batches over the W workers it started with whatever its membership
+// (options.shares): the R lowest-indexed workers of each membership take the first R shares and
+// the others the next ones, so that every step aggregates the micro-batches, in the same tree and
+// scale, of the job that lost none. Its min_workers is at least R (ParameterServer checks).
 //
 // Workers taken back (Async and BoundedStaleness, options.readmits; transport::Readmits): the
 // process of a worker started again for its place asks this server for it between two frames.
@@ -116,6 +120,10 @@ struct ServerOptions {
   int server = 0;                  // this server's index
   int workers = 1;                 // W; worker w is transport rank w
   std::size_t backup_workers = 0;  // Sync only (ParameterServer checks)
+  // Sync, with backup workers: the workers the micro-batches are dealt over where that is more
+  // than W (sharding::Deal): an elastic job that lost some keeps every worker's share, and a step
+  // aggregates the first shares - backup_workers of them (the rule at the top).
+  std::size_t shares = 0;
   // How long a worker may stay silent while this server waits on it (the rule at the top).
   std::chrono::milliseconds worker_timeout{std::chrono::minutes(5)};
   bool log_pushes = false;  // one line per push applied to this server's first chunk
@@ -666,7 +674,7 @@ class Server {
   // Sync: applies the step in progress once its aggregate is complete.
   void try_aggregate(State& chunk) {
     if (chunk.summed) return;  // waiting for the other chunks' sums (clipping)
-    const std::size_t needed = static_cast<std::size_t>(options_.workers) - options_.backup_workers;
+    const std::size_t needed = shares() - options_.backup_workers;
     std::vector<const T*> inputs;
     std::vector<std::size_t> chosen;
     std::vector<std::size_t> leaves;
@@ -680,7 +688,7 @@ class Server {
     if (chosen.size() < needed) return;  // too few live workers: lose() reports it
     // Every worker's push: each a node of its micro-batches (backup workers are dealt equal
     // shares, ParameterServer checks, so R of them fold as R leaves).
-    const bool whole = chosen.size() == static_cast<std::size_t>(options_.workers);
+    const bool whole = chosen.size() == shares();
     if (whole && !tree::are_nodes(leaves)) {
       fail("the pushes of step " + std::to_string(chunk.updates) + " sum " + list(leaves) +
            " micro-batches (workers 0 to " + std::to_string(chosen.size() - 1) +
@@ -706,7 +714,7 @@ class Server {
         std::span(chunk.sum),
         whole ? std::span<const std::size_t>(leaves) : std::span<const std::size_t>{});
     chunk.scale = whole ? inverse_batch_of(chunk)
-                        : inverse_batch_of(chunk) * static_cast<double>(options_.workers) /
+                        : inverse_batch_of(chunk) * static_cast<double>(shares()) /
                               static_cast<double>(chosen.size());
     chunk.summed = true;
     const double max_norm = optimizer_.options().max_gradient_norm;
@@ -786,6 +794,12 @@ class Server {
   }
 
   double inverse_batch_of(const State& chunk) const { return chunk.inverse_batch; }
+  // The workers the micro-batches are dealt over: this membership's, but with backup workers the
+  // job's at its start (options.shares), whose shares an elastic job keeps.
+  std::size_t shares() const {
+    const auto workers = static_cast<std::size_t>(options_.workers);
+    return options_.backup_workers == 0 ? workers : std::max(options_.shares, workers);
+  }
 
   // The fewest pushes taken from a live worker that has not finished.
   std::uint64_t slowest(const State& chunk) const {
@@ -926,8 +940,7 @@ class Server {
           lost += who(static_cast<int>(w)) + " was lost (" + why_lost_[w] + "); ";
         }
       }
-      const std::size_t needed =
-          static_cast<std::size_t>(options_.workers) - options_.backup_workers;
+      const std::size_t needed = shares() - options_.backup_workers;
       if (live < needed && !lost.empty()) {
         fail(lost + "synchronous training needs " + std::to_string(needed) + " of " +
              std::to_string(options_.workers) +
