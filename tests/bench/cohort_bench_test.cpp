@@ -337,6 +337,14 @@ TEST_CASE("cohort-bench predict fits its report, checks it, and refuses impossib
   CHECK(contains(here.output, "fitted to 18 measurements"));
   CHECK_FALSE(contains(here.output, "#wrong"));  // the sweeps' tables are not shown
 
+  // Through shared memory outside the shared buffer: not the path the model is of.
+  const std::string slots = (directory.path / "shm.json").string();
+  const Result through_slots =
+      run_bench({"all_reduce", "--backend", "shm", "--np", "2", "-b", "64K", "-e", "64K", "-n", "1",
+                 "-w", "0", "--timeout-s", "100", "--json", slots});
+  INFO(through_slots.output);
+  REQUIRE(through_slots.code == 0);
+
   const std::vector<std::pair<std::vector<std::string>, std::string>> refusals{
       {{"--measured", json + ".missing"}, "tcp.json.missing': cannot read it"},
       {{"--measured", json + "@3x2"}, "3 hosts of 2 make 6 ranks, but the report has 2"},
@@ -347,6 +355,10 @@ TEST_CASE("cohort-bench predict fits its report, checks it, and refuses impossib
       {{"--measured", json, "--gbits", "0"}, "a link's rate is more than 0 Gbit/s"},
       {{"--measured", json, "--params", "1M"}, "--params needs --compute-ms"},
       {{"--measured", json, "--bucket-bytes", "2"}, "at least one element"},
+      {{"--measured", json, "--cores", "-1"}, "--cores -1: at least 1 core"},
+      {{"--measured", json + "," + slots},
+       "shm.json': through shared memory but not in the shared "
+       "buffer"},
   };
   for (const auto& [arguments, sentence] : refusals) {
     std::vector<std::string> argv{"predict"};

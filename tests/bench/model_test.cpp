@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace model_test {
@@ -48,11 +49,57 @@ TEST_CASE("the model's link bytes are those of each algorithm's exchanges") {
         doctest::Approx(2.0 * 2 * 4 / 6 * bytes));
   const model::Counts by_host = model::count(Algorithm::kByHost, four_by_two, bytes);
   CHECK(by_host.link_bytes == doctest::Approx(2.0 * 3 / 4 * bytes));
-  CHECK(by_host.segment_bytes == bytes);
   CHECK(by_host.messages == 2 * 2 * 16);  // the rail's 32 MiB: 16 segments of 4 chunks
+  // In place, the fold and the write-back go beside the link but for the first and the last of
+  // the rail's 16 segments; the ranks of a host meet twice.
+  CHECK(by_host.segment_bytes == doctest::Approx(bytes / 16));
+  CHECK(by_host.beside_segment_bytes == doctest::Approx(bytes * 15 / 16));
+  CHECK(by_host.segment_meetings == 2);
+  // A rail of one segment: nothing of the segment's goes beside the link.
+  CHECK(model::count(Algorithm::kByHost, four_by_two, kMiB).beside_segment_bytes == 0);
   // One host: nothing through a link; by host is the segment alone.
   CHECK(model::count(Algorithm::kDeterministic, Shape{1, 4}, bytes).link_bytes == 0);
-  CHECK(model::count(Algorithm::kByHost, Shape{1, 4}, bytes).messages == 0);
+  const model::Counts one_host = model::count(Algorithm::kByHost, Shape{1, 4}, bytes);
+  CHECK(one_host.messages == 0);
+  CHECK(one_host.segment_bytes == bytes);
+  CHECK(one_host.beside_segment_bytes == 0);
+}
+
+TEST_CASE("ranks that share cores count each cost of a core that many times, not the link's") {
+  model::Costs costs;
+  costs.message_s = 10e-6;
+  costs.cpu_s_per_byte = 1 / 2e9;
+  costs.segment_s_per_byte = 1 / 4e9;
+  costs.segment_meeting_s = 1e-6;
+  costs.link_s_per_byte = 1 / 0.12e9;
+  // 4 hosts of 2 on one machine of 2 cores: 4 ranks a core.
+  Shape shared{4, 2};
+  shared.ranks_per_core = 4;
+  for (const double bytes : {64 * 1024.0, 64 * kMiB}) {
+    const model::Counts c = model::count(Algorithm::kDeterministic, shared, bytes);
+    const double expected =
+        c.messages * 4 * costs.message_s +
+        std::max(c.link_bytes * costs.link_s_per_byte, c.cpu_bytes * 4 * costs.cpu_s_per_byte) +
+        c.serial_cpu_bytes * 4 * costs.cpu_s_per_byte;
+    CHECK(model::seconds(Algorithm::kDeterministic, shared, bytes, costs) ==
+          doctest::Approx(expected));
+  }
+  // The fit prices each measurement's core work by its ranks per core.
+  costs.link_message_s = 30e-6;
+  std::vector<model::Measured> measured;
+  for (double bytes = 64 * 1024; bytes <= 64 * kMiB; bytes *= 4) {
+    for (Shape shape : {Shape{1, 4}, Shape{2, 2}}) {
+      shape.ranks_per_core = 2;
+      for (const Algorithm a : {Algorithm::kDeterministic, Algorithm::kByHost}) {
+        if (shape.hosts > 1 && a == Algorithm::kByHost) continue;
+        measured.push_back({a, shape, bytes, model::seconds(a, shape, bytes, costs)});
+      }
+    }
+  }
+  const model::Costs fitted = model::fit(measured);
+  CHECK(fitted.message_s == doctest::Approx(costs.message_s));
+  CHECK(fitted.cpu_s_per_byte == doctest::Approx(costs.cpu_s_per_byte));
+  CHECK(fitted.segment_s_per_byte == doctest::Approx(costs.segment_s_per_byte));
 }
 
 TEST_CASE("a small all-reduce is one message to each peer, and a large one grows by segments") {

@@ -123,6 +123,7 @@ inline RunInfo run_info(const Settings& s, const Context& context, std::string b
   run.step_bytes = s.step_bytes;
   run.iters = s.iters;
   run.warmup_iters = s.warmup_iters;
+  run.shared_buffer = s.shared_buffer;
   run.check = s.check;
   run.machine = this_machine();
   return run;

@@ -204,6 +204,11 @@ void add_predict_options(CLI::App& app, PredictSettings& s) {
   app.add_option("--check", s.check,
                  "reports (FILE[@HxP]) to check the fitted model against, size by size")
       ->delimiter(',');
+  app.add_option("--cores", s.cores,
+                 "the cores the ranks of each report shared, where fewer than its ranks "
+                 "(network-namespace hosts of one machine): a core's costs count ranks / cores "
+                 "times there; 0: a core per rank")
+      ->capture_default_str();
   add_counts(app, "--params", s.parameters, parse_parameter_count,
              "a parameter count (e.g. 25M, 1.5G)",
              "model sizes in parameters to predict a step of, comma-separated (M = 10^6)");

@@ -9,13 +9,17 @@
 //   link_bytes     bytes through the busiest host's link, each way: `link_s_per_byte` each
 //   cpu_bytes      bytes a rank sends and folds: `cpu_s_per_byte` each
 //   serial_cpu_bytes  the same, while the host's link has nothing to carry: `cpu_s_per_byte` each
-//   segment_bytes  bytes of the buffer through the host's shared segment, per rank: each costs
-//   segment_meetings  `segment_s_per_byte`, and each meeting of the segment `segment_meeting_s`
+//   segment_bytes  bytes of the buffer through the host's shared segment, per rank, while the
+//                  link has nothing to carry: `segment_s_per_byte` each
+//   beside_segment_bytes  the same, while the link carries others: `segment_s_per_byte` each
+//   segment_meetings  meetings of the host's ranks in the segment: `segment_meeting_s` each
 // The time is messages x (message_s + link_message_s) + max(link_bytes x link_s_per_byte,
-// cpu_bytes x cpu_s_per_byte) + serial_cpu_bytes x cpu_s_per_byte + segment_bytes x
-// segment_s_per_byte + segment_meetings x segment_meeting_s: a transfer is as slow as the slower
-// of the link and the core that moves it (a roofline), and the steps that stay within a host, as
-// the segment's stages of an all-reduce by host, come before and after the link's.
+// cpu_bytes x cpu_s_per_byte + beside_segment_bytes x segment_s_per_byte) + serial_cpu_bytes x
+// cpu_s_per_byte + segment_bytes x segment_s_per_byte + segment_meetings x segment_meeting_s: a
+// transfer is as slow as the slower of the link and the core that moves it (a roofline), and the
+// steps that stay within a host come before and after the link's. Where ranks share cores
+// (Shape::ranks_per_core: network-namespace hosts of one machine), each cost of a core (a
+// message's software turn, its bytes, the segment's) counts that many times.
 //
 // The counts follow the algorithms (collective/deterministic.hpp, collective/ring.hpp):
 //   deterministic  n x B <= 64 KiB: every rank sends its whole buffer to the n-1 others. Larger:
@@ -27,10 +31,14 @@
 //                  host, so that its link carries 2 (n-P)/n x B each way, as a ring's does with
 //                  P = 1, and is idle while they move 3 (1 - 1/P) x B of a rank's bytes.
 //   ring           the same steps, each to the next rank: only one stream leaves each host.
-//   by host        the P ranks of a host fold through the segment; rank k of every host runs the
-//                  deterministic algorithm on its B/P among the H hosts, the P rails sharing the
-//                  link; the result comes back through the segment. With one host: the segment
-//                  alone.
+//   by host        in place in the host's shared segment, as a training step's gradient sum
+//                  (collective::Deterministic::share_buffer): rank k of every host folds its
+//                  chunk B/P straight from its host ranks' buffers, runs the deterministic
+//                  algorithm on it among the H hosts (its rail; the P rails share the link), and
+//                  writes the result into every host rank's buffer. The fold and the write-back
+//                  go a rail's segment at a time, beside the transfers, but for the first
+//                  segment's fold and the last one's write-back; the ranks of a host meet before
+//                  and after. With one host: the segment alone.
 #pragma once
 
 #include <algorithm>
@@ -61,10 +69,13 @@ inline constexpr std::string_view name(Algorithm algorithm) {
   return "unknown";
 }
 
-// H hosts of P ranks each, each host's ranks consecutive in rank order.
+// H hosts of P ranks each, each host's ranks consecutive in rank order. ranks_per_core: how many
+// ranks share each core, where the ranks outnumber the cores they run on (the hosts of a check,
+// network namespaces of one machine); 1, a core per rank, for the hosts predicted.
 struct Shape {
   int hosts = 1;
   int per_host = 1;
+  double ranks_per_core = 1;
   int ranks() const { return hosts * per_host; }
 };
 
@@ -74,6 +85,7 @@ struct Counts {
   double cpu_bytes = 0;
   double serial_cpu_bytes = 0;
   double segment_bytes = 0;
+  double beside_segment_bytes = 0;
   double segment_meetings = 0;
 };
 
@@ -124,14 +136,13 @@ inline Counts over_transport(double bytes, int n, int per_host, bool ring) {
   return counts;
 }
 
-// Per rank, the counts of the segment's stages for a buffer of `bytes` over `per_host` ranks:
-// two meetings per slot's piece.
-inline Counts through_segment(double bytes, int per_host) {
+// Per rank, the counts of the segment's stages for a buffer of `bytes`, in place: this rank's
+// chunk folded from every host rank's buffer and written back into each (counted as the buffer's
+// bytes), between two meetings.
+inline Counts through_segment(double bytes) {
   Counts counts;
   counts.segment_bytes = bytes;
-  const auto slot =
-      static_cast<double>(collective::detail::SharedSegment::slot_bytes_for(per_host));
-  counts.segment_meetings = 2 * std::ceil(bytes / slot);
+  counts.segment_meetings = 2;
   return counts;
 }
 
@@ -150,28 +161,44 @@ inline Counts count(Algorithm algorithm, Shape shape, double bytes) {
       break;
   }
   if (shape.per_host == 1) return detail::over_transport(bytes, n, 1, false);
-  Counts counts = detail::through_segment(bytes, shape.per_host);
+  Counts counts = detail::through_segment(bytes);
   if (shape.hosts > 1) {
-    const Counts rail = detail::over_transport(bytes / shape.per_host, shape.hosts, 1, false);
+    const double chunk = bytes / shape.per_host;
+    const Counts rail = detail::over_transport(chunk, shape.hosts, 1, false);
     counts.messages = rail.messages;
     counts.link_bytes = rail.link_bytes * shape.per_host;  // the host's rails share its link
     counts.cpu_bytes = rail.cpu_bytes;
+    // The first segment's fold and the last one's write-back wait; the rest goes beside the link.
+    const double segment = std::min(chunk, kChunkBytes * shape.hosts);
+    counts.beside_segment_bytes = bytes * (1 - segment / chunk);
+    counts.segment_bytes = bytes - counts.beside_segment_bytes;
   }
   return counts;
+}
+
+// The costs of a core, where `ranks_per_core` ranks share each (Shape).
+inline Costs on_shared_cores(Costs costs, double ranks_per_core) {
+  costs.message_s *= ranks_per_core;
+  costs.cpu_s_per_byte *= ranks_per_core;
+  costs.segment_s_per_byte *= ranks_per_core;
+  costs.segment_meeting_s *= ranks_per_core;
+  return costs;
 }
 
 inline double seconds(const Counts& counts, const Costs& costs, bool across_hosts) {
   const double message_s = costs.message_s + (across_hosts ? costs.link_message_s : 0.0);
   return counts.messages * message_s +
          std::max(counts.link_bytes * costs.link_s_per_byte,
-                  counts.cpu_bytes * costs.cpu_s_per_byte) +
+                  counts.cpu_bytes * costs.cpu_s_per_byte +
+                      counts.beside_segment_bytes * costs.segment_s_per_byte) +
          counts.serial_cpu_bytes * costs.cpu_s_per_byte +
          counts.segment_bytes * costs.segment_s_per_byte +
          counts.segment_meetings * costs.segment_meeting_s;
 }
 
 inline double seconds(Algorithm algorithm, Shape shape, double bytes, const Costs& costs) {
-  return seconds(count(algorithm, shape, bytes), costs, shape.hosts > 1);
+  return seconds(count(algorithm, shape, bytes), on_shared_cores(costs, shape.ranks_per_core),
+                 shape.hosts > 1);
 }
 
 // --- fitting -------------------------------------------------------------------------------------
@@ -229,26 +256,29 @@ inline Pair fit_pair(std::span<const double> x, std::span<const double> y,
 // A stage without measurements leaves its costs at zero.
 inline Costs fit(std::span<const Measured> measured) {
   Costs costs;
+  // first, second and known take a measurement's counts and its ranks per core (Shape), by which
+  // each count of a core's work is priced.
   const auto stage = [&](auto selects, auto first, auto second, auto known) {
     std::vector<double> x, y, t;
     for (const Measured& m : measured) {
       if (!selects(m)) continue;
       const Counts c = count(m.algorithm, m.shape, m.bytes);
-      const double left = m.seconds - known(c);
+      const double share = m.shape.ranks_per_core;
+      const double left = m.seconds - known(c, share);
       if (left <= 0) continue;
-      x.push_back(first(c));
-      y.push_back(second(c));
+      x.push_back(first(c, share));
+      y.push_back(second(c, share));
       t.push_back(left);
     }
     return t.empty() ? std::optional<Pair>{} : std::optional<Pair>{fit_pair(x, y, t)};
   };
-  const auto nothing = [](const Counts&) { return 0.0; };
+  const auto nothing = [](const Counts&, double) { return 0.0; };
   const auto on_one_host_tcp = [](const Measured& m) {
     return m.shape.hosts == 1 && m.algorithm != Algorithm::kByHost;
   };
   if (const auto p = stage(
-          on_one_host_tcp, [](const Counts& c) { return c.messages; },
-          [](const Counts& c) { return c.cpu_bytes; }, nothing)) {
+          on_one_host_tcp, [](const Counts& c, double share) { return c.messages * share; },
+          [](const Counts& c, double share) { return c.cpu_bytes * share; }, nothing)) {
     costs.message_s = p->a;
     costs.cpu_s_per_byte = p->b;
   }
@@ -256,20 +286,22 @@ inline Costs fit(std::span<const Measured> measured) {
     return m.shape.hosts == 1 && m.algorithm == Algorithm::kByHost;
   };
   if (const auto p = stage(
-          on_one_host_segment, [](const Counts& c) { return c.segment_meetings; },
-          [](const Counts& c) { return c.segment_bytes; }, nothing)) {
+          on_one_host_segment,
+          [](const Counts& c, double share) { return c.segment_meetings * share; },
+          [](const Counts& c, double share) { return c.segment_bytes * share; }, nothing)) {
     costs.segment_meeting_s = p->a;
     costs.segment_s_per_byte = p->b;
   }
   const auto across_hosts = [](const Measured& m) { return m.shape.hosts > 1; };
   const Costs known = costs;
   if (const auto p = stage(
-          across_hosts, [](const Counts& c) { return c.messages; },
-          [](const Counts& c) { return c.link_bytes; },
-          [&known](const Counts& c) {
-            return c.messages * known.message_s + c.serial_cpu_bytes * known.cpu_s_per_byte +
-                   c.segment_bytes * known.segment_s_per_byte +
-                   c.segment_meetings * known.segment_meeting_s;
+          across_hosts, [](const Counts& c, double) { return c.messages; },
+          [](const Counts& c, double) { return c.link_bytes; },
+          [&known](const Counts& c, double share) {
+            return share *
+                   (c.messages * known.message_s + c.serial_cpu_bytes * known.cpu_s_per_byte +
+                    c.segment_bytes * known.segment_s_per_byte +
+                    c.segment_meetings * known.segment_meeting_s);
           })) {
     costs.link_message_s = p->a;
     costs.link_s_per_byte = p->b;

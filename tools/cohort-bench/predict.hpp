@@ -4,7 +4,7 @@
 //
 //   cohort-bench predict --params 25M --compute-ms 100     (measures this host first)
 //   cohort-bench all_reduce --backend tcp --np 2 -b 1K -e 64M -f 4 --json tcp.json
-//   cohort-bench all_reduce --backend shm --np 2 -b 1K -e 64M -f 4 --json shm.json
+//   cohort-bench all_reduce --backend shm --shared-buffer --np 2 -b 1K -e 64M -f 4 --json shm.json
 //   cohort-bench predict --measured tcp.json,shm.json --params 25M --compute-ms 100
 //       --per-host 8 --hosts 1,2,8,32,128 --gbits 10,25,100   (one line)
 //   cohort-bench predict --measured tcp.json,shm.json,two.json@2x1 --check eight.json@8x1
@@ -12,7 +12,10 @@
 // A report measured across hosts names its shape after it: FILE@HxP, H hosts of P ranks each
 // (each host's ranks consecutive); without it every rank was on one host. The median time of each
 // size is the measurement. Reports over TCP on one host give the costs of a message and of a byte
-// on a core; through shared memory on one host, the segment's; across hosts, the link's. Where no
+// on a core; through shared memory on one host (in place in the shared buffer, as a training
+// step's gradient sum: --shared-buffer), the segment's; across hosts, the link's. --cores C says
+// that each report's ranks shared C cores (network-namespace hosts of one machine): where they
+// outnumber them, a core's costs count ranks / C times for that report. Where no
 // report crossed hosts, a link of G Gbit/s carries 0.94 x G (TCP's payload in 1500-byte frames)
 // and adds --latency-us to each message. docs/benchmarks.md, "The cost model", has the check and
 // the tables.
@@ -52,6 +55,7 @@ struct PredictSettings {
   std::vector<std::size_t> bucket_bytes{std::size_t{256} << 10, std::size_t{4} << 20,
                                         std::size_t{32} << 20};
   std::size_t wire_bytes = 4;  // per parameter: fp32 4, bf16 or fp16 2
+  int cores = 0;               // the cores the reports' ranks shared; 0: a core per rank
 };
 
 namespace detail {
@@ -62,8 +66,8 @@ struct Report {
   std::vector<model::Measured> measured;
 };
 
-// "FILE@4x2" or "FILE".
-inline Report read_report(const std::string& argument) {
+// "FILE@4x2" or "FILE", its ranks on `cores` cores (0: a core each).
+inline Report read_report(const std::string& argument, int cores) {
   std::string file = argument;
   std::optional<model::Shape> shape;
   if (const auto at = argument.rfind('@'); at != std::string::npos) {
@@ -104,8 +108,16 @@ inline Report read_report(const std::string& argument) {
   const std::string backend = field("backend");
   const std::string algorithm = field("algorithm");
   model::Algorithm which = model::Algorithm::kDeterministic;
+  const char* column = "out_of_place";
   if (backend == "shm") {
+    if (!field("settings").value("shared_buffer", false)) {
+      throw ConfigError("'" + file +
+                        "': through shared memory but not in the shared buffer: the model is of "
+                        "the all-reduce by host in place, as a training step's gradient sum "
+                        "(cohort-bench all_reduce --backend shm --shared-buffer)");
+    }
     which = model::Algorithm::kByHost;
+    column = "in_place";
   } else if (backend == "tcp") {
     which = algorithm == "ring" ? model::Algorithm::kRing : model::Algorithm::kDeterministic;
   } else {
@@ -119,9 +131,10 @@ inline Report read_report(const std::string& argument) {
                       std::to_string(shape->per_host) + " make " + std::to_string(shape->ranks()) +
                       " ranks, but the report has " + std::to_string(ranks));
   }
+  if (cores > 0) shape->ranks_per_core = std::max(1.0, static_cast<double>(ranks) / cores);
   Report report{file, {}};
   for (const nlohmann::json& row : field("results")) {
-    const double p50_us = row.at("out_of_place").at("p50_us");
+    const double p50_us = row.at(column).at("p50_us");
     if (p50_us <= 0) continue;
     report.measured.push_back({which, *shape, row.at("size_bytes").get<double>(), p50_us * 1e-6});
   }
@@ -198,6 +211,9 @@ inline void validate(const PredictSettings& s) {
   require(s.parameters.empty() || s.compute_ms > 0,
           "--params needs --compute-ms, the time of one replica's forward and backward pass");
   require(s.latency_us >= 0, "--latency-us: a message's latency is 0 us or more");
+  require(s.cores >= 0, "--cores " + std::to_string(s.cores) +
+                            ": at least 1 core, or 0 for a "
+                            "core per rank");
 }
 
 namespace detail {
@@ -217,10 +233,11 @@ inline std::vector<std::string> measure_this_host(const std::string& program) {
     const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
     ::dup2(null, STDOUT_FILENO);
     ::close(null);
-    const int status =
-        launch_self({program, "all_reduce", "--backend", backend, "--np", "2", "-b", "1K", "-e",
-                     "64M", "-f", "4", "-n", "5", "-w", "2", "--json", report},
-                    {.processes = 2, .timeout_s = 300, .bind = true});
+    std::vector<std::string> arguments{
+        program, "all_reduce", "--backend", backend, "--np", "2",  "-b", "1K",     "-e",
+        "64M",   "-f",         "4",         "-n",    "5",    "-w", "2",  "--json", report};
+    if (std::string(backend) == "shm") arguments.push_back("--shared-buffer");
+    const int status = launch_self(arguments, {.processes = 2, .timeout_s = 300, .bind = true});
     ::dup2(saved_stdout, STDOUT_FILENO);
     ::close(saved_stdout);
     if (status != 0) {
@@ -246,7 +263,7 @@ inline int run_predict(PredictSettings s, const std::string& program) {
   std::vector<model::Measured> fitted_to;
   bool one_host_tcp = false, one_host_segment = false, across_hosts = false;
   for (const std::string& argument : s.measured) {
-    const detail::Report report = detail::read_report(argument);
+    const detail::Report report = detail::read_report(argument, s.cores);
     for (const model::Measured& m : report.measured) {
       one_host_tcp |= m.shape.hosts == 1 && m.algorithm != model::Algorithm::kByHost;
       one_host_segment |= m.shape.hosts == 1 && m.algorithm == model::Algorithm::kByHost;
@@ -264,7 +281,7 @@ inline int run_predict(PredictSettings s, const std::string& program) {
 
   double worst = 0;
   for (const std::string& argument : s.check) {
-    const detail::Report report = detail::read_report(argument);
+    const detail::Report report = detail::read_report(argument, s.cores);
     detail::require(across_hosts || report.measured.front().shape.hosts == 1,
                     "--check " + argument +
                         ": spans hosts, but no --measured report does: the link's costs come "

@@ -325,6 +325,7 @@ struct RunInfo {
   int iters = 0;
   int warmup_iters = 0;
   bool check = true;
+  bool shared_buffer = false;  // shm: each buffer in the host's shared segment (in place)
   Machine machine;
   std::vector<RankInfo> rank_info;  // may be empty (then no "Using ranks" block)
 };
@@ -475,7 +476,8 @@ inline nlohmann::json to_json(const RunInfo& run, const std::vector<Row>& rows) 
                    {"step_bytes", run.step_bytes},
                    {"iters", run.iters},
                    {"warmup_iters", run.warmup_iters},
-                   {"check", run.check}};
+                   {"check", run.check},
+                   {"shared_buffer", run.shared_buffer}};
   j["machine"] = {{"hostname", run.machine.hostname},
                   {"cpu_model", run.machine.cpu_model},
                   {"cores", run.machine.cores}};
