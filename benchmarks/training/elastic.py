@@ -9,8 +9,10 @@ thread per process, on this host:
                 over TCP, and examples/03_parameter_server under consistency sync, 2 workers and
                 a server (whose chunks keep their parameters from before their last update when
                 elastic), each with and without COHORT_MIN_WORKERS=1, --rounds rounds with the
-                series in turn (--series picks some); the median examples/s of each (and its
-                range) and the ratio elastic / plain, and the median of each round's ratio
+                series in turn (--series picks some), the plain job first in even rounds and the
+                elastic one first in odd rounds; the median examples/s of each (and its range)
+                and the ratio elastic / plain, and the median of each round's ratio with its 95%
+                interval (a bootstrap of the rounds: 10,000 resamples, seeded)
   a failure     4 workers, worker 3 SIGKILLed --kill-after seconds into the fit, --kills times:
     cohort      cohort-run --np 4 --min-np 3, COHORT_TRACE: from the chief's timeline, the time
                 from the kill to the end of the first step completed after it, less the median
@@ -97,6 +99,15 @@ def cohort_rate(build, workers, elastic, shared_memory, examples, servers=0):
     output = subprocess.run(command, env=environment(**extra), capture_output=True, text=True,
                             timeout=600, check=True).stdout
     return float(re.search(r"([0-9.]+) examples/s", output).group(1))
+
+
+def median_interval(values, resamples=10000):
+    """The 95% interval of the median of `values`: a percentile bootstrap, seeded, so that the
+    same rounds give the same interval."""
+    draw = random.Random(0)
+    medians = sorted(statistics.median(draw.choices(values, k=len(values)))
+                     for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def kill_worker_at(process, rank_entry, kill_after):
@@ -423,9 +434,10 @@ def main():
                  "ps": ("2 workers and a server, sync parameter server", 2, False, 1)}
         series = [named[key] for key in args.series.split(",")]
         rates = {(name, elastic): [] for name, *_ in series for elastic in (False, True)}
-        for _ in range(args.rounds):
+        for round_ in range(args.rounds):
             for name, workers, shared, servers in series:
-                for elastic in (False, True):
+                # Each order in half the rounds: what runs second in a pair is not always the same.
+                for elastic in ((False, True) if round_ % 2 == 0 else (True, False)):
                     rates[(name, elastic)].append(
                         cohort_rate(args.build, workers, elastic, shared, args.examples, servers))
         pairs = []
@@ -440,8 +452,10 @@ def main():
             # Each round's pair ran one after the other: their ratios, whose median the
             # machine's drift between rounds moves less.
             paired = [e / p for p, e in zip(plain, elastic)]
+            low, high = median_interval(paired)
             pairs.append(f"{name}: elastic / plain by round, median {statistics.median(paired):.3f}"
-                         f" ({min(paired):.3f} to {max(paired):.3f})")
+                         f" (95% interval {low:.3f} to {high:.3f}; rounds {min(paired):.3f} to"
+                         f" {max(paired):.3f})")
         print("\n".join(pairs))
         sys.stdout.flush()
     if args.kills == 0:
