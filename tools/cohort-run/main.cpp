@@ -88,6 +88,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -577,26 +578,51 @@ class Launch {
   }
 
   // Every rank that ended since the last call, judged once all of them are known: servers first,
-  // then the other ranks the job cannot go on without, so that where a failure stops the job, it
-  // is named by the likeliest cause (a server's loss fails every worker's next push), and a
-  // worker that failed beside it is not started again.
+  // then the other ranks the job cannot go on without, and among each the ones a signal ended
+  // first, so that where a failure stops the job, it is named by the likeliest cause (a server's
+  // loss fails every worker's next push), and a worker that failed beside it is not started again.
+  //
+  // A rank that exited with an error may be answering another rank's death that has not been
+  // reported yet: a process killed by a signal closes its sockets before the kernel makes it a
+  // zombie, and on a busy host its peers can exit first. So where ranks exited with an error and
+  // none ended by a signal, the ranks still running get kSettle to show theirs before any is
+  // judged.
   void reap() {
     std::vector<std::size_t> ended;
+    collect_ended(ended);
+    const auto failed_alone = [&] {
+      const auto signalled = [&](std::size_t rank) { return WIFSIGNALED(*ranks_[rank].status); };
+      const auto failed = [&](std::size_t rank) {
+        return WIFEXITED(*ranks_[rank].status) && WEXITSTATUS(*ranks_[rank].status) != 0 &&
+               WEXITSTATUS(*ranks_[rank].status) != cohort::kExitPreempted;
+      };
+      return !stopping_ && running() > 0 && std::ranges::any_of(ended, failed) &&
+             std::ranges::none_of(ended, signalled);
+    };
+    for (const auto until = Clock::now() + kSettle; failed_alone() && Clock::now() < until;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      collect_ended(ended);
+    }
+    const auto order = [&](std::size_t rank) {
+      const int signalled_first = WIFSIGNALED(*ranks_[rank].status) ? 0 : 1;
+      if (rank >= static_cast<std::size_t>(options_.processes)) return signalled_first;  // a server
+      return (replaceable(rank) ? 4 : 2) + signalled_first;
+    };
+    std::ranges::stable_sort(ended, {}, order);
+    for (const std::size_t rank : ended) judge(rank, *ranks_[rank].status);
+  }
+
+  // Appends the ranks that ended since the last call, with their status.
+  void collect_ended(std::vector<std::size_t>& ended) {
     for (;;) {
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) break;
+      if (pid <= 0) return;
       const auto rank = std::ranges::find(ranks_, pid, &Rank::pid);
       if (rank == ranks_.end()) continue;
       rank->status = status;
       ended.push_back(static_cast<std::size_t>(rank - ranks_.begin()));
     }
-    const auto order = [&](std::size_t rank) {
-      if (rank >= static_cast<std::size_t>(options_.processes)) return 0;  // a server
-      return replaceable(rank) ? 2 : 1;
-    };
-    std::ranges::stable_sort(ended, {}, order);
-    for (const std::size_t rank : ended) judge(rank, *ranks_[rank].status);
   }
 
   // What rank `rank`'s end with `status` does to the job.
@@ -643,6 +669,9 @@ class Launch {
       stop_after_wait();
     }
   }
+
+  // How long the ranks still running get to show a signal's death beside an error (reap).
+  static constexpr std::chrono::milliseconds kSettle{250};
 
   Options options_;
   std::uint16_t port_;
