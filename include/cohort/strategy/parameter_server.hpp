@@ -472,12 +472,11 @@ class ParameterServer {
                       {options().min_shard_bytes, options().alignment, options().chunk_bytes});
   }
 
-  // strategy::KeepsShares: the workers the micro-batches are dealt over. With backup workers,
-  // the job's workers at its start whatever its membership: a step aggregates the first
-  // workers - backup_workers shares (parameter_server/server.hpp), which a job that lost workers
-  // keeps, so that its bits are those of a job that lost none.
+  // strategy::KeepsShares: the workers the micro-batches are dealt over, as the servers count them
+  // (ps::dealt_over): with backup workers, the job's workers at its start whatever its membership.
   std::size_t shares() const {
-    return options().backup_workers != 0 ? started_workers_ : static_cast<std::size_t>(workers_);
+    return ps::dealt_over(static_cast<std::size_t>(workers_), started_workers_,
+                          options().backup_workers);
   }
 
   // strategy::ChoosesGradientSum: the wire's (collective/wire.hpp).
@@ -536,7 +535,7 @@ class ParameterServer {
                                           {.server = cluster().rank,
                                            .workers = workers_,
                                            .backup_workers = options().backup_workers,
-                                           .shares = shares(),
+                                           .started_workers = started_workers_,
                                            .worker_timeout = options().timeout,
                                            .log_pushes = options().log_pushes,
                                            .settings = own,

@@ -50,7 +50,7 @@
 // worker's pull gets the new parameters). With B = 0 every worker is needed: a lost worker ends the
 // run with an error naming it. An elastic job (regroups, below) regroups at a loss instead, and
 // deals the micro-batches over the W workers it started with whatever its membership
-// (options.shares): the R lowest-indexed workers of each membership take the first R shares and
+// (dealt_over): the R lowest-indexed workers of each membership take the first R shares and
 // the others the next ones, so that every step aggregates the micro-batches, in the same tree and
 // scale, of the job that lost none. Its min_workers is at least R (ParameterServer checks).
 //
@@ -116,14 +116,20 @@ std::string list(const std::vector<Count>& counts) {
   return text + "]";
 }
 
+// The workers a synchronous job deals its micro-batches over (sharding::Deal): those of its
+// membership, `workers`; with backup workers the `started` workers it began with, whose shares an
+// elastic job that lost some keeps, so that its steps aggregate the first shares - backup_workers
+// of them whatever its membership (the rule at the top). Both ParameterServer and Server ask it.
+inline std::size_t dealt_over(std::size_t workers, std::size_t started,
+                              std::size_t backup_workers) {
+  return backup_workers == 0 ? workers : std::max(started, workers);
+}
+
 struct ServerOptions {
   int server = 0;                  // this server's index
   int workers = 1;                 // W; worker w is transport rank w
   std::size_t backup_workers = 0;  // Sync only (ParameterServer checks)
-  // Sync, with backup workers: the workers the micro-batches are dealt over where that is more
-  // than W (sharding::Deal): an elastic job that lost some keeps every worker's share, and a step
-  // aggregates the first shares - backup_workers of them (the rule at the top).
-  std::size_t shares = 0;
+  std::size_t started_workers = 0;  // the job's workers at its start (dealt_over)
   // How long a worker may stay silent while this server waits on it (the rule at the top).
   std::chrono::milliseconds worker_timeout{std::chrono::minutes(5)};
   bool log_pushes = false;  // one line per push applied to this server's first chunk
@@ -794,11 +800,9 @@ class Server {
   }
 
   double inverse_batch_of(const State& chunk) const { return chunk.inverse_batch; }
-  // The workers the micro-batches are dealt over: this membership's, but with backup workers the
-  // job's at its start (options.shares), whose shares an elastic job keeps.
   std::size_t shares() const {
-    const auto workers = static_cast<std::size_t>(options_.workers);
-    return options_.backup_workers == 0 ? workers : std::max(options_.shares, workers);
+    return dealt_over(static_cast<std::size_t>(options_.workers), options_.started_workers,
+                      options_.backup_workers);
   }
 
   // The fewest pushes taken from a live worker that has not finished.
