@@ -12,7 +12,8 @@ thread per process, on this host:
                 series in turn (--series picks some), the plain job first in even rounds and the
                 elastic one first in odd rounds; the median examples/s of each (and its range)
                 and the ratio elastic / plain, and the median of each round's ratio with its 95%
-                interval (a bootstrap of the rounds: 10,000 resamples, seeded)
+                interval (a bootstrap of the rounds: 10,000 resamples, seeded), of examples/s and
+                of the CPU seconds the job's processes took, the launcher's included
   a failure     4 workers, worker 3 SIGKILLed --kill-after seconds into the fit, --kills times:
     cohort      cohort-run --np 4 --min-np 3, COHORT_TRACE: from the chief's timeline, the time
                 from the kill to the end of the first step completed after it, less the median
@@ -46,6 +47,7 @@ import json
 import os
 import random
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -96,9 +98,12 @@ def cohort_rate(build, workers, elastic, shared_memory, examples, servers=0):
     extra = {"COHORT_SHARED_MEMORY": int(shared_memory)}
     if elastic:
         extra["COHORT_MIN_WORKERS"] = 1
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     output = subprocess.run(command, env=environment(**extra), capture_output=True, text=True,
                             timeout=600, check=True).stdout
-    return float(re.search(r"([0-9.]+) examples/s", output).group(1))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return float(re.search(r"([0-9.]+) examples/s", output).group(1)), cpu
 
 
 def median_interval(values, resamples=10000):
@@ -108,6 +113,16 @@ def median_interval(values, resamples=10000):
     medians = sorted(statistics.median(draw.choices(values, k=len(values)))
                      for _ in range(resamples))
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def by_round(name, measure, plain, elastic):
+    """The line of `measure`'s ratio elastic / plain by round: each round's pair ran one after the
+    other, so the median of their ratios moves less with the machine's drift between rounds."""
+    paired = [e / p for p, e in zip(plain, elastic)]
+    low, high = median_interval(paired)
+    return (f"{name}: {measure}, elastic / plain by round, median {statistics.median(paired):.3f}"
+            f" (95% interval {low:.3f} to {high:.3f}; rounds {min(paired):.3f} to"
+            f" {max(paired):.3f})")
 
 
 def kill_worker_at(process, rank_entry, kill_after):
@@ -434,12 +449,15 @@ def main():
                  "ps": ("2 workers and a server, sync parameter server", 2, False, 1)}
         series = [named[key] for key in args.series.split(",")]
         rates = {(name, elastic): [] for name, *_ in series for elastic in (False, True)}
+        cpu = {key: [] for key in rates}
         for round_ in range(args.rounds):
             for name, workers, shared, servers in series:
                 # Each order in half the rounds: what runs second in a pair is not always the same.
                 for elastic in ((False, True) if round_ % 2 == 0 else (True, False)):
-                    rates[(name, elastic)].append(
-                        cohort_rate(args.build, workers, elastic, shared, args.examples, servers))
+                    rate, seconds = cohort_rate(args.build, workers, elastic, shared,
+                                                args.examples, servers)
+                    rates[(name, elastic)].append(rate)
+                    cpu[(name, elastic)].append(seconds)
         pairs = []
         print("| job | plain (range) | elastic (range) | elastic / plain |")
         print("| --- | ---: | ---: | ---: |")
@@ -449,13 +467,12 @@ def main():
             print(f"| {name} | {statistics.median(plain):,.0f} ({min(plain):,.0f}-{max(plain):,.0f})"
                   f" | {statistics.median(elastic):,.0f} ({min(elastic):,.0f}-{max(elastic):,.0f})"
                   f" | {ratio:.3f} |")
-            # Each round's pair ran one after the other: their ratios, whose median the
-            # machine's drift between rounds moves less.
-            paired = [e / p for p, e in zip(plain, elastic)]
-            low, high = median_interval(paired)
-            pairs.append(f"{name}: elastic / plain by round, median {statistics.median(paired):.3f}"
-                         f" (95% interval {low:.3f} to {high:.3f}; rounds {min(paired):.3f} to"
-                         f" {max(paired):.3f})")
+            pairs.append(by_round(name, "examples/s", plain, elastic))
+            # The CPU every process of the job took (the launcher's included): on a host whose
+            # cores the job keeps busy, what an elastic job costs, with less of the wall clock's
+            # noise.
+            pairs.append(by_round(name, "CPU seconds per fit", cpu[(name, False)],
+                                  cpu[(name, True)]))
         print("\n".join(pairs))
         sys.stdout.flush()
     if args.kills == 0:

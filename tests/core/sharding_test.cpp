@@ -27,15 +27,35 @@ TEST_CASE("a deal gives workers nodes first, then each worker's node to its loca
 }
 
 TEST_CASE("a deal over more shares than workers gives the workers the first shares") {
-  // 3 workers of 2 replicas left of a job dealt over 4: each keeps a quarter of the 16
-  // micro-batches, and the last quarter goes undealt.
-  const cohort::sharding::Deal deal(16, 6, 2, 4);
+  // 3 workers of 2 replicas left of a job dealt over 4, whose steps aggregate 3 shares: each keeps
+  // a quarter of the 16 micro-batches, and the last quarter goes undealt.
+  const cohort::sharding::Deal deal(16, 6, 2, {.dealt = 4, .aggregated = 3});
+  CHECK(counts_of(deal.share_counts()) == Counts(4, 4));
   CHECK(counts_of(deal.worker_counts()) == Counts{4, 4, 4});
   CHECK(counts_of(deal.counts()) == Counts(6, 2));
   CHECK(deal.first(5) == 10);
   // As many shares as workers: the deal over the workers.
-  CHECK(counts_of(cohort::sharding::Deal(8, 6, 2, 3).counts()) ==
+  CHECK(counts_of(cohort::sharding::Deal(8, 6, 2, cohort::sharding::Shares::of(3)).counts()) ==
         counts_of(cohort::sharding::Deal(8, 6, 2).counts()));
+}
+
+TEST_CASE(
+    "fewer workers than the shares a step aggregates take consecutive shares each, a node of the "
+    "tree over them") {
+  // A job dealt over 4 shares of 4 micro-batches, aggregating the first 3: 2 workers take 2 shares
+  // and 1, the nodes of the tree over 3 leaves, and the last share goes undealt.
+  const cohort::sharding::Shares shares{.dealt = 4, .aggregated = 3};
+  const cohort::sharding::Deal two(16, 4, 2, shares);
+  CHECK(counts_of(two.worker_counts()) == Counts{8, 4});
+  CHECK(counts_of(two.counts()) == Counts{4, 4, 2, 2});
+  CHECK(two.first(3) == 10);
+  // One worker takes the 3 shares, 12 micro-batches: the tree over 12 leaves splits them as the
+  // tree over the 3 shares does, (4 + 4) + 4.
+  CHECK(counts_of(cohort::sharding::Deal(16, 1, 1, shares).worker_counts()) == Counts{12});
+  // 7 of 8 shares over 3 workers: 2, 2 and 3 shares, the largest node split first.
+  CHECK(
+      counts_of(cohort::sharding::Deal(16, 3, 1, {.dealt = 8, .aggregated = 7}).worker_counts()) ==
+      Counts{4, 4, 6});
 }
 
 TEST_CASE("a deal that leaves a replica without a micro-batch is refused, naming what would do") {

@@ -164,7 +164,8 @@ inline std::vector<std::uint64_t> steps_with_example(std::size_t index, std::uin
                                                      std::size_t global_batch,
                                                      std::size_t micro_batches,
                                                      std::uint64_t epochs) {
-  const sharding::Plan plan(small_task_data().size(), global_batch, micro_batches, 1, 1, 1, true);
+  const sharding::Plan plan(small_task_data().size(), global_batch, micro_batches, 1, 1,
+                            sharding::Shares::of(1), true);
   std::vector<std::uint64_t> steps;
   for (std::uint64_t epoch = 0; epoch < epochs; ++epoch) {
     const std::vector<std::size_t> order = plan.epoch_order(seed, epoch);

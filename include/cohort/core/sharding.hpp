@@ -33,6 +33,18 @@ struct Range {
   std::size_t end;
 };
 
+// The shares of micro-batches a job deals its workers: `dealt` consecutive nodes of the
+// canonical tree over the micro-batches (tree::deal), of which each step aggregates the first
+// `aggregated`. Every worker takes one share where the workers are at least `aggregated` (the
+// shares past the workers go undealt), else consecutive shares that together make a node of the
+// tree over the aggregated ones. A job without backup workers deals one share per worker and
+// aggregates them all.
+struct Shares {
+  std::size_t dealt;
+  std::size_t aggregated;
+  static Shares of(std::size_t workers) { return {workers, workers}; }
+};
+
 // Which micro-batches each replica folds. The job's workers (replicas / local_replicas processes)
 // are dealt consecutive nodes of the canonical tree over the micro-batches (tree::deal), and each
 // worker's node is dealt to its local replicas the same way, so that a worker's replicas together
@@ -41,19 +53,32 @@ struct Range {
 // most twice the smallest, and the collectives fold each replica as a node of its count
 // (strategy::FoldsAnyDeal). Valid for the counts validate() accepts.
 //
-// `shares`: the workers the micro-batches are dealt over, where that is more than the job's
-// workers (a parameter-server job with backup workers that lost some keeps every worker's share,
-// strategy::KeepsShares): the job's workers take the first shares, and the rest go undealt.
+// `shares`: the workers' shares of the micro-batches (Shares), where the job keeps shares of
+// workers it lost (a parameter-server job with backup workers, strategy::KeepsShares).
 class Deal {
  public:
   Deal(std::size_t micro_batches, std::size_t replicas, std::size_t local_replicas)
-      : Deal(micro_batches, replicas, local_replicas, replicas / local_replicas) {}
-  Deal(std::size_t micro_batches, std::size_t replicas, std::size_t local_replicas,
-       std::size_t shares) {
-    COHORT_ASSERT(shares >= replicas / local_replicas);
-    const std::vector<std::size_t> nodes = tree::deal(micro_batches, shares);
-    for (const std::size_t node : std::span(nodes).first(replicas / local_replicas)) {
-      worker_counts_.push_back(node);
+      : Deal(micro_batches, replicas, local_replicas, Shares::of(replicas / local_replicas)) {}
+  Deal(std::size_t micro_batches, std::size_t replicas, std::size_t local_replicas, Shares shares)
+      : share_counts_(tree::deal(micro_batches, shares.dealt)) {
+    const std::size_t workers = replicas / local_replicas;
+    COHORT_ASSERT(shares.aggregated <= shares.dealt && workers <= shares.dealt);
+    if (workers >= shares.aggregated) {
+      worker_counts_.assign(share_counts_.begin(),
+                            share_counts_.begin() + static_cast<std::ptrdiff_t>(workers));
+    } else {
+      // Each worker takes consecutive shares, a node of the canonical tree over the aggregated
+      // ones, which is a node over their micro-batches too where the shares are equal blocks.
+      std::size_t share = 0;
+      for (const std::size_t taken : tree::deal(shares.aggregated, workers)) {
+        std::size_t count = 0;
+        for (const std::size_t end = share + taken; share < end; ++share) {
+          count += share_counts_[share];
+        }
+        worker_counts_.push_back(count);
+      }
+    }
+    for (const std::size_t node : worker_counts_) {
       const std::vector<std::size_t> parts = tree::deal(node, local_replicas);
       counts_.insert(counts_.end(), parts.begin(), parts.end());
     }
@@ -90,10 +115,13 @@ class Deal {
   std::span<const std::size_t> counts() const { return counts_; }
   // Each worker's, in worker order.
   std::span<const std::size_t> worker_counts() const { return worker_counts_; }
+  // Each share's, in share order.
+  std::span<const std::size_t> share_counts() const { return share_counts_; }
   std::size_t first(std::size_t replica) const { return firsts_[replica]; }
   std::size_t count(std::size_t replica) const { return counts_[replica]; }
 
  private:
+  std::vector<std::size_t> share_counts_;
   std::vector<std::size_t> counts_;
   std::vector<std::size_t> worker_counts_;
   std::vector<std::size_t> firsts_;
@@ -103,10 +131,10 @@ class Plan {
  public:
   // Validates the split: names the field that makes it impossible. `any_deal`: whether the
   // strategy folds replicas of different micro-batch counts (strategy::FoldsAnyDeal); without it
-  // micro_batches / replicas must be a power of two. `shares`: the workers the micro-batches are
-  // dealt over (Deal), at least replicas / local_replicas.
+  // micro_batches / replicas must be a power of two. `shares`: the workers' shares (Deal), dealt
+  // over at least replicas / local_replicas.
   Plan(std::size_t dataset_size, std::size_t global_batch, std::size_t micro_batches,
-       std::size_t replicas, std::size_t local_replicas, std::size_t shares, bool any_deal)
+       std::size_t replicas, std::size_t local_replicas, Shares shares, bool any_deal)
       : dataset_size_(dataset_size),
         global_batch_(global_batch),
         micro_batches_(micro_batches),
@@ -160,9 +188,10 @@ class Plan {
 
  private:
   static Deal validated_deal(std::size_t global_batch, std::size_t micro_batches,
-                             std::size_t replicas, std::size_t local_replicas, std::size_t shares,
+                             std::size_t replicas, std::size_t local_replicas, Shares shares,
                              bool any_deal) {
-    validate_split(global_batch, micro_batches, shares * local_replicas, local_replicas, any_deal);
+    validate_split(global_batch, micro_batches, shares.dealt * local_replicas, local_replicas,
+                   any_deal);
     return Deal(micro_batches, replicas, local_replicas, shares);
   }
 

@@ -135,10 +135,10 @@
 //                    the chief, done, waits for a lost worker to come back. Sync: the job goes on
 //                    without a lost worker down to elastic.min_workers, and takes processes
 //                    started for it in, up to elastic.max_workers (above; with backup_workers,
-//                    elastic.min_workers at least W - backup_workers, and the micro-batches
-//                    dealt over the W workers the job started with, whatever its membership:
-//                    parameter_server/server.hpp); elastic.probe_timeout bounds the regroup's
-//                    roll call
+//                    the micro-batches dealt in the shares of the W workers the job started
+//                    with, whatever its membership, and below W - backup_workers workers several
+//                    shares to a worker: parameter_server/server.hpp); elastic.probe_timeout
+//                    bounds the regroup's roll call
 //   wire             the format a push crosses in (collective/wire.hpp): kFloat32 (the default),
 //                    or kBfloat16 (kFloat16), half the bytes: every sum of the canonical tree
 //                    rounded to bfloat16 (float16), in each worker's fold, between its replicas
@@ -472,11 +472,12 @@ class ParameterServer {
                       {options().min_shard_bytes, options().alignment, options().chunk_bytes});
   }
 
-  // strategy::KeepsShares: the workers the micro-batches are dealt over, as the servers count them
-  // (ps::dealt_over): with backup workers, the job's workers at its start whatever its membership.
-  std::size_t shares() const {
-    return ps::dealt_over(static_cast<std::size_t>(workers_), started_workers_,
-                          options().backup_workers);
+  // strategy::KeepsShares: the workers' shares of the micro-batches, as the servers count them
+  // (ps::shares_of): with backup workers, those of the job's workers at its start whatever its
+  // membership.
+  sharding::Shares shares() const {
+    return ps::shares_of(static_cast<std::size_t>(workers_), started_workers_,
+                         options().backup_workers);
   }
 
   // strategy::ChoosesGradientSum: the wire's (collective/wire.hpp).
@@ -487,19 +488,20 @@ class ParameterServer {
   // node; its pushes say how many micro-batches they sum, which a Sync server folds them as; and
   // the Trainer's collectives between workers fold each worker as that node too.
   void use_deal(const sharding::Deal& deal) {
-    const auto counts = deal.worker_counts();
+    const auto shares_dealt = deal.share_counts();
     if (options().backup_workers != 0 &&
-        std::ranges::adjacent_find(counts, std::not_equal_to<>{}) != counts.end()) {
+        std::ranges::adjacent_find(shares_dealt, std::not_equal_to<>{}) != shares_dealt.end()) {
       options::reject("backup_workers", options().backup_workers,
                       "needs every worker dealt as many micro-batches (micro_batches = " +
-                          std::to_string(shares()) +
+                          std::to_string(shares().dealt) +
                           " workers x a power of two): a step aggregated without some workers' "
                           "pushes is scaled by the workers over the pushes, which holds for equal "
                           "shares only");
     }
     const auto mine = deal.counts().subspan(first_local_replica(), local_replicas());
     local_leaf_counts_.assign(mine.begin(), mine.end());
-    worker_leaf_counts_.assign(counts.begin(), counts.end());
+    const auto workers_dealt = deal.worker_counts();
+    worker_leaf_counts_.assign(workers_dealt.begin(), workers_dealt.end());
   }
 
   // The settings of this strategy that every process of the job, servers included, must share
@@ -1130,17 +1132,6 @@ class ParameterServer {
       options::reject("elastic.min_workers", elastic.min_workers,
                       "needs transport::tcp::Tcp, over which the processes regroup or take a "
                       "worker back");
-    }
-    if (const std::size_t aggregated =
-            static_cast<std::size_t>(workers_) - options().backup_workers;
-        kRegroups && options().backup_workers != 0 && elastic.min_workers < aggregated) {
-      options::reject(
-          "elastic.min_workers", elastic.min_workers,
-          "must be at least the " + std::to_string(aggregated) + " workers a step aggregates (" +
-              std::to_string(workers_) +
-              " workers less backup_workers = " + std::to_string(options().backup_workers) +
-              "): a job with backup workers goes on while it keeps every share of "
-              "micro-batches that its steps aggregate");
     }
     if (elastic.min_workers > static_cast<std::size_t>(workers_)) {
       options::reject("elastic.min_workers", elastic.min_workers,

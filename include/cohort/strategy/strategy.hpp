@@ -115,11 +115,13 @@
 //                            takes the newest state (trainer/elastic.hpp). A process whose own
 //                            failure ends its fit calls s.withdraw() before it tells the others,
 //                            so that none counts it in
-//   KeepsShares<S>           Regroups<S>, and s.shares(): the workers the micro-batches are
-//                            dealt over, which may be more than the membership's
-//                            (core/sharding.hpp, Deal): a job whose steps aggregate a fixed number
-//                            of workers' shares (ParameterServer's backup workers) keeps every
-//                            worker's share when one is lost, and leaves the last ones undealt
+//   KeepsShares<S>           Regroups<S>, and s.shares(): the workers' shares of the
+//                            micro-batches (core/sharding.hpp, Shares), dealt over more workers
+//                            than the membership's where the job lost some: a job whose steps
+//                            aggregate a fixed number of workers' shares (ParameterServer's
+//                            backup workers) keeps every share when a worker is lost, leaving
+//                            the last ones undealt, or dealing several to a worker where fewer
+//                            workers are left than the shares a step aggregates
 //   Grows<S>                 Regroups<S>, and s.joiners_waiting(), s.admit(count), s.joined(): a
 //                            job that also grows at a step boundary. s.joiners_waiting() (on the
 //                            chief, at a vote) counts the processes that ask to join, as many as
@@ -342,7 +344,7 @@ concept Regroups = requires(S& s, const S& cs, const CommError& cause) {
 
 template <class S>
 concept KeepsShares = Regroups<S> && requires(const S& s) {
-  { s.shares() } -> std::same_as<std::size_t>;
+  { s.shares() } -> std::same_as<sharding::Shares>;
 };
 
 template <class S>

@@ -74,11 +74,11 @@ struct Run {
                           strategy::FoldsAnyDeal<S>);
   }
 
-  // The workers the micro-batches are dealt over (sharding::Deal): the job's, or more where the
-  // strategy keeps the shares of workers it lost (strategy::KeepsShares).
-  std::size_t shares() const {
+  // The workers' shares of the micro-batches (sharding::Deal): one per worker, or the strategy's
+  // where it keeps the shares of workers it lost (strategy::KeepsShares).
+  sharding::Shares shares() const {
     if constexpr (strategy::KeepsShares<S>) return strategy.shares();
-    return strategy.replicas() / strategy.local_replicas();
+    return sharding::Shares::of(strategy.replicas() / strategy.local_replicas());
   }
 
   // Tells a strategy that folds any deal (strategy::FoldsAnyDeal) the micro-batches of each of

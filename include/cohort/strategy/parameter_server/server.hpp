@@ -49,10 +49,12 @@
 // inverse_batch x W / R, and every other push of that step is dropped (counted and reported; its
 // worker's pull gets the new parameters). With B = 0 every worker is needed: a lost worker ends the
 // run with an error naming it. An elastic job (regroups, below) regroups at a loss instead, and
-// deals the micro-batches over the W workers it started with whatever its membership
-// (dealt_over): the R lowest-indexed workers of each membership take the first R shares and
-// the others the next ones, so that every step aggregates the micro-batches, in the same tree and
-// scale, of the job that lost none. Its min_workers is at least R (ParameterServer checks).
+// deals the micro-batches in the shares of the W workers it started with whatever its membership
+// (shares_of, sharding::Deal): the R lowest-indexed workers of each membership take the first R
+// shares and the others the next ones; a membership of fewer than R workers deals each several
+// consecutive shares of the first R, a node of the tree over them, and needs every member's push.
+// So every step aggregates the micro-batches, in the same tree and scale, of the job that lost
+// none.
 //
 // Workers taken back (Async and BoundedStaleness, options.readmits; transport::Readmits): the
 // process of a worker started again for its place asks this server for it between two frames.
@@ -95,6 +97,7 @@
 #include "cohort/core/reduce_op.hpp"
 #include "cohort/core/reduction_tree.hpp"
 #include "cohort/core/settings.hpp"
+#include "cohort/core/sharding.hpp"
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/optimizer/optimizer.hpp"
@@ -116,20 +119,23 @@ std::string list(const std::vector<Count>& counts) {
   return text + "]";
 }
 
-// The workers a synchronous job deals its micro-batches over (sharding::Deal): those of its
-// membership, `workers`; with backup workers the `started` workers it began with, whose shares an
-// elastic job that lost some keeps, so that its steps aggregate the first shares - backup_workers
-// of them whatever its membership (the rule at the top). Both ParameterServer and Server ask it.
-inline std::size_t dealt_over(std::size_t workers, std::size_t started,
-                              std::size_t backup_workers) {
-  return backup_workers == 0 ? workers : std::max(started, workers);
+// The workers' shares of the micro-batches in a synchronous job (sharding::Shares): one per
+// worker of its membership, `workers`, each aggregated; with backup workers, one per worker it
+// `started` with, whose shares an elastic job that lost some keeps, each step aggregating the first
+// shares - backup_workers of them whatever its membership (the rule at the top). Both
+// ParameterServer and Server ask it.
+inline sharding::Shares shares_of(std::size_t workers, std::size_t started,
+                                  std::size_t backup_workers) {
+  if (backup_workers == 0) return sharding::Shares::of(workers);
+  const std::size_t dealt = std::max(started, workers);
+  return {.dealt = dealt, .aggregated = dealt - backup_workers};
 }
 
 struct ServerOptions {
   int server = 0;                  // this server's index
   int workers = 1;                 // W; worker w is transport rank w
   std::size_t backup_workers = 0;  // Sync only (ParameterServer checks)
-  std::size_t started_workers = 0;  // the job's workers at its start (dealt_over)
+  std::size_t started_workers = 0;  // the job's workers at its start (shares_of)
   // How long a worker may stay silent while this server waits on it (the rule at the top).
   std::chrono::milliseconds worker_timeout{std::chrono::minutes(5)};
   bool log_pushes = false;  // one line per push applied to this server's first chunk
@@ -680,7 +686,10 @@ class Server {
   // Sync: applies the step in progress once its aggregate is complete.
   void try_aggregate(State& chunk) {
     if (chunk.summed) return;  // waiting for the other chunks' sums (clipping)
-    const std::size_t needed = shares() - options_.backup_workers;
+    const sharding::Shares kept = shares();
+    // The pushes of the aggregated shares' lowest-indexed live workers; in an elastic job that
+    // lost more workers than its backups, every member's, which together hold those shares.
+    const std::size_t needed = std::min(kept.aggregated, lost_.size());
     std::vector<const T*> inputs;
     std::vector<std::size_t> chosen;
     std::vector<std::size_t> leaves;
@@ -693,9 +702,10 @@ class Server {
     }
     if (chosen.size() < needed) return;  // too few live workers: lose() reports it
     // Every worker's push: each a node of its micro-batches (backup workers are dealt equal
-    // shares, ParameterServer checks, so R of them fold as R leaves).
-    const bool whole = chosen.size() == shares();
-    if (whole && !tree::are_nodes(leaves)) {
+    // shares of a power of two, ParameterServer checks, so the pushes of R shares fold as the
+    // tree over R leaves, whichever workers hold them).
+    const bool whole = kept.aggregated == kept.dealt;
+    if (!tree::are_nodes(leaves)) {
       fail("the pushes of step " + std::to_string(chunk.updates) + " sum " + list(leaves) +
            " micro-batches (workers 0 to " + std::to_string(chosen.size() - 1) +
            "), which are not consecutive nodes of the reduction tree: the workers were dealt "
@@ -712,16 +722,16 @@ class Server {
                      static_cast<unsigned long long>(chunk.updates), chosen.size());
       }
     }
-    // The canonical tree over the chosen workers, in index order: with every worker chosen, the
-    // tree over the step's micro-batches, as the mirrored strategies' all-reduce computes it.
+    // The canonical tree over the chosen workers' micro-batches, in index order: with every
+    // share aggregated, the tree over the step's micro-batches, as the mirrored strategies'
+    // all-reduce computes it.
     chunk.sum.resize(chunk.parameters.size());
-    device::cpu::reduce_tree<T>(
-        collective::gradient_sum(options_.wire), std::span<const T* const>(inputs),
-        std::span(chunk.sum),
-        whole ? std::span<const std::size_t>(leaves) : std::span<const std::size_t>{});
+    device::cpu::reduce_tree<T>(collective::gradient_sum(options_.wire),
+                                std::span<const T* const>(inputs), std::span(chunk.sum),
+                                std::span<const std::size_t>(leaves));
     chunk.scale = whole ? inverse_batch_of(chunk)
-                        : inverse_batch_of(chunk) * static_cast<double>(shares()) /
-                              static_cast<double>(chosen.size());
+                        : inverse_batch_of(chunk) * static_cast<double>(kept.dealt) /
+                              static_cast<double>(kept.aggregated);
     chunk.summed = true;
     const double max_norm = optimizer_.options().max_gradient_norm;
     if (max_norm <= 0.0) {
@@ -800,9 +810,9 @@ class Server {
   }
 
   double inverse_batch_of(const State& chunk) const { return chunk.inverse_batch; }
-  std::size_t shares() const {
-    return dealt_over(static_cast<std::size_t>(options_.workers), options_.started_workers,
-                      options_.backup_workers);
+  sharding::Shares shares() const {
+    return shares_of(static_cast<std::size_t>(options_.workers), options_.started_workers,
+                     options_.backup_workers);
   }
 
   // The fewest pushes taken from a live worker that has not finished.
@@ -944,7 +954,7 @@ class Server {
           lost += who(static_cast<int>(w)) + " was lost (" + why_lost_[w] + "); ";
         }
       }
-      const std::size_t needed = shares() - options_.backup_workers;
+      const std::size_t needed = shares().aggregated;
       if (live < needed && !lost.empty()) {
         fail(lost + "synchronous training needs " + std::to_string(needed) + " of " +
              std::to_string(options_.workers) +
