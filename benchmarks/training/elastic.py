@@ -469,8 +469,8 @@ def main():
                   f" | {ratio:.3f} |")
             pairs.append(by_round(name, "examples/s", plain, elastic))
             # The CPU every process of the job took (the launcher's included): on a host whose
-            # cores the job keeps busy, what an elastic job costs, with less of the wall clock's
-            # noise.
+            # cores the job keeps busy, what an elastic job costs in the cores' time. It includes
+            # the job's start, and spreads as much as examples/s here (docs/benchmarks.md).
             pairs.append(by_round(name, "CPU seconds per fit", cpu[(name, False)],
                                   cpu[(name, True)]))
         print("\n".join(pairs))
