@@ -19,13 +19,13 @@ constexpr double kMiB = 1024.0 * 1024;
 TEST_CASE("the model's link bytes are those of each algorithm's exchanges") {
   const double bytes = 64 * kMiB;
   // Over 4 hosts of 1: every byte leaves each host 2 (n-1)/n times, for every algorithm; the
-  // deterministic algorithm (and by host, its rail) halves and doubles 32 segments of 4 chunks in
-  // 2 log2(4) steps each, the ring takes 2 (4 - 1).
+  // deterministic algorithm (and by host, its rail) halves and doubles 64 segments of 1 MiB in
+  // 2 log2(4) steps each, the ring takes 2 (4 - 1) on 32 segments of 4 chunks of 512 KiB.
   for (const Algorithm a : {Algorithm::kDeterministic, Algorithm::kRing, Algorithm::kByHost}) {
     CAPTURE(model::name(a));
     CHECK(model::count(a, Shape{4, 1}, bytes).link_bytes == doctest::Approx(2.0 * 3 / 4 * bytes));
     CHECK(model::count(a, Shape{4, 1}, bytes).messages ==
-          (a == Algorithm::kRing ? 2 * 3 * 32 : 2 * 2 * 32));
+          (a == Algorithm::kRing ? 2 * 3 * 32 : 2 * 2 * 64));
   }
   // 3 hosts of 1: the deterministic algorithm's 2 (n - 1) steps, 43 segments of 3 chunks.
   CHECK(model::count(Algorithm::kDeterministic, Shape{3, 1}, bytes).messages == 2 * 2 * 43);
@@ -49,11 +49,11 @@ TEST_CASE("the model's link bytes are those of each algorithm's exchanges") {
         doctest::Approx(2.0 * 2 * 4 / 6 * bytes));
   const model::Counts by_host = model::count(Algorithm::kByHost, four_by_two, bytes);
   CHECK(by_host.link_bytes == doctest::Approx(2.0 * 3 / 4 * bytes));
-  CHECK(by_host.messages == 2 * 2 * 16);  // the rail's 32 MiB: 16 segments of 4 chunks
+  CHECK(by_host.messages == 2 * 2 * 32);  // the rail's 32 MiB: 32 segments of 1 MiB
   // In place, the fold and the write-back go beside the link but for the first and the last of
-  // the rail's 16 segments; the ranks of a host meet twice.
-  CHECK(by_host.segment_bytes == doctest::Approx(bytes / 16));
-  CHECK(by_host.beside_segment_bytes == doctest::Approx(bytes * 15 / 16));
+  // the rail's 32 segments; the ranks of a host meet twice.
+  CHECK(by_host.segment_bytes == doctest::Approx(bytes / 32));
+  CHECK(by_host.beside_segment_bytes == doctest::Approx(bytes * 31 / 32));
   CHECK(by_host.segment_meetings == 2);
   // A rail of one segment: nothing of the segment's goes beside the link.
   CHECK(model::count(Algorithm::kByHost, four_by_two, kMiB).beside_segment_bytes == 0);
@@ -106,10 +106,10 @@ TEST_CASE("a small all-reduce is one message to each peer, and a large one grows
   const model::Counts small = model::count(Algorithm::kDeterministic, Shape{8, 1}, 8 * 1024);
   CHECK(small.messages == 7);
   CHECK(small.link_bytes == 7 * 8 * 1024);
-  // 1,024 ranks: a 100 MiB buffer is one segment of 100 KiB chunks, halved and doubled in
-  // 2 x 10 exchanges; the ring takes 2 x 1,023.
+  // 1,024 ranks: a 100 MiB buffer is two segments of 64 KiB chunks (the least), each halved and
+  // doubled in 2 x 10 exchanges; the ring takes 2 x 1,023 on one segment.
   const model::Counts wide = model::count(Algorithm::kDeterministic, Shape{1024, 1}, 100 * kMiB);
-  CHECK(wide.messages == 2 * 10);
+  CHECK(wide.messages == 2 * 10 * 2);
   CHECK(model::count(Algorithm::kRing, Shape{1024, 1}, 100 * kMiB).messages == 2 * 1023);
 }
 

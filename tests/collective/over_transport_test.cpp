@@ -92,7 +92,7 @@ TEST_CASE("process collectives are exact on buffers that span several segments")
 
 TEST_CASE("the deterministic all-reduce gives the canonical tree's bits on every rank") {
   for (int ranks : {2, 3, 4, 5, 8}) {
-    // Direct, segmented, and in several segments (3 on 4 ranks, 2 on 8, halved and doubled).
+    // Direct, segmented, and in several segments (2 to 5: 5 on 4 and 8 ranks, halved and doubled).
     for (std::size_t length : {std::size_t{5}, std::size_t{300'000}, std::size_t{1'300'001}}) {
       CAPTURE(ranks);
       CAPTURE(length);
@@ -381,6 +381,15 @@ TEST_CASE(
   }
 }
 
+// Every message of a segment at most 512 KiB: the ring-like schedule's chunks, and the halving's
+// first message, half its segment; the halving's chunks no smaller than 64 KiB.
+using SegmentsOf = cohort::collective::Deterministic<CountingLoopback>;
+static_assert(SegmentsOf::segment_chunk_bytes(2, false) == 512 * 1024);
+static_assert(SegmentsOf::segment_chunk_bytes(8, false) == 512 * 1024);
+static_assert(SegmentsOf::segment_chunk_bytes(4, true) == 256 * 1024);
+static_assert(SegmentsOf::segment_chunk_bytes(8, true) == 128 * 1024);
+static_assert(SegmentsOf::segment_chunk_bytes(1024, true) == 64 * 1024);
+
 TEST_CASE(
     "the segmented deterministic all-reduce takes 2 log2(n) steps a segment where the ranks are a "
     "power of two of equal leaf counts, 2 (n - 1) otherwise") {
@@ -393,8 +402,12 @@ TEST_CASE(
                          Run{6, {}, 10}, Run{4, {2, 2, 4, 4}, 6}}) {
     CAPTURE(run.ranks);
     CAPTURE(run.counts.size());
-    // Two segments of the ranks' chunks of 512 KiB.
-    const std::size_t length = 2 * static_cast<std::size_t>(run.ranks) * (512 * 1024 / 4);
+    // Two segments.
+    const bool halves = run.steps_per_segment != 2 * static_cast<std::size_t>(run.ranks - 1);
+    const std::size_t chunk_bytes =
+        cohort::collective::Deterministic<CountingLoopback>::segment_chunk_bytes(
+            static_cast<std::size_t>(run.ranks), halves);
+    const std::size_t length = 2 * static_cast<std::size_t>(run.ranks) * (chunk_bytes / 4);
     Loopback group({.ranks = run.ranks, .timeout = std::chrono::seconds(20)});
     std::vector<Traffic> traffic(static_cast<std::size_t>(run.ranks));
     std::vector<std::jthread> threads;

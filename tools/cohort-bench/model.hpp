@@ -23,7 +23,8 @@
 //
 // The counts follow the algorithms (collective/deterministic.hpp, collective/ring.hpp):
 //   deterministic  n x B <= 64 KiB: every rank sends its whole buffer to the n-1 others. Larger:
-//                  segments of n chunks of at most 512 KiB; per segment 2 (n-1) exchanges of a
+//                  segments of n chunks of at most 512 KiB (the halving's below: segments of
+//                  1 MiB, chunks of at least 64 KiB); per segment 2 (n-1) exchanges of a
 //                  chunk with one peer at a time; a host's P ranks send their chunks to the n-P
 //                  ranks of other hosts through its link. n a power of two from 4: per segment
 //                  2 log2(n) exchanges, halving then doubling what a rank holds; the first
@@ -98,11 +99,20 @@ struct Costs {
   double segment_meeting_s = 0;
 };
 
-// The algorithms' constants: the library's, but for a segment's chunk
-// (detail::OverTransport::kSegmentChunkBytes, which only its algorithms see).
-inline constexpr double kDirectBytes =
-    collective::Deterministic<transport::Loopback::Endpoint>::kDirectBytes;
-inline constexpr double kChunkBytes = 512.0 * 1024;
+// The algorithms' constants, the library's.
+using Library = collective::Deterministic<transport::Loopback::Endpoint>;
+inline constexpr double kDirectBytes = Library::kDirectBytes;
+
+// Whether the deterministic all-reduce over n ranks halves and doubles (equal leaves assumed).
+inline bool halves_and_doubles(int n) {
+  return n >= 4 && std::has_single_bit(static_cast<unsigned>(n));
+}
+
+// Bytes of a segment of the all-reduce over n ranks: n chunks.
+inline double segment_bytes(int n, bool halves) {
+  return static_cast<double>(n) *
+         static_cast<double>(Library::segment_chunk_bytes(static_cast<std::size_t>(n), halves));
+}
 
 namespace detail {
 
@@ -118,10 +128,10 @@ inline Counts over_transport(double bytes, int n, int per_host, bool ring) {
     counts.cpu_bytes = 2.0 * (n - 1) * bytes;  // sent, and folded
     return counts;
   }
-  // Segments of n chunks of at most kChunkBytes: the last one's chunks are shorter.
-  const double segments = std::ceil(bytes / (kChunkBytes * n));
+  const bool halves = !ring && halves_and_doubles(n);
+  // Segments of n chunks: the last one's chunks are shorter.
+  const double segments = std::ceil(bytes / segment_bytes(n, halves));
   const double share = bytes / n;  // this rank's chunks, over every segment
-  const bool halves = !ring && n >= 4 && std::has_single_bit(static_cast<unsigned>(n));
   counts.messages = 2.0 * (halves ? std::countr_zero(static_cast<unsigned>(n)) : n - 1) * segments;
   if (ring) {
     counts.link_bytes = off_host > 0 ? 2.0 * (n - 1) * share : 0.0;
@@ -169,7 +179,8 @@ inline Counts count(Algorithm algorithm, Shape shape, double bytes) {
     counts.link_bytes = rail.link_bytes * shape.per_host;  // the host's rails share its link
     counts.cpu_bytes = rail.cpu_bytes;
     // The first segment's fold and the last one's write-back wait; the rest goes beside the link.
-    const double segment = std::min(chunk, kChunkBytes * shape.hosts);
+    const double segment =
+        std::min(chunk, segment_bytes(shape.hosts, halves_and_doubles(shape.hosts)));
     counts.beside_segment_bytes = bytes * (1 - segment / chunk);
     counts.segment_bytes = bytes - counts.beside_segment_bytes;
   }

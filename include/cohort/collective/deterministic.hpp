@@ -121,6 +121,19 @@ class Deterministic : public detail::OverTransport<T> {
  public:
   // Whole buffers go to every rank up to this many bytes over all ranks.
   static constexpr std::size_t kDirectBytes = 64 * 1024;
+
+  // Bytes of a rank's chunk in a segment of the all-reduce over `ranks` ranks (segment_length).
+  // Every message of the ring-like schedule is one chunk, so its chunk is the largest message
+  // (detail::kSegmentMessageBytes). The halving's first message is half a segment, so its segment
+  // is two of those messages, whatever the ranks: with segments of 8 chunks of 512 KiB a 4 MiB
+  // all-reduce between 8 hosts at 1 Gbit/s was one segment, its first fold overlapped by nothing,
+  // and took 73-75 ms against the ring's 63-65; with 1 MiB segments, 63-64 ms (docs/benchmarks.md,
+  // "Socket tuning and segments"). Its chunks, its last messages, stay at least 64 KiB, since
+  // every segment costs 2 log2(n) messages.
+  static constexpr std::size_t segment_chunk_bytes(std::size_t ranks, bool halving) {
+    if (!halving) return detail::kSegmentMessageBytes;
+    return std::max<std::size_t>(64 * 1024, 2 * detail::kSegmentMessageBytes / ranks);
+  }
   // A shared buffer (share_buffer) holds at most this many bytes per rank, so that the segment's
   // size cannot overflow: far beyond any host's memory.
   static constexpr std::size_t kMostSharedBufferBytes = std::size_t{1} << 48;
@@ -374,7 +387,8 @@ class Deterministic : public detail::OverTransport<T> {
       staged.leaves(0, output.size());
       return;
     }
-    const std::size_t segment = this->template segment_length<E>();
+    const std::size_t segment =
+        this->template segment_length<E>(segment_chunk_bytes(ranks, halves_and_doubles()));
     const std::size_t me = static_cast<std::size_t>(this->rank());
     const std::size_t segments = (output.size() + segment - 1) / segment;
     const auto segment_of = [&](std::size_t index) {

@@ -49,7 +49,7 @@ class Ring : public detail::OverTransport<T> {
       copy_unless_same(input, output);
       return;
     }
-    const std::size_t segment = this->template segment_length<E>();
+    const std::size_t segment = this->template segment_length<E>(detail::kSegmentMessageBytes);
     go_around(call, input, output, segment, 2 * (static_cast<std::size_t>(this->size()) - 1), op);
   }
 

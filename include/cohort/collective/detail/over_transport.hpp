@@ -46,6 +46,14 @@ inline Chunk chunk(std::size_t length, std::size_t chunks, std::size_t index) {
   return {index * length / chunks, (index + 1) * length / chunks};
 }
 
+// Bytes of the largest message of a pipelined segment (OverTransport::pipeline): a segment's
+// buffer, staging and socket traffic then stay in cache. Between 2 processes, chunks of 512 KiB
+// took a 4 MiB all-reduce 1.2 ms where 4 MiB took 1.7, and 64 MiB 24 ms instead of 35; 256 KiB
+// was no faster, and every segment is more round trips (docs/benchmarks.md, "Socket tuning and
+// segments"): cutting a 1 MiB buffer into 4 segments took it from 0.74 to 1.33 ms between 2
+// hosts at 16 Gbit/s.
+inline constexpr std::size_t kSegmentMessageBytes = 512 * 1024;
+
 // One step of a pipelined collective (OverTransport::pipeline): a send to one peer and a receive
 // from one.
 struct Exchange {
@@ -236,21 +244,14 @@ class OverTransport {
     if (!failure_) failure_ = error;
   }
 
-  // Bytes of one rank's chunk per segment. A segment's buffer, staging and socket traffic then
-  // stay in cache: against 4 MiB, a 4 MiB all-reduce between 2 processes took 1.2 ms instead of
-  // 1.7, and 64 MiB 24 ms instead of 35; 256 KiB was no faster than this, and more segments are
-  // more round trips (docs/benchmarks.md, "Socket tuning and segments"): cutting a 1 MiB buffer
-  // into 4 segments to pipeline it took it from 0.74 to 1.33 ms between 2 hosts at 16 Gbit/s.
-  static constexpr std::size_t kSegmentChunkBytes = 512 * 1024;
   // Elements per block of the work done while a transfer waits: short enough that the sockets
   // are looked at often, long enough to run at full speed.
   static constexpr std::size_t kWorkBlock = 16 * 1024;
 
-  // Elements per segment of a pipelined buffer (pipeline): size() chunks of kSegmentChunkBytes.
+  // Elements per segment of a pipelined buffer (pipeline): size() chunks of `chunk_bytes`.
   template <class E>
-  std::size_t segment_length() const {
-    return static_cast<std::size_t>(size()) *
-           std::max<std::size_t>(1, kSegmentChunkBytes / sizeof(E));
+  std::size_t segment_length(std::size_t chunk_bytes) const {
+    return static_cast<std::size_t>(size()) * std::max<std::size_t>(1, chunk_bytes / sizeof(E));
   }
 
   // Runs `steps` steps on each of `segments` segments, two segments at a time, so that the
