@@ -405,8 +405,7 @@ TEST_CASE(
     // Two segments.
     const bool halves = run.steps_per_segment != 2 * static_cast<std::size_t>(run.ranks - 1);
     const std::size_t chunk_bytes =
-        cohort::collective::Deterministic<CountingLoopback>::segment_chunk_bytes(
-            static_cast<std::size_t>(run.ranks), halves);
+        SegmentsOf::segment_chunk_bytes(static_cast<std::size_t>(run.ranks), halves);
     const std::size_t length = 2 * static_cast<std::size_t>(run.ranks) * (chunk_bytes / 4);
     Loopback group({.ranks = run.ranks, .timeout = std::chrono::seconds(20)});
     std::vector<Traffic> traffic(static_cast<std::size_t>(run.ranks));
