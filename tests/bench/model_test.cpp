@@ -44,12 +44,20 @@ TEST_CASE("the model's link bytes are those of each algorithm's exchanges") {
   CHECK(flat.serial_cpu_bytes == doctest::Approx(3.0 / 2 * bytes));
   CHECK(flat.cpu_bytes == doctest::Approx(3.0 * 7 / 8 * bytes - 3.0 / 2 * bytes));
   CHECK(model::count(Algorithm::kDeterministic, Shape{4, 1}, bytes).serial_cpu_bytes == 0);
+  // Of the halving's 2 x 3 steps a segment (64 of 1 MiB), the 2 within a host wait on no link;
+  // every step of the ring does, and every one over hosts of one.
+  CHECK(flat.messages == 2 * 3 * 64);
+  CHECK(flat.link_messages == 2 * 2 * 64);
+  const model::Counts ring = model::count(Algorithm::kRing, four_by_two, bytes);
+  CHECK(ring.link_messages == ring.messages);
+  CHECK(model::count(Algorithm::kDeterministic, Shape{4, 1}, bytes).link_messages == 2 * 2 * 64);
   // 3 hosts of 2 (6 ranks, no power of two): each rank's chunks go to the 4 ranks of other hosts.
   CHECK(model::count(Algorithm::kDeterministic, Shape{3, 2}, bytes).link_bytes ==
         doctest::Approx(2.0 * 2 * 4 / 6 * bytes));
   const model::Counts by_host = model::count(Algorithm::kByHost, four_by_two, bytes);
   CHECK(by_host.link_bytes == doctest::Approx(2.0 * 3 / 4 * bytes));
   CHECK(by_host.messages == 2 * 2 * 32);  // the rail's 32 MiB: 32 segments of 1 MiB
+  CHECK(by_host.link_messages == by_host.messages);
   // In place, the fold and the write-back go beside the link but for the first and the last of
   // the rail's 32 segments; the ranks of a host meet twice.
   CHECK(by_host.segment_bytes == doctest::Approx(bytes / 32));
@@ -59,6 +67,7 @@ TEST_CASE("the model's link bytes are those of each algorithm's exchanges") {
   CHECK(model::count(Algorithm::kByHost, four_by_two, kMiB).beside_segment_bytes == 0);
   // One host: nothing through a link; by host is the segment alone.
   CHECK(model::count(Algorithm::kDeterministic, Shape{1, 4}, bytes).link_bytes == 0);
+  CHECK(model::count(Algorithm::kDeterministic, Shape{1, 4}, bytes).link_messages == 0);
   const model::Counts one_host = model::count(Algorithm::kByHost, Shape{1, 4}, bytes);
   CHECK(one_host.messages == 0);
   CHECK(one_host.segment_bytes == bytes);

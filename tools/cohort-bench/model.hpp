@@ -5,7 +5,9 @@
 // The model counts, for one all-reduce, what each rank does one after another (Counts), and
 // prices it (Costs):
 //   messages       sequential messages per rank: each costs `message_s` (the software's turn and
-//                  the wire's latency), and `link_message_s` more where the job spans hosts
+//                  the wire's latency)
+//   link_messages  those of them that wait on a host's link: every one where the job spans hosts,
+//                  but the halving's steps within a host; `link_message_s` more each
 //   link_bytes     bytes through the busiest host's link, each way: `link_s_per_byte` each
 //   cpu_bytes      bytes a rank sends and folds: `cpu_s_per_byte` each
 //   serial_cpu_bytes  the same, while the host's link has nothing to carry: `cpu_s_per_byte` each
@@ -13,7 +15,8 @@
 //                  link has nothing to carry: `segment_s_per_byte` each
 //   beside_segment_bytes  the same, while the link carries others: `segment_s_per_byte` each
 //   segment_meetings  meetings of the host's ranks in the segment: `segment_meeting_s` each
-// The time is messages x (message_s + link_message_s) + max(link_bytes x link_s_per_byte,
+// The time is messages x message_s + link_messages x link_message_s + max(link_bytes x
+// link_s_per_byte,
 // cpu_bytes x cpu_s_per_byte + beside_segment_bytes x segment_s_per_byte) + serial_cpu_bytes x
 // cpu_s_per_byte + segment_bytes x segment_s_per_byte + segment_meetings x segment_meeting_s: a
 // transfer is as slow as the slower of the link and the core that moves it (a roofline), and the
@@ -82,6 +85,7 @@ struct Shape {
 
 struct Counts {
   double messages = 0;
+  double link_messages = 0;
   double link_bytes = 0;
   double cpu_bytes = 0;
   double serial_cpu_bytes = 0;
@@ -124,6 +128,7 @@ inline Counts over_transport(double bytes, int n, int per_host, bool ring) {
   const int off_host = n - per_host;
   if (!ring && bytes * n <= kDirectBytes) {
     counts.messages = n - 1;
+    counts.link_messages = off_host > 0 ? counts.messages : 0.0;
     counts.link_bytes = static_cast<double>(per_host) * off_host * bytes;
     counts.cpu_bytes = 2.0 * (n - 1) * bytes;  // sent, and folded
     return counts;
@@ -133,6 +138,10 @@ inline Counts over_transport(double bytes, int n, int per_host, bool ring) {
   const double segments = std::ceil(bytes / segment_bytes(n, halves));
   const double share = bytes / n;  // this rank's chunks, over every segment
   counts.messages = 2.0 * (halves ? std::countr_zero(static_cast<unsigned>(n)) : n - 1) * segments;
+  // The halving's first log2(per_host) steps of each half pair ranks of one host.
+  const double steps_within_host =
+      halves ? 2.0 * std::countr_zero(static_cast<unsigned>(per_host)) * segments : 0.0;
+  counts.link_messages = off_host > 0 ? counts.messages - steps_within_host : 0.0;
   if (ring) {
     counts.link_bytes = off_host > 0 ? 2.0 * (n - 1) * share : 0.0;
   } else {
@@ -176,6 +185,7 @@ inline Counts count(Algorithm algorithm, Shape shape, double bytes) {
     const double chunk = bytes / shape.per_host;
     const Counts rail = detail::over_transport(chunk, shape.hosts, 1, false);
     counts.messages = rail.messages;
+    counts.link_messages = rail.link_messages;
     counts.link_bytes = rail.link_bytes * shape.per_host;  // the host's rails share its link
     counts.cpu_bytes = rail.cpu_bytes;
     // The first segment's fold and the last one's write-back wait; the rest goes beside the link.
@@ -196,9 +206,8 @@ inline Costs on_shared_cores(Costs costs, double ranks_per_core) {
   return costs;
 }
 
-inline double seconds(const Counts& counts, const Costs& costs, bool across_hosts) {
-  const double message_s = costs.message_s + (across_hosts ? costs.link_message_s : 0.0);
-  return counts.messages * message_s +
+inline double seconds(const Counts& counts, const Costs& costs) {
+  return counts.messages * costs.message_s + counts.link_messages * costs.link_message_s +
          std::max(counts.link_bytes * costs.link_s_per_byte,
                   counts.cpu_bytes * costs.cpu_s_per_byte +
                       counts.beside_segment_bytes * costs.segment_s_per_byte) +
@@ -208,8 +217,7 @@ inline double seconds(const Counts& counts, const Costs& costs, bool across_host
 }
 
 inline double seconds(Algorithm algorithm, Shape shape, double bytes, const Costs& costs) {
-  return seconds(count(algorithm, shape, bytes), on_shared_cores(costs, shape.ranks_per_core),
-                 shape.hosts > 1);
+  return seconds(count(algorithm, shape, bytes), on_shared_cores(costs, shape.ranks_per_core));
 }
 
 // --- fitting -------------------------------------------------------------------------------------
@@ -306,7 +314,7 @@ inline Costs fit(std::span<const Measured> measured) {
   const auto across_hosts = [](const Measured& m) { return m.shape.hosts > 1; };
   const Costs known = costs;
   if (const auto p = stage(
-          across_hosts, [](const Counts& c, double) { return c.messages; },
+          across_hosts, [](const Counts& c, double) { return c.link_messages; },
           [](const Counts& c, double) { return c.link_bytes; },
           [&known](const Counts& c, double share) {
             return share *

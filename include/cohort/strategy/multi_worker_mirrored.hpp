@@ -157,7 +157,7 @@ class MultiWorkerMirrored {
   // segment where it halves and doubles and 2 (n-1) otherwise, carry one each at the least;
   // keeping chunks of at least kLeastChunkBytes keeps the messages' latency from setting the time.
   // The cost model (docs/benchmarks.md, "The cost model") puts a step of 128 hosts x 8 workers on
-  // 100 Gbit/s links, flat, at 269 ms with 256 KiB buckets and 163 ms with 32 MiB. The bits do
+  // 100 Gbit/s links, flat, at 246 ms with 256 KiB buckets and 163 ms with 32 MiB. The bits do
   // not depend on the bucket.
   static constexpr std::size_t default_bucket_bytes(int workers) {
     return std::max(kBucketBytes, static_cast<std::size_t>(workers) * kLeastChunkBytes);
