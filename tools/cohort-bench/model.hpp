@@ -16,13 +16,12 @@
 //   beside_segment_bytes  the same, while the link carries others: `segment_s_per_byte` each
 //   segment_meetings  meetings of the host's ranks in the segment: `segment_meeting_s` each
 // The time is messages x message_s + link_messages x link_message_s + max(link_bytes x
-// link_s_per_byte,
-// cpu_bytes x cpu_s_per_byte + beside_segment_bytes x segment_s_per_byte) + serial_cpu_bytes x
-// cpu_s_per_byte + segment_bytes x segment_s_per_byte + segment_meetings x segment_meeting_s: a
-// transfer is as slow as the slower of the link and the core that moves it (a roofline), and the
-// steps that stay within a host come before and after the link's. Where ranks share cores
-// (Shape::ranks_per_core: network-namespace hosts of one machine), each cost of a core (a
-// message's software turn, its bytes, the segment's) counts that many times.
+// link_s_per_byte, cpu_bytes x cpu_s_per_byte + beside_segment_bytes x segment_s_per_byte) +
+// serial_cpu_bytes x cpu_s_per_byte + segment_bytes x segment_s_per_byte + segment_meetings x
+// segment_meeting_s: a transfer is as slow as the slower of the link and the core that moves it
+// (a roofline), and the steps that stay within a host come before and after the link's. Where
+// ranks share cores (Shape::ranks_per_core: network-namespace hosts of one machine), each cost of
+// a core (a message's software turn, its bytes, the segment's) counts that many times.
 //
 // The counts follow the algorithms (collective/deterministic.hpp, collective/ring.hpp):
 //   deterministic  n x B <= 64 KiB: every rank sends its whole buffer to the n-1 others. Larger:
