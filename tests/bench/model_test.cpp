@@ -51,6 +51,11 @@ TEST_CASE("the model's link bytes are those of each algorithm's exchanges") {
   const model::Counts ring = model::count(Algorithm::kRing, four_by_two, bytes);
   CHECK(ring.link_messages == ring.messages);
   CHECK(model::count(Algorithm::kDeterministic, Shape{4, 1}, bytes).link_messages == 2 * 2 * 64);
+  // Only those pay the link's latency.
+  model::Costs latency;
+  latency.link_message_s = 1e-5;
+  CHECK(model::seconds(Algorithm::kDeterministic, four_by_two, bytes, latency) ==
+        doctest::Approx(2 * 2 * 64 * 1e-5));
   // 3 hosts of 2 (6 ranks, no power of two): each rank's chunks go to the 4 ranks of other hosts.
   CHECK(model::count(Algorithm::kDeterministic, Shape{3, 2}, bytes).link_bytes ==
         doctest::Approx(2.0 * 2 * 4 / 6 * bytes));
