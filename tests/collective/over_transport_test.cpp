@@ -2,12 +2,14 @@
 // tests/strategy runs them across real processes over TCP.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cohort/collective/deterministic.hpp>
 #include <cohort/collective/ring.hpp>
 #include <cohort/transport/loopback.hpp>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -150,6 +152,58 @@ TEST_CASE(
     c.set_leaf_counts({1, 2, 1});
   });
   for (const auto& failure : failures) CHECK(failure.find("leaf_counts") != std::string::npos);
+}
+
+TEST_CASE(
+    "the deterministic all-reduce in two halves: each element's owner holds the all-reduce's bits, "
+    "and the gather brings every owner's elements to every rank") {
+  // Direct, one segment and several; halved and doubled on 4 and 8 ranks of even counts, and on
+  // 4 ranks of 12 leaves (2, 2, 4, 4) folded and gathered.
+  for (const auto& [leaf_count, ranks] :
+       {std::pair{2, 2}, std::pair{3, 3}, std::pair{4, 4}, std::pair{8, 8}, std::pair{12, 4}}) {
+    for (std::size_t length : {std::size_t{5}, std::size_t{300'000}, std::size_t{1'300'001}}) {
+      CAPTURE(leaf_count);
+      CAPTURE(ranks);
+      CAPTURE(length);
+      const auto leaves = cohort::testing::cancelling_inputs(leaf_count, length, 11);
+      const std::vector<float> expected = cohort::testing::canonical_sum(leaves);
+      const std::vector<std::size_t> counts =
+          cohort::tree::deal(static_cast<std::size_t>(leaf_count), static_cast<std::size_t>(ranks));
+      const auto inputs =
+          cohort::testing::dealt_nodes(leaves, counts, &cohort::testing::canonical_sum);
+      std::vector<float> whole(length);
+      for (std::size_t i = 0; i < length; ++i) whole[i] = static_cast<float>(i % 1000) - 0.5f;
+      const auto failures = on_ranks<cohort::collective::Deterministic>(ranks, [&](auto& c) {
+        c.set_leaf_counts(counts);
+        if (!c.reduces_to_owners()) throw std::runtime_error("a flat group does not own apart");
+        auto buffer = inputs[static_cast<std::size_t>(c.rank())];
+        c.reduce_to_owners(std::span<float>(buffer), ReduceOp::kSum);
+        // What each owner writes over its elements, which the gather must bring everywhere.
+        std::vector<float> written(length, std::numeric_limits<float>::quiet_NaN());
+        c.template for_each_owned<float>(length, [&](std::size_t begin, std::size_t count) {
+          if (std::memcmp(buffer.data() + begin, expected.data() + begin, count * sizeof(float)) !=
+              0) {
+            throw std::runtime_error("an owned element differs from the canonical tree");
+          }
+          std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(begin), count,
+                      written.begin() + static_cast<std::ptrdiff_t>(begin));
+        });
+        c.gather_from_owners(std::span<float>(written));
+        if (std::memcmp(written.data(), whole.data(), length * sizeof(float)) != 0) {
+          throw std::runtime_error("the gather left an element that no owner wrote");
+        }
+      });
+      for (const auto& failure : failures) CHECK(failure == "");
+    }
+  }
+  // A group of one rank has nothing to own apart: the call says so, naming itself.
+  const auto failures = on_ranks<cohort::collective::Deterministic>(1, [&](auto& c) {
+    if (c.reduces_to_owners()) throw std::runtime_error("one rank owns apart");
+    std::vector<float> buffer(8);
+    c.reduce_to_owners(std::span<float>(buffer), ReduceOp::kSum);
+  });
+  CHECK(failures[0].find("reduce_scatter") != std::string::npos);
+  CHECK(failures[0].find("flat group of more than one rank") != std::string::npos);
 }
 
 TEST_CASE("the ring all-reduce gives the same bits on every rank, in place or not") {

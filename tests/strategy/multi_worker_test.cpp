@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -394,7 +395,8 @@ namespace {
 // by hand, each with its own log, and waits for all within 60 s.
 std::vector<std::pair<cohort::testing::Exit, std::string>> run_workers(
     const TemporaryDirectory& directory, const std::string& local, const std::string& steps,
-    const std::vector<std::vector<std::string>>& extra) {
+    const std::vector<std::vector<std::string>>& extra,
+    const std::map<std::string, std::string>& extra_environment = {}) {
   const std::string port = std::to_string(cohort::testing::free_port());
   const std::string size = std::to_string(extra.size());
   std::vector<std::unique_ptr<Process>> workers;
@@ -402,14 +404,14 @@ std::vector<std::pair<cohort::testing::Exit, std::string>> run_workers(
     std::vector<std::string> command{COHORT_TRAINER, local, steps,
                                      directory.path / ("parameters-" + std::to_string(rank))};
     command.insert(command.end(), extra[rank].begin(), extra[rank].end());
+    std::map<std::string, std::string> environment{{"COHORT_RANK", std::to_string(rank)},
+                                                   {"COHORT_WORLD_SIZE", size},
+                                                   {"COHORT_MASTER_ADDR", "127.0.0.1"},
+                                                   {"COHORT_MASTER_PORT", port},
+                                                   {"COHORT_JOB_ID", "settings-test"}};
+    environment.insert(extra_environment.begin(), extra_environment.end());
     workers.push_back(std::make_unique<Process>(
-        command,
-        std::map<std::string, std::string>{{"COHORT_RANK", std::to_string(rank)},
-                                           {"COHORT_WORLD_SIZE", size},
-                                           {"COHORT_MASTER_ADDR", "127.0.0.1"},
-                                           {"COHORT_MASTER_PORT", port},
-                                           {"COHORT_JOB_ID", "settings-test"}},
-        directory.path / ("rank" + std::to_string(rank) + ".log")));
+        command, environment, directory.path / ("rank" + std::to_string(rank) + ".log")));
   }
   std::vector<std::pair<cohort::testing::Exit, std::string>> results;
   for (std::size_t rank = 0; rank < extra.size(); ++rank) {
@@ -454,26 +456,31 @@ std::string mirrored_checkpoint(std::uint64_t steps, std::size_t replicas, doubl
 }  // namespace
 
 TEST_CASE(
-    "workers of one replica each, which share memory and so update their own stripes of the "
-    "parameters, end with Mirrored's parameters and optimizer state, clipped or not") {
+    "workers of one replica each, which update their own parts of the parameters (stripes through "
+    "shared memory; over TCP, what each owns of the all-reduce, unless the update clips), end "
+    "with Mirrored's parameters and optimizer state, clipped or not") {
   TemporaryDirectory directory("cohort-multi-worker-sharded-update");
-  for (const std::size_t workers : {2, 4}) {
-    for (const double max_norm : {0.0, 0.05}) {
-      CAPTURE(workers);
-      CAPTURE(max_norm);
-      const fs::path file = directory.path / "workers.ckpt";
-      const std::vector<std::string> arguments{"--save-restore", file, "--max-gradient-norm",
-                                               std::to_string(max_norm)};
-      const auto results = run_workers(directory, "1", "20",
-                                       std::vector<std::vector<std::string>>(workers, arguments));
-      for (const auto& [exit, log] : results) {
-        CAPTURE(log);
-        CHECK(exit.exited);
-        CHECK(exit.code == 0);
-        CHECK(log.find("the gradient goes in and out of shared memory") == std::string::npos);
+  for (const std::string shared : {"1", "0"}) {
+    for (const std::size_t workers : {2, 4}) {
+      for (const double max_norm : {0.0, 0.05}) {
+        CAPTURE(shared);
+        CAPTURE(workers);
+        CAPTURE(max_norm);
+        const fs::path file = directory.path / "workers.ckpt";
+        const std::vector<std::string> arguments{"--save-restore", file, "--max-gradient-norm",
+                                                 std::to_string(max_norm)};
+        const auto results = run_workers(directory, "1", "20",
+                                         std::vector<std::vector<std::string>>(workers, arguments),
+                                         {{"COHORT_SHARED_MEMORY", shared}});
+        for (const auto& [exit, log] : results) {
+          CAPTURE(log);
+          CHECK(exit.exited);
+          CHECK(exit.code == 0);
+          CHECK(log.find("the gradient goes in and out of shared memory") == std::string::npos);
+        }
+        CHECK(read_file(file) ==
+              mirrored_checkpoint(20, workers, max_norm, directory.path / "mirrored.ckpt"));
       }
-      CHECK(read_file(file) ==
-            mirrored_checkpoint(20, workers, max_norm, directory.path / "mirrored.ckpt"));
     }
   }
 }
@@ -524,10 +531,14 @@ TEST_CASE(
       std::to_string(step) + ", first at index";
   const std::vector<std::string> poison{"--poison", "5"};
   std::vector<std::string> indices;
-  // 2 x 2: every replica updates the whole; 2 x 1: each worker its own stripes.
-  for (const char* local : {"2", "1"}) {
+  // 2 x 2: every replica updates the whole; 2 x 1: each worker its own stripes through shared
+  // memory, or its own part of the all-reduce over TCP.
+  for (const auto& [local, shared] :
+       {std::pair{"2", "1"}, std::pair{"1", "1"}, std::pair{"1", "0"}}) {
     CAPTURE(local);
-    const auto results = run_workers(directory, local, "31", {poison, poison});
+    CAPTURE(shared);
+    const auto results =
+        run_workers(directory, local, "31", {poison, poison}, {{"COHORT_SHARED_MEMORY", shared}});
     for (const auto& [exit, log] : results) {
       CAPTURE(log);
       CHECK(exit.exited);
@@ -579,10 +590,14 @@ TEST_CASE(
     "as Mirrored") {
   TemporaryDirectory directory("cohort-multi-worker-nan-skip");
   const std::vector<std::string> skip{"--poison", "5", "--on-nonfinite", "skip_step"};
-  // 2 x 2: every replica updates the whole; 2 x 1: each worker its own stripes.
-  for (const auto& [local, replicas] : {std::pair{"2", 4}, std::pair{"1", 2}}) {
+  // 2 x 2: every replica updates the whole; 2 x 1: each worker its own stripes through shared
+  // memory, or its own part of the all-reduce over TCP.
+  for (const auto& [local, replicas, shared] :
+       {std::tuple{"2", 4, "1"}, std::tuple{"1", 2, "1"}, std::tuple{"1", 2, "0"}}) {
     CAPTURE(local);
-    const auto results = run_workers(directory, local, "31", {skip, skip});
+    CAPTURE(shared);
+    const auto results =
+        run_workers(directory, local, "31", {skip, skip}, {{"COHORT_SHARED_MEMORY", shared}});
     for (const auto& [exit, log] : results) {
       CAPTURE(log);
       CHECK(exit.exited);
@@ -690,10 +705,13 @@ TEST_CASE(
         shared ? "waiting for: rank 1 in shared memory" : "waiting for: receive from rank 1";
     CHECK(log.find("cohort: rank 0: no progress for ") != std::string::npos);
     CHECK(log.find(waiting) != std::string::npos);
-    // Through shared memory the workers of one replica each also gather their parameters, so
-    // the stop may fall in either collective.
-    CHECK((log.find("rank 0: all_reduce #") != std::string::npos ||
-           (shared && log.find("rank 0: all_gather #") != std::string::npos)));
+    // The workers of one replica each also gather their parameters: through shared memory after
+    // the all-reduce, over TCP as the second half of a bucket's all-reduce, whose first is a
+    // reduce_scatter; so the stop may fall in any of them.
+    const auto named = [&](const std::string& operation) {
+      return log.find("rank 0: " + operation + " #") != std::string::npos;
+    };
+    CHECK((named("all_reduce") || named("all_gather") || (!shared && named("reduce_scatter"))));
     CHECK(log.find(": no progress within 10000 ms during sequence") != std::string::npos);
     workers[1]->kill(SIGKILL);
   }

@@ -125,6 +125,29 @@ struct StripeGroup {
   std::size_t size = 1;
 };
 
+// A communicator that also runs its all-reduce in two halves (collective::Deterministic over a
+// transport, collective::Hierarchical over it where each process has one replica), so that each
+// rank can work on the part of the sum it owns before the second half shares it:
+//   c.reduces_to_owners()            whether it can now (else the calls below fail)
+//   c.for_each_owned<E>(length, body)
+//       body(begin, count) for each run of the elements of a buffer of `length` that this rank
+//       owns, in order; every element has one owner, and who owns it depends only on the length
+//       and the group
+//   c.reduce_to_owners(buffer, op)   the first half: the owned elements hold what all_reduce gives
+//                                    them, the others are undefined
+//   c.gather_from_owners(buffer)     the second: every rank's owned elements of buffer, to every
+//                                    rank
+// Every rank calls the same halves in the same order with the same lengths; the sharded update
+// over TCP (strategy/detail/mirrored_replica.hpp) reduces a bucket of the gradient, updates the
+// parameters it owns, and gathers them.
+template <class C, class E>
+concept ReducesToOwners = requires(C& c, const C& cc, std::span<E> buffer) {
+  { cc.reduces_to_owners() } -> std::same_as<bool>;
+  cc.template for_each_owned<E>(std::size_t{1}, [](std::size_t, std::size_t) {});
+  c.reduce_to_owners(buffer, ReduceOp::kSum);
+  c.gather_from_owners(buffer);
+};
+
 // What makes `op` unfit for elements of T (reduces<T>, core/reduce_op.hpp), in words for the error
 // that names the call, or empty where it is fit.
 template <class T>
@@ -179,6 +202,28 @@ Pending start_all_reduce(C& communicator, std::span<T> buffer, ReduceOp op) {
     return communicator.start_all_reduce(buffer, op);
   } else {
     return Pending([&communicator, buffer, op] { communicator.all_reduce(buffer, op); });
+  }
+}
+
+// The halves of ReducesToOwners started, as start_all_reduce starts the whole (Hierarchical: on its
+// communication thread), or run in wait().
+template <class C, class T>
+requires ReducesToOwners<C, T> Pending start_reduce_to_owners(C& communicator, std::span<T> buffer,
+                                                              ReduceOp op) {
+  if constexpr (requires { communicator.start_reduce_to_owners(buffer, op); }) {
+    return communicator.start_reduce_to_owners(buffer, op);
+  } else {
+    return Pending([&communicator, buffer, op] { communicator.reduce_to_owners(buffer, op); });
+  }
+}
+
+template <class C, class T>
+requires ReducesToOwners<C, T> Pending start_gather_from_owners(C& communicator,
+                                                                std::span<T> buffer) {
+  if constexpr (requires { communicator.start_gather_from_owners(buffer); }) {
+    return communicator.start_gather_from_owners(buffer);
+  } else {
+    return Pending([&communicator, buffer] { communicator.gather_from_owners(buffer); });
   }
 }
 

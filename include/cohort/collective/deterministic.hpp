@@ -197,9 +197,10 @@ class Deterministic : public detail::OverTransport<T> {
       copy_unless_same(input, output);
       return;
     }
-    fold_and_gather<E>(call, 1, static_cast<std::size_t>(this->size()) - 1, op, [&](std::size_t) {
-      return Segment<E>{input, output, {}};
-    });
+    fold_and_gather<E>(call, 1, {.count = static_cast<std::size_t>(this->size()) - 1}, op,
+                       [&](std::size_t) {
+                         return Segment<E>{input, output, {}};
+                       });
   }
 
   // What share_host_memory found.
@@ -359,7 +360,118 @@ class Deterministic : public detail::OverTransport<T> {
     meet(call, *where);
   }
 
+  // The all-reduce over the transport in its two halves, for a caller that works on the reduced
+  // values between them (collective.hpp, ReducesToOwners: the sharded update over TCP,
+  // strategy/detail/mirrored_replica.hpp). reduce_to_owners(buffer, op) leaves in the elements of
+  // `buffer` that this rank owns (for_each_owned) the bits all_reduce gives them, and the other
+  // elements undefined; gather_from_owners(buffer) sends each rank's owned elements of `buffer`,
+  // whatever it wrote there since, to every rank. Who owns an element depends only on the
+  // buffer's length and the group, so a buffer of the same length gathers by the same owners: the
+  // parameters that an update of the owned gradient wrote. Each half moves half the all-reduce's
+  // bytes in half its steps. Where reduces_to_owners(): over the transport, flat, more than one
+  // rank; not through shared memory, which shares its stripes instead (gather_shared_stripes).
+  bool reduces_to_owners() const { return this->size() > 1 && !segment_ && !reduces_by_host(); }
+
+  // Calls body(begin, count) for each run of the elements of a buffer of `length` E that this
+  // rank owns, in order: its chunk of each segment of the all-reduce (segment_layout).
+  template <class E, class Body>
+  void for_each_owned(std::size_t length, Body&& body) const {
+    const SegmentLayout layout = segment_layout<E>(length);
+    for (std::size_t begin = 0; begin < length; begin += layout.segment) {
+      const std::size_t count = std::min(layout.segment, length - begin);
+      const detail::Chunk mine = owned_of_segment(count, layout.halving);
+      if (mine.size() > 0) body(begin + mine.begin, mine.size());
+    }
+  }
+
+  template <class E>
+  void reduce_to_owners(std::span<E> buffer, ReduceOp op) {
+    const Call call = this->begin({Operation::kReduceScatter, data_type_of<E>(),
+                                   static_cast<std::uint16_t>(op), buffer.size()});
+    if (const std::string problem = owners_problem<E>(op); !problem.empty())
+      this->fail(call, problem);
+    if (buffer.empty()) return;
+    const SegmentLayout layout = segment_layout<E>(buffer.size());
+    if (layout.direct) return fold_whole_buffers<E>(call, buffer, buffer, op);
+    const std::size_t ranks = static_cast<std::size_t>(this->size());
+    const std::size_t half = layout.halving ? SegmentLayout::levels(ranks) : ranks - 1;
+    walk_segments<E>(call, buffer, buffer, layout, {.count = half}, op);
+  }
+
+  template <class E>
+  void gather_from_owners(std::span<E> buffer) {
+    const Call call = this->begin({Operation::kAllGather, data_type_of<E>(), 0, buffer.size()});
+    if (!reduces_to_owners()) this->fail(call, owners_problem<E>(ReduceOp::kSum));
+    if (buffer.empty()) return;
+    const SegmentLayout layout = segment_layout<E>(buffer.size());
+    const std::size_t ranks = static_cast<std::size_t>(this->size());
+    const std::size_t half = layout.halving ? SegmentLayout::levels(ranks) : ranks - 1;
+    walk_segments<E>(call, buffer, buffer, layout, {.first = half, .count = half}, ReduceOp::kSum);
+  }
+
  private:
+  // Which steps of an algorithm a call runs: all of an all-reduce's, or one half.
+  struct Steps {
+    std::size_t first = 0;
+    std::size_t count = 0;
+  };
+
+  // How reduce_over_transport cuts a buffer: whole buffers to every rank (`direct`: then one
+  // segment, owned as fold_and_gather owns one), or segments of `segment` elements that halve and
+  // double or fold and gather.
+  struct SegmentLayout {
+    std::size_t segment;
+    bool direct = false;
+    bool halving = false;
+    std::size_t segments(std::size_t length) const { return (length + segment - 1) / segment; }
+    static std::size_t levels(std::size_t ranks) {
+      return static_cast<std::size_t>(std::countr_zero(ranks));
+    }
+  };
+  template <class E>
+  SegmentLayout segment_layout(std::size_t length) const {
+    const std::size_t ranks = static_cast<std::size_t>(this->size());
+    if (length * sizeof(E) * ranks <= kDirectBytes) {
+      return {.segment = std::max<std::size_t>(1, length), .direct = true};
+    }
+    const bool halving = halves_and_doubles();
+    return {.segment = this->template segment_length<E>(segment_chunk_bytes(ranks, halving)),
+            .halving = halving};
+  }
+
+  // This rank's part of a segment of `length` elements once the reduction's first half is done:
+  // its chunk, or what the halvings leave it.
+  detail::Chunk owned_of_segment(std::size_t length, bool halving) const {
+    const auto ranks = static_cast<std::size_t>(this->size());
+    const auto me = static_cast<std::size_t>(this->rank());
+    return halving ? halved_part(me, length, SegmentLayout::levels(ranks))
+                   : detail::chunk(length, ranks, me);
+  }
+
+  // What keeps reduce_to_owners from `op` here, in words for the error, or empty.
+  template <class E>
+  std::string owners_problem(ReduceOp op) const {
+    if (!reduces_to_owners()) {
+      return "reduce_to_owners and gather_from_owners run over the transport of a flat group of "
+             "more than one rank";
+    }
+    if (op == ReduceOp::kSumBfloat16 || op == ReduceOp::kSumFloat16) {
+      return std::string(name(op)) + " travels packed, which reduce_to_owners does not do";
+    }
+    return reduction_problem<E>(op);
+  }
+
+  // The part of a segment of `length` elements that `rank` holds after `halvings` halvings
+  // (halve_and_double).
+  static detail::Chunk halved_part(std::size_t rank, std::size_t length, std::size_t halvings) {
+    detail::Chunk part{0, length};
+    for (std::size_t k = 0; k < halvings; ++k) {
+      const std::size_t middle = part.begin + part.size() / 2;
+      part = (rank >> k) & 1 ? detail::Chunk{middle, part.end} : detail::Chunk{part.begin, middle};
+    }
+    return part;
+  }
+
   // What an all-reduce over the transport does with the parts of its buffer around their travel:
   // enters(begin, length) before a part first travels, leaves(begin, length) once it has arrived
   // whole (reduce_packed rounds and widens there); nothing, by default.
@@ -381,29 +493,16 @@ class Deterministic : public detail::OverTransport<T> {
         return reduce_packed(call, input, output, op, packed_float16_, staged);
     }
     const std::size_t ranks = static_cast<std::size_t>(this->size());
-    if (output.size_bytes() * ranks <= kDirectBytes) {
+    const SegmentLayout layout = segment_layout<E>(output.size());
+    if (layout.direct) {
       staged.enters(0, output.size());
       fold_whole_buffers(call, input, output, op);
       staged.leaves(0, output.size());
       return;
     }
-    const std::size_t segment =
-        this->template segment_length<E>(segment_chunk_bytes(ranks, halves_and_doubles()));
-    const std::size_t me = static_cast<std::size_t>(this->rank());
-    const std::size_t segments = (output.size() + segment - 1) / segment;
-    const auto segment_of = [&](std::size_t index) {
-      const std::size_t length = std::min(segment, output.size() - index * segment);
-      const std::span<E> part = output.subspan(index * segment, length);
-      const auto mine = detail::chunk(length, ranks, me);
-      return Segment<E>{input.subspan(index * segment, length),
-                        part.subspan(mine.begin, mine.size()), part};
-    };
-    const BySegment<Staged> by_segment{&staged, segment};
-    if (halves_and_doubles()) {
-      halve_and_double<E>(call, segments, op, segment_of, by_segment);
-    } else {
-      fold_and_gather<E>(call, segments, 2 * (ranks - 1), op, segment_of, by_segment);
-    }
+    const std::size_t half = layout.halving ? SegmentLayout::levels(ranks) : ranks - 1;
+    walk_segments(call, input, output, layout, {.count = 2 * half}, op,
+                  BySegment<Staged>{&staged, layout.segment});
   }
 
   // Whether the all-reduce over the transport halves and doubles (top of this file): the ranks a
@@ -430,6 +529,28 @@ class Deterministic : public detail::OverTransport<T> {
       staged->leaves(index * segment + begin, length);
     }
   };
+
+  // `steps` of the all-reduce's algorithm on the segments of `layout` (not direct), from `input`
+  // into `output`, each segment owned as owned_of_segment says: all of them, or the first half,
+  // which reduces to the owners, or the second, which gathers from them.
+  template <class E, class Staged = Unstaged>
+  void walk_segments(const Call& call, std::span<const E> input, std::span<E> output,
+                     const SegmentLayout& layout, Steps steps, ReduceOp op,
+                     const BySegment<Staged>& by_segment = {}) {
+    const auto segment_of = [&](std::size_t index) {
+      const std::size_t begin = index * layout.segment;
+      const std::size_t length = std::min(layout.segment, output.size() - begin);
+      const std::span<E> part = output.subspan(begin, length);
+      const detail::Chunk mine = owned_of_segment(length, layout.halving);
+      return Segment<E>{input.subspan(begin, length), part.subspan(mine.begin, mine.size()), part};
+    };
+    const std::size_t segments = layout.segments(output.size());
+    if (layout.halving) {
+      halve_and_double<E>(call, segments, steps, op, segment_of, by_segment);
+    } else {
+      fold_and_gather<E>(call, segments, steps, op, segment_of, by_segment);
+    }
+  }
 
   // The groups of an all-reduce by host: this rank's host, and this rank's rail (the ranks of
   // every host with this one's place in its host).
@@ -944,7 +1065,7 @@ class Deterministic : public detail::OverTransport<T> {
     std::span<E> gathered;
   };
 
-  // The first `steps` steps of the algorithm (top of this file) on each of `segments` segments
+  // Steps `steps` of the algorithm (top of this file) on each of `segments` segments
   // (segment_of(index)), pipelined (staged_pipeline). Steps 0 to n-2 send chunk j of the input to
   // rank j and receive this rank's chunk from every other, one peer each way at a time: at step s
   // to rank + s + 1 and from rank - s - 1. Each rank's link then carries one flow each way, as in
@@ -954,7 +1075,7 @@ class Deterministic : public detail::OverTransport<T> {
   // by the fold of this rank's chunk in tree order. Steps n-1 to 2n-3 send the folded chunk to
   // every rank the same way.
   template <class E, class SegmentOf, class Staged = Unstaged>
-  void fold_and_gather(const Call& call, std::size_t segments, std::size_t steps, ReduceOp op,
+  void fold_and_gather(const Call& call, std::size_t segments, Steps steps, ReduceOp op,
                        SegmentOf&& segment_of, const BySegment<Staged>& by_segment = {}) {
     const std::size_t ranks = static_cast<std::size_t>(this->size());
     const std::size_t me = static_cast<std::size_t>(this->rank());
@@ -962,8 +1083,9 @@ class Deterministic : public detail::OverTransport<T> {
     const std::span<E> staging = this->template scratch<E>(2 * ranks * longest);
     std::array<std::vector<const E*>, 2> inputs;  // each lane's fold
     std::array<std::array<E*, 1>, 2> outputs{};
-    const auto exchange_of = [&](const Segment<E>& segment, std::size_t lane, std::size_t step,
+    const auto exchange_of = [&](const Segment<E>& segment, std::size_t lane, std::size_t walked,
                                  detail::Exchange& exchange) {
+      const std::size_t step = steps.first + walked;
       const auto slot = [&](std::size_t peer) {
         return staging.subspan((lane * ranks + peer) * longest, segment.owned.size());
       };
@@ -995,7 +1117,7 @@ class Deterministic : public detail::OverTransport<T> {
     const auto fold = [&](std::size_t lane, std::size_t begin, std::size_t length) {
       fold_block<E>(op, inputs[lane], outputs[lane], begin, length, leaf_counts_);
     };
-    staged_pipeline(call, segments, steps, segment_of, exchange_of, fold, by_segment);
+    staged_pipeline(call, segments, steps.count, segment_of, exchange_of, fold, by_segment);
   }
 
   // The all-reduce over the transport of ranks a power of two (halves_and_doubles; top of this
@@ -1005,23 +1127,14 @@ class Deterministic : public detail::OverTransport<T> {
   // the other, and each folds the half it keeps with the one it receives, the lower rank's
   // on the left: a node of the canonical tree over ranks, of 2^(k+1) of them. Steps log2(n) to
   // 2 log2(n)-1 double, the other way: this rank sends the part it holds to the rank 2^k away
-  // and receives that one's, so that both hold the part both held before step k.
+  // and receives that one's, so that both hold the part both held before step k. `steps` says
+  // which of them run.
   template <class E, class SegmentOf, class Staged = Unstaged>
-  void halve_and_double(const Call& call, std::size_t segments, ReduceOp op, SegmentOf&& segment_of,
-                        const BySegment<Staged>& by_segment = {}) {
+  void halve_and_double(const Call& call, std::size_t segments, Steps steps, ReduceOp op,
+                        SegmentOf&& segment_of, const BySegment<Staged>& by_segment = {}) {
     const std::size_t me = static_cast<std::size_t>(this->rank());
-    const auto levels =
-        static_cast<std::size_t>(std::countr_zero(static_cast<unsigned>(this->size())));
-    // The part of a segment of `length` elements that `rank` holds after `halvings` halvings.
-    const auto held = [](std::size_t rank, std::size_t length, std::size_t halvings) {
-      detail::Chunk part{0, length};
-      for (std::size_t k = 0; k < halvings; ++k) {
-        const std::size_t middle = part.begin + part.size() / 2;
-        part =
-            (rank >> k) & 1 ? detail::Chunk{middle, part.end} : detail::Chunk{part.begin, middle};
-      }
-      return part;
-    };
+    const std::size_t levels = SegmentLayout::levels(static_cast<std::size_t>(this->size()));
+    const auto held = &Deterministic::halved_part;
     const std::size_t longest = held(1, segment_of(0).input.size(), 1).size();  // the larger half
     const std::span<E> staging = this->template scratch<E>(2 * longest);
     struct Fold {
@@ -1029,8 +1142,9 @@ class Deterministic : public detail::OverTransport<T> {
       std::array<E*, 1> output;
     };
     std::array<Fold, 2> folds{};  // each lane's
-    const auto exchange_of = [&](const Segment<E>& segment, std::size_t lane, std::size_t step,
+    const auto exchange_of = [&](const Segment<E>& segment, std::size_t lane, std::size_t walked,
                                  detail::Exchange& exchange) {
+      const std::size_t step = steps.first + walked;
       const std::size_t length = segment.input.size();
       const bool halving = step < levels;
       const std::size_t k = halving ? step : 2 * levels - 1 - step;
@@ -1061,7 +1175,7 @@ class Deterministic : public detail::OverTransport<T> {
     const auto fold = [&](std::size_t lane, std::size_t begin, std::size_t length) {
       fold_block<E>(op, folds[lane].pair, folds[lane].output, begin, length, {});
     };
-    staged_pipeline(call, segments, 2 * levels, segment_of, exchange_of, fold, by_segment);
+    staged_pipeline(call, segments, steps.count, segment_of, exchange_of, fold, by_segment);
   }
 
   // `steps` steps of an algorithm on each of `segments` segments (segment_of(index)), pipelined

@@ -167,6 +167,49 @@ class Hierarchical {
     return cross_->stripe_group();
   }
 
+  // The all-reduce in two halves (ReducesToOwners), where each process has one replica: the cross
+  // communicator's, on the communication thread, the first started and finished by wait() as
+  // start_all_reduce's.
+  bool reduces_to_owners() const requires requires(const Cross& cross) {
+    cross.reduces_to_owners();
+  }
+  { return local_.size() == 1 && cross_->reduces_to_owners(); }
+
+  template <class E, class Body>
+  requires ReducesToOwners<Cross, E>
+  void for_each_owned(std::size_t length, Body&& body) const {
+    cross_->template for_each_owned<E>(length, std::forward<Body>(body));
+  }
+
+  template <class E>
+  requires ReducesToOwners<Cross, E>
+  void reduce_to_owners(std::span<E> buffer, ReduceOp op) {
+    start_reduce_to_owners(buffer, op).wait();
+  }
+
+  template <class E>
+  requires ReducesToOwners<Cross, E> Pending start_reduce_to_owners(std::span<E> buffer,
+                                                                    ReduceOp op) {
+    COHORT_ASSERT(local_.size() == 1);
+    const std::size_t ticket =
+        on_leader([this, buffer, op] { cross_->reduce_to_owners(buffer, op); });
+    return Pending([this, ticket] {
+      const trace::Span waited(trace::current(), trace::Phase::kBucketWait, {.index = ticket});
+      finish_on_leader(ticket);
+    });
+  }
+
+  template <class E>
+  requires ReducesToOwners<Cross, E>
+  void gather_from_owners(std::span<E> buffer) { start_gather_from_owners(buffer).wait(); }
+
+  template <class E>
+  requires ReducesToOwners<Cross, E> Pending start_gather_from_owners(std::span<E> buffer) {
+    COHORT_ASSERT(local_.size() == 1);
+    const std::size_t ticket = on_leader([this, buffer] { cross_->gather_from_owners(buffer); });
+    return Pending([this, ticket] { finish_on_leader(ticket); });
+  }
+
   void barrier() {
     local_.barrier();
     finish_on_leader(on_leader([this] { cross_->barrier(); }));

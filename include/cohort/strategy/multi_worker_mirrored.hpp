@@ -7,6 +7,12 @@
 // then back to every local replica. With the default collective::Deterministic every sum follows
 // the canonical tree over all replicas, so 2 workers x 2 local replicas, 4 workers x 1 and
 // Mirrored with 4 replicas in one process give the same bits.
+// With one replica per worker, the workers share the optimizer's update out, each applying it to
+// its own part of the parameters, with the bits of the whole: through shared memory in stripes
+// (shared_memory, below); over TCP, under collective::Deterministic, to the elements each owns of
+// the all-reduce, whose second half then gathers the new parameters instead of the gradient's sums
+// (detail/mirrored_replica.hpp, the sharded update over TCP), except where the update clips, the
+// wire is narrower than float or the job is elastic.
 //
 //   cohort::strategy::MultiWorkerMirrored<> strategy({.local_replicas = 2});
 //   cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, cohort::collective::Ring> ring(...);

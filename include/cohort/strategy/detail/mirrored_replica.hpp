@@ -44,15 +44,20 @@ namespace cohort::strategy::detail {
 // apply(context, checked) applies the update with `context` and returns the gradient's first
 // non-finite element, or its size where it has none or `checked` says it was checked before: the
 // whole update (MirroredReplica::finish_step), or this worker's part of it (the sharded update).
+// first_nonfinite() finds the gradient's first non-finite element, or its size, as every replica
+// agrees: a pass over the whole gradient, or, where each replica holds only its part of the sum
+// (the sharded update over TCP, which never clips), a pass over that part and a minimum over the
+// replicas.
 // Out of line on purpose, as the Trainer's fold addition (trainer/step_fold.hpp, AddInto): inlined
 // into the step's loop it changes how GCC compiles the model's forward_backward inlined there. Hot,
 // because out of line GCC guesses its frequency from the one call in the replica's loop, which
 // follows the model's loops: guessed never executed, it was compiled for size, the optimizer's loop
 // scalar, and Adam took 5.5 ms of an 11 ms step of the examples' MLP (1.4 ms vectorized;
 // docs/benchmarks.md, "The examples' Eigen MLP").
-template <device::Device D, class T, class O, class Apply>
+template <device::Device D, class T, class O, class Apply, class FirstNonfinite>
 [[gnu::noinline, gnu::hot]] StepResult apply_update(const Update<T, O>& update,
-                                                    const typename D::Place& place, Apply&& apply) {
+                                                    const typename D::Place& place, Apply&& apply,
+                                                    FirstNonfinite&& first_nonfinite) {
   const trace::Span span(trace::current(), trace::Phase::kOptimizer, {.step = update.step});
   const std::span<const T> gradient(update.gradient_sum);
   double scale = update.inverse_batch;
@@ -60,14 +65,14 @@ template <device::Device D, class T, class O, class Apply>
   if (const double max_norm = update.optimizer.options().max_gradient_norm; max_norm > 0.0) {
     const double squares = D::sum_of_squares(place, gradient);
     if (!std::isfinite(squares)) {
-      if (const std::size_t first = D::first_nonfinite(place, gradient); first != gradient.size()) {
+      if (const std::size_t first = first_nonfinite(); first != gradient.size()) {
         return {.first_nonfinite = first, .applied = false};
       }
     }
     checked = true;
     scale *= optimizer::clipping_factor(squares, update.inverse_batch, max_norm);
   } else if (update.on_nonfinite == NonFinite::kSkipStep) {
-    if (const std::size_t first = D::first_nonfinite(place, gradient); first != gradient.size()) {
+    if (const std::size_t first = first_nonfinite(); first != gradient.size()) {
       return {.first_nonfinite = first, .applied = false};
     }
     checked = true;
@@ -112,6 +117,7 @@ class MirroredReplica {
   void start(std::span<T> parameters, std::span<T> optimizer_state, std::uint64_t /*step*/) {
     communicator_.broadcast(parameters, 0);
     state_count_ = optimizer_state.size();
+    owned_ = {};
   }
 
   // Where the Trainer keeps this replica's gradient sum (strategy.hpp): the communicator's
@@ -167,6 +173,13 @@ class MirroredReplica {
   void begin_step(Update<T, O>& update) {
     buckets_.begin(update.gradient_sum.size(), std::max<std::size_t>(1, bucket_bytes_ / sizeof(T)));
     pending_.clear();
+    if constexpr (kReducesToOwners<T, O>) {
+      owned_.this_step = reduces_to_owners(update);
+      if (owned_.this_step) {
+        owned_.buckets.clear();
+        owned_.elements = update.gradient_sum.size();
+      }
+    }
     // The state the segment starts from, kept before its first all-reduce (kept_stripes.hpp).
     if constexpr (kShardable<T>) {
       if (keeps_stripes() && kept_->keeps == 0) {
@@ -179,8 +192,16 @@ class MirroredReplica {
   template <class T, class O>
   void gradients_ready(Update<T, O>& update, std::size_t begin, std::size_t end) {
     buckets_.ready(begin, end, [&](std::size_t /*bucket*/, std::size_t first, std::size_t last) {
-      pending_.push_back(collective::start_all_reduce(
-          communicator_, update.gradient_sum.subspan(first, last - first), gradient_sum_));
+      const std::span<T> bucket = update.gradient_sum.subspan(first, last - first);
+      if constexpr (kReducesToOwners<T, O>) {
+        if (owned_.this_step) {
+          owned_.buckets.push_back({first, last});
+          pending_.push_back(
+              collective::start_reduce_to_owners(communicator_, bucket, gradient_sum_));
+          return;
+        }
+      }
+      pending_.push_back(collective::start_all_reduce(communicator_, bucket, gradient_sum_));
     });
   }
 
@@ -188,6 +209,9 @@ class MirroredReplica {
   StepResult finish_step(Update<T, O>& update) {
     COHORT_ASSERT(buckets_.complete());
     for (collective::Pending& pending : pending_) pending.wait();
+    if constexpr (kReducesToOwners<T, O>) {
+      if (owned_.this_step) return finish_owned(update);
+    }
     if constexpr (kShardable<T> && device::cpu::HasElementRule<O, T>) {
       if (shard_ && update.gradient_sum.data() == shared_as<T>().data()) {
         return finish_sharded(update);
@@ -206,7 +230,7 @@ class MirroredReplica {
       }
       return D::first_nonfinite(place_, gradient);
     };
-    return apply_update<D>(update, place_, whole);
+    return apply_update<D>(update, place_, whole, whole_first_nonfinite(update));
   }
 
   // The step ends by an exception (strategy.hpp): the group is released, and every bucket this
@@ -234,6 +258,9 @@ class MirroredReplica {
   void make_state_whole(std::span<T> optimizer_state) {
     if constexpr (kShardable<T>) {
       if (shard_) gather_state(optimizer_state);
+    }
+    if constexpr (std::same_as<D, device::Cpu> && collective::ReducesToOwners<Communicator, T>) {
+      gather_owned_state(optimizer_state);
     }
   }
 
@@ -358,8 +385,9 @@ class MirroredReplica {
     }
     const std::span<T> published =
         copy ? kept_as<T>(kept_->layout.parameters_in(*copy), shared.size()) : shared;
-    const StepResult result =
-        apply_update<D>(update, place_, [&](const optimizer::StepContext& context, bool checked) {
+    const StepResult result = apply_update<D>(
+        update, place_,
+        [&](const optimizer::StepContext& context, bool checked) {
           // From here until the state is whole again, parameters and state may be current on
           // this worker's stripes only.
           set_spread(true);
@@ -383,7 +411,8 @@ class MirroredReplica {
                                               shard_->stripe);
           if (!checked) communicator_.all_reduce(std::span<std::int64_t>(first), ReduceOp::kMin);
           return static_cast<std::size_t>(first[0]);
-        });
+        },
+        whole_first_nonfinite(update));
     if (copy && !result.applied) {
       // A step skipped is kept too, its state the last one's; the gather is the meeting that
       // says every worker has kept it.
@@ -416,6 +445,127 @@ class MirroredReplica {
     set_spread(false);
   }
 
+  // The first non-finite element of the whole reduced gradient, which every replica holds
+  // (apply_update).
+  template <class T, class O>
+  auto whole_first_nonfinite(const Update<T, O>& update) const {
+    return [this, gradient = std::span<const T>(update.gradient_sum)] {
+      return D::first_nonfinite(place_, gradient);
+    };
+  }
+
+  // The sharded update over TCP. Where the gradient's buckets are all-reduced between processes
+  // of one replica each over the transport (collective::ReducesToOwners: collective::
+  // Deterministic, flat), each bucket's all-reduce stops halfway, once every element's sum is
+  // made on the one process that owns it (reduce_to_owners); each process applies the optimizer
+  // to the parameters and state it owns, and the second half gathers the new parameters instead
+  // of the gradient's sums (gather_from_owners). The bytes on the wire are the all-reduce's, and
+  // each of n processes applies 1/n of the update: for 2 workers of the 20M-parameter MLP over
+  // TCP, half a 560 MB pass a step (docs/benchmarks.md, "A model of 20M parameters over TCP").
+  // The owned sums have the all-reduce's bits and every update is elementwise, so the parameters
+  // have the bits of the whole update. Not where the update clips, since the gradient's norm
+  // sums every element in an order of its own (device::cpu::sum_of_squares), nor on the wire's
+  // packed sums, nor in an elastic job, whose workers left take the state from any one of them:
+  // those keep the whole all-reduce. The optimizer state outside a process's own elements is
+  // gathered when the fit ends, before a checkpoint and before a non-finite step raises.
+  struct Owned {
+    bool this_step = false;     // whether this step's buckets reduce to their owners
+    bool state_spread = false;  // an update applied since the optimizer state was last whole
+    std::vector<std::pair<std::size_t, std::size_t>> buckets;  // the last such step's, in order
+    std::size_t elements = 0;                                  // the gradient's, at that step
+  };
+
+  template <class T, class O>
+  static constexpr bool kReducesToOwners = std::same_as<D, device::Cpu>&&
+      collective::ReducesToOwners<Communicator, T>&& device::cpu::HasElementRule<O, T>;
+
+  template <class T, class O>
+  bool reduces_to_owners(const Update<T, O>& update) const {
+    return kept_ == nullptr && gradient_sum_ == ReduceOp::kSum &&
+           update.optimizer.options().max_gradient_norm <= 0.0 && communicator_.reduces_to_owners();
+  }
+
+  // Calls body(begin, count) for each run of the elements of bucket [first, last) that this
+  // process owns.
+  template <class T, class Body>
+  void for_each_owned_in(std::size_t first, std::size_t last, Body&& body) const {
+    communicator_.template for_each_owned<T>(
+        last - first, [&](std::size_t begin, std::size_t count) { body(first + begin, count); });
+  }
+
+  // The gather of `values` from their owners, bucket by bucket, each started once write(first,
+  // last) has written this process's part of it, so that a bucket travels while the next is
+  // written; returns once every bucket has arrived.
+  template <class T, class Write>
+  void gather_owned(std::span<T> values, Write&& write) {
+    std::vector<collective::Pending> gathers;
+    gathers.reserve(owned_.buckets.size());
+    for (const auto& [first, last] : owned_.buckets) {
+      write(first, last);
+      gathers.push_back(
+          collective::start_gather_from_owners(communicator_, values.subspan(first, last - first)));
+    }
+    for (collective::Pending& gather : gathers) gather.wait();
+  }
+
+  template <class T, class O>
+  StepResult finish_owned(Update<T, O>& update) {
+    const std::span<const T> gradient(update.gradient_sum);
+    // The least over every process of the first non-finite element it owns: the whole's.
+    const auto agreed_first = [&](std::size_t mine) {
+      std::int64_t first[] = {static_cast<std::int64_t>(mine)};
+      communicator_.all_reduce(std::span<std::int64_t>(first), ReduceOp::kMin);
+      return static_cast<std::size_t>(first[0]);
+    };
+    // The buckets come the gradient's end first: the least of their runs' firsts.
+    const auto first_owned_nonfinite = [&] {
+      std::size_t mine = gradient.size();
+      for (const auto& [first, last] : owned_.buckets) {
+        for_each_owned_in<T>(first, last, [&](std::size_t begin, std::size_t count) {
+          const std::size_t at = device::cpu::first_nonfinite(gradient.subspan(begin, count));
+          if (at != count) mine = std::min(mine, begin + at);
+        });
+      }
+      return agreed_first(mine);
+    };
+    const StepResult result = apply_update<D>(
+        update, place_,
+        [&](const optimizer::StepContext& context, bool checked) {
+          owned_.state_spread = true;
+          std::size_t mine = gradient.size();
+          gather_owned(update.parameters, [&](std::size_t first, std::size_t last) {
+            for_each_owned_in<T>(first, last, [&](std::size_t begin, std::size_t count) {
+              const std::span<const T> part = gradient.subspan(begin, count);
+              const bool finite =
+                  device::cpu::step_part(update.optimizer, update.parameters.subspan(begin, count),
+                                         part, update.optimizer_state, begin, context);
+              if (!checked && !finite) {
+                mine = std::min(mine, begin + device::cpu::first_nonfinite(part));
+              }
+            });
+          });
+          return checked ? gradient.size() : agreed_first(mine);
+        },
+        first_owned_nonfinite);
+    // The Trainer raises: the state it may save next is made whole first, on every process alike.
+    if (result.first_nonfinite != StepResult::kFinite && update.on_nonfinite == NonFinite::kRaise) {
+      gather_owned_state(update.optimizer_state);
+    }
+    return result;
+  }
+
+  // Makes the optimizer state whole after sharded updates over TCP: each slot gathered from its
+  // owners as the parameters are.
+  template <class T>
+  void gather_owned_state(std::span<T> state) {
+    if (!owned_.state_spread) return;
+    const std::size_t whole = owned_.elements;
+    for (std::size_t slot = 0; slot * whole < state.size(); ++slot) {
+      gather_owned(state.subspan(slot * whole, whole), [](std::size_t, std::size_t) {});
+    }
+    owned_.state_spread = false;
+  }
+
   std::size_t index_;
   Communicator communicator_;
   [[no_unique_address]] Place place_;
@@ -426,6 +576,7 @@ class MirroredReplica {
   GradientBuckets buckets_;
   std::vector<collective::Pending> pending_;
   std::optional<Shard> shard_;  // the sharded update, where the replica's gradient sum allows it
+  Owned owned_;                 // the sharded update over TCP
 };
 
 }  // namespace cohort::strategy::detail
