@@ -457,8 +457,8 @@ std::string mirrored_checkpoint(std::uint64_t steps, std::size_t replicas, doubl
 
 TEST_CASE(
     "workers of one replica each, which update their own parts of the parameters (stripes through "
-    "shared memory; over TCP, what each owns of the all-reduce, unless the update clips), end "
-    "with Mirrored's parameters and optimizer state, clipped or not") {
+    "shared memory; over TCP, what each owns of the all-reduce), end with Mirrored's parameters "
+    "and optimizer state, clipped or not") {
   TemporaryDirectory directory("cohort-multi-worker-sharded-update");
   for (const std::string shared : {"1", "0"}) {
     for (const std::size_t workers : {2, 4}) {

@@ -133,6 +133,8 @@ struct StripeGroup {
 //       body(begin, count) for each run of the elements of a buffer of `length` that this rank
 //       owns, in order; every element has one owner, and who owns it depends only on the length
 //       and the group
+//   c.for_each_owner<E>(length, body)
+//       body(begin, count, rank) for every rank's runs, in no promised order
 //   c.reduce_to_owners(buffer, op)   the first half: the owned elements hold what all_reduce gives
 //                                    them, the others are undefined
 //   c.gather_from_owners(buffer)     the second: every rank's owned elements of buffer, to every
@@ -144,6 +146,7 @@ template <class C, class E>
 concept ReducesToOwners = requires(C& c, const C& cc, std::span<E> buffer) {
   { cc.reduces_to_owners() } -> std::same_as<bool>;
   cc.template for_each_owned<E>(std::size_t{1}, [](std::size_t, std::size_t) {});
+  cc.template for_each_owner<E>(std::size_t{1}, [](std::size_t, std::size_t, int) {});
   c.reduce_to_owners(buffer, ReduceOp::kSum);
   c.gather_from_owners(buffer);
 };

@@ -376,11 +376,22 @@ class Deterministic : public detail::OverTransport<T> {
   // rank owns, in order: its chunk of each segment of the all-reduce (segment_layout).
   template <class E, class Body>
   void for_each_owned(std::size_t length, Body&& body) const {
+    for_each_owner<E>(length, [&](std::size_t begin, std::size_t count, int rank) {
+      if (rank == this->rank()) body(begin, count);
+    });
+  }
+
+  // Calls body(begin, count, rank) for each run of a buffer of `length` E and the rank that owns
+  // it, segment by segment (within a segment, by rank, not by place).
+  template <class E, class Body>
+  void for_each_owner(std::size_t length, Body&& body) const {
     const SegmentLayout layout = segment_layout<E>(length);
     for (std::size_t begin = 0; begin < length; begin += layout.segment) {
       const std::size_t count = std::min(layout.segment, length - begin);
-      const detail::Chunk mine = owned_of_segment(count, layout.halving);
-      if (mine.size() > 0) body(begin + mine.begin, mine.size());
+      for (int rank = 0; rank < this->size(); ++rank) {
+        const detail::Chunk owned = owned_of_segment(count, layout.halving, rank);
+        if (owned.size() > 0) body(begin + owned.begin, owned.size(), rank);
+      }
     }
   }
 
@@ -439,13 +450,13 @@ class Deterministic : public detail::OverTransport<T> {
             .halving = halving};
   }
 
-  // This rank's part of a segment of `length` elements once the reduction's first half is done:
-  // its chunk, or what the halvings leave it.
-  detail::Chunk owned_of_segment(std::size_t length, bool halving) const {
+  // The part of a segment of `length` elements that `rank` (this rank, by default) holds once the
+  // reduction's first half is done: its chunk, or what the halvings leave it.
+  detail::Chunk owned_of_segment(std::size_t length, bool halving, int rank = -1) const {
     const auto ranks = static_cast<std::size_t>(this->size());
-    const auto me = static_cast<std::size_t>(this->rank());
-    return halving ? halved_part(me, length, SegmentLayout::levels(ranks))
-                   : detail::chunk(length, ranks, me);
+    const auto owner = static_cast<std::size_t>(rank < 0 ? this->rank() : rank);
+    return halving ? halved_part(owner, length, SegmentLayout::levels(ranks))
+                   : detail::chunk(length, ranks, owner);
   }
 
   // What keeps reduce_to_owners from `op` here, in words for the error, or empty.

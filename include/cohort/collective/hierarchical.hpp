@@ -181,6 +181,12 @@ class Hierarchical {
     cross_->template for_each_owned<E>(length, std::forward<Body>(body));
   }
 
+  template <class E, class Body>
+  requires ReducesToOwners<Cross, E>
+  void for_each_owner(std::size_t length, Body&& body) const {
+    cross_->template for_each_owner<E>(length, std::forward<Body>(body));
+  }
+
   template <class E>
   requires ReducesToOwners<Cross, E>
   void reduce_to_owners(std::span<E> buffer, ReduceOp op) {

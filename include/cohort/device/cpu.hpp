@@ -167,17 +167,25 @@ void reduce_tree(ReduceOp op, std::span<const T* const> inputs, std::span<T> out
   }
 }
 
+// `start` plus the squares of x, added in order in double: a norm block's sum from 0, or, from the
+// sum of its first elements, the rest of it, with the same bits as the whole block's (a block whose
+// elements several processes own: strategy/detail/owned_norm.hpp).
+template <class T>
+double add_squares(double start, std::span<const T> x) {
+  double sum = start;
+  for (const T element : x) {
+    const double value = static_cast<double>(element);
+    sum += value * value;
+  }
+  return sum;
+}
+
 // The sum of squares of block `block` (elements [block x kNormBlock, (block + 1) x kNormBlock)
 // of x), summed sequentially in double: the leaf of sum_of_squares.
 template <class T>
 double block_sum_of_squares(std::span<const T> x, std::size_t block) {
-  double sum = 0.0;
-  const std::size_t end = std::min(x.size(), (block + 1) * kNormBlock);
-  for (std::size_t i = block * kNormBlock; i < end; ++i) {
-    const double value = static_cast<double>(x[i]);
-    sum += value * value;
-  }
-  return sum;
+  const std::size_t begin = block * kNormBlock;
+  return add_squares(0.0, x.subspan(begin, std::min(x.size(), begin + kNormBlock) - begin));
 }
 
 // The canonical-tree sum of the block sums of x, given as `blocks(i)` for i < count: how

@@ -11,8 +11,8 @@
 // its own part of the parameters, with the bits of the whole: through shared memory in stripes
 // (shared_memory, below); over TCP, under collective::Deterministic, to the elements each owns of
 // the all-reduce, whose second half then gathers the new parameters instead of the gradient's sums
-// (detail/mirrored_replica.hpp, the sharded update over TCP), except where the update clips, the
-// wire is narrower than float or the job is elastic.
+// (detail/mirrored_replica.hpp, the sharded update over TCP), except where the wire is narrower
+// than float or the job is elastic.
 //
 //   cohort::strategy::MultiWorkerMirrored<> strategy({.local_replicas = 2});
 //   cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, cohort::collective::Ring> ring(...);

@@ -28,6 +28,7 @@
 #include "cohort/optimizer/optimizer.hpp"
 #include "cohort/strategy/detail/gradient_buckets.hpp"
 #include "cohort/strategy/detail/kept_stripes.hpp"
+#include "cohort/strategy/detail/owned_norm.hpp"
 #include "cohort/strategy/strategy.hpp"
 
 namespace cohort::strategy::detail {
@@ -44,35 +45,34 @@ namespace cohort::strategy::detail {
 // apply(context, checked) applies the update with `context` and returns the gradient's first
 // non-finite element, or its size where it has none or `checked` says it was checked before: the
 // whole update (MirroredReplica::finish_step), or this worker's part of it (the sharded update).
-// first_nonfinite() finds the gradient's first non-finite element, or its size, as every replica
-// agrees: a pass over the whole gradient, or, where each replica holds only its part of the sum
-// (the sharded update over TCP, which never clips), a pass over that part and a minimum over the
-// replicas.
+// checks.sum_of_squares() and checks.first_nonfinite() read the reduced gradient as every
+// replica agrees: its sum of squares, and its first non-finite element (or its size). Where every
+// replica holds the whole gradient, passes over it (WholeChecks); where each holds only its own
+// part of the sum (the sharded update over TCP), passes over that part and a few collectives.
 // Out of line on purpose, as the Trainer's fold addition (trainer/step_fold.hpp, AddInto): inlined
 // into the step's loop it changes how GCC compiles the model's forward_backward inlined there. Hot,
 // because out of line GCC guesses its frequency from the one call in the replica's loop, which
 // follows the model's loops: guessed never executed, it was compiled for size, the optimizer's loop
 // scalar, and Adam took 5.5 ms of an 11 ms step of the examples' MLP (1.4 ms vectorized;
 // docs/benchmarks.md, "The examples' Eigen MLP").
-template <device::Device D, class T, class O, class Apply, class FirstNonfinite>
-[[gnu::noinline, gnu::hot]] StepResult apply_update(const Update<T, O>& update,
-                                                    const typename D::Place& place, Apply&& apply,
-                                                    FirstNonfinite&& first_nonfinite) {
+template <device::Device D, class T, class O, class Apply, class Checks>
+[[gnu::noinline, gnu::hot]] StepResult apply_update(const Update<T, O>& update, Apply&& apply,
+                                                    const Checks& checks) {
   const trace::Span span(trace::current(), trace::Phase::kOptimizer, {.step = update.step});
   const std::span<const T> gradient(update.gradient_sum);
   double scale = update.inverse_batch;
   bool checked = false;
   if (const double max_norm = update.optimizer.options().max_gradient_norm; max_norm > 0.0) {
-    const double squares = D::sum_of_squares(place, gradient);
+    const double squares = checks.sum_of_squares();
     if (!std::isfinite(squares)) {
-      if (const std::size_t first = first_nonfinite(); first != gradient.size()) {
+      if (const std::size_t first = checks.first_nonfinite(); first != gradient.size()) {
         return {.first_nonfinite = first, .applied = false};
       }
     }
     checked = true;
     scale *= optimizer::clipping_factor(squares, update.inverse_batch, max_norm);
   } else if (update.on_nonfinite == NonFinite::kSkipStep) {
-    if (const std::size_t first = first_nonfinite(); first != gradient.size()) {
+    if (const std::size_t first = checks.first_nonfinite(); first != gradient.size()) {
       return {.first_nonfinite = first, .applied = false};
     }
     checked = true;
@@ -84,6 +84,15 @@ template <device::Device D, class T, class O, class Apply, class FirstNonfinite>
   if (first == gradient.size()) return {};
   return {.first_nonfinite = first, .applied = true};
 }
+
+// apply_update's checks where every replica holds the whole reduced gradient.
+template <device::Device D, class T>
+struct WholeChecks {
+  const typename D::Place& place;
+  std::span<const T> gradient;
+  double sum_of_squares() const { return D::sum_of_squares(place, gradient); }
+  std::size_t first_nonfinite() const { return D::first_nonfinite(place, gradient); }
+};
 
 template <class Communicator, device::Device D = device::Cpu>
 class MirroredReplica {
@@ -174,7 +183,7 @@ class MirroredReplica {
     buckets_.begin(update.gradient_sum.size(), std::max<std::size_t>(1, bucket_bytes_ / sizeof(T)));
     pending_.clear();
     if constexpr (kReducesToOwners<T, O>) {
-      owned_.this_step = reduces_to_owners(update);
+      owned_.this_step = reduces_to_owners();
       if (owned_.this_step) {
         owned_.buckets.clear();
         owned_.elements = update.gradient_sum.size();
@@ -230,7 +239,7 @@ class MirroredReplica {
       }
       return D::first_nonfinite(place_, gradient);
     };
-    return apply_update<D>(update, place_, whole, whole_first_nonfinite(update));
+    return apply_update<D>(update, whole, whole_checks(update));
   }
 
   // The step ends by an exception (strategy.hpp): the group is released, and every bucket this
@@ -386,7 +395,7 @@ class MirroredReplica {
     const std::span<T> published =
         copy ? kept_as<T>(kept_->layout.parameters_in(*copy), shared.size()) : shared;
     const StepResult result = apply_update<D>(
-        update, place_,
+        update,
         [&](const optimizer::StepContext& context, bool checked) {
           // From here until the state is whole again, parameters and state may be current on
           // this worker's stripes only.
@@ -412,7 +421,7 @@ class MirroredReplica {
           if (!checked) communicator_.all_reduce(std::span<std::int64_t>(first), ReduceOp::kMin);
           return static_cast<std::size_t>(first[0]);
         },
-        whole_first_nonfinite(update));
+        whole_checks(update));
     if (copy && !result.applied) {
       // A step skipped is kept too, its state the last one's; the gather is the meeting that
       // says every worker has kept it.
@@ -445,13 +454,9 @@ class MirroredReplica {
     set_spread(false);
   }
 
-  // The first non-finite element of the whole reduced gradient, which every replica holds
-  // (apply_update).
   template <class T, class O>
-  auto whole_first_nonfinite(const Update<T, O>& update) const {
-    return [this, gradient = std::span<const T>(update.gradient_sum)] {
-      return D::first_nonfinite(place_, gradient);
-    };
+  WholeChecks<D, T> whole_checks(const Update<T, O>& update) const {
+    return {.place = place_, .gradient = std::span<const T>(update.gradient_sum)};
   }
 
   // The sharded update over TCP. Where the gradient's buckets are all-reduced between processes
@@ -463,11 +468,11 @@ class MirroredReplica {
   // each of n processes applies 1/n of the update: for 2 workers of the 20M-parameter MLP over
   // TCP, half a 560 MB pass a step (docs/benchmarks.md, "A model of 20M parameters over TCP").
   // The owned sums have the all-reduce's bits and every update is elementwise, so the parameters
-  // have the bits of the whole update. Not where the update clips, since the gradient's norm
-  // sums every element in an order of its own (device::cpu::sum_of_squares), nor on the wire's
-  // packed sums, nor in an elastic job, whose workers left take the state from any one of them:
-  // those keep the whole all-reduce. The optimizer state outside a process's own elements is
-  // gathered when the fit ends, before a checkpoint and before a non-finite step raises.
+  // have the bits of the whole update; clipping's norm has the whole gradient's bits too
+  // (owned_norm.hpp). Not on the wire's packed sums, nor in an elastic job, whose workers left
+  // take the state from any one of them: those keep the whole all-reduce. The optimizer state
+  // outside a process's own elements is gathered when the fit ends, before a checkpoint and before
+  // a non-finite step raises.
   struct Owned {
     bool this_step = false;     // whether this step's buckets reduce to their owners
     bool state_spread = false;  // an update applied since the optimizer state was last whole
@@ -479,10 +484,8 @@ class MirroredReplica {
   static constexpr bool kReducesToOwners = std::same_as<D, device::Cpu>&&
       collective::ReducesToOwners<Communicator, T>&& device::cpu::HasElementRule<O, T>;
 
-  template <class T, class O>
-  bool reduces_to_owners(const Update<T, O>& update) const {
-    return kept_ == nullptr && gradient_sum_ == ReduceOp::kSum &&
-           update.optimizer.options().max_gradient_norm <= 0.0 && communicator_.reduces_to_owners();
+  bool reduces_to_owners() const {
+    return kept_ == nullptr && gradient_sum_ == ReduceOp::kSum && communicator_.reduces_to_owners();
   }
 
   // Calls body(begin, count) for each run of the elements of bucket [first, last) that this
@@ -508,28 +511,42 @@ class MirroredReplica {
     for (collective::Pending& gather : gathers) gather.wait();
   }
 
+  // The least over every process of the first non-finite element each owns (`mine`, or the
+  // gradient's size where it owns none): the whole gradient's.
+  std::size_t least_over_processes(std::size_t mine) {
+    std::int64_t first[] = {static_cast<std::int64_t>(mine)};
+    communicator_.all_reduce(std::span<std::int64_t>(first), ReduceOp::kMin);
+    return static_cast<std::size_t>(first[0]);
+  }
+
+  // apply_update's checks where each process holds the sums of the elements it owns.
+  template <class T>
+  struct OwnedChecks {
+    MirroredReplica* replica;
+    std::span<const T> gradient;
+    double sum_of_squares() const {
+      return owned_sum_of_squares<T>(replica->communicator_, gradient,
+                                     std::span(replica->owned_.buckets));
+    }
+    // The buckets come the gradient's end first: the least of their runs' firsts.
+    std::size_t first_nonfinite() const {
+      std::size_t mine = gradient.size();
+      for (const auto& [first, last] : replica->owned_.buckets) {
+        replica->template for_each_owned_in<T>(
+            first, last, [&](std::size_t begin, std::size_t count) {
+              const std::size_t at = device::cpu::first_nonfinite(gradient.subspan(begin, count));
+              if (at != count) mine = std::min(mine, begin + at);
+            });
+      }
+      return replica->least_over_processes(mine);
+    }
+  };
+
   template <class T, class O>
   StepResult finish_owned(Update<T, O>& update) {
     const std::span<const T> gradient(update.gradient_sum);
-    // The least over every process of the first non-finite element it owns: the whole's.
-    const auto agreed_first = [&](std::size_t mine) {
-      std::int64_t first[] = {static_cast<std::int64_t>(mine)};
-      communicator_.all_reduce(std::span<std::int64_t>(first), ReduceOp::kMin);
-      return static_cast<std::size_t>(first[0]);
-    };
-    // The buckets come the gradient's end first: the least of their runs' firsts.
-    const auto first_owned_nonfinite = [&] {
-      std::size_t mine = gradient.size();
-      for (const auto& [first, last] : owned_.buckets) {
-        for_each_owned_in<T>(first, last, [&](std::size_t begin, std::size_t count) {
-          const std::size_t at = device::cpu::first_nonfinite(gradient.subspan(begin, count));
-          if (at != count) mine = std::min(mine, begin + at);
-        });
-      }
-      return agreed_first(mine);
-    };
     const StepResult result = apply_update<D>(
-        update, place_,
+        update,
         [&](const optimizer::StepContext& context, bool checked) {
           owned_.state_spread = true;
           std::size_t mine = gradient.size();
@@ -544,9 +561,9 @@ class MirroredReplica {
               }
             });
           });
-          return checked ? gradient.size() : agreed_first(mine);
+          return checked ? gradient.size() : least_over_processes(mine);
         },
-        first_owned_nonfinite);
+        OwnedChecks<T>{this, gradient});
     // The Trainer raises: the state it may save next is made whole first, on every process alike.
     if (result.first_nonfinite != StepResult::kFinite && update.on_nonfinite == NonFinite::kRaise) {
       gather_owned_state(update.optimizer_state);
