@@ -63,6 +63,21 @@ std::vector<std::string> on_ranks(int ranks,
   return failures;
 }
 
+// `leaf_count` leaves of `length` elements dealt over `ranks` ranks (tree::deal): each rank's input
+// is its node of the tree, folded as a replica folds, and `expected` is every leaf's canonical sum.
+struct DealtLeaves {
+  std::vector<std::size_t> counts;
+  std::vector<std::vector<float>> inputs;
+  std::vector<float> expected;
+};
+DealtLeaves dealt_leaves(int leaf_count, int ranks, std::size_t length, unsigned seed) {
+  const auto leaves = cohort::testing::cancelling_inputs(leaf_count, length, seed);
+  std::vector<std::size_t> counts =
+      cohort::tree::deal(static_cast<std::size_t>(leaf_count), static_cast<std::size_t>(ranks));
+  auto inputs = cohort::testing::dealt_nodes(leaves, counts, &cohort::testing::canonical_sum);
+  return {std::move(counts), std::move(inputs), cohort::testing::canonical_sum(leaves)};
+}
+
 template <template <class> class Algorithm, class E>
 void check_exact_sums(int ranks, std::size_t length) {
   const auto failures = on_ranks<Algorithm>(
@@ -129,13 +144,7 @@ TEST_CASE(
       CAPTURE(leaf_count);
       CAPTURE(ranks);
       CAPTURE(length);
-      const auto leaves = cohort::testing::cancelling_inputs(leaf_count, length, 7);
-      const std::vector<float> expected = cohort::testing::canonical_sum(leaves);
-      // Each rank's input is its node of the tree (tree::deal), folded as a replica folds.
-      const std::vector<std::size_t> counts =
-          cohort::tree::deal(static_cast<std::size_t>(leaf_count), static_cast<std::size_t>(ranks));
-      const auto inputs =
-          cohort::testing::dealt_nodes(leaves, counts, &cohort::testing::canonical_sum);
+      const auto [counts, inputs, expected] = dealt_leaves(leaf_count, ranks, length, 7);
       const auto failures = on_ranks<cohort::collective::Deterministic>(ranks, [&](auto& c) {
         c.set_leaf_counts(counts);
         auto buffer = inputs[static_cast<std::size_t>(c.rank())];
@@ -165,12 +174,7 @@ TEST_CASE(
       CAPTURE(leaf_count);
       CAPTURE(ranks);
       CAPTURE(length);
-      const auto leaves = cohort::testing::cancelling_inputs(leaf_count, length, 11);
-      const std::vector<float> expected = cohort::testing::canonical_sum(leaves);
-      const std::vector<std::size_t> counts =
-          cohort::tree::deal(static_cast<std::size_t>(leaf_count), static_cast<std::size_t>(ranks));
-      const auto inputs =
-          cohort::testing::dealt_nodes(leaves, counts, &cohort::testing::canonical_sum);
+      const auto [counts, inputs, expected] = dealt_leaves(leaf_count, ranks, length, 11);
       std::vector<float> whole(length);
       for (std::size_t i = 0; i < length; ++i) whole[i] = static_cast<float>(i % 1000) - 0.5f;
       const auto failures = on_ranks<cohort::collective::Deterministic>(ranks, [&](auto& c) {
