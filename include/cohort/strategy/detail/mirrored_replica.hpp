@@ -403,23 +403,16 @@ class MirroredReplica {
           const std::span<const T> gradient(shared);
           // Where the whole was checked before, every worker knows it finite; else the first
           // non-finite element of every worker's stripes, the least of which is the whole's.
-          std::int64_t first[] = {static_cast<std::int64_t>(gradient.size())};
+          std::size_t mine = gradient.size();
           for_each_own_stripe(gradient.size(), [&](std::size_t begin, std::size_t count) {
-            const std::span<const T> part = gradient.subspan(begin, count);
-            const bool finite =
-                device::cpu::step_part(update.optimizer, update.parameters.subspan(begin, count),
-                                       part, update.optimizer_state, begin, context);
-            if (!checked && !finite && first[0] == static_cast<std::int64_t>(gradient.size())) {
-              first[0] = static_cast<std::int64_t>(begin + device::cpu::first_nonfinite(part));
-            }
+            step_run(update, context, checked, begin, count, mine);
             std::copy_n(update.parameters.data() + begin, count, published.data() + begin);
             if (copy)
               keep_state_stripe(std::span<const T>(update.optimizer_state), *copy, begin, count);
           });
           communicator_.gather_shared_stripes(std::span<const T>(published), update.parameters,
                                               shard_->stripe);
-          if (!checked) communicator_.all_reduce(std::span<std::int64_t>(first), ReduceOp::kMin);
-          return static_cast<std::size_t>(first[0]);
+          return checked ? gradient.size() : least_over_processes(mine);
         },
         whole_checks(update));
     if (copy && !result.applied) {
@@ -511,8 +504,21 @@ class MirroredReplica {
     for (collective::Pending& gather : gathers) gather.wait();
   }
 
-  // The least over every process of the first non-finite element each owns (`mine`, or the
-  // gradient's size where it owns none): the whole gradient's.
+  // The optimizer's update of the run [begin, begin + count) of the parameters and state (this
+  // process's part of a sharded update). Where the gradient was not checked before and the run's
+  // is not finite, `first` becomes the least of it and the run's first non-finite element.
+  template <class T, class O>
+  static void step_run(Update<T, O>& update, const optimizer::StepContext& context, bool checked,
+                       std::size_t begin, std::size_t count, std::size_t& first) {
+    const std::span<const T> part = std::span<const T>(update.gradient_sum).subspan(begin, count);
+    const bool finite =
+        device::cpu::step_part(update.optimizer, update.parameters.subspan(begin, count), part,
+                               update.optimizer_state, begin, context);
+    if (!checked && !finite) first = std::min(first, begin + device::cpu::first_nonfinite(part));
+  }
+
+  // The least over every process of the first non-finite element each holds (`mine`, or the
+  // gradient's size where it holds none) of its part: the whole gradient's.
   std::size_t least_over_processes(std::size_t mine) {
     std::int64_t first[] = {static_cast<std::int64_t>(mine)};
     communicator_.all_reduce(std::span<std::int64_t>(first), ReduceOp::kMin);
@@ -552,13 +558,7 @@ class MirroredReplica {
           std::size_t mine = gradient.size();
           gather_owned(update.parameters, [&](std::size_t first, std::size_t last) {
             for_each_owned_in<T>(first, last, [&](std::size_t begin, std::size_t count) {
-              const std::span<const T> part = gradient.subspan(begin, count);
-              const bool finite =
-                  device::cpu::step_part(update.optimizer, update.parameters.subspan(begin, count),
-                                         part, update.optimizer_state, begin, context);
-              if (!checked && !finite) {
-                mine = std::min(mine, begin + device::cpu::first_nonfinite(part));
-              }
+              step_run(update, context, checked, begin, count, mine);
             });
           });
           return checked ? gradient.size() : least_over_processes(mine);
