@@ -404,9 +404,7 @@ class Deterministic : public detail::OverTransport<T> {
     if (buffer.empty()) return;
     const SegmentLayout layout = segment_layout<E>(buffer.size());
     if (layout.direct) return fold_whole_buffers<E>(call, buffer, buffer, op);
-    const std::size_t ranks = static_cast<std::size_t>(this->size());
-    const std::size_t half = layout.halving ? SegmentLayout::levels(ranks) : ranks - 1;
-    walk_segments<E>(call, buffer, buffer, layout, {.count = half}, op);
+    walk_segments<E>(call, buffer, buffer, layout, {.count = half_steps(layout)}, op);
   }
 
   template <class E>
@@ -415,8 +413,7 @@ class Deterministic : public detail::OverTransport<T> {
     if (!reduces_to_owners()) this->fail(call, owners_problem<E>(ReduceOp::kSum));
     if (buffer.empty()) return;
     const SegmentLayout layout = segment_layout<E>(buffer.size());
-    const std::size_t ranks = static_cast<std::size_t>(this->size());
-    const std::size_t half = layout.halving ? SegmentLayout::levels(ranks) : ranks - 1;
+    const std::size_t half = half_steps(layout);
     walk_segments<E>(call, buffer, buffer, layout, {.first = half, .count = half}, ReduceOp::kSum);
   }
 
@@ -448,6 +445,12 @@ class Deterministic : public detail::OverTransport<T> {
     const bool halving = halves_and_doubles();
     return {.segment = this->template segment_length<E>(segment_chunk_bytes(ranks, halving)),
             .halving = halving};
+  }
+
+  // The steps of each half of the all-reduce under `layout`: log2(n) halvings, or n-1 exchanges.
+  std::size_t half_steps(const SegmentLayout& layout) const {
+    const auto ranks = static_cast<std::size_t>(this->size());
+    return layout.halving ? SegmentLayout::levels(ranks) : ranks - 1;
   }
 
   // The part of a segment of `length` elements that `rank` (this rank, by default) holds once the
@@ -503,7 +506,6 @@ class Deterministic : public detail::OverTransport<T> {
       if (op == ReduceOp::kSumFloat16)
         return reduce_packed(call, input, output, op, packed_float16_, staged);
     }
-    const std::size_t ranks = static_cast<std::size_t>(this->size());
     const SegmentLayout layout = segment_layout<E>(output.size());
     if (layout.direct) {
       staged.enters(0, output.size());
@@ -511,8 +513,7 @@ class Deterministic : public detail::OverTransport<T> {
       staged.leaves(0, output.size());
       return;
     }
-    const std::size_t half = layout.halving ? SegmentLayout::levels(ranks) : ranks - 1;
-    walk_segments(call, input, output, layout, {.count = 2 * half}, op,
+    walk_segments(call, input, output, layout, {.count = 2 * half_steps(layout)}, op,
                   BySegment<Staged>{&staged, layout.segment});
   }
 

@@ -184,10 +184,7 @@ class MirroredReplica {
     pending_.clear();
     if constexpr (kReducesToOwners<T, O>) {
       owned_.this_step = reduces_to_owners();
-      if (owned_.this_step) {
-        owned_.buckets.clear();
-        owned_.elements = update.gradient_sum.size();
-      }
+      if (owned_.this_step) owned_.buckets.clear();
     }
     // The state the segment starts from, kept before its first all-reduce (kept_stripes.hpp).
     if constexpr (kShardable<T>) {
@@ -469,8 +466,9 @@ class MirroredReplica {
   struct Owned {
     bool this_step = false;     // whether this step's buckets reduce to their owners
     bool state_spread = false;  // an update applied since the optimizer state was last whole
-    std::vector<std::pair<std::size_t, std::size_t>> buckets;  // the last such step's, in order
-    std::size_t elements = 0;                                  // the gradient's, at that step
+    // The last such step's, in the order they were reduced: they tile the gradient from its end
+    // (GradientBuckets), so the first ends at its size.
+    std::vector<std::pair<std::size_t, std::size_t>> buckets;
   };
 
   template <class T, class O>
@@ -491,17 +489,17 @@ class MirroredReplica {
 
   // The gather of `values` from their owners, bucket by bucket, each started once write(first,
   // last) has written this process's part of it, so that a bucket travels while the next is
-  // written; returns once every bucket has arrived.
+  // written; returns once every bucket has arrived. The gathers are the step's pending work, which
+  // abandon_step waits for if one fails (every earlier one was waited before).
   template <class T, class Write>
   void gather_owned(std::span<T> values, Write&& write) {
-    std::vector<collective::Pending> gathers;
-    gathers.reserve(owned_.buckets.size());
+    pending_.clear();
     for (const auto& [first, last] : owned_.buckets) {
       write(first, last);
-      gathers.push_back(
+      pending_.push_back(
           collective::start_gather_from_owners(communicator_, values.subspan(first, last - first)));
     }
-    for (collective::Pending& gather : gathers) gather.wait();
+    for (collective::Pending& gather : pending_) gather.wait();
   }
 
   // The optimizer's update of the run [begin, begin + count) of the parameters and state (this
@@ -576,7 +574,7 @@ class MirroredReplica {
   template <class T>
   void gather_owned_state(std::span<T> state) {
     if (!owned_.state_spread) return;
-    const std::size_t whole = owned_.elements;
+    const std::size_t whole = owned_.buckets.front().second;
     for (std::size_t slot = 0; slot * whole < state.size(); ++slot) {
       gather_owned(state.subspan(slot * whole, whole), [](std::size_t, std::size_t) {});
     }
