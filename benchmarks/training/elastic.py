@@ -17,7 +17,9 @@ thread per process, on this host:
   a failure     4 workers, worker 3 SIGKILLed --kill-after seconds into the fit, --kills times:
     cohort      cohort-run --np 4 --min-np 3, COHORT_TRACE: from the chief's timeline, the time
                 from the kill to the end of the first step completed after it, less the median
-                step after it (what a step costs anyway); and the regroup span alone. Again with
+                step after it (what a step costs anyway); and the regroup span alone. Again over
+                TCP (COHORT_SHARED_MEMORY=0), where each worker keeps its own copy of the whole
+                state every 16 steps and the workers left compute the steps since again. Again with
                 --max-restarts 1, the worker started again and taken back: that time plus the
                 span of the change that took it back (the fit stands still for both), and the
                 time from the kill to 4 workers again. Both again for example 03 under
@@ -137,7 +139,7 @@ def kill_worker_at(process, rank_entry, kill_after):
     return killed
 
 
-def cohort_failure(build, kill_after, examples, restart=False, servers=0):
+def cohort_failure(build, kill_after, examples, restart=False, servers=0, shared_memory=True):
     with tempfile.TemporaryDirectory() as trace:
         restarts = ["--max-restarts", "1"] if restart else []
         program = ([f"{build}/examples/03_parameter_server/parameter_server", "--consistency",
@@ -145,7 +147,8 @@ def cohort_failure(build, kill_after, examples, restart=False, servers=0):
         command = [f"{build}/tools/cohort-run/cohort-run", "--np", "4", "--ps", str(servers),
                    "--min-np", "3", *restarts, "--", *program, *MODEL, "--examples",
                    str(examples), "--epochs", "3"]
-        process = subprocess.Popen(command, env=environment(COHORT_TRACE=trace),
+        process = subprocess.Popen(command, env=environment(
+                                       COHORT_TRACE=trace, COHORT_SHARED_MEMORY=int(shared_memory)),
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         killed = kill_worker_at(process, "COHORT_RANK=3", kill_after)
         output, _ = process.communicate(timeout=600)
@@ -485,6 +488,11 @@ def main():
     print("| cohort, elastic (cohort-run --min-np 3) | " +
           ", ".join(f"{run['lost']:.3f}" for run in cohort) +
           f" | {statistics.median(run['lost'] for run in cohort):.3f} |")
+    tcp = [cohort_failure(args.build, args.kill_after, args.examples, shared_memory=False)
+           for _ in range(args.kills)]
+    print("| cohort, elastic over TCP (COHORT_SHARED_MEMORY=0) | " +
+          ", ".join(f"{run['lost']:.3f}" for run in tcp) +
+          f" | {statistics.median(run['lost'] for run in tcp):.3f} |")
     again = [cohort_failure(args.build, args.kill_after, args.examples, restart=True)
              for _ in range(args.kills)]
     print("| cohort, the worker started again (--max-restarts 1): lost + its rejoin | " +
@@ -509,6 +517,8 @@ def main():
           ", ".join(f"{run['regroup']:.3f}" for run in cohort) +
           "; from the kill to the regroup's start (s): " +
           ", ".join(f"{run['detected']:.3f}" for run in cohort) +
+          "; over TCP, the regroup spans (s): " +
+          ", ".join(f"{run['regroup']:.3f}" for run in tcp) +
           "; with the worker started again, from the kill to 4 workers again (s): " +
           ", ".join(f"{run['whole']:.3f}" for run in again) +
           "; the parameter server's regroup spans (s): " +

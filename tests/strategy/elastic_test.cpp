@@ -165,14 +165,14 @@ TEST_CASE(
       REQUIRE(at != std::string::npos);
       const std::string line = log.substr(at, log.find('\n', at) - at);
       CAPTURE(line);
-      // Through shared memory with one replica each, every worker updates only its stripes of
-      // the state: once any has completed a step, the survivors rebuild the state from the
-      // stripes every worker kept there, the lost one's included.
-      const bool from_stripes = line.ends_with(", the state rebuilt from stripes");
-      if (job.shared_memory == "1" && job.local == "1") {
-        CHECK((from_stripes || std::stoull(line.substr(change.size())) == 0));
+      // With one replica each, every worker updates only its part of the state (its stripes
+      // through shared memory, the elements it owns over TCP): once any has completed a step,
+      // the survivors rebuild the state that every worker kept, the lost one's part included.
+      const bool from_kept_state = line.ends_with(", the state kept at that step rebuilt");
+      if (job.local == "1") {
+        CHECK((from_kept_state || std::stoull(line.substr(change.size())) == 0));
       } else {
-        CHECK(!from_stripes);
+        CHECK(!from_kept_state);
       }
     }
     CHECK(read_file(directory.path / "parameters.bin") == expected);
@@ -242,39 +242,46 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "an elastic job that rebuilds an earlier state from the stripes, and computes its steps again, "
-    "reports each step once: in Report::loss and in the metrics file") {
+    "an elastic job that rebuilds an earlier state it kept, and computes its steps again, reports "
+    "each step once: in Report::loss and in the metrics file; through shared memory and over "
+    "TCP") {
   const std::string& expected = uninterrupted_parameters();
-  TemporaryDirectory directory("cohort-elastic-once");
-  const std::string port = std::to_string(cohort::testing::free_port());
-  std::vector<std::unique_ptr<Process>> workers;
-  for (int rank = 0; rank < 4; ++rank) {
-    std::vector<std::string> more{"--log-every", "1"};
-    // Its model fails in step 20 (3 readiness reports a step), after the stripes of step 16 were
-    // kept: the others go on from step 16, and compute steps 17 to 19 again.
-    if (rank == 2) more.insert(more.end(), {"--fail-in-backward", "60"});
-    workers.push_back(start_elastic_worker(directory.path, rank, 4, port, 2, "1", "1", more));
-  }
-  CHECK(ended(workers, directory.path, 2, false).find("backward failed at readiness report 60") !=
-        std::string::npos);
-  for (const int rank : {0, 1, 3}) {
-    CAPTURE(rank);
-    const std::string log = ended(workers, directory.path, rank, true);
-    CHECK(log.find("membership 4 -> 3 at step 16, the state rebuilt from stripes") !=
+  for (const std::string shared_memory : {"1", "0"}) {
+    CAPTURE(shared_memory);
+    TemporaryDirectory directory("cohort-elastic-once");
+    const std::string port = std::to_string(cohort::testing::free_port());
+    std::vector<std::unique_ptr<Process>> workers;
+    for (int rank = 0; rank < 4; ++rank) {
+      std::vector<std::string> more{"--log-every", "1"};
+      // Its model fails in step 20 (3 readiness reports a step), after the state of step 16 was
+      // kept: the others go on from step 16, and compute steps 17 to 19 again.
+      if (rank == 2) more.insert(more.end(), {"--fail-in-backward", "60"});
+      workers.push_back(
+          start_elastic_worker(directory.path, rank, 4, port, 2, shared_memory, "1", more));
+    }
+    CHECK(ended(workers, directory.path, 2, false).find("backward failed at readiness report 60") !=
           std::string::npos);
-    if (rank == 0) CHECK(log.find("losses " + std::to_string(kSteps) + "\n") != std::string::npos);
+    for (const int rank : {0, 1, 3}) {
+      CAPTURE(rank);
+      const std::string log = ended(workers, directory.path, rank, true);
+      CHECK(log.find("membership 4 -> 3 at step 16, the state kept at that step rebuilt") !=
+            std::string::npos);
+      if (rank == 0) {
+        CHECK(log.find("losses " + std::to_string(kSteps) + "\n") != std::string::npos);
+      }
+    }
+    const std::string metrics = read_file(directory.path / "metrics.jsonl");
+    CAPTURE(metrics);
+    std::vector<std::uint64_t> steps;
+    for (std::size_t at = metrics.find("{\"step\": "); at != std::string::npos;
+         at = metrics.find("{\"step\": ", at + 1)) {
+      steps.push_back(std::stoull(metrics.substr(at + 9)));
+    }
+    std::vector<std::uint64_t> each_once(kSteps);
+    std::iota(each_once.begin(), each_once.end(), 1);
+    CHECK(steps == each_once);
+    CHECK(read_file(directory.path / "parameters.bin") == expected);
   }
-  const std::string metrics = read_file(directory.path / "metrics.jsonl");
-  CAPTURE(metrics);
-  std::vector<std::uint64_t> steps;
-  for (std::size_t at = metrics.find("{\"step\": "); at != std::string::npos;
-       at = metrics.find("{\"step\": ", at + 1)) {
-    steps.push_back(std::stoull(metrics.substr(at + 9)));
-  }
-  std::vector<std::uint64_t> each_once(kSteps);
-  std::iota(each_once.begin(), each_once.end(), 1);
-  CHECK(steps == each_once);
-  CHECK(read_file(directory.path / "parameters.bin") == expected);
 }
 
 TEST_CASE(
@@ -521,8 +528,8 @@ TEST_CASE(
     "saves its last whole step into the checkpoint directory, and the same command goes on from "
     "there to the bits of a job that lost nobody: over TCP and through shared memory") {
   const std::string& expected = uninterrupted_parameters();
-  // Through shared memory each worker's state is current only on its stripes: each saves the
-  // newest state every worker kept there.
+  // With one replica each, each worker's state is current only on its part (its stripes through
+  // shared memory, the elements it owns over TCP): each saves the newest state every worker kept.
   for (const std::string shared_memory : {"0", "1"}) {
     CAPTURE(shared_memory);
     TemporaryDirectory directory("cohort-elastic-below");

@@ -35,7 +35,7 @@
 //                  others' never do)
 // --elastic MIN    an elastic job (strategy::Elastic) of at least MIN workers: a process that ends
 //                  is gone, and the others go on; each prints "membership W -> W' at step S" per
-//                  change (", the state rebuilt from stripes" where it was:
+//                  change (", the state kept at that step rebuilt" where it was:
 //                  strategy::KeepsStripes), and the chief at the end writes the parameters
 // --max-workers N  the most workers the elastic job grows to (default: those it starts with)
 // --connect-timeout-s N  the rendezvous's deadline (default 30 s), a joiner's at a running job's
@@ -160,7 +160,7 @@ int train(const Settings& settings, Strategy strategy, const Model& model) {
   for (const cohort::strategy::MembershipChange& change : report.membership) {
     std::printf("membership %zu -> %zu at step %llu%s\n", change.workers_before,
                 change.workers_after, static_cast<unsigned long long>(change.step),
-                change.from_stripes ? ", the state rebuilt from stripes" : "");
+                change.from_kept_state ? ", the state kept at that step rebuilt" : "");
   }
   if (report.preempted) return cohort::kExitPreempted;
   if (!settings.save_restore.empty()) {

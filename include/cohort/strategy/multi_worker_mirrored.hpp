@@ -76,12 +76,13 @@
 //   elastic          the job goes on without a lost worker, down to elastic.min_workers
 //                    (strategy/elastic.hpp; or COHORT_MIN_WORKERS): the workers left regroup
 //                    over TCP (transport/tcp/regroup.hpp) and the Trainer retries the step, with
-//                    the bits of a job that lost nobody. Where the update is shared out in
-//                    stripes, each worker also keeps its stripes every 16 steps in the shared
-//                    memory, from which the workers left rebuild the state, so that none of it
-//                    is lost with a worker, and compute the steps since again
-//                    (detail/kept_stripes.hpp; the shared buffer per worker grows from the
-//                    gradient's size to 3 x the parameters + 2 x the optimizer state). A process
+//                    the bits of a job that lost nobody. Where the update is shared out, each
+//                    worker also keeps the state every 16 steps, from which the workers left
+//                    rebuild it, so that none of it is lost with a worker, and compute the steps
+//                    since again (detail/kept_stripes.hpp): through shared memory its stripes
+//                    (the shared buffer per worker grows from the gradient's size to 3 x the
+//                    parameters + 2 x the optimizer state), over TCP a copy of the whole state
+//                    in its own memory (2 x the parameters + 2 x the optimizer state). A process
 //                    started for the job meanwhile joins it at a step boundary, up to
 //                    elastic.max_workers (or COHORT_MAX_WORKERS; default: the workers it started
 //                    with), through rank 0's door (transport/tcp/door.hpp). Default: not elastic
@@ -309,8 +310,8 @@ class MultiWorkerMirrored {
 
   // strategy::KeepsStripes (detail/kept_stripes.hpp): after a regroup, whether this process's
   // state was spread over the lost membership's stripes; the newest step it knows every worker
-  // kept (-1: none); that state rebuilt from the stripes (every process together, where any was
-  // spread); and the kept memory let go.
+  // kept (-1: none); that state rebuilt from the stripes in shared memory, or from this process's
+  // own copy (every process together, where any was spread); and the kept memory let go.
   static constexpr bool kKeepsStripes = kRegroups && requires(Cross & cross) {
     cross.keep_shared_buffers();
   };
@@ -319,10 +320,16 @@ class MultiWorkerMirrored {
     return lost_ && lost_->kept.complete ? static_cast<std::int64_t>(*lost_->kept.complete) : -1;
   }
   template <class T>
-  void rebuild_from_stripes(std::span<T> parameters, std::span<T> optimizer_state,
-                            std::uint64_t steps) const requires kKeepsStripes {
+  void rebuild_from_kept_state(std::span<T> parameters, std::span<T> optimizer_state,
+                               std::uint64_t steps) const requires kKeepsStripes {
     COHORT_ASSERT(lost_.has_value());
-    detail::rebuild_from_stripes(lost_->kept, lost_->buffers, parameters, optimizer_state, steps);
+    if (lost_->buffers) {
+      detail::rebuild_from_kept_state(lost_->kept, *lost_->buffers, parameters, optimizer_state,
+                                      steps);
+    } else {
+      detail::rebuild_from_kept_state(lost_->kept, detail::OwnCopies{lost_->kept.own}, parameters,
+                                      optimizer_state, steps);
+    }
   }
   void forget_stripes() requires kKeepsStripes { lost_.reset(); }
 
@@ -439,16 +446,18 @@ class MultiWorkerMirrored {
     return transport::tcp::renumber(cross_->transport(), rank, elastic().probe_timeout);
   }
 
-  // Before the roll call: what this membership's replicas kept of their stripes, and its shared
-  // memory, where they kept any. Stripes an earlier regroup kept stay, where the job has not taken
-  // its state from them (forget_stripes): a worker was lost while it did, and they still hold the
-  // newest state every worker kept, which this process's own may be spread over.
+  // Before the roll call: what this membership's replicas kept of the state, and its shared
+  // memory, where they kept stripes there. Stripes an earlier regroup kept stay, where the job has
+  // not taken its state from them (forget_stripes): a worker was lost while it did, and they still
+  // hold the newest state every worker kept, which this process's own may be spread over.
   [[gnu::cold]] void keep_lost_stripes() requires kRegroups {
     if (lost_) return;
     if constexpr (kKeepsStripes) {
       if (kept_.layout.parameters == 0) return;
-      if (std::optional<collective::SharedBuffers> buffers = cross_->keep_shared_buffers()) {
-        lost_.emplace(LostStripes{kept_, std::move(*buffers)});
+      if (!kept_.own.empty()) {
+        lost_.emplace(LostStripes{std::move(kept_), std::nullopt});
+      } else if (std::optional<collective::SharedBuffers> buffers = cross_->keep_shared_buffers()) {
+        lost_.emplace(LostStripes{std::move(kept_), std::move(*buffers)});
       }
     }
   }
@@ -539,7 +548,7 @@ class MultiWorkerMirrored {
   detail::KeptStripes kept_{};
   struct LostStripes {
     detail::KeptStripes kept;
-    collective::SharedBuffers buffers;
+    std::optional<collective::SharedBuffers> buffers;  // none: kept.own
   };
   std::optional<LostStripes> lost_;
 };

@@ -134,13 +134,15 @@
 //                            s.tend_door(), on the chief at each vote, answers the processes at
 //                            its door; on such a process s.rejoined() is true, and its first fit
 //                            goes on from s.resume_step(step), the step after its last push
-//   KeepsStripes<S, T>       s.stripes_spread(), s.kept_step(), s.rebuild_from_stripes<T>(
+//   KeepsStripes<S, T>       s.stripes_spread(), s.kept_step(), s.rebuild_from_kept_state<T>(
 //                            parameters, state, steps) const, s.forget_stripes(): an elastic job
-//                            whose workers update only their stripes of the state keeps every
-//                            worker's stripes now and then where the others can read them after
-//                            its loss (strategy/detail/kept_stripes.hpp). After a regroup, where
-//                            s.stripes_spread() on any process (its state was current only on its
-//                            stripes when the worker was lost), every replica rebuilds its
+//                            whose workers update only their parts of the state keeps the state
+//                            now and then where the others find it after a worker's loss
+//                            (strategy/detail/kept_stripes.hpp: every worker's stripes in shared
+//                            memory, or over TCP each worker's copy of the whole). After a
+//                            regroup, where s.stripes_spread() on any process (its state was
+//                            current only on its part when the worker was lost), every replica
+//                            rebuilds its
 //                            parameters and optimizer state after the newest step any process's
 //                            s.kept_step() names, rather than receiving them, and the fit goes on
 //                            from there; every process then calls s.forget_stripes()
@@ -366,7 +368,7 @@ template <class S, class T>
 concept KeepsStripes = requires(S& s, const S& cs, std::span<T> values, std::uint64_t steps) {
   { cs.stripes_spread() } -> std::same_as<bool>;
   { cs.kept_step() } -> std::same_as<std::int64_t>;
-  cs.rebuild_from_stripes(values, values, steps);
+  cs.rebuild_from_kept_state(values, values, steps);
   s.forget_stripes();
 };
 

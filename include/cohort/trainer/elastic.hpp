@@ -9,10 +9,10 @@
 //      loss (its all-reduce completed) where another did not. Every replica takes the parameters
 //      and optimizer state of the first worker that holds the most steps, which are the bits of
 //      a job that lost nobody, since that step's sum was complete. Where a worker's state was
-//      current only on its stripes of a sharded update (strategy::KeepsStripes), every replica
-//      rebuilds instead the newest state the lost membership kept in shared memory, at most 16
-//      steps back, from every worker's stripes, the lost worker's included, and none of it
-//      travels;
+//      current only on its part of a sharded update (strategy::KeepsStripes), every replica
+//      rebuilds instead the newest state the lost membership kept, at most 16 steps back: from
+//      every worker's stripes in shared memory, the lost worker's included, or over TCP from its
+//      own copy of the whole, and none of it travels;
 //   4. the fit goes on from there, retrying the lost step (or computing again the steps since the
 //      kept one) with the same micro-batches.
 // A worker lost during 3 (while the state travels) leaves every process's state as it was, or
@@ -80,7 +80,7 @@ template <class R>
 // What take_newest_state took.
 struct NewestState {
   std::uint64_t step = 0;
-  bool from_stripes = false;  // rebuilt from the lost membership's stripes (strategy::KeepsStripes)
+  bool from_kept_state = false;  // rebuilt from what the lost membership kept (KeepsStripes)
 };
 
 // Whether a worker holds the job's whole state between steps, which it can save alone: not where
@@ -94,12 +94,13 @@ template <class R>
 inline constexpr bool kKeepsStripes =
     strategy::KeepsStripes<typename R::Strategy, typename R::value_type>;
 
-// Local replica `local`'s parameters and optimizer state after `steps` steps, rebuilt from the
-// stripes the lost membership kept (strategy::KeepsStripes).
+// Local replica `local`'s parameters and optimizer state after `steps` steps, rebuilt from what
+// the lost membership kept (strategy::KeepsStripes).
 template <class R>
-[[gnu::cold]] void rebuild_from_stripes(R& run, std::size_t local, std::uint64_t steps) {
-  run.strategy.rebuild_from_stripes(ModelTraits<typename R::Model>::parameters(run.models[local]),
-                                    run.optimizer_states[local].span(), steps);
+[[gnu::cold]] void rebuild_from_kept_state(R& run, std::size_t local, std::uint64_t steps) {
+  run.strategy.rebuild_from_kept_state(
+      ModelTraits<typename R::Model>::parameters(run.models[local]),
+      run.optimizer_states[local].span(), steps);
 }
 
 // Below min_workers, alone: the steps of the state this process holds whole, to save. Where its
@@ -111,7 +112,7 @@ template <class R>
     if (run.strategy.stripes_spread()) {
       const auto step = static_cast<std::uint64_t>(run.strategy.kept_step());
       for (std::size_t local = 0; local < run.models.size(); ++local) {
-        rebuild_from_stripes(run, local, step);
+        rebuild_from_kept_state(run, local, step);
       }
       run.strategy.forget_stripes();
       return step;
@@ -162,8 +163,8 @@ template <class R>
     if constexpr (kKeepsStripes<R>) {
       if (agreed[2] != 0.0) {
         const auto step = static_cast<std::uint64_t>(agreed[3]);
-        if (!holds_whole_state(run, applied, step)) rebuild_from_stripes(run, local, step);
-        if (local == 0) newest = {.step = step, .from_stripes = true};
+        if (!holds_whole_state(run, applied, step)) rebuild_from_kept_state(run, local, step);
+        if (local == 0) newest = {.step = step, .from_kept_state = true};
         return;
       }
     }
@@ -210,7 +211,7 @@ template <class R>
   const NewestState newest = take_newest_state(run, applied);
   const auto end = trace::Recorder::Clock::now();
   change.step = newest.step;
-  change.from_stripes = newest.from_stripes;
+  change.from_kept_state = newest.from_kept_state;
   change.seconds = std::chrono::duration<double>(end - start).count();
   if (run.recorder) {
     run.recorder->record(trace::Phase::kRegroup, start, end,

@@ -86,7 +86,7 @@ std::string fit_summary(const std::vector<double>& per_replica, std::uint64_t st
 
 // One change of an elastic job's membership, as the chief prints it when it happens and in the
 // fit's summary: "workers 4 -> 3 at step 17 (rank 2 lost: <the failure that began it>)", and
-// where the state was rebuilt from the lost membership's stripes, that too. A grow that failed
+// where the state was rebuilt from what the lost membership kept, that too. A grow that failed
 // lost no member: "workers 3 -> 3 at step 72 (none taken in: <the failure>)".
 inline std::string membership_text(const strategy::MembershipChange& change) {
   std::string why;
@@ -98,7 +98,7 @@ inline std::string membership_text(const strategy::MembershipChange& change) {
   } else if (!change.cause.empty()) {
     why = "none taken in: " + change.cause;
   }
-  if (change.from_stripes) why += "; the state rebuilt from the stripes kept in shared memory";
+  if (change.from_kept_state) why += "; the state kept at that step rebuilt";
   if (change.joined != 0) {
     why += (why.empty() ? "" : "; ") + std::to_string(change.joined) + " joined";
   }

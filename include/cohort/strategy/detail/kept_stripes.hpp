@@ -1,21 +1,27 @@
 // KeptStripes: the sharded update of an elastic job (mirrored_replica.hpp), where each worker
-// process of one host updates only its stripes of the parameters and optimizer state. A worker
-// lost mid-step would take the only current copy of its stripes of the optimizer state with it,
-// and the survivors may have updated their own stripes of the step they retry. So, every kEvery
-// steps and at a segment's start, each worker also writes its stripes of the parameters and
-// optimizer state into its shared buffer, the one of the gradient sum
-// (collective::Deterministic::share_buffer), alternating between two copies:
+// process updates only its part of the parameters and optimizer state. A worker lost mid-step
+// would take the only current copy of its part of the optimizer state with it, and the survivors
+// may have updated their own parts of the step they retry. So, every kEvery steps and at a
+// segment's start, each worker also keeps the state of that step, alternating between two copies:
+// - workers of one host (their stripes shared through memory) each write their stripes of the
+//   parameters and optimizer state into their shared buffer, the one of the gradient sum
+//   (collective::Deterministic::share_buffer):
 //
 //   | gradient sum | parameters, copy 0 | copy 1 | optimizer state, copy 0 | copy 1 |
 //
-// A worker writes a copy before the meeting that follows it (the gather of that step's
-// parameters; at a segment's start, its first all-reduce), so a process that passed that meeting
-// knows every worker's copy complete. A copy is overwritten two copies later, which no worker
-// begins before every worker has passed the meeting of the copy between. So the newest copy any
-// survivor knows complete is whole and intact: after a loss, each survivor rebuilds the state of
-// that step from every worker's copy, the lost one's included (rebuild_from_stripes; the memory
-// outlives the lost process), none of it travels, and the job computes the steps since again,
-// with the same micro-batches, to the same bits (trainer/elastic.hpp).
+// - workers that share no memory (the sharded update over TCP) each gather the whole optimizer
+//   state from its owners, as they do before a checkpoint, and copy it and the parameters into
+//   memory of their own (KeptStripes::own): the stripes of a group of one, laid out as above
+//   without the gradient sum.
+// A worker keeps a copy before the meeting that follows it (the gather of that step's
+// parameters through shared memory, the next step's reduction over TCP; at a segment's start, its
+// first all-reduce), so a process that passed that meeting knows every worker's copy complete. A
+// copy is overwritten two copies later, which no worker begins before every worker has passed the
+// meeting of the copy between. So the newest copy any survivor knows complete is whole and intact:
+// after a loss, each survivor rebuilds the state of that step from every worker's stripes, the
+// lost one's included (the shared memory outlives the lost process), or from its own copy, none of
+// it travels, and the job computes the steps since again, with the same micro-batches, to the same
+// bits (trainer/elastic.hpp).
 #pragma once
 
 #include <algorithm>
@@ -24,6 +30,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "cohort/core/error.hpp"
 
@@ -40,18 +47,20 @@ void for_each_stripe_of(std::size_t rank, std::size_t ranks, std::size_t stripe,
   }
 }
 
-// Where each worker keeps its stripes in its shared buffer, in elements (top of this file).
+// Where each worker keeps its stripes in its shared buffer, or its own copies, in elements (top of
+// this file).
 struct StripeLayout {
   std::size_t parameters = 0;  // 0: nothing kept
   std::size_t state = 0;       // elements of the optimizer state
   std::size_t stripe = 1;
-  int ranks = 0;  // of the membership
+  int ranks = 0;  // of the membership; 1 where each keeps its own copies
   std::size_t element_bytes = 0;
+  std::size_t first = 0;  // where copy 0 of the parameters begins: after a shared gradient sum
 
-  std::size_t shared_count() const { return 3 * parameters + 2 * state; }
+  std::size_t shared_count() const { return first + 2 * parameters + 2 * state; }
   // The offsets of the parameters and of the optimizer state in copy 0 or 1.
-  std::size_t parameters_in(std::size_t copy) const { return parameters * (1 + copy); }
-  std::size_t state_in(std::size_t copy) const { return 3 * parameters + state * copy; }
+  std::size_t parameters_in(std::size_t copy) const { return first + parameters * copy; }
+  std::size_t state_in(std::size_t copy) const { return first + 2 * parameters + state * copy; }
 };
 
 // What a process keeps of its membership's stripes, which its replica writes and the strategy
@@ -73,14 +82,56 @@ struct KeptStripes {
   // An update has begun since the state was last whole: this process's parameters or optimizer
   // state may be current only on its own stripes.
   bool spread = false;
+  // Where the workers share no memory, this process's copies of the whole state (top of this
+  // file), kept from segment to segment of a membership.
+  std::vector<std::byte> own{};
+
+  // The copy that the state after `steps` steps goes into, now counted as holding it.
+  std::size_t begin_copy(std::uint64_t steps) {
+    const std::size_t copy = keeps++ % 2;
+    this->steps[copy] = steps;
+    return copy;
+  }
+
+  // Nothing kept yet in a segment; the memory of the own copies stays.
+  void restart() { *this = {.own = std::move(own)}; }
+
+  // Keeps the whole state after `steps` steps in this process's own copies (workers that share
+  // no memory).
+  template <class T>
+  void keep_own(std::span<const T> parameters, std::span<const T> state, std::uint64_t steps) {
+    layout = {.parameters = parameters.size(),
+              .state = state.size(),
+              .stripe = parameters.size(),
+              .ranks = 1,
+              .element_bytes = sizeof(T)};
+    own.resize(layout.shared_count() * sizeof(T));
+    T* const kept = reinterpret_cast<T*>(own.data());
+    const std::size_t copy = begin_copy(steps);
+    std::ranges::copy(parameters, kept + layout.parameters_in(copy));
+    std::ranges::copy(state, kept + layout.state_in(copy));
+  }
+};
+
+// A process's own copies (KeptStripes::own) as the shared buffers of a group of one, for
+// rebuild_from_kept_state.
+struct OwnCopies {
+  std::span<const std::byte> memory;
+
+  int ranks() const { return 1; }
+  template <class E>
+  std::span<const E> of(int /*rank*/, std::size_t count) const {
+    COHORT_ASSERT(count * sizeof(E) <= memory.size());
+    return {reinterpret_cast<const E*>(memory.data()), count};
+  }
 };
 
 // The parameters and optimizer state after `steps` steps, rebuilt from every worker's stripes of
 // the copy that holds them in `buffers` (the shared buffers of the membership: collective::
 // SharedBuffers).
 template <class T, class Buffers>
-void rebuild_from_stripes(const KeptStripes& kept, const Buffers& buffers,
-                          std::span<T> parameters, std::span<T> state, std::uint64_t steps) {
+void rebuild_from_kept_state(const KeptStripes& kept, const Buffers& buffers,
+                             std::span<T> parameters, std::span<T> state, std::uint64_t steps) {
   const StripeLayout& layout = kept.layout;
   const std::size_t copy = kept.keeps >= 2 && kept.steps[1] == steps ? 1 : 0;
   COHORT_ASSERT(layout.element_bytes == sizeof(T) && layout.parameters == parameters.size() &&

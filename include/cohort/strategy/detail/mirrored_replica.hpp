@@ -101,9 +101,10 @@ class MirroredReplica {
 
   // bucket_bytes: the unit in which the gradient is reduced while the backward pass goes on
   // (the default, one bucket: the whole gradient once it is final). kept: an elastic job's
-  // (kept_stripes.hpp), where a sharded update (below) also keeps this worker's stripes in shared
-  // memory every KeptStripes::kEvery steps, so that a worker lost takes none of the state with it;
-  // the replica records there what it keeps. gradient_sum: the reduction of the gradient
+  // (kept_stripes.hpp), where a sharded update (below) also keeps the state every
+  // KeptStripes::kEvery steps, this worker's stripes in shared memory or a copy of the whole over
+  // TCP, so that a worker lost takes none of the state with it; the replica records there what it
+  // keeps. gradient_sum: the reduction of the gradient
   // (collective/wire.hpp), which the Trainer's fold follows inside the replica too
   // (strategy::ChoosesGradientSum).
   MirroredReplica(std::size_t index, Communicator communicator, Place place = {},
@@ -141,7 +142,8 @@ class MirroredReplica {
                   requires { communicator_.template share_buffer<T>(count); }) {
       // An elastic job's sharded update keeps its stripes after the gradient sum
       // (kept_stripes.hpp).
-      StripeLayout layout{.parameters = count, .state = state_count_, .element_bytes = sizeof(T)};
+      StripeLayout layout{
+          .parameters = count, .state = state_count_, .element_bytes = sizeof(T), .first = count};
       bool keeps = false;
       if constexpr (kShardable<T>) keeps = kept_ && communicator_.stripes_reach_every_rank();
       const auto shared =
@@ -153,7 +155,7 @@ class MirroredReplica {
                      index_, shared.why_not.c_str());
       }
       shard_.reset();
-      if (keeps) *kept_ = {};  // nothing kept in this membership until it is laid out below
+      if (keeps) kept_->restart();  // nothing kept in this segment until it is laid out below
       if (shared.values.empty()) return {};
       const std::span<T> sum = shared.values.first(count);
       if constexpr (kShardable<T>) {
@@ -182,14 +184,21 @@ class MirroredReplica {
   void begin_step(Update<T, O>& update) {
     buckets_.begin(update.gradient_sum.size(), std::max<std::size_t>(1, bucket_bytes_ / sizeof(T)));
     pending_.clear();
+    // The state the segment starts from, whole on every worker, kept before its first
+    // all-reduce (kept_stripes.hpp).
     if constexpr (kReducesToOwners<T, O>) {
       owned_.this_step = reduces_to_owners();
-      if (owned_.this_step) owned_.buckets.clear();
+      if (owned_.this_step) {
+        owned_.buckets.clear();
+        if (kept_ && kept_->keeps == 0) {
+          kept_->keep_own(std::span<const T>(update.parameters),
+                          std::span<const T>(update.optimizer_state), update.step);
+        }
+      }
     }
-    // The state the segment starts from, kept before its first all-reduce (kept_stripes.hpp).
     if constexpr (kShardable<T>) {
       if (keeps_stripes() && kept_->keeps == 0) {
-        const std::size_t copy = begin_copy(update.step);
+        const std::size_t copy = kept_->begin_copy(update.step);
         keep_own_stripes<T>(update.parameters, update.optimizer_state, copy);
       }
     }
@@ -348,14 +357,6 @@ class MirroredReplica {
                        std::forward<Body>(body));
   }
 
-  // The copy that the stripes of the state after `steps` steps go into (kept_stripes.hpp), now
-  // counted as holding them.
-  std::size_t begin_copy(std::uint64_t steps) {
-    const std::size_t copy = kept_->keeps++ % 2;
-    kept_->steps[copy] = steps;
-    return copy;
-  }
-
   // Keeps this worker's stripe [begin, begin + count) of the optimizer state in `copy`.
   template <class T>
   void keep_state_stripe(std::span<const T> state, std::size_t copy, std::size_t begin,
@@ -387,7 +388,7 @@ class MirroredReplica {
     if (keeps_stripes()) {
       // The first all-reduce of the segment has met: every worker has kept its start.
       if (kept_->keeps == 1 && !kept_->complete) kept_->complete = kept_->steps[0];
-      if (after % KeptStripes::kEvery == 0) copy = begin_copy(after);
+      if (after % KeptStripes::kEvery == 0) copy = kept_->begin_copy(after);
     }
     const std::span<T> published =
         copy ? kept_as<T>(kept_->layout.parameters_in(*copy), shared.size()) : shared;
@@ -459,10 +460,11 @@ class MirroredReplica {
   // TCP, half a 560 MB pass a step (docs/benchmarks.md, "A model of 20M parameters over TCP").
   // The owned sums have the all-reduce's bits and every update is elementwise, so the parameters
   // have the bits of the whole update; clipping's norm has the whole gradient's bits too
-  // (owned_norm.hpp). Not on the wire's packed sums, nor in an elastic job, whose workers left
-  // take the state from any one of them: those keep the whole all-reduce. The optimizer state
-  // outside a process's own elements is gathered when the fit ends, before a checkpoint and before
-  // a non-finite step raises.
+  // (owned_norm.hpp). Not on the wire's packed sums, which keep the whole all-reduce: the gather
+  // would carry the parameters in 4 bytes an element where the packed sums take 2. The optimizer
+  // state outside a process's own elements is gathered when the fit ends, before a checkpoint and
+  // before a non-finite step raises; in an elastic job also every KeptStripes::kEvery steps, when
+  // each process keeps a copy of the whole state (kept_stripes.hpp).
   struct Owned {
     bool this_step = false;     // whether this step's buckets reduce to their owners
     bool state_spread = false;  // an update applied since the optimizer state was last whole
@@ -476,7 +478,12 @@ class MirroredReplica {
       collective::ReducesToOwners<Communicator, T>&& device::cpu::HasElementRule<O, T>;
 
   bool reduces_to_owners() const {
-    return kept_ == nullptr && gradient_sum_ == ReduceOp::kSum && communicator_.reduces_to_owners();
+    return gradient_sum_ == ReduceOp::kSum && communicator_.reduces_to_owners();
+  }
+
+  void set_owned_spread(bool spread) {
+    owned_.state_spread = spread;
+    if (kept_) kept_->spread = spread;
   }
 
   // Calls body(begin, count) for each run of the elements of bucket [first, last) that this
@@ -548,11 +555,14 @@ class MirroredReplica {
 
   template <class T, class O>
   StepResult finish_owned(Update<T, O>& update) {
+    // This step's reduction met every worker after its last step, and so after the copy it kept
+    // then (kept_stripes.hpp).
+    if (kept_ && kept_->keeps > 0) kept_->complete = kept_->steps[(kept_->keeps - 1) % 2];
     const std::span<const T> gradient(update.gradient_sum);
     const StepResult result = apply_update<D>(
         update,
         [&](const optimizer::StepContext& context, bool checked) {
-          owned_.state_spread = true;
+          set_owned_spread(true);
           std::size_t mine = gradient.size();
           gather_owned(update.parameters, [&](std::size_t first, std::size_t last) {
             for_each_owned_in<T>(first, last, [&](std::size_t begin, std::size_t count) {
@@ -566,6 +576,12 @@ class MirroredReplica {
     if (result.first_nonfinite != StepResult::kFinite && update.on_nonfinite == NonFinite::kRaise) {
       gather_owned_state(update.optimizer_state);
     }
+    // An elastic job's copy of the whole state, a step skipped included (kept_stripes.hpp).
+    if (const std::uint64_t after = update.step + 1; kept_ && after % KeptStripes::kEvery == 0) {
+      gather_owned_state(update.optimizer_state);
+      kept_->keep_own(std::span<const T>(update.parameters),
+                      std::span<const T>(update.optimizer_state), after);
+    }
     return result;
   }
 
@@ -578,7 +594,7 @@ class MirroredReplica {
     for (std::size_t slot = 0; slot * whole < state.size(); ++slot) {
       gather_owned(state.subspan(slot * whole, whole), [](std::size_t, std::size_t) {});
     }
-    owned_.state_spread = false;
+    set_owned_spread(false);
   }
 
   std::size_t index_;
