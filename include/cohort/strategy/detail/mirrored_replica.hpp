@@ -104,9 +104,8 @@ class MirroredReplica {
   // (kept_stripes.hpp), where a sharded update (below) also keeps the state every
   // KeptStripes::kEvery steps, this worker's stripes in shared memory or a copy of the whole over
   // TCP, so that a worker lost takes none of the state with it; the replica records there what it
-  // keeps. gradient_sum: the reduction of the gradient
-  // (collective/wire.hpp), which the Trainer's fold follows inside the replica too
-  // (strategy::ChoosesGradientSum).
+  // keeps. gradient_sum: the reduction of the gradient (collective/wire.hpp), which the Trainer's
+  // fold follows inside the replica too (strategy::ChoosesGradientSum).
   MirroredReplica(std::size_t index, Communicator communicator, Place place = {},
                   std::size_t bucket_bytes = std::numeric_limits<std::size_t>::max(),
                   KeptStripes* kept = nullptr, ReduceOp gradient_sum = ReduceOp::kSum)
@@ -141,7 +140,8 @@ class MirroredReplica {
     if constexpr (std::same_as<D, device::Cpu> &&
                   requires { communicator_.template share_buffer<T>(count); }) {
       // An elastic job's sharded update keeps its stripes after the gradient sum
-      // (kept_stripes.hpp).
+      // (kept_stripes.hpp). Where the workers share no memory, the buffer is not made, and each
+      // keeps its own copies (begin_step): whenever a sharded update may run, kept_ restarts here.
       StripeLayout layout{
           .parameters = count, .state = state_count_, .element_bytes = sizeof(T), .first = count};
       bool keeps = false;
