@@ -140,8 +140,9 @@ class MirroredReplica {
     if constexpr (std::same_as<D, device::Cpu> &&
                   requires { communicator_.template share_buffer<T>(count); }) {
       // An elastic job's sharded update keeps its stripes after the gradient sum
-      // (kept_stripes.hpp). Where the workers share no memory, the buffer is not made, and each
-      // keeps its own copies (begin_step): whenever a sharded update may run, kept_ restarts here.
+      // (kept_stripes.hpp). Where the workers share no memory, no buffer is made, and each keeps
+      // its own copies (begin_step); kept_ restarts here for both, as stripes_reach_every_rank()
+      // holds wherever reduces_to_owners() does.
       StripeLayout layout{
           .parameters = count, .state = state_count_, .element_bytes = sizeof(T), .first = count};
       bool keeps = false;
