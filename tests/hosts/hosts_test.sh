@@ -17,7 +17,9 @@
 # contradict it (a ConfigError on every rank); and faults: a partition of one host shorter than
 # the timeout (same bits), one longer than the timeout (a named error on every rank between half
 # and twice the timeout after the fault), one host cut off for good from an elastic job (the
-# others go on to the same bits), a worker of an elastic job killed on its host and started there
+# others go on to the same bits), a worker of 2 hosts of 2 workers by host killed at a random point
+# of an elastic job (the 3 left go on to the same bits), a worker of an elastic job killed on its
+# host and started there
 # again (it rejoins across the hosts, to the same bits), the same for rank 0 of 2 hosts of 2
 # workers (rank 1, on its host, keeps the job's door at the master address; the process that
 # joins comes last, and the four take the order of their hosts and go by host again), the same
@@ -46,7 +48,7 @@ if ((${#cases[@]} == 0)); then
          cohort_4x2_bf16
          local_conflict
          master_addr_2x2 names_two_per_host slurm_4x1 mpirun_4x1 mpirun_two_per_host parameter_server
-         short_partition long_partition elastic_host_lost elastic_host_rejoins
+         short_partition long_partition elastic_host_lost elastic_by_host_lost elastic_host_rejoins
          elastic_pytorchjob_rejoins elastic_slurm_replacement elastic_lost_while_state_travels
          elastic_chief_rejoins elastic_chief_lost_across_hosts elastic_chief_host_lost_tf_config
          elastic_chief_pod_restarts ps_worker_pod_restarts ps_sync_host_lost_rejoins
@@ -463,6 +465,27 @@ case_elastic_host_lost() {  # an elastic job of 4 hosts, one cut off for good: t
   [[ "$(status_of "${started[3]}")" != 0 ]] || fail "the host cut off succeeded"
   grep -q "regroup: 1 of 4 ranks answer" "${started[3]}.out" ||
     fail "the host cut off does not say it stopped below min_workers"
+}
+
+case_elastic_by_host_lost() {  # 2 hosts of 2 workers by host: rank 3 killed at a random point
+  local reference rank pid
+  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+  for rank in 0 1 2 3; do
+    on $((rank / 2 + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE=4 "COHORT_MASTER_ADDR=${net}.1" \
+      COHORT_MASTER_PORT=29500 COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- \
+      "${multi_worker}" "${elastic_job[@]}"
+  done
+  wait_until_training 4
+  # Each worker updates its stripes of its host's state and keeps a copy of the whole every 16
+  # steps: wherever the kill lands, the 3 left rebuild the newest state every worker kept.
+  sleep "0.$((RANDOM % 10))"
+  for pid in $(ip netns pids "$(namespace 2)"); do
+    tr '\0' '\n' <"/proc/${pid}/environ" 2>/dev/null | grep -qx COHORT_RANK=3 && kill -9 "${pid}"
+  done
+  finish 120
+  grep -q "the 2 worker processes of each of 2 hosts all-reduce through shared memory" \
+    "${started[0]}.out" || fail "the chief does not say that the 4 workers went by host"
+  went_on_without_rank_3 "${reference}" "${started[@]:0:3}"
 }
 
 case_elastic_host_rejoins() {  # an elastic job of 4 hosts: host 4's worker killed, started again

@@ -64,7 +64,7 @@
 //                    (collective/deterministic.hpp, share_host_memory and share_buffer;
 //                    docs/benchmarks.md, "Processes of one host"), and with one local replica
 //                    the optimizer's update shared out in stripes (detail/mirrored_replica.hpp;
-//                    by host, among the workers of each host, but in an elastic job).
+//                    by host, among the workers of each host).
 //                    Default true; false on any worker turns it off for all (left at its default:
 //                    COHORT_SHARED_MEMORY)
 //   wire             the format the gradient crosses between processes in (collective/wire.hpp):
@@ -81,8 +81,9 @@
 //                    rebuild it, so that none of it is lost with a worker, and compute the steps
 //                    since again (detail/kept_stripes.hpp): through shared memory its stripes
 //                    (the shared buffer per worker grows from the gradient's size to 3 x the
-//                    parameters + 2 x the optimizer state), over TCP a copy of the whole state
-//                    in its own memory (2 x the parameters + 2 x the optimizer state). A process
+//                    parameters + 2 x the optimizer state), over TCP and by host a copy of the
+//                    whole state in its own memory (2 x the parameters + 2 x the optimizer
+//                    state). A process
 //                    started for the job meanwhile joins it at a step boundary, up to
 //                    elastic.max_workers (or COHORT_MAX_WORKERS; default: the workers it started
 //                    with), through rank 0's door (transport/tcp/door.hpp). Default: not elastic

@@ -9,12 +9,13 @@
 //
 //   | gradient sum | parameters, copy 0 | copy 1 | optimizer state, copy 0 | copy 1 |
 //
-// - workers that share no memory (the sharded update over TCP) each gather the whole optimizer
-//   state from its owners, as they do before a checkpoint, and copy it and the parameters into
-//   memory of their own (KeptStripes::own): the stripes of a group of one, laid out as above
-//   without the gradient sum.
+// - workers whose stripes do not reach every worker (the sharded update over TCP, and by host,
+//   where each host's workers share their stripes) each make the optimizer state whole, as they
+//   do before a checkpoint, and copy it and the parameters into memory of their own
+//   (KeptStripes::own): the stripes of a group of one, laid out as above without the gradient
+//   sum.
 // A worker keeps a copy before the meeting that follows it (the gather of that step's
-// parameters through shared memory, the next step's reduction over TCP; at a segment's start, its
+// parameters through shared memory, else the next step's all-reduce; at a segment's start, its
 // first all-reduce), so a process that passed that meeting knows every worker's copy complete. A
 // copy is overwritten two copies later, which no worker begins before every worker has passed the
 // meeting of the copy between. So the newest copy any survivor knows complete is whole and intact:
@@ -91,6 +92,12 @@ struct KeptStripes {
     const std::size_t copy = keeps++ % 2;
     this->steps[copy] = steps;
     return copy;
+  }
+
+  // The meeting after the newest copy (the next step's all-reduce, which every worker joins after
+  // its copy): every worker has kept it.
+  void met() {
+    if (keeps > 0) complete = steps[(keeps - 1) % 2];
   }
 
   // Nothing kept yet in a segment; the memory of the own copies stays.

@@ -140,9 +140,8 @@ class MirroredReplica {
     if constexpr (std::same_as<D, device::Cpu> &&
                   requires { communicator_.template share_buffer<T>(count); }) {
       // An elastic job's sharded update keeps its stripes after the gradient sum
-      // (kept_stripes.hpp). Where the workers share no memory, no buffer is made, and each keeps
-      // its own copies (begin_step); kept_ restarts here for both, as stripes_reach_every_rank()
-      // holds wherever reduces_to_owners() does.
+      // (kept_stripes.hpp), where the stripes reach every worker; elsewhere (by host, over TCP)
+      // each worker keeps its own copies of the whole state (keeps_own_copies).
       StripeLayout layout{
           .parameters = count, .state = state_count_, .element_bytes = sizeof(T), .first = count};
       bool keeps = false;
@@ -156,15 +155,15 @@ class MirroredReplica {
                      index_, shared.why_not.c_str());
       }
       shard_.reset();
-      if (keeps) kept_->restart();  // nothing kept in this segment until it is laid out below
+      std::optional<collective::StripeGroup> group;
+      if constexpr (kShardable<T>) group = communicator_.stripe_group();
+      // Where the process has one replica, that replica keeps what it keeps for a loss: nothing
+      // yet in this segment.
+      if (kept_ && group) kept_->restart();
       if (shared.values.empty()) return {};
       const std::span<T> sum = shared.values.first(count);
       if constexpr (kShardable<T>) {
-        // Where the stripes are each host's (by host), every worker's state is whole on its host
-        // only: an elastic job, whose workers left take the newest state from any one of them,
-        // keeps the update whole.
-        const std::optional<collective::StripeGroup> group = communicator_.stripe_group();
-        if (group && (communicator_.stripes_reach_every_rank() || kept_ == nullptr)) {
+        if (group) {
           layout.stripe = stripe_for(count, group->size, sizeof(T));
           layout.ranks = static_cast<int>(group->size);
           shard_ =
@@ -185,17 +184,15 @@ class MirroredReplica {
   void begin_step(Update<T, O>& update) {
     buckets_.begin(update.gradient_sum.size(), std::max<std::size_t>(1, bucket_bytes_ / sizeof(T)));
     pending_.clear();
-    // The state the segment starts from, whole on every worker, kept before its first
-    // all-reduce (kept_stripes.hpp).
     if constexpr (kReducesToOwners<T, O>) {
       owned_.this_step = reduces_to_owners();
-      if (owned_.this_step) {
-        owned_.buckets.clear();
-        if (kept_ && kept_->keeps == 0) {
-          kept_->keep_own(std::span<const T>(update.parameters),
-                          std::span<const T>(update.optimizer_state), update.step);
-        }
-      }
+      if (owned_.this_step) owned_.buckets.clear();
+    }
+    // The state the segment starts from, whole on every worker, kept before its first
+    // all-reduce (kept_stripes.hpp).
+    if (keeps_own_copies() && kept_->keeps == 0) {
+      kept_->keep_own(std::span<const T>(update.parameters),
+                      std::span<const T>(update.optimizer_state), update.step);
     }
     if constexpr (kShardable<T>) {
       if (keeps_stripes() && kept_->keeps == 0) {
@@ -225,28 +222,17 @@ class MirroredReplica {
   StepResult finish_step(Update<T, O>& update) {
     COHORT_ASSERT(buckets_.complete());
     for (collective::Pending& pending : pending_) pending.wait();
-    if constexpr (kReducesToOwners<T, O>) {
-      if (owned_.this_step) return finish_owned(update);
+    if (!keeps_own_copies()) return apply_step(update);
+    // This step's all-reduce met every worker after its last step, and so after the copy it kept
+    // then; every kEvery steps, a copy of the state made whole, a step skipped included.
+    kept_->met();
+    const StepResult result = apply_step(update);
+    if (const std::uint64_t after = update.step + 1; after % KeptStripes::kEvery == 0) {
+      make_state_whole(update.optimizer_state);
+      kept_->keep_own(std::span<const T>(update.parameters),
+                      std::span<const T>(update.optimizer_state), after);
     }
-    if constexpr (kShardable<T> && device::cpu::HasElementRule<O, T>) {
-      if (shard_ && update.gradient_sum.data() == shared_as<T>().data()) {
-        return finish_sharded(update);
-      }
-    }
-    const auto whole = [&](const optimizer::StepContext& context, bool checked) {
-      const std::span<const T> gradient(update.gradient_sum);
-      if (checked) {
-        D::step(place_, update.optimizer, update.parameters, gradient, update.optimizer_state,
-                context);
-        return gradient.size();
-      }
-      if (D::step_finite(place_, update.optimizer, update.parameters, gradient,
-                         update.optimizer_state, context)) {
-        return gradient.size();
-      }
-      return D::first_nonfinite(place_, gradient);
-    };
-    return apply_update<D>(update, whole, whole_checks(update));
+    return result;
   }
 
   // The step ends by an exception (strategy.hpp): the group is released, and every bucket this
@@ -287,6 +273,34 @@ class MirroredReplica {
   }
 
  private:
+  // The update of a step whose gradient sum is reduced: this worker's part of it (the sharded
+  // updates below), or the whole.
+  template <class T, class O>
+  StepResult apply_step(Update<T, O>& update) {
+    if constexpr (kReducesToOwners<T, O>) {
+      if (owned_.this_step) return finish_owned(update);
+    }
+    if constexpr (kShardable<T> && device::cpu::HasElementRule<O, T>) {
+      if (shard_ && update.gradient_sum.data() == shared_as<T>().data()) {
+        return finish_sharded(update);
+      }
+    }
+    const auto whole = [&](const optimizer::StepContext& context, bool checked) {
+      const std::span<const T> gradient(update.gradient_sum);
+      if (checked) {
+        D::step(place_, update.optimizer, update.parameters, gradient, update.optimizer_state,
+                context);
+        return gradient.size();
+      }
+      if (D::step_finite(place_, update.optimizer, update.parameters, gradient,
+                         update.optimizer_state, context)) {
+        return gradient.size();
+      }
+      return D::first_nonfinite(place_, gradient);
+    };
+    return apply_update<D>(update, whole, whole_checks(update));
+  }
+
   // The sharded update. Where the gradient sum lies in the communicator's shared buffer
   // (gradient_sum_storage) and its gather of stripes reaches the replicas of a stripe group (the
   // threads of Mirrored; worker processes of one replica each that share memory; by host, the
@@ -299,8 +313,9 @@ class MirroredReplica {
   // collective::Deterministic each worker's from the others' in shared memory, by host the host's
   // workers'). Every host of a job by host computes the same update, each among its own workers.
   // Every update is elementwise, so the bits are those of the whole update; each worker does 1/n
-  // of it, n the workers of its group. An elastic job by host keeps the update whole: its workers
-  // left take the newest state from any one of them. Stripes,
+  // of it, n the workers of its group. An elastic job by host keeps a copy of the whole state in
+  // each worker every KeptStripes::kEvery steps, as over TCP, since its stripes do not reach the
+  // other hosts' workers (kept_stripes.hpp). Stripes,
   // not halves: an update's cost varies along the parameters (for the examples' MLP, Adam took 2.1
   // ms for the half holding most of the second layer against 1.2 ms for the other, its tiny squares
   // subnormal floats), and the stripes give every worker its share of each layer. The optimizer
@@ -347,7 +362,14 @@ class MirroredReplica {
 
   void set_spread(bool spread) {
     shard_->state_spread = spread;
-    if (keeps_stripes()) kept_->spread = spread;
+    if (kept_) kept_->spread = spread;
+  }
+
+  // Whether this worker keeps its own copies of the whole state for a loss (kept_stripes.hpp):
+  // an elastic job's sharded update where the stripes do not reach every worker (by host), or over
+  // TCP.
+  bool keeps_own_copies() const {
+    return kept_ && (owned_.this_step || (shard_ && shard_->kept.empty()));
   }
 
   // Calls body(begin, count) for each of this worker's stripes of `length` elements, in order:
@@ -556,9 +578,6 @@ class MirroredReplica {
 
   template <class T, class O>
   StepResult finish_owned(Update<T, O>& update) {
-    // This step's reduction met every worker after its last step, and so after the copy it kept
-    // then (kept_stripes.hpp).
-    if (kept_ && kept_->keeps > 0) kept_->complete = kept_->steps[(kept_->keeps - 1) % 2];
     const std::span<const T> gradient(update.gradient_sum);
     const StepResult result = apply_update<D>(
         update,
@@ -576,12 +595,6 @@ class MirroredReplica {
     // The Trainer raises: the state it may save next is made whole first, on every process alike.
     if (result.first_nonfinite != StepResult::kFinite && update.on_nonfinite == NonFinite::kRaise) {
       gather_owned_state(update.optimizer_state);
-    }
-    // An elastic job's copy of the whole state, a step skipped included (kept_stripes.hpp).
-    if (const std::uint64_t after = update.step + 1; kept_ && after % KeptStripes::kEvery == 0) {
-      gather_owned_state(update.optimizer_state);
-      kept_->keep_own(std::span<const T>(update.parameters),
-                      std::span<const T>(update.optimizer_state), after);
     }
     return result;
   }
