@@ -367,8 +367,9 @@ class MirroredReplica {
 
   // Whether this worker keeps its own copies of the whole state for a loss (kept_stripes.hpp):
   // an elastic job's sharded update where the stripes do not reach every worker (by host), or over
-  // TCP.
+  // TCP; on the host, where both run.
   bool keeps_own_copies() const {
+    if constexpr (!std::same_as<D, device::Cpu>) return false;
     return kept_ && (owned_.this_step || (shard_ && shard_->kept.empty()));
   }
 
