@@ -64,8 +64,8 @@ struct MembershipChange {
   std::string cause{};      // this process's failure that began it
   std::size_t joined = 0;   // the workers taken in
   // The state was rebuilt from what the lost membership kept of it every 16 steps (strategy/
-  // detail/kept_stripes.hpp: stripes in shared memory, or each worker's own copy over TCP),
-  // rather than sent by the worker that held the newest, and the steps since computed again.
+  // detail/kept_stripes.hpp: stripes in shared memory, or each worker's own copy over TCP and by
+  // host), rather than sent by the worker that held the newest, and the steps since computed again.
   bool from_kept_state = false;
   // From the change's start (the failure noticed, or the vote that took workers in) to the newest
   // state held by every replica: the fit stood still this long, the transfer of the state included.

@@ -83,10 +83,10 @@
 //                    (the shared buffer per worker grows from the gradient's size to 3 x the
 //                    parameters + 2 x the optimizer state), over TCP and by host a copy of the
 //                    whole state in its own memory (2 x the parameters + 2 x the optimizer
-//                    state). A process
-//                    started for the job meanwhile joins it at a step boundary, up to
-//                    elastic.max_workers (or COHORT_MAX_WORKERS; default: the workers it started
-//                    with), through rank 0's door (transport/tcp/door.hpp). Default: not elastic
+//                    state). A process started for the job meanwhile joins it at a step
+//                    boundary, up to elastic.max_workers (or COHORT_MAX_WORKERS; default: the
+//                    workers it started with), through rank 0's door (transport/tcp/door.hpp).
+//                    Default: not elastic
 //
 // Only the chief (worker 0) prints progress and writes checkpoints; every worker returns from
 // Trainer::save once the chief's file is complete, or fails with the chief's reason

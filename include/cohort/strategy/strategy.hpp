@@ -139,13 +139,13 @@
 //                            whose workers update only their parts of the state keeps the state
 //                            now and then where the others find it after a worker's loss
 //                            (strategy/detail/kept_stripes.hpp: every worker's stripes in shared
-//                            memory, or over TCP each worker's copy of the whole). After a
-//                            regroup, where s.stripes_spread() on any process (its state was
-//                            current only on its part when the worker was lost), every replica
-//                            rebuilds its
-//                            parameters and optimizer state after the newest step any process's
-//                            s.kept_step() names, rather than receiving them, and the fit goes on
-//                            from there; every process then calls s.forget_stripes()
+//                            memory, or over TCP and by host each worker's copy of the whole).
+//                            After a regroup, where s.stripes_spread() on any process (its state
+//                            was current only on its part when the worker was lost), every
+//                            replica rebuilds its parameters and optimizer state after the newest
+//                            step any process's s.kept_step() names, rather than receiving them,
+//                            and the fit goes on from there; every process then calls
+//                            s.forget_stripes()
 //   ChoosesGradientSum<S>    s.gradient_sum_op(): the ReduceOp of the gradient's sum, which the
 //                            Trainer's fold of a replica's micro-batches follows too, so that
 //                            every node of the canonical tree is computed alike wherever it is:

@@ -410,8 +410,8 @@ class MirroredReplica {
     // lay, or, after a step whose state it keeps, into that copy (kept_stripes.hpp).
     std::optional<std::size_t> copy;
     if (keeps_stripes()) {
-      // The first all-reduce of the segment has met: every worker has kept its start.
-      if (kept_->keeps == 1 && !kept_->complete) kept_->complete = kept_->steps[0];
+      // This step's all-reduce has met: every worker has kept the segment's start.
+      kept_->met();
       if (after % KeptStripes::kEvery == 0) copy = kept_->begin_copy(after);
     }
     const std::span<T> published =
