@@ -18,8 +18,8 @@ thread per process, on this host:
     cohort      cohort-run --np 4 --min-np 3, COHORT_TRACE: from the chief's timeline, the time
                 from the kill to the end of the first step completed after it, less the median
                 step after it (what a step costs anyway); and the regroup span alone. Again over
-                TCP (COHORT_SHARED_MEMORY=0), where each worker keeps its own copy of the whole
-                state every 16 steps and the workers left compute the steps since again. Again with
+                TCP (COHORT_SHARED_MEMORY=0), where this MLP's gradient is under the size from
+                which the workers share the update, so each holds the whole state. Again with
                 --max-restarts 1, the worker started again and taken back: that time plus the
                 span of the change that took it back (the fit stands still for both), and the
                 time from the kill to 4 workers again. Both again for example 03 under
@@ -29,6 +29,13 @@ thread per process, on this host:
                 when a worker starts): the same time, from rank 0's log of completed steps, to the
                 first step of the restarted workers; every worker of the node is restarted, then
                 resumes from the file
+  state kept    with --keep-share N: N elastic fits of 2 workers over TCP under COHORT_TRACE,
+                sharing the update (COHORT_SHARE_UPDATE_FROM=0), so that each worker keeps a copy
+                of the whole state every 16 steps: from each worker's
+                timeline, the time its "state kept" spans took (the optimizer state gathered
+                and the copy made) as a share of its "step" spans, which hold them; the share is
+                what keeping costs a fit without failures, measured without the noise between
+                two fits
   soak          with --soak N: fits of 4 workers (a smaller MLP, 8-256-256-10) under cohort-run
                 --min-np 2 --max-restarts 1, each with a random worker SIGKILLed at a random point
                 and started again by cohort-run, rank 0 included, until N kills landed in the
@@ -125,6 +132,33 @@ def by_round(name, measure, plain, elastic):
     return (f"{name}: {measure}, elastic / plain by round, median {statistics.median(paired):.3f}"
             f" (95% interval {low:.3f} to {high:.3f}; rounds {min(paired):.3f} to"
             f" {max(paired):.3f})")
+
+
+def keep_share(build, fits, examples):
+    """The share of the step time each worker of an elastic fit over TCP spends keeping the state,
+    from the timelines of `fits` fits: a line per fit, then the median."""
+    shares = []
+    for fit in range(fits):
+        with tempfile.TemporaryDirectory() as trace:
+            command = [f"{build}/tools/cohort-run/cohort-run", "--np", "2", "--",
+                       f"{build}/examples/02_multi_worker/multi_worker", *MODEL, "--examples",
+                       str(examples), "--epochs", "1"]
+            subprocess.run(command, env=environment(COHORT_TRACE=trace, COHORT_MIN_WORKERS=1,
+                                                    COHORT_SHARED_MEMORY=0,
+                                                    COHORT_SHARE_UPDATE_FROM=0),
+                           capture_output=True, text=True, timeout=600, check=True)
+            for worker in range(2):
+                with open(os.path.join(trace, f"worker-{worker}.json")) as file:
+                    spans = [event for event in json.load(file)["traceEvents"]
+                             if event.get("ph") == "X"]
+                kept = [span["dur"] for span in spans if span["name"] == "state kept"]
+                steps = sum(span["dur"] for span in spans if span["name"] == "step")
+                shares.append(sum(kept) / steps)
+                print(f"fit {fit}, worker {worker}: {len(kept)} copies kept, "
+                      f"{sum(kept) / 1e3:.1f} ms of {steps / 1e3:.1f} ms of steps: "
+                      f"{100 * shares[-1]:.2f}%")
+    print(f"state kept over TCP: median {100 * statistics.median(shares):.2f}% of the step time "
+          f"({100 * min(shares):.2f}% to {100 * max(shares):.2f}%)")
 
 
 def kill_worker_at(process, rank_entry, kill_after):
@@ -437,6 +471,8 @@ def main():
     parser.add_argument("--kill-after", type=float, default=4.0)
     parser.add_argument("--examples", type=int, default=25600)
     parser.add_argument("--soak", type=int, default=0, help="fits with a random kill; 0: none")
+    parser.add_argument("--keep-share", type=int, default=0,
+                        help="traced elastic fits over TCP for the share of keeping; 0: none")
     parser.add_argument("--cycles", type=int, default=0,
                         help="kill-and-rejoin cycles in one fit; 0: none")
     args = parser.parse_args()
@@ -444,6 +480,9 @@ def main():
         sys.exit(1 if soak(args.build, args.soak) else 0)
     if args.cycles > 0:
         sys.exit(0 if cycles(args.build, args.cycles) else 1)
+    if args.keep_share > 0:
+        keep_share(args.build, args.keep_share, args.examples)
+        return
 
     if args.rounds > 0:  # 0: the failures only
         print("no failure: examples/s, median of", args.rounds, "rounds")

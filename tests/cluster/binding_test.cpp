@@ -2,8 +2,10 @@
 
 #include <doctest/doctest.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -198,6 +200,28 @@ TEST_CASE("COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT replace the defaults the pr
           with_environment(Options{.timeout = 1s},
                            environment_from({{"COHORT_CONNECT_TIMEOUT", "0"}}));
         }) == "COHORT_CONNECT_TIMEOUT = \"0\": must be greater than 0");
+}
+
+TEST_CASE(
+    "COHORT_SHARE_UPDATE_FROM sets the gradient's size from which workers share the update, "
+    "where the program left it") {
+  struct Options {
+    std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    std::optional<std::size_t> share_update_from_bytes{};
+  };
+  using cohort::strategy::detail::with_environment;
+  const Environment always = environment_from({{"COHORT_SHARE_UPDATE_FROM", "0"}});
+  CHECK(with_environment(Options{}, always).share_update_from_bytes == 0);
+  CHECK(!with_environment(Options{}, environment_from({})).share_update_from_bytes.has_value());
+  CHECK(
+      with_environment(Options{.share_update_from_bytes = 4096}, always).share_update_from_bytes ==
+      4096);
+  CHECK(config_error_message([] {
+          with_environment(Options{}, environment_from({{"COHORT_SHARE_UPDATE_FROM", "-1"}}));
+        }) == "COHORT_SHARE_UPDATE_FROM = \"-1\": expected a count, 0 or more");
+  CHECK(config_error_message([] {
+          with_environment(Options{}, environment_from({{"COHORT_SHARE_UPDATE_FROM", "1MiB"}}));
+        }).starts_with("COHORT_SHARE_UPDATE_FROM = \"1MiB\""));
 }
 
 TEST_CASE("COHORT_COMMUNICATION_PRIORITY sets a communication thread's priority left at default") {

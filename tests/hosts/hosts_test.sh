@@ -472,8 +472,8 @@ case_elastic_by_host_lost() {  # 2 hosts of 2 workers by host: rank 3 killed at 
   reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
   for rank in 0 1 2 3; do
     on $((rank / 2 + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE=4 "COHORT_MASTER_ADDR=${net}.1" \
-      COHORT_MASTER_PORT=29500 COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- \
-      "${multi_worker}" "${elastic_job[@]}"
+      COHORT_MASTER_PORT=29500 COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 COHORT_SHARE_UPDATE_FROM=0 \
+      -- "${multi_worker}" "${elastic_job[@]}"
   done
   wait_until_training 4
   # Each worker updates its stripes of its host's state and keeps a copy of the whole every 16

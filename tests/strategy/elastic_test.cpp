@@ -34,13 +34,16 @@ constexpr std::uint64_t kSteps = 40;
 // Elastic worker `rank` of a job of `count` workers of `local` replicas at `port`, started by
 // hand, training kSteps steps with a pause in each micro-batch (so that a kill lands in the middle
 // of the fit); it logs to rank<rank><suffix>.log, and the chief writes parameters.bin and the
-// metrics file metrics.jsonl.
+// metrics file metrics.jsonl. Its workers share the update from a gradient of share_update_from
+// bytes (COHORT_SHARE_UPDATE_FROM; empty: the default, under which this small model's are not
+// shared over TCP).
 std::unique_ptr<Process> start_elastic_worker(const fs::path& directory, int rank, int count,
                                               const std::string& port, int min_workers,
                                               const std::string& shared_memory,
                                               const std::string& local,
                                               const std::vector<std::string>& more,
-                                              const std::string& suffix = "") {
+                                              const std::string& suffix = "",
+                                              const std::string& share_update_from = "0") {
   std::vector<std::string> command{COHORT_TRAINER,
                                    local,
                                    std::to_string(kSteps),
@@ -59,6 +62,7 @@ std::unique_ptr<Process> start_elastic_worker(const fs::path& directory, int ran
                                          {"COHORT_JOB_ID", "elastic-test"},
                                          {"COHORT_SECRET", "correct horse battery staple"},
                                          {"COHORT_SHARED_MEMORY", shared_memory},
+                                         {"COHORT_SHARE_UPDATE_FROM", share_update_from},
                                          {"COHORT_METRICS", directory / "metrics.jsonl"}},
       directory / ("rank" + std::to_string(rank) + suffix + ".log"));
 }
@@ -68,13 +72,13 @@ std::unique_ptr<Process> start_elastic_worker(const fs::path& directory, int ran
 std::vector<std::unique_ptr<Process>> start_elastic_workers(
     const fs::path& directory, int count, int min_workers, const std::string& shared_memory,
     const std::string& local = "1", const std::vector<std::string>& more = {},
-    std::string* port_out = nullptr) {
+    std::string* port_out = nullptr, const std::string& share_update_from = "0") {
   const std::string port = std::to_string(cohort::testing::free_port());
   if (port_out) *port_out = port;
   std::vector<std::unique_ptr<Process>> workers;
   for (int rank = 0; rank < count; ++rank) {
     workers.push_back(start_elastic_worker(directory, rank, count, port, min_workers, shared_memory,
-                                           local, more));
+                                           local, more, "", share_update_from));
   }
   for (int rank = 0; rank < count; ++rank) {
     const fs::path log = directory / ("rank" + std::to_string(rank) + ".log");
@@ -130,7 +134,8 @@ const std::string& uninterrupted_parameters() {
 TEST_CASE(
     "an elastic job that loses a worker at a random step, the chief included, ends with the "
     "parameters of a job that lost nobody and a metrics file to the last step: 4 workers over TCP "
-    "and through shared memory, and 3 workers of 2 replicas") {
+    "(sharing the update or each applying the whole) and through shared memory, and 3 workers of "
+    "2 replicas") {
   const std::string& expected = uninterrupted_parameters();
   std::mt19937 random(std::random_device{}());
   struct Job {
@@ -138,16 +143,18 @@ TEST_CASE(
     std::string local;
     std::string shared_memory;
     int lost;
+    std::string share_update_from = "0";
   };
-  for (const Job& job : {Job{4, "1", "0", 2}, Job{4, "1", "0", 0}, Job{4, "1", "1", 2},
-                         Job{4, "1", "1", 0}, Job{3, "2", "1", 1}}) {
+  for (const Job& job : {Job{4, "1", "0", 2}, Job{4, "1", "0", 0}, Job{4, "1", "0", 1, ""},
+                         Job{4, "1", "1", 2}, Job{4, "1", "1", 0}, Job{3, "2", "1", 1}}) {
     CAPTURE(job.workers);
     CAPTURE(job.local);
     CAPTURE(job.shared_memory);
     CAPTURE(job.lost);
+    CAPTURE(job.share_update_from);
     TemporaryDirectory directory("cohort-elastic");
-    auto workers =
-        start_elastic_workers(directory.path, job.workers, 2, job.shared_memory, job.local);
+    auto workers = start_elastic_workers(directory.path, job.workers, 2, job.shared_memory,
+                                         job.local, {}, nullptr, job.share_update_from);
     // A random point of the fit: a step, or between two.
     const auto delay = std::chrono::milliseconds(std::uniform_int_distribution(20, 300)(random));
     CAPTURE(delay.count());
@@ -165,14 +172,16 @@ TEST_CASE(
       REQUIRE(at != std::string::npos);
       const std::string line = log.substr(at, log.find('\n', at) - at);
       CAPTURE(line);
-      // With one replica each, every worker updates only its part of the state (its stripes
-      // through shared memory, the elements it owns over TCP): once any has completed a step,
-      // the survivors rebuild the state that every worker kept, the lost one's part included.
-      // Over TCP each worker makes the state whole every 16 steps as it keeps it: a loss before
-      // the next update is applied finds it whole, and nothing is rebuilt.
+      // With one replica each, where the workers share the update, every worker updates only its
+      // part of the state (its stripes through shared memory, the elements it owns over TCP):
+      // once any has completed a step, the survivors rebuild the state that every worker kept,
+      // the lost one's part included. Over TCP each worker makes the state whole every 16 steps
+      // as it keeps it: a loss before the next update is applied finds it whole, and nothing is
+      // rebuilt. This model's gradient is under the default size from which the update is shared
+      // over TCP: each worker applies the whole, and a loss rebuilds nothing.
       const bool from_kept_state = line.ends_with(", the state kept at that step rebuilt");
       const std::uint64_t step = std::stoull(line.substr(change.size()));
-      if (job.local == "1") {
+      if (job.local == "1" && job.share_update_from == "0") {
         CHECK((from_kept_state || step == 0 || (job.shared_memory == "0" && step % 16 == 0)));
       } else {
         CHECK(!from_kept_state);

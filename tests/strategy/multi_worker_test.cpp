@@ -457,8 +457,8 @@ std::string mirrored_checkpoint(std::uint64_t steps, std::size_t replicas, doubl
 
 TEST_CASE(
     "workers of one replica each, which update their own parts of the parameters (stripes through "
-    "shared memory; over TCP, what each owns of the all-reduce), end with Mirrored's parameters "
-    "and optimizer state, clipped or not") {
+    "shared memory; over TCP, what each owns of the all-reduce; COHORT_SHARE_UPDATE_FROM=0 for "
+    "this small model), end with Mirrored's parameters and optimizer state, clipped or not") {
   TemporaryDirectory directory("cohort-multi-worker-sharded-update");
   for (const std::string shared : {"1", "0"}) {
     for (const std::size_t workers : {2, 4}) {
@@ -469,9 +469,9 @@ TEST_CASE(
         const fs::path file = directory.path / "workers.ckpt";
         const std::vector<std::string> arguments{"--save-restore", file, "--max-gradient-norm",
                                                  std::to_string(max_norm)};
-        const auto results = run_workers(directory, "1", "20",
-                                         std::vector<std::vector<std::string>>(workers, arguments),
-                                         {{"COHORT_SHARED_MEMORY", shared}});
+        const auto results = run_workers(
+            directory, "1", "20", std::vector<std::vector<std::string>>(workers, arguments),
+            {{"COHORT_SHARED_MEMORY", shared}, {"COHORT_SHARE_UPDATE_FROM", "0"}});
         for (const auto& [exit, log] : results) {
           CAPTURE(log);
           CHECK(exit.exited);
@@ -538,7 +538,8 @@ TEST_CASE(
     CAPTURE(local);
     CAPTURE(shared);
     const auto results =
-        run_workers(directory, local, "31", {poison, poison}, {{"COHORT_SHARED_MEMORY", shared}});
+        run_workers(directory, local, "31", {poison, poison},
+                    {{"COHORT_SHARED_MEMORY", shared}, {"COHORT_SHARE_UPDATE_FROM", "0"}});
     for (const auto& [exit, log] : results) {
       CAPTURE(log);
       CHECK(exit.exited);

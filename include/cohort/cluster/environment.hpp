@@ -55,6 +55,7 @@ inline constexpr std::string_view kPortRange = "COHORT_PORT_RANGE";
 inline constexpr std::string_view kCommunicationPriority = "COHORT_COMMUNICATION_PRIORITY";
 inline constexpr std::string_view kSharedMemory = "COHORT_SHARED_MEMORY";
 inline constexpr std::string_view kWire = "COHORT_WIRE";
+inline constexpr std::string_view kShareUpdateFrom = "COHORT_SHARE_UPDATE_FROM";
 inline constexpr std::string_view kMinWorkers = "COHORT_MIN_WORKERS";
 inline constexpr std::string_view kMaxWorkers = "COHORT_MAX_WORKERS";
 // 1: this process joins a running elastic job through its door (a worker started again, whatever

@@ -59,6 +59,8 @@ enum class Phase : std::uint8_t {
   kValidation,       // an evaluation on held-out data (trainer/validation.hpp)
   kRegroup,          // an elastic job going on without a lost worker (trainer/elastic.hpp; step:
                      // the one it goes on from, index: the workers left)
+  kKeepState,        // an elastic job keeping the state a lost worker's part is rebuilt from
+                     // (strategy/detail/kept_stripes.hpp; step: the one it is kept at)
 };
 
 constexpr std::string_view name(Phase phase) {
@@ -91,6 +93,8 @@ constexpr std::string_view name(Phase phase) {
       return "validation";
     case Phase::kRegroup:
       return "regroup";
+    case Phase::kKeepState:
+      return "state kept";
   }
   return "unknown";
 }

@@ -11,8 +11,8 @@
 // its own part of the parameters, with the bits of the whole: through shared memory in stripes
 // (shared_memory, below); over TCP, under collective::Deterministic, to the elements each owns of
 // the all-reduce, whose second half then gathers the new parameters instead of the gradient's sums
-// (detail/mirrored_replica.hpp, the sharded update over TCP), except where the wire is narrower
-// than float or the job is elastic.
+// (detail/mirrored_replica.hpp, the sharded update over TCP), where the gradient is large enough
+// (share_update_from_bytes, below) and the wire is float.
 //
 //   cohort::strategy::MultiWorkerMirrored<> strategy({.local_replicas = 2});
 //   cohort::strategy::MultiWorkerMirrored<cohort::device::Cpu, cohort::collective::Ring> ring(...);
@@ -73,6 +73,14 @@
 //                    so that the bits still do not depend on the replica count (float models
 //                    only; left at its default: COHORT_WIRE). collective::Ring rounds its sums
 //                    alike, in its own order, but sends them as floats
+//   share_update_from_bytes
+//                    the gradient's size from which workers of one replica each share the
+//                    optimizer's update out (above); under it each applies the whole, which costs
+//                    a smaller model less. Unset: kShareStripesFromBytes (256 KiB) for stripes
+//                    through shared memory, kShareOverTcpFromBytes (8 MiB) over TCP; 0: at every
+//                    size (left unset: COHORT_SHARE_UPDATE_FROM, in bytes). Every worker must be
+//                    given the same: a worker that shares where another does not calls another
+//                    collective at the first step, which fails every worker naming both
 //   elastic          the job goes on without a lost worker, down to elastic.min_workers
 //                    (strategy/elastic.hpp; or COHORT_MIN_WORKERS): the workers left regroup
 //                    over TCP (transport/tcp/regroup.hpp) and the Trainer retries the step, with
@@ -159,6 +167,17 @@ class MultiWorkerMirrored {
 
   static constexpr std::size_t kBucketBytes = std::size_t{256} << 10;
   static constexpr std::size_t kLeastChunkBytes = std::size_t{32} << 10;
+  // The gradient's size from which the workers share the update where
+  // Options::share_update_from_bytes is unset: in stripes through shared memory, and over TCP.
+  // Over TCP the all-reduce's second half, which gathers the new parameters, can only start once
+  // a bucket's update is applied, after the backward pass, where the whole update's second half
+  // overlaps the backward pass; and a step runs two or three collectives where it ran one. On 2
+  // workers over TCP (docs/benchmarks.md, "Where the sharded update over TCP costs") it was
+  // slower at 1.6 and 3.2 MB of gradient, no faster at 6.4 and 7.5 MB, and took less time a step at
+  // 80 MB. Through shared memory a model of 2.4 KB lost, 0.4 to 1.6 MB neither won nor lost, and
+  // the examples' MLP, 7.5 MB, gains (docs/benchmarks.md, "Processes of one host").
+  static constexpr std::size_t kShareStripesFromBytes = std::size_t{256} << 10;
+  static constexpr std::size_t kShareOverTcpFromBytes = std::size_t{8} << 20;
 
   // The bucket where Options::bucket_bytes is unset: kBucketBytes, or more over many workers. Over
   // n workers a bucket's all-reduce cuts it into chunks of B/n, and its messages, 2 log2(n) a
@@ -183,6 +202,7 @@ class MultiWorkerMirrored {
     collective::ThreadPriority communication_priority = collective::ThreadPriority::kAuto;
     bool shared_memory = true;
     collective::Wire wire = collective::Wire::kFloat32;
+    std::optional<std::size_t> share_update_from_bytes{};
     Elastic elastic{};
   };
 
@@ -256,6 +276,15 @@ class MultiWorkerMirrored {
   std::size_t bucket_bytes() const { return bucket_bytes_; }
 
   using Replica = detail::MirroredReplica<Communicator>;
+
+  // The gradient's size from which the workers share the update: Options::share_update_from_bytes,
+  // or kShareStripesFromBytes and kShareOverTcpFromBytes.
+  typename Replica::ShareFrom share_update_from() const {
+    if (const auto chosen = options().share_update_from_bytes) {
+      return {.stripes = *chosen, .owned = *chosen};
+    }
+    return {.stripes = kShareStripesFromBytes, .owned = kShareOverTcpFromBytes};
+  }
 
   // The micro-batches each replica folds (strategy::FoldsAnyDeal): the local group folds this
   // worker's replicas as nodes of their counts, which together make the worker's node, and the
@@ -381,8 +410,11 @@ class MultiWorkerMirrored {
           return Replica(first_local_replica() + local_index,
                          Communicator(local.communicator(static_cast<int>(local_index)), *cross_,
                                       *thread_, configured_bucket_bytes()),
-                         {}, bucket_bytes_, options().elastic.enabled() ? &kept_ : nullptr,
-                         gradient_sum_op());
+                         {},
+                         {.bucket_bytes = bucket_bytes_,
+                          .kept = options().elastic.enabled() ? &kept_ : nullptr,
+                          .gradient_sum = gradient_sum_op(),
+                          .share_update_from = share_update_from()});
         },
         body);
   }

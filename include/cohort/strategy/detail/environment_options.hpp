@@ -2,7 +2,7 @@
 // COHORT_TIMEOUT and COHORT_CONNECT_TIMEOUT (cluster/environment.hpp, parse_duration),
 // COHORT_COMMUNICATION_PRIORITY (auto, normal or realtime: collective/thread_priority.hpp)
 // COHORT_SHARED_MEMORY (0 or 1: cluster::parse_switch), COHORT_WIRE (fp32, bf16 or fp16:
-// collective/wire.hpp), COHORT_MIN_WORKERS and
+// collective/wire.hpp), COHORT_SHARE_UPDATE_FROM (bytes), COHORT_MIN_WORKERS and
 // COHORT_MAX_WORKERS (counts: strategy/elastic.hpp), COHORT_JOIN (0 or 1).
 #pragma once
 
@@ -72,12 +72,16 @@ StrategyOptions with_environment(StrategyOptions options, const cluster::Environ
   if constexpr (requires { options.wire; }) {
     apply(cluster::variable::kWire, options.wire, defaults.wire, parse_wire);
   }
+  const auto parse_count = [](std::string_view name, std::string_view value) {
+    const int count = cluster::parse_integer(name, value);
+    if (count < 0) cluster::detail::reject_text(name, value, "expected a count, 0 or more");
+    return static_cast<std::size_t>(count);
+  };
+  if constexpr (requires { options.share_update_from_bytes; }) {
+    apply(cluster::variable::kShareUpdateFrom, options.share_update_from_bytes,
+          defaults.share_update_from_bytes, parse_count);
+  }
   if constexpr (requires { options.elastic; }) {
-    const auto parse_count = [](std::string_view name, std::string_view value) {
-      const int count = cluster::parse_integer(name, value);
-      if (count < 0) cluster::detail::reject_text(name, value, "expected a count, 0 or more");
-      return static_cast<std::size_t>(count);
-    };
     apply(cluster::variable::kMinWorkers, options.elastic.min_workers, defaults.elastic.min_workers,
           parse_count);
     apply(cluster::variable::kMaxWorkers, options.elastic.max_workers, defaults.elastic.max_workers,

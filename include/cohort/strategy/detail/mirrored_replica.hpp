@@ -99,22 +99,40 @@ class MirroredReplica {
  public:
   using Place = typename D::Place;
 
-  // bucket_bytes: the unit in which the gradient is reduced while the backward pass goes on
-  // (the default, one bucket: the whole gradient once it is final). kept: an elastic job's
-  // (kept_stripes.hpp), where a sharded update (below) also keeps the state every
-  // KeptStripes::kEvery steps, this worker's stripes in shared memory or a copy of the whole over
-  // TCP, so that a worker lost takes none of the state with it; the replica records there what it
-  // keeps. gradient_sum: the reduction of the gradient (collective/wire.hpp), which the Trainer's
-  // fold follows inside the replica too (strategy::ChoosesGradientSum).
+  struct ShareFrom {
+    std::size_t stripes = 0;
+    std::size_t owned = 0;
+  };
+
+  // How the replica reduces and updates, where a strategy says more than the defaults
+  // (MultiWorkerMirrored's options).
+  struct Settings {
+    // The unit in which the gradient is reduced while the backward pass goes on (the default, one
+    // bucket: the whole gradient once it is final).
+    std::size_t bucket_bytes = std::numeric_limits<std::size_t>::max();
+    // An elastic job's (kept_stripes.hpp), where a sharded update (below) also keeps the state
+    // every KeptStripes::kEvery steps, this worker's stripes in shared memory or a copy of the
+    // whole over TCP, so that a worker lost takes none of the state with it; the replica records
+    // there what it keeps.
+    KeptStripes* kept = nullptr;
+    // The reduction of the gradient (collective/wire.hpp), which the Trainer's fold follows inside
+    // the replica too (strategy::ChoosesGradientSum).
+    ReduceOp gradient_sum = ReduceOp::kSum;
+    // The gradient's size in bytes from which the update is sharded (below), where it can be: in
+    // stripes, or over TCP to the owners of the all-reduce's sums; under it, each replica applies
+    // the whole.
+    ShareFrom share_update_from{};
+  };
+
   MirroredReplica(std::size_t index, Communicator communicator, Place place = {},
-                  std::size_t bucket_bytes = std::numeric_limits<std::size_t>::max(),
-                  KeptStripes* kept = nullptr, ReduceOp gradient_sum = ReduceOp::kSum)
+                  Settings settings = {})
       : index_(index),
         communicator_(std::move(communicator)),
         place_(place),
-        bucket_bytes_(bucket_bytes),
-        kept_(kept),
-        gradient_sum_(gradient_sum) {}
+        bucket_bytes_(settings.bucket_bytes),
+        kept_(settings.kept),
+        gradient_sum_(settings.gradient_sum),
+        share_update_from_(settings.share_update_from) {}
 
   std::size_t index() const { return index_; }
   Communicator& communicator() { return communicator_; }
@@ -145,7 +163,9 @@ class MirroredReplica {
       StripeLayout layout{
           .parameters = count, .state = state_count_, .element_bytes = sizeof(T), .first = count};
       bool keeps = false;
-      if constexpr (kShardable<T>) keeps = kept_ && communicator_.stripes_reach_every_rank();
+      if constexpr (kShardable<T>) {
+        keeps = kept_ && shares_stripes<T>(count) && communicator_.stripes_reach_every_rank();
+      }
       const auto shared =
           communicator_.template share_buffer<T>(keeps ? layout.shared_count() : count);
       if (!shared.why_not.empty()) {
@@ -156,7 +176,9 @@ class MirroredReplica {
       }
       shard_.reset();
       std::optional<collective::StripeGroup> group;
-      if constexpr (kShardable<T>) group = communicator_.stripe_group();
+      if constexpr (kShardable<T>) {
+        if (shares_stripes<T>(count)) group = communicator_.stripe_group();
+      }
       // Where the process has one replica, that replica keeps what it keeps for a loss: nothing
       // yet in this segment.
       if (kept_ && group) kept_->restart();
@@ -185,7 +207,8 @@ class MirroredReplica {
     buckets_.begin(update.gradient_sum.size(), std::max<std::size_t>(1, bucket_bytes_ / sizeof(T)));
     pending_.clear();
     if constexpr (kReducesToOwners<T, O>) {
-      owned_.this_step = reduces_to_owners();
+      owned_.this_step =
+          reduces_to_owners() && update.gradient_sum.size() * sizeof(T) >= share_update_from_.owned;
       if (owned_.this_step) owned_.buckets.clear();
     }
     // The state the segment starts from, whole on every worker, kept before its first
@@ -228,6 +251,7 @@ class MirroredReplica {
     kept_->met();
     const StepResult result = apply_step(update);
     if (const std::uint64_t after = update.step + 1; after % KeptStripes::kEvery == 0) {
+      const trace::Span span(trace::current(), trace::Phase::kKeepState, {.step = after});
       make_state_whole(update.optimizer_state);
       kept_->keep_own(std::span<const T>(update.parameters),
                       std::span<const T>(update.optimizer_state), after);
@@ -353,6 +377,13 @@ class MirroredReplica {
   }
 
   bool keeps_stripes() const { return shard_ && !shard_->kept.empty(); }
+
+  // Whether a gradient of `count` elements is large enough for stripes:
+  // Settings::share_update_from.
+  template <class T>
+  bool shares_stripes(std::size_t count) const {
+    return count * sizeof(T) >= share_update_from_.stripes;
+  }
 
   // `count` elements of the kept stripes from `offset` (StripeLayout).
   template <class T>
@@ -618,6 +649,7 @@ class MirroredReplica {
   std::size_t bucket_bytes_;
   KeptStripes* kept_;
   ReduceOp gradient_sum_;
+  ShareFrom share_update_from_;
   std::size_t state_count_ = 0;  // the optimizer state's elements (start)
   GradientBuckets buckets_;
   std::vector<collective::Pending> pending_;
