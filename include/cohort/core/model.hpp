@@ -14,7 +14,9 @@
 //     // runs forward and backward on the batch, OVERWRITES gradients with the gradient of the
 //     // SUMMED per-example loss (not the mean: cohort divides by the global batch size once, after
 //     // reduction, which is what keeps results independent of how the batch was split), and
-//     // returns that summed loss.
+//     // returns that summed loss. From then until the next forward_backward the gradients are the
+//     // Trainer's: where a replica folds one micro-batch a step it reduces them where they lie,
+//     // so they hold the step's reduced sum afterwards.
 //
 // Optionally, where a replica is made on a device (model placement):
 //   static M replicate(const M& prototype, const Place& place);
@@ -34,7 +36,8 @@
 // Optionally, so that communication overlaps the backward pass (the gradient readiness):
 //   static double forward_backward(M&, const batch_type&, GradientReady ready);
 //     the same pass, which also calls ready(begin, end) as soon as gradients()[begin, end) are
-//     final for this batch, typically once per layer in backward order. Together the ranges
+//     final for this batch, typically once per layer in backward order; the pass then no longer
+//     reads or writes them (the Trainer may be reducing them there). Together the ranges
 //     cover every index exactly once; a range reported twice, out of bounds, or an index never
 //     reported is a ConfigError naming the range. The Trainer calls this form on the last
 //     micro-batch of each step (the others need no readiness) and starts reducing each bucket of

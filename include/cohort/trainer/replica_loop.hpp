@@ -111,9 +111,11 @@ class ReplicaLoop {
     carry_.settings_checked = true;
     // Every replica starts from the chief's state (replicas of other processes included).
     replica_.start(parameters_, optimizer_state_, run_.step);
+    std::span<T> sum_storage;
     if constexpr (strategy::LendsGradientStorage<S, T>) {
-      fold_.lend_sum_storage(replica_.template gradient_sum_storage<T>(parameters_.size()));
+      sum_storage = replica_.template gradient_sum_storage<T>(parameters_.size());
     }
+    fold_.lend_sum_storage(sum_storage, plan_.deal().count(replica_.index()));
     const bool votes =
         run_.options.preemption.enabled || run_.options.checkpoint.every.count() != 0 || grows();
     SegmentEnd end = segment_end_ == target_ ? SegmentEnd::kTarget : SegmentEnd::kCheckpoint;
