@@ -196,6 +196,24 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "workers given different sizes from which to share the update are refused before the first "
+    "step, naming the option and the rank, rather than regrouping at every retry") {
+  TemporaryDirectory directory("cohort-elastic-share-from");
+  const std::string port = std::to_string(cohort::testing::free_port());
+  std::vector<std::unique_ptr<Process>> workers;
+  for (const auto& [rank, share_update_from] : {std::pair{0, "0"}, std::pair{1, ""}}) {
+    workers.push_back(start_elastic_worker(directory.path, rank, 2, port, 1, "0", "1", {}, "",
+                                           share_update_from));
+  }
+  const std::string chief = ended(workers, directory.path, 0, false);
+  CHECK(chief.find("share_update_from_bytes = 0 bytes: rank 1 has it unset: every worker must "
+                   "be given the same") != std::string::npos);
+  CHECK(chief.find("regrouping") == std::string::npos);
+  const std::string other = ended(workers, directory.path, 1, false);
+  CHECK(other.find("share_update_from_bytes = unset: rank 0 has it 0 bytes") != std::string::npos);
+}
+
+TEST_CASE(
     "an elastic job that loses a worker while the others construct their strategy goes on without "
     "it from the first fit, to the parameters of a job that lost nobody: over TCP and through "
     "shared memory") {

@@ -598,7 +598,8 @@ TEST_CASE(
     CAPTURE(local);
     CAPTURE(shared);
     const auto results =
-        run_workers(directory, local, "31", {skip, skip}, {{"COHORT_SHARED_MEMORY", shared}});
+        run_workers(directory, local, "31", {skip, skip},
+                    {{"COHORT_SHARED_MEMORY", shared}, {"COHORT_SHARE_UPDATE_FROM", "0"}});
     for (const auto& [exit, log] : results) {
       CAPTURE(log);
       CHECK(exit.exited);

@@ -93,8 +93,8 @@ struct cohort::ModelTraits<Counting<true>> : cohort::ModelMembers<Counting<true>
 
 TEST_CASE_TEMPLATE(
     "a replica of one micro-batch a step hands the strategy the model's own gradient as its sum, "
-    "with no copy; of several, a sum of the fold's own; and where the strategy lends storage, "
-    "that",
+    "with no copy; a replica of several, a sum in the fold's own buffer; and where the strategy "
+    "lends storage, the sum in that storage",
     Model, Counting<false>, Counting<true>) {
   Model model;
   Recording replica;

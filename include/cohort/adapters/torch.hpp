@@ -95,8 +95,10 @@
 // forward_backward(batch): zeroes the gradient buffer, runs module.forward(batch.inputs), the
 // loss against batch.targets and backward, and returns the loss. Gradients accumulate into the
 // views in place (LibTorch adds to a defined .grad() without replacing it), so the buffer holds
-// the values LibTorch's own backward computes. cohort calls it from one thread per replica,
-// concurrently on different replicas; LibTorch's CPU autograd runs backward on the calling thread.
+// the values LibTorch's own backward computes (after a step, where the Trainer reduced them in
+// place, the views may hold the step's sum until the next forward_backward zeroes them). cohort
+// calls it from one thread per replica, concurrently on different replicas; LibTorch's CPU
+// autograd runs backward on the calling thread.
 //
 // Random draws (dropout, RReLU): LibTorch draws every CPU random number from one generator per
 // process, which replica threads would reach in the order the scheduler runs them. Where the

@@ -95,6 +95,10 @@ inline constexpr std::string_view kWorkerCount = "COHORT_WORKER_COUNT";
 //                           processes in (MultiWorkerMirrored's and ParameterServer's
 //                           Options::wire, collective/wire.hpp), where the program leaves its
 //                           default
+//   COHORT_SHARE_UPDATE_FROM
+//                           bytes: the gradient's size from which MultiWorkerMirrored's workers
+//                           share the optimizer's update (Options::share_update_from_bytes),
+//                           where the program leaves it unset
 // The two timeouts are durations (parse_duration): "30" or "30s", "500ms", "5min".
 inline constexpr std::array kCohortDescription = {
     kRank,  kWorldSize, kLocalRank, kLocalWorldSize, kMasterAddr, kMasterPort,

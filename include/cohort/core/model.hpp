@@ -15,8 +15,8 @@
 //     // SUMMED per-example loss (not the mean: cohort divides by the global batch size once, after
 //     // reduction, which is what keeps results independent of how the batch was split), and
 //     // returns that summed loss. From then until the next forward_backward the gradients are the
-//     // Trainer's: where a replica folds one micro-batch a step it reduces them where they lie,
-//     // so they hold the step's reduced sum afterwards.
+//     // Trainer's: where a replica folds one micro-batch a step it may reduce them where they
+//     // lie, so what they hold after a step is unspecified.
 //
 // Optionally, where a replica is made on a device (model placement):
 //   static M replicate(const M& prototype, const Place& place);

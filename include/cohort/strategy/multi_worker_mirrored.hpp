@@ -240,6 +240,7 @@ class MultiWorkerMirrored {
     }
     try {
       process_.learn_local_ranks(*cross_, cluster().rank, 0);
+      require_same_share_update_from();
       // A process that joined comes last in rank order: the members and it take the order of
       // their hosts, where that lets them go by host (adopt).
       if (const int rank = share_host_memory(joined_); rank >= 0) {
@@ -461,12 +462,37 @@ class MultiWorkerMirrored {
     cross_ = std::make_unique<Cross>(std::move(next));
     thread_ = process_.start_communication_thread();
     process_.learn_local_ranks(*cross_, cluster().rank, 0);
+    require_same_share_update_from();
     bucket_bytes_ = configured_bucket_bytes();
     if (const int rank = share_host_memory(reorders); rank >= 0) {
       adopt(renumbered(rank));
       return;
     }
     open_door();
+  }
+
+  // Workers that chose other sizes from which to share the update would call other collectives at
+  // the first step, or in an elastic job regroup and meet the difference again at every retry:
+  // each membership (construction, adopt) compares them first, and a difference is a ConfigError
+  // on every worker. The construction of a process that joins and the members' adoption of the
+  // mesh it joins run the same collectives in the same order.
+  void require_same_share_update_from() {
+    const typename Replica::ShareFrom mine = share_update_from();
+    const std::int64_t sent[] = {static_cast<std::int64_t>(mine.stripes),
+                                 static_cast<std::int64_t>(mine.owned)};
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(cluster().size));
+    cross_->all_gather(std::span<const std::int64_t>(sent), std::span<std::int64_t>(all));
+    const auto text = [](std::int64_t stripes, std::int64_t owned) {
+      return stripes == owned ? std::to_string(stripes) + " bytes" : std::string("unset");
+    };
+    for (std::size_t rank = 0; 2 * rank < all.size(); ++rank) {
+      if (all[2 * rank] != sent[0] || all[2 * rank + 1] != sent[1]) {
+        options::reject("share_update_from_bytes", text(sent[0], sent[1]),
+                        "rank " + std::to_string(rank) + " has it " +
+                            text(all[2 * rank], all[2 * rank + 1]) +
+                            ": every worker must be given the same (or COHORT_SHARE_UPDATE_FROM)");
+      }
+    }
   }
 
   // The mesh again, this process at `rank` (adopt).

@@ -72,9 +72,10 @@
 //   LendsGradientStorage<S, T>   replica.gradient_sum_storage<T>(count), once per fit after
 //                            start(): a span of `count` elements where the Trainer keeps the
 //                            replica's gradient sum for every step (u.gradient_sum), or an empty
-//                            span for the Trainer's own buffer. A communicator that reduces it in
-//                            place there copies nothing in or out (MultiWorkerMirrored through
-//                            shared memory: collective::Deterministic::share_buffer)
+//                            span for the Trainer's own buffer (the model's own gradient where
+//                            the replica folds one micro-batch a step). A communicator that reduces
+//                            it in place there copies nothing in or out (MultiWorkerMirrored
+//                            through shared memory: collective::Deterministic::share_buffer)
 //   ReportsStop<S>           replica.stop_requested(): whether the replica heard that another
 //                            process was signalled to stop (a parameter server's marked answers);
 //                            the Trainer's agreement to stop counts it

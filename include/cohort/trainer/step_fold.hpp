@@ -30,7 +30,8 @@ class StepFold {
   using Place = typename D::Place;
 
   // A gradient of the fold: a buffer of its own at the replica's place, or, for the sum, storage
-  // that the strategy lends (strategy::LendsGradientStorage).
+  // that the strategy lends (strategy::LendsGradientStorage) or the model's own gradient
+  // (lend_sum_storage).
   class Gradient {
    public:
     std::span<T> span() { return lent_.empty() ? owned_.span() : lent_; }

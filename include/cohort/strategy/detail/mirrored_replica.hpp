@@ -99,6 +99,7 @@ class MirroredReplica {
  public:
   using Place = typename D::Place;
 
+  // Gradient sizes in bytes (Settings::share_update_from).
   struct ShareFrom {
     std::size_t stripes = 0;
     std::size_t owned = 0;
@@ -150,8 +151,8 @@ class MirroredReplica {
   // Where the Trainer keeps this replica's gradient sum (strategy.hpp): the communicator's
   // shared buffer, where it has one (collective::Deterministic::share_buffer, memory the processes
   // of this host share: the sum's all-reduce then copies nothing in or out; collective::Local's,
-  // the replica's own for the sharded update), else nothing, and the Trainer keeps its own. A
-  // collective.
+  // the replica's own for the sharded update), else nothing, and the Trainer's fold keeps it (in
+  // the model's own gradient where the replica folds one micro-batch a step). A collective.
   template <class T>
   std::span<T> gradient_sum_storage(std::size_t count) {
     collective::require_gradient_sum_fits<T>(gradient_sum_);
@@ -176,16 +177,14 @@ class MirroredReplica {
       }
       shard_.reset();
       std::optional<collective::StripeGroup> group;
-      if constexpr (kShardable<T>) {
-        if (shares_stripes<T>(count)) group = communicator_.stripe_group();
-      }
-      // Where the process has one replica, that replica keeps what it keeps for a loss: nothing
-      // yet in this segment.
+      if constexpr (kShardable<T>) group = communicator_.stripe_group();
+      // Where the process has one replica, that replica keeps what it keeps for a loss, by either
+      // sharded update: nothing yet in this segment.
       if (kept_ && group) kept_->restart();
       if (shared.values.empty()) return {};
       const std::span<T> sum = shared.values.first(count);
       if constexpr (kShardable<T>) {
-        if (group) {
+        if (group && shares_stripes<T>(count)) {
           layout.stripe = stripe_for(count, group->size, sizeof(T));
           layout.ranks = static_cast<int>(group->size);
           shard_ =
