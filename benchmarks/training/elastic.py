@@ -29,13 +29,15 @@ thread per process, on this host:
                 when a worker starts): the same time, from rank 0's log of completed steps, to the
                 first step of the restarted workers; every worker of the node is restarted, then
                 resumes from the file
-  state kept    with --keep-share N: N elastic fits of 2 workers over TCP under COHORT_TRACE,
-                sharing the update (COHORT_SHARE_UPDATE_FROM=0), so that each worker keeps a copy
-                of the whole state every 16 steps: from each worker's
-                timeline, the time its "state kept" spans took (the optimizer state gathered
-                and the copy made) as a share of its "step" spans, which hold them; the share is
-                what keeping costs a fit without failures, measured without the noise between
-                two fits
+  state kept    with --keep-share N: N elastic fits of 2 workers under COHORT_TRACE on each
+                path, from each worker's timeline, what keeping the state every 16 steps took as
+                a share of its "step" spans, which hold it: what keeping costs a fit without
+                failures, measured without the noise between two fits. Over TCP, sharing the
+                update (COHORT_SHARE_UPDATE_FROM=0), the "state kept" spans (the optimizer state
+                gathered and the copy made); through shared memory, where each worker writes its
+                stripes into its shared buffer inside the update of every 16th step, what those
+                "optimizer" spans took beyond the median of the others; and the same measure of
+                a fit that keeps nothing (not elastic), whose updates differ by nothing but noise
   soak          with --soak N: fits of 4 workers (a smaller MLP, 8-256-256-10) under cohort-run
                 --min-np 2 --max-restarts 1, each with a random worker SIGKILLed at a random point
                 and started again by cohort-run, rank 0 included, until N kills landed in the
@@ -135,30 +137,45 @@ def by_round(name, measure, plain, elastic):
 
 
 def keep_share(build, fits, examples):
-    """The share of the step time each worker of an elastic fit over TCP spends keeping the state,
-    from the timelines of `fits` fits: a line per fit, then the median."""
-    shares = []
-    for fit in range(fits):
-        with tempfile.TemporaryDirectory() as trace:
-            command = [f"{build}/tools/cohort-run/cohort-run", "--np", "2", "--",
-                       f"{build}/examples/02_multi_worker/multi_worker", *MODEL, "--examples",
-                       str(examples), "--epochs", "1"]
-            subprocess.run(command, env=environment(COHORT_TRACE=trace, COHORT_MIN_WORKERS=1,
-                                                    COHORT_SHARED_MEMORY=0,
-                                                    COHORT_SHARE_UPDATE_FROM=0),
-                           capture_output=True, text=True, timeout=600, check=True)
-            for worker in range(2):
-                with open(os.path.join(trace, f"worker-{worker}.json")) as file:
-                    spans = [event for event in json.load(file)["traceEvents"]
-                             if event.get("ph") == "X"]
-                kept = [span["dur"] for span in spans if span["name"] == "state kept"]
-                steps = sum(span["dur"] for span in spans if span["name"] == "step")
-                shares.append(sum(kept) / steps)
-                print(f"fit {fit}, worker {worker}: {len(kept)} copies kept, "
-                      f"{sum(kept) / 1e3:.1f} ms of {steps / 1e3:.1f} ms of steps: "
-                      f"{100 * shares[-1]:.2f}%")
-    print(f"state kept over TCP: median {100 * statistics.median(shares):.2f}% of the step time "
-          f"({100 * min(shares):.2f}% to {100 * max(shares):.2f}%)")
+    """The share of the step time each worker of an elastic fit spends keeping the state, from
+    the timelines of `fits` fits of each path: a line per fit and worker, then the medians."""
+    every = 16  # KeptStripes::kEvery
+    for path in ("tcp", "shm", "shm, not elastic"):
+        shares = []
+        for fit in range(fits):
+            with tempfile.TemporaryDirectory() as trace:
+                command = [f"{build}/tools/cohort-run/cohort-run", "--np", "2", "--",
+                           f"{build}/examples/02_multi_worker/multi_worker", *MODEL, "--examples",
+                           str(examples), "--epochs", "1"]
+                extra = ({"COHORT_SHARED_MEMORY": 0, "COHORT_SHARE_UPDATE_FROM": 0}
+                         if path == "tcp" else {"COHORT_SHARED_MEMORY": 1})
+                if path != "shm, not elastic":
+                    extra["COHORT_MIN_WORKERS"] = 1
+                subprocess.run(command, env=environment(COHORT_TRACE=trace, **extra),
+                               capture_output=True, text=True, timeout=600, check=True)
+                for worker in range(2):
+                    with open(os.path.join(trace, f"worker-{worker}.json")) as file:
+                        spans = [event for event in json.load(file)["traceEvents"]
+                                 if event.get("ph") == "X"]
+                    steps = sum(span["dur"] for span in spans if span["name"] == "step")
+                    if path == "tcp":
+                        kept = [span["dur"] for span in spans if span["name"] == "state kept"]
+                        cost = sum(kept)
+                    else:
+                        # The stripes are kept inside the update of every 16th step: what those
+                        # updates took beyond the median of the others.
+                        updates = [span for span in spans if span["name"] == "optimizer"]
+                        kept = [span["dur"] for span in updates
+                                if (span["args"]["step"] + 1) % every == 0]
+                        others = [span["dur"] for span in updates
+                                  if (span["args"]["step"] + 1) % every != 0]
+                        cost = sum(kept) - len(kept) * statistics.median(others)
+                    shares.append(cost / steps)
+                    print(f"{path}, fit {fit}, worker {worker}: {len(kept)} steps keeping, "
+                          f"{cost / 1e3:.1f} ms of {steps / 1e3:.1f} ms of steps: "
+                          f"{100 * shares[-1]:.2f}%", flush=True)
+        print(f"state kept, {path}: median {100 * statistics.median(shares):.2f}% of the step "
+              f"time ({100 * min(shares):.2f}% to {100 * max(shares):.2f}%)", flush=True)
 
 
 def kill_worker_at(process, rank_entry, kill_after):
@@ -472,7 +489,7 @@ def main():
     parser.add_argument("--examples", type=int, default=25600)
     parser.add_argument("--soak", type=int, default=0, help="fits with a random kill; 0: none")
     parser.add_argument("--keep-share", type=int, default=0,
-                        help="traced elastic fits over TCP for the share of keeping; 0: none")
+                        help="traced elastic fits of each path for the share of keeping; 0: none")
     parser.add_argument("--cycles", type=int, default=0,
                         help="kill-and-rejoin cycles in one fit; 0: none")
     args = parser.parse_args()

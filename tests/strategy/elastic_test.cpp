@@ -206,11 +206,11 @@ TEST_CASE(
                                            share_update_from));
   }
   const std::string chief = ended(workers, directory.path, 0, false);
-  CHECK(chief.find("share_update_from_bytes = 0 bytes: rank 1 has it unset: every worker must "
-                   "be given the same") != std::string::npos);
+  CHECK(chief.find("share_update_from_bytes = 0 bytes: rank 1 has none: every worker must be "
+                   "given the same") != std::string::npos);
   CHECK(chief.find("regrouping") == std::string::npos);
   const std::string other = ended(workers, directory.path, 1, false);
-  CHECK(other.find("share_update_from_bytes = unset: rank 0 has it 0 bytes") != std::string::npos);
+  CHECK(other.find("share_update_from_bytes = none: rank 0 has 0 bytes") != std::string::npos);
 }
 
 TEST_CASE(

@@ -118,3 +118,16 @@ TEST_CASE_TEMPLATE(
   CHECK(into.where == storage.data());
   CHECK(storage == std::vector<float>{2, 4, 6, 8, 10, 12});
 }
+
+TEST_CASE(
+    "a gradient of the fold lent nothing keeps the buffer it holds, from segment to segment") {
+  cohort::trainer::StepFold<Counting<false>, cohort::device::Cpu>::Gradient gradient;
+  gradient.hold(6, {});
+  const float* const own = gradient.span().data();
+  gradient.lend({});  // a new segment, where the strategy lends nothing
+  CHECK(gradient.size() == 6);
+  CHECK(gradient.span().data() == own);
+  std::vector<float> storage(6);
+  gradient.lend(storage);
+  CHECK(gradient.span().data() == storage.data());
+}

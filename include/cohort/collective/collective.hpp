@@ -140,7 +140,7 @@ struct StripeGroup {
 //   c.gather_from_owners(buffer)     the second: every rank's owned elements of buffer, to every
 //                                    rank
 // Every rank calls the same halves in the same order with the same lengths; the sharded update
-// over TCP (strategy/detail/mirrored_replica.hpp) reduces a bucket of the gradient, updates the
+// over TCP (strategy/detail/owned_update.hpp) reduces a bucket of the gradient, updates the
 // parameters it owns, and gathers them.
 template <class C, class E>
 concept ReducesToOwners = requires(C& c, const C& cc, std::span<E> buffer) {

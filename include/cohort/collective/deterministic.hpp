@@ -362,7 +362,7 @@ class Deterministic : public detail::OverTransport<T> {
 
   // The all-reduce over the transport in its two halves, for a caller that works on the reduced
   // values between them (collective.hpp, ReducesToOwners: the sharded update over TCP,
-  // strategy/detail/mirrored_replica.hpp). reduce_to_owners(buffer, op) leaves in the elements of
+  // strategy/detail/owned_update.hpp). reduce_to_owners(buffer, op) leaves in the elements of
   // `buffer` that this rank owns (for_each_owned) the bits all_reduce gives them, and the other
   // elements undefined; gather_from_owners(buffer) sends each rank's owned elements of `buffer`,
   // whatever it wrote there since, to every rank. Who owns an element depends only on the

@@ -11,7 +11,7 @@
 // its own part of the parameters, with the bits of the whole: through shared memory in stripes
 // (shared_memory, below); over TCP, under collective::Deterministic, to the elements each owns of
 // the all-reduce, whose second half then gathers the new parameters instead of the gradient's sums
-// (detail/mirrored_replica.hpp, the sharded update over TCP), where the gradient is large enough
+// (detail/owned_update.hpp, the sharded update over TCP), where the gradient is large enough
 // (share_update_from_bytes, below) and the wire is float.
 //
 //   cohort::strategy::MultiWorkerMirrored<> strategy({.local_replicas = 2});
@@ -478,21 +478,13 @@ class MultiWorkerMirrored {
   // mesh it joins run the same collectives in the same order.
   void require_same_share_update_from() {
     const typename Replica::ShareFrom mine = share_update_from();
-    const std::int64_t sent[] = {static_cast<std::int64_t>(mine.stripes),
-                                 static_cast<std::int64_t>(mine.owned)};
-    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(cluster().size));
-    cross_->all_gather(std::span<const std::int64_t>(sent), std::span<std::int64_t>(all));
-    const auto text = [](std::int64_t stripes, std::int64_t owned) {
-      return stripes == owned ? std::to_string(stripes) + " bytes" : std::string("unset");
-    };
-    for (std::size_t rank = 0; 2 * rank < all.size(); ++rank) {
-      if (all[2 * rank] != sent[0] || all[2 * rank + 1] != sent[1]) {
-        options::reject("share_update_from_bytes", text(sent[0], sent[1]),
-                        "rank " + std::to_string(rank) + " has it " +
-                            text(all[2 * rank], all[2 * rank + 1]) +
-                            ": every worker must be given the same (or COHORT_SHARE_UPDATE_FROM)");
-      }
-    }
+    detail::require_same_across_processes(
+        *cross_, "share_update_from_bytes",
+        std::array{static_cast<std::int64_t>(mine.stripes), static_cast<std::int64_t>(mine.owned)},
+        [](const std::array<std::int64_t, 2>& sizes) {
+          return sizes[0] == sizes[1] ? std::to_string(sizes[0]) + " bytes" : std::string("none");
+        },
+        "every worker must be given the same (or COHORT_SHARE_UPDATE_FROM)");
   }
 
   // The mesh again, this process at `rank` (adopt).

@@ -188,16 +188,10 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective, Transport> {
   // The NCCL group counts every process's GPUs: a process that counted otherwise would wait in
   // its set-up for ranks that never come.
   void require_same_local_replicas() {
-    const auto mine = static_cast<std::int64_t>(local_replicas());
-    std::vector<std::int64_t> all(static_cast<std::size_t>(cluster().size));
-    cross_->all_gather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
-    for (std::size_t rank = 0; rank < all.size(); ++rank) {
-      if (all[rank] != mine) {
-        options::reject("local_replicas", local_replicas(),
-                        "but rank " + std::to_string(rank) + " has " + std::to_string(all[rank]) +
-                            ": every process of the job must drive as many GPUs");
-      }
-    }
+    detail::require_same_across_processes(
+        *cross_, "local_replicas", std::array{static_cast<std::int64_t>(local_replicas())},
+        [](const std::array<std::int64_t, 1>& count) { return std::to_string(count[0]); },
+        "every process of the job must drive as many GPUs");
   }
 
   detail::WorkerProcess<Options> process_;

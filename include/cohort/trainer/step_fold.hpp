@@ -43,9 +43,10 @@ class StepFold {
       lent_ = {};
       owned_ = device::Buffer<D, T>(count, place);
     }
+    // Storage lent (none: the buffer of its own again, which it keeps from segment to segment).
     void lend(std::span<T> storage) {
       lent_ = storage;
-      owned_ = {};
+      if (!storage.empty()) owned_ = {};
     }
 
    private:

@@ -43,8 +43,9 @@ inline collective::Wire parse_wire(std::string_view name, std::string_view value
 // value is a ConfigError naming the variable, also where the program's value wins.
 // StrategyOptions has timeout, connect_timeout where the strategy connects processes, and
 // communication_priority where it has a communication thread, shared_memory where its processes
-// can all-reduce through shared memory, wire where its gradient crosses between them, elastic
-// where its job may go on without a lost worker.
+// can all-reduce through shared memory, wire where its gradient crosses between them,
+// share_update_from_bytes where its workers may share the update, elastic where its job may go on
+// without a lost worker.
 template <class StrategyOptions>
 StrategyOptions with_environment(StrategyOptions options, const cluster::Environment& environment =
                                                               cluster::process_environment()) {

@@ -26,73 +26,13 @@
 #include "cohort/core/trace.hpp"
 #include "cohort/device/cpu.hpp"
 #include "cohort/optimizer/optimizer.hpp"
+#include "cohort/strategy/detail/apply_update.hpp"
 #include "cohort/strategy/detail/gradient_buckets.hpp"
 #include "cohort/strategy/detail/kept_stripes.hpp"
-#include "cohort/strategy/detail/owned_norm.hpp"
+#include "cohort/strategy/detail/owned_update.hpp"
 #include "cohort/strategy/strategy.hpp"
 
 namespace cohort::strategy::detail {
-
-// Clipping, the non-finite check and the optimizer step on a reduced gradient sum, at the
-// replica's place. Every replica holds the same reduced gradient, so every replica decides the
-// same way without a word to the others. The check rides on a pass that reads the gradient anyway:
-//   clipping        the sum of squares, finite when every element is (for float, half and
-//                   bfloat16 always; a double gradient whose squares overflow is looked into);
-//                   nothing is applied to a non-finite gradient, under either policy
-//   kRaise          the optimizer's update (D::step_finite), which is applied; the Trainer throws
-//   kSkipStep       one read of the gradient before the update (D::first_nonfinite): the only
-//                   case with a pass of its own, as the decision must precede every write
-// apply(context, checked) applies the update with `context` and returns the gradient's first
-// non-finite element, or its size where it has none or `checked` says it was checked before: the
-// whole update (MirroredReplica::finish_step), or this worker's part of it (the sharded update).
-// checks.sum_of_squares() and checks.first_nonfinite() read the reduced gradient as every
-// replica agrees: its sum of squares, and its first non-finite element (or its size). Where every
-// replica holds the whole gradient, passes over it (WholeChecks); where each holds only its own
-// part of the sum (the sharded update over TCP), passes over that part and a few collectives.
-// Out of line on purpose, as the Trainer's fold addition (trainer/step_fold.hpp, AddInto): inlined
-// into the step's loop it changes how GCC compiles the model's forward_backward inlined there. Hot,
-// because out of line GCC guesses its frequency from the one call in the replica's loop, which
-// follows the model's loops: guessed never executed, it was compiled for size, the optimizer's loop
-// scalar, and Adam took 5.5 ms of an 11 ms step of the examples' MLP (1.4 ms vectorized;
-// docs/benchmarks.md, "The examples' Eigen MLP").
-template <device::Device D, class T, class O, class Apply, class Checks>
-[[gnu::noinline, gnu::hot]] StepResult apply_update(const Update<T, O>& update, Apply&& apply,
-                                                    const Checks& checks) {
-  const trace::Span span(trace::current(), trace::Phase::kOptimizer, {.step = update.step});
-  const std::span<const T> gradient(update.gradient_sum);
-  double scale = update.inverse_batch;
-  bool checked = false;
-  if (const double max_norm = update.optimizer.options().max_gradient_norm; max_norm > 0.0) {
-    const double squares = checks.sum_of_squares();
-    if (!std::isfinite(squares)) {
-      if (const std::size_t first = checks.first_nonfinite(); first != gradient.size()) {
-        return {.first_nonfinite = first, .applied = false};
-      }
-    }
-    checked = true;
-    scale *= optimizer::clipping_factor(squares, update.inverse_batch, max_norm);
-  } else if (update.on_nonfinite == NonFinite::kSkipStep) {
-    if (const std::size_t first = checks.first_nonfinite(); first != gradient.size()) {
-      return {.first_nonfinite = first, .applied = false};
-    }
-    checked = true;
-  }
-  const optimizer::StepContext context{.step = update.step + 1,
-                                       .gradient_scale = scale,
-                                       .learning_rate_factor = update.learning_rate_factor};
-  const std::size_t first = apply(context, checked);
-  if (first == gradient.size()) return {};
-  return {.first_nonfinite = first, .applied = true};
-}
-
-// apply_update's checks where every replica holds the whole reduced gradient.
-template <device::Device D, class T>
-struct WholeChecks {
-  const typename D::Place& place;
-  std::span<const T> gradient;
-  double sum_of_squares() const { return D::sum_of_squares(place, gradient); }
-  std::size_t first_nonfinite() const { return D::first_nonfinite(place, gradient); }
-};
 
 template <class Communicator, device::Device D = device::Cpu>
 class MirroredReplica {
@@ -206,9 +146,7 @@ class MirroredReplica {
     buckets_.begin(update.gradient_sum.size(), std::max<std::size_t>(1, bucket_bytes_ / sizeof(T)));
     pending_.clear();
     if constexpr (kReducesToOwners<T, O>) {
-      owned_.this_step =
-          reduces_to_owners() && update.gradient_sum.size() * sizeof(T) >= share_update_from_.owned;
-      if (owned_.this_step) owned_.buckets.clear();
+      owned_.begin_step(shares_owned<T>(update.gradient_sum.size()));
     }
     // The state the segment starts from, whole on every worker, kept before its first
     // all-reduce (kept_stripes.hpp).
@@ -229,10 +167,9 @@ class MirroredReplica {
     buckets_.ready(begin, end, [&](std::size_t /*bucket*/, std::size_t first, std::size_t last) {
       const std::span<T> bucket = update.gradient_sum.subspan(first, last - first);
       if constexpr (kReducesToOwners<T, O>) {
-        if (owned_.this_step) {
-          owned_.buckets.push_back({first, last});
+        if (owned_.this_step()) {
           pending_.push_back(
-              collective::start_reduce_to_owners(communicator_, bucket, gradient_sum_));
+              owned_.start_bucket(communicator_, update.gradient_sum, first, last, gradient_sum_));
           return;
         }
       }
@@ -285,7 +222,7 @@ class MirroredReplica {
       if (shard_) gather_state(optimizer_state);
     }
     if constexpr (std::same_as<D, device::Cpu> && collective::ReducesToOwners<Communicator, T>) {
-      gather_owned_state(optimizer_state);
+      owned_.gather_state(communicator_, optimizer_state, pending_, kept_);
     }
   }
 
@@ -301,7 +238,7 @@ class MirroredReplica {
   template <class T, class O>
   StepResult apply_step(Update<T, O>& update) {
     if constexpr (kReducesToOwners<T, O>) {
-      if (owned_.this_step) return finish_owned(update);
+      if (owned_.this_step()) return owned_.finish(communicator_, update, pending_, kept_);
     }
     if constexpr (kShardable<T> && device::cpu::HasElementRule<O, T>) {
       if (shard_ && update.gradient_sum.data() == shared_as<T>().data()) {
@@ -384,6 +321,14 @@ class MirroredReplica {
     return count * sizeof(T) >= share_update_from_.stripes;
   }
 
+  // Whether a gradient of `count` elements reduces to its owners, for the sharded update over TCP
+  // (owned_update.hpp): Settings::share_update_from.
+  template <class T>
+  bool shares_owned(std::size_t count) const {
+    return gradient_sum_ == ReduceOp::kSum && communicator_.reduces_to_owners() &&
+           count * sizeof(T) >= share_update_from_.owned;
+  }
+
   // `count` elements of the kept stripes from `offset` (StripeLayout).
   template <class T>
   std::span<T> kept_as(std::size_t offset, std::size_t count) const {
@@ -400,7 +345,7 @@ class MirroredReplica {
   // TCP; on the host, where both run.
   bool keeps_own_copies() const {
     if constexpr (!std::same_as<D, device::Cpu>) return false;
-    return kept_ && (owned_.this_step || (shard_ && shard_->kept.empty()));
+    return kept_ && (owned_.this_step() || (shard_ && shard_->kept.empty()));
   }
 
   // Calls body(begin, count) for each of this worker's stripes of `length` elements, in order:
@@ -464,7 +409,7 @@ class MirroredReplica {
           });
           communicator_.gather_shared_stripes(std::span<const T>(published), update.parameters,
                                               shard_->stripe);
-          return checked ? gradient.size() : least_over_processes(mine);
+          return checked ? gradient.size() : least_over_processes(communicator_, mine);
         },
         whole_checks(update));
     if (copy && !result.applied) {
@@ -504,143 +449,9 @@ class MirroredReplica {
     return {.place = place_, .gradient = std::span<const T>(update.gradient_sum)};
   }
 
-  // The sharded update over TCP. Where the gradient's buckets are all-reduced between processes
-  // of one replica each over the transport (collective::ReducesToOwners: collective::
-  // Deterministic, flat), each bucket's all-reduce stops halfway, once every element's sum is
-  // made on the one process that owns it (reduce_to_owners); each process applies the optimizer
-  // to the parameters and state it owns, and the second half gathers the new parameters instead
-  // of the gradient's sums (gather_from_owners). The bytes on the wire are the all-reduce's, and
-  // each of n processes applies 1/n of the update: for 2 workers of the 20M-parameter MLP over
-  // TCP, half a 560 MB pass a step (docs/benchmarks.md, "A model of 20M parameters over TCP").
-  // The owned sums have the all-reduce's bits and every update is elementwise, so the parameters
-  // have the bits of the whole update; clipping's norm has the whole gradient's bits too
-  // (owned_norm.hpp). Not on the wire's packed sums, which keep the whole all-reduce: the gather
-  // would carry the parameters in 4 bytes an element where the packed sums take 2. The optimizer
-  // state outside a process's own elements is gathered when the fit ends, before a checkpoint and
-  // before a non-finite step raises; in an elastic job also every KeptStripes::kEvery steps, when
-  // each process keeps a copy of the whole state (kept_stripes.hpp).
-  struct Owned {
-    bool this_step = false;     // whether this step's buckets reduce to their owners
-    bool state_spread = false;  // an update applied since the optimizer state was last whole
-    // The last such step's, in the order they were reduced: they tile the gradient from its end
-    // (GradientBuckets), so the first ends at its size.
-    std::vector<std::pair<std::size_t, std::size_t>> buckets;
-  };
-
   template <class T, class O>
-  static constexpr bool kReducesToOwners = std::same_as<D, device::Cpu>&&
-      collective::ReducesToOwners<Communicator, T>&& device::cpu::HasElementRule<O, T>;
-
-  bool reduces_to_owners() const {
-    return gradient_sum_ == ReduceOp::kSum && communicator_.reduces_to_owners();
-  }
-
-  void set_owned_spread(bool spread) {
-    owned_.state_spread = spread;
-    if (kept_) kept_->spread = spread;
-  }
-
-  // Calls body(begin, count) for each run of the elements of bucket [first, last) that this
-  // process owns.
-  template <class T, class Body>
-  void for_each_owned_in(std::size_t first, std::size_t last, Body&& body) const {
-    communicator_.template for_each_owned<T>(
-        last - first, [&](std::size_t begin, std::size_t count) { body(first + begin, count); });
-  }
-
-  // The gather of `values` from their owners, bucket by bucket, each started once write(first,
-  // last) has written this process's part of it, so that a bucket travels while the next is
-  // written; returns once every bucket has arrived. The gathers are the step's pending work, which
-  // abandon_step waits for if one fails (every earlier one was waited before).
-  template <class T, class Write>
-  void gather_owned(std::span<T> values, Write&& write) {
-    pending_.clear();
-    for (const auto& [first, last] : owned_.buckets) {
-      write(first, last);
-      pending_.push_back(
-          collective::start_gather_from_owners(communicator_, values.subspan(first, last - first)));
-    }
-    for (collective::Pending& gather : pending_) gather.wait();
-  }
-
-  // The optimizer's update of the run [begin, begin + count) of the parameters and state (this
-  // process's part of a sharded update). Where the gradient was not checked before and the run's
-  // is not finite, `first` becomes the least of it and the run's first non-finite element.
-  template <class T, class O>
-  static void step_run(Update<T, O>& update, const optimizer::StepContext& context, bool checked,
-                       std::size_t begin, std::size_t count, std::size_t& first) {
-    const std::span<const T> part = std::span<const T>(update.gradient_sum).subspan(begin, count);
-    const bool finite =
-        device::cpu::step_part(update.optimizer, update.parameters.subspan(begin, count), part,
-                               update.optimizer_state, begin, context);
-    if (!checked && !finite) first = std::min(first, begin + device::cpu::first_nonfinite(part));
-  }
-
-  // The least over every process of the first non-finite element each holds (`mine`, or the
-  // gradient's size where it holds none) of its part: the whole gradient's.
-  std::size_t least_over_processes(std::size_t mine) {
-    std::int64_t first[] = {static_cast<std::int64_t>(mine)};
-    communicator_.all_reduce(std::span<std::int64_t>(first), ReduceOp::kMin);
-    return static_cast<std::size_t>(first[0]);
-  }
-
-  // apply_update's checks where each process holds the sums of the elements it owns.
-  template <class T>
-  struct OwnedChecks {
-    MirroredReplica* replica;
-    std::span<const T> gradient;
-    double sum_of_squares() const {
-      return owned_sum_of_squares<T>(replica->communicator_, gradient,
-                                     std::span(replica->owned_.buckets));
-    }
-    // The buckets come the gradient's end first: the least of their runs' firsts.
-    std::size_t first_nonfinite() const {
-      std::size_t mine = gradient.size();
-      for (const auto& [first, last] : replica->owned_.buckets) {
-        replica->template for_each_owned_in<T>(
-            first, last, [&](std::size_t begin, std::size_t count) {
-              const std::size_t at = device::cpu::first_nonfinite(gradient.subspan(begin, count));
-              if (at != count) mine = std::min(mine, begin + at);
-            });
-      }
-      return replica->least_over_processes(mine);
-    }
-  };
-
-  template <class T, class O>
-  StepResult finish_owned(Update<T, O>& update) {
-    const std::span<const T> gradient(update.gradient_sum);
-    const StepResult result = apply_update<D>(
-        update,
-        [&](const optimizer::StepContext& context, bool checked) {
-          set_owned_spread(true);
-          std::size_t mine = gradient.size();
-          gather_owned(update.parameters, [&](std::size_t first, std::size_t last) {
-            for_each_owned_in<T>(first, last, [&](std::size_t begin, std::size_t count) {
-              step_run(update, context, checked, begin, count, mine);
-            });
-          });
-          return checked ? gradient.size() : least_over_processes(mine);
-        },
-        OwnedChecks<T>{this, gradient});
-    // The Trainer raises: the state it may save next is made whole first, on every process alike.
-    if (result.first_nonfinite != StepResult::kFinite && update.on_nonfinite == NonFinite::kRaise) {
-      gather_owned_state(update.optimizer_state);
-    }
-    return result;
-  }
-
-  // Makes the optimizer state whole after sharded updates over TCP: each slot gathered from its
-  // owners as the parameters are.
-  template <class T>
-  void gather_owned_state(std::span<T> state) {
-    if (!owned_.state_spread) return;
-    const std::size_t whole = owned_.buckets.front().second;
-    for (std::size_t slot = 0; slot * whole < state.size(); ++slot) {
-      gather_owned(state.subspan(slot * whole, whole), [](std::size_t, std::size_t) {});
-    }
-    set_owned_spread(false);
-  }
+  static constexpr bool kReducesToOwners =
+      std::same_as<D, device::Cpu>&& UpdatesOwned<Communicator, T, O>;
 
   std::size_t index_;
   Communicator communicator_;
@@ -653,7 +464,7 @@ class MirroredReplica {
   GradientBuckets buckets_;
   std::vector<collective::Pending> pending_;
   std::optional<Shard> shard_;  // the sharded update, where the replica's gradient sum allows it
-  Owned owned_;                 // the sharded update over TCP
+  OwnedUpdate<Communicator> owned_;  // the sharded update over TCP
 };
 
 }  // namespace cohort::strategy::detail

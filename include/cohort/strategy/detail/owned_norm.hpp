@@ -1,4 +1,4 @@
-// The gradient's sum of squares in the sharded update over TCP (mirrored_replica.hpp), where each
+// The gradient's sum of squares in the sharded update over TCP (owned_update.hpp), where each
 // process holds the reduced sums of the elements it owns only: the bits of device::cpu::
 // sum_of_squares over the whole gradient, so that clipping scales alike on every path.
 //

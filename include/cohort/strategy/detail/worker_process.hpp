@@ -200,5 +200,25 @@ std::string chief_save_outcome(Cross& cross, const std::filesystem::path& file,
   return std::string(text.data());
 }
 
+// A setting every process of the job that `cross` spans must be given alike (a collective): each
+// process's `mine` gathered, and a difference a ConfigError on every process, naming `field`, this
+// process's value and the first rank's that differs, each as text(values) writes it, and `remedy`.
+template <class Cross, std::size_t N, class Text>
+void require_same_across_processes(Cross& cross, std::string_view field,
+                                   const std::array<std::int64_t, N>& mine, Text&& text,
+                                   std::string_view remedy) {
+  std::vector<std::int64_t> all(N * static_cast<std::size_t>(cross.size()));
+  cross.all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  for (std::size_t rank = 0; rank * N < all.size(); ++rank) {
+    std::array<std::int64_t, N> theirs;
+    std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(rank * N), N, theirs.begin());
+    if (theirs != mine) {
+      options::reject(
+          field, text(mine),
+          "rank " + std::to_string(rank) + " has " + text(theirs) + ": " + std::string(remedy));
+    }
+  }
+}
+
 }  // namespace detail
 }  // namespace cohort::strategy
