@@ -476,8 +476,9 @@ case_elastic_by_host_lost() {  # 2 hosts of 2 workers by host: rank 3 killed at 
       -- "${multi_worker}" "${elastic_job[@]}"
   done
   wait_until_training 4
-  # Each worker updates its stripes of its host's state and keeps a copy of the whole every 16
-  # steps: wherever the kill lands, the 3 left rebuild the newest state every worker kept.
+  # Each worker updates its stripes of its host's state and keeps a copy of the whole
+  # (strategy/detail/keep_schedule.hpp): wherever the kill lands, the 3 left rebuild the newest
+  # state every worker kept.
   sleep "0.$((RANDOM % 10))"
   for pid in $(ip netns pids "$(namespace 2)"); do
     tr '\0' '\n' <"/proc/${pid}/environ" 2>/dev/null | grep -qx COHORT_RANK=3 && kill -9 "${pid}"

@@ -175,10 +175,10 @@ TEST_CASE(
       // With one replica each, where the workers share the update, every worker updates only its
       // part of the state (its stripes through shared memory, the elements it owns over TCP):
       // once any has completed a step, the survivors rebuild the state that every worker kept,
-      // the lost one's part included. Over TCP each worker makes the state whole every 16 steps
-      // as it keeps it: a loss before the next update is applied finds it whole, and nothing is
-      // rebuilt. This model's gradient is under the default size from which the update is shared
-      // over TCP: each worker applies the whole, and a loss rebuilds nothing.
+      // the lost one's part included. Over TCP each worker makes the state whole as it keeps it
+      // (strategy/detail/keep_schedule.hpp): a loss before the next update is applied finds it
+      // whole, and nothing is rebuilt. This model's gradient is under the default size from which
+      // the update is shared over TCP: each worker applies the whole, and a loss rebuilds nothing.
       const bool from_kept_state = line.ends_with(", the state kept at that step rebuilt");
       const std::uint64_t step = std::stoull(line.substr(change.size()));
       if (job.local == "1" && job.share_update_from == "0") {

@@ -59,8 +59,8 @@ enum class Phase : std::uint8_t {
   kValidation,       // an evaluation on held-out data (trainer/validation.hpp)
   kRegroup,          // an elastic job going on without a lost worker (trainer/elastic.hpp; step:
                      // the one it goes on from, index: the workers left)
-  kKeepState,        // an elastic job's copy of the whole state every 16 steps, over TCP and by
-                     // host (strategy/detail/kept_stripes.hpp; step: the one it is kept at); the
+  kKeepState,        // an elastic job's copy of the whole state, over TCP and by host
+                     // (strategy/detail/keep_schedule.hpp; step: the one it is kept at); the
                      // stripes through shared memory are kept inside the update
 };
 

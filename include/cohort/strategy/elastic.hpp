@@ -63,9 +63,10 @@ struct MembershipChange {
   std::vector<int> lost{};  // the ranks, before the change, of the workers lost
   std::string cause{};      // this process's failure that began it
   std::size_t joined = 0;   // the workers taken in
-  // The state was rebuilt from what the lost membership kept of it every 16 steps (strategy/
-  // detail/kept_stripes.hpp: stripes in shared memory, or each worker's own copy over TCP and by
-  // host), rather than sent by the worker that held the newest, and the steps since computed again.
+  // The state was rebuilt from what the lost membership kept of it (strategy/detail/
+  // kept_stripes.hpp: stripes in shared memory every 16 steps, or each worker's own copy over TCP
+  // and by host, keep_schedule.hpp), rather than sent by the worker that held the newest, and the
+  // steps since computed again.
   bool from_kept_state = false;
   // From the change's start (the failure noticed, or the vote that took workers in) to the newest
   // state held by every replica: the fit stood still this long, the transfer of the state included.

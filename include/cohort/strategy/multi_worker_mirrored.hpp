@@ -85,7 +85,9 @@
 //                    (strategy/elastic.hpp; or COHORT_MIN_WORKERS): the workers left regroup
 //                    over TCP (transport/tcp/regroup.hpp) and the Trainer retries the step, with
 //                    the bits of a job that lost nobody. Where the update is shared out, each
-//                    worker also keeps the state every 16 steps, from which the workers left
+//                    worker also keeps the state (its stripes every 16 steps, a copy of the
+//                    whole as often as 1% of the step time allows: detail/keep_schedule.hpp),
+//                    from which the workers left
 //                    rebuild it, so that none of it is lost with a worker, and compute the steps
 //                    since again (detail/kept_stripes.hpp): through shared memory its stripes
 //                    (the shared buffer per worker grows from the gradient's size to 3 x the

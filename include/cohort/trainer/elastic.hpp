@@ -10,9 +10,10 @@
 //      and optimizer state of the first worker that holds the most steps, which are the bits of
 //      a job that lost nobody, since that step's sum was complete. Where a worker's state was
 //      current only on its part of a sharded update (strategy::KeepsStripes), every replica
-//      rebuilds instead the newest state the lost membership kept, at most 16 steps back: from
+//      rebuilds instead the newest state the lost membership kept: at most 16 steps back from
 //      every worker's stripes in shared memory, the lost worker's included, or (over TCP and by
-//      host) from its own copy of the whole, and none of it travels;
+//      host) from its own copy of the whole, kept as often as 1% of the step time allows
+//      (strategy/detail/keep_schedule.hpp), and none of it travels;
 //   4. the fit goes on from there, retrying the lost step (or computing again the steps since the
 //      kept one) with the same micro-batches.
 // A worker lost during 3 (while the state travels) leaves every process's state as it was, or

@@ -1,8 +1,9 @@
 // KeptStripes: the sharded update of an elastic job (mirrored_replica.hpp), where each worker
 // process updates only its part of the parameters and optimizer state. A worker lost mid-step
 // would take the only current copy of its part of the optimizer state with it, and the survivors
-// may have updated their own parts of the step they retry. So, every kEvery steps and at a
-// segment's start, each worker also keeps the state of that step, alternating between two copies:
+// may have updated their own parts of the step they retry. So, every kEvery steps (own copies:
+// as keep_schedule.hpp says) and at a segment's start, each worker also keeps the state of that
+// step, alternating between two copies:
 // - workers of one host (their stripes shared through memory) each write their stripes of the
 //   parameters and optimizer state into their shared buffer, the one of the gradient sum
 //   (collective::Deterministic::share_buffer):

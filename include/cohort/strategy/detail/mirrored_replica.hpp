@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -28,6 +29,7 @@
 #include "cohort/optimizer/optimizer.hpp"
 #include "cohort/strategy/detail/apply_update.hpp"
 #include "cohort/strategy/detail/gradient_buckets.hpp"
+#include "cohort/strategy/detail/keep_schedule.hpp"
 #include "cohort/strategy/detail/kept_stripes.hpp"
 #include "cohort/strategy/detail/owned_update.hpp"
 #include "cohort/strategy/strategy.hpp"
@@ -51,10 +53,10 @@ class MirroredReplica {
     // The unit in which the gradient is reduced while the backward pass goes on (the default, one
     // bucket: the whole gradient once it is final).
     std::size_t bucket_bytes = std::numeric_limits<std::size_t>::max();
-    // An elastic job's (kept_stripes.hpp), where a sharded update (below) also keeps the state
-    // every KeptStripes::kEvery steps, this worker's stripes in shared memory or a copy of the
-    // whole over TCP, so that a worker lost takes none of the state with it; the replica records
-    // there what it keeps.
+    // An elastic job's (kept_stripes.hpp), where a sharded update (below) also keeps the state,
+    // this worker's stripes in shared memory every KeptStripes::kEvery steps or a copy of the
+    // whole over TCP as often as 1% of the step time allows (keep_schedule.hpp), so that a worker
+    // lost takes none of the state with it; the replica records there what it keeps.
     KeptStripes* kept = nullptr;
     // The reduction of the gradient (collective/wire.hpp), which the Trainer's fold follows inside
     // the replica too (strategy::ChoosesGradientSum).
@@ -183,14 +185,22 @@ class MirroredReplica {
     for (collective::Pending& pending : pending_) pending.wait();
     if (!keeps_own_copies()) return apply_step(update);
     // This step's all-reduce met every worker after its last step, and so after the copy it kept
-    // then; every kEvery steps, a copy of the state made whole, a step skipped included.
+    // then; at the steps keep_schedule_ says, a copy of the state made whole, a step skipped
+    // included.
     kept_->met();
     const StepResult result = apply_step(update);
-    if (const std::uint64_t after = update.step + 1; after % KeptStripes::kEvery == 0) {
-      const trace::Span span(trace::current(), trace::Phase::kKeepState, {.step = after});
-      make_state_whole(update.optimizer_state);
-      kept_->keep_own(std::span<const T>(update.parameters),
-                      std::span<const T>(update.optimizer_state), after);
+    const KeepSchedule::Clock::time_point ended = KeepSchedule::Clock::now();
+    keep_schedule_.step_finished(ended);
+    if (const std::uint64_t after = update.step + 1; keep_schedule_.keeps(after)) {
+      {
+        const trace::Span span(trace::current(), trace::Phase::kKeepState, {.step = after});
+        make_state_whole(update.optimizer_state);
+        kept_->keep_own(std::span<const T>(update.parameters),
+                        std::span<const T>(update.optimizer_state), after);
+      }
+      keep_schedule_.kept(after,
+                          std::chrono::duration<double>(KeepSchedule::Clock::now() - ended).count(),
+                          communicator_);
     }
     return result;
   }
@@ -274,8 +284,8 @@ class MirroredReplica {
   // workers'). Every host of a job by host computes the same update, each among its own workers.
   // Every update is elementwise, so the bits are those of the whole update; each worker does 1/n
   // of it, n the workers of its group. An elastic job by host keeps a copy of the whole state in
-  // each worker every KeptStripes::kEvery steps, as over TCP, since its stripes do not reach the
-  // other hosts' workers (kept_stripes.hpp). Stripes,
+  // each worker, as over TCP (keep_schedule.hpp), since its stripes do not reach the other hosts'
+  // workers (kept_stripes.hpp). Stripes,
   // not halves: an update's cost varies along the parameters (for the examples' MLP, Adam took 2.1
   // ms for the half holding most of the second layer against 1.2 ms for the other, its tiny squares
   // subnormal floats), and the stripes give every worker its share of each layer. The optimizer
@@ -465,6 +475,7 @@ class MirroredReplica {
   std::vector<collective::Pending> pending_;
   std::optional<Shard> shard_;  // the sharded update, where the replica's gradient sum allows it
   OwnedUpdate<Communicator> owned_;  // the sharded update over TCP
+  KeepSchedule keep_schedule_;       // when this replica keeps its own copies (keeps_own_copies)
 };
 
 }  // namespace cohort::strategy::detail

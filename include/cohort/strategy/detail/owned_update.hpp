@@ -11,8 +11,8 @@
 // gradient's bits too (owned_norm.hpp). Not on the wire's packed sums, which keep the whole
 // all-reduce: the gather would carry the parameters in 4 bytes an element where the packed sums
 // take 2. The optimizer state outside a process's own elements is gathered when the fit ends,
-// before a checkpoint and before a non-finite step raises; in an elastic job also every
-// KeptStripes::kEvery steps, when each process keeps a copy of the whole state (kept_stripes.hpp).
+// before a checkpoint and before a non-finite step raises; in an elastic job also when each
+// process keeps a copy of the whole state (kept_stripes.hpp, keep_schedule.hpp).
 #pragma once
 
 #include <algorithm>
