@@ -79,8 +79,8 @@
 //                    a smaller model less. Unset: kShareStripesFromBytes (256 KiB) for stripes
 //                    through shared memory, kShareOverTcpFromBytes (8 MiB) over TCP; 0: at every
 //                    size (left unset: COHORT_SHARE_UPDATE_FROM, in bytes). Every worker must be
-//                    given the same: a worker that shares where another does not calls another
-//                    collective at the first step, which fails every worker naming both
+//                    given the same: a difference is a ConfigError on every worker, naming both,
+//                    at construction and at each change of an elastic job's membership
 //   elastic          the job goes on without a lost worker, down to elastic.min_workers
 //                    (strategy/elastic.hpp; or COHORT_MIN_WORKERS): the workers left regroup
 //                    over TCP (transport/tcp/regroup.hpp) and the Trainer retries the step, with
@@ -479,12 +479,13 @@ class MultiWorkerMirrored {
   // on every worker. The construction of a process that joins and the members' adoption of the
   // mesh it joins run the same collectives in the same order.
   void require_same_share_update_from() {
-    const typename Replica::ShareFrom mine = share_update_from();
+    // Whether it was given, and its bytes.
+    const std::optional<std::size_t> given = options().share_update_from_bytes;
     detail::require_same_across_processes(
         *cross_, "share_update_from_bytes",
-        std::array{static_cast<std::int64_t>(mine.stripes), static_cast<std::int64_t>(mine.owned)},
-        [](const std::array<std::int64_t, 2>& sizes) {
-          return sizes[0] == sizes[1] ? std::to_string(sizes[0]) + " bytes" : std::string("none");
+        std::array{std::int64_t{given.has_value()}, static_cast<std::int64_t>(given.value_or(0))},
+        [](const std::array<std::int64_t, 2>& setting) {
+          return setting[0] != 0 ? std::to_string(setting[1]) + " bytes" : std::string("none");
         },
         "every worker must be given the same (or COHORT_SHARE_UPDATE_FROM)");
   }

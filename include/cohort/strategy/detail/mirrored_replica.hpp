@@ -105,9 +105,10 @@ class MirroredReplica {
       // each worker keeps its own copies of the whole state (keeps_own_copies).
       StripeLayout layout{
           .parameters = count, .state = state_count_, .element_bytes = sizeof(T), .first = count};
+      [[maybe_unused]] const bool stripes = shares_stripes<T>(count);
       bool keeps = false;
       if constexpr (kShardable<T>) {
-        keeps = kept_ && shares_stripes<T>(count) && communicator_.stripes_reach_every_rank();
+        keeps = kept_ && stripes && communicator_.stripes_reach_every_rank();
       }
       const auto shared =
           communicator_.template share_buffer<T>(keeps ? layout.shared_count() : count);
@@ -126,7 +127,7 @@ class MirroredReplica {
       if (shared.values.empty()) return {};
       const std::span<T> sum = shared.values.first(count);
       if constexpr (kShardable<T>) {
-        if (group && shares_stripes<T>(count)) {
+        if (group && stripes) {
           layout.stripe = stripe_for(count, group->size, sizeof(T));
           layout.ranks = static_cast<int>(group->size);
           shard_ =
