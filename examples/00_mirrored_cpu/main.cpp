@@ -39,12 +39,12 @@ int main(int argc, char** argv) {
            .on_nonfinite = settings.on_nonfinite,
            .schedule = example::demo_schedule(settings)});
       if (!settings.validate) {
-        const cohort::Report report = trainer.fit(data.train, {.epochs = settings.epochs});
+        const cohort::Report report = trainer.fit(data.training(), {.epochs = settings.epochs});
         return example::evaluate(trainer.model(), data, report.examples_per_second);
       }
       // The held-out accuracy after every epoch, from inside fit.
-      const cohort::Report report =
-          trainer.fit(data.train, {.epochs = settings.epochs}, cohort::validation(data.held_out));
+      const cohort::Report report = trainer.fit(data.training(), {.epochs = settings.epochs},
+                                                cohort::validation(data.held_out));
       return example::outcome_of(report, trainer.model());
     };
 

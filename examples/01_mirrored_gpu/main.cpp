@@ -32,7 +32,7 @@ example::Outcome train_on_gpus(const example::DemoSettings& settings, const exam
                    .seed = settings.seed,
                    .log_every = settings.log_every,
                    .progress = settings.quiet ? Progress::kSilent : Progress::kAuto});
-  const Report report = trainer.fit(data.train, {.epochs = settings.epochs});
+  const Report report = trainer.fit(data.training(), {.epochs = settings.epochs});
   // The trained parameters, evaluated by a host Mlp of the same layout.
   const std::vector<float> parameters = trainer.model().host_parameters();
   std::ranges::copy(parameters, ModelTraits<example::Mlp>::parameters(initial).begin());

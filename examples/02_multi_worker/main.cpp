@@ -49,9 +49,9 @@ int main(int argc, char** argv) {
     // One fit, evaluating the held-out set after every epoch (unless --no-validation), and
     // checkpointing as it goes with --checkpoint-dir.
     const cohort::Report report = settings.validate
-                                      ? trainer.fit(data.train, {.epochs = settings.epochs},
+                                      ? trainer.fit(data.training(), {.epochs = settings.epochs},
                                                     cohort::validation(data.held_out))
-                                      : trainer.fit(data.train, {.epochs = settings.epochs});
+                                      : trainer.fit(data.training(), {.epochs = settings.epochs});
     if (report.preempted) return cohort::kExitPreempted;
     // The chief at the end: another worker where an elastic job (COHORT_MIN_WORKERS) lost it.
     if (trainer.strategy().is_chief()) {

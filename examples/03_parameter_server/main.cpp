@@ -41,7 +41,7 @@ int run(const example::DemoSettings& settings, std::size_t local_replicas) {
        .on_nonfinite = settings.on_nonfinite,
        .schedule = example::demo_schedule(settings),
        .checkpoint = example::checkpoint_policy(settings)});
-  const cohort::Report report = trainer.fit(data.train, {.epochs = settings.epochs});
+  const cohort::Report report = trainer.fit(data.training(), {.epochs = settings.epochs});
   if (report.preempted) return cohort::kExitPreempted;
   // The chief at the end: another worker where an elastic synchronous job lost it.
   if (trainer.strategy().is_chief()) {

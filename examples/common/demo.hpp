@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cohort/trainer.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "clusters.hpp"
+#include "paced_data.hpp"
 
 namespace example {
 
@@ -37,6 +39,7 @@ struct DemoSettings {
   bool validate = true;                   // evaluate the held-out set inside fit, after every epoch
   cohort::NonFinite on_nonfinite = cohort::NonFinite::kRaise;
   std::optional<std::size_t> nan_example;  // a training example given a NaN feature
+  std::uint64_t input_ms = 0;  // each replica's micro-batches at most one per this many ms
 };
 
 inline void add_demo_options(CLI::App& app, DemoSettings& settings) {
@@ -68,6 +71,10 @@ inline void add_demo_options(CLI::App& app, DemoSettings& settings) {
                  "give training example INDEX a NaN feature, to see what --on-nonfinite does");
   app.add_flag("!--no-validation", settings.validate,
                "no evaluation of the held-out set inside fit (after every epoch otherwise)");
+  app.add_option("--input-ms", settings.input_ms,
+                 "each replica receives at most one micro-batch every N ms, as from an input "
+                 "pipeline that slow, so that a small model's fit lasts long enough to kill a "
+                 "worker in its middle (default 0: as fast as the replicas take them)");
 }
 
 // The learning rate's schedule of every demo: a linear warm-up over the first tenth of the run's
@@ -133,15 +140,20 @@ struct DemoData {
   ClusterTask task;
   ClusterData train;
   ClusterData held_out;
+  std::chrono::milliseconds input_interval;
 
   explicit DemoData(const DemoSettings& settings)
       : task({.features = settings.layers.front(),
               .classes = settings.layers.back(),
               .seed = settings.seed}),
         train(task.sample(settings.examples, 0)),
-        held_out(task.sample(settings.held_out, 1)) {
+        held_out(task.sample(settings.held_out, 1)),
+        input_interval(settings.input_ms) {
     if (settings.nan_example) train.poison(*settings.nan_example);
   }
+
+  // The training set as a fit reads it: at the pace of --input-ms.
+  PacedData<ClusterData> training() const { return {train, input_interval}; }
 
   void print() const {
     std::printf(

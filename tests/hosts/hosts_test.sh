@@ -368,9 +368,14 @@ case_parameter_server() {
 # would run for minutes, for the long partition.
 long_job=(--layers "8,512,512,10" --examples 32768 --epochs 6 --quiet)
 endless_job=(--layers "8,512,512,10" --examples 32768 --epochs 1000 --quiet)
-# An elastic job's: long enough for a worker lost at its start to be counted out, or started
-# again and taken back.
+# An elastic job's (256 steps), and its bits on one host.
 elastic_job=(--layers "8,512,512,10" --examples 32768 --epochs 2 --quiet)
+elastic_bits4="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+# The elastic jobs' processes get each replica's micro-batches at most one every 10 ms (the
+# demos' --input-ms), so that a job lasts at least steps x micro-batches per worker x 10 ms
+# however fast the machine (elastic_job on 4 workers: 5 s): a fault a second after its start
+# lands in its middle, and a process started again after it finds the job still running.
+paced=(--input-ms 10)
 
 # logged OUT PATTERN: waits until process OUT's output has a line matching PATTERN (30 s at most),
 # and prints the match.
@@ -455,8 +460,8 @@ went_on_without_rank_3() {
 
 case_elastic_host_lost() {  # an elastic job of 4 hosts, one cut off for good: the others go on
   local reference
-  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
-  COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}"
+  reference="${elastic_bits4}"
+  COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}" "${paced[@]}"
   ip link set "$(hosts_link 4)" down
   finish 120
   ip link set "$(hosts_link 4)" up
@@ -469,11 +474,11 @@ case_elastic_host_lost() {  # an elastic job of 4 hosts, one cut off for good: t
 
 case_elastic_by_host_lost() {  # 2 hosts of 2 workers by host: rank 3 killed at a random point
   local reference rank pid
-  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+  reference="${elastic_bits4}"
   for rank in 0 1 2 3; do
     on $((rank / 2 + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE=4 "COHORT_MASTER_ADDR=${net}.1" \
       COHORT_MASTER_PORT=29500 COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 COHORT_SHARE_UPDATE_FROM=0 \
-      -- "${multi_worker}" "${elastic_job[@]}"
+      -- "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   done
   wait_until_training 4
   # Each worker updates its stripes of its host's state and keeps a copy of the whole
@@ -491,12 +496,12 @@ case_elastic_by_host_lost() {  # 2 hosts of 2 workers by host: rank 3 killed at 
 
 case_elastic_host_rejoins() {  # an elastic job of 4 hosts: host 4's worker killed, started again
   local reference pid
-  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
-  COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}"
+  reference="${elastic_bits4}"
+  COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}" "${paced[@]}"
   for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
   # The same command on the same host, as a pod's restart policy would start it.
   on 4 COHORT_RANK=3 COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 COHORT_MASTER_PORT=29500 \
-    COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${elastic_job[@]}"
+    COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   finish 120
   went_on_without_rank_3 "${reference}" "${started[@]:0:3}" "${started[4]}"
   grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${started[0]}.out" ||
@@ -510,14 +515,14 @@ case_elastic_host_rejoins() {  # an elastic job of 4 hosts: host 4's worker kill
 # pod of rank 3 fails, and its controller starts it again with the same variables.
 case_elastic_pytorchjob_rejoins() {
   local reference pid h
-  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+  reference="${elastic_bits4}"
   local pod=(WORLD_SIZE=4 MASTER_ADDR=h1 MASTER_PORT=23456 COHORT_MIN_WORKERS=3 COHORT_TIMEOUT=4)
   for h in 1 2 3 4; do
-    on "${h}" RANK=$((h - 1)) "${pod[@]}" -- "${multi_worker}" "${elastic_job[@]}"
+    on "${h}" RANK=$((h - 1)) "${pod[@]}" -- "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   done
   wait_until_training 4
   for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
-  on 4 RANK=3 "${pod[@]}" -- "${multi_worker}" "${elastic_job[@]}"
+  on 4 RANK=3 "${pod[@]}" -- "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   finish 120
   went_on_without_rank_3 "${reference}" "${started[@]:0:3}" "${started[4]}"
   grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${started[0]}.out" ||
@@ -533,19 +538,19 @@ case_elastic_pytorchjob_rejoins() {
 # srun gives that task beside them: a step of one task).
 case_elastic_slurm_replacement() {
   local reference pid h
-  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+  reference="${elastic_bits4}"
   local allocation=(SLURM_JOB_ID=77 SLURM_JOB_NODELIST='h[1-4]' COHORT_TIMEOUT=4)
   for h in 1 2 3 4; do
     on "${h}" SLURM_PROCID=$((h - 1)) SLURM_NTASKS=4 SLURM_LOCALID=0 SLURM_NODEID=$((h - 1)) \
       SLURM_STEP_TASKS_PER_NODE='1(x4)' SLURM_STEP_NODELIST='h[1-4]' "${allocation[@]}" \
-      COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${elastic_job[@]}"
+      COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   done
   wait_until_training 4
   for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
   on 4 SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_LOCALID=0 SLURM_NODEID=0 SLURM_STEP_TASKS_PER_NODE=1 \
     SLURM_STEP_NODELIST=h4 "${allocation[@]}" COHORT_JOIN=1 COHORT_RANK=3 COHORT_WORLD_SIZE=4 \
     COHORT_MASTER_ADDR=h1 COHORT_MASTER_PORT=29500 COHORT_JOB_ID=77 COHORT_MIN_WORKERS=3 -- \
-    "${multi_worker}" "${elastic_job[@]}"
+    "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   finish 120
   went_on_without_rank_3 "${reference}" "${started[@]:0:3}" "${started[4]}"
   grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${started[0]}.out" ||
@@ -587,23 +592,23 @@ took_rank_0_back() {
 # (COHORT_HOSTS) finds it there by itself, to the same bits.
 case_elastic_chief_lost_across_hosts() {
   local reference pid
-  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
-  COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}"
+  reference="${elastic_bits4}"
+  COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}" "${paced[@]}"
   for pid in $(ip netns pids "$(namespace 1)"); do kill -9 "${pid}"; done
   logged "${started[1]}" "its door is at ${net}.2:29500 from now on" >/dev/null ||
     fail "rank 1, the next chief, does not say that the job's door is at port 29500 of its host"
   on 1 COHORT_JOIN=1 COHORT_RANK=0 COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 \
     COHORT_MASTER_PORT=29500 COHORT_HOSTS=h1,h2,h3,h4 COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- \
-    "${multi_worker}" "${elastic_job[@]}"
+    "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   finish 120
   took_rank_0_back "${reference}"
 }
 
 # chief_started_again_under_tf_config HOST FAULT WHEN JOB...: 4 hosts of one worker under
-# TF_CONFIG, training JOB; rank 0 lost by FAULT (kill: its worker killed; cut: host 1's link cut
-# for good). The next chief, rank 1, opens the job's door at TF_CONFIG's port on its own host. A
-# process started on HOST with task 0's TF_CONFIG alone, as a TFJob's controller starts the
-# chief's pod again, WHEN (at_once: right after the fault; door_open: once the door is open),
+# TF_CONFIG, training JOB (paced); rank 0 lost by FAULT (kill: its worker killed; cut: host 1's
+# link cut for good). The next chief, rank 1, opens the job's door at TF_CONFIG's port on its own
+# host. A process started on HOST with task 0's TF_CONFIG alone, as a TFJob's controller starts
+# the chief's pod again, WHEN (at_once: right after the fault; door_open: once the door is open),
 # finds the job running there by itself and joins; the job ends with the bits of one that lost
 # nobody.
 chief_started_again_under_tf_config() {
@@ -613,7 +618,7 @@ chief_started_again_under_tf_config() {
   local workers="\"${net}.1:2222\",\"${net}.2:2222\",\"${net}.3:2222\",\"${net}.4:2222\""
   for h in 1 2 3 4; do
     on "${h}" TF_CONFIG="$(tf_config "${workers}" worker $((h - 1)))" COHORT_TIMEOUT=4 \
-      COHORT_MIN_WORKERS=3 -- "${multi_worker}" "$@"
+      COHORT_MIN_WORKERS=3 -- "${multi_worker}" "$@" "${paced[@]}"
   done
   wait_until_training 4
   if [[ "${fault}" == cut ]]; then
@@ -624,7 +629,7 @@ chief_started_again_under_tf_config() {
   local door_line="its door is at ${net}.2:2222 from now on"
   if [[ "${when}" == door_open ]]; then logged "${started[1]}" "${door_line}" >/dev/null || true; fi
   on "${host}" TF_CONFIG="$(tf_config "${workers}" worker 0)" COHORT_TIMEOUT=4 \
-    COHORT_MIN_WORKERS=3 -- "${multi_worker}" "$@"
+    COHORT_MIN_WORKERS=3 -- "${multi_worker}" "$@" "${paced[@]}"
   finish 120
   grep -q "${door_line}" "${started[1]}.out" ||
     fail "rank 1, the next chief, does not say that the job's door is at port 2222 of its host"
@@ -636,11 +641,11 @@ chief_started_again_under_tf_config() {
 
 # Host 1 cut off, task 0 started on host 5 at once, before the job notices the cut (its timeout,
 # 4 s) and opens its door again: it asks the job's hosts again while it waits, and finds the job
-# past host 1, which answers nothing (2 s a round). The job trains longer than elastic_job: it
-# goes on for the cut's timeout, its regroup and the next round.
+# past host 1, which answers nothing (2 s a round). The job trains an epoch longer than
+# elastic_job: it goes on for the cut's timeout, its regroup and the next round.
 case_elastic_chief_host_lost_tf_config() {
   chief_started_again_under_tf_config 5 cut at_once --layers "8,512,512,10" --examples 32768 \
-    --epochs 6 --quiet
+    --epochs 3 --quiet
 }
 
 # The chief's worker killed and started again on its own host: it finds the door past its own
@@ -680,19 +685,20 @@ case_elastic_lost_while_state_travels() {
 
 case_elastic_chief_rejoins() {  # 2 hosts of 2 workers: rank 0 killed, started again on its host
   local reference rank pid
-  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
+  reference="${elastic_bits4}"
   local elastic=(COHORT_WORLD_SIZE=4 "COHORT_MASTER_ADDR=${net}.1" COHORT_MASTER_PORT=29500
                  COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3)
   for rank in 0 1 2 3; do
     on $((rank / 2 + 1)) COHORT_RANK="${rank}" "${elastic[@]}" -- \
-      "${multi_worker}" "${elastic_job[@]}"
+      "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   done
   wait_until_training 4
   for pid in $(ip netns pids "$(namespace 1)"); do
     tr '\0' '\n' <"/proc/${pid}/environ" 2>/dev/null | grep -qx COHORT_RANK=0 && kill -9 "${pid}"
   done
   # Started again on its host, as cohort-run would: it says that it joins.
-  on 1 COHORT_JOIN=1 COHORT_RANK=0 "${elastic[@]}" -- "${multi_worker}" "${elastic_job[@]}"
+  on 1 COHORT_JOIN=1 COHORT_RANK=0 "${elastic[@]}" -- \
+    "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   finish 120
   took_rank_0_back "${reference}"
   # Rank 1, on rank 0's host, is the chief now, and keeps the job's door at the master address.
@@ -732,7 +738,8 @@ start_ps_hosts() {
 # the job's secret.
 case_ps_worker_pod_restarts() {
   local pid
-  local program=("${parameter_server}" --consistency async --micro-batches 8 "${elastic_job[@]}")
+  local program=("${parameter_server}" --consistency async --micro-batches 8 "${elastic_job[@]}"
+                 "${paced[@]}")
   local elastic=(COHORT_MIN_WORKERS=3 COHORT_SECRET=ps-hosts)
   start_ps_hosts "${elastic[@]}" -- "${program[@]}"
   for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
@@ -761,8 +768,9 @@ case_ps_worker_pod_restarts() {
 # where the chief's pod looks among the job's hosts.
 ps_sync_host_lost_rejoins() {
   local pid reference lost=$1 chief
-  reference="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 { print $5 }')"
-  local program=("${parameter_server}" --consistency sync --micro-batches 8 "${elastic_job[@]}")
+  reference="${elastic_bits4}"
+  local program=("${parameter_server}" --consistency sync --micro-batches 8 "${elastic_job[@]}"
+                 "${paced[@]}")
   local elastic=(COHORT_MIN_WORKERS=3 COHORT_SECRET=ps-sync-hosts COHORT_TIMEOUT=4)
   start_ps_hosts "${elastic[@]}" -- "${program[@]}"
   # The chief after the loss: worker 0, or worker 1 where worker 0 is lost.
