@@ -18,6 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include "cohort/cluster/environment.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/strategy/detail/environment_options.hpp"
+#include "cohort/strategy/mirrored.hpp"
 #include "processes.hpp"
 #include "rendezvous_attacks.hpp"
 
@@ -627,4 +631,31 @@ TEST_CASE(
         std::string::npos);
   CHECK(refused({{"COHORT_JOIN", "yes"}}, {"--elastic", "2"}).find("COHORT_JOIN = \"yes\"") !=
         std::string::npos);
+}
+
+TEST_CASE(
+    "a strategy whose job cannot go on without a lost worker refuses the variables that make a "
+    "job elastic, naming the one set") {
+  // Mirrored's options, as MultiWorkerMirrored<device::Cuda>'s: no elastic field.
+  using Options = cohort::strategy::Mirrored<>::Options;
+  using cohort::strategy::detail::with_environment;
+  const auto message = [](std::string name, std::string value) -> std::string {
+    try {
+      (void)with_environment(Options{}, cohort::cluster::environment_from({{name, value}}));
+    } catch (const cohort::ConfigError& error) {
+      return error.what();
+    }
+    return "taken";
+  };
+  const std::string refusal =
+      "this strategy's job cannot go on without a lost worker (elastic jobs: "
+      "MultiWorkerMirrored<> and ParameterServer; not Mirrored, not GPU workers)";
+  CHECK(message("COHORT_MIN_WORKERS", "3").starts_with("COHORT_MIN_WORKERS = \"3\": " + refusal));
+  CHECK(message("COHORT_MAX_WORKERS", "8").starts_with("COHORT_MAX_WORKERS = \"8\": " + refusal));
+  CHECK(message("COHORT_JOIN", "1").starts_with("COHORT_JOIN = \"1\": " + refusal));
+  // What says "not elastic" is taken, and a malformed value is named as everywhere.
+  CHECK(message("COHORT_MIN_WORKERS", "0") == "taken");
+  CHECK(message("COHORT_JOIN", "0") == "taken");
+  CHECK(message("COHORT_MIN_WORKERS", "") == "taken");
+  CHECK(message("COHORT_MIN_WORKERS", "x").starts_with("COHORT_MIN_WORKERS = \"x\": "));
 }

@@ -34,7 +34,8 @@
 // A failing replica aborts its NCCL communicator and releases the other replicas of its process at
 // once, with its reason; the other processes fail when NCCL reports the lost peer or when their
 // collective's timeout expires (NCCL cannot carry the reason, as the TCP transport does for
-// MultiWorkerMirrored<>).
+// MultiWorkerMirrored<>). The job is not elastic: COHORT_MIN_WORKERS, COHORT_MAX_WORKERS or
+// COHORT_JOIN set for it is a ConfigError at construction (docs/launching.md).
 #pragma once
 
 #include <nccl.h>

@@ -45,7 +45,7 @@ inline collective::Wire parse_wire(std::string_view name, std::string_view value
 // communication_priority where it has a communication thread, shared_memory where its processes
 // can all-reduce through shared memory, wire where its gradient crosses between them,
 // share_update_from_bytes where its workers may share the update, elastic where its job may go on
-// without a lost worker.
+// without a lost worker; where it has no elastic, an elastic variable set (not 0) is a ConfigError.
 template <class StrategyOptions>
 StrategyOptions with_environment(StrategyOptions options, const cluster::Environment& environment =
                                                               cluster::process_environment()) {
@@ -89,6 +89,22 @@ StrategyOptions with_environment(StrategyOptions options, const cluster::Environ
           parse_count);
     apply(cluster::variable::kJoin, options.elastic.joins_running_job,
           defaults.elastic.joins_running_job, cluster::parse_switch);
+  } else {
+    // A launcher that makes the job elastic (cohort-run --min-np) would otherwise see every
+    // process fail at the first loss, and a process started again find no job to join.
+    const auto refuse = [&](std::string_view name, auto parse, const auto& off) {
+      const std::optional<std::string> value = environment(name);
+      if (!value || value->empty() || parse(name, *value) == off) return;
+      cluster::detail::reject_text(
+          name, *value,
+          "this strategy's job cannot go on without a lost worker (elastic jobs: "
+          "MultiWorkerMirrored<> and ParameterServer; not Mirrored, not GPU workers); unset it, "
+          "or start the job again whole after a failure (cohort-run --max-restarts without "
+          "--min-np)");
+    };
+    refuse(cluster::variable::kMinWorkers, parse_count, std::size_t{0});
+    refuse(cluster::variable::kMaxWorkers, parse_count, std::size_t{0});
+    refuse(cluster::variable::kJoin, cluster::parse_switch, false);
   }
   return options;
 }
