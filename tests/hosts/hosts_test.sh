@@ -811,10 +811,12 @@ case_ps_sync_chief_host_lost_rejoins() { ps_sync_host_lost_rejoins 1; }
 # started again once it reaches every host, is taken in: the bits of a job that lost nobody.
 case_ps_sync_newcomer_unreachable() {
   local pid reference h chief
-  # Long enough for a failed grow and a take-in (3 times elastic_job's examples).
+  # Long enough for a failed grow and a take-in (3 times elastic_job's steps, each micro-batch at
+  # most every 5 ms: at least 10 s after the loss on any machine).
   local long_job=(--layers "8,512,512,10" --examples 98304 --epochs 2 --quiet)
   reference="$("${mirrored}" --replicas 4 "${long_job[@]}" | awk '$1 == 4 { print $5 }')"
-  local program=("${parameter_server}" --consistency sync --micro-batches 8 "${long_job[@]}")
+  local program=("${parameter_server}" --consistency sync --micro-batches 8 "${long_job[@]}"
+                 --input-ms 5)
   local elastic=(COHORT_MIN_WORKERS=3 COHORT_SECRET=ps-sync-hosts)
   start_ps_hosts "${elastic[@]}" -- "${program[@]}"
   chief="${started[0]}"
