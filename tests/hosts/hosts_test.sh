@@ -384,6 +384,18 @@ elastic_bits4="$("${mirrored}" --replicas 4 "${elastic_job[@]}" | awk '$1 == 4 {
 # lands in its middle, and a process started again after it finds the job still running.
 paced=(--input-ms 10)
 
+# lines_at_least COUNT PATTERN FILE...: waits until the files have COUNT lines matching PATTERN
+# in all (30 s at most); fails if they do not.
+lines_at_least() {
+  local count="$1" pattern="$2" waited=0
+  shift 2
+  until (($(cat "$@" 2>/dev/null | grep -c "${pattern}") >= count)); do
+    ((waited < 300)) || return 1
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+}
+
 # logged OUT PATTERN: waits until process OUT's output has a line matching PATTERN (30 s at most),
 # and prints the match.
 logged() {
@@ -398,12 +410,7 @@ logged() {
 # Waits until $1 processes of the case said where they listen (30 s at most), then 1 s more: the
 # job is training.
 wait_until_training() {
-  local waited=0
-  while (($(cat "${started[@]/%/.out}" 2>/dev/null | grep -c "listening on") < $1)); do
-    sleep 0.1
-    waited=$((waited + 1))
-    ((waited < 300)) || break
-  done
+  lines_at_least "$1" "listening on" "${started[@]/%/.out}" || true
   sleep 1
 }
 
@@ -464,13 +471,11 @@ went_on_without_rank_3() {
 }
 
 case_elastic_host_lost() {  # an elastic job of 4 hosts, one cut off for good: the others go on
-  local reference
-  reference="${elastic_bits4}"
   COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}" "${paced[@]}"
   ip link set "$(hosts_link 4)" down
   finish 120
   ip link set "$(hosts_link 4)" up
-  went_on_without_rank_3 "${reference}" "${started[@]:0:3}"
+  went_on_without_rank_3 "${elastic_bits4}" "${started[@]:0:3}"
   # The host cut off finds nobody at the roll call, and stops below min_workers.
   [[ "$(status_of "${started[3]}")" != 0 ]] || fail "the host cut off succeeded"
   grep -q "regroup: 1 of 4 ranks answer" "${started[3]}.out" ||
@@ -478,8 +483,7 @@ case_elastic_host_lost() {  # an elastic job of 4 hosts, one cut off for good: t
 }
 
 case_elastic_by_host_lost() {  # 2 hosts of 2 workers by host: rank 3 killed at a random point
-  local reference rank pid
-  reference="${elastic_bits4}"
+  local rank pid
   for rank in 0 1 2 3; do
     on $((rank / 2 + 1)) COHORT_RANK="${rank}" COHORT_WORLD_SIZE=4 "COHORT_MASTER_ADDR=${net}.1" \
       COHORT_MASTER_PORT=29500 COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 COHORT_SHARE_UPDATE_FROM=0 \
@@ -496,19 +500,18 @@ case_elastic_by_host_lost() {  # 2 hosts of 2 workers by host: rank 3 killed at 
   finish 120
   grep -q "the 2 worker processes of each of 2 hosts all-reduce through shared memory" \
     "${started[0]}.out" || fail "the chief does not say that the 4 workers went by host"
-  went_on_without_rank_3 "${reference}" "${started[@]:0:3}"
+  went_on_without_rank_3 "${elastic_bits4}" "${started[@]:0:3}"
 }
 
 case_elastic_host_rejoins() {  # an elastic job of 4 hosts: host 4's worker killed, started again
-  local reference pid
-  reference="${elastic_bits4}"
+  local pid
   COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}" "${paced[@]}"
   for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
   # The same command on the same host, as a pod's restart policy would start it.
   on 4 COHORT_RANK=3 COHORT_WORLD_SIZE=4 COHORT_MASTER_ADDR=${net}.1 COHORT_MASTER_PORT=29500 \
     COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   finish 120
-  went_on_without_rank_3 "${reference}" "${started[@]:0:3}" "${started[4]}"
+  went_on_without_rank_3 "${elastic_bits4}" "${started[@]:0:3}" "${started[4]}"
   grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${started[0]}.out" ||
     fail "the chief does not say the job took a worker back"
   grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||
@@ -519,8 +522,7 @@ case_elastic_host_rejoins() {  # an elastic job of 4 hosts: host 4's worker kill
 # master pod's service name, MASTER_PORT), with COHORT_MIN_WORKERS in the pods' environment: the
 # pod of rank 3 fails, and its controller starts it again with the same variables.
 case_elastic_pytorchjob_rejoins() {
-  local reference pid h
-  reference="${elastic_bits4}"
+  local pid h
   local pod=(WORLD_SIZE=4 MASTER_ADDR=h1 MASTER_PORT=23456 COHORT_MIN_WORKERS=3 COHORT_TIMEOUT=4)
   for h in 1 2 3 4; do
     on "${h}" RANK=$((h - 1)) "${pod[@]}" -- "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
@@ -529,7 +531,7 @@ case_elastic_pytorchjob_rejoins() {
   for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
   on 4 RANK=3 "${pod[@]}" -- "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   finish 120
-  went_on_without_rank_3 "${reference}" "${started[@]:0:3}" "${started[4]}"
+  went_on_without_rank_3 "${elastic_bits4}" "${started[@]:0:3}" "${started[4]}"
   grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${started[0]}.out" ||
     fail "the chief does not say the job took the pod started again back"
   grep -q "from torchrun variables" "${started[4]}.out" ||
@@ -542,8 +544,7 @@ case_elastic_pytorchjob_rejoins() {
 # COHORT_MASTER_PORT=29500 COHORT_JOB_ID=$SLURM_JOB_ID COHORT_MIN_WORKERS=3 ./train (the variables
 # srun gives that task beside them: a step of one task).
 case_elastic_slurm_replacement() {
-  local reference pid h
-  reference="${elastic_bits4}"
+  local pid h
   local allocation=(SLURM_JOB_ID=77 SLURM_JOB_NODELIST='h[1-4]' COHORT_TIMEOUT=4)
   for h in 1 2 3 4; do
     on "${h}" SLURM_PROCID=$((h - 1)) SLURM_NTASKS=4 SLURM_LOCALID=0 SLURM_NODEID=$((h - 1)) \
@@ -557,7 +558,7 @@ case_elastic_slurm_replacement() {
     COHORT_MASTER_ADDR=h1 COHORT_MASTER_PORT=29500 COHORT_JOB_ID=77 COHORT_MIN_WORKERS=3 -- \
     "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   finish 120
-  went_on_without_rank_3 "${reference}" "${started[@]:0:3}" "${started[4]}"
+  went_on_without_rank_3 "${elastic_bits4}" "${started[@]:0:3}" "${started[4]}"
   grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${started[0]}.out" ||
     fail "the chief does not say the job took the replacement in"
   grep -q "cohort: rank 3 joined the job of 4 workers at step " "${started[4]}.out" ||
@@ -596,8 +597,7 @@ took_rank_0_back() {
 # so; a process started again on host 1 with rank 0's variables, COHORT_JOIN=1 and the job's hosts
 # (COHORT_HOSTS) finds it there by itself, to the same bits.
 case_elastic_chief_lost_across_hosts() {
-  local reference pid
-  reference="${elastic_bits4}"
+  local pid
   COHORT_MIN_WORKERS=3 start_partition_job 4 "${elastic_job[@]}" "${paced[@]}"
   for pid in $(ip netns pids "$(namespace 1)"); do kill -9 "${pid}"; done
   logged "${started[1]}" "its door is at ${net}.2:29500 from now on" >/dev/null ||
@@ -606,7 +606,7 @@ case_elastic_chief_lost_across_hosts() {
     COHORT_MASTER_PORT=29500 COHORT_HOSTS=h1,h2,h3,h4 COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3 -- \
     "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   finish 120
-  took_rank_0_back "${reference}"
+  took_rank_0_back "${elastic_bits4}"
 }
 
 # chief_started_again_under_tf_config HOST FAULT WHEN JOB...: 4 hosts of one worker under
@@ -667,7 +667,7 @@ case_elastic_chief_pod_restarts() {
 # when the state begins to travel. The two left regroup again and go on to the same bits.
 case_elastic_lost_while_state_travels() {
   local wide_job=(--layers "8,512,512,10" --examples 4096 --epochs 1)
-  local reference pid waited=0
+  local reference pid
   reference="$("${mirrored}" --replicas 4 "${wide_job[@]}" --quiet | awk '$1 == 4 { print $5 }')"
   if ! hosts_shape 20mbit; then
     hosts_unshape 2>/dev/null
@@ -677,10 +677,8 @@ case_elastic_lost_while_state_travels() {
   COHORT_MIN_WORKERS=2 start_partition_job 8 "${wide_job[@]}" --log-every 1
   logged "${started[0]}" "step 1/16" >/dev/null || fail "the chief did not report its first step"
   for pid in $(ip netns pids "$(namespace 4)"); do kill -9 "${pid}"; done
-  until (($(grep -c "is local rank" "${started[1]}.out") >= 2)) || ((waited >= 300)); do
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  lines_at_least 2 "is local rank" "${started[1]}.out" ||
+    fail "rank 1 did not meet the workers left"
   sleep 0.2
   for pid in $(ip netns pids "$(namespace 3)"); do kill -9 "${pid}"; done
   finish 120
@@ -695,8 +693,7 @@ case_elastic_lost_while_state_travels() {
 }
 
 case_elastic_chief_rejoins() {  # 2 hosts of 2 workers: rank 0 killed, started again on its host
-  local reference rank pid
-  reference="${elastic_bits4}"
+  local rank pid
   local elastic=(COHORT_WORLD_SIZE=4 "COHORT_MASTER_ADDR=${net}.1" COHORT_MASTER_PORT=29500
                  COHORT_TIMEOUT=4 COHORT_MIN_WORKERS=3)
   for rank in 0 1 2 3; do
@@ -711,7 +708,7 @@ case_elastic_chief_rejoins() {  # 2 hosts of 2 workers: rank 0 killed, started a
   on 1 COHORT_JOIN=1 COHORT_RANK=0 "${elastic[@]}" -- \
     "${multi_worker}" "${elastic_job[@]}" "${paced[@]}"
   finish 120
-  took_rank_0_back "${reference}"
+  took_rank_0_back "${elastic_bits4}"
   # Rank 1, on rank 0's host, is the chief now, and keeps the job's door at the master address.
   grep -q "cohort: rank 0: keeps the job's door at ${net}.1:29500, where its first rank 0 was" \
     "${started[1]}.out" || fail "the next chief does not keep the door at the master address"
@@ -778,8 +775,7 @@ case_ps_worker_pod_restarts() {
 # chief's, is cut, the next chief opens the door at the job's rendezvous port of its own host,
 # where the chief's pod looks among the job's hosts.
 ps_sync_host_lost_rejoins() {
-  local pid reference lost=$1 chief
-  reference="${elastic_bits4}"
+  local pid lost=$1 chief
   local program=("${parameter_server}" --consistency sync --micro-batches 8 "${elastic_job[@]}"
                  "${paced[@]}")
   local elastic=(COHORT_MIN_WORKERS=3 COHORT_SECRET=ps-sync-hosts COHORT_TIMEOUT=4)
@@ -797,7 +793,7 @@ ps_sync_host_lost_rejoins() {
   for out in "${started[@]:0:6}"; do [[ "${out}" == "${started[lost - 1]}" ]] || kept+=("${out}"); done
   # The chief's fingerprint: succeeded_with reads the first process's output.
   started=("${chief}" "${kept[@]}" "${started[6]}")
-  succeeded_with "${reference}" "${started[@]}"
+  succeeded_with "${elastic_bits4}" "${started[@]}"
   grep -q "cohort: workers 3 -> 4 at step .*(1 joined)" "${chief}.out" ||
     fail "the chief does not say the job took the worker started again in"
 }
