@@ -1,6 +1,6 @@
 // The buckets in which replicas communicate a gradient while the backward pass goes on
 // (strategy/detail/gradient_buckets.hpp): the mirrored replicas' fixed pieces and a parameter
-// server's chunks.
+// server's chunks, and their size.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 
 namespace {
 
+using cohort::strategy::detail::BucketSize;
 using cohort::strategy::detail::GradientBuckets;
 
 struct Started {
@@ -106,4 +107,22 @@ TEST_CASE("a bucket waits for every bucket before it, even when it is final firs
   buckets.ready(9, 10, record);  // both, in order
   CHECK(started == std::vector<std::pair<std::size_t, std::size_t>>{{6, 10}, {0, 6}});
   CHECK(buckets.complete());
+}
+
+TEST_CASE("a bucket keeps its bytes up to `most` buckets, and grows past them to keep the count") {
+  const BucketSize size{.bytes = 256, .most = 4};
+  CHECK(size.elements(0, sizeof(float)) == 64);
+  CHECK(size.elements(256, sizeof(float)) == 64);  // 4 buckets of 64
+  CHECK(size.elements(257, sizeof(float)) == 65);  // 4 buckets, the first of 62
+  CHECK(size.elements(1000, sizeof(float)) == 250);
+  CHECK(size.elements(1001, sizeof(double)) == 251);
+  GradientBuckets buckets;
+  buckets.begin(1001, size.elements(1001, sizeof(float)));
+  const std::vector<Started> started = feed(buckets, 1001, 1001, {0});
+  CHECK(started == std::vector<Started>{{0, 750, 1001}, {1, 499, 750}, {2, 248, 499}, {3, 0, 248}});
+  // Unbounded (a size the program chose): the bytes alone; neither: one bucket; at least one
+  // element.
+  CHECK(BucketSize{.bytes = 256}.elements(1'000'000, sizeof(float)) == 64);
+  CHECK(BucketSize{}.elements(1'000'000, sizeof(float)) >= 1'000'000);
+  CHECK(BucketSize{.bytes = 1}.elements(10, sizeof(float)) == 1);
 }

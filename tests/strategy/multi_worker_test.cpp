@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -786,8 +787,12 @@ TEST_CASE("a transport of the user's standing in for TCP trains 2 workers to Mir
   CHECK(CountingTcp::sent.load() > 0);
 }
 
-TEST_CASE("the default bucket grows with the workers past 8, 32 KiB a worker") {
+TEST_CASE(
+    "the default bucket grows with the workers past 8, 32 KiB a worker, and with the "
+    "gradient past 64 buckets") {
   using Strategy = cohort::strategy::MultiWorkerMirrored<>;
+  using cohort::strategy::detail::BucketSize;
+  constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
   CHECK(Strategy::default_bucket_bytes(2) == 256 * 1024);
   CHECK(Strategy::default_bucket_bytes(8) == 256 * 1024);
   CHECK(Strategy::default_bucket_bytes(10) == 320 * 1024);
@@ -796,7 +801,7 @@ TEST_CASE("the default bucket grows with the workers past 8, 32 KiB a worker") {
   constexpr int kWorkers = 10;
   const int port = cohort::testing::free_port();
   const int set_port = cohort::testing::free_port();
-  std::vector<std::size_t> buckets(kWorkers), set_buckets(kWorkers);
+  std::vector<BucketSize> buckets(kWorkers), set_buckets(kWorkers);
   std::vector<std::string> errors(kWorkers);
   std::vector<std::thread> workers;
   for (int rank = 0; rank < kWorkers; ++rank) {
@@ -811,11 +816,11 @@ TEST_CASE("the default bucket grows with the workers past 8, 32 KiB a worker") {
                                   .connect_timeout = 60s,
                                   .timeout = 60s};
         options.shared_memory = false;
-        buckets[at] = Strategy(options).bucket_bytes();
+        buckets[at] = Strategy(options).bucket();
         options.cluster.master_port = set_port;
         options.cluster.job_id = "buckets set";
         options.bucket_bytes = 64 * 1024;
-        set_buckets[at] = Strategy(options).bucket_bytes();
+        set_buckets[at] = Strategy(options).bucket();
       } catch (const std::exception& error) {
         errors[at] = error.what();
       }
@@ -826,7 +831,7 @@ TEST_CASE("the default bucket grows with the workers past 8, 32 KiB a worker") {
     CAPTURE(rank);
     const auto at = static_cast<std::size_t>(rank);
     CHECK(errors[at] == "");
-    CHECK(buckets[at] == 320 * 1024);
-    CHECK(set_buckets[at] == 64 * 1024);
+    CHECK(buckets[at] == BucketSize{.bytes = 320 * 1024, .most = Strategy::kMostBuckets});
+    CHECK(set_buckets[at] == BucketSize{.bytes = 64 * 1024, .most = kUnbounded});
   }
 }

@@ -80,7 +80,7 @@ TEST_CASE("a replica summing in bfloat16 refuses a model of double values, namin
   cohort::collective::Local local({.ranks = 1});
   cohort::strategy::detail::MirroredReplica<cohort::collective::LocalCommunicator> replica(
       0, local.communicator(0), {},
-      {.bucket_bytes = 64, .gradient_sum = cohort::ReduceOp::kSumBfloat16});
+      {.bucket = {.bytes = 64}, .gradient_sum = cohort::ReduceOp::kSumBfloat16});
   CHECK_NOTHROW((void)replica.gradient_sum_storage<float>(8));
   try {
     (void)replica.gradient_sum_storage<double>(8);

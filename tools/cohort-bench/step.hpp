@@ -76,7 +76,7 @@ struct StepRun {
   std::size_t replicas = 1;
   int steps = 0;
   int warmup_steps = 0;
-  std::size_t bucket_bytes = 0;
+  std::optional<strategy::detail::BucketSize> bucket;  // the strategy's; none for Mirrored
   double backward_us = 0;
   int layers = 1;
   std::string launcher;
@@ -91,10 +91,13 @@ inline std::string format_step_header(const StepRun& run) {
          std::to_string(run.local_replicas) + " local), float parameters, sgd\n";
   out += "# steps: " + std::to_string(run.steps) + " timed after " +
          std::to_string(run.warmup_steps) + " warm-up" +
-         (run.bucket_bytes == 0 ? ""
-          : run.bucket_bytes == std::numeric_limits<std::size_t>::max()
+         (!run.bucket ? ""
+          : *run.bucket == strategy::detail::BucketSize{}
               ? ", one bucket (the whole gradient, after the backward pass)"
-              : ", bucket_bytes " + std::to_string(run.bucket_bytes)) +
+              : ", bucket_bytes " + std::to_string(run.bucket->bytes) +
+                    (run.bucket->most == std::numeric_limits<std::size_t>::max()
+                         ? ""
+                         : ", at most " + std::to_string(run.bucket->most) + " buckets")) +
          "; synthetic backward " + detail::format("%.0f", run.backward_us) + " us in " +
          std::to_string(run.layers) + " layers; launched by " + run.launcher + "\n";
   out +=
@@ -139,7 +142,10 @@ inline nlohmann::json to_json(const StepRun& run, const std::vector<StepRow>& ro
   j["replicas"] = run.replicas;
   j["steps"] = run.steps;
   j["warmup_steps"] = run.warmup_steps;
-  j["bucket_bytes"] = run.bucket_bytes;
+  j["bucket_bytes"] = run.bucket ? nlohmann::json(run.bucket->bytes) : nlohmann::json(0);
+  j["most_buckets"] = run.bucket && run.bucket->most != std::numeric_limits<std::size_t>::max()
+                          ? nlohmann::json(run.bucket->most)
+                          : nlohmann::json(nullptr);
   j["backward_us"] = run.backward_us;
   j["layers"] = run.layers;
   j["launcher"] = run.launcher;
@@ -329,7 +335,7 @@ inline int step_mirrored(const StepSettings& s, const Context& context) {
               .replicas = static_cast<std::size_t>(replicas),
               .steps = s.steps,
               .warmup_steps = s.warmup_steps,
-              .bucket_bytes = 0,
+              .bucket = std::nullopt,
               .backward_us = s.backward_us,
               .layers = s.layers,
               .launcher = "cohort-bench (threads of one process)",
@@ -392,6 +398,7 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
               .replicas = static_cast<std::size_t>(spec.size) * s.local_replicas,
               .steps = s.steps,
               .warmup_steps = s.warmup_steps,
+              .bucket = std::nullopt,
               .backward_us = s.backward_us,
               .layers = s.layers,
               .launcher = launcher_of(spec),
@@ -422,7 +429,7 @@ inline int step_multi_worker(const StepSettings& s, const Context& context) {
                                             .cluster = {.job_id = job + "-strategy"},
                                             .timeout = timeout,
                                             .bucket_bytes = bucket_bytes});
-  run.bucket_bytes = strategy.bucket_bytes();
+  run.bucket = strategy.bucket();
   if (printer) print(format_step_header(run));
   std::vector<StepRow> rows;
   for (std::size_t i = 0; i < s.parameters.size(); ++i) {

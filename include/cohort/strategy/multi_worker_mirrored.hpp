@@ -48,7 +48,8 @@
 //                    (core/model.hpp, gradient readiness), while the backward pass goes on.
 //                    Unset: default_bucket_bytes (256 KiB up to 8 workers, measured against
 //                    64 KiB to 16 MiB: docs/benchmarks.md, "Bucket size"; 32 KiB a worker from 9),
-//                    except where the workers share memory and their replica threads have every
+//                    or a kMostBuckets-th of a gradient larger than kMostBuckets of those, except
+//                    where the workers share memory and their replica threads have every
 //                    CPU: then the whole gradient, once the backward pass ends (share_host_memory
 //                    below)
 //   communication_priority
@@ -111,7 +112,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -191,6 +191,11 @@ class MultiWorkerMirrored {
   static constexpr std::size_t default_bucket_bytes(int workers) {
     return std::max(kBucketBytes, static_cast<std::size_t>(workers) * kLeastChunkBytes);
   }
+  // The most buckets a gradient is cut into where Options::bucket_bytes is unset. 2 workers over
+  // TCP trained the MLP of 20M parameters (80 MB of gradient) 1.2x as fast in buckets of 1 to
+  // 4 MiB as in 306 of 256 KiB (docs/benchmarks.md, "Bucket size"); a smaller model, up to 16 MiB
+  // of gradient, keeps default_bucket_bytes.
+  static constexpr std::size_t kMostBuckets = 64;
 
   struct Options {
     std::size_t local_replicas = 1;
@@ -274,9 +279,9 @@ class MultiWorkerMirrored {
   // strategy::ChoosesGradientSum: the wire's (collective/wire.hpp).
   ReduceOp gradient_sum_op() const { return collective::gradient_sum(options().wire); }
   // The unit in which the replicas all-reduce the gradient while the backward pass goes on:
-  // Options::bucket_bytes, default_bucket_bytes, or SIZE_MAX (one bucket after the backward pass:
-  // share_host_memory).
-  std::size_t bucket_bytes() const { return bucket_bytes_; }
+  // Options::bucket_bytes; default_bucket_bytes, or a kMostBuckets-th of a larger gradient; or
+  // one bucket after the backward pass (share_host_memory).
+  detail::BucketSize bucket() const { return bucket_; }
 
   using Replica = detail::MirroredReplica<Communicator>;
 
@@ -412,9 +417,9 @@ class MultiWorkerMirrored {
         [&](std::size_t local_index) {
           return Replica(first_local_replica() + local_index,
                          Communicator(local.communicator(static_cast<int>(local_index)), *cross_,
-                                      *thread_, configured_bucket_bytes()),
+                                      *thread_, configured_bucket().bytes),
                          {},
-                         {.bucket_bytes = bucket_bytes_,
+                         {.bucket = bucket_,
                           .kept = options().elastic.enabled() ? &kept_ : nullptr,
                           .gradient_sum = gradient_sum_op(),
                           .share_update_from = share_update_from()});
@@ -465,7 +470,7 @@ class MultiWorkerMirrored {
     thread_ = process_.start_communication_thread();
     process_.learn_local_ranks(*cross_, cluster().rank, 0);
     require_same_share_update_from();
-    bucket_bytes_ = configured_bucket_bytes();
+    bucket_ = configured_bucket();
     if (const int rank = share_host_memory(reorders); rank >= 0) {
       adopt(renumbered(rank));
       return;
@@ -572,24 +577,29 @@ class MultiWorkerMirrored {
     const std::size_t replica_threads = replicas();
     const bool overlap =
         options().bucket_bytes.has_value() || static_cast<std::size_t>(cpus) > replica_threads;
-    if (!overlap) bucket_bytes_ = std::numeric_limits<std::size_t>::max();
+    if (!overlap) bucket_ = {};
     if (spec.rank != 0) return;
-    const std::string when = overlap ? "in buckets of " + std::to_string(bucket_bytes_) +
-                                           " bytes during the backward pass"
-                                     : "the whole gradient once the backward pass ends";
+    const std::string when =
+        overlap ? "in buckets of " + std::to_string(bucket_.bytes) + " bytes" +
+                      (bucket_.most == kMostBuckets
+                           ? ", at most " + std::to_string(kMostBuckets) + " buckets,"
+                           : "") +
+                      " during the backward pass"
+                : "the whole gradient once the backward pass ends";
     std::fprintf(stderr,
                  "cohort: the %d worker processes of this host all-reduce through shared "
                  "memory, %s (%zu replica threads, %d CPUs)\n",
                  spec.size, when.c_str(), replica_threads, cpus);
   }
 
-  std::size_t configured_bucket_bytes() const {
-    return options().bucket_bytes.value_or(default_bucket_bytes(cluster().size));
+  detail::BucketSize configured_bucket() const {
+    if (const auto chosen = options().bucket_bytes) return {.bytes = *chosen};
+    return {.bytes = default_bucket_bytes(cluster().size), .most = kMostBuckets};
   }
 
   detail::WorkerProcess<Options> process_;
   // The replicas' buckets: share_host_memory may make them one.
-  std::size_t bucket_bytes_ = configured_bucket_bytes();
+  detail::BucketSize bucket_ = configured_bucket();
   std::unique_ptr<Cross> cross_;
   std::unique_ptr<collective::CommunicationThread> thread_;  // after cross_: stopped before it
   std::vector<std::size_t> local_leaf_counts_;               // use_deal; empty: one each

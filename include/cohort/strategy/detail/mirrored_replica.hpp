@@ -14,7 +14,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <limits>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -52,7 +51,7 @@ class MirroredReplica {
   struct Settings {
     // The unit in which the gradient is reduced while the backward pass goes on (the default, one
     // bucket: the whole gradient once it is final).
-    std::size_t bucket_bytes = std::numeric_limits<std::size_t>::max();
+    BucketSize bucket{};
     // An elastic job's (kept_stripes.hpp), where a sharded update (below) also keeps the state,
     // this worker's stripes in shared memory every KeptStripes::kEvery steps or a copy of the
     // whole over TCP as often as 1% of the step time allows (keep_schedule.hpp), so that a worker
@@ -72,7 +71,7 @@ class MirroredReplica {
       : index_(index),
         communicator_(std::move(communicator)),
         place_(place),
-        bucket_bytes_(settings.bucket_bytes),
+        bucket_(settings.bucket),
         kept_(settings.kept),
         gradient_sum_(settings.gradient_sum),
         share_update_from_(settings.share_update_from) {}
@@ -146,7 +145,8 @@ class MirroredReplica {
 
   template <class T, class O>
   void begin_step(Update<T, O>& update) {
-    buckets_.begin(update.gradient_sum.size(), std::max<std::size_t>(1, bucket_bytes_ / sizeof(T)));
+    buckets_.begin(update.gradient_sum.size(),
+                   bucket_.elements(update.gradient_sum.size(), sizeof(T)));
     pending_.clear();
     if constexpr (kReducesToOwners<T, O>) {
       owned_.begin_step(shares_owned<T>(update.gradient_sum.size()));
@@ -467,7 +467,7 @@ class MirroredReplica {
   std::size_t index_;
   Communicator communicator_;
   [[no_unique_address]] Place place_;
-  std::size_t bucket_bytes_;
+  BucketSize bucket_;
   KeptStripes* kept_;
   ReduceOp gradient_sum_;
   ShareFrom share_update_from_;
