@@ -250,7 +250,7 @@ TEST_CASE("after a rank fails, the others get --wait-s to end by themselves befo
   INFO(errors);
   CHECK(exit_status(status) == 3);
   CHECK(contains(errors,
-                 "rank 0 exited with status 3; the other rank gets 25 s to end by themselves, "
+                 "rank 0 exited with status 3; the other rank gets 25 s to end by itself, "
                  "then SIGTERM"));
   CHECK(slept(directory.path, 1));
   CHECK_FALSE(contains(errors, "SIGTERM,"));

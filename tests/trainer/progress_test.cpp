@@ -24,7 +24,9 @@ TEST_CASE("the fit summary names the straggler by worker, rank and replica") {
         "2.00 s on average)");
 }
 
-TEST_CASE("the fit summary says no straggler where the waits differ by less than 5% of the time") {
+TEST_CASE(
+    "the fit summary says no straggler where the waits differ by less than 5% of the time "
+    "or than 0.01 s") {
   // The case that named someone before: 0.23 s waited against 0.25 s, 5 s of compute.
   const std::vector<double> times = {5, 0.25, 5, 0.23};
   CHECK(cohort::fit_summary(times, 50, worker_and_rank) ==
@@ -36,6 +38,11 @@ TEST_CASE("the fit summary says no straggler where the waits differ by less than
             .ends_with("; no straggler (every replica "
                        "waited 0.07 to 0.07 s at "
                        "synchronization)"));
+  // A fit too short for its waits to show: 3 ms apart is more than 5% of 20 ms, but it would read
+  // "it waited 0.00 s, the others 0.00 s".
+  const std::vector<double> short_fit = {0.02, 0.004, 0.02, 0.001};
+  CHECK(cohort::fit_summary(short_fit, 10, worker_and_rank)
+            .ends_with("; no straggler (every replica waited 0.00 to 0.00 s at synchronization)"));
 }
 
 TEST_CASE("the fit summary of one replica names nobody") {

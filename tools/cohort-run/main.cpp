@@ -661,9 +661,10 @@ class Launch {
       stopped_by_ = who(rank);
       std::string line = who(rank) + " " + describe_status(status);
       if (running() > 0) {
-        line += running() == 1 ? "; the other rank gets "
-                               : "; the " + std::to_string(running()) + " other ranks get ";
-        line += format_seconds(options_.wait_s) + " s to end by themselves, then SIGTERM";
+        const std::string wait = format_seconds(options_.wait_s) + " s to end by ";
+        line += running() == 1 ? "; the other rank gets " + wait + "itself, then SIGTERM"
+                               : "; the " + std::to_string(running()) + " other ranks get " + wait +
+                                     "themselves, then SIGTERM";
       }
       say(line);
       stop_after_wait();

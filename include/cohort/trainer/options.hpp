@@ -21,7 +21,9 @@ namespace cohort {
 
 // Trainer::Options.
 //   global_batch   examples per step, over all replicas (>= micro_batches)
-//   micro_batches  pieces of each global batch; the unit of work and of the reduction tree
+//   micro_batches  pieces of each global batch; the unit of work and of the reduction tree (one
+//                  that does not divide global_batch makes pieces that differ by one example:
+//                  core/sharding.hpp)
 //   seed           defines every epoch's example order
 //   log_every      steps between progress lines on the chief (0: only at the end of epochs and
 //                  of the fit)

@@ -45,8 +45,11 @@ struct StepTimes {
 // replica 2"). The straggler is the replica that waited least at synchronization, since the
 // others waited for it; it is named only where that cost the others something: where their mean
 // wait exceeds its own by at least kStragglerShare of a replica's mean time (compute and
-// synchronization). Otherwise waits that differ by noise would always name someone.
+// synchronization), and by kStragglerLeastSeconds, a difference the line's hundredths of a second
+// show. Otherwise waits that differ by noise would always name someone, in a fit of a small
+// model as "it waited 0.00 s, the others 0.00 s".
 inline constexpr double kStragglerShare = 0.05;
+inline constexpr double kStragglerLeastSeconds = 0.01;
 
 template <class NameOf>
 std::string fit_summary(const std::vector<double>& per_replica, std::uint64_t steps,
@@ -73,7 +76,8 @@ std::string fit_summary(const std::vector<double>& per_replica, std::uint64_t st
   if (replicas == 1) return summary;
   const double waited = per_replica[2 * straggler + 1];
   const double others_waited = (communication - waited) / (n - 1);
-  if (others_waited - waited < kStragglerShare * (compute + communication) / n) {
+  if (others_waited - waited <
+      std::max(kStragglerShare * (compute + communication) / n, kStragglerLeastSeconds)) {
     std::snprintf(line, sizeof line,
                   "; no straggler (every replica waited %.2f to %.2f s at synchronization)", waited,
                   most);

@@ -26,8 +26,9 @@
 // A model that draws random numbers (dropout) draws them from its micro-batch's own stream
 // (core/micro_batch.hpp), so that they too are the same wherever the micro-batch is computed.
 // Nothing in this depends on how many replicas there are, so for a fixed seed and micro_batches
-// the parameters are the same bits for any replica count whose split is valid (micro_batches /
-// replicas a power of two), for every synchronous strategy, and after save and restore.
+// the parameters are the same bits for any replica count up to micro_batches (a count that does
+// not divide them is dealt micro-batches as the tree allows: core/sharding.hpp, Deal), for every
+// synchronous strategy, and after save and restore.
 //
 // Devices: the step runs on the strategy's device (strategy::DeviceOf<S>: device::Cpu unless the
 // strategy names another, as Mirrored<device::Cuda, collective::Nccl> does). Each local replica's
