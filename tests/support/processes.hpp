@@ -157,6 +157,24 @@ inline std::vector<std::string> shared_memory_segments() {
   return names;
 }
 
+// The segments in /dev/shm now that were not in `before` (shared_memory_segments()), once the
+// segments of jobs still starting have gone, waiting up to `settle`: a creator unlinks its
+// segment as soon as every rank has mapped it, so a test beside others (ctest -j) sees theirs for
+// moments, and one still there after `settle` was left behind.
+inline std::vector<std::string> segments_left_since(
+    const std::vector<std::string>& before,
+    std::chrono::milliseconds settle = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + settle;
+  for (;;) {
+    std::vector<std::string> left;
+    const std::vector<std::string> now = shared_memory_segments();
+    std::set_difference(now.begin(), now.end(), before.begin(), before.end(),
+                        std::back_inserter(left));
+    if (left.empty() || std::chrono::steady_clock::now() >= deadline) return left;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 // The child of `parent` (a launcher's rank) whose environment holds every one of `entries`
 // ("COHORT_ROLE=ps", "COHORT_RANK=1").
 inline std::optional<pid_t> child_with(pid_t parent, const std::vector<std::string>& entries) {
