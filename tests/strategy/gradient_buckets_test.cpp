@@ -126,3 +126,11 @@ TEST_CASE("a bucket keeps its bytes up to `most` buckets, and grows past them to
   CHECK(BucketSize{}.elements(1'000'000, sizeof(float)) >= 1'000'000);
   CHECK(BucketSize{.bytes = 1}.elements(10, sizeof(float)) == 1);
 }
+
+TEST_CASE("a bucket size says in words how the gradient goes") {
+  CHECK(BucketSize{}.describe() == "the whole gradient once the backward pass ends");
+  CHECK(BucketSize{.bytes = 65536}.describe() ==
+        "in buckets of 65536 bytes during the backward pass");
+  CHECK(BucketSize{.bytes = 262144, .most = 64}.describe() ==
+        "in buckets of 262144 bytes, at most 64 of them, during the backward pass");
+}

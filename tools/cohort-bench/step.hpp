@@ -91,15 +91,9 @@ inline std::string format_step_header(const StepRun& run) {
          std::to_string(run.local_replicas) + " local), float parameters, sgd\n";
   out += "# steps: " + std::to_string(run.steps) + " timed after " +
          std::to_string(run.warmup_steps) + " warm-up" +
-         (!run.bucket ? ""
-          : *run.bucket == strategy::detail::BucketSize{}
-              ? ", one bucket (the whole gradient, after the backward pass)"
-              : ", bucket_bytes " + std::to_string(run.bucket->bytes) +
-                    (run.bucket->most == std::numeric_limits<std::size_t>::max()
-                         ? ""
-                         : ", at most " + std::to_string(run.bucket->most) + " buckets")) +
-         "; synthetic backward " + detail::format("%.0f", run.backward_us) + " us in " +
-         std::to_string(run.layers) + " layers; launched by " + run.launcher + "\n";
+         (run.bucket ? ", the gradient " + run.bucket->describe() : "") + "; synthetic backward " +
+         detail::format("%.0f", run.backward_us) + " us in " + std::to_string(run.layers) +
+         " layers; launched by " + run.launcher + "\n";
   out +=
       "# sync: finish_step without overlap (all-reduce + optimizer); exposed: finish_step after "
       "the backward that reports readiness; hidden: 1 - exposed / sync; step: backward + "

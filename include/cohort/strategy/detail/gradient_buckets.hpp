@@ -12,6 +12,7 @@
 #include <functional>
 #include <limits>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cohort/core/error.hpp"
@@ -31,6 +32,16 @@ struct BucketSize {
   std::size_t elements(std::size_t elements, std::size_t element_bytes) const {
     const std::size_t fixed = std::max<std::size_t>(1, bytes / element_bytes);
     return std::max(fixed, elements / most + (elements % most != 0 ? 1 : 0));
+  }
+
+  // In words, for the lines that say how a gradient goes: "the whole gradient once the backward
+  // pass ends", or "in buckets of N bytes, at most M of them, during the backward pass".
+  std::string describe() const {
+    constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
+    if (bytes == kUnbounded) return "the whole gradient once the backward pass ends";
+    return "in buckets of " + std::to_string(bytes) + " bytes" +
+           (most == kUnbounded ? "" : ", at most " + std::to_string(most) + " of them,") +
+           " during the backward pass";
   }
 
   bool operator==(const BucketSize&) const = default;
