@@ -7,8 +7,12 @@
 // its replica's thread has the worker's GPU current when the replica starts, another GPU having
 // been made current on that thread before (as by a program that used another GPU in between);
 // it starts and ends one fit, which the server serves. Exits 1 when the GPU was not current.
+// --elastic N: MultiWorkerMirrored's job goes on down to N workers (Options::elastic);
+// --input-ms N: each micro-batch reaches its replica at most every N ms (example::PacedData), so
+// that a fit lasts long enough to lose a worker in its middle on any GPU.
 //   multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N] [--connect-timeout-ms N]
-//                            [--local-replicas N] [--check-current-gpu]
+//                            [--local-replicas N] [--check-current-gpu] [--elastic N]
+//                            [--input-ms N]
 #include <chrono>
 #include <cohort/strategy/multi_worker_mirrored_cuda.hpp>
 #include <cohort/strategy/parameter_server_cuda.hpp>
@@ -16,16 +20,19 @@
 #include <string>
 #include <vector>
 
+#include "paced_data.hpp"
 #include "twin_training.hpp"
 
 namespace {
 
 template <class Strategy>
-int train(Strategy strategy, std::uint64_t steps, const char* out) {
+int train(Strategy strategy, std::uint64_t steps, const char* out,
+          std::chrono::milliseconds input_interval) {
   const bool chief = strategy.is_chief();
   auto trainer = cohort::test::make_twin_trainer<cohort::test::CudaTwin>(
       std::move(strategy), cohort::testing::test_optimizer<cohort::optimizer::Adam>());
-  trainer.fit(cohort::testing::small_task_data(), {.steps = steps});
+  trainer.fit(example::PacedData(cohort::testing::small_task_data(), input_interval),
+              {.steps = steps});
   if (chief) {
     cohort::testing::write_parameters(out, trainer.model().host_parameters());
   }
@@ -65,6 +72,8 @@ int main(int argc, char** argv) {
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(30);
   std::size_t local_replicas = 1;
+  std::size_t min_workers = 0;
+  std::chrono::milliseconds input_interval{0};
   std::vector<std::string> positional;
   for (std::size_t i = 0; i < arguments.size(); ++i) {
     if (arguments[i] == "ps") {
@@ -75,6 +84,10 @@ int main(int argc, char** argv) {
       connect_timeout = std::chrono::milliseconds(std::stoll(arguments[++i]));
     } else if (arguments[i] == "--local-replicas" && i + 1 < arguments.size()) {
       local_replicas = std::stoul(arguments[++i]);
+    } else if (arguments[i] == "--elastic" && i + 1 < arguments.size()) {
+      min_workers = std::stoul(arguments[++i]);
+    } else if (arguments[i] == "--input-ms" && i + 1 < arguments.size()) {
+      input_interval = std::chrono::milliseconds(std::stoll(arguments[++i]));
     } else if (arguments[i] == "--check-current-gpu") {
       check_gpu = true;
     } else {
@@ -84,7 +97,8 @@ int main(int argc, char** argv) {
   if (positional.size() != 2) {
     std::fprintf(stderr,
                  "usage: multi_worker_gpu_trainer STEPS OUT [ps] [--timeout-ms N] "
-                 "[--connect-timeout-ms N] [--local-replicas N] [--check-current-gpu]\n");
+                 "[--connect-timeout-ms N] [--local-replicas N] [--check-current-gpu] "
+                 "[--elastic N] [--input-ms N]\n");
     return 64;
   }
   try {
@@ -99,13 +113,14 @@ int main(int argc, char** argv) {
                     .alignment = 4096,
                     .chunk_bytes = 16 << 10});
       if (check_gpu && !strategy.serves()) return check_current_gpu(strategy);
-      return train(std::move(strategy), steps, out);
+      return train(std::move(strategy), steps, out, input_interval);
     }
     return train(cohort::strategy::MultiWorkerMirrored<cohort::device::Cuda>(
                      {.connect_timeout = connect_timeout,
                       .timeout = timeout,
-                      .local_replicas = local_replicas}),
-                 steps, out);
+                      .local_replicas = local_replicas,
+                      .elastic = {.min_workers = min_workers}}),
+                 steps, out, input_interval);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "error: %s\n", error.what());
     return 1;

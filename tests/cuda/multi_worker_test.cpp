@@ -39,12 +39,12 @@ using cohort::testing::TemporaryDirectory;
 constexpr std::uint64_t kSteps = 30;
 
 // The reference: Mirrored<> on the CPU with as many replicas (which Mirrored on as many GPUs
-// equals: mirrored_test.cpp).
-std::string mirrored_on_the_cpu(std::size_t replicas) {
+// equals: mirrored_test.cpp), after `steps`.
+std::string mirrored_on_the_cpu(std::size_t replicas, std::uint64_t steps = kSteps) {
   auto cpu = cohort::test::make_twin_trainer<cohort::test::CpuTwin>(
       cohort::strategy::Mirrored<>({.replicas = replicas}),
       cohort::testing::test_optimizer<cohort::optimizer::Adam>());
-  cpu.fit(cohort::testing::small_task_data(), {.steps = kSteps});
+  cpu.fit(cohort::testing::small_task_data(), {.steps = steps});
   return bytes_of(cpu.model().host_parameters());
 }
 
@@ -221,6 +221,43 @@ TEST_CASE(
   CHECK(log.find(" #") != std::string::npos);  // the operation's sequence number
   CHECK(log.find("timed out after 10000 ms") != std::string::npos);
   job.process(1).kill(SIGKILL);
+}
+
+TEST_CASE(
+    "elastic GPU workers: of 2, one SIGKILLed mid-fit; the other goes on at once without it and "
+    "ends with the bits of Mirrored<> on 2 CPU threads" *
+    cohort::test::gpu_only()) {
+  // Each micro-batch at most every 20 ms: a fit of at least 6 s on any GPU.
+  constexpr std::uint64_t kElasticSteps = 300;
+  TemporaryDirectory out("cohort-cuda-elastic-out");
+  const fs::path parameters = out.path / "parameters.bin";
+  // A collective's timeout far beyond the wait below: only the watch over the TCP mesh ends the
+  // survivor's NCCL wait in time.
+  GpuJob job({COHORT_GPU_TRAINER, std::to_string(kElasticSteps), parameters.string(), "--elastic",
+              "1", "--input-ms", "20", "--timeout-ms", "600000"},
+             0);
+  const auto announced = [&](std::size_t i) {
+    return job.log(i).find("GPU ") != std::string::npos;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!(announced(0) && announced(1)) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+  }
+  std::this_thread::sleep_for(2s);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CAPTURE(job.log(i));
+    REQUIRE_FALSE(job.process(i).wait(0ms).has_value());  // training under way
+  }
+  job.process(1).kill(SIGKILL);
+  const auto exit = job.process(0).wait(120s);
+  const std::string log = job.log(0);
+  CAPTURE(log);
+  REQUIRE(exit.has_value());
+  CHECK(exit->exited);
+  CHECK(exit->code == 0);
+  CHECK(log.find("workers 2 -> 1 at step") != std::string::npos);
+  CHECK(log.find("rank 1 lost") != std::string::npos);
+  CHECK(read_file(parameters) == mirrored_on_the_cpu(2, kElasticSteps));
 }
 
 TEST_CASE(

@@ -636,7 +636,7 @@ TEST_CASE(
 TEST_CASE(
     "a strategy whose job cannot go on without a lost worker refuses the variables that make a "
     "job elastic, naming the one set") {
-  // Mirrored's options, as MultiWorkerMirrored<device::Cuda>'s: no elastic field.
+  // Mirrored's options: no elastic field.
   using Options = cohort::strategy::Mirrored<>::Options;
   using cohort::strategy::detail::with_environment;
   const auto message = [](std::string name, std::string value) {
@@ -646,7 +646,7 @@ TEST_CASE(
   };
   const std::string refusal =
       "this strategy's job cannot go on without a lost worker (elastic jobs: "
-      "MultiWorkerMirrored<> and ParameterServer; not Mirrored, not GPU workers)";
+      "MultiWorkerMirrored and ParameterServer, on CPUs and GPUs; not Mirrored)";
   CHECK(message("COHORT_MIN_WORKERS", "3").starts_with("COHORT_MIN_WORKERS = \"3\": " + refusal));
   CHECK(message("COHORT_MAX_WORKERS", "8").starts_with("COHORT_MAX_WORKERS = \"8\": " + refusal));
   CHECK(message("COHORT_JOIN", "1").starts_with("COHORT_JOIN = \"1\": " + refusal));

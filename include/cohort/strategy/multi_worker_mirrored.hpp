@@ -113,7 +113,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <span>
 #include <string>
@@ -136,6 +135,7 @@
 #include "cohort/strategy/detail/mirrored_replica.hpp"
 #include "cohort/strategy/detail/replica_threads.hpp"
 #include "cohort/strategy/detail/tcp_options.hpp"
+#include "cohort/strategy/detail/worker_membership.hpp"
 #include "cohort/strategy/detail/worker_process.hpp"
 #include "cohort/strategy/strategy.hpp"
 #include "cohort/transport/tcp/regroup.hpp"
@@ -220,30 +220,13 @@ class MultiWorkerMirrored {
       options::require_positive("bucket_bytes", *this->options().bucket_bytes);
     }
     const cluster::Spec& spec = process_.spec();
-    // Refused before the rendezvous, on every process alike.
-    if (this->options().elastic.enabled() && !kRegroups) {
-      options::reject("elastic.min_workers", this->options().elastic.min_workers,
-                      "needs the TCP transport (transport::tcp::Tcp), whose ranks regroup");
-    }
-    if (this->options().elastic.joins_running_job && !this->options().elastic.enabled()) {
-      options::reject("elastic.joins_running_job", "true",
-                      "needs elastic.min_workers (COHORT_MIN_WORKERS): only an elastic job takes a "
-                      "process in");
-    }
-    if (this->options().elastic.min_workers > static_cast<std::size_t>(spec.size)) {
-      options::reject("elastic.min_workers", this->options().elastic.min_workers,
-                      "exceeds the " + std::to_string(spec.size) + " workers the job starts with");
-    }
+    detail::require_elastic_settings(this->options().elastic, spec.size, kRegroups);
     started_workers_ = static_cast<std::size_t>(spec.size);
     thread_ = process_.start_communication_thread();
     cross_ = std::make_unique<Cross>(
         process_.template connect<Transport>(spec.rank, spec.size, cluster::describe(spec)));
     if constexpr (kRegroups) {
-      // A job starts at epoch 0: a later one is the place a running job's door gave this process.
-      const transport::tcp::Tcp& mesh = cross_->transport();
-      joined_ = mesh.options().epoch > 0;
-      if (joined_) process_.regrouped(mesh.rank(), mesh.size());
-      door_.started(spec.rank == 0);
+      joined_ = detail::started_membership(cross_->transport(), process_, door_);
     }
     try {
       process_.learn_local_ranks(*cross_, cluster().rank, 0);
@@ -316,34 +299,10 @@ class MultiWorkerMirrored {
   // (another host going, a moment later) makes them call the roll again, from the new mesh.
   // Throws CommError below min_workers.
   [[gnu::cold]] MembershipChange regroup(const CommError& cause) requires kRegroups {
-    const int before = cluster().size;
-    std::fprintf(stderr, "cohort: rank %d: regrouping after: %s\n", cluster().rank, cause.what());
     keep_lost_stripes();  // also below min_workers, where this process saves what it kept
-    std::vector<int> members(static_cast<std::size_t>(before));  // by rank: its rank before
-    std::iota(members.begin(), members.end(), 0);
-    for (bool adopted = false; !adopted;) {
-      transport::tcp::Regrouped next = transport::tcp::regroup(
-          cross_->transport(), {.min_size = static_cast<int>(elastic().min_workers),
-                                .probe_timeout = elastic().probe_timeout});
-      std::vector<int> left;
-      for (const int rank : next.members) left.push_back(members[static_cast<std::size_t>(rank)]);
-      members = std::move(left);
-      door_.regrouped(members.front() == 0);
-      try {
-        adopt(std::move(next.transport));
-        adopted = true;
-      } catch (const CommError& lost) {
-        std::fprintf(stderr, "cohort: rank %d: regrouping again after: %s\n", cluster().rank,
-                     lost.what());
-      }
-    }
-    MembershipChange change{.workers_before = static_cast<std::size_t>(before),
-                            .workers_after = members.size(),
-                            .cause = cause.what()};
-    for (int rank = 0; rank < before; ++rank) {
-      if (std::ranges::find(members, rank) == members.end()) change.lost.push_back(rank);
-    }
-    return change;
+    return detail::regroup_workers(
+        cause, elastic(), door_, [this]() -> transport::tcp::Tcp& { return cross_->transport(); },
+        [this](transport::tcp::Tcp next) { adopt(std::move(next)); });
   }
 
   // strategy::KeepsStripes (detail/kept_stripes.hpp): after a regroup, whether this process's
@@ -386,14 +345,9 @@ class MultiWorkerMirrored {
   // Every process together, at the step boundary where the vote counted `joiners`: the mesh of
   // the next epoch, with them after the members (the chief tells them their places).
   [[gnu::cold]] MembershipChange admit(std::size_t joiners) requires kRegroups {
-    const auto before = static_cast<std::size_t>(cluster().size);
-    door_.welcome(joiners);
-    adopt(transport::tcp::grow(cross_->transport(), static_cast<int>(joiners),
-                               elastic().probe_timeout),
-          true);
-    return {.workers_before = before,
-            .workers_after = static_cast<std::size_t>(cluster().size),
-            .joined = joiners};
+    return detail::admit_workers(
+        joiners, elastic(), door_, cross_->transport(),
+        [this](transport::tcp::Tcp grown) { adopt(std::move(grown), true); });
   }
 
   // Whether this process joined a running job through its door, rather than starting with it:
@@ -579,17 +533,10 @@ class MultiWorkerMirrored {
         options().bucket_bytes.has_value() || static_cast<std::size_t>(cpus) > replica_threads;
     if (!overlap) bucket_ = {};
     if (spec.rank != 0) return;
-    const std::string when =
-        overlap ? "in buckets of " + std::to_string(bucket_.bytes) + " bytes" +
-                      (bucket_.most == kMostBuckets
-                           ? ", at most " + std::to_string(kMostBuckets) + " buckets,"
-                           : "") +
-                      " during the backward pass"
-                : "the whole gradient once the backward pass ends";
     std::fprintf(stderr,
                  "cohort: the %d worker processes of this host all-reduce through shared "
                  "memory, %s (%zu replica threads, %d CPUs)\n",
-                 spec.size, when.c_str(), replica_threads, cpus);
+                 spec.size, bucket_.describe().c_str(), replica_threads, cpus);
   }
 
   detail::BucketSize configured_bucket() const {

@@ -98,7 +98,7 @@ StrategyOptions with_environment(StrategyOptions options, const cluster::Environ
       cluster::detail::reject_text(
           name, *value,
           "this strategy's job cannot go on without a lost worker (elastic jobs: "
-          "MultiWorkerMirrored<> and ParameterServer; not Mirrored, not GPU workers); unset it, "
+          "MultiWorkerMirrored and ParameterServer, on CPUs and GPUs; not Mirrored); unset it, "
           "or start the job again whole after a failure (cohort-run --max-restarts without "
           "--min-np)");
     };

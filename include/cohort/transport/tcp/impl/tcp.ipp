@@ -231,6 +231,25 @@ COHORT_DECL int Tcp::wait_any(std::span<const int> peers, std::chrono::milliseco
   }
 }
 
+COHORT_DECL int Tcp::ended_peer(std::chrono::milliseconds timeout) {
+  std::vector<pollfd> watched;
+  std::vector<int> ranks;
+  for (int rank = 0; rank < size(); ++rank) {
+    const int descriptor = connections_[static_cast<std::size_t>(rank)].descriptor();
+    if (rank == this->rank() || descriptor < 0) continue;
+    // POLLRDHUP: the peer's end of the stream; data that arrives meanwhile wakes nothing.
+    watched.push_back({.fd = descriptor, .events = POLLRDHUP, .revents = 0});
+    ranks.push_back(rank);
+  }
+  if (watched.empty() || closed_.load()) return -1;
+  if (::poll(watched.data(), watched.size(), static_cast<int>(timeout.count())) <= 0) return -1;
+  if (closed_.load()) return -1;  // this rank shut its own connections meanwhile
+  for (std::size_t i = 0; i < watched.size(); ++i) {
+    if ((watched[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) return ranks[i];
+  }
+  return -1;
+}
+
 COHORT_DECL void Tcp::close() noexcept {
   closed_.store(true);
   for (const int descriptor : descriptors_) ::shutdown(descriptor, SHUT_RDWR);
