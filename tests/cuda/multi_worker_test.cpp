@@ -130,6 +130,22 @@ std::string train_two_gpu_workers(int servers, int gpus_per_worker = 1) {
   return read_file(parameters);
 }
 
+// Once both workers of `job` have their GPUs, `settle` more; then both must still run.
+void wait_until_training(GpuJob& job, std::chrono::milliseconds settle) {
+  const auto announced = [&](std::size_t i) {
+    return job.log(i).find("GPU ") != std::string::npos;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!(announced(0) && announced(1)) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+  }
+  std::this_thread::sleep_for(settle);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CAPTURE(job.log(i));
+    REQUIRE_FALSE(job.process(i).wait(0ms).has_value());  // training under way
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -196,20 +212,9 @@ TEST_CASE(
               (fs::temp_directory_path() / "cohort-never-written.bin").string(), "--timeout-ms",
               "10000", "--connect-timeout-ms", "10000"},
              0);
-  // Both workers have a GPU; give the rendezvous and NCCL's set-up time to finish too (they run
-  // under a 10 s timeout as well, so that whichever wait the stall catches names 10000 ms).
-  const auto announced = [&](std::size_t i) {
-    return job.log(i).find("GPU ") != std::string::npos;
-  };
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (!(announced(0) && announced(1)) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(100ms);
-  }
-  std::this_thread::sleep_for(5s);
-  for (std::size_t i = 0; i < 2; ++i) {
-    CAPTURE(job.log(i));
-    REQUIRE_FALSE(job.process(i).wait(0ms).has_value());  // training under way
-  }
+  // Give the rendezvous and NCCL's set-up time to finish too (they run under a 10 s timeout as
+  // well, so that whichever wait the stall catches names 10000 ms).
+  wait_until_training(job, 5s);
   job.process(1).kill(SIGSTOP);
   const auto exit = job.process(0).wait(40s);
   const std::string log = job.log(0);
@@ -236,18 +241,7 @@ TEST_CASE(
   GpuJob job({COHORT_GPU_TRAINER, std::to_string(kElasticSteps), parameters.string(), "--elastic",
               "1", "--input-ms", "20", "--timeout-ms", "600000"},
              0);
-  const auto announced = [&](std::size_t i) {
-    return job.log(i).find("GPU ") != std::string::npos;
-  };
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (!(announced(0) && announced(1)) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(100ms);
-  }
-  std::this_thread::sleep_for(2s);
-  for (std::size_t i = 0; i < 2; ++i) {
-    CAPTURE(job.log(i));
-    REQUIRE_FALSE(job.process(i).wait(0ms).has_value());  // training under way
-  }
+  wait_until_training(job, 2s);
   job.process(1).kill(SIGKILL);
   const auto exit = job.process(0).wait(120s);
   const std::string log = job.log(0);

@@ -238,7 +238,7 @@ class MultiWorkerMirrored {
         return;
       }
     } catch (const CommError& lost) {
-      if (!keeps_construction_loss(lost)) throw;
+      if (!construction_loss_.keep(lost, this->options().elastic)) throw;
       return;
     }
     open_door();
@@ -356,13 +356,7 @@ class MultiWorkerMirrored {
 
   template <class Body>
   void run(Body&& body) {
-    if constexpr (kRegroups) {
-      if (construction_loss_) {
-        const CommError lost = std::move(*construction_loss_);
-        construction_loss_.reset();
-        throw lost;
-      }
-    }
+    construction_loss_.throw_kept();
     collective::Local local({.ranks = static_cast<int>(local_replicas()),
                              .timeout = options().timeout,
                              .leaf_counts = local_leaf_counts_});
@@ -382,22 +376,6 @@ class MultiWorkerMirrored {
   }
 
  private:
-  // A worker lost between an elastic job's rendezvous and the end of this construction, while the
-  // workers learn who shares their hosts or set up their shared memory: kept for the first run
-  // (the fit's first segment, or a joiner's first agreement), which throws it, so that the fit
-  // goes on without that worker as after any loss. The workers that constructed without noticing
-  // meet it in that segment's first transfer, and every worker left meets the others at the
-  // regroup's roll call.
-  [[gnu::cold]] bool keeps_construction_loss(const CommError& lost) {
-    if constexpr (kRegroups) {
-      if (!elastic().enabled()) return false;
-      construction_loss_ = lost;
-      return true;
-    } else {
-      return false;
-    }
-  }
-
   // Where every worker is on this host, their all-reduce goes through shared memory
   // (collective/deterministic.hpp, share_host_memory). It is CPU work then, not a wait on a
   // network, so the communication thread needs no real-time priority (kAuto drops it), and where
@@ -552,7 +530,7 @@ class MultiWorkerMirrored {
   std::vector<std::size_t> local_leaf_counts_;               // use_deal; empty: one each
   std::size_t started_workers_ = 0;                          // the job's size at the start
   bool joined_ = false;                                      // joined(): through a door
-  std::optional<CommError> construction_loss_;  // keeps_construction_loss, until the first run
+  detail::ConstructionLoss construction_loss_;               // until the first run
   detail::JobDoor door_;                        // an elastic job's, on its chief
   // An elastic job's: what this process's replica keeps of its stripes in this membership, and
   // after a regroup, the lost membership's (kept_stripes.hpp).

@@ -134,7 +134,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective, Transport> {
       }
       require_same_local_replicas();
     } catch (const CommError& lost) {
-      if (streams_.empty() || !keeps_construction_loss(lost)) throw;
+      if (streams_.empty() || !construction_loss_.keep(lost, this->options().elastic)) throw;
       return;
     }
     open_door();
@@ -193,13 +193,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective, Transport> {
 
   template <class Body>
   void run(Body&& body) {
-    if constexpr (kRegroups) {
-      if (construction_loss_) {
-        const CommError lost = std::move(*construction_loss_);
-        construction_loss_.reset();
-        throw lost;
-      }
-    }
+    construction_loss_.throw_kept();
     // A fresh NCCL group per run (a communicator that saw a failure stays aborted); every process
     // calls run once per fit, so the ids pair up.
     const ncclUniqueId id = collective::nccl_unique_id(*cross_);
@@ -260,19 +254,6 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective, Transport> {
       }
     }
     return std::nullopt;
-  }
-
-  // A worker lost after an elastic job's rendezvous, while this construction learns the local
-  // ranks or compares the GPUs: kept for the first run, which throws it, so that the fit goes on
-  // without that worker as after any loss (MultiWorkerMirrored<>'s keeps_construction_loss).
-  [[gnu::cold]] bool keeps_construction_loss(const CommError& lost) {
-    if constexpr (kRegroups) {
-      if (!elastic().enabled()) return false;
-      construction_loss_ = lost;
-      return true;
-    } else {
-      return false;
-    }
   }
 
   // The mesh of a new membership (regroup, admit): this process's rank and the job's size are
@@ -337,7 +318,7 @@ class MultiWorkerMirrored<device::Cuda, CrossCollective, Transport> {
   std::unique_ptr<Cross> cross_;
   std::size_t started_workers_ = 0;             // the job's size at the start
   bool joined_ = false;                         // joined(): through a door
-  std::optional<CommError> construction_loss_;  // keeps_construction_loss, until the first run
+  detail::ConstructionLoss construction_loss_;  // until the first run
   detail::JobDoor door_;                        // an elastic job's, on its chief
 };
 

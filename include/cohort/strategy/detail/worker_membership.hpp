@@ -6,12 +6,14 @@
 //   joined = started_membership(mesh, process, door);       // after it
 //   regroup_workers(cause, elastic, door, mesh, adopt);     // a worker lost (strategy::Regroups)
 //   admit_workers(joiners, elastic, door, mesh, adopt);     // workers taken in (strategy::Grows)
+//   ConstructionLoss: a worker lost while the construction set up, for the first run
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,5 +109,32 @@ template <class Adopt>
   adopt(std::move(grown));
   return {.workers_before = before, .workers_after = after, .joined = joiners};
 }
+
+// A worker lost between an elastic job's rendezvous and the end of a process's construction,
+// while the workers learn who shares their hosts (or set up their shared memory): kept for the
+// first run (the fit's first segment, or a joiner's first agreement), which throws it, so that the
+// fit goes on without that worker as after any loss. The workers that constructed without noticing
+// meet it in that segment's first transfer, and every worker left meets the others at the
+// regroup's roll call.
+class ConstructionLoss {
+ public:
+  // Whether `lost` is kept: where the job is elastic; otherwise the construction rethrows it.
+  [[gnu::cold]] bool keep(const CommError& lost, const Elastic& elastic) {
+    if (!elastic.enabled()) return false;
+    lost_ = lost;
+    return true;
+  }
+
+  // At the first run: what was kept, thrown.
+  void throw_kept() {
+    if (!lost_) return;
+    const CommError lost = std::move(*lost_);
+    lost_.reset();
+    throw lost;
+  }
+
+ private:
+  std::optional<CommError> lost_;
+};
 
 }  // namespace cohort::strategy::detail
