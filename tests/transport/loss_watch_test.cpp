@@ -1,7 +1,7 @@
 // tcp::LossWatch: ranks as threads of this process on 127.0.0.1 watch their mesh while nothing
 // else reads it. The rank whose Tcp ends (its sockets closed, as the kernel closes a killed
 // process's) is named by every other; a frame that waits unread is no loss and stays whole; a
-// watch stopped calls nothing.
+// watch stopped calls nothing; with no peer, a poll waits rather than returning at once.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -74,4 +74,14 @@ TEST_CASE("a loss watch stopped calls nothing, also when a peer ends after") {
   });
   require_no_errors(errors);
   CHECK(calls == 0);
+}
+
+TEST_CASE(
+    "with no peer to watch, ended_peer waits out its timeout, so that a watch does not spin") {
+  const auto errors = run_ranks(1, [&](tcp::Tcp& transport) {
+    const auto start = Clock::now();
+    CHECK(transport.ended_peer(milliseconds(200)) == -1);
+    CHECK(Clock::now() - start >= milliseconds(150));  // it returned at once before
+  });
+  require_no_errors(errors);
 }

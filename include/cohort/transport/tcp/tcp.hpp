@@ -146,9 +146,10 @@ class Tcp {
   COHORT_DECL int wait_any(std::span<const int> peers, std::chrono::milliseconds timeout);
 
   // A peer whose connection ended (it closed or reset it: its process ended, or it left), waited
-  // for at most `timeout`; -1 for none, and -1 once this rank's own connections are closed. Reads
-  // nothing, so another thread may call it beside transfers, or while the ranks talk over another
-  // channel (loss_watch.hpp); not beside readmit().
+  // for at most `timeout` (at once while one has ended); -1 for none, after the whole timeout
+  // where there is no peer or this rank's own connections are closed. Reads nothing, so another
+  // thread may call it beside transfers, or while the ranks talk over another channel
+  // (loss_watch.hpp); not beside readmit().
   COHORT_DECL int ended_peer(std::chrono::milliseconds timeout);
 
   // After this call a failure of one connection (a peer that closes, a malformed or mismatched

@@ -234,14 +234,15 @@ COHORT_DECL int Tcp::wait_any(std::span<const int> peers, std::chrono::milliseco
 COHORT_DECL int Tcp::ended_peer(std::chrono::milliseconds timeout) {
   std::vector<pollfd> watched;
   std::vector<int> ranks;
-  for (int rank = 0; rank < size(); ++rank) {
+  // Shut down, this rank's own connections would all read as ended: then, as with no peer, the
+  // poll only waits out the timeout, so that a caller in a loop does not spin.
+  for (int rank = 0; rank < static_cast<int>(connections_.size()) && !closed_.load(); ++rank) {
     const int descriptor = connections_[static_cast<std::size_t>(rank)].descriptor();
     if (rank == this->rank() || descriptor < 0) continue;
     // POLLRDHUP: the peer's end of the stream; data that arrives meanwhile wakes nothing.
     watched.push_back({.fd = descriptor, .events = POLLRDHUP, .revents = 0});
     ranks.push_back(rank);
   }
-  if (watched.empty() || closed_.load()) return -1;
   if (::poll(watched.data(), watched.size(), static_cast<int>(timeout.count())) <= 0) return -1;
   if (closed_.load()) return -1;  // this rank shut its own connections meanwhile
   for (std::size_t i = 0; i < watched.size(); ++i) {
